@@ -1,0 +1,121 @@
+"""Measurement helpers shared by the benchmarks: interleaved timing, peak memory, JSON output.
+
+Peak memory on CPU is the peak resident set size (RSS) of this process during one step minus the RSS right
+before it: Linux's high-water mark ``VmHWM`` is reset by writing ``5`` to ``/proc/self/clear_refs`` before the
+step and read from ``/proc/self/status`` after it. glibc's malloc is told to serve every block over 64 KiB by
+``mmap`` (and to trim freed heap) so that freed tensors leave the RSS and each step starts from the same level.
+On CUDA it is ``torch.cuda.max_memory_allocated`` minus the allocation before the step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "experiments" / "results"
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+def configure_malloc() -> bool:
+    """Make freed tensors return to the OS (fixed mmap threshold 64 KiB); False where glibc is absent."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    ok = libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024) == 1
+    return ok and libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024) == 1
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} missing from /proc/self/status")
+
+
+def measure(step: Callable[[], Any], device: torch.device) -> tuple[float, float]:
+    """Run ``step`` once; return (seconds, peak extra memory in MiB over the level before the step)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        step()
+        torch.cuda.synchronize(device)
+        dt = time.perf_counter() - t0
+        return dt, (torch.cuda.max_memory_allocated(device) - base) / 2**20
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+    base = _status_kib("VmRSS")
+    t0 = time.perf_counter()
+    step()
+    dt = time.perf_counter() - t0
+    return dt, (_status_kib("VmHWM") - base) / 1024
+
+
+def interleaved(steps: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: torch.device,
+                progress: Any | None = None) -> dict[str, dict[str, Any]]:
+    """Round-robin over ``steps`` (so machine load hits every variant alike); medians after ``warmup`` rounds."""
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    mems: dict[str, list[float]] = {k: [] for k in steps}
+    for rnd in range(warmup + repeats):
+        for name, step in steps.items():
+            dt, mem = measure(step, device)
+            if rnd >= warmup:
+                times[name].append(dt)
+                mems[name].append(mem)
+            if progress is not None:
+                progress()
+    return {k: {"time_s": statistics.median(times[k]), "peak_mib": statistics.median(mems[k]),
+                "times_s": times[k], "peaks_mib": mems[k]} for k in steps}
+
+
+def add_ratios(results: dict[str, dict[str, Any]], reference: str) -> None:
+    """Add ``time_ratio`` and ``mem_ratio`` of every entry relative to ``results[reference]`` in place."""
+    ref = results[reference]
+    for res in results.values():
+        res["time_ratio"] = res["time_s"] / ref["time_s"]
+        res["mem_ratio"] = res["peak_mib"] / ref["peak_mib"] if ref["peak_mib"] > 0 else float("nan")
+
+
+def environment(device: torch.device) -> dict[str, Any]:
+    """Where the numbers come from."""
+    env = {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+           "cpu_capability": torch.backends.cpu.get_cpu_capability(), "device": str(device),
+           "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],
+           "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def write_json(payload: dict[str, Any], name: str | Path, results_dir: Path = RESULTS_DIR) -> Path:
+    """Write ``payload`` to ``results_dir/name`` (or to ``name`` if it is a path) atomically."""
+    path = results_dir / name if len(Path(name).parts) == 1 else Path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(payload, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def markdown(results: dict[str, dict[str, Any]], title: str) -> str:
+    """A Markdown table of one measurement group: time, peak memory and their ratios to the reference."""
+    lines = [f"**{title}**", "", "| variant | time (s) | x ref | peak (MiB) | x ref |", "|---|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['time_s']:.3f} | {r['time_ratio']:.2f} | {r['peak_mib']:.0f} | "
+                     f"{r['mem_ratio']:.2f} |")
+    return "\n".join(lines)

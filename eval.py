@@ -1,0 +1,56 @@
+"""Evaluate a model: ``python eval.py model.path=<dir>`` or ``python eval.py pruner=wanda sparsity=nm2_4``.
+
+Composes ``conf/evaluate.yaml`` (typed by :class:`spp.eval.job_config.EvalJobConfig`): WikiText-2 perplexity,
+the paper's seven zero-shot tasks and 5-shot MMLU through lm-eval on the local data, on (a) a saved model
+directory or (b) a model pruned through the pruning cache, optionally with an SPP adapter loaded on top.
+Writes ``results.json`` and a Table-2-shaped ``results.md`` to the run directory and logs to the loggers.
+Every bad input (unknown task, missing data file, model directory without weights, ``eval.seqlen`` longer than
+the model's context) stops with one ``eval.py: error: ...`` line before the model is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from spp.eval.job_config import register_configs  # noqa: E402
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
+def main(cfg: DictConfig) -> float | None:
+    """Run one evaluation; returns the 7-task mean accuracy, else the perplexity (the sweep objective)."""
+    from lightning.pytorch import seed_everything
+
+    from spp.eval.harness import zero_shot_mean
+    from spp.eval.runner import preflight, run_eval_job
+    from spp.eval.tables import markdown_report
+    from spp.training.summary import save_and_print_config
+
+    out_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
+    try:
+        preflight(cfg)
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"eval.py: error: {err}")
+    save_and_print_config(cfg, out_dir, show=cfg.print_config)
+    seed_everything(cfg.seed, workers=True)
+    record = run_eval_job(cfg, out_dir)
+    print(markdown_report([record], title=f"Evaluation: {record.label}"))
+    print(f"results: {out_dir / 'results.json'}  {out_dir / 'results.md'}")
+    mean = zero_shot_mean(record.tasks)
+    if mean is not None:
+        return mean
+    return record.ppl[cfg.eval.ppl_source]["ppl"] if record.ppl else None
+
+
+if __name__ == "__main__":
+    main()

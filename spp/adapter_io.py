@@ -1,0 +1,132 @@
+"""Adapter files: ``adapter_config.json`` + ``adapter_model.safetensors`` holding only alpha and beta."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from spp.injection import adapter_state_dict, inject, spp_layers
+from spp.version import __version__
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+FORMAT = "spp"
+LAYER_KEYS = ("r", "scale", "dropout", "alpha_init", "beta_init", "use_beta", "impl", "residual")
+
+
+def _layer_kwargs(layer: Any) -> dict[str, Any]:
+    return {"r": layer.r, "scale": layer.scale, "dropout": layer.dropout_p, "alpha_init": layer.alpha_init,
+            "beta_init": layer.beta_init, "use_beta": layer.use_beta, "impl": layer.impl,
+            "residual": layer.residual}
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Call ``write(tmp_path)`` on a temp file beside ``path``, then ``os.replace`` it into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: dict[str, Any] | None = None) -> Path:
+    """Write the SPP parameters of ``model`` and the settings needed to re-inject them.
+
+    Args:
+        model: A model holding ``SPPLinear`` layers (unmerged).
+        directory: Created if missing; receives ``adapter_config.json`` and ``adapter_model.safetensors``.
+        extra_config: JSON-serialisable extras stored under ``"extra"`` (e.g. model identity, pruner).
+
+    Returns:
+        The directory.
+
+    Raises:
+        ValueError: no SPP layers, a merged layer, or layers with different settings.
+    """
+    layers = spp_layers(model)
+    if not layers:
+        raise ValueError("save_adapter: the model holds no SPPLinear layers; call spp.inject first.")
+    merged = [n for n, lay in layers.items() if lay.merged]
+    if merged:
+        raise ValueError(f"save_adapter: layers {merged[:3]} are merged; unmerge() them before saving.")
+    kwargs = {n: _layer_kwargs(lay) for n, lay in layers.items()}
+    first_name, first = next(iter(kwargs.items()))
+    for n, kw in kwargs.items():
+        if kw != first:
+            raise ValueError(f"save_adapter: layer {n} has settings {kw} but {first_name} has {first}; "
+                             "one adapter file holds one setting for all layers.")
+    config = {
+        "format": FORMAT,
+        "spp_version": __version__,
+        "targets": sorted({n.rsplit(".", 1)[-1] for n in layers}),
+        "layers": list(layers),
+        "layer_kwargs": first,
+        "extra": extra_config or {},
+    }
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous() for k, v in adapter_state_dict(model).items()}
+    _atomic_write(out / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    text = json.dumps(config, indent=2, sort_keys=True)
+    _atomic_write(out / CONFIG_NAME, lambda p: Path(p).write_text(text + "\n"))
+    return out
+
+
+def read_adapter_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """The parsed ``adapter_config.json`` of an adapter directory (checked to be an SPP adapter)."""
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"No {CONFIG_NAME} in {directory}; expected a directory written by save_adapter.")
+    config = json.loads(path.read_text())
+    if config.get("format") != FORMAT:
+        raise ValueError(f"{path} is not an SPP adapter (format={config.get('format')!r}, expected {FORMAT!r}).")
+    return config
+
+
+def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
+    """Load alpha/beta written by ``save_adapter`` into ``model`` (bit-exact when dtypes match).
+
+    An un-injected model is first injected with the saved targets and layer settings.
+
+    Returns:
+        The same ``model``.
+
+    Raises:
+        FileNotFoundError: missing files. ValueError: layer names or shapes differ from the file.
+    """
+    config = read_adapter_config(directory)
+    weights = Path(directory) / WEIGHTS_NAME
+    if not weights.is_file():
+        raise FileNotFoundError(f"No {WEIGHTS_NAME} in {directory}; the adapter directory is incomplete.")
+    if not spp_layers(model):
+        inject(model, targets=config["targets"], **config["layer_kwargs"])
+    layers = spp_layers(model)
+    if set(layers) != set(config["layers"]):
+        missing = sorted(set(config["layers"]) - set(layers))[:5]
+        unexpected = sorted(set(layers) - set(config["layers"]))[:5]
+        raise ValueError(f"load_adapter: SPP layers differ from {directory}: missing in model {missing}, "
+                         f"not in the file {unexpected}. Use the same model architecture and targets.")
+    state = load_file(str(weights))
+    expected = {k: v for k, v in adapter_state_dict(model).items()}
+    if set(state) != set(expected):
+        raise ValueError(f"load_adapter: tensor names differ: file-only {sorted(set(state) - set(expected))[:5]}, "
+                         f"model-only {sorted(set(expected) - set(state))[:5]} (use_beta mismatch?).")
+    for key, target in expected.items():
+        if tuple(state[key].shape) != tuple(target.shape):
+            raise ValueError(f"load_adapter: {key} has shape {tuple(state[key].shape)} in the file but "
+                             f"{tuple(target.shape)} in the model (different r or architecture).")
+    with torch.no_grad():
+        for key, target in expected.items():
+            target.copy_(state[key])
+    return model

@@ -1,0 +1,218 @@
+"""LoRA* (paper Sec. 4 "Comparison with LoRA*", Table 4): LoRA on the pruned model, merged, then re-masked.
+
+LoRA (Sec. 3.2, Eq. ``eq:lora``) trains ``y = x W~ᵀ + s · dropout(x) Aᵀ Bᵀ``; merging gives the dense
+``W~ + s·B A``. LoRA* restores the sparsity afterwards: ``W* = (W~ + ΔW) ⊙ M``. The part of ``ΔW`` that
+falls on pruned positions is thrown away, and ``RemaskStats`` measures how much that was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora import LoraLayer
+from torch import nn
+
+LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The seven LLaMA projections adapted by both SPP and the LoRA baseline (paper Sec. 4)."""
+
+
+def inject_lora(
+    model: nn.Module,
+    targets: Sequence[str] = LORA_TARGETS,
+    r: int = 8,
+    alpha: float = 16,
+    dropout: float = 0.05,
+) -> PeftModel:
+    """Wrap ``model`` with peft LoRA adapters (B = 0 at init, so the output is unchanged) on ``targets``.
+
+    Paper LoRA* settings: r = 8, lora_alpha = 16 (scale s = alpha / r = 2), dropout 0.05, the 7 projections.
+    Only the LoRA ``A``/``B`` matrices are trainable afterwards.
+
+    Raises:
+        ValueError: bad ``r``/``dropout``, or a target name that matches no ``nn.Linear`` of the model
+            (config key ``adapter.targets``).
+    """
+    if r < 1:
+        raise ValueError(f"adapter.r must be >= 1, got {r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"adapter.dropout must be in [0, 1), got {dropout}")
+    linear_suffixes = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
+    missing = sorted(set(targets) - linear_suffixes)
+    if missing or not targets:
+        raise ValueError(
+            f"adapter.targets {list(targets)}: {missing or 'empty list'} match no nn.Linear of "
+            f"{type(model).__name__}; available: {sorted(linear_suffixes)}"
+        )
+    config = LoraConfig(
+        r=r,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(targets),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def lora_layers(model: PeftModel) -> Iterator[tuple[str, LoraLayer]]:
+    """Yield ``(original module name, LoRA layer)``, e.g. ``("model.layers.0.self_attn.q_proj", layer)``."""
+    for name, module in model.base_model.model.named_modules():
+        if isinstance(module, LoraLayer):
+            yield name, module
+
+
+def masks_from_weights(model: nn.Module, targets: Sequence[str] = LORA_TARGETS) -> dict[str, torch.Tensor]:
+    """Return ``{module name: weight != 0}`` for the target linears of a pruned (not yet adapted) model.
+
+    For when the pruning masks are not at hand: the zeros of the pruned model are its mask (pruned
+    weights are exactly zero; a kept weight that happens to be exactly zero is treated as pruned).
+    """
+    return {
+        name: module.weight.detach() != 0
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in targets
+    }
+
+
+@dataclass
+class LayerRemaskStats:
+    """What re-masking removed from one merged layer.
+
+    Attributes:
+        name: Original module name (``model.layers.0.self_attn.q_proj``).
+        delta_sq_norm: ‖ΔW‖²_F of the merged LoRA update ``ΔW = s·B A``.
+        removed_sq_norm: ‖ΔW ⊙ (1 − M)‖²_F, the part on pruned positions that re-masking zeroes.
+        removed_fraction: ``removed_sq_norm / delta_sq_norm`` (0 when ΔW = 0).
+        pruned_entries: Positions the mask prunes.
+        pruned_made_nonzero: Pruned positions that were non-zero after the merge, before re-masking.
+    """
+
+    name: str
+    delta_sq_norm: float
+    removed_sq_norm: float
+    removed_fraction: float
+    pruned_entries: int
+    pruned_made_nonzero: int
+
+
+@dataclass
+class RemaskStats:
+    """Per-layer and overall effect of LoRA* re-masking (overall fraction = Σ removed / Σ ‖ΔW‖²)."""
+
+    layers: list[LayerRemaskStats] = field(default_factory=list)
+
+    @property
+    def delta_sq_norm(self) -> float:
+        """Σ ‖ΔW‖²_F over all layers."""
+        return sum(s.delta_sq_norm for s in self.layers)
+
+    @property
+    def removed_sq_norm(self) -> float:
+        """Σ ‖ΔW ⊙ (1 − M)‖²_F over all layers."""
+        return sum(s.removed_sq_norm for s in self.layers)
+
+    @property
+    def removed_fraction(self) -> float:
+        """Share of the whole LoRA update's squared Frobenius norm removed by re-masking."""
+        total = self.delta_sq_norm
+        return self.removed_sq_norm / total if total > 0 else 0.0
+
+    @property
+    def pruned_entries(self) -> int:
+        """Pruned positions over all layers."""
+        return sum(s.pruned_entries for s in self.layers)
+
+    @property
+    def pruned_made_nonzero(self) -> int:
+        """Pruned positions the merge had made non-zero, over all layers."""
+        return sum(s.pruned_made_nonzero for s in self.layers)
+
+    def keys(self) -> list[str]:
+        """Keys of ``to_dict()``, so ``dict(stats)`` gives the same JSON-ready mapping."""
+        return list(self.to_dict())
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (for ``summary.json``): overall numbers and the per-layer list."""
+        return {
+            "removed_fraction": self.removed_fraction,
+            "delta_sq_norm": self.delta_sq_norm,
+            "removed_sq_norm": self.removed_sq_norm,
+            "pruned_entries": self.pruned_entries,
+            "pruned_made_nonzero": self.pruned_made_nonzero,
+            "layers": [asdict(s) for s in self.layers],
+        }
+
+
+def _checked_mask(name: str, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if tuple(mask.shape) != tuple(weight.shape):
+        raise ValueError(
+            f"mask for {name!r} has shape {tuple(mask.shape)} but the weight is {tuple(weight.shape)} (out, in); "
+            "masks must be the pruning masks of this model"
+        )
+    if mask.dtype != torch.bool:
+        if not bool(((mask == 0) | (mask == 1)).all()):
+            raise ValueError(f"mask for {name!r} has dtype {mask.dtype} with values other than 0/1; give a bool mask")
+        mask = mask != 0
+    return mask.to(weight.device)
+
+
+def merge_and_remask(model: PeftModel, masks: Mapping[str, torch.Tensor]) -> tuple[nn.Module, RemaskStats]:
+    """Merge LoRA into the base weights, then re-apply the pruning masks: ``W* = (W~ + ΔW) ⊙ M`` (LoRA*).
+
+    Args:
+        model: A ``PeftModel`` from ``inject_lora`` (its default adapter is merged).
+        masks: ``{original module name: bool mask (out, in)}``, True = kept, one per LoRA-adapted module
+            (names like ``model.layers.0.self_attn.q_proj``).
+
+    Returns:
+        The plain (unwrapped) model with sparse merged weights, and the re-masking statistics.
+
+    Raises:
+        ValueError: a LoRA layer without a mask, a mask for a module that has no LoRA, or a shape mismatch.
+    """
+    layers = dict(lora_layers(model))
+    missing = sorted(set(layers) - set(masks))
+    extra = sorted(set(masks) - set(layers))
+    if missing or extra:
+        raise ValueError(
+            f"masks must cover exactly the LoRA-adapted modules; without a mask: {missing[:5]}"
+            f"{' ...' if len(missing) > 5 else ''}; masks for non-LoRA modules: {extra[:5]}"
+            f"{' ...' if len(extra) > 5 else ''}"
+        )
+    stats = RemaskStats()
+    checked: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, layer in layers.items():
+            weight = layer.get_base_layer().weight
+            mask = _checked_mask(name, masks[name], weight)
+            checked[name] = mask
+            delta = torch.zeros_like(weight, dtype=torch.float32)
+            for adapter in layer.active_adapters:
+                delta += layer.get_delta_weight(adapter).float()
+            delta_sq = float(delta.square().sum())
+            removed_sq = float(delta.masked_fill(mask, 0.0).square().sum())
+            stats.layers.append(
+                LayerRemaskStats(
+                    name=name,
+                    delta_sq_norm=delta_sq,
+                    removed_sq_norm=removed_sq,
+                    removed_fraction=removed_sq / delta_sq if delta_sq > 0 else 0.0,
+                    pruned_entries=int((~mask).sum()),
+                    pruned_made_nonzero=0,
+                )
+            )
+        plain = model.merge_and_unload()
+        modules = dict(plain.named_modules())
+        for layer_stats in stats.layers:
+            weight = modules[layer_stats.name].weight
+            mask = checked[layer_stats.name]
+            layer_stats.pruned_made_nonzero = int(((weight != 0) & ~mask).sum())
+            weight.masked_fill_(~mask, 0.0)
+    return plain, stats

@@ -1,0 +1,235 @@
+"""``AlpacaDataModule``: Stanford-Alpaca instruction tuning data for Lightning (load, validate, split, tokenise,
+batch)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import lightning as L
+import torch
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from transformers import PreTrainedTokenizerBase
+
+from spp.data.collate import PadCollator
+from spp.data.config import DataConfig, validation_split_size
+from spp.data.records import AlpacaRecord, RecordSet, SkippedRecord, load_alpaca_records
+from spp.data.tokenization import IGNORE_INDEX, Feature, tokenize_records
+
+log = logging.getLogger(__name__)
+
+
+class TokenizedDataset(Dataset):
+    """A list of tokenised features (``input_ids``, ``attention_mask``, ``labels`` lists)."""
+
+    def __init__(self, features: list[Feature]) -> None:
+        self.features = features
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+    def __getitem__(self, index: int) -> Feature:
+        return self.features[index]
+
+    @property
+    def num_tokens(self) -> int:
+        """Total (unpadded) tokens."""
+        return sum(len(f["input_ids"]) for f in self.features)
+
+    @property
+    def num_label_tokens(self) -> int:
+        """Tokens that carry loss (labels other than -100)."""
+        return sum(sum(1 for t in f["labels"] if t != IGNORE_INDEX) for f in self.features)
+
+
+def _as_data_config(cfg: DataConfig | Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> DataConfig:
+    if cfg is None:
+        base: dict[str, Any] = {}
+    elif isinstance(cfg, DataConfig):
+        base = dataclasses.asdict(cfg)
+    elif OmegaConf.is_config(cfg):
+        base = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
+    else:
+        base = dict(cfg)
+    base.update(overrides)
+    known = {f.name for f in dataclasses.fields(DataConfig)}
+    unknown = sorted(set(base) - known)
+    if unknown:
+        raise TypeError(f"unknown data config key(s) {unknown}; valid keys: {sorted(known)}")
+    return DataConfig(**base).validate()
+
+
+class AlpacaDataModule(L.LightningDataModule):
+    """Alpaca instruction-tuning data: records → template → tokens → train/validation loaders.
+
+    Args:
+        tokenizer: The model's tokenizer (its EOS is appended; its pad id fills padded positions, EOS when it
+            has none).
+        cfg: A ``DataConfig`` or a mapping of its fields (e.g. the composed ``cfg.data``).
+        data_dir: Root searched first for relative ``data.source`` paths (top-level config key ``data_dir``).
+        progress: Show a progress bar while tokenising.
+        **overrides: ``DataConfig`` fields that replace those of ``cfg`` (e.g. ``max_examples=64``).
+
+    After ``setup()``: ``train_dataset`` / ``val_dataset`` (``TokenizedDataset``), ``train_records`` /
+    ``val_records`` (in source order), ``record_set`` (with the skipped malformed records), and
+    ``num_train_tokens`` etc.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        cfg: DataConfig | Mapping[str, Any] | None = None,
+        data_dir: str | os.PathLike[str] | None = None,
+        progress: bool = True,
+        **overrides: Any,
+    ) -> None:
+        super().__init__()
+        self.cfg = _as_data_config(cfg, overrides)
+        self.tokenizer = tokenizer
+        self.data_dir = data_dir
+        self.progress = progress
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if pad_id is None:
+            raise ValueError(f"tokenizer {type(tokenizer).__name__} has neither a pad nor an EOS token to pad with")
+        self.collator = PadCollator(int(pad_id), self.cfg.pad_to_multiple_of, self.cfg.padding_side)
+        self.record_set: RecordSet | None = None
+        self.train_dataset: TokenizedDataset | None = None
+        self.val_dataset: TokenizedDataset | None = None
+        self.train_records: list[AlpacaRecord] = []
+        self.val_records: list[AlpacaRecord] = []
+
+    def prepare_data(self) -> None:
+        """Nothing to download for local sources; hub sources are fetched (and cached) in ``setup``."""
+
+    def setup(self, stage: str | None = None) -> None:
+        """Load, validate, cap (``max_examples``), split (seeded) and tokenise the records, once."""
+        if self.train_dataset is not None:
+            return
+        cfg = self.cfg
+        record_set = load_alpaca_records(cfg.source, self.data_dir, cfg.hub_split)
+        records = record_set.records
+        if cfg.max_examples is not None:
+            records = records[: cfg.max_examples]
+        n_val = validation_split_size(len(records), cfg.val_size, cfg.max_val_fraction)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        order = torch.randperm(len(records), generator=generator).tolist()
+        val_records = [records[i] for i in sorted(order[:n_val])]
+        train_records = [records[i] for i in sorted(order[n_val:])]
+        kwargs = {
+            "tokenizer": self.tokenizer,
+            "max_length": cfg.max_length,
+            "add_eos": cfg.add_eos,
+            "train_on_inputs": cfg.train_on_inputs,
+            "progress": self.progress,
+        }
+        self.train_dataset = TokenizedDataset(tokenize_records(train_records, **kwargs))
+        self.val_dataset = TokenizedDataset(tokenize_records(val_records, **kwargs))
+        self.record_set = record_set
+        self.train_records, self.val_records = train_records, val_records
+        no_loss = sum(1 for f in self.train_dataset.features if all(t == IGNORE_INDEX for t in f["labels"]))
+        if no_loss:
+            log.warning(
+                "%d training example(s) have no loss-carrying token (prompt longer than data.max_length=%d "
+                "with data.train_on_inputs=false); raise data.max_length to use them",
+                no_loss,
+                cfg.max_length,
+            )
+        log.info(
+            "Alpaca data %s: %d valid records (%d skipped) from %d source(s); %d train / %d validation, "
+            "%d train tokens",
+            cfg.name,
+            len(record_set.records),
+            record_set.num_skipped,
+            len(record_set.sources),
+            len(self.train_dataset),
+            len(self.val_dataset),
+            self.train_dataset.num_tokens,
+        )
+
+    def _require_setup(self) -> tuple[TokenizedDataset, TokenizedDataset]:
+        if self.train_dataset is None or self.val_dataset is None:
+            raise RuntimeError("AlpacaDataModule.setup() must run before its datasets or loaders are used")
+        return self.train_dataset, self.val_dataset
+
+    def _world(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return 1, 0
+        return int(trainer.world_size), int(trainer.global_rank)
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled training batches; the order depends only on ``(data.seed, epoch)``, so resumes repeat it.
+
+        A ``DistributedSampler`` over the trainer's world size is used even on one process: Lightning calls its
+        ``set_epoch`` every epoch and keeps it (it does not add another one under DDP).
+        """
+        train, _ = self._require_setup()
+        world_size, rank = self._world()
+        sampler = DistributedSampler(
+            train, num_replicas=world_size, rank=rank, shuffle=self.cfg.shuffle, seed=self.cfg.seed
+        )
+        return DataLoader(
+            train,
+            batch_size=self.cfg.train_batch_size,
+            sampler=sampler,
+            collate_fn=self.collator,
+            num_workers=self.cfg.num_workers,
+            persistent_workers=self.cfg.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> DataLoader | list:
+        """Validation batches in a fixed order (an empty list when the validation split is empty)."""
+        _, val = self._require_setup()
+        if len(val) == 0:
+            return []
+        return DataLoader(
+            val,
+            batch_size=self.cfg.eval_batch_size,
+            shuffle=False,
+            collate_fn=self.collator,
+            num_workers=self.cfg.num_workers,
+            persistent_workers=self.cfg.num_workers > 0,
+        )
+
+    @property
+    def skipped(self) -> list[SkippedRecord]:
+        """Malformed records left out (empty before ``setup``)."""
+        return list(self.record_set.skipped) if self.record_set else []
+
+    @property
+    def num_train_examples(self) -> int:
+        """Training examples after the split."""
+        return len(self._require_setup()[0])
+
+    @property
+    def num_val_examples(self) -> int:
+        """Validation examples after the split."""
+        return len(self._require_setup()[1])
+
+    @property
+    def num_train_tokens(self) -> int:
+        """Unpadded tokens in one pass over the training split."""
+        return self._require_setup()[0].num_tokens
+
+    def summary(self) -> dict[str, Any]:
+        """Counts for logs and ``summary.json``: sources, valid/skipped records, split sizes, tokens."""
+        train, val = self._require_setup()
+        assert self.record_set is not None
+        return {
+            "name": self.cfg.name,
+            "sources": list(self.record_set.sources),
+            "valid_records": len(self.record_set.records),
+            "skipped_records": self.record_set.num_skipped,
+            "skipped_indices": [[s.source, s.index] for s in self.record_set.skipped],
+            "train_examples": len(train),
+            "val_examples": len(val),
+            "train_tokens": train.num_tokens,
+            "train_label_tokens": train.num_label_tokens,
+            "val_tokens": val.num_tokens,
+            "max_length": self.cfg.max_length,
+            "train_on_inputs": self.cfg.train_on_inputs,
+        }

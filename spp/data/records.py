@@ -1,0 +1,199 @@
+"""Reading and validating Alpaca records from JSON / JSON-lines files, split-file directories or the hub."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spp.data.config import HUB_PREFIX
+from spp.paths import find_data
+
+log = logging.getLogger(__name__)
+
+RECORD_SUFFIXES: tuple[str, ...] = (".json", ".jsonl")
+MAX_LISTED_SKIPS = 20
+
+
+@dataclass(frozen=True)
+class AlpacaRecord:
+    """One instruction-tuning example (``input`` is ``""`` when the record has none)."""
+
+    instruction: str
+    input: str
+    output: str
+
+
+@dataclass(frozen=True)
+class SkippedRecord:
+    """A malformed record that was left out: where it was and why."""
+
+    source: str
+    index: int
+    reason: str
+
+
+@dataclass
+class RecordSet:
+    """Valid records in source order, the skipped ones, and the files (or hub id) they came from."""
+
+    records: list[AlpacaRecord]
+    skipped: list[SkippedRecord] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+
+    @property
+    def num_skipped(self) -> int:
+        """How many malformed records were skipped."""
+        return len(self.skipped)
+
+
+def natural_key(path: Path) -> list[int | str]:
+    """Sort key that orders the numbers inside a file name numerically (``x_9`` before ``x_10``)."""
+    return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", path.name)]
+
+
+def list_split_files(directory: Path) -> list[Path]:
+    """Return the ``*.json``/``*.jsonl`` files of ``directory`` in numeric (natural) order.
+
+    Raises:
+        FileNotFoundError: the directory holds no such file.
+    """
+    files = [p for p in directory.iterdir() if p.is_file() and p.suffix in RECORD_SUFFIXES]
+    if not files:
+        raise FileNotFoundError(
+            f"data directory {str(directory)!r} holds no {'/'.join(RECORD_SUFFIXES)} files; "
+            "point data.source at a file or at a directory of split files"
+        )
+    return sorted(files, key=natural_key)
+
+
+def read_json_records(path: str | os.PathLike[str]) -> list[Any]:
+    """Parse a JSON array file or a JSON-lines file (detected from the first non-blank character).
+
+    Raises:
+        ValueError: the file is not valid JSON; the message names the file, line, column and offset.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}: invalid JSON at line {err.lineno}, column {err.colno} (char {err.pos}): {err.msg}. "
+                "Fix the file or point data.source at a valid JSON array / JSON-lines file."
+            ) from err
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON array of records, got {type(data).__name__}")
+        return data
+    rows: list[Any] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}: invalid JSON at line {lineno}, column {err.colno}: {err.msg}. The file is read as "
+                "JSON lines (one object per line) because it does not start with '['; fix that line."
+            ) from err
+    return rows
+
+
+def validate_record(raw: Any) -> AlpacaRecord | str:
+    """Return the record, or the reason it is malformed.
+
+    ``instruction`` and ``output`` must be non-empty strings; ``input`` may be missing or ``null`` (read as
+    ``""``) but otherwise must be a string.
+    """
+    if not isinstance(raw, dict):
+        return f"expected an object, got {type(raw).__name__}"
+    for key in ("instruction", "output"):
+        if key not in raw or raw[key] is None:
+            return f"missing {key!r}"
+        if not isinstance(raw[key], str):
+            return f"{key!r} is {type(raw[key]).__name__}, expected str"
+        if not raw[key].strip():
+            return f"empty {key!r}"
+    value = raw.get("input")
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        return f"'input' is {type(value).__name__}, expected str"
+    return AlpacaRecord(instruction=raw["instruction"], input=value, output=raw["output"])
+
+
+def validate_records(raws: Iterable[Any], source: str) -> tuple[list[AlpacaRecord], list[SkippedRecord]]:
+    """Split raw records into valid ones and skipped ones (with their index within ``source``)."""
+    records: list[AlpacaRecord] = []
+    skipped: list[SkippedRecord] = []
+    for index, raw in enumerate(raws):
+        result = validate_record(raw)
+        if isinstance(result, AlpacaRecord):
+            records.append(result)
+        else:
+            skipped.append(SkippedRecord(source=source, index=index, reason=result))
+    return records, skipped
+
+
+def warn_skipped(skipped: Sequence[SkippedRecord]) -> None:
+    """Log one warning that counts the skipped records and lists where they were (first 20)."""
+    if not skipped:
+        return
+    listed = "; ".join(f"{Path(s.source).name}[{s.index}]: {s.reason}" for s in skipped[:MAX_LISTED_SKIPS])
+    more = f" (and {len(skipped) - MAX_LISTED_SKIPS} more)" if len(skipped) > MAX_LISTED_SKIPS else ""
+    log.warning("skipped %d malformed Alpaca record(s): %s%s", len(skipped), listed, more)
+
+
+def _load_hub(dataset_id: str, split: str) -> list[Any]:
+    import datasets
+
+    try:
+        dataset = datasets.load_dataset(dataset_id, split=split)
+    except Exception as err:  # datasets raises many types (offline, missing split, missing repo)
+        raise RuntimeError(
+            f"could not load hub dataset {dataset_id!r} (split {split!r}): {err}. Offline machines need a local "
+            "copy: use data=alpaca_sample / data=alpaca_cleaned or data.source=<file or directory>."
+        ) from err
+    return list(dataset)
+
+
+def load_alpaca_records(
+    source: str, data_dir: str | os.PathLike[str] | None = None, hub_split: str = "train"
+) -> RecordSet:
+    """Load and validate Alpaca records from a file, a directory of split files, or ``hub:<id>``.
+
+    Malformed records are skipped, counted and logged with their file and index.
+
+    Raises:
+        FileNotFoundError: a local source that is found nowhere (the message lists the places searched).
+        ValueError: a file that is not valid JSON (with line and column), or no valid record at all.
+    """
+    sources: list[str] = []
+    records: list[AlpacaRecord] = []
+    skipped: list[SkippedRecord] = []
+    if source.startswith(HUB_PREFIX):
+        dataset_id = source[len(HUB_PREFIX) :]
+        sources.append(source)
+        records, skipped = validate_records(_load_hub(dataset_id, hub_split), source)
+    else:
+        path = find_data(source, data_dir)
+        files = list_split_files(path) if path.is_dir() else [path]
+        for file in files:
+            sources.append(str(file))
+            got, bad = validate_records(read_json_records(file), str(file))
+            records.extend(got)
+            skipped.extend(bad)
+    warn_skipped(skipped)
+    if not records:
+        raise ValueError(
+            f"data.source={source!r} holds no valid Alpaca record ({len(skipped)} malformed); each record needs "
+            "string fields 'instruction' and 'output' (and optionally 'input')"
+        )
+    return RecordSet(records=records, skipped=skipped, sources=sources)

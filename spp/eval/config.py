@@ -1,0 +1,60 @@
+"""Structured config of the ``eval`` group (``conf/eval/*.yaml``), shared by ``train.py`` and ``eval.py``.
+
+The top-level job of ``eval.py`` is :class:`spp.eval.job_config.EvalJobConfig` (a separate module, because
+it reuses the training ``logger`` schema and ``spp.training.config`` imports this one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EvalConfig:
+    """What to evaluate and how (DESIGN.md §3).
+
+    Attributes:
+        name: Preset name (``default``, ``quick``, ``paper``, ``none``).
+        ppl: Measure perplexity.
+        ppl_source: Main perplexity source: ``wikitext2`` (local raw test split), ``c4`` (local sample of C4
+            train shard 0, *not* the validation shard), ``hf:wikitext2`` (hub) or a file path.
+        extra_ppl_sources: Further sources measured by ``eval.py`` with the same settings (e.g. ``[c4]``).
+        seqlen: Perplexity window in tokens (2048 for LLaMA-1; 4096 for LLaMA-2); must not exceed the
+            model's ``max_position_embeddings``.
+        max_windows: Only the first ``max_windows`` windows (quick runs); null = all.
+        batch_size: Perplexity windows per forward pass.
+        tasks: lm-eval tasks or groups: ``spp_zeroshot`` (the paper's 7 tasks), ``spp_mmlu`` (5-shot),
+            single tasks (``spp_boolq`` or the short ``boolq``); empty = none.
+        limit: First ``limit`` documents of every task (quick runs); null = all.
+        lm_eval_batch_size: lm-eval batch size.
+        online: Use lm-eval's standard hub tasks instead of the local copies.
+        device: Where to evaluate; null = where the model is (``eval.py``: cuda when available).
+    """
+
+    name: str = "default"
+    ppl: bool = True
+    ppl_source: str = "wikitext2"
+    extra_ppl_sources: list[str] = field(default_factory=list)
+    seqlen: int = 2048
+    max_windows: int | None = None
+    batch_size: int = 1
+    tasks: list[str] = field(default_factory=list)
+    limit: int | None = None
+    lm_eval_batch_size: int = 1
+    online: bool = False
+    device: str | None = None
+
+    def validate(self) -> EvalConfig:
+        """Raise ``ValueError`` naming the key when a setting is out of range or a task is unknown."""
+        from spp.eval.harness import resolve_tasks
+
+        if self.seqlen < 2:
+            raise ValueError(f"eval.seqlen={self.seqlen} must be >= 2")
+        if self.max_windows is not None and self.max_windows < 1:
+            raise ValueError(f"eval.max_windows={self.max_windows} must be >= 1 or null")
+        if self.batch_size < 1 or self.lm_eval_batch_size < 1:
+            raise ValueError("eval.batch_size and eval.lm_eval_batch_size must be >= 1")
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"eval.limit={self.limit} must be >= 1 or null (all documents)")
+        resolve_tasks(self.tasks)
+        return self

@@ -1,0 +1,285 @@
+"""Run lm-eval (zero-shot tasks, 5-shot MMLU) on an in-memory model or a saved directory, offline.
+
+Offline (the default) the task definitions shipped in ``spp/eval/tasks/`` read the local copies of the eval
+sets (see ``spp/eval/tasks/local_data.py`` and ``spp/eval/README.md``); online, the same names map to
+lm-eval's standard tasks (``spp_boolq`` -> ``boolq``, ``spp_mmlu`` -> ``mmlu``, ...).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spp.eval.mmlu_tasks import CATEGORIES, MMLU_SUBJECTS
+from spp.eval.tasks.local_data import LOCAL_FILES
+from spp.paths import find_data
+
+TASK_DIR: Path = Path(__file__).resolve().parent / "tasks"
+"""Directory to pass as lm-eval ``include_path`` (also for the ``lm_eval`` command line)."""
+
+ZERO_SHOT_TASKS: tuple[str, ...] = (
+    "spp_boolq", "spp_rte", "spp_hellaswag", "spp_winogrande", "spp_arc_easy", "spp_arc_challenge", "spp_openbookqa",
+)
+ZERO_SHOT_GROUP = "spp_zeroshot"
+MMLU_GROUP = "spp_mmlu"
+
+ONLINE_NAMES: dict[str, str] = {
+    **{t: t.removeprefix("spp_") for t in ZERO_SHOT_TASKS},
+    MMLU_GROUP: "mmlu",
+    **{f"spp_mmlu_{c}": f"mmlu_{c}" for c in CATEGORIES},
+    **{f"spp_mmlu_{s}": f"mmlu_{s}" for s in MMLU_SUBJECTS},
+}
+"""Offline task name -> the standard lm-eval task of which it is a local mirror."""
+
+DATA_KEY: dict[str, str] = {t: t.removeprefix("spp_") for t in ZERO_SHOT_TASKS}
+
+ALIASES: dict[str, str] = {
+    **{v: k for k, v in ONLINE_NAMES.items()},
+    "zeroshot": ZERO_SHOT_GROUP,
+    "zero_shot": ZERO_SHOT_GROUP,
+}
+"""Short names accepted in configs (``boolq``, ``mmlu``, ``zeroshot`` ...) -> offline task names."""
+
+KNOWN_TASKS: frozenset[str] = frozenset([*ONLINE_NAMES, ZERO_SHOT_GROUP])
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class HarnessResult:
+    """Summary of an lm-eval run.
+
+    Attributes:
+        metrics: ``{task or group: {"acc": .., "acc_norm": .., "acc_stderr": .., "n": ..}}`` with offline names.
+        limit: Per-task document limit used (``None`` = all).
+        num_fewshot: ``{task: shots}`` as run.
+        raw: lm-eval's own ``results``/``groups``/``n-samples``/``configs`` dict (without samples).
+    """
+
+    metrics: dict[str, dict[str, float]]
+    limit: int | float | None
+    num_fewshot: dict[str, int] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def zero_shot_mean(self) -> float | None:
+        """The paper's 7-task mean of ``acc`` (``None`` unless all seven tasks ran)."""
+        return zero_shot_mean(self.metrics)
+
+    @property
+    def mmlu_acc(self) -> float | None:
+        """MMLU ``acc`` aggregated as lm-eval does (subjects weighted by size within and across categories)."""
+        return self.metrics.get(MMLU_GROUP, {}).get("acc")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable summary (metrics, limit, shots, task versions, 7-task mean, MMLU)."""
+        return {
+            "metrics": self.metrics,
+            "zero_shot_mean_acc": self.zero_shot_mean,
+            "mmlu_acc": self.mmlu_acc,
+            "limit": self.limit,
+            "num_fewshot": self.num_fewshot,
+            "versions": self.raw.get("versions", {}),
+        }
+
+
+def resolve_tasks(tasks: str | Iterable[str]) -> list[str]:
+    """Map config task names (``boolq``, ``spp_boolq``, ``zeroshot``, ``mmlu`` ...) to offline task names.
+
+    Raises:
+        ValueError: an unknown task, naming the accepted ones.
+    """
+    names = [tasks] if isinstance(tasks, str) else list(tasks)
+    out: list[str] = []
+    for name in names:
+        resolved = name if name in KNOWN_TASKS else ALIASES.get(name)
+        if resolved is None:
+            known = ", ".join([ZERO_SHOT_GROUP, MMLU_GROUP, *ZERO_SHOT_TASKS, "spp_mmlu_<subject>"])
+            raise ValueError(
+                f"unknown eval task {name!r} in eval.tasks; known: {known} (or the same without 'spp_')"
+            )
+        if resolved not in out:
+            out.append(resolved)
+    return out
+
+
+def leaf_tasks(tasks: Iterable[str]) -> list[str]:
+    """Expand groups (``spp_zeroshot``, ``spp_mmlu``, ``spp_mmlu_<category>``) into their leaf tasks."""
+    leaves: list[str] = []
+    for task in resolve_tasks(tasks):
+        if task == ZERO_SHOT_GROUP:
+            leaves += list(ZERO_SHOT_TASKS)
+        elif task == MMLU_GROUP:
+            leaves += [f"spp_mmlu_{s}" for s in MMLU_SUBJECTS]
+        elif task.removeprefix("spp_mmlu_") in CATEGORIES:
+            cat = task.removeprefix("spp_mmlu_")
+            leaves += [f"spp_mmlu_{s}" for s, c in MMLU_SUBJECTS.items() if c == cat]
+        else:
+            leaves.append(task)
+    return list(dict.fromkeys(leaves))
+
+
+def task_data_files(tasks: Iterable[str], data_dir: str | os.PathLike[str] | None = None) -> dict[str, list[Path]]:
+    """Resolve every local file the offline ``tasks`` read, before any model is loaded.
+
+    Raises:
+        ValueError: an unknown task.
+        FileNotFoundError: a missing data file (names the searched paths and the ``data_dir`` fix).
+    """
+    files: dict[str, list[Path]] = {}
+    for task in leaf_tasks(tasks):
+        if task in DATA_KEY:
+            rels = [LOCAL_FILES[DATA_KEY[task]]]
+        else:
+            subject = task.removeprefix("spp_mmlu_")
+            rels = [LOCAL_FILES["mmlu_test"].format(subject=subject), LOCAL_FILES["mmlu_dev"].format(subject=subject)]
+        try:
+            files[task] = [find_data(rel, data_dir) for rel in rels]
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"eval task {task}: {err}") from err
+    return files
+
+
+class _QuietCustomDatasetNotice(logging.Filter):
+    """Drop lm-eval's per-task 'Custom kwargs can be passed to --metadata' notice (one per MMLU subject)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Custom kwargs can be passed" not in record.getMessage()
+
+
+def task_manager(data_dir: str | os.PathLike[str] | None = None, online: bool = False) -> Any:
+    """An lm-eval ``TaskManager``: offline with only the repo's tasks and ``data_dir`` in the task metadata."""
+    from lm_eval.tasks import TaskManager
+
+    if online:
+        return TaskManager()
+    logging.getLogger("lm_eval.api.task").addFilter(_QuietCustomDatasetNotice())
+    meta = {"data_dir": str(Path(data_dir).expanduser().resolve())} if data_dir else None
+    return TaskManager(include_path=str(TASK_DIR), include_defaults=False, metadata=meta)
+
+
+def _metric(entry: dict[str, Any], name: str) -> float | None:
+    value = entry.get(f"{name},none")
+    return None if value is None or value == "N/A" else float(value)
+
+
+def summarize(lm_results: dict[str, Any], online: bool = False) -> dict[str, dict[str, float]]:
+    """Flatten lm-eval's ``results`` into ``{offline task name: {acc, acc_stderr, acc_norm, acc_norm_stderr, n}}``."""
+    back = {v: k for k, v in ONLINE_NAMES.items()} if online else {}
+    n_samples = lm_results.get("n-samples", {})
+    out: dict[str, dict[str, float]] = {}
+    for task, entry in lm_results.get("results", {}).items():
+        metrics = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr")
+        row = {m: v for m in metrics if (v := _metric(entry, m)) is not None}
+        if task in n_samples:
+            row["n"] = float(n_samples[task]["effective"])
+        out[back.get(task, task)] = row
+    if online and all(t in out for t in ZERO_SHOT_TASKS):
+        out[ZERO_SHOT_GROUP] = {"acc": zero_shot_mean(out)}
+    return out
+
+
+def zero_shot_mean(metrics: dict[str, dict[str, float]], metric: str = "acc") -> float | None:
+    """Unweighted mean of ``metric`` over the seven zero-shot tasks (the paper's "Average"; Wanda uses acc)."""
+    values = [metrics[t][metric] for t in ZERO_SHOT_TASKS if t in metrics and metric in metrics[t]]
+    return sum(values) / len(values) if len(values) == len(ZERO_SHOT_TASKS) else None
+
+
+def evaluate_tasks(
+    model: torch.nn.Module | str,
+    tokenizer: Any = None,
+    tasks: str | Sequence[str] = (ZERO_SHOT_GROUP,),
+    limit: int | float | None = None,
+    batch_size: int | str = 1,
+    data_dir: str | os.PathLike[str] | None = None,
+    device: str | None = None,
+    online: bool = False,
+    num_fewshot: int | None = None,
+    seed: int = 0,
+) -> HarnessResult:
+    """Evaluate with lm-eval's ``HFLM`` + ``simple_evaluate`` (0-shot tasks; MMLU 5-shot from its YAML).
+
+    Args:
+        model: An in-memory causal LM (pruned, SPP-wrapped or merged) or a saved model directory.
+        tokenizer: Its tokenizer (required for an in-memory model).
+        tasks: Task or group names (``spp_zeroshot``, ``spp_mmlu``, ``boolq`` ...); see :func:`resolve_tasks`.
+        limit: Documents per task (the first ``limit``); ``None`` = all.
+        batch_size: lm-eval batch size (int or ``"auto"``).
+        data_dir: Data root for the local task copies (config key ``data_dir``).
+        device: Device for a directory model (``cpu``, ``cuda``); an in-memory model stays where it is.
+        online: Use lm-eval's standard hub tasks instead of the local copies.
+        num_fewshot: Override every task's shots; ``None`` keeps the task defaults (0, MMLU 5).
+        seed: lm-eval's random / numpy / torch / few-shot seeds.
+
+    Raises:
+        ValueError: an unknown task or a missing tokenizer; FileNotFoundError: a missing data file.
+    """
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    names = resolve_tasks(tasks)
+    if not online:
+        task_data_files(names, data_dir)
+    run_names: list[str] = []
+    for name in names:
+        if online and name == ZERO_SHOT_GROUP:
+            run_names += [ONLINE_NAMES[t] for t in ZERO_SHOT_TASKS]
+        else:
+            run_names.append(ONLINE_NAMES[name] if online else name)
+    if isinstance(model, (str, Path)):
+        lm = HFLM(pretrained=str(model), tokenizer=tokenizer, batch_size=batch_size, device=device or "cpu")
+    else:
+        if tokenizer is None:
+            raise ValueError("evaluate_tasks: an in-memory model needs its tokenizer (tokenizer=...)")
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    was_training = getattr(model, "training", False)
+    try:
+        out = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=run_names,
+            num_fewshot=num_fewshot,
+            limit=limit,
+            log_samples=False,
+            task_manager=task_manager(data_dir, online),
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
+    finally:
+        if isinstance(model, torch.nn.Module):
+            model.train(was_training)
+    if out is None:
+        raise RuntimeError("lm-eval returned no results (non-zero rank of a distributed run)")
+    raw = {k: out[k] for k in ("results", "groups", "n-samples", "n-shot", "versions") if k in out}
+    shots = {k: int(v) for k, v in out.get("n-shot", {}).items()}
+    log.info("lm-eval finished: %s", ", ".join(run_names))
+    return HarnessResult(metrics=summarize(out, online), limit=limit, num_fewshot=shots, raw=raw)
+
+
+def zero_shot(
+    model: torch.nn.Module, tokenizer: Any, eval_cfg: Any, data_dir: str | os.PathLike[str] | None = None
+) -> HarnessResult:
+    """Run ``eval_cfg.tasks`` (the ``eval`` group) on an in-memory model; used by training's export callback.
+
+    Args:
+        model: The causal LM (pruned, SPP-wrapped or merged).
+        tokenizer: Its tokenizer.
+        eval_cfg: The ``eval`` group (``tasks``, ``limit``, ``lm_eval_batch_size``, ``online``).
+        data_dir: Data root override.
+    """
+    return evaluate_tasks(
+        model,
+        tokenizer,
+        tasks=list(eval_cfg.tasks),
+        limit=eval_cfg.limit,
+        batch_size=int(eval_cfg.lm_eval_batch_size),
+        data_dir=data_dir,
+        online=bool(eval_cfg.online),
+    )

@@ -1,0 +1,56 @@
+"""The typed top-level config of ``eval.py`` (``conf/evaluate.yaml``), registered as ``evaluate_schema``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+from spp.eval.config import EvalConfig
+from spp.models.config import ModelConfig
+from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.training.config import LoggersConfig
+
+
+@dataclass
+class EvalJobConfig:
+    """What ``eval.py`` evaluates: (a) ``model.path=<dir>``, or (b) model + pruner + sparsity (through the
+    pruning cache) + optional ``adapter_dir``.
+
+    Attributes:
+        model: The model to load (a merged export is ``model.path=<run_dir>/merged``).
+        pruner: Pruner applied before evaluation (``none`` = evaluate the weights as loaded).
+        sparsity: Target pattern (``dense`` = no pruning).
+        calibration: Calibration data of the pruner (part of the cache key).
+        eval: What to measure (``conf/eval/*.yaml``).
+        logger: Lightning loggers that receive the metrics and, on W&B, the table.
+        adapter_dir: SPP adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``) loaded
+            on top of the (pruned) model; null = none.
+        label: Row name in the table; null = ``<model.name> <pruner.name> <sparsity.name>[ +adapter]``.
+        data_dir: Data root (else ``../shared/data`` when it exists, then the repo's ``data/``).
+        seed: Global seed.
+        cache_dir: Pruning cache root.
+        use_cache: Read / write the pruning cache.
+        output_dir: Where ``results.json`` / ``results.md`` go; null = Hydra's run directory.
+        print_config: Print the resolved config as a Rich tree.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pruner: PrunerConfig = field(default_factory=PrunerConfig)
+    sparsity: SparsityConfig = field(default_factory=SparsityConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    logger: LoggersConfig = field(default_factory=LoggersConfig)
+    adapter_dir: str | None = None
+    label: str | None = None
+    data_dir: str | None = None
+    seed: int = 0
+    cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
+    use_cache: bool = True
+    output_dir: str | None = None
+    print_config: bool = True
+
+
+def register_configs() -> None:
+    """Store :class:`EvalJobConfig` as ``evaluate_schema`` in Hydra's ConfigStore (idempotent)."""
+    ConfigStore.instance().store(name="evaluate_schema", node=EvalJobConfig)

@@ -1,0 +1,186 @@
+"""What ``eval.py`` does: check every input, load (prune, adapt) the model, measure, write and log the results."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from spp.eval.config import EvalConfig
+from spp.eval.harness import evaluate_tasks, task_data_files
+from spp.eval.perplexity import C4_SAMPLE, HUB_WIKITEXT2, WIKITEXT2_TEST, check_seqlen, perplexity
+from spp.eval.tables import EvalRecord, log_to_loggers, write_results
+from spp.models.config import ModelConfig
+from spp.models.loading import load_model, resolve_source
+from spp.models.tiny import TINY_ARCH
+from spp.paths import find_data
+
+log = logging.getLogger(__name__)
+
+
+def context_length(model_cfg: ModelConfig) -> int | None:
+    """The model's ``max_position_embeddings`` read without loading weights (``None`` when unknown).
+
+    Raises:
+        FileNotFoundError: ``model.path`` is missing or a directory without weights.
+    """
+    kind, where, gguf_file = resolve_source(model_cfg)
+    if kind == "tiny":
+        return int({**TINY_ARCH, **dict(model_cfg.arch)}["max_position_embeddings"])
+    if kind == "dir" and not gguf_file:
+        value = json.loads((Path(where) / "config.json").read_text()).get("max_position_embeddings")
+        return int(value) if value is not None else None
+    value = dict(model_cfg.arch or {}).get("max_position_embeddings")
+    return int(value) if value is not None else None
+
+
+def check_ppl_source(source: str, data_dir: str | None) -> None:
+    """Resolve a perplexity source's file before loading the model (FileNotFoundError / ValueError)."""
+    if source == HUB_WIKITEXT2:
+        return
+    rel = {"wikitext2": WIKITEXT2_TEST, "c4": C4_SAMPLE}.get(source)
+    if rel is not None:
+        find_data(rel, data_dir)
+        return
+    path = Path(source).expanduser()
+    if path.suffix not in {".json", ".jsonl", ".txt"}:
+        raise ValueError(f"eval.ppl_source={source!r}: use wikitext2, c4, {HUB_WIKITEXT2} or a .json/.jsonl/.txt path")
+    if not path.is_file():
+        raise FileNotFoundError(f"eval.ppl_source={source!r} does not exist")
+
+
+def wants_pruning(cfg: Any) -> bool:
+    """Whether the job prunes (pruner and sparsity both set), after checking that they agree.
+
+    Raises:
+        ValueError: a pruner without a sparsity pattern, or a sparsity pattern without a pruner.
+    """
+    pruner, dense = cfg.pruner.name, cfg.sparsity.kind == "dense"
+    if pruner == "none" and not dense:
+        raise ValueError(f"sparsity={cfg.sparsity.name} needs a pruner: add pruner=wanda (or magnitude, sparsegpt)")
+    if pruner != "none" and dense:
+        raise ValueError(f"pruner={pruner} needs a sparsity pattern: add sparsity=nm2_4 (or unstructured50, ...)")
+    return pruner != "none"
+
+
+def preflight(cfg: Any) -> None:
+    """Check every input before any model is loaded; each problem raises one clear error naming its key."""
+    from spp.pruning.config import PrunerConfig, SparsityConfig
+
+    eval_cfg: EvalConfig = cfg.eval
+    EvalConfig(**OmegaConf.to_container(eval_cfg, resolve=True)).validate()
+    if wants_pruning(cfg):
+        PrunerConfig(**OmegaConf.to_container(cfg.pruner, resolve=True)).validate()
+        SparsityConfig(**OmegaConf.to_container(cfg.sparsity, resolve=True)).validate()
+    max_pos = context_length(cfg.model)
+    if eval_cfg.ppl:
+        check_seqlen(int(eval_cfg.seqlen), max_pos)
+        for source in [eval_cfg.ppl_source, *eval_cfg.extra_ppl_sources]:
+            check_ppl_source(source, cfg.data_dir)
+    if eval_cfg.tasks and not eval_cfg.online:
+        task_data_files(list(eval_cfg.tasks), cfg.data_dir)
+    if cfg.adapter_dir:
+        from spp.adapter_io import read_adapter_config
+
+        read_adapter_config(cfg.adapter_dir)
+
+
+def default_label(cfg: Any) -> str:
+    """``<model> <pruner> <sparsity>[ +adapter]``; a local model directory is named by its folder."""
+    name = cfg.model.name
+    local = Path(cfg.model.path).expanduser()
+    if local.is_dir():
+        name = f"{name}:{local.name}"
+    label = name if cfg.pruner.name == "none" else f"{name} {cfg.pruner.name} {cfg.sparsity.name}"
+    return label + (" +adapter" if cfg.adapter_dir else "")
+
+
+def linear_sparsity(model: torch.nn.Module) -> float:
+    """Fraction of exact zeros over the weights of every ``nn.Linear`` inside the decoder blocks."""
+    zeros = total = 0
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
+            weight = module.weight
+            zeros += int((weight == 0).sum())
+            total += weight.numel()
+    return zeros / total if total else 0.0
+
+
+def _device(eval_cfg: Any) -> torch.device:
+    return torch.device(eval_cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def run_eval_job(cfg: DictConfig, output_dir: str | Path) -> EvalRecord:
+    """Evaluate the model ``cfg`` describes and write ``results.json`` / ``results.md`` into ``output_dir``.
+
+    Args:
+        cfg: A composed :class:`spp.eval.job_config.EvalJobConfig`.
+        output_dir: Run directory.
+
+    Returns:
+        The record written (one table row).
+    """
+    preflight(cfg)
+    info: dict[str, Any] = {"model_path": cfg.model.path, "pruner": cfg.pruner.name, "sparsity": cfg.sparsity.name,
+                            "adapter_dir": cfg.adapter_dir, "timings": {}}
+    device = _device(cfg.eval)
+    start = time.perf_counter()
+    model, tokenizer = load_model(cfg.model)
+    model.to(device)
+    info["timings"]["load"] = round(time.perf_counter() - start, 2)
+    if wants_pruning(cfg):
+        from spp.pruning import get_or_prune
+
+        start = time.perf_counter()
+        result = get_or_prune(
+            model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
+            cfg.cache_dir if cfg.use_cache else None, data_dir=cfg.data_dir, device=device,
+        )
+        model = getattr(result, "model", None) or model
+        info["timings"]["prune"] = round(time.perf_counter() - start, 2)
+        info["cache_hit"] = getattr(result, "cache_hit", None)
+    if cfg.adapter_dir:
+        from spp.adapter_io import load_adapter
+
+        model = load_adapter(model, cfg.adapter_dir).to(device)
+    info["linear_sparsity"] = linear_sparsity(model)
+    record = EvalRecord(label=cfg.label or default_label(cfg), limit=cfg.eval.limit, info=info)
+    if cfg.eval.ppl:
+        for source in [cfg.eval.ppl_source, *cfg.eval.extra_ppl_sources]:
+            start = time.perf_counter()
+            res = perplexity(
+                model, tokenizer, source=source, seqlen=int(cfg.eval.seqlen), max_windows=cfg.eval.max_windows,
+                batch_size=int(cfg.eval.batch_size), data_dir=cfg.data_dir, device=device,
+            )
+            record.ppl[source] = res.to_dict()
+            info["timings"][f"ppl_{source}"] = round(time.perf_counter() - start, 2)
+            log.info("%s perplexity %.3f (seqlen %d, %d windows)", source, res.ppl, res.seqlen, res.windows)
+    if cfg.eval.tasks:
+        start = time.perf_counter()
+        harness = evaluate_tasks(
+            model, tokenizer, tasks=list(cfg.eval.tasks), limit=cfg.eval.limit,
+            batch_size=int(cfg.eval.lm_eval_batch_size), data_dir=cfg.data_dir, online=bool(cfg.eval.online),
+            seed=int(cfg.seed),
+        )
+        record.tasks = harness.metrics
+        info["num_fewshot"] = harness.num_fewshot
+        info["task_versions"] = harness.raw.get("versions", {})
+        info["timings"]["lm_eval"] = round(time.perf_counter() - start, 2)
+    meta = {"config": OmegaConf.to_container(cfg, resolve=True)}
+    write_results(output_dir, [record], meta, title=f"Evaluation: {record.label}")
+    log_to_loggers(_loggers(cfg, output_dir), [record])
+    return record
+
+
+def _loggers(cfg: DictConfig, output_dir: str | Path) -> list[Any]:
+    """The job's Lightning loggers (training's ``build_loggers``; the adapter is named by ``adapter_dir``)."""
+    from spp.training.loggers import build_loggers
+
+    view = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    view.adapter = {"name": "spp" if cfg.adapter_dir else "none", "r": 0}
+    return build_loggers(view, output_dir)

@@ -1,0 +1,184 @@
+"""Evaluation records, the paper's Table 2 layout in Markdown, ``results.json``, and logging to Lightning loggers.
+
+Table 2 of the paper (like Wanda's) lists per-task zero-shot **accuracy** (lm-eval ``acc``) for BoolQ, RTE,
+HellaSwag, WinoGrande, ARC-e, ARC-c, OBQA and their unweighted mean ("Average"). lm-eval also reports
+``acc_norm`` (length-normalised) for HellaSwag, ARC-e, ARC-c and OBQA; those go in a separate table so the
+two conventions are never mixed in one average.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spp.eval.harness import MMLU_GROUP, ZERO_SHOT_TASKS, zero_shot_mean
+
+PAPER_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("spp_boolq", "BoolQ"),
+    ("spp_rte", "RTE"),
+    ("spp_hellaswag", "HellaSwag"),
+    ("spp_winogrande", "WinoGrande"),
+    ("spp_arc_easy", "ARC-e"),
+    ("spp_arc_challenge", "ARC-c"),
+    ("spp_openbookqa", "OBQA"),
+)
+"""(task, column title) of the paper's Table 2, in its order."""
+
+ACC_NORM_TASKS: tuple[str, ...] = ("spp_hellaswag", "spp_arc_easy", "spp_arc_challenge", "spp_openbookqa")
+
+
+@dataclass
+class EvalRecord:
+    """Everything measured for one evaluated model (one table row).
+
+    Attributes:
+        label: Row name (e.g. ``smollm2_135m wanda nm2_4``).
+        ppl: ``{source: PerplexityResult.to_dict()}``.
+        tasks: ``HarnessResult.metrics`` (``{task: {acc, acc_norm, ..}}``), empty when no task ran.
+        limit: lm-eval per-task document limit (``None`` = all).
+        info: Free-form provenance (model path, pruner, sparsity, adapter dir, measured sparsity, timings).
+    """
+
+    label: str
+    ppl: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tasks: dict[str, dict[str, float]] = field(default_factory=dict)
+    limit: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable dict, with the 7-task mean and MMLU accuracy added."""
+        return {
+            **asdict(self),
+            "zero_shot_mean_acc": zero_shot_mean(self.tasks),
+            "mmlu_acc": self.tasks.get(MMLU_GROUP, {}).get("acc"),
+        }
+
+    def flat_metrics(self) -> dict[str, float]:
+        """``{"ppl/wikitext2": .., "acc/spp_boolq": .., "acc_norm/..": .., "acc/zero_shot_mean": ..}`` for loggers."""
+        out: dict[str, float] = {f"ppl/{src}": float(r["ppl"]) for src, r in self.ppl.items()}
+        for task, metrics in self.tasks.items():
+            for name in ("acc", "acc_norm"):
+                if name in metrics:
+                    out[f"{name}/{task}"] = float(metrics[name])
+        mean = zero_shot_mean(self.tasks)
+        if mean is not None:
+            out["acc/zero_shot_mean"] = mean
+        return out
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
+
+
+def _ppl_header(records: Sequence[EvalRecord], source: str) -> str:
+    settings = {(r.ppl[source]["seqlen"], r.ppl[source]["windows"]) for r in records if source in r.ppl}
+    if len(settings) == 1:
+        seqlen, windows = settings.pop()
+        return f"{source} PPL ({seqlen}×{windows})"
+    return f"{source} PPL"
+
+
+def paper_table(records: Sequence[EvalRecord]) -> str:
+    """Markdown: rows = models; columns = perplexities, the 7 zero-shot ``acc`` (%), Average, MMLU 5-shot (%)."""
+    sources = list(dict.fromkeys(src for r in records for src in r.ppl))
+    head = ["Model", *(_ppl_header(records, s) for s in sources), *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    for r in records:
+        cells = [r.label, *(f"{r.ppl[s]['ppl']:.2f}" if s in r.ppl else "–" for s in sources)]
+        cells += [_pct(r.tasks.get(task, {}).get("acc")) for task, _ in PAPER_COLUMNS]
+        cells += [_pct(zero_shot_mean(r.tasks)), _pct(r.tasks.get(MMLU_GROUP, {}).get("acc"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def acc_norm_table(records: Sequence[EvalRecord]) -> str:
+    """Markdown of lm-eval's ``acc_norm`` (%) for the four tasks that report it."""
+    titles = dict(PAPER_COLUMNS)
+    head = ["Model", *(titles[t] + " (acc_norm)" for t in ACC_NORM_TASKS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(ACC_NORM_TASKS)) + "|"]
+    for r in records:
+        lines.append("| " + " | ".join([r.label, *(_pct(r.tasks.get(t, {}).get("acc_norm")) for t in ACC_NORM_TASKS)]) + " |")
+    return "\n".join(lines)
+
+
+def notes(records: Sequence[EvalRecord]) -> str:
+    """The protocol lines printed under the tables (metric per task, limits, shots, perplexity windows)."""
+    limits = sorted({str(r.limit) for r in records if r.tasks})
+    lines = [
+        "Zero-shot columns: lm-eval `acc` (%) for all seven tasks (the Wanda/SPP Table 2 convention); "
+        "Average = unweighted mean of the seven `acc`. MMLU: 5-shot `acc` (%), subjects aggregated as lm-eval "
+        "aggregates `mmlu` (weighted by documents within and across the four categories).",
+        "Perplexity: non-overlapping windows (seqlen × windows in the header), tail dropped, exp(mean token NLL); "
+        "wikitext2 = raw test split joined by blank lines; c4 = the local sample of C4 *train* shard 0.",
+    ]
+    if limits:
+        lines.append(f"lm-eval `limit` (first N documents per task / per MMLU subject): {', '.join(limits)}.")
+    if any(t not in r.tasks for r in records if r.tasks for t in ZERO_SHOT_TASKS):
+        lines.append("'–' = not evaluated.")
+    return "\n".join(f"- {line}" for line in lines)
+
+
+def markdown_report(records: Sequence[EvalRecord], title: str = "Evaluation") -> str:
+    """The full Markdown report: Table-2-shaped table, acc_norm table, protocol notes."""
+    parts = [f"# {title}", "", paper_table(records), ""]
+    if any(t in r.tasks for r in records for t in ACC_NORM_TASKS):
+        parts += ["acc_norm (length-normalised accuracy, reported separately):", "", acc_norm_table(records), ""]
+    parts += [notes(records), ""]
+    return "\n".join(parts)
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_results(
+    out_dir: str | os.PathLike[str], records: Sequence[EvalRecord], meta: dict[str, Any] | None = None,
+    title: str = "Evaluation",
+) -> tuple[Path, Path]:
+    """Write ``results.json`` and ``results.md`` (atomically) into ``out_dir``; return both paths."""
+    out = Path(out_dir)
+    payload = {"meta": meta or {}, "records": [r.to_dict() for r in records]}
+    js = write_text_atomic(out / "results.json", json.dumps(payload, indent=2, default=str) + "\n")
+    md = write_text_atomic(out / "results.md", markdown_report(records, title))
+    return js, md
+
+
+def log_to_loggers(loggers: Sequence[Any], records: Sequence[EvalRecord]) -> None:
+    """Log each record's metrics (prefixed by its row index) and, on W&B, the Table-2 table as a ``wandb.Table``."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    columns = ["model", *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"]
+    rows = [
+        [
+            r.label,
+            *(r.tasks.get(task, {}).get("acc") for task, _ in PAPER_COLUMNS),
+            zero_shot_mean(r.tasks),
+            r.tasks.get(MMLU_GROUP, {}).get("acc"),
+        ]
+        for r in records
+    ]
+    for logger in loggers:
+        for i, r in enumerate(records):
+            prefix = f"eval/{i}/" if len(records) > 1 else "eval/"
+            logger.log_metrics({prefix + k: v for k, v in r.flat_metrics().items()}, step=0)
+        if isinstance(logger, WandbLogger):
+            logger.log_table(key="eval/table2", columns=columns, data=rows)
+        logger.save()

@@ -1,0 +1,228 @@
+"""Loaders that turn the local copies of the eval sets into the row shapes lm-eval's own tasks expect.
+
+Each function is an lm-eval ``custom_dataset`` (``!function local_data.<name>`` in the task YAMLs beside
+this file). lm-eval calls it with the task's ``metadata`` and ``dataset_kwargs``; the data root is taken
+from ``data_dir`` in that metadata (``TaskManager(metadata={"data_dir": ...})`` or the CLI's
+``--metadata '{"data_dir": "..."}'``), else ``$SPP_DATA_DIR``, else ``../shared/data``, else the repo's
+``data/`` samples (see :func:`spp.paths.find_data`).
+
+Differences from the hub versions that the local copies force (documented in ``spp/eval/README.md``):
+HellaSwag comes as klosax's pre-processed text (``ctx_a``/``ctx_b`` already joined), WinoGrande as
+llm-foundry's partial-scoring form, OpenBookQA from the official ``test.tsv``, ARC from the original
+AI2 jsonl (numeric answer keys kept, resolved by label index exactly as lm-eval does).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from spp.paths import find_data
+
+LOCAL_FILES: dict[str, str] = {
+    "boolq": "boolq/val.jsonl",
+    "rte": "rte/val.jsonl",
+    "hellaswag": "hellaswag/hellaswag_val_full.txt",
+    "winogrande": "winogrande/winogrande.jsonl",
+    "arc_easy": "arc/ARC-Easy-Test.jsonl",
+    "arc_challenge": "arc/ARC-Challenge-Test.jsonl",
+    "openbookqa": "openbookqa/test.tsv",
+    "mmlu_dev": "mmlu/dev/{subject}_dev.csv",
+    "mmlu_test": "mmlu/test/{subject}_test.csv",
+}
+"""Relative path (under a data root) of each local copy."""
+
+RTE_LABELS = {"entailment": 0, "not_entailment": 1}
+MMLU_ANSWERS = "ABCD"
+
+
+def _path(key: str, kwargs: dict[str, Any], **fmt: str) -> Path:
+    return find_data(LOCAL_FILES[key].format(**fmt), kwargs.get("data_dir") or os.environ.get("SPP_DATA_DIR"))
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def _split(name: str, rows: list[dict[str, Any]]) -> datasets.DatasetDict:
+    return datasets.DatasetDict({name: datasets.Dataset.from_list(rows)})
+
+
+def boolq(**kwargs: Any) -> datasets.DatasetDict:
+    """SuperGLUE BoolQ validation (``label``: JSON bool -> 0 = no, 1 = yes, as in ``super_glue/boolq``)."""
+    rows = [
+        {"question": r["question"], "passage": r["passage"], "label": int(bool(r["label"])), "idx": r.get("idx", i)}
+        for i, r in enumerate(_jsonl(_path("boolq", kwargs)))
+    ]
+    return _split("validation", rows)
+
+
+def rte(**kwargs: Any) -> datasets.DatasetDict:
+    """RTE validation in GLUE's shape (``sentence1``, ``sentence2``, label 0 = entailment) for lm-eval's ``rte``.
+
+    The SuperGLUE and GLUE RTE validation sets hold the same 277 pairs; only field names and the label
+    encoding differ.
+    """
+    rows = []
+    for i, r in enumerate(_jsonl(_path("rte", kwargs))):
+        label = r["label"]
+        rows.append(
+            {
+                "sentence1": r["premise"],
+                "sentence2": r["hypothesis"],
+                "label": RTE_LABELS[label] if isinstance(label, str) else int(label),
+                "idx": r.get("idx", i),
+            }
+        )
+    return _split("validation", rows)
+
+
+def hellaswag_preprocess(text: str) -> str:
+    """lm-eval's HellaSwag text cleanup (drop WikiHow ``[...]`` tags, ``[title]`` -> ``". "``)."""
+    text = text.strip()
+    text = text.replace(" [title]", ". ")
+    text = re.sub("\\[.*?\\]", "", text)
+    return text.replace("  ", " ")
+
+
+def capitalize_last_fragment(query: str) -> str:
+    """Approximate lm-eval's ``ctx_a + " " + ctx_b.capitalize()`` on an already joined context.
+
+    klosax's text keeps ``ctx_b`` lower-case (``"... on a roof. he"``). ``ctx_b`` is the fragment after the
+    last sentence end, so its first letter is upper-cased when it is lower-case. (``str.capitalize`` also
+    lower-cases the rest of ``ctx_b``; that is not reproduced, since ``ctx_b``'s extent is unknown.)
+    """
+    cut = max(query.rfind(". "), query.rfind(": "))
+    if cut < 0:
+        return query
+    head, tail = query[: cut + 2], query[cut + 2 :]
+    return head + tail[:1].upper() + tail[1:] if tail[:1].islower() else query
+
+
+def hellaswag(**kwargs: Any) -> datasets.DatasetDict:
+    """HellaSwag validation from klosax's text form (6 lines per task: context, gold, 4 endings)."""
+    lines = _path("hellaswag", kwargs).read_text(encoding="utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(lines) % 6:
+        raise ValueError(f"HellaSwag text file has {len(lines)} lines, not a multiple of 6 (context, gold, 4 endings)")
+    rows = []
+    for i in range(0, len(lines), 6):
+        ctx, gold, endings = lines[i], int(lines[i + 1]), lines[i + 2 : i + 6]
+        rows.append(
+            {
+                "query": hellaswag_preprocess(capitalize_last_fragment(ctx)),
+                "choices": [hellaswag_preprocess(e) for e in endings],
+                "label": gold,
+            }
+        )
+    return _split("validation", rows)
+
+
+def winogrande(**kwargs: Any) -> datasets.DatasetDict:
+    """WinoGrande (xl) validation in llm-foundry's form: ``context_options``, ``continuation``, ``gold``.
+
+    lm-eval's ``winogrande`` builds exactly this decomposition from ``sentence``/``option1``/``option2``
+    (contexts = prefix before ``_`` + option, continuation = the stripped text after ``_``).
+    """
+    rows = [
+        {
+            "context_options": list(r["context_options"]),
+            "continuation": r["continuation"].strip(),
+            "gold": int(r["gold"]),
+        }
+        for r in _jsonl(_path("winogrande", kwargs))
+    ]
+    return _split("validation", rows)
+
+
+def _arc(key: str, kwargs: dict[str, Any]) -> datasets.DatasetDict:
+    rows = []
+    for r in _jsonl(_path(key, kwargs)):
+        choices = r["question"]["choices"]
+        rows.append(
+            {
+                "id": r["id"],
+                "question": r["question"]["stem"],
+                "choices": {"text": [c["text"] for c in choices], "label": [c["label"] for c in choices]},
+                "answerKey": r["answerKey"],
+            }
+        )
+    return _split("test", rows)
+
+
+def arc_easy(**kwargs: Any) -> datasets.DatasetDict:
+    """ARC-Easy test in HF ``ai2_arc`` shape (``question``, ``choices.text/label``, ``answerKey``)."""
+    return _arc("arc_easy", kwargs)
+
+
+def arc_challenge(**kwargs: Any) -> datasets.DatasetDict:
+    """ARC-Challenge test in HF ``ai2_arc`` shape."""
+    return _arc("arc_challenge", kwargs)
+
+
+_OBQA_CHOICE = re.compile(r"\(([A-D])\) ")
+
+
+def parse_obqa_choices(field: str) -> tuple[list[str], list[str]]:
+    """Split ``"(A) x (B) y (C) z (D) w"`` into ``(["A".."D"], ["x".."w"])``.
+
+    Raises:
+        ValueError: the field does not hold the four markers in order.
+    """
+    parts = _OBQA_CHOICE.split(field)
+    labels, texts = parts[1::2], [t.strip() for t in parts[2::2]]
+    if labels != list("ABCD") or parts[0].strip():
+        raise ValueError(f"OpenBookQA choices field not in '(A) .. (B) .. (C) .. (D) ..' form: {field!r}")
+    return labels, texts
+
+
+def openbookqa(**kwargs: Any) -> datasets.DatasetDict:
+    """OpenBookQA main test from the official ``test.tsv`` in HF ``openbookqa/main`` shape."""
+    rows = []
+    with _path("openbookqa", kwargs).open(encoding="utf-8", newline="") as fh:
+        for r in csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE):
+            labels, texts = parse_obqa_choices(r["Choices"])
+            rows.append(
+                {
+                    "id": r["ID"],
+                    "question_stem": r["Question Stem"],
+                    "choices": {"text": texts, "label": labels},
+                    "answerKey": r["Answer Key"].strip(),
+                }
+            )
+    return _split("test", rows)
+
+
+def _mmlu_rows(path: Path, subject: str) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8", newline="") as fh:
+        records = list(csv.reader(fh))
+    rows = []
+    for n, rec in enumerate(records, start=1):
+        if len(rec) != 6 or rec[5] not in MMLU_ANSWERS:
+            raise ValueError(f"{path}: row {n} is not 'question,A,B,C,D,answer letter'")
+        rows.append({"question": rec[0], "subject": subject, "choices": rec[1:5], "answer": MMLU_ANSWERS.index(rec[5])})
+    return rows
+
+
+def mmlu(subject: str = "", **kwargs: Any) -> datasets.DatasetDict:
+    """One MMLU subject in HF ``cais/mmlu`` shape (``question``, ``choices``, ``answer`` index); test + dev.
+
+    Args:
+        subject: The subject (file name minus ``_test.csv``), from the task's ``dataset_kwargs``.
+    """
+    if not subject:
+        raise ValueError("MMLU task needs dataset_kwargs.subject (e.g. 'anatomy')")
+    return datasets.DatasetDict(
+        {
+            "test": datasets.Dataset.from_list(_mmlu_rows(_path("mmlu_test", kwargs, subject=subject), subject)),
+            "dev": datasets.Dataset.from_list(_mmlu_rows(_path("mmlu_dev", kwargs, subject=subject), subject)),
+        }
+    )

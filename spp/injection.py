@@ -1,0 +1,112 @@
+"""Put SPP layers into a Hugging Face causal LM and take them out again (merged)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from torch import nn
+
+from spp.layers.spp_linear import SPPLinear
+
+DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The seven projections of every LLaMA decoder layer the paper adapts (DESIGN.md §1)."""
+
+
+def _matches(name: str, targets: Iterable[str]) -> bool:
+    """True when the module path ``name`` equals a target or ends with ``.<target>``."""
+    return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def spp_layers(model: nn.Module) -> dict[str, SPPLinear]:
+    """All ``SPPLinear`` modules of ``model`` by module path (in ``named_modules`` order)."""
+    return {name: mod for name, mod in model.named_modules() if isinstance(mod, SPPLinear)}
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def inject(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS, **layer_kwargs: Any) -> nn.Module:
+    """Replace every ``nn.Linear`` whose path ends with a target name by an ``SPPLinear``; freeze the rest.
+
+    Args:
+        model: Any module (typically an HF ``*ForCausalLM``); modified in place and returned.
+        targets: Module-name suffixes to adapt (``q_proj`` matches ``model.layers.0.self_attn.q_proj``).
+        **layer_kwargs: Passed to every ``SPPLinear`` (``r``, ``scale``, ``dropout``, ``impl``, ...).
+
+    Returns:
+        The same ``model``: only ``spp_alpha``/``spp_beta`` require grad afterwards.
+
+    Raises:
+        ValueError: ``targets`` is empty or matches no ``nn.Linear`` (names the linear layers that exist), or
+            the model already holds SPP layers.
+    """
+    targets = tuple([targets] if isinstance(targets, str) else targets)
+    if not targets:
+        raise ValueError("inject: targets is empty; pass module-name suffixes such as ('q_proj', 'v_proj').")
+    if spp_layers(model):
+        raise ValueError("inject: the model already holds SPPLinear layers; call merge_and_unload first.")
+    found = [(name, mod) for name, mod in model.named_modules()
+             if isinstance(mod, nn.Linear) and _matches(name, targets)]
+    if not found:
+        linear_names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(f"inject: targets {list(targets)} match no nn.Linear in {type(model).__name__}; "
+                         f"linear layer names present: {linear_names}. Fix adapter.targets.")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for name, mod in found:
+        _set_submodule(model, name, SPPLinear(mod, name=name, **layer_kwargs))
+    return model
+
+
+def merge_and_unload(model: nn.Module) -> nn.Module:
+    """Merge every SPP layer into its base weight (its dtype, zeros kept) and put the plain ``nn.Linear`` back.
+
+    Returns:
+        The same ``model`` holding ordinary ``nn.Linear`` modules, ready for ``save_pretrained``.
+    """
+    layers = spp_layers(model)
+    if not layers:
+        raise ValueError("merge_and_unload: the model holds no SPPLinear layers (nothing to merge).")
+    for name, layer in layers.items():
+        if not layer.merged:
+            layer.merge(keep_original=False)
+        layer._original_weight = None
+        _set_submodule(model, name, layer.base)
+    return model
+
+
+def adapter_state_dict(model: nn.Module) -> dict[str, Any]:
+    """Only the SPP parameters: ``<layer path>.spp_alpha`` and ``<layer path>.spp_beta`` (detached tensors)."""
+    out = {}
+    for name, layer in spp_layers(model).items():
+        out[f"{name}.spp_alpha"] = layer.spp_alpha.detach()
+        if layer.spp_beta is not None:
+            out[f"{name}.spp_beta"] = layer.spp_beta.detach()
+    return out
+
+
+def set_impl(model: nn.Module, impl: str) -> None:
+    """Switch every SPP layer of ``model`` to another exact implementation (``fused``/``naive``/``blocked``)."""
+    from spp.layers.spp_linear import IMPLS
+
+    if impl not in IMPLS:
+        raise ValueError(f"set_impl: unknown impl {impl!r}; choose one of {list(IMPLS)}.")
+    for layer in spp_layers(model).values():
+        layer.impl = impl
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """``(trainable, total)`` parameter counts of ``model`` (shared tensors counted once)."""
+    seen: set[int] = set()
+    trainable = total = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        trainable += p.numel() if p.requires_grad else 0
+    return trainable, total

@@ -1,0 +1,187 @@
+"""Exact SPP forward/backward formulations (paper Eq. 5-7) as plain functions and one autograd Function.
+
+Notation (paper Sec. 3.2): frozen pruned weight ``W`` (m x n), ``alpha`` (r x n), ``beta`` (m x 1), block size
+``k = m / r``, ``A = Repeat0(alpha, k)`` (row block ``j`` of ``A`` is ``alpha[j]``), scale ``s`` and
+``xd = Dropout(x)``. The training forward is Eq. 6::
+
+    y = x W^T + s * xd (W ⊙ A ⊙ beta)^T
+
+The ``fused`` path below derives every quantity from at most three full-size matrix products and keeps
+nothing of size m x n alive between forward and backward:
+
+* dropout off (``xd is x``): ``y = x W_eff^T`` with ``W_eff = W ⊙ (1 + s A beta)`` (the merged weight,
+  built transiently); ``dx = g W_eff``; ``G = g^T x`` (m x n, transient).
+* dropout on: ``y = x W^T + xd W'^T`` with ``W' = s W ⊙ A ⊙ beta``; ``dx = g W``, ``dxd = g W'``, ``G = g^T xd``.
+
+With ``P = G ⊙ W`` both small gradients are row-block reductions of ``P``::
+
+    dbeta_i  = s * sum_c P[i, c] * alpha[j(i), c]      (batched mat-vec over the r blocks)
+    dalpha_j = s * sum_{i in block j} beta_i * P[i, c]  (batched vec-mat over the r blocks)
+
+The backward walks the rows in chunks of whole blocks so that its transient m x n buffers stay bounded.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Largest transient buffer (elements) the fused backward builds per chunk of rows: 2**24 fp32 = 64 MiB.
+BACKWARD_CHUNK_ELEMENTS = 1 << 24
+
+
+def repeat_alpha(alpha: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``Repeat0(alpha, m / r)`` of Eq. 5: each row of ``alpha`` repeated ``m / r`` times (block repetition)."""
+    return alpha.repeat_interleave(out_features // alpha.shape[0], dim=0)
+
+
+def adapted_weight(weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None) -> torch.Tensor:
+    """Eq. 5: ``W' = W ⊙ Repeat0(alpha, m/r) ⊙ Repeat1(beta, n)`` (materialized, m x n).
+
+    ``beta=None`` means a fixed beta of one (the ``use_beta=False`` ablation).
+    """
+    w = weight * repeat_alpha(alpha.to(weight.dtype), weight.shape[0])
+    if beta is not None:
+        w = w * beta.to(weight.dtype)
+    return w
+
+
+def merge_factor(alpha: torch.Tensor, beta: torch.Tensor | None, out_features: int, scale: float) -> torch.Tensor:
+    """The m x n multiplier ``1 + s Repeat0(alpha) ⊙ beta`` of the merged weight ``W ⊙ (1 + s A beta)``."""
+    r, n = alpha.shape
+    k = out_features // r
+    b = beta.reshape(r, k, 1) if beta is not None else alpha.new_ones(r, k, 1)
+    ones = alpha.new_ones(r, k, n)
+    return torch.baddbmm(ones, b, alpha.reshape(r, 1, n), alpha=scale).reshape(out_features, n)
+
+
+def _blocked_scale(weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None, scale: float,
+                   residual: bool) -> torch.Tensor:
+    """Transient weight for one fused product: ``W ⊙ (1 + s A beta)`` if residual else ``s W ⊙ A ⊙ beta``."""
+    m, n = weight.shape
+    r = alpha.shape[0]
+    k = m // r
+    b = beta.reshape(r, k, 1) if beta is not None else alpha.new_ones(r, k, 1)
+    a = alpha.reshape(r, 1, n)
+    if residual:
+        factor = torch.baddbmm(alpha.new_ones(r, k, n), b, a, alpha=scale)
+    else:
+        factor = torch.bmm(b, a)
+        if scale != 1.0:
+            factor.mul_(scale)
+    return factor.reshape(m, n).mul_(weight)
+
+
+def naive_adapter(x: torch.Tensor, weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None,
+                  scale: float) -> torch.Tensor:
+    """Adapter term of Eq. 6 through the materialized Eq. 5 weight (autograd keeps m x n tensors)."""
+    return scale * F.linear(x, adapted_weight(weight, alpha, beta))
+
+
+def blocked_adapter(x: torch.Tensor, weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None,
+                    scale: float) -> torch.Tensor:
+    """Adapter term of Eq. 6 in the paper's row-blocked form, Eq. 7.
+
+    ``y' = [ ... (x ⊙ alpha_j) W_j^T ... ] ⊙ beta^T``: one product per row block ``j`` of ``W``; the
+    repeated alpha (m x n) is never built.
+    """
+    r = alpha.shape[0]
+    k = weight.shape[0] // r
+    a = alpha.to(x.dtype)
+    outs = [F.linear(x * a[j], weight[j * k:(j + 1) * k]) for j in range(r)]
+    y = torch.cat(outs, dim=-1)
+    if beta is not None:
+        y = y * beta.to(x.dtype).reshape(-1)
+    return scale * y
+
+
+def _row_chunks(m: int, n: int, k: int) -> list[tuple[int, int]]:
+    """Row ranges made of whole blocks of ``k`` rows with at most ``BACKWARD_CHUNK_ELEMENTS`` elements."""
+    rows = max(k, (BACKWARD_CHUNK_ELEMENTS // max(n, 1)) // k * k)
+    return [(lo, min(lo + rows, m)) for lo in range(0, m, rows)]
+
+
+class SPPFusedFunction(torch.autograd.Function):
+    """Eq. 6 with hand-written gradients: three full-size products per step when dropout is off.
+
+    Inputs are 2-D: ``x`` (N x n), ``xd`` (the dropped-out ``x``, or ``None`` when dropout is inactive),
+    the frozen ``weight`` (m x n), ``alpha`` (r x n), ``beta`` (m x 1 or ``None``), ``bias`` (m or ``None``).
+    Saved for backward: the activation used by ``G`` (``x`` or ``xd``) and references to the parameters;
+    no m x n temporary survives the forward.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, xd: torch.Tensor | None, weight: torch.Tensor, alpha: torch.Tensor,
+                beta: torch.Tensor | None, bias: torch.Tensor | None, scale: float,
+                residual: bool) -> torch.Tensor:
+        a = alpha.to(weight.dtype)
+        b = beta.to(weight.dtype) if beta is not None else None
+        if xd is None:
+            # One product with the (transient) merged weight W ⊙ (1 + s A beta), or W ⊙ A ⊙ beta.
+            w_eff = _blocked_scale(weight, a, b, scale, residual)
+            y = x @ w_eff.t()
+            del w_eff
+        else:
+            y = x @ weight.t()
+            w_ad = _blocked_scale(weight, a, b, scale, residual=False)
+            y.addmm_(xd, w_ad.t())
+            del w_ad
+        if bias is not None:
+            y.add_(bias)
+        ctx.scale = scale
+        ctx.residual = residual
+        ctx.has_xd = xd is not None
+        ctx.has_beta = beta is not None
+        ctx.save_for_backward(x if xd is None else xd, weight, alpha, beta)
+        return y
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        act, weight, alpha, beta = ctx.saved_tensors
+        scale, residual = ctx.scale, ctx.residual  # residual=False layers pass scale=1 (y = x (W ⊙ A ⊙ beta)^T)
+        need_x, need_xd, _, need_a, need_b, need_bias = ctx.needs_input_grad[:6]
+        m, n = weight.shape
+        r = alpha.shape[0]
+        k = m // r
+        g = g.contiguous()
+        a = alpha.to(weight.dtype)
+        b = beta.to(weight.dtype) if beta is not None else None
+        gx = gxd = ga = gb = gbias = None
+
+        if ctx.has_xd:
+            if need_x:
+                gx = g @ weight
+            if need_xd:
+                w_ad = _blocked_scale(weight, a, b, scale, residual=False)
+                gxd = g @ w_ad
+                del w_ad
+        elif need_x:
+            w_eff = _blocked_scale(weight, a, b, scale, residual)
+            gx = g @ w_eff
+            del w_eff
+
+        if need_a or (need_b and b is not None):
+            ga_full = torch.zeros(r, n, dtype=weight.dtype, device=weight.device) if need_a else None
+            gb_full = torch.empty(m, dtype=weight.dtype, device=weight.device) if need_b and b is not None \
+                else None
+            gt = g.t()
+            for lo, hi in _row_chunks(m, n, k):
+                jlo, jhi = lo // k, hi // k
+                p = gt[lo:hi] @ act  # G rows lo:hi (transient, <= BACKWARD_CHUNK_ELEMENTS)
+                p.mul_(weight[lo:hi])  # P = G ⊙ W
+                p3 = p.view(jhi - jlo, k, n)
+                if gb_full is not None:
+                    gb_full[lo:hi] = torch.bmm(p3, a[jlo:jhi].unsqueeze(-1)).reshape(-1)
+                if ga_full is not None:
+                    if b is not None:
+                        ga_full[jlo:jhi] = torch.bmm(b[lo:hi].reshape(jhi - jlo, 1, k), p3).squeeze(1)
+                    else:
+                        ga_full[jlo:jhi] = p3.sum(dim=1)
+                del p, p3
+            if ga_full is not None:
+                ga = ga_full.mul_(scale).to(alpha.dtype)
+            if gb_full is not None:
+                gb = gb_full.mul_(scale).reshape(beta.shape).to(beta.dtype)
+        if need_bias:
+            gbias = g.sum(0)
+        return gx, gxd, None, ga, gb, gbias, None, None

@@ -1,0 +1,229 @@
+"""``SPPLinear``: a frozen pruned ``nn.Linear`` plus the SPP parameters alpha (r x n) and beta (m x 1)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spp.layers.functional import (
+    SPPFusedFunction,
+    adapted_weight,
+    blocked_adapter,
+    merge_factor,
+    naive_adapter,
+    repeat_alpha,
+)
+
+IMPLS: tuple[str, ...] = ("fused", "naive", "blocked")
+"""Exact implementations of Eq. 6: ``fused`` (custom autograd, 3 full-size products per step without dropout),
+``naive`` (materializes Eq. 5), ``blocked`` (the paper's Eq. 7)."""
+
+DEFAULT_IMPL = "fused"
+"""Fastest measured on CPU (``benchmarks/layer_bench.py``, results in ``experiments/results/``)."""
+
+INITS: tuple[str, ...] = ("kaiming", "zeros", "ones")
+
+
+def _divisors(m: int, limit: int = 24) -> list[int]:
+    """The first ``limit`` divisors of ``m`` (valid SPP ranks for an m-row weight)."""
+    return [d for d in range(1, m + 1) if m % d == 0][:limit]
+
+
+def _init_(t: torch.Tensor, how: str) -> None:
+    """Initialise ``t`` in place: ``kaiming`` is nn.Linear's default (kaiming_uniform_ with a=sqrt(5))."""
+    if how == "kaiming":
+        nn.init.kaiming_uniform_(t, a=math.sqrt(5))
+    elif how == "zeros":
+        nn.init.zeros_(t)
+    else:
+        nn.init.ones_(t)
+
+
+class SPPLinear(nn.Module):
+    """Sparsity-preserved adapter around a frozen (pruned) linear layer (paper Sec. 3.2).
+
+    Training forward (Eq. 6): ``y = base(x) + scale * dropout(x) @ W'^T`` with
+    ``W' = W ⊙ Repeat0(spp_alpha, m/r) ⊙ spp_beta`` (Eq. 5). Merging writes ``W ⊙ (1 + scale A beta)`` into the
+    base weight, so every zero of ``W`` stays zero.
+
+    With ``residual=False`` (the paper's Sec. 3.2 remark 1, an ablation) alpha and beta start at one, there is no
+    scale or dropout and ``y = x (W ⊙ Repeat0(alpha) ⊙ beta)^T + bias``; merging writes ``W ⊙ A ⊙ beta``.
+
+    Args:
+        base: The frozen linear layer; its weight and bias are set to ``requires_grad=False``.
+        r: Number of alpha rows; must divide ``base.out_features``.
+        scale: ``s`` of Eq. 6.
+        dropout: Dropout probability on the adapter input.
+        alpha_init: ``kaiming`` (nn.Linear default), ``zeros`` or ``ones``.
+        beta_init: ``zeros``, ``kaiming`` or ``ones``.
+        use_beta: Without beta the update is ``W ⊙ Repeat0(alpha)``; alpha must then start at zero.
+        impl: One of ``IMPLS``; all are exact, ``fused`` is the fastest measured here.
+        name: Module path, used in error messages.
+        residual: ``False`` selects the multiplicative no-residual ablation described above.
+
+    Raises:
+        ValueError: ``r`` does not divide ``out_features``; both inits zero; ``use_beta=False`` with a non-zero
+            alpha init; an unknown init or impl; dropout outside [0, 1).
+    """
+
+    def __init__(
+        self,
+        base: nn.Linear,
+        r: int = 16,
+        scale: float = 2.0,
+        dropout: float = 0.05,
+        alpha_init: str = "kaiming",
+        beta_init: str = "zeros",
+        use_beta: bool = True,
+        impl: str = DEFAULT_IMPL,
+        name: str | None = None,
+        residual: bool = True,
+    ) -> None:
+        super().__init__()
+        label = name or "SPPLinear"
+        if not isinstance(base, nn.Linear):
+            raise TypeError(f"{label}: SPPLinear wraps an nn.Linear, got {type(base).__name__}.")
+        m, n = base.out_features, base.in_features
+        if not isinstance(r, int) or r < 1 or m % r != 0:
+            raise ValueError(
+                f"{label}: r={r} does not divide out_features={m} (Repeat0 needs m/r rows per alpha row); "
+                f"valid r values: {_divisors(m)}. Set adapter.r to one of them."
+            )
+        if impl not in IMPLS:
+            raise ValueError(f"{label}: unknown impl {impl!r}; choose one of {list(IMPLS)}.")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"{label}: dropout={dropout} must be in [0, 1).")
+        for key, val in (("alpha_init", alpha_init), ("beta_init", beta_init)):
+            if val not in INITS:
+                raise ValueError(f"{label}: {key}={val!r} is not one of {list(INITS)}.")
+        if residual:
+            if use_beta and alpha_init == "zeros" and beta_init == "zeros":
+                raise ValueError(
+                    f"{label}: alpha_init and beta_init are both 'zeros': the adapter gradients vanish and the "
+                    "parameters stay zero (paper appendix, Table 8). Set alpha_init='kaiming' (default)."
+                )
+            if not use_beta and alpha_init != "zeros":
+                raise ValueError(
+                    f"{label}: use_beta=False needs alpha_init='zeros' (got {alpha_init!r}); otherwise the model "
+                    "does not start as the pruned model. Set alpha_init='zeros'."
+                )
+        else:
+            alpha_init = beta_init = "ones"
+        self.base = base
+        self.r = r
+        self.scale = float(scale) if residual else 1.0
+        self.dropout_p = float(dropout) if residual else 0.0
+        self.impl = impl
+        self.name = name
+        self.use_beta = use_beta
+        self.residual = residual
+        self.alpha_init, self.beta_init = alpha_init, beta_init
+        self.merged = False
+        self._original_weight: torch.Tensor | None = None
+        for p in base.parameters():
+            p.requires_grad_(False)
+        w = base.weight
+        self.spp_alpha = nn.Parameter(torch.empty(r, n, dtype=w.dtype, device=w.device))
+        _init_(self.spp_alpha.data, alpha_init)
+        if use_beta:
+            self.spp_beta = nn.Parameter(torch.empty(m, 1, dtype=w.dtype, device=w.device))
+            _init_(self.spp_beta.data, beta_init)
+        else:
+            self.register_parameter("spp_beta", None)
+
+    # ----------------------------------------------------------------- forwarding to the base layer
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
+
+    def extra_repr(self) -> str:
+        return (f"r={self.r}, scale={self.scale}, dropout={self.dropout_p}, impl={self.impl!r}, "
+                f"use_beta={self.use_beta}, residual={self.residual}, merged={self.merged}")
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Eq. 6 (or the merged layer's plain linear once ``merge()`` has run)."""
+        if self.merged:
+            return self.base(x)
+        w, bias = self.base.weight, self.base.bias
+        alpha, beta = self.spp_alpha, self.spp_beta
+        drop = self.residual and self.training and self.dropout_p > 0
+        if self.impl == "fused":
+            m, n = self.out_features, self.in_features
+            xd = F.dropout(x, self.dropout_p, True).reshape(-1, n) if drop else None
+            y = SPPFusedFunction.apply(x.reshape(-1, n), xd, w, alpha, beta, bias, self.scale, self.residual)
+            return y.reshape(*x.shape[:-1], m)
+        if not self.residual:
+            return F.linear(x, adapted_weight(w, alpha, beta), bias)
+        xd = F.dropout(x, self.dropout_p, True) if drop else x
+        adapter = naive_adapter if self.impl == "naive" else blocked_adapter
+        return self.base(x) + adapter(xd, w, alpha, beta, self.scale)
+
+    # ----------------------------------------------------------------- merge / unmerge
+    def _factor(self) -> torch.Tensor:
+        """fp32 multiplier of the merged weight: ``1 + s A beta`` (residual) or ``A beta`` (no residual)."""
+        alpha = self.spp_alpha.detach().float()
+        beta = self.spp_beta.detach().float() if self.spp_beta is not None else None
+        if self.residual:
+            return merge_factor(alpha, beta, self.out_features, self.scale)
+        f = repeat_alpha(alpha, self.out_features)
+        return f * beta if beta is not None else f
+
+    @torch.no_grad()
+    def merge(self, keep_original: bool = True) -> None:
+        """Write the adapted weight into ``base.weight`` in place, in the weight's own dtype.
+
+        Residual: ``W ⊙ (1 + s Repeat0(alpha) ⊙ beta)``; no residual: ``W ⊙ Repeat0(alpha) ⊙ beta``. The product
+        is taken in fp32 and rounded once; entries that are zero in ``W`` are copied unchanged (same bits), so
+        the sparsity pattern is bit-identical.
+
+        Args:
+            keep_original: Keep a copy of the unmerged weight (m x n, same dtype) so ``unmerge()`` restores it
+                bit-exactly. ``False`` saves that memory; ``unmerge()`` then divides by the factor (exact to
+                one rounding of the weight dtype).
+        """
+        if self.merged:
+            raise RuntimeError(f"{self.name or 'SPPLinear'}: merge() called on an already merged layer.")
+        w = self.base.weight
+        self._original_weight = w.detach().clone() if keep_original else None
+        merged = (w.float() * self._factor()).to(w.dtype)
+        merged = torch.where(w == 0, w, merged)
+        lost = int((merged == 0).sum() - (w == 0).sum())
+        if lost:
+            warnings.warn(f"{self.name or 'SPPLinear'}: merge turned {lost} non-zero weights into zeros "
+                          "(factor 0 or underflow in the weight dtype).", stacklevel=2)
+        w.copy_(merged)
+        self.merged = True
+
+    @torch.no_grad()
+    def unmerge(self) -> None:
+        """Undo ``merge()``: bit-exact from the kept copy, otherwise by dividing by the fp32 factor."""
+        if not self.merged:
+            raise RuntimeError(f"{self.name or 'SPPLinear'}: unmerge() called on a layer that is not merged.")
+        w = self.base.weight
+        if self._original_weight is not None:
+            w.copy_(self._original_weight)
+            self._original_weight = None
+        else:
+            factor = self._factor()
+            if bool(((factor == 0) & (w == 0)).any()):
+                raise ValueError(f"{self.name or 'SPPLinear'}: the merge factor is 0 for some weights, so they "
+                                 "cannot be recovered by division; merge with keep_original=True.")
+            w.copy_(torch.where(w == 0, w, (w.float() / factor).to(w.dtype)))
+        self.merged = False

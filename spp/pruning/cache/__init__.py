@@ -1,0 +1,177 @@
+"""The pruning cache: prune once per (model, pruner, sparsity, calibration, code version), re-use afterwards.
+
+``python -m spp.pruning.cache list|clear`` lists or deletes entries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from spp.models.config import ModelConfig
+from spp.models.loading import model_identity
+from spp.pruning.cache.store import (
+    CorruptEntryError,
+    list_entries,
+    read_entry,
+    remove_entry,
+    sha256_file,
+    write_entry,
+)
+from spp.pruning.calibration_data import resolve_calibration_file
+from spp.pruning.coerce import as_config
+from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.engine import PruneResult, prune_model, validate_for_model
+from spp.pruning.report import build_report
+from spp.pruning.targets import target_linears
+
+PRUNING_CODE_VERSION = "1"
+"""Bump when a change to the pruning code changes its results: old cache entries then stop matching."""
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "PRUNING_CODE_VERSION",
+    "cache_entry_dir",
+    "cache_key",
+    "get_or_prune",
+    "list_entries",
+    "remove_entry",
+]
+
+
+def _pruner_key(pruner: PrunerConfig) -> dict[str, Any]:
+    key: dict[str, Any] = {"name": pruner.name, "targets": sorted(pruner.targets)}
+    if pruner.needs_calibration:
+        key["true_sequential"] = pruner.true_sequential
+    if pruner.name == "sparsegpt":
+        key.update(blocksize=pruner.blocksize, percdamp=pruner.percdamp)
+    if pruner.name == "dsnot":
+        key.update(
+            initial_method=pruner.initial_method,
+            max_cycles=pruner.max_cycles,
+            update_threshold=pruner.update_threshold,
+            pow_of_var_regrowing=pruner.pow_of_var_regrowing,
+            same_sign_check=pruner.same_sign_check,
+            refine_targets=sorted(pruner.refine_targets),
+        )
+        if pruner.initial_method == "sparsegpt":
+            key["percdamp"] = pruner.percdamp
+    return key
+
+
+def cache_key(
+    model_cfg: ModelConfig | Mapping[str, Any] | str,
+    pruner: PrunerConfig,
+    sparsity: SparsityConfig,
+    calibration: CalibrationConfig,
+    data_dir: str | None = None,
+) -> tuple[dict[str, Any], str]:
+    """The fields that determine a pruning result, and their sha256 (hex).
+
+    Includes the model identity, the pruner settings it uses, the pattern (not its display name), the calibration
+    settings and the content hash of the calibration file (activation-aware pruners only), and the code version.
+    """
+    key: dict[str, Any] = {
+        "code_version": PRUNING_CODE_VERSION,
+        "model": model_identity(model_cfg),
+        "pruner": _pruner_key(pruner),
+        "sparsity": {"kind": sparsity.kind, "ratio": sparsity.target_ratio, "n": sparsity.n, "m": sparsity.m},
+    }
+    if pruner.needs_calibration:
+        calib = dataclasses.asdict(calibration)
+        calib.pop("batch_size")
+        calib["file_sha256"] = sha256_file(resolve_calibration_file(calibration, data_dir))
+        key["calibration"] = calib
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return key, digest
+
+
+def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str, pruner: str, sparsity: str) -> Path:
+    """Directory of the entry for ``key``."""
+    return Path(cache_dir).expanduser() / "pruning" / key["model"] / f"{pruner}-{sparsity}-{digest[:16]}"
+
+
+def _apply_cached(
+    model: nn.Module, targets: list[str], masks: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    linears = target_linears(model, targets)
+    if set(linears) != set(masks):
+        raise CorruptEntryError("cache entry holds different layers than the model; it does not fit this model")
+    out = {}
+    with torch.no_grad():
+        for name, linear in linears.items():
+            mask = masks[name]
+            if tuple(mask.shape) != tuple(linear.weight.shape):
+                raise CorruptEntryError(f"cache entry mask for {name} has shape {tuple(mask.shape)}, "
+                                        f"the model's weight {tuple(linear.weight.shape)}")
+            if name in weights:
+                linear.weight.copy_(weights[name].to(linear.weight.device, linear.weight.dtype))
+            mask = mask.to(linear.weight.device)
+            linear.weight.masked_fill_(~mask, 0)
+            out[name] = mask
+    return out
+
+
+def get_or_prune(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase | None,
+    model_cfg: ModelConfig | Mapping[str, Any] | str,
+    pruner: PrunerConfig | Mapping[str, Any],
+    sparsity: SparsityConfig | Mapping[str, Any],
+    calibration: CalibrationConfig | Mapping[str, Any] | None,
+    cache_dir: str | Path,
+    data_dir: str | None = None,
+    device: str | torch.device | None = None,
+) -> PruneResult:
+    """Prune ``model`` in place, re-using the cache entry for these settings when a valid one exists.
+
+    On a hit the stored masks (and SparseGPT's updated weights) are applied to the model with no calibration
+    forward pass. On a miss, or when the entry is partial or fails its checksum, the model is pruned and the
+    entry (re)written atomically. ``pruner=none`` or ``sparsity=dense`` is a no-op with all-True masks and no
+    cache entry.
+    """
+    pruner = as_config(PrunerConfig, pruner, "pruner")
+    sparsity = as_config(SparsityConfig, sparsity, "sparsity")
+    calibration = as_config(CalibrationConfig, calibration if calibration is not None else {}, "calibration")
+    linears = validate_for_model(model, pruner, sparsity, calibration)
+    if sparsity.is_dense or pruner.name == "none":
+        return prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
+    key, digest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
+    entry = cache_entry_dir(cache_dir, key, digest, pruner.name, sparsity.name)
+    if entry.exists():
+        t0 = time.perf_counter()
+        try:
+            manifest, masks, weights = read_entry(entry)
+            if manifest.get("key") != key:
+                raise CorruptEntryError(f"cache entry {entry} was written for other settings")
+            masks = _apply_cached(model, pruner.targets, masks, weights)
+        except CorruptEntryError as err:
+            log.warning("pruning cache: %s; rebuilding it", err)
+            remove_entry(entry)
+        else:
+            timings = {"cache_load": time.perf_counter() - t0, "total": time.perf_counter() - t0}
+            report = build_report({n: m.weight for n, m in linears.items()}, sparsity)
+            report.overall["timings"] = {"original": manifest.get("timings", {}), **timings}
+            return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry))
+    result = prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
+    weights = {n: m.weight for n, m in linears.items()} if pruner.name == "sparsegpt" else None
+    write_entry(
+        entry,
+        result.masks,
+        weights,
+        {"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "timings": result.timings,
+         "overall": {k: v for k, v in result.report.overall.items() if k != "timings"}},
+    )
+    result.cache_path = str(entry)
+    return result

@@ -1,0 +1,221 @@
+"""Structured configs of the ``pruner``, ``sparsity`` and ``calibration`` groups and the ``prune.py`` job.
+
+N:M convention (used everywhere in spp): **N weights are KEPT in every group of M consecutive input weights of
+each output row**, so ``2:4`` is 50 % sparse and the paper's ``2:8`` is 75 % sparse.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spp.models.config import ModelConfig
+
+SPARSITY_KINDS: tuple[str, ...] = ("dense", "unstructured", "nm")
+PRUNER_NAMES: tuple[str, ...] = ("none", "magnitude", "wanda", "sparsegpt", "dsnot")
+DSNOT_INITIAL_METHODS: tuple[str, ...] = ("wanda", "sparsegpt", "magnitude")
+CALIBRATION_SOURCES: dict[str, str] = {
+    "c4": "c4/c4_sample.jsonl",
+    "wikitext2": "wikitext2/validation.json",
+    "alpaca": "alpaca/cleaned_partial/alpaca_data_cleaned_0.json",
+}
+"""Named calibration sources and the data file each reads (relative to a data root, see ``spp.paths``)."""
+
+DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ATTENTION_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass
+class SparsityConfig:
+    """Which zero pattern to produce (``conf/sparsity/*.yaml``).
+
+    Attributes:
+        name: Short name used in run names, cache keys and tables (``unstructured50``, ``nm2_4``).
+        kind: ``dense`` (no pruning), ``unstructured`` (a fraction ``ratio`` of each matrix is zero) or ``nm``.
+        ratio: Fraction of zeros in (0, 1) for ``unstructured``; for ``nm`` it may be left null (it is 1 - n/m).
+        n: Weights KEPT in every group of ``m`` consecutive input weights of a row (``nm`` only).
+        m: Group size (``nm`` only); every pruned layer's in_features must be a multiple of it.
+    """
+
+    name: str = "dense"
+    kind: str = "dense"
+    ratio: float | None = None
+    n: int | None = None
+    m: int | None = None
+
+    def validate(self) -> SparsityConfig:
+        """Raise ``ValueError`` naming the config key when the pattern is ill-formed; return ``self``."""
+        if self.kind not in SPARSITY_KINDS:
+            raise ValueError(f"sparsity.kind={self.kind!r} is not one of {SPARSITY_KINDS}")
+        if self.kind == "unstructured":
+            if self.ratio is None or not 0.0 < float(self.ratio) < 1.0:
+                raise ValueError(
+                    f"sparsity.ratio={self.ratio!r} must lie strictly between 0 and 1 for unstructured sparsity "
+                    "(e.g. sparsity=unstructured sparsity.ratio=0.6)"
+                )
+        if self.kind == "nm":
+            if self.n is None or self.m is None:
+                raise ValueError(
+                    f"sparsity.kind=nm needs integers sparsity.n and sparsity.m (got n={self.n}, m={self.m})"
+                )
+            if not 1 <= int(self.n) < int(self.m):
+                raise ValueError(
+                    f"sparsity n={self.n}, m={self.m} is invalid: need 1 <= n < m (n weights are KEPT in every "
+                    "group of m, e.g. sparsity=nm2_4)"
+                )
+            if self.ratio is not None and abs(float(self.ratio) - (1 - self.n / self.m)) > 1e-9:
+                raise ValueError(
+                    f"sparsity.ratio={self.ratio} contradicts n={self.n}, m={self.m} (n kept of m means ratio "
+                    f"{1 - self.n / self.m:g}); set sparsity.ratio=null"
+                )
+        return self
+
+    @property
+    def target_ratio(self) -> float:
+        """Fraction of zeros this pattern produces (0 for dense, 1 - n/m for N:M)."""
+        if self.kind == "dense":
+            return 0.0
+        if self.kind == "nm":
+            return 1.0 - int(self.n) / int(self.m)
+        return float(self.ratio)
+
+    @property
+    def is_dense(self) -> bool:
+        """True when nothing is pruned."""
+        return self.kind == "dense"
+
+
+@dataclass
+class PrunerConfig:
+    """How to choose the zeros (``conf/pruner/*.yaml``); fields a pruner does not use are ignored by it.
+
+    Attributes:
+        name: ``none``, ``magnitude``, ``wanda``, ``sparsegpt`` or ``dsnot``.
+        targets: Leaf names of the linear layers inside each decoder block that are pruned (embeddings and
+            ``lm_head`` are never pruned).
+        true_sequential: Calibrate the sublayer groups {q,k,v} -> {o} -> {gate,up} -> {down} one after another
+            inside each block (SparseGPT's ``--true-sequential``); off = all sublayers see the dense block's inputs.
+        blocksize: SparseGPT column block width (must be a multiple of ``sparsity.m`` for N:M).
+        percdamp: SparseGPT damping, as a fraction of mean(diag H).
+        initial_method: DS⊘T's initial mask (``wanda``, ``sparsegpt`` or ``magnitude``).
+        max_cycles: DS⊘T's maximum number of swap cycles.
+        update_threshold: DS⊘T stops refining a row once |expected reconstruction error| <= this.
+        pow_of_var_regrowing: DS⊘T regrowth score = contribution / var^this.
+        same_sign_check: DS⊘T unstructured: also stop a row when a swap would flip the sign of its error
+            (the reference's ``--without_same_sign False``; N:M always checks).
+        refine_targets: Sublayers DS⊘T refines; the rest keep their initial mask. Default: attention only,
+            as the reference's default ``--skip_layer mlp``.
+    """
+
+    name: str = "none"
+    targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
+    true_sequential: bool = False
+    blocksize: int = 128
+    percdamp: float = 0.01
+    initial_method: str = "wanda"
+    max_cycles: int = 50
+    update_threshold: float = 0.1
+    pow_of_var_regrowing: float = 1.0
+    same_sign_check: bool = False
+    refine_targets: list[str] = field(default_factory=lambda: list(ATTENTION_TARGETS))
+
+    def validate(self) -> PrunerConfig:
+        """Raise ``ValueError`` naming the config key when a setting is invalid; return ``self``."""
+        if self.name not in PRUNER_NAMES:
+            raise ValueError(f"pruner.name={self.name!r} is not one of {PRUNER_NAMES}")
+        if not self.targets:
+            raise ValueError("pruner.targets is empty; list the linear layer names to prune (e.g. [q_proj, ...])")
+        if self.blocksize < 1:
+            raise ValueError(f"pruner.blocksize={self.blocksize} must be a positive integer")
+        if not self.percdamp > 0:
+            raise ValueError(f"pruner.percdamp={self.percdamp} must be > 0")
+        if self.name == "dsnot":
+            if self.initial_method not in DSNOT_INITIAL_METHODS:
+                raise ValueError(
+                    f"pruner.initial_method={self.initial_method!r} is not one of {DSNOT_INITIAL_METHODS}"
+                )
+            if self.max_cycles < 0:
+                raise ValueError(f"pruner.max_cycles={self.max_cycles} must be >= 0")
+        return self
+
+    @property
+    def needs_calibration(self) -> bool:
+        """Whether this pruner needs activations (everything except ``none`` and ``magnitude``)."""
+        return self.name in ("wanda", "sparsegpt", "dsnot")
+
+
+@dataclass
+class CalibrationConfig:
+    """Calibration data for activation-aware pruners (``conf/calibration/*.yaml``).
+
+    Attributes:
+        source: ``c4``, ``wikitext2``, ``alpaca`` or a path to a local ``.txt``/``.json``/``.jsonl`` file.
+        path: Data file to read instead of the source's default (relative to the data roots or absolute).
+        nsamples: Number of calibration windows (reference default 128).
+        seqlen: Tokens per window (reference default 2048); must not exceed the model's
+            max_position_embeddings. Never taken from the model silently.
+        seed: Seed of the window sampler (reference default 0; independent of the job's ``seed``).
+        sampling: ``document`` (draw a random document longer than seqlen, then a random window inside it;
+            Wanda/SparseGPT's C4 loader), ``stream`` (join all texts with blank lines, tokenize once, draw random
+            windows) or null (document for c4, stream otherwise).
+        text_field: JSON field holding the text; Alpaca records join instruction, input and output instead.
+        batch_size: Windows per block forward pass (speed only; statistics do not depend on it).
+    """
+
+    source: str = "c4"
+    path: str | None = None
+    nsamples: int = 128
+    seqlen: int = 2048
+    seed: int = 0
+    sampling: str | None = None
+    text_field: str = "text"
+    batch_size: int = 8
+
+    def validate(self) -> CalibrationConfig:
+        """Raise ``ValueError`` naming the config key when a setting is invalid; return ``self``."""
+        if self.nsamples < 1:
+            raise ValueError(f"calibration.nsamples={self.nsamples} must be >= 1")
+        if self.seqlen < 2:
+            raise ValueError(f"calibration.seqlen={self.seqlen} must be >= 2")
+        if self.batch_size < 1:
+            raise ValueError(f"calibration.batch_size={self.batch_size} must be >= 1")
+        if self.sampling not in (None, "document", "stream"):
+            raise ValueError(f"calibration.sampling={self.sampling!r} must be document, stream or null")
+        return self
+
+
+@dataclass
+class PruneJobConfig:
+    """Top-level config of ``prune.py`` (``conf/prune.yaml``).
+
+    Attributes:
+        model: Which model to prune.
+        pruner: How to prune.
+        sparsity: Which pattern.
+        calibration: Calibration data.
+        data_dir: Directory holding full-size data (``c4/...``, ``wikitext2/...``); null = defaults.
+        seed: Global seed (calibration sampling has its own ``calibration.seed``).
+        cache_dir: Root of the pruning cache.
+        use_cache: Re-use / write the cache; false always prunes and writes nothing there.
+        device: Where each block is processed (``cuda``, ``cpu``, ``cuda:1``); null = cuda when available.
+        save_model: Write the pruned model with ``save_pretrained`` (and the tokenizer) to the run directory.
+        output_dir: Run directory; null = Hydra's run directory.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pruner: PrunerConfig = field(default_factory=lambda: PrunerConfig(name="wanda"))
+    sparsity: SparsityConfig = field(default_factory=lambda: SparsityConfig(name="nm2_4", kind="nm", n=2, m=4))
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    data_dir: str | None = None
+    seed: int = 0
+    cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
+    use_cache: bool = True
+    device: str | None = None
+    save_model: bool = True
+    output_dir: str | None = None
+
+
+def register_prune_configs() -> None:
+    """Register ``PruneJobConfig`` in Hydra's ConfigStore as ``prune_schema`` (the first default of prune.yaml)."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="prune_schema", node=PruneJobConfig)

@@ -1,0 +1,162 @@
+"""DS⊘T (Dynamic Sparse No Training, Zhang et al., ICLR 2024): training-free refinement of a sparse mask.
+
+For row i the *expected reconstruction error* is e_i = Σ_{j pruned} c_ij with the signed contribution
+c_ij = W_ij · s_j, where s_j is the per-sequence sum of input feature j averaged over calibration sequences.
+Each cycle, every active row regrows one pruned weight (the largest c/σ² if e_i > 0, the most negative if
+e_i < 0) and prunes one kept weight (unstructured: the least Wanda-important kept weight whose contribution has
+the helpful sign; N:M: the lowest-initial-metric kept weight in the regrown weight's group), so the number of
+zeros never changes. A row stops once |e_i| <= ``update_threshold`` (or, with the sign check, when a swap would
+flip the sign of e_i), after at most ``max_cycles`` cycles. Weights are never updated.
+
+Without the sign check (the reference default for unstructured) a row can overshoot; this implementation
+returns, for every row, the mask state with the smallest |e_i| seen along its trajectory (the initial state
+included), so the objective Σ_i |e_i| never rises.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spp.pruning.config import SparsityConfig
+from spp.pruning.patterns import keep_top_n_of_m, prune_lowest_per_row
+
+_VAR_EPS = 1e-12
+
+
+@dataclass
+class DSnoTOutcome:
+    """Refined keep-mask with the per-row expected reconstruction error before and after, and cycles run."""
+
+    mask: torch.Tensor
+    error_before: torch.Tensor
+    error_after: torch.Tensor
+    cycles: int
+
+
+def expected_error(weight: torch.Tensor, sequence_sum: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Per-row expected reconstruction error e_i = Σ_{j pruned} W_ij · s_j (DS⊘T's objective is Σ_i |e_i|)."""
+    c = weight.detach().float() * sequence_sum.float().reshape(1, -1)
+    return (c * (~keep)).sum(1)
+
+
+def _best_state(
+    initial: torch.Tensor, errors: list[torch.Tensor], swaps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """Replay every row's swaps up to the cycle where its |e| was smallest."""
+    best = torch.stack(errors).abs().argmin(0)
+    keep = initial.clone()
+    rows = torch.arange(keep.shape[0], device=keep.device)
+    for t, (regrow, prune, applied) in enumerate(swaps, start=1):
+        take = applied & (t <= best)
+        keep[rows[take], regrow[take]] = True
+        keep[rows[take], prune[take]] = False
+    return keep
+
+
+@torch.no_grad()
+def dsnot_refine(
+    weight: torch.Tensor,
+    initial_metric: torch.Tensor,
+    wanda_metric: torch.Tensor,
+    sequence_sum: torch.Tensor,
+    var: torch.Tensor,
+    sparsity: SparsityConfig,
+    max_cycles: int = 50,
+    update_threshold: float = 0.1,
+    pow_of_var_regrowing: float = 1.0,
+    same_sign_check: bool = False,
+) -> DSnoTOutcome:
+    """Build the initial mask from ``initial_metric`` (per row, or per N:M group) and refine it with DS⊘T.
+
+    Args:
+        weight: (out, in) dense weight.
+        initial_metric: Importance of the initial pruner (Wanda |W|·‖X‖, magnitude |W|, SparseGPT w²/U_jj²).
+        wanda_metric: Wanda scores, used to order the pruning candidates (unstructured).
+        sequence_sum: (in,) s_j, the per-sequence input sums (``InputStatistics.sequence_sum``).
+        var: (in,) per-feature input variance σ²_j.
+        sparsity: Unstructured or N:M pattern.
+        max_cycles: Maximum number of swap cycles (reference 50).
+        update_threshold: Rows stop once |e_i| <= this (reference 0.1).
+        pow_of_var_regrowing: Regrowth ranks c_ij / σ²_j^pow (reference 1).
+        same_sign_check: Unstructured: stop a row when a swap would flip its error's sign (N:M always does).
+    """
+    metric = initial_metric.detach().float()
+    c = weight.detach().float() * sequence_sum.float().reshape(1, -1)
+    rows, cols = c.shape
+    nm = sparsity.kind == "nm"
+    keep = keep_top_n_of_m(metric, int(sparsity.n), int(sparsity.m)) if nm else prune_lowest_per_row(
+        metric, sparsity.target_ratio
+    )
+    initial = keep.clone()
+    e0 = (c * ~keep).sum(1)
+    n_pruned = cols - int(keep[0].sum()) if rows else 0
+    if n_pruned in (0, cols) or max_cycles == 0:
+        return DSnoTOutcome(keep, e0, e0.clone(), 0)
+
+    pruned_idx = torch.sort(keep.to(torch.int8), dim=1, stable=True).indices[:, :n_pruned]
+    regrow_key = c.gather(1, pruned_idx) / var.float().clamp_min(_VAR_EPS).pow(pow_of_var_regrowing)[pruned_idx]
+    regrow_list = pruned_idx.gather(1, torch.sort(regrow_key, dim=1, stable=True).indices)
+    if not nm:
+        kept_idx = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, : cols - n_pruned]
+        by_wanda = kept_idx.gather(1, torch.sort(wanda_metric.float().gather(1, kept_idx), dim=1, stable=True).indices)
+        cb = c.gather(1, by_wanda)
+        pos = torch.arange(by_wanda.shape[1], device=c.device).expand_as(cb)
+        width = by_wanda.shape[1]
+        # negatives first (least important first), zero contributions, positives last (least important last)
+        order_key = torch.where(cb < 0, pos, torch.where(cb > 0, 3 * width - pos, width + pos))
+        prune_list = by_wanda.gather(1, torch.sort(order_key, dim=1, stable=True).indices)
+        pr_lo = torch.zeros(rows, dtype=torch.long, device=c.device)
+        pr_hi = torch.full((rows,), prune_list.shape[1] - 1, dtype=torch.long, device=c.device)
+    else:
+        m = int(sparsity.m)
+        prunable = metric.clone()
+        prunable[~keep] = float("inf")
+        offsets = torch.arange(m, device=c.device)
+
+    rg_lo = torch.zeros(rows, dtype=torch.long, device=c.device)
+    rg_hi = torch.full((rows,), n_pruned - 1, dtype=torch.long, device=c.device)
+    sign0 = torch.sign(e0)
+    e = e0.clone()
+    active = torch.ones(rows, dtype=torch.bool, device=c.device)
+    errors, swaps = [e0.clone()], []
+    row_ids = torch.arange(rows, device=c.device)
+    cycles = 0
+    for _ in range(max_cycles):
+        active &= (e.abs() > update_threshold) & (rg_lo <= rg_hi)
+        if not nm:
+            active &= pr_lo <= pr_hi
+        if not bool(active.any()):
+            break
+        cycles += 1
+        up = e > 0
+        r_idx = regrow_list.gather(1, torch.where(up, rg_hi, rg_lo).clamp(0, n_pruned - 1).unsqueeze(1)).squeeze(1)
+        if nm:
+            start = r_idx - r_idx % m
+            block = prunable.gather(1, start.unsqueeze(1) + offsets)
+            low_val, low_off = block.min(1)
+            p_idx = start + low_off
+            ok = torch.isfinite(low_val)
+        else:
+            down = e < 0
+            p_ptr = torch.where(down, pr_hi, pr_lo).clamp(0, prune_list.shape[1] - 1)
+            p_idx = prune_list.gather(1, p_ptr.unsqueeze(1)).squeeze(1)
+            ok = torch.ones_like(active)
+            pr_hi -= down.long()
+            pr_lo += (~down).long()
+        e_after = e + c[row_ids, p_idx] - c[row_ids, r_idx]
+        if nm or same_sign_check:
+            active &= (torch.sign(e_after) == sign0) | ~ok
+        apply = active & ok
+        keep[row_ids[apply], r_idx[apply]] = True
+        keep[row_ids[apply], p_idx[apply]] = False
+        if nm:
+            prunable[row_ids[apply], p_idx[apply]] = float("inf")
+        e = torch.where(apply, e_after, e)
+        rg_hi -= up.long()
+        rg_lo += (~up).long()
+        errors.append(e.clone())
+        swaps.append((r_idx, p_idx, apply))
+    final = _best_state(initial, errors, swaps) if swaps else keep
+    return DSnoTOutcome(final, e0, (c * ~final).sum(1), cycles)

@@ -1,0 +1,83 @@
+"""The pruning report: per-layer and overall exact-zero sparsity, N:M validity and wall time per phase."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from spp.pruning.config import SparsityConfig
+from spp.pruning.patterns import check_nm, zero_count
+
+
+@dataclass
+class PruneReport:
+    """Per-layer rows (name, shape, sparsity, N:M audit, seconds, pruner extras) and overall totals."""
+
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    overall: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"overall": self.overall, "layers": self.layers}
+
+    def to_markdown(self) -> str:
+        """A Markdown table: one row per layer, then the overall line."""
+        lines = ["| layer | shape | sparsity | N:M valid | seconds |", "|---|---|---|---|---|"]
+        for row in self.layers:
+            nm = "-" if row.get("nm_valid") is None else ("yes" if row["nm_valid"] else f"NO ({row['nm_violations']})")
+            lines.append(
+                f"| {row['name']} | {'x'.join(map(str, row['shape']))} | {row['sparsity']:.4f} | {nm} | "
+                f"{row.get('seconds', 0.0):.2f} |"
+            )
+        o = self.overall
+        nm = "-" if o.get("nm_valid") is None else ("yes" if o["nm_valid"] else f"NO ({o['nm_violations']})")
+        lines.append(f"| **overall** ({o.get('layers', 0)} layers) | | {o.get('sparsity', 0.0):.4f} | {nm} | |")
+        return "\n".join(lines)
+
+
+def build_report(
+    weights: dict[str, torch.Tensor],
+    sparsity: SparsityConfig,
+    extras: dict[str, dict[str, Any]] | None = None,
+) -> PruneReport:
+    """Audit the pruned weights: exact zeros per layer and overall, and every N:M group.
+
+    Args:
+        weights: Qualified name -> pruned weight.
+        sparsity: The pattern that was requested (N:M audit when ``kind == "nm"``).
+        extras: Qualified name -> extra fields (seconds, pruner diagnostics).
+    """
+    extras = extras or {}
+    rows: list[dict[str, Any]] = []
+    zeros_total = numel_total = violations = 0
+    for name, weight in weights.items():
+        zeros = zero_count(weight)
+        row: dict[str, Any] = {
+            "name": name,
+            "shape": list(weight.shape),
+            "zeros": zeros,
+            "numel": weight.numel(),
+            "sparsity": zeros / weight.numel(),
+            "nm_valid": None,
+        }
+        if sparsity.kind == "nm":
+            audit = check_nm(weight, int(sparsity.n), int(sparsity.m))
+            row.update(nm_valid=audit.valid, nm_violations=audit.violations)
+            violations += audit.violations
+        row.update(extras.get(name, {}))
+        rows.append(row)
+        zeros_total += zeros
+        numel_total += weight.numel()
+    overall: dict[str, Any] = {
+        "layers": len(rows),
+        "zeros": zeros_total,
+        "numel": numel_total,
+        "sparsity": zeros_total / max(numel_total, 1),
+        "target_ratio": sparsity.target_ratio,
+        "pattern": sparsity.name,
+        "nm_valid": (violations == 0) if sparsity.kind == "nm" else None,
+        "nm_violations": violations,
+    }
+    return PruneReport(rows, overall)

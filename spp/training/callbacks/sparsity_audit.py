@@ -1,0 +1,154 @@
+"""``SparsityAuditCallback``: the zero pattern of every adapted matrix must equal the pruning mask, always."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+WRAPPER_PREFIXES = ("base_model.model.",)
+WRAPPER_SUFFIXES = (".base_layer", ".base")
+
+
+class SparsityViolation(RuntimeError):
+    """Raised when a weight that the pruning mask zeroed is non-zero, or the zero pattern moved."""
+
+
+def original_name(name: str) -> str:
+    """Strip adapter wrappers (PEFT's ``base_model.model.`` / ``.base_layer``, SPP's ``.base``) from a path."""
+    for prefix in WRAPPER_PREFIXES:
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    for suffix in WRAPPER_SUFFIXES:
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+@torch.no_grad()
+def effective_weights(model: nn.Module, names: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(original_name, weight the layer applies)`` for every pruned linear layer in ``names``.
+
+    For an unmerged ``SPPLinear`` that is the merged weight ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (Eq. 5/6; or
+    ``W ⊙ Repeat0(alpha)⊙beta`` without the residual); for any other linear layer its own weight (a LoRA
+    baseline is audited on its frozen base weight during training and after ``merge_and_remask``).
+    """
+    from spp.layers import SPPLinear
+    from spp.layers.functional import adapted_weight, merge_factor
+
+    for name, module in model.named_modules():
+        key = original_name(name)
+        if key not in names:
+            continue
+        if isinstance(module, SPPLinear):
+            w = module.base.weight
+            if module.merged:
+                yield key, w
+                continue
+            alpha = module.spp_alpha.detach().float()
+            beta = module.spp_beta.detach().float() if module.spp_beta is not None else None
+            if module.residual:
+                yield key, w.float() * merge_factor(alpha, beta, module.out_features, module.scale)
+            else:
+                yield key, adapted_weight(w.float(), alpha, beta)
+        elif isinstance(module, nn.Linear) and not name.endswith(".base"):
+            yield key, module.weight
+
+
+def zero_patterns(model: nn.Module, names: set[str]) -> dict[str, torch.Tensor]:
+    """Exact-zero masks (True = zero) of the effective weights of ``names``."""
+    return {k: (w == 0).cpu() for k, w in effective_weights(model, names)}
+
+
+def audit(
+    model: nn.Module,
+    masks: dict[str, torch.Tensor],
+    reference_zeros: dict[str, torch.Tensor] | None = None,
+    when: str = "",
+) -> dict[str, Any]:
+    """Check that every pruned weight is exactly zero and that the zero pattern equals ``reference_zeros``.
+
+    Args:
+        model: The model (pruned, adapted or merged).
+        masks: Pruning masks (True = kept) keyed by the original linear names.
+        reference_zeros: Zero pattern recorded when training started (``None`` = ``~mask``).
+        when: Label for messages (``fit_start``, ``checkpoint@step 20``, ``merged``).
+
+    Returns:
+        ``{"layers", "zeros", "total", "sparsity"}`` over the audited matrices.
+
+    Raises:
+        SparsityViolation: naming the first layer whose zeros differ, and how many entries differ.
+    """
+    zeros_total = total = 0
+    seen = set()
+    for name, w in effective_weights(model, set(masks)):
+        seen.add(name)
+        zero = (w == 0).cpu()
+        mask = masks[name].to(torch.bool).cpu()
+        if zero.shape != mask.shape:
+            raise SparsityViolation(f"[{when}] {name}: weight shape {tuple(zero.shape)} != mask {tuple(mask.shape)}")
+        revived = int((~mask & ~zero).sum())
+        if revived:
+            raise SparsityViolation(
+                f"[{when}] {name}: {revived} weight(s) pruned by the mask are non-zero; the sparsity pattern "
+                "was not preserved (stopping the run)"
+            )
+        expected = reference_zeros[name] if reference_zeros is not None else ~mask
+        moved = int((zero != expected).sum())
+        if moved:
+            raise SparsityViolation(
+                f"[{when}] {name}: the zero pattern differs from the pruning-time pattern at {moved} position(s) "
+                "(stopping the run)"
+            )
+        zeros_total += int(zero.sum())
+        total += zero.numel()
+    missing = sorted(set(masks) - seen)
+    if missing:
+        raise SparsityViolation(f"[{when}] {len(missing)} pruned layer(s) not found in the model, e.g. {missing[:3]}")
+    return {"layers": len(seen), "zeros": zeros_total, "total": total, "sparsity": zeros_total / max(total, 1)}
+
+
+class SparsityAuditCallback(L.Callback):
+    """Audit the zero pattern at fit start, after every checkpoint and at fit end.
+
+    Args:
+        masks: Callable returning the pruning masks (True = kept); they exist only after pruning in ``setup``.
+        enabled: Callable telling whether parameters are local (sharded strategies are audited after the gather
+            in the export step instead).
+    """
+
+    def __init__(
+        self,
+        masks: Callable[[], dict[str, torch.Tensor]],
+        enabled: Callable[[L.Trainer], bool] | None = None,
+    ) -> None:
+        self._masks = masks
+        self._enabled = enabled or (lambda trainer: True)
+        self.reference: dict[str, torch.Tensor] | None = None
+        self.reports: list[dict[str, Any]] = []
+
+    def _run(self, trainer: L.Trainer, pl_module: L.LightningModule, when: str) -> None:
+        if not self._enabled(trainer):
+            return
+        report = audit(pl_module.model, self._masks(), self.reference, when=when)
+        self.reports.append({"when": when, "step": trainer.global_step, **report})
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Record the zero pattern the run starts from and check it against the masks."""
+        if not self._enabled(trainer):
+            return
+        masks = self._masks()
+        self.reference = zero_patterns(pl_module.model, set(masks))
+        self._run(trainer, pl_module, "fit_start")
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        """Audit whenever a checkpoint is written."""
+        self._run(trainer, pl_module, f"checkpoint@step{trainer.global_step}")
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Audit the trained (unmerged) model."""
+        self._run(trainer, pl_module, "fit_end")

@@ -1,0 +1,120 @@
+"""Tiny end-to-end training job: prune -> SPP -> train -> merge -> export -> reload with AutoModelForCausalLM."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from train_helpers import tiny_job
+from transformers import AutoModelForCausalLM
+
+import spp
+from spp.models import load_model
+from spp.pruning import get_or_prune
+from spp.training.pipeline import run_training
+
+STEPS = ["trainer.lr=0.05", "trainer.max_steps=16", "data.max_examples=80", "adapter.dropout=0.0"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("train")
+    cfg = tiny_job(tmp, *STEPS)
+    summary = run_training(cfg)
+    return tmp, cfg, summary
+
+
+def _pruned_tiny(cfg, cache):
+    model, tok = load_model(cfg.model)
+    result = get_or_prune(model, tok, dict(cfg.model), dict(cfg.pruner), dict(cfg.sparsity), dict(cfg.calibration),
+                          cache_dir=cache, data_dir=cfg.data_dir)
+    return model, tok, result
+
+
+def test_loss_falls_and_files_are_written(tiny_run):
+    tmp, _, summary = tiny_run
+    losses = summary["losses"]
+    assert losses["optimizer_steps"] == 16
+    assert len(losses["train"]) == 16
+    assert losses["train_last"] < losses["train_first"] - 0.05
+    run = tmp / "run"
+    for rel in ("summary.json", "resolved_config.yaml", "csv/metrics.csv", "adapter/adapter_config.json",
+                "adapter/adapter_model.safetensors", "merged/config.json", "merged/model.safetensors",
+                "merged/tokenizer.json", "checkpoints/last.ckpt"):
+        assert (run / rel).is_file(), rel
+    on_disk = json.loads((run / "summary.json").read_text())
+    assert on_disk["losses"]["train"] == pytest.approx(losses["train"])
+    assert {"python", "torch", "lightning", "transformers"} <= set(on_disk["versions"])
+    assert on_disk["config"]["adapter"]["r"] == 16
+    metrics = (run / "csv/metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"train/loss", "train/tokens_per_s", "lr-AdamW", "params/trainable", "params/frozen"} <= set(metrics)
+
+
+def test_sparsity_preserved_and_counted(tiny_run):
+    _, cfg, summary = tiny_run
+    sp = summary["sparsity"]
+    assert sp["target"] == 0.5 and sp["before"] == 0.5 and sp["after"] == 0.5
+    assert [a["when"] for a in sp["audits"]][0] == "fit_start"
+    assert sp["audits"][-1]["when"] == "merged"
+    # trainable = sum over the 7 projections of r*n + m (Table 1), tiny: hidden 64, inter 128, kv 32.
+    h, i, kv, r, layers = 64, 128, 32, 16, 2
+    shapes = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)]
+    expected = layers * sum(r * n + m for m, n in shapes)
+    assert summary["params"]["trainable"] == expected
+    frozen = sum(p.numel() for p in load_model(cfg.model, with_tokenizer=False)[0].parameters())
+    assert summary["params"]["frozen"] == frozen
+    ppl = summary["perplexity"]
+    assert ppl["dense"]["ppl"] > 1 and ppl["pruned"]["ppl"] > 1 and ppl["merged"]["ppl"] > 1
+    assert ppl["merged"]["ppl"] < ppl["pruned"]["ppl"]
+
+
+def test_reloaded_model_has_mask_zeros_and_same_logits(tiny_run):
+    tmp, cfg, _ = tiny_run
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp / "run" / "merged").eval()
+    model, tok, result = _pruned_tiny(cfg, tmp / "cache")
+    assert result.cache_hit, "the pruned weights must come from the cache written by the run"
+    weights = dict(reloaded.named_parameters())
+    for name, mask in result.masks.items():
+        w = weights[f"{name}.weight"]
+        assert torch.equal(w == 0, ~mask), name
+    # in-memory merged model rebuilt from the exported adapter files
+    spp.inject(model, targets=tuple(cfg.adapter.targets), r=16, dropout=0.0)
+    spp.load_adapter(model, tmp / "run" / "adapter")
+    adapter = load_file(tmp / "run" / "adapter" / "adapter_model.safetensors")
+    assert any(bool((t != 0).any()) for k, t in adapter.items() if k.endswith("spp_beta"))
+    merged = spp.merge_and_unload(model).eval()
+    ids = tok("Below is an instruction that describes a task.", return_tensors="pt").input_ids
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids).logits, merged(ids).logits, rtol=0, atol=1e-6)
+
+
+def test_resume_from_mid_run_checkpoint_matches_uninterrupted(tiny_run, tmp_path):
+    """Stop after 8 of 16 steps (checkpoint), resume, and end with the uninterrupted run's adapter."""
+    import lightning as L
+
+    class StopAt(L.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step >= 8:
+                trainer.should_stop = True
+
+    tmp, _, _ = tiny_run
+    cache = f"cache_dir={tmp / 'cache'}"
+    first = tiny_job(tmp_path, *STEPS, cache, "trainer.checkpoint_every_n_steps=8", "dense_ppl=false",
+                     "pruned_ppl=false", "eval=none", run="interrupted")
+    run_training(first, extra_callbacks=[StopAt()])
+    ckpt = tmp_path / "interrupted" / "checkpoints" / "adapter-step000008.ckpt"
+    assert ckpt.is_file()
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    assert state["state_dict"] and all("spp_alpha" in k or "spp_beta" in k for k in state["state_dict"])
+    assert state["optimizer_states"] and state["lr_schedulers"]
+    resumed_cfg = tiny_job(tmp_path, *STEPS, cache, f"trainer.resume_from={ckpt}", "dense_ppl=false",
+                           "pruned_ppl=false", "eval=none", run="resumed")
+    resumed = run_training(resumed_cfg)
+    assert resumed["losses"]["optimizer_steps"] == 16
+    full = load_file(tmp / "run" / "adapter" / "adapter_model.safetensors")
+    again = load_file(tmp_path / "resumed" / "adapter" / "adapter_model.safetensors")
+    assert full.keys() == again.keys()
+    for key in full:
+        torch.testing.assert_close(again[key], full[key], rtol=0, atol=1e-6, msg=key)
