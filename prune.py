@@ -42,7 +42,8 @@ def run(job: PruneJobConfig, output_dir: Path) -> dict:
     summary = sparsity_summary({n: m.weight for n, m in _linears(model, job).items()}, *nm)
     summary.update(
         model=job.model.name, pruner=job.pruner.name, sparsity=job.sparsity.name,
-        target_ratio=job.sparsity.target_ratio, calibration=OmegaConf.to_container(OmegaConf.structured(job.calibration)),
+        target_ratio=job.sparsity.target_ratio,
+        calibration=OmegaConf.to_container(OmegaConf.structured(job.calibration)),
     )
     write_json_atomic(output_dir / "mask_summary.json", summary)
     write_text_atomic(output_dir / "report.md", result.report.to_markdown() + "\n")

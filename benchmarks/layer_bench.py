@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 key = f"{shape}_p{p}"
                 payload["results"][key] = res
                 tables.append(markdown(res, f"{shape} (out x in), {args.tokens} tokens, dropout {p}, {dtype}"))
+                progress.console.print(tables[-1] + "\n")
     print("\n\n".join(tables))
     path = write_json(payload, args.out or f"layer_bench_{device.type}.json")
     print(f"\nwrote {path}")

@@ -62,7 +62,7 @@ def test_check_nm_counts_violating_groups_on_masks_and_weights() -> None:
     assert not audit and audit.violations == 2 and audit.groups == 16
     weight = torch.randn(4, 16) * keep
     assert check_nm(weight, 2, 4).violations == 2
-    with pytest.raises(ValueError, match="multiple of M=3"):
+    with pytest.raises(ValueError, match="M=3: in_features=16 is not a multiple"):
         check_nm(keep, 2, 3)
 
 

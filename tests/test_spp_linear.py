@@ -118,20 +118,26 @@ def test_no_beta_and_no_residual_variants(impl):
     assert rel_err(nores.spp_beta.grad, b.grad) <= TOL
 
 
-def test_fused_backward_chunks_rows(monkeypatch):
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_fused_backward_chunks_rows(monkeypatch, p):
     """A chunk smaller than the weight splits the backward into several row ranges and stays exact."""
     import spp.layers.functional as fn
 
     monkeypatch.setattr(fn, "BACKWARD_CHUNK_ELEMENTS", 3 * 8 * 20)  # 3 blocks of 8 rows x 20 inputs
     assert fn._row_chunks(64, 20, 8) == [(0, 24), (24, 48), (48, 64)]
     lin = pruned_linear(64, 20, "unstructured")
-    layer = SPPLinear(lin, r=8, dropout=0.0, beta_init="kaiming", impl="fused")
-    x = torch.randn(5, 20, dtype=torch.float64)
+    layer = SPPLinear(lin, r=8, dropout=p, beta_init="kaiming", impl="fused").train()
+    x = torch.randn(5, 20, dtype=torch.float64, requires_grad=True)
     gy = torch.randn(5, 64, dtype=torch.float64)
+    torch.manual_seed(7)
     layer(x).backward(gy)
     a = layer.spp_alpha.detach().clone().requires_grad_(True)
     b = layer.spp_beta.detach().clone().requires_grad_(True)
-    reference(x, lin.weight, None, a, b, 2.0, x).backward(gy)
+    x2 = x.detach().clone().requires_grad_(True)
+    torch.manual_seed(7)
+    xd = torch.nn.functional.dropout(x2, p, True) if p > 0 else x2
+    reference(x2, lin.weight, None, a, b, 2.0, xd).backward(gy)
+    assert rel_err(x.grad, x2.grad) <= TOL
     assert rel_err(layer.spp_alpha.grad, a.grad) <= TOL
     assert rel_err(layer.spp_beta.grad, b.grad) <= TOL
     assert BACKWARD_CHUNK_ELEMENTS == 1 << 24

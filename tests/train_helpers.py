@@ -16,9 +16,6 @@ TINY_RUN = ["model=tiny", "debug=fast", "pruner=wanda", "sparsity=nm2_4", "logge
 def compose_train(overrides: list[str] | None = None) -> DictConfig:
     """Compose the ``train`` config with ``overrides`` (no Hydra run: ``run_dir`` must be given for jobs)."""
     register_configs()
-    import os
-    if os.environ.get("DEVCONF"):
-        overrides = [f"hydra.searchpath=[file://{os.environ['DEVCONF']}]", *(overrides or [])]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=list(overrides or []))
 

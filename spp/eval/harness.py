@@ -18,7 +18,7 @@ import torch
 
 from spp.eval.mmlu_tasks import CATEGORIES, MMLU_SUBJECTS
 from spp.eval.tasks.local_data import LOCAL_FILES
-from spp.paths import find_data
+from spp.paths import SAMPLE_DATA_DIR, find_data
 
 TASK_DIR: Path = Path(__file__).resolve().parent / "tasks"
 """Directory to pass as lm-eval ``include_path`` (also for the ``lm_eval`` command line)."""
@@ -143,6 +143,12 @@ def task_data_files(tasks: Iterable[str], data_dir: str | os.PathLike[str] | Non
             files[task] = [find_data(rel, data_dir) for rel in rels]
         except FileNotFoundError as err:
             raise FileNotFoundError(f"eval task {task}: {err}") from err
+    sampled = [t for t, paths in files.items() if any(p.is_relative_to(SAMPLE_DATA_DIR) for p in paths)]
+    if sampled:
+        log.warning(
+            "eval tasks %s read the truncated samples in %s (see data/README.md); set data_dir=<full copy> for the "
+            "full sets", ", ".join(sampled[:8]) + (" ..." if len(sampled) > 8 else ""), SAMPLE_DATA_DIR,
+        )
     return files
 
 

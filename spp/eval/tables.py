@@ -103,7 +103,8 @@ def acc_norm_table(records: Sequence[EvalRecord]) -> str:
     head = ["Model", *(titles[t] + " (acc_norm)" for t in ACC_NORM_TASKS)]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(ACC_NORM_TASKS)) + "|"]
     for r in records:
-        lines.append("| " + " | ".join([r.label, *(_pct(r.tasks.get(t, {}).get("acc_norm")) for t in ACC_NORM_TASKS)]) + " |")
+        cells = [r.label, *(_pct(r.tasks.get(t, {}).get("acc_norm")) for t in ACC_NORM_TASKS)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -18,7 +18,8 @@ With ``P = G ⊙ W`` both small gradients are row-block reductions of ``P``::
     dbeta_i  = s * sum_c P[i, c] * alpha[j(i), c]      (batched mat-vec over the r blocks)
     dalpha_j = s * sum_{i in block j} beta_i * P[i, c]  (batched vec-mat over the r blocks)
 
-The backward walks the rows in chunks of whole blocks so that its transient m x n buffers stay bounded.
+The backward walks the rows in chunks of whole blocks (at most ``BACKWARD_CHUNK_ELEMENTS`` elements) so its
+transient buffers (a chunk of ``W_eff`` or ``W'`` and a chunk of ``G``) stay bounded whatever m x n is.
 """
 
 from __future__ import annotations
@@ -147,41 +148,44 @@ class SPPFusedFunction(torch.autograd.Function):
         a = alpha.to(weight.dtype)
         b = beta.to(weight.dtype) if beta is not None else None
         gx = gxd = ga = gb = gbias = None
-
-        if ctx.has_xd:
-            if need_x:
-                gx = g @ weight
-            if need_xd:
-                w_ad = _blocked_scale(weight, a, b, scale, residual=False)
-                gxd = g @ w_ad
-                del w_ad
-        elif need_x:
-            w_eff = _blocked_scale(weight, a, b, scale, residual)
-            gx = g @ w_eff
-            del w_eff
-
-        if need_a or (need_b and b is not None):
-            ga_full = torch.zeros(r, n, dtype=weight.dtype, device=weight.device) if need_a else None
-            gb_full = torch.empty(m, dtype=weight.dtype, device=weight.device) if need_b and b is not None \
-                else None
-            gt = g.t()
-            for lo, hi in _row_chunks(m, n, k):
-                jlo, jhi = lo // k, hi // k
+        if ctx.has_xd and need_x:
+            gx = g @ weight  # base path: no temporary
+        # The input gradient through the adapted weight (x-grad without dropout, xd-grad with it) is
+        # accumulated chunk by chunk, so only a few blocks of W_eff / W' exist at any time.
+        need_in = need_xd if ctx.has_xd else need_x
+        fused_residual = residual and not ctx.has_xd
+        need_ab = need_a or (need_b and b is not None)
+        acc = None
+        ga_full = torch.empty(r, n, dtype=weight.dtype, device=weight.device) if need_a else None
+        gb_full = torch.empty(m, dtype=weight.dtype, device=weight.device) if need_b and b is not None else None
+        gt = g.t()
+        for lo, hi in _row_chunks(m, n, k) if (need_in or need_ab) else []:
+            jlo, jhi = lo // k, hi // k
+            b_c = b[lo:hi] if b is not None else None
+            if need_in:
+                w_c = _blocked_scale(weight[lo:hi], a[jlo:jhi], b_c, scale, fused_residual)
+                acc = g[:, lo:hi] @ w_c if acc is None else acc.addmm_(g[:, lo:hi], w_c)
+                del w_c
+            if need_ab:
                 p = gt[lo:hi] @ act  # G rows lo:hi (transient, <= BACKWARD_CHUNK_ELEMENTS)
                 p.mul_(weight[lo:hi])  # P = G ⊙ W
                 p3 = p.view(jhi - jlo, k, n)
                 if gb_full is not None:
                     gb_full[lo:hi] = torch.bmm(p3, a[jlo:jhi].unsqueeze(-1)).reshape(-1)
                 if ga_full is not None:
-                    if b is not None:
-                        ga_full[jlo:jhi] = torch.bmm(b[lo:hi].reshape(jhi - jlo, 1, k), p3).squeeze(1)
+                    if b_c is not None:
+                        ga_full[jlo:jhi] = torch.bmm(b_c.reshape(jhi - jlo, 1, k), p3).squeeze(1)
                     else:
                         ga_full[jlo:jhi] = p3.sum(dim=1)
                 del p, p3
-            if ga_full is not None:
-                ga = ga_full.mul_(scale).to(alpha.dtype)
-            if gb_full is not None:
-                gb = gb_full.mul_(scale).reshape(beta.shape).to(beta.dtype)
+        if ctx.has_xd:
+            gxd = acc
+        elif need_x:
+            gx = acc
+        if ga_full is not None:
+            ga = ga_full.mul_(scale).to(alpha.dtype)
+        if gb_full is not None:
+            gb = gb_full.mul_(scale).reshape(beta.shape).to(beta.dtype)
         if need_bias:
             gbias = g.sum(0)
         return gx, gxd, None, ga, gb, gbias, None, None

@@ -80,18 +80,21 @@ def sample_windows(
     rng = random.Random(calibration.seed)
     windows: list[list[int]] = []
     if sampling == "document":
-        lengths = [len(ids) for ids in tokenizer(texts, verbose=False)["input_ids"]]
-        if not any(n > seqlen for n in lengths):
-            raise ValueError(
-                f"no document in {where} is longer than calibration.seqlen={seqlen} tokens (longest: "
-                f"{max(lengths, default=0)}); lower calibration.seqlen or set calibration.sampling=stream"
-            )
+        tokenized: dict[int, list[int]] = {}
         for _ in range(nsamples):
             while True:
                 doc = rng.randint(0, len(texts) - 1)
-                if lengths[doc] > seqlen:
+                if doc not in tokenized:
+                    tokenized[doc] = _ids(tokenizer, texts[doc])
+                if len(tokenized[doc]) > seqlen:
                     break
-            ids = _ids(tokenizer, texts[doc])
+                if len(tokenized) == len(texts) and all(len(t) <= seqlen for t in tokenized.values()):
+                    longest = max(len(t) for t in tokenized.values())
+                    raise ValueError(
+                        f"no document in {where} is longer than calibration.seqlen={seqlen} tokens (longest: "
+                        f"{longest}); lower calibration.seqlen or set calibration.sampling=stream"
+                    )
+            ids = tokenized[doc]
             start = rng.randint(0, len(ids) - seqlen - 1)
             windows.append(ids[start : start + seqlen])
     else:

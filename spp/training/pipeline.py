@@ -20,6 +20,7 @@ from spp.training.callbacks.sparsity_audit import SparsityAuditCallback
 from spp.training.config import validate_job
 from spp.training.loggers import build_loggers, finish_wandb, run_tags
 from spp.training.module import SPPModule
+from spp.training.resumable import ResumableLoader, ResumeLoaderCallback, trainer_position
 from spp.training.strategies import build_strategy, is_sharded
 from spp.training.summary import print_results, save_and_print_config, versions, write_summary
 
@@ -132,6 +133,8 @@ def run_training(cfg: DictConfig, extra_callbacks: list[Callback] | None = None)
     model, tokenizer = load_model(cfg.model)
     timings["load_model"] = round(time.perf_counter() - start, 2)
     datamodule = AlpacaDataModule(tokenizer, cfg.data, data_dir=cfg.data_dir, progress=tcfg.progress_bar != "none")
+    make_loader = datamodule.train_dataloader
+    pending: dict[str, int] = {}
     module = SPPModule(
         model,
         adapter,
@@ -164,6 +167,7 @@ def run_training(cfg: DictConfig, extra_callbacks: list[Callback] | None = None)
     checkpoint = AdapterCheckpoint(run_dir / "checkpoints", tcfg.checkpoint_every_n_steps, tcfg.save_top_k)
     callbacks: list[Callback] = [pruning, auditor, checkpoint, exporter, LearningRateMonitor("step")]
     callbacks += _progress_bar(tcfg.progress_bar) + list(extra_callbacks or [])
+    callbacks.append(ResumeLoaderCallback(pending))
     loggers = build_loggers(cfg, run_dir)
     trainer = L.Trainer(
         accelerator=tcfg.accelerator,
@@ -186,6 +190,7 @@ def run_training(cfg: DictConfig, extra_callbacks: list[Callback] | None = None)
         logger=loggers,
         default_root_dir=str(run_dir),
     )
+    datamodule.train_dataloader = lambda: ResumableLoader(make_loader(), lambda: trainer_position(trainer), pending)
     start = time.perf_counter()
     try:
         if adapter["name"] == "none":

@@ -25,16 +25,23 @@ def decoder_layer_class(name: str) -> type[torch.nn.Module]:
     import transformers
 
     module_name, _, cls_name = name.rpartition(".")
-    try:
-        if module_name:
-            cls = getattr(importlib.import_module(module_name), cls_name)
-        else:
-            cls = getattr(transformers, name)
-    except (ImportError, AttributeError) as err:
+    candidates = [module_name] if module_name else []
+    if not module_name:
+        family = name.split("DecoderLayer")[0].lower()
+        candidates += [f"transformers.models.{family}.modeling_{family}"]
+    cls = None if module_name else getattr(transformers, name, None)
+    for candidate in candidates:
+        if cls is not None:
+            break
+        try:
+            cls = getattr(importlib.import_module(candidate), cls_name or name, None)
+        except ImportError:
+            cls = None
+    if cls is None:
         raise ValueError(
             f"model.decoder_layer_cls={name!r} is not a class in transformers; give e.g. LlamaDecoderLayer "
-            "or a dotted path"
-        ) from err
+            "or a dotted path (transformers.models.llama.modeling_llama.LlamaDecoderLayer)"
+        )
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
         raise ValueError(f"model.decoder_layer_cls={name!r} is not an nn.Module class")
     return cls

@@ -1,0 +1,130 @@
+"""Every option of every group of ``conf/train.yaml`` composes into the typed job; bad keys fail clearly."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy
+from omegaconf import OmegaConf
+from train_helpers import compose_train
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+from spp.paths import CONF_DIR
+from spp.training.config import TrainJobConfig
+from spp.training.strategies import build_strategy, decoder_layer_class
+
+GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
+OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF_DIR / g).glob("*.yaml"))]
+PAPER = {  # DESIGN.md §1: lr, per-device batch, epochs
+    "llama7b": (4e-3, 8, 3), "llama13b": (2e-3, 4, 3), "llama30b": (4e-3, 16, 3),
+    "llama65b": (5e-4, 8, 1), "llama2_70b": (5e-4, 8, 1),
+}
+TRAIN_GROUPS = {"model", "pruner", "sparsity", "calibration", "adapter", "data", "trainer", "strategy", "logger",
+                "eval", "experiment", "debug"}
+
+
+def _error_text(err: BaseException) -> str:
+    parts = []
+    while err is not None:
+        parts.append(str(err))
+        err = err.__cause__ or err.__context__
+    return "\n".join(parts)
+
+
+def test_every_train_group_exists():
+    assert TRAIN_GROUPS <= set(GROUPS)
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_option_composes_into_typed_job(group, option):
+    cfg = compose_train([f"{group}={option}"])
+    assert OmegaConf.get_type(cfg) is TrainJobConfig
+    job = OmegaConf.to_object(cfg)  # resolves every interpolation and checks every type
+    assert isinstance(job, TrainJobConfig)
+    if group in ("experiment", "debug"):
+        return
+    node = cfg[group]
+    if group == "logger":
+        assert node[option if option != "many" else "wandb"] is not None
+    elif "name" in node and group not in ("calibration",):
+        assert node.name
+    for validatable in ("pruner", "sparsity", "calibration", "data"):
+        getattr(job, validatable).validate()
+
+
+def test_yaml_files_start_with_a_usage_comment():
+    for path in sorted(CONF_DIR.rglob("*.yaml")):
+        head = path.read_text().splitlines()[:4]
+        assert head and head[0].startswith("#"), path
+        assert any("python " in line for line in head if line.startswith("#")), f"{path}: no usage command"
+
+
+def test_logger_several_at_once():
+    cfg = compose_train(["logger=[csv,wandb,tensorboard]"])
+    assert cfg.logger.csv.name == "csv" and cfg.logger.wandb.project == "spp" and cfg.logger.tensorboard
+    assert compose_train(["logger=many"]).logger.tensorboard.name == "tensorboard"
+    assert compose_train([]).logger.wandb is None
+
+
+@pytest.mark.parametrize("model", sorted(PAPER))
+def test_per_model_paper_defaults_flow_into_trainer_and_data(model):
+    cfg = compose_train([f"model={model}"])
+    lr, batch, epochs = PAPER[model]
+    assert (cfg.trainer.lr, cfg.data.train_batch_size, cfg.trainer.max_epochs) == (lr, batch, epochs)
+    overridden = compose_train([f"model={model}", "trainer.lr=1e-4", "data.train_batch_size=2"])
+    assert (overridden.trainer.lr, overridden.data.train_batch_size) == (1e-4, 2)
+
+
+def test_misspelled_key_fails_naming_it():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_train(["adapter.rr=4"])
+    assert "rr" in _error_text(err.value) and "AdapterConfig" in _error_text(err.value)
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_train(["trainer.max_step=10"])
+    assert "max_step" in _error_text(err.value)
+
+
+def test_wrong_type_fails_naming_the_key():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_train(["adapter.r=sixteen"])
+    text = _error_text(err.value)
+    assert "adapter.r" in text or "'r'" in text or "r=" in text
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_train(["trainer.gradient_checkpointing=maybe"])
+    assert "gradient_checkpointing" in _error_text(err.value)
+
+
+def test_misspelled_key_in_a_group_file_fails(tmp_path):
+    bad = tmp_path / "adapter"
+    bad.mkdir()
+    (bad / "typo.yaml").write_text("# Use: python train.py adapter=typo\nname: spp\nrank: 8\n")
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_train([f"hydra.searchpath=[file://{tmp_path}]", "adapter=typo"])
+    assert "rank" in _error_text(err.value)
+
+
+@pytest.mark.parametrize("option", sorted(f.stem for f in (CONF_DIR / "strategy").glob("*.yaml")))
+def test_every_strategy_instantiates(option):
+    cfg = compose_train([f"strategy={option}", "trainer.accelerator=cpu"])
+    if cfg.strategy.name == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        with pytest.raises(ImportError, match="pip install deepspeed"):
+            build_strategy(cfg.strategy, cfg.model.decoder_layer_cls, "cpu")
+        return
+    strategy = build_strategy(cfg.strategy, cfg.model.decoder_layer_cls, "cpu")
+    expected = {"auto": str, "ddp": DDPStrategy, "fsdp": FSDPStrategy, "deepspeed": DeepSpeedStrategy}
+    assert isinstance(strategy, expected[cfg.strategy.name])
+    if isinstance(strategy, DDPStrategy):
+        assert strategy._process_group_backend == "gloo"
+    if isinstance(strategy, FSDPStrategy):
+        assert strategy.kwargs["use_orig_params"] is True
+        assert strategy._process_group_backend == "gloo"
+        policy = strategy.kwargs["auto_wrap_policy"]
+        assert LlamaDecoderLayer in policy._module_classes
+
+
+def test_decoder_layer_class_resolution_and_error():
+    assert decoder_layer_class("LlamaDecoderLayer") is LlamaDecoderLayer
+    with pytest.raises(ValueError, match="model.decoder_layer_cls"):
+        decoder_layer_class("NoSuchLayer")

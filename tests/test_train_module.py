@@ -1,0 +1,122 @@
+"""Unit checks of the training pieces: optimiser/schedule, adapter-only checkpoints, audit, loggers, sizes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from train_helpers import compose_train
+
+from spp.models import tiny_llama
+from spp.pruning import current_masks
+from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, zero_patterns
+from spp.training.loggers import build_loggers, run_tags
+from spp.training.module import SPPModule
+from spp.training.pipeline import accumulation, resolve_precision
+
+ADAPTER = {"name": "spp", "r": 4, "scale": 2.0, "dropout": 0.0, "alpha_init": "kaiming", "beta_init": "zeros",
+           "use_beta": True, "impl": "fused", "residual": True, "lora_alpha": 16.0,
+           "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+
+
+class _FakeTrainer:
+    estimated_stepping_batches = 100
+
+
+def _module(**kwargs) -> SPPModule:
+    model = tiny_llama(seed=0)
+    with torch.no_grad():  # 2:4-style zeros: drop every other input column of each target
+        for name, mod in model.named_modules():
+            if name.endswith(tuple(ADAPTER["targets"])):
+                mod.weight[:, ::2] = 0
+    module = SPPModule(model, ADAPTER, **kwargs)
+    module.configure_model()
+    return module
+
+
+def test_only_adapter_parameters_are_trained_with_adamw_and_paper_schedule():
+    module = _module(lr=1e-2, weight_decay=0.001, warmup_ratio=0.03, scheduler="linear")
+    module._trainer = _FakeTrainer()
+    opt_cfg = module.configure_optimizers()
+    opt, sched = opt_cfg["optimizer"], opt_cfg["lr_scheduler"]["scheduler"]
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["weight_decay"] == 0.001
+    params = {id(p) for g in opt.param_groups for p in g["params"]}
+    named = dict(module.model.named_parameters())
+    trained = {n for n, p in named.items() if id(p) in params}
+    assert trained == set(module.trainable_names)
+    assert all(n.endswith(("spp_alpha", "spp_beta")) for n in trained) and len(trained) == 2 * 7 * 2
+    warmup = math.ceil(0.03 * 100)  # 3 steps
+    lrs = []
+    for _ in range(100):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert lrs[0] == 0.0 and lrs[warmup] == pytest.approx(1e-2)
+    assert lrs[1] == pytest.approx(1e-2 / warmup)
+    assert lrs[50] == pytest.approx(1e-2 * (100 - 50) / (100 - warmup))
+
+
+def test_cosine_schedule_follows_half_cosine():
+    module = _module(lr=1.0, warmup_ratio=0.0, scheduler="cosine")
+    module._trainer = _FakeTrainer()
+    cfg = module.configure_optimizers()
+    opt, sched = cfg["optimizer"], cfg["lr_scheduler"]["scheduler"]
+    for _ in range(25):
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * (1 + math.cos(math.pi * 25 / 100)))
+
+
+def test_checkpoint_keeps_only_adapter_tensors_and_rejects_foreign_ones():
+    module = _module()
+    ckpt = {"state_dict": {f"model.{n}": p for n, p in module.model.named_parameters()}}
+    module.on_save_checkpoint(ckpt)
+    assert set(ckpt["state_dict"]) == {f"model.{n}" for n in module.trainable_names}
+    ckpt["state_dict"].pop(next(iter(ckpt["state_dict"])))
+    with pytest.raises(ValueError, match="adapter tensor"):
+        module.on_load_checkpoint(ckpt)
+
+
+def test_audit_accepts_trained_spp_and_names_a_revived_weight():
+    module = _module()
+    model = module.model
+    masks = current_masks(model, ADAPTER["targets"])
+    reference = zero_patterns(model, set(masks))
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.requires_grad:
+                p.normal_()
+    report = audit(model, masks, reference, when="trained")
+    assert report["sparsity"] == pytest.approx(0.5) and report["layers"] == 14
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.base.weight[3, 0] = 1.0
+    with pytest.raises(SparsityViolation, match=r"model\.layers\.1\.mlp\.up_proj.*non-zero"):
+        audit(model, masks, reference, when="checkpoint")
+
+
+def test_gradient_accumulation_and_precision_resolution():
+    cfg = compose_train(["model=tiny", "trainer.global_batch_size=32", "data.train_batch_size=4"])
+    assert accumulation(cfg) == 8
+    bad = compose_train(["model=tiny", "trainer.global_batch_size=30", "data.train_batch_size=4"])
+    with pytest.raises(ValueError, match="trainer.global_batch_size"):
+        accumulation(bad)
+    assert resolve_precision("auto", "cpu") == "32-true"
+    assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
+
+
+def test_wandb_offline_without_key_under_run_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    cfg = compose_train(["model=tiny", "pruner=sparsegpt", "sparsity=unstructured50", "adapter.r=8",
+                         "logger=[csv,wandb,tensorboard]"])
+    loggers = build_loggers(cfg, tmp_path / "run")
+    kinds = [type(lg).__name__ for lg in loggers]
+    assert kinds == ["CSVLogger", "TensorBoardLogger", "WandbLogger"]
+    wandb_logger = loggers[-1]
+    assert wandb_logger._wandb_init["mode"] == "offline"
+    assert wandb_logger._wandb_init["dir"] == str(tmp_path / "run")
+    tags = run_tags(cfg)
+    assert tags["group"] == "tiny-sparsegpt-unstructured50" and "r8" in tags["tags"]
+    assert set(tags["tags"]) <= set(wandb_logger._wandb_init["tags"])
