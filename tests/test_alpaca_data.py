@@ -241,3 +241,46 @@ def test_data_group_yamls_compose_against_the_schema() -> None:
             cfg = DataConfig(**OmegaConf.to_container(node, resolve=True)).validate()
             assert cfg.name == name
     assert cfg is not None
+
+
+def test_lightning_fit_sees_seed_epoch_permutations(tiny_tok, sample_data_dir: Path) -> None:
+    """Under ``Trainer.fit`` epoch e visits the training examples in ``randperm(n, seed + e)`` order."""
+    import lightning as L
+
+    from spp.models import tiny_llama
+
+    class Recorder(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = tiny_llama()
+            self.lengths: list[list[int]] = []
+
+        def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+            if batch_idx == 0:
+                self.lengths.append([])
+            self.lengths[-1].extend(batch["attention_mask"].sum(1).tolist())
+            return self.model(**batch).loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.0)
+
+    dm = AlpacaDataModule(
+        tiny_tok, source=SAMPLE, data_dir=sample_data_dir, progress=False, max_examples=40, train_batch_size=4
+    )
+    module = Recorder()
+    trainer = L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(module, dm)
+    assert trainer.global_step == 2 * 36 // 4
+    lengths = [len(f["input_ids"]) for f in dm.train_dataset.features]
+    for epoch, seen in enumerate(module.lengths):
+        order = torch.randperm(36, generator=torch.Generator().manual_seed(dm.cfg.seed + epoch)).tolist()
+        assert seen == [lengths[i] for i in order]
+    assert module.lengths[0] != module.lengths[1]

@@ -116,10 +116,11 @@ def test_noop_pruning_returns_all_true_masks_and_leaves_weights(tiny_tok, pruner
 
 
 def test_only_configured_targets_are_pruned(tiny_tok) -> None:
-    model = tiny_llama(seed=0)
+    model = tiny_llama(seed=0).train()
     result = _prune(model, tiny_tok, {"name": "magnitude", "targets": ["q_proj", "down_proj"]}, U50)
     assert sorted(result.masks) == sorted(n for n in BLOCK0 + BLOCK1 if n.endswith(("q_proj", "down_proj")))
     assert bool((model.model.layers[0].self_attn.k_proj.weight != 0).all())
+    assert model.training  # the caller's mode is restored
     fresh = tiny_llama(seed=0)
     assert torch.equal(model.lm_head.weight, fresh.lm_head.weight)
     assert torch.equal(model.model.embed_tokens.weight, fresh.model.embed_tokens.weight)

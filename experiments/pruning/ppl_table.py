@@ -1,6 +1,6 @@
 """WikiText-2 perplexity of SmolLM2-135M pruned by magnitude / Wanda / SparseGPT / DS⊘T, with pruning wall time.
 
-Reproduce (about 20-40 minutes on 2 shared CPU cores):
+Reproduce (about 40 minutes on 2 busy shared CPU cores):
     nice -n 10 python experiments/pruning/ppl_table.py
 Writes ``experiments/results/pruning_smollm2_135m_ppl.md`` (the table) and ``.json`` (all numbers).
 Every row starts from the same dense weights; pruning runs without the cache so its wall time is real.
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--nsamples", type=int, default=32, help="calibration windows (C4)")
     parser.add_argument("--calib-seqlen", type=int, default=512, help="calibration window length")
     parser.add_argument("--seqlen", type=int, default=1024, help="perplexity window length")
-    parser.add_argument("--windows", type=int, default=24, help="perplexity windows (first N of the test split)")
+    parser.add_argument("--windows", type=int, default=8, help="PPL windows (first N; 0 = all)")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "experiments/results/pruning_smollm2_135m_ppl")
     args = parser.parse_args()
@@ -54,7 +54,7 @@ def main() -> None:
         t0 = time.perf_counter()
         result = prune_model(model, tok, PrunerConfig(name=pruner), sparsity, calibration, device="cpu")
         prune_s = time.perf_counter() - t0
-        ppl = perplexity(model, tok, source="wikitext2", seqlen=args.seqlen, max_windows=args.windows,
+        ppl = perplexity(model, tok, source="wikitext2", seqlen=args.seqlen, max_windows=args.windows or None,
                          batch_size=args.batch_size)
         row = {
             "method": "dense" if pruner == "none" else ("wanda+dsnot" if pruner == "dsnot" else pruner),

@@ -59,7 +59,7 @@ class HarnessResult:
         metrics: ``{task or group: {"acc": .., "acc_norm": .., "acc_stderr": .., "n": ..}}`` with offline names.
         limit: Per-task document limit used (``None`` = all).
         num_fewshot: ``{task: shots}`` as run.
-        raw: lm-eval's own ``results``/``groups``/``n-samples``/``configs`` dict (without samples).
+        raw: lm-eval's own ``results``/``groups``/``n-samples``/``n-shot``/``versions`` (+ ``samples`` when kept).
     """
 
     metrics: dict[str, dict[str, float]]
@@ -208,6 +208,7 @@ def evaluate_tasks(
     online: bool = False,
     num_fewshot: int | None = None,
     seed: int = 0,
+    log_samples: bool = False,
 ) -> HarnessResult:
     """Evaluate with lm-eval's ``HFLM`` + ``simple_evaluate`` (0-shot tasks; MMLU 5-shot from its YAML).
 
@@ -222,6 +223,7 @@ def evaluate_tasks(
         online: Use lm-eval's standard hub tasks instead of the local copies.
         num_fewshot: Override every task's shots; ``None`` keeps the task defaults (0, MMLU 5).
         seed: lm-eval's random / numpy / torch / few-shot seeds.
+        log_samples: Keep lm-eval's per-document records (``raw["samples"]``: prompts, log-likelihoods).
 
     Raises:
         ValueError: an unknown task or a missing tokenizer; FileNotFoundError: a missing data file.
@@ -251,7 +253,7 @@ def evaluate_tasks(
             tasks=run_names,
             num_fewshot=num_fewshot,
             limit=limit,
-            log_samples=False,
+            log_samples=log_samples,
             task_manager=task_manager(data_dir, online),
             random_seed=seed,
             numpy_random_seed=seed,
@@ -263,7 +265,7 @@ def evaluate_tasks(
             model.train(was_training)
     if out is None:
         raise RuntimeError("lm-eval returned no results (non-zero rank of a distributed run)")
-    raw = {k: out[k] for k in ("results", "groups", "n-samples", "n-shot", "versions") if k in out}
+    raw = {k: out[k] for k in ("results", "groups", "n-samples", "n-shot", "versions", "samples") if k in out}
     shots = {k: int(v) for k, v in out.get("n-shot", {}).items()}
     log.info("lm-eval finished: %s", ", ".join(run_names))
     return HarnessResult(metrics=summarize(out, online), limit=limit, num_fewshot=shots, raw=raw)

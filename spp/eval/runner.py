@@ -134,16 +134,18 @@ def run_eval_job(cfg: DictConfig, output_dir: str | Path) -> EvalRecord:
     model.to(device)
     info["timings"]["load"] = round(time.perf_counter() - start, 2)
     if wants_pruning(cfg):
-        from spp.pruning import get_or_prune
+        from spp.pruning import get_or_prune, prune_model
 
         start = time.perf_counter()
-        result = get_or_prune(
-            model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
-            cfg.cache_dir if cfg.use_cache else None, data_dir=cfg.data_dir, device=device,
-        )
-        model = getattr(result, "model", None) or model
+        if cfg.use_cache:
+            result = get_or_prune(model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
+                                  cfg.cache_dir, data_dir=cfg.data_dir, device=device)
+        else:
+            result = prune_model(model, tokenizer, cfg.pruner, cfg.sparsity, cfg.calibration,
+                                 data_dir=cfg.data_dir, device=device)
         info["timings"]["prune"] = round(time.perf_counter() - start, 2)
-        info["cache_hit"] = getattr(result, "cache_hit", None)
+        info["cache_hit"] = result.cache_hit
+        info["prune_overall"] = result.report.overall
     if cfg.adapter_dir:
         from spp.adapter_io import load_adapter
 

@@ -194,10 +194,27 @@ def prune_model(
     Returns:
         ``PruneResult`` with keep-masks keyed by qualified name, the report and per-phase timings.
     """
-    t_start = time.perf_counter()
     pruner = as_config(PrunerConfig, pruner, "pruner")
     sparsity = as_config(SparsityConfig, sparsity, "sparsity")
     calibration = as_config(CalibrationConfig, calibration if calibration is not None else {}, "calibration")
+    was_training = model.training
+    model.eval()  # no dropout in the calibration forward passes
+    try:
+        return _prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
+    finally:
+        model.train(was_training)
+
+
+def _prune_model(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase | None,
+    pruner: PrunerConfig,
+    sparsity: SparsityConfig,
+    calibration: CalibrationConfig,
+    data_dir: str | None,
+    device: str | torch.device | None,
+) -> PruneResult:
+    t_start = time.perf_counter()
     linears = validate_for_model(model, pruner, sparsity, calibration)
     timings = {"calibration_data": 0.0, "capture": 0.0, "statistics": 0.0, "pruning": 0.0, "propagate": 0.0}
     if sparsity.is_dense or pruner.name == "none":

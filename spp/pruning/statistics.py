@@ -35,11 +35,11 @@ class InputStatistics:
         flat = x.reshape(-1, self.in_features).float()
         self.nsamples += batch
         self.ntokens += flat.shape[0]
-        self.sq_sum += (flat.double() ** 2).sum(0)
+        self.sq_sum += (flat**2).sum(0).double()  # fp32 within a batch, fp64 across batches
         if self.xtx is not None:
             self.xtx.addmm_(flat.t(), flat)
         if self.sum is not None:
-            self.sum += flat.double().sum(0)
+            self.sum += flat.sum(0).double()
 
     def _require(self) -> None:
         if self.nsamples == 0:

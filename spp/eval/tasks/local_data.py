@@ -55,12 +55,19 @@ def _split(name: str, rows: list[dict[str, Any]]) -> datasets.DatasetDict:
     return datasets.DatasetDict({name: datasets.Dataset.from_list(rows)})
 
 
+BOOL_LABELS: dict[Any, int] = {False: 0, True: 1, "false": 0, "true": 1, 0: 0, 1: 1}
+
+
 def boolq(**kwargs: Any) -> datasets.DatasetDict:
-    """SuperGLUE BoolQ validation (``label``: JSON bool -> 0 = no, 1 = yes, as in ``super_glue/boolq``)."""
-    rows = [
-        {"question": r["question"], "passage": r["passage"], "label": int(bool(r["label"])), "idx": r.get("idx", i)}
-        for i, r in enumerate(_jsonl(_path("boolq", kwargs)))
-    ]
+    """SuperGLUE BoolQ validation; ``label`` (``"false"``/``"true"`` strings in the local copy, or JSON bools)
+    -> 0 = no, 1 = yes, as in ``super_glue/boolq``.
+    """
+    rows = []
+    for i, r in enumerate(_jsonl(_path("boolq", kwargs))):
+        key = r["label"].lower() if isinstance(r["label"], str) else r["label"]
+        if key not in BOOL_LABELS:
+            raise ValueError(f"BoolQ row {i}: label {r['label']!r} is not true/false")
+        rows.append({"question": r["question"], "passage": r["passage"], "label": BOOL_LABELS[key], "idx": i})
     return _split("validation", rows)
 
 

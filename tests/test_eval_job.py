@@ -1,0 +1,128 @@
+"""eval.py's typed config, the evaluation job on a tiny model (plain, pruned, with an adapter), bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from spp.eval.job_config import register_configs
+from spp.eval.perplexity import perplexity
+from spp.eval.runner import preflight, run_eval_job
+from spp.paths import CONF_DIR, REPO_ROOT, SAMPLE_DATA_DIR
+
+TINY = ["model=tiny", "eval.seqlen=64", "eval.max_windows=2", f"data_dir={SAMPLE_DATA_DIR}", "print_config=false"]
+
+
+def _compose(*overrides: str):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="evaluate", overrides=[*TINY, *overrides])
+
+
+def test_config_is_typed():
+    cfg = _compose()
+    assert cfg.eval.seqlen == 64 and cfg.pruner.name == "none" and cfg.sparsity.kind == "dense"
+    with pytest.raises(ConfigCompositionException):
+        _compose("eval.limt=3")
+    with pytest.raises(ConfigCompositionException):
+        _compose("eval.limit=abc")
+    for preset in ("default", "quick", "paper", "none"):
+        assert _compose(f"eval={preset}").eval.name == preset
+
+
+def test_dense_job_writes_results_and_table(tmp_path):
+    cfg = _compose("eval.tasks=[spp_rte,spp_arc_easy]", "eval.limit=2", f"output_dir={tmp_path}")
+    record = run_eval_job(cfg, tmp_path)
+    payload = json.loads((tmp_path / "results.json").read_text())
+    (row,) = payload["records"]
+    assert row["ppl"]["wikitext2"]["windows"] == 2 and row["ppl"]["wikitext2"]["seqlen"] == 64
+    assert row["tasks"]["spp_rte"]["n"] == 2 and 0 <= row["tasks"]["spp_arc_easy"]["acc_norm"] <= 1
+    assert row["zero_shot_mean_acc"] is None  # only 2 of the 7 tasks ran
+    md = (tmp_path / "results.md").read_text()
+    assert "| Model | wikitext2 PPL (64×2) | BoolQ | RTE | HellaSwag | WinoGrande | ARC-e | ARC-c | OBQA |" in md
+    assert f"| tiny | {record.ppl['wikitext2']['ppl']:.2f} | – | {100 * row['tasks']['spp_rte']['acc']:.2f} |" in md
+    metrics = (tmp_path / "csv" / "metrics.csv").read_text()
+    assert "eval/ppl/wikitext2" in metrics and "eval/acc/spp_rte" in metrics
+    assert record.info["linear_sparsity"] == 0.0
+
+
+def test_pruned_job_goes_through_the_cache(tmp_path):
+    overrides = ["pruner=wanda", "sparsity=nm2_4", "calibration=quick", "calibration.nsamples=4",
+                 "calibration.seqlen=64", f"cache_dir={tmp_path / 'cache'}"]
+    first = run_eval_job(_compose(*overrides), tmp_path / "a")
+    second = run_eval_job(_compose(*overrides), tmp_path / "b")
+    assert first.info["linear_sparsity"] == pytest.approx(0.5, abs=1e-12)  # 2:4 on every decoder linear
+    assert first.info["cache_hit"] is False and second.info["cache_hit"] is True
+    assert second.ppl["wikitext2"]["ppl"] == pytest.approx(first.ppl["wikitext2"]["ppl"], rel=1e-6)
+    assert first.label == "tiny wanda nm2_4"
+
+
+def test_adapter_dir_is_applied(tmp_path, tiny_tok):
+    import spp
+    from spp.models.tiny import tiny_llama
+
+    model = tiny_llama(seed=0)
+    spp.inject(model)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for layer in spp.spp_layers(model).values():
+            layer.spp_beta.copy_(torch.randn(layer.spp_beta.shape, generator=gen) * 0.5)
+    spp.save_adapter(model, tmp_path / "adapter")
+    expected = perplexity(model, tiny_tok, seqlen=64, max_windows=2, data_dir=SAMPLE_DATA_DIR).ppl
+    plain = run_eval_job(_compose(), tmp_path / "plain")
+    adapted = run_eval_job(_compose(f"adapter_dir={tmp_path / 'adapter'}"), tmp_path / "adapted")
+    assert adapted.ppl["wikitext2"]["ppl"] == pytest.approx(expected, rel=1e-5)
+    assert abs(adapted.ppl["wikitext2"]["ppl"] - plain.ppl["wikitext2"]["ppl"]) > 1e-3
+    assert adapted.label == "tiny +adapter"
+
+
+@pytest.fixture()
+def no_model_loading(monkeypatch):
+    def _fail(*args, **kwargs):
+        raise AssertionError("the model was loaded before the bad input was reported")
+
+    monkeypatch.setattr("spp.eval.runner.load_model", _fail)
+
+
+@pytest.mark.usefixtures("no_model_loading")
+def test_bad_inputs_fail_before_loading(tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="unknown eval task 'hellaswagg'"):
+        run_eval_job(_compose("eval.tasks=[hellaswagg]"), tmp_path)
+    with pytest.raises(ValueError, match="eval.seqlen=1024 exceeds the model's max_position_embeddings=512"):
+        run_eval_job(_compose("eval.seqlen=1024"), tmp_path)
+    (tmp_path / "noweights").mkdir()
+    (tmp_path / "noweights" / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="has no weights"):
+        run_eval_job(_compose(f"model.path={tmp_path / 'noweights'}"), tmp_path)
+    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+        run_eval_job(_compose(f"adapter_dir={tmp_path}"), tmp_path)
+    with pytest.raises(ValueError, match="sparsity=nm2_4 needs a pruner"):
+        run_eval_job(_compose("sparsity=nm2_4"), tmp_path)
+    with pytest.raises(FileNotFoundError, match="eval.ppl_source='/nonexistent.jsonl' does not exist"):
+        run_eval_job(_compose("eval.ppl_source=/nonexistent.jsonl"), tmp_path)
+    import spp.paths
+
+    monkeypatch.setattr(spp.paths, "SAMPLE_DATA_DIR", tmp_path / "none")
+    monkeypatch.setattr(spp.paths, "SHARED_DATA_DIR", tmp_path / "none")
+    cfg = _compose("eval.tasks=[spp_winogrande]", f"data_dir={tmp_path}", "eval.ppl=false")
+    with pytest.raises(FileNotFoundError, match="eval task spp_winogrande: data file 'winogrande/winogrande.jsonl'"):
+        preflight(cfg)
+
+
+def test_eval_py_reports_one_error_line():
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "eval.py", "model=tiny", "eval.seqlen=4096", "print_config=false"],
+        cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "eval.py: error: eval.seqlen=4096 exceeds the model's max_position_embeddings=512; set eval.seqlen<=512"
+    )
