@@ -73,7 +73,8 @@ def test_command_line_equals_in_memory(tmp_path, tiny_model, tiny_tok, sample_da
         for metric in ("acc,none", "acc_norm,none"):
             if metric in mem.raw["results"][task]:
                 assert cli["results"][task][metric] == mem.raw["results"][task][metric], (task, metric)
-        cli_samples = [json.loads(line) for line in open(glob.glob(str(tmp_path / "out" / "*" / f"samples_{task}_*"))[0])]
+        samples_file = glob.glob(str(tmp_path / "out" / "*" / f"samples_{task}_*"))[0]
+        cli_samples = [json.loads(line) for line in open(samples_file)]
         mem_lls = [float(r[0]) for s in mem.raw["samples"][task] for r in s["filtered_resps"]]
         cli_lls = [float(r[0]) for s in cli_samples for r in s["filtered_resps"]]
         assert len(cli_lls) == len(mem_lls) >= 3 * 2

@@ -51,7 +51,8 @@ def test_prompts_match_lm_eval_templates(loaded, sample_data_dir):
     boolq = _task(loaded, "spp_boolq")
     doc = next(iter(boolq.eval_docs))
     assert boolq.doc_to_text(doc) == f"{first['passage']}\nQuestion: {first['question']}?\nAnswer:"
-    assert boolq.doc_to_choice(doc) == ["no", "yes"] and boolq.doc_to_target(doc) == {"false": 0, "true": 1}[first["label"]]
+    assert boolq.doc_to_choice(doc) == ["no", "yes"]
+    assert boolq.doc_to_target(doc) == {"false": 0, "true": 1}[first["label"]]
 
     rte_raw = json.loads((sample_data_dir / "rte/val.jsonl").open().readline())
     rte = _task(loaded, "spp_rte")
@@ -119,7 +120,8 @@ def test_generated_mmlu_yamls_are_up_to_date():
 
 
 def test_task_names_and_unknown_task():
-    assert resolve_tasks(["boolq", "spp_rte", "zeroshot", "mmlu"]) == ["spp_boolq", "spp_rte", "spp_zeroshot", "spp_mmlu"]
+    resolved = resolve_tasks(["boolq", "spp_rte", "zeroshot", "mmlu"])
+    assert resolved == ["spp_boolq", "spp_rte", "spp_zeroshot", "spp_mmlu"]
     assert leaf_tasks(["spp_zeroshot"]) == list(ZERO_SHOT_TASKS)
     assert len(leaf_tasks(["spp_mmlu"])) == 57
     assert len(leaf_tasks(["spp_mmlu_humanities"])) == 13

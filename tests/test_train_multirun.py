@@ -36,7 +36,7 @@ def test_multirun_two_jobs_prune_once(tmp_path):
     assert [s["pruning"]["cache_hit"] for s in summaries] == [False, True]
     entries = list((tmp_path / "cache" / "pruning").glob("*/*"))
     assert len(entries) == 1, entries
-    for run, summary in zip(runs, summaries):
+    for run, summary in zip(runs, summaries, strict=True):
         assert (run / "merged" / "model.safetensors").is_file()
         assert summary["sparsity"]["after"] == summary["sparsity"]["before"] == 0.5
         offline = list((run / "wandb").glob("offline-run-*"))

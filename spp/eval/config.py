@@ -26,6 +26,7 @@ class EvalConfig:
         tasks: lm-eval tasks or groups: ``spp_zeroshot`` (the paper's 7 tasks), ``spp_mmlu`` (5-shot),
             single tasks (``spp_boolq`` or the short ``boolq``); empty = none.
         limit: First ``limit`` documents of every task (quick runs); null = all.
+        mmlu_limit: First ``mmlu_limit`` documents of every MMLU subject; null = ``limit``.
         lm_eval_batch_size: lm-eval batch size.
         online: Use lm-eval's standard hub tasks instead of the local copies.
         device: Where to evaluate; null = where the model is (``eval.py``: cuda when available).
@@ -40,6 +41,7 @@ class EvalConfig:
     batch_size: int = 1
     tasks: list[str] = field(default_factory=list)
     limit: int | None = None
+    mmlu_limit: int | None = None
     lm_eval_batch_size: int = 1
     online: bool = False
     device: str | None = None
@@ -54,7 +56,9 @@ class EvalConfig:
             raise ValueError(f"eval.max_windows={self.max_windows} must be >= 1 or null")
         if self.batch_size < 1 or self.lm_eval_batch_size < 1:
             raise ValueError("eval.batch_size and eval.lm_eval_batch_size must be >= 1")
-        if self.limit is not None and self.limit < 1:
-            raise ValueError(f"eval.limit={self.limit} must be >= 1 or null (all documents)")
+        for key in ("limit", "mmlu_limit"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ValueError(f"eval.{key}={value} must be >= 1 or null (all documents)")
         resolve_tasks(self.tasks)
         return self

@@ -271,23 +271,59 @@ def evaluate_tasks(
     return HarnessResult(metrics=summarize(out, online), limit=limit, num_fewshot=shots, raw=raw)
 
 
-def zero_shot(
-    model: torch.nn.Module, tokenizer: Any, eval_cfg: Any, data_dir: str | os.PathLike[str] | None = None
+def is_mmlu(task: str) -> bool:
+    """Whether a (resolved) task name is MMLU: the group, a category or a subject."""
+    return task.startswith(MMLU_GROUP)
+
+
+def run_eval_tasks(
+    model: torch.nn.Module, tokenizer: Any, eval_cfg: Any, data_dir: str | os.PathLike[str] | None = None,
+    seed: int = 0,
 ) -> HarnessResult:
-    """Run ``eval_cfg.tasks`` (the ``eval`` group) on an in-memory model; used by training's export callback.
+    """Run ``eval_cfg.tasks`` (the ``eval`` group) on an in-memory model.
+
+    MMLU tasks run with ``eval_cfg.mmlu_limit`` (when set and different from ``eval_cfg.limit``) in a second
+    lm-eval call; the metrics of both calls are merged.
 
     Args:
         model: The causal LM (pruned, SPP-wrapped or merged).
         tokenizer: Its tokenizer.
-        eval_cfg: The ``eval`` group (``tasks``, ``limit``, ``lm_eval_batch_size``, ``online``).
+        eval_cfg: The ``eval`` group (``tasks``, ``limit``, ``mmlu_limit``, ``lm_eval_batch_size``, ``online``).
         data_dir: Data root override.
+        seed: lm-eval seeds.
     """
-    return evaluate_tasks(
-        model,
-        tokenizer,
-        tasks=list(eval_cfg.tasks),
-        limit=eval_cfg.limit,
-        batch_size=int(eval_cfg.lm_eval_batch_size),
-        data_dir=data_dir,
-        online=bool(eval_cfg.online),
-    )
+    names = resolve_tasks(list(eval_cfg.tasks))
+    mmlu_limit = getattr(eval_cfg, "mmlu_limit", None)
+    split = mmlu_limit is not None and mmlu_limit != eval_cfg.limit
+    batches = [(names, eval_cfg.limit)]
+    if split:
+        batches = [
+            ([t for t in names if not is_mmlu(t)], eval_cfg.limit),
+            ([t for t in names if is_mmlu(t)], mmlu_limit),
+        ]
+    merged: HarnessResult | None = None
+    for tasks, limit in batches:
+        if not tasks:
+            continue
+        res = evaluate_tasks(model, tokenizer, tasks=tasks, limit=limit, batch_size=int(eval_cfg.lm_eval_batch_size),
+                             data_dir=data_dir, online=bool(eval_cfg.online), seed=seed)
+        if merged is None:
+            merged = res
+            continue
+        merged.metrics.update(res.metrics)
+        merged.num_fewshot.update(res.num_fewshot)
+        for key in ("results", "versions", "n-shot", "n-samples", "groups"):
+            merged.raw.setdefault(key, {}).update(res.raw.get(key, {}))
+    if merged is None:
+        raise ValueError("eval.tasks is empty; list tasks such as [spp_zeroshot, spp_mmlu]")
+    if split:
+        merged.limit = eval_cfg.limit
+        merged.raw["mmlu_limit"] = mmlu_limit
+    return merged
+
+
+def zero_shot(
+    model: torch.nn.Module, tokenizer: Any, eval_cfg: Any, data_dir: str | os.PathLike[str] | None = None
+) -> HarnessResult:
+    """``eval.tasks`` on an in-memory model (training's export callback); see :func:`run_eval_tasks`."""
+    return run_eval_tasks(model, tokenizer, eval_cfg, data_dir=data_dir)

@@ -12,7 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from spp.eval.config import EvalConfig
-from spp.eval.harness import evaluate_tasks, task_data_files
+from spp.eval.harness import run_eval_tasks, task_data_files
 from spp.eval.perplexity import C4_SAMPLE, HUB_WIKITEXT2, WIKITEXT2_TEST, check_seqlen, perplexity
 from spp.eval.tables import EvalRecord, log_to_loggers, write_results
 from spp.models.config import ModelConfig
@@ -164,12 +164,9 @@ def run_eval_job(cfg: DictConfig, output_dir: str | Path) -> EvalRecord:
             log.info("%s perplexity %.3f (seqlen %d, %d windows)", source, res.ppl, res.seqlen, res.windows)
     if cfg.eval.tasks:
         start = time.perf_counter()
-        harness = evaluate_tasks(
-            model, tokenizer, tasks=list(cfg.eval.tasks), limit=cfg.eval.limit,
-            batch_size=int(cfg.eval.lm_eval_batch_size), data_dir=cfg.data_dir, online=bool(cfg.eval.online),
-            seed=int(cfg.seed),
-        )
+        harness = run_eval_tasks(model, tokenizer, cfg.eval, data_dir=cfg.data_dir, seed=int(cfg.seed))
         record.tasks = harness.metrics
+        info["mmlu_limit"] = cfg.eval.mmlu_limit if cfg.eval.mmlu_limit is not None else cfg.eval.limit
         info["num_fewshot"] = harness.num_fewshot
         info["task_versions"] = harness.raw.get("versions", {})
         info["timings"]["lm_eval"] = round(time.perf_counter() - start, 2)

@@ -111,6 +111,7 @@ def acc_norm_table(records: Sequence[EvalRecord]) -> str:
 def notes(records: Sequence[EvalRecord]) -> str:
     """The protocol lines printed under the tables (metric per task, limits, shots, perplexity windows)."""
     limits = sorted({str(r.limit) for r in records if r.tasks})
+    mmlu_limits = sorted({str(r.info.get("mmlu_limit")) for r in records if MMLU_GROUP in r.tasks})
     lines = [
         "Zero-shot columns: lm-eval `acc` (%) for all seven tasks (the Wanda/SPP Table 2 convention); "
         "Average = unweighted mean of the seven `acc`. MMLU: 5-shot `acc` (%), subjects aggregated as lm-eval "
@@ -119,7 +120,9 @@ def notes(records: Sequence[EvalRecord]) -> str:
         "wikitext2 = raw test split joined by blank lines; c4 = the local sample of C4 *train* shard 0.",
     ]
     if limits:
-        lines.append(f"lm-eval `limit` (first N documents per task / per MMLU subject): {', '.join(limits)}.")
+        lines.append(f"lm-eval `limit` (first N documents per zero-shot task): {', '.join(limits)}.")
+    if mmlu_limits:
+        lines.append(f"MMLU `limit` (first N test questions per subject, 57 subjects): {', '.join(mmlu_limits)}.")
     if any(t not in r.tasks for r in records if r.tasks for t in ZERO_SHOT_TASKS):
         lines.append("'–' = not evaluated.")
     return "\n".join(f"- {line}" for line in lines)

@@ -55,7 +55,7 @@ def _split(name: str, rows: list[dict[str, Any]]) -> datasets.DatasetDict:
     return datasets.DatasetDict({name: datasets.Dataset.from_list(rows)})
 
 
-BOOL_LABELS: dict[Any, int] = {False: 0, True: 1, "false": 0, "true": 1, 0: 0, 1: 1}
+BOOL_LABELS: dict[Any, int] = {False: 0, True: 1, "false": 0, "true": 1}  # 0 == False and 1 == True as keys
 
 
 def boolq(**kwargs: Any) -> datasets.DatasetDict:
