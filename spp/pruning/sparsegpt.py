@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from spp.pruning.config import SparsityConfig
+from spp.pruning.threads import one_cpu_thread
 
 
 @contextlib.contextmanager
@@ -75,7 +76,7 @@ def sparsegpt_prune(
     """
     if sparsity.kind == "nm" and blocksize % int(sparsity.m):
         raise ValueError(f"pruner.blocksize={blocksize} must be a multiple of sparsity.m={sparsity.m} for N:M")
-    with _no_tf32():
+    with _no_tf32(), one_cpu_thread(weight.device):
         W = weight.detach().clone().float()
         rows, cols = W.shape
         U, dead = inverse_hessian_factor(hessian.to(W.device), percdamp)

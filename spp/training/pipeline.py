@@ -78,6 +78,12 @@ def accumulation(cfg: DictConfig) -> int:
 def _validate(cfg: DictConfig) -> None:
     """Schema-level range checks of every group (each names its config key)."""
     validate_job(cfg)
+    needs_gpu = cfg.strategy.name in ("fsdp", "deepspeed")
+    if needs_gpu and (cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()):
+        raise ValueError(
+            f"strategy={cfg.strategy.name} needs CUDA GPUs (Lightning runs FSDP/DeepSpeed on GPUs only); use "
+            "strategy=ddp (gloo on CPU) or strategy=auto here, or run on a GPU machine with trainer.accelerator=gpu"
+        )
     for group in ("pruner", "sparsity", "calibration", "data"):
         node = OmegaConf.to_object(cfg[group])
         if hasattr(node, "validate"):

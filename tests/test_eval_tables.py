@@ -1,0 +1,61 @@
+"""Table-2-shaped Markdown, results.json round trip through ``spp.eval.collect``, logger metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spp.eval.collect import load_records
+from spp.eval.collect import main as collect_main
+from spp.eval.tables import EvalRecord, log_to_loggers, paper_table, write_results
+
+ACCS = {"spp_boolq": 0.6, "spp_rte": 0.5, "spp_hellaswag": 0.4, "spp_winogrande": 0.55, "spp_arc_easy": 0.7,
+        "spp_arc_challenge": 0.3, "spp_openbookqa": 0.25}
+
+
+def _record(label: str, scale: float = 1.0) -> EvalRecord:
+    tasks = {t: {"acc": a * scale, "n": 20.0} for t, a in ACCS.items()}
+    tasks["spp_hellaswag"]["acc_norm"] = 0.45
+    tasks["spp_mmlu"] = {"acc": 0.31}
+    ppl = {"wikitext2": {"ppl": 12.345, "seqlen": 2048, "windows": 4}}
+    return EvalRecord(label=label, ppl=ppl, tasks=tasks, limit=20, info={"mmlu_limit": 1})
+
+
+def test_paper_table_columns_and_average():
+    table = paper_table([_record("dense"), _record("half", 0.5)])
+    lines = table.splitlines()
+    assert lines[0] == ("| Model | wikitext2 PPL (2048×4) | BoolQ | RTE | HellaSwag | WinoGrande | ARC-e | ARC-c | "
+                        "OBQA | Average | MMLU |")
+    mean = sum(ACCS.values()) / 7
+    accs = "60.00 | 50.00 | 40.00 | 55.00 | 70.00 | 30.00 | 25.00"
+    assert lines[2] == f"| dense | 12.35 | {accs} | {100 * mean:.2f} | 31.00 |"
+    assert lines[3].split(" | ")[-2] == f"{50 * mean:.2f}"
+    partial = EvalRecord(label="p", tasks={"spp_rte": {"acc": 0.5}})
+    assert paper_table([partial]).splitlines()[2] == "| p | – | 50.00 | – | – | – | – | – | – | – |"
+
+
+def test_results_round_trip_and_collect(tmp_path):
+    js, md = write_results(tmp_path / "a", [_record("dense")], meta={"x": 1})
+    write_results(tmp_path / "b", [_record("half", 0.5)])
+    assert json.loads(js.read_text())["records"][0]["zero_shot_mean_acc"] == pytest.approx(sum(ACCS.values()) / 7)
+    assert "acc_norm" in md.read_text() and "MMLU `limit` (first N test questions per subject, 57 subjects): 1" in (
+        md.read_text())
+    records = load_records([js, tmp_path / "b" / "results.json"])
+    assert [r.label for r in records] == ["dense", "half"]
+    out = collect_main(["--out", str(tmp_path / "t.md"), str(js), str(tmp_path / "b" / "results.json")])
+    assert out.read_text().count("| dense |") == 2  # Table-2 row and acc_norm row
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_records([tmp_path / "missing.json"])
+
+
+def test_metrics_reach_the_csv_logger(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    logger = CSVLogger(save_dir=str(tmp_path), name="csv", version="")
+    log_to_loggers([logger], [_record("dense")])
+    text = (tmp_path / "csv" / "metrics.csv").read_text()
+    header, row = text.splitlines()[:2]
+    values = dict(zip(header.split(","), row.split(","), strict=True))
+    assert float(values["eval/ppl/wikitext2"]) == pytest.approx(12.345)
+    assert float(values["eval/acc/zero_shot_mean"]) == pytest.approx(sum(ACCS.values()) / 7)
