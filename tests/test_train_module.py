@@ -68,6 +68,13 @@ def test_cosine_schedule_follows_half_cosine():
     assert opt.param_groups[0]["lr"] == pytest.approx(0.5 * (1 + math.cos(math.pi * 25 / 100)))
 
 
+def test_fit_start_switches_the_eval_mode_model_to_train_mode():
+    module = _module()
+    assert not module.model.training  # load_model returns eval-mode models
+    module.on_fit_start()
+    assert all(m.training for m in module.model.modules())
+
+
 def test_checkpoint_keeps_only_adapter_tensors_and_rejects_foreign_ones():
     module = _module()
     ckpt = {"state_dict": {f"model.{n}": p for n, p in module.model.named_parameters()}}
@@ -120,3 +127,26 @@ def test_wandb_offline_without_key_under_run_dir(tmp_path, monkeypatch):
     tags = run_tags(cfg)
     assert tags["group"] == "tiny-sparsegpt-unstructured50" and "r8" in tags["tags"]
     assert set(tags["tags"]) <= set(wandb_logger._wandb_init["tags"])
+
+
+def test_gradient_checkpointing_switch_gives_the_same_gradients():
+    ids = torch.randint(4, 200, (2, 24))
+    grads = []
+    for ckpt in (False, True):
+        module = _module(gradient_checkpointing=ckpt)
+        module.model.train()
+        assert module.model.is_gradient_checkpointing is ckpt
+        with torch.no_grad():
+            for p in module.parameters():
+                if p.requires_grad:
+                    p.fill_(0.01)
+        module(input_ids=ids, labels=ids).loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for p in module.parameters() if p.requires_grad]))
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_fsdp_on_cpu_fails_early_naming_the_strategy():
+    from spp.training.pipeline import _validate
+
+    with pytest.raises(ValueError, match="strategy=fsdp needs CUDA"):
+        _validate(compose_train(["model=tiny", "strategy=fsdp", "trainer.accelerator=cpu"]))

@@ -15,7 +15,7 @@ from spp.models import load_model
 from spp.pruning import get_or_prune
 from spp.training.pipeline import run_training
 
-STEPS = ["trainer.lr=0.05", "trainer.max_steps=16", "data.max_examples=80", "adapter.dropout=0.0"]
+STEPS = ["trainer.lr=0.05", "trainer.max_steps=16", "data.max_examples=68", "adapter.dropout=0.0"]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,7 @@ def test_loss_falls_and_files_are_written(tiny_run):
     losses = summary["losses"]
     assert losses["optimizer_steps"] == 16
     assert len(losses["train"]) == 16
+    assert len(losses["val"]) == 1 and 4.0 < losses["val"][0] < 6.0  # one epoch = 64 examples / 4 = 16 steps, then validation
     assert losses["train_last"] < losses["train_first"] - 0.05
     run = tmp / "run"
     for rel in ("summary.json", "resolved_config.yaml", "csv/metrics.csv", "adapter/adapter_config.json",
@@ -118,3 +119,24 @@ def test_resume_from_mid_run_checkpoint_matches_uninterrupted(tiny_run, tmp_path
     assert full.keys() == again.keys()
     for key in full:
         torch.testing.assert_close(again[key], full[key], rtol=0, atol=1e-6, msg=key)
+
+
+def test_lora_star_baseline_is_remasked(tiny_run, tmp_path):
+    tmp, _, _ = tiny_run
+    summary = run_training(tiny_job(tmp_path, "adapter=lora", f"cache_dir={tmp / 'cache'}"))
+    assert summary["pruning"]["cache_hit"] is True
+    assert summary["merge"]["pruned_made_nonzero"] > 0  # dense LoRA update touched pruned weights...
+    assert summary["sparsity"]["after"] == summary["sparsity"]["before"] == 0.5  # ...and re-masking removed it
+    h, i, kv, r = 64, 128, 32, 8  # LoRA params per layer: r * (in + out)
+    shapes = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)]
+    assert summary["params"]["trainable"] == 2 * sum(r * (m + n) for m, n in shapes)
+    assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+
+
+def test_adapter_none_exports_the_pruned_model(tiny_run, tmp_path):
+    tmp, _, _ = tiny_run
+    summary = run_training(tiny_job(tmp_path, "adapter=none", f"cache_dir={tmp / 'cache'}"))
+    assert summary["params"]["trainable"] == 0 and summary["losses"]["optimizer_steps"] == 0
+    assert summary["perplexity"]["merged"]["ppl"] == pytest.approx(summary["perplexity"]["pruned"]["ppl"], rel=1e-9)
+    assert summary["sparsity"]["after"] == 0.5
+    assert (tmp_path / "run" / "merged" / "model.safetensors").is_file()

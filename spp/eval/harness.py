@@ -207,7 +207,7 @@ def evaluate_tasks(
     device: str | None = None,
     online: bool = False,
     num_fewshot: int | None = None,
-    seed: int = 0,
+    seed: int | None = None,
     log_samples: bool = False,
 ) -> HarnessResult:
     """Evaluate with lm-eval's ``HFLM`` + ``simple_evaluate`` (0-shot tasks; MMLU 5-shot from its YAML).
@@ -222,7 +222,8 @@ def evaluate_tasks(
         device: Device for a directory model (``cpu``, ``cuda``); an in-memory model stays where it is.
         online: Use lm-eval's standard hub tasks instead of the local copies.
         num_fewshot: Override every task's shots; ``None`` keeps the task defaults (0, MMLU 5).
-        seed: lm-eval's random / numpy / torch / few-shot seeds.
+        seed: Set lm-eval's random / numpy / torch / few-shot seeds to this; ``None`` keeps lm-eval's defaults
+            (0, 1234, 1234, 1234), as its command line does.
         log_samples: Keep lm-eval's per-document records (``raw["samples"]``: prompts, log-likelihoods).
 
     Raises:
@@ -246,6 +247,8 @@ def evaluate_tasks(
         if tokenizer is None:
             raise ValueError("evaluate_tasks: an in-memory model needs its tokenizer (tokenizer=...)")
         lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    seed_keys = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
+    seeds = {} if seed is None else dict.fromkeys(seed_keys, seed)
     was_training = getattr(model, "training", False)
     try:
         out = lm_eval.simple_evaluate(
@@ -255,10 +258,7 @@ def evaluate_tasks(
             limit=limit,
             log_samples=log_samples,
             task_manager=task_manager(data_dir, online),
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-            fewshot_random_seed=seed,
+            **seeds,
         )
     finally:
         if isinstance(model, torch.nn.Module):
@@ -278,7 +278,7 @@ def is_mmlu(task: str) -> bool:
 
 def run_eval_tasks(
     model: torch.nn.Module, tokenizer: Any, eval_cfg: Any, data_dir: str | os.PathLike[str] | None = None,
-    seed: int = 0,
+    seed: int | None = None,
 ) -> HarnessResult:
     """Run ``eval_cfg.tasks`` (the ``eval`` group) on an in-memory model.
 
@@ -290,7 +290,7 @@ def run_eval_tasks(
         tokenizer: Its tokenizer.
         eval_cfg: The ``eval`` group (``tasks``, ``limit``, ``mmlu_limit``, ``lm_eval_batch_size``, ``online``).
         data_dir: Data root override.
-        seed: lm-eval seeds.
+        seed: lm-eval seeds (``None`` = lm-eval's defaults).
     """
     names = resolve_tasks(list(eval_cfg.tasks))
     mmlu_limit = getattr(eval_cfg, "mmlu_limit", None)

@@ -164,7 +164,7 @@ def run_eval_job(cfg: DictConfig, output_dir: str | Path) -> EvalRecord:
             log.info("%s perplexity %.3f (seqlen %d, %d windows)", source, res.ppl, res.seqlen, res.windows)
     if cfg.eval.tasks:
         start = time.perf_counter()
-        harness = run_eval_tasks(model, tokenizer, cfg.eval, data_dir=cfg.data_dir, seed=int(cfg.seed))
+        harness = run_eval_tasks(model, tokenizer, cfg.eval, data_dir=cfg.data_dir)
         record.tasks = harness.metrics
         info["mmlu_limit"] = cfg.eval.mmlu_limit if cfg.eval.mmlu_limit is not None else cfg.eval.limit
         info["num_fewshot"] = harness.num_fewshot

@@ -90,7 +90,9 @@ class TrainerConfig:
         log_every_n_steps: Logging interval in optimiser steps.
         checkpoint_every_n_steps: Adapter-only checkpoint every N optimiser steps (``None`` = each epoch end).
         save_top_k: Adapter checkpoints kept (``-1`` = all); ``last.ckpt`` is always kept.
-        resume_from: Checkpoint to resume (adapter, optimizer, scheduler, loops): a path or ``last``.
+        resume_from: Checkpoint to resume (adapter, optimizer, scheduler, loops, position in the epoch): a
+            ``.ckpt`` path, or ``last`` = ``<run_dir>/checkpoints/last.ckpt`` (pass the interrupted run's
+            ``run_dir=`` too, since every Hydra run gets a new directory).
         progress_bar: ``rich``, ``tqdm`` or ``none``.
         deterministic: Lightning ``deterministic``.
     """

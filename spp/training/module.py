@@ -71,6 +71,7 @@ class SPPModule(L.LightningModule):
         self._injected = False
         self._tick: float | None = None
         self._tokens = 0
+        self._val_sum, self._val_count = 0.0, 0
         self._train_start: float | None = None
         self.train_seconds = 0.0
         self.save_hyperparameters(ignore=["model"])
@@ -86,6 +87,10 @@ class SPPModule(L.LightningModule):
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.config.use_cache = False
         self._injected = True
+
+    def on_fit_start(self) -> None:
+        """Put the wrapped model in train mode (it is loaded in eval mode; adapter dropout needs train mode)."""
+        self.model.train()
 
     def forward(self, **batch: torch.Tensor) -> Any:
         """Run the wrapped causal LM (HF output with ``.loss`` when ``labels`` are given)."""
@@ -115,15 +120,20 @@ class SPPModule(L.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Validation loss, averaged over the epoch and across ranks."""
         loss = self(**batch).loss
-        self.log("val/loss", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True,
-                 batch_size=batch["input_ids"].size(0))
+        size = batch["input_ids"].size(0)
+        self.log("val/loss", loss, on_step=False, on_epoch=True, prog_bar=True, sync_dist=True, batch_size=size)
+        self._val_sum += float(loss.detach()) * size
+        self._val_count += size
         return loss
 
+    def on_validation_epoch_start(self) -> None:
+        """Reset this rank's running validation mean."""
+        self._val_sum, self._val_count = 0.0, 0
+
     def on_validation_epoch_end(self) -> None:
-        """Keep the epoch's validation loss for the summary."""
-        value = self.trainer.callback_metrics.get("val/loss")
-        if value is not None and not self.trainer.sanity_checking:
-            self.val_losses.append(float(value))
+        """Keep the epoch's (this rank's, batch-size weighted) validation loss for the summary."""
+        if self._val_count and not self.trainer.sanity_checking:
+            self.val_losses.append(self._val_sum / self._val_count)
 
     def on_train_end(self) -> None:
         """Stop the training clock (``train_seconds`` excludes pruning, evaluation and export)."""

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Table 4: LoRA* (peft LoRA r=8, alpha 16, merged then re-masked with the Wanda masks) vs SPP at 75 % sparsity.
+# Use: MODEL=llama7b EXTRA="model.path=/data/llama-7b" bash experiments/table4_lora_star/run.sh
+#      nice -n 10 bash experiments/table4_lora_star/run.sh    (SmolLM2-135M, CPU budget)
+TABLE=table4_lora_star
+source "$(dirname "$0")/../common.sh"
+sweep lora_vs_spp pruner=wanda sparsity=unstructured75,nm2_8 adapter=lora,spp "${ZERO_SHOT[@]}"
+collect table4
