@@ -46,12 +46,17 @@ def pruned_base(out_f: int, in_f: int, dtype: torch.dtype, device: torch.device,
 
 
 def bench_shape(out_f: int, in_f: int, tokens: int, dropout: float, repeats: int, warmup: int,
-                dtype: torch.dtype, device: torch.device, progress: Any) -> dict[str, dict[str, Any]]:
+                dtype: torch.dtype, device: torch.device, progress: Any,
+                compile_: bool = False) -> dict[str, dict[str, Any]]:
     """Interleaved fwd+bwd of every variant on one shape; ratios to LoRA."""
     base = pruned_base(out_f, in_f, dtype, device)
     variants = layer_variants(base, dropout)
     for v in variants.values():
         v.to(device=device, dtype=dtype).train()
+    if compile_:
+        variants["lora+compile"] = torch.compile(variants["lora"])
+        variants["spp-fused+compile"] = torch.compile(variants["spp-fused"])
+        warmup += 1
     gen = torch.Generator(device=device).manual_seed(1)
     x = torch.randn(tokens, in_f, generator=gen, device=device, dtype=dtype).requires_grad_(True)
     gy = torch.randn(tokens, out_f, generator=gen, device=device, dtype=dtype)
@@ -84,6 +89,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="out x in, e.g. 4096x11008")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
+    parser.add_argument("--compile", action="store_true", help="add torch.compile'd LoRA and SPP-fused")
     parser.add_argument("--out", default=None, help="JSON file name under experiments/results/")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
@@ -98,7 +104,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for p in args.dropout:
             for shape in args.shapes:
                 out_f, in_f = (int(v) for v in shape.split("x"))
-                res = bench_shape(out_f, in_f, args.tokens, p, args.repeats, args.warmup, dtype, device, progress)
+                res = bench_shape(out_f, in_f, args.tokens, p, args.repeats, args.warmup, dtype, device, progress,
+                                  compile_=args.compile)
                 key = f"{shape}_p{p}"
                 payload["results"][key] = res
                 tables.append(markdown(res, f"{shape} (out x in), {args.tokens} tokens, dropout {p}, {dtype}"))

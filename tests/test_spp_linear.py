@@ -195,3 +195,23 @@ def test_errors_are_clear():
         SPPLinear(lin, r=4, impl="fast")
     with pytest.raises(ValueError, match="dropout=1.5"):
         SPPLinear(lin, r=4, dropout=1.5)
+
+
+@pytest.mark.parametrize("p", [0.0, 0.2])
+def test_fused_under_bf16_autocast_matches_naive(p):
+    """Mixed precision (Lightning's bf16-mixed uses autocast): same dtypes and values as the naive impl."""
+    lin = nn.Linear(64, 96, bias=True)
+    results = {}
+    for impl in ("naive", "fused"):
+        torch.manual_seed(0)
+        layer = SPPLinear(lin, r=8, dropout=p, beta_init="kaiming", impl=impl).train()
+        x = torch.randn(2, 7, 64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        torch.manual_seed(2)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(x)
+        y.float().square().sum().backward()
+        results[impl] = (y, x.grad, layer.spp_alpha.grad, layer.spp_beta.grad)
+    for got, ref in zip(results["fused"], results["naive"]):
+        assert got.dtype == ref.dtype
+        torch.testing.assert_close(got.float(), ref.float(), rtol=0.05, atol=0.02 * float(ref.detach().abs().max()))
+    assert results["fused"][0].dtype == torch.bfloat16 and results["fused"][2].dtype == torch.float32

@@ -58,19 +58,19 @@ def merge_factor(alpha: torch.Tensor, beta: torch.Tensor | None, out_features: i
 
 def _blocked_scale(weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None, scale: float,
                    residual: bool) -> torch.Tensor:
-    """Transient weight for one fused product: ``W ⊙ (1 + s A beta)`` if residual else ``s W ⊙ A ⊙ beta``."""
+    """Transient weight for one fused product: ``W ⊙ (1 + s A beta)`` if residual else ``s W ⊙ A ⊙ beta``.
+
+    Two passes over m x n: the outer products ``s beta_i alpha_j`` per block (one write), then one fused
+    multiply(-add) with ``W`` in place.
+    """
     m, n = weight.shape
     r = alpha.shape[0]
     k = m // r
     b = beta.reshape(r, k, 1) if beta is not None else alpha.new_ones(r, k, 1)
-    a = alpha.reshape(r, 1, n)
+    factor = torch.mul(b * scale, alpha.reshape(r, 1, n)).reshape(m, n)
     if residual:
-        factor = torch.baddbmm(alpha.new_ones(r, k, n), b, a, alpha=scale)
-    else:
-        factor = torch.bmm(b, a)
-        if scale != 1.0:
-            factor.mul_(scale)
-    return factor.reshape(m, n).mul_(weight)
+        return torch.addcmul(weight, weight, factor, out=factor)
+    return factor.mul_(weight)
 
 
 def naive_adapter(x: torch.Tensor, weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None,
@@ -115,24 +115,32 @@ class SPPFusedFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, xd: torch.Tensor | None, weight: torch.Tensor, alpha: torch.Tensor,
                 beta: torch.Tensor | None, bias: torch.Tensor | None, scale: float,
                 residual: bool) -> torch.Tensor:
-        a = alpha.to(weight.dtype)
-        b = beta.to(weight.dtype) if beta is not None else None
-        if xd is None:
-            # One product with the (transient) merged weight W ⊙ (1 + s A beta), or W ⊙ A ⊙ beta.
-            w_eff = _blocked_scale(weight, a, b, scale, residual)
-            y = x @ w_eff.t()
-            del w_eff
-        else:
-            y = x @ weight.t()
-            w_ad = _blocked_scale(weight, a, b, scale, residual=False)
-            y.addmm_(xd, w_ad.t())
-            del w_ad
-        if bias is not None:
-            y.add_(bias)
+        dev = x.device.type
+        # Compute dtype: the autocast dtype when autocast is on (as F.linear would use), else the input's.
+        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        ctx.dtypes = (x.dtype, xd.dtype if xd is not None else None)
+        with torch.autocast(dev, enabled=False):
+            x = x.to(cdt)
+            xd = xd.to(cdt) if xd is not None else None
+            w = weight.to(cdt)
+            a = alpha.to(cdt)
+            b = beta.to(cdt) if beta is not None else None
+            if xd is None:
+                # One product with the (transient) merged weight W ⊙ (1 + s A beta), or W ⊙ A ⊙ beta.
+                w_eff = _blocked_scale(w, a, b, scale, residual)
+                y = x @ w_eff.t()
+                del w_eff
+            else:
+                y = x @ w.t()
+                w_ad = _blocked_scale(w, a, b, scale, residual=False)
+                y.addmm_(xd, w_ad.t())
+                del w_ad
+            if bias is not None:
+                y.add_(bias.to(cdt))
         ctx.scale = scale
         ctx.residual = residual
         ctx.has_xd = xd is not None
-        ctx.has_beta = beta is not None
+        ctx.cdt = cdt
         ctx.save_for_backward(x if xd is None else xd, weight, alpha, beta)
         return y
 
@@ -144,9 +152,11 @@ class SPPFusedFunction(torch.autograd.Function):
         m, n = weight.shape
         r = alpha.shape[0]
         k = m // r
-        g = g.contiguous()
-        a = alpha.to(weight.dtype)
-        b = beta.to(weight.dtype) if beta is not None else None
+        cdt = ctx.cdt
+        g = g.to(cdt).contiguous()
+        weight = weight.to(cdt)
+        a = alpha.to(cdt)
+        b = beta.to(cdt) if beta is not None else None
         gx = gxd = ga = gb = gbias = None
         if ctx.has_xd and need_x:
             gx = g @ weight  # base path: no temporary
@@ -179,13 +189,15 @@ class SPPFusedFunction(torch.autograd.Function):
                         ga_full[jlo:jhi] = p3.sum(dim=1)
                 del p, p3
         if ctx.has_xd:
-            gxd = acc
+            gxd = acc.to(ctx.dtypes[1]) if acc is not None else None
         elif need_x:
             gx = acc
+        if gx is not None:
+            gx = gx.to(ctx.dtypes[0])
         if ga_full is not None:
             ga = ga_full.mul_(scale).to(alpha.dtype)
         if gb_full is not None:
             gb = gb_full.mul_(scale).reshape(beta.shape).to(beta.dtype)
         if need_bias:
-            gbias = g.sum(0)
+            gbias = g.sum(0).to(ctx.saved_tensors[1].dtype)
         return gx, gxd, None, ga, gb, gbias, None, None

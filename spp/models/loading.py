@@ -147,8 +147,18 @@ def load_model(
             hint = " (the hub is unreachable offline: set model.path to a local directory)" if kind == "hub" else ""
             raise FileNotFoundError(f"could not load model.path={cfg.path!r}{hint}: {err}") from err
         model = model.to(torch_dtype)
+        if gguf_file:
+            _drop_gguf_quantizer(model)
     model.eval()
     return model, (load_tokenizer(cfg) if with_tokenizer else None)
+
+
+def _drop_gguf_quantizer(model: Any) -> None:
+    """Forget transformers' GGUF quantizer: the weights are already dequantized to ``torch_dtype`` on load, and
+    with the quantizer attached ``save_pretrained`` refuses to write the (plain) model."""
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
 
 
 def model_identity(cfg: ModelConfig | Mapping[str, Any] | str) -> str:
