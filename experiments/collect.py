@@ -62,6 +62,7 @@ class Run:
     ppl_merged: float | None
     tasks: dict[str, dict[str, float]] = field(default_factory=dict)
     removed_fraction: float | None = None
+    ppl_dense: float | None = None
     trainable: int = 0
     train_last: float | None = None
     steps: int = 0
@@ -113,6 +114,7 @@ def load_run(path: Path) -> Run:
         ppl_merged=_ppl(data["perplexity"].get("merged")),
         tasks=zero_shot.get("metrics") or {},
         removed_fraction=(data.get("merge") or {}).get("removed_fraction"),
+        ppl_dense=_ppl(data["perplexity"].get("dense")),
         trainable=int(params.get("trainable", 0)),
         train_last=losses.get("train_last"),
         steps=int(losses.get("optimizer_steps") or 0),
@@ -342,7 +344,9 @@ def collect(table: str, roots: Iterable[str | Path], title: str | None = None, c
     parts += [
         "Accuracies in %, lm-eval `acc`; Average/LM-eval = mean of the 7 zero-shot tasks (– = not evaluated). "
         "PPL = WikiText-2 test perplexity of the final (merged / re-masked) model. "
-        "Cells are mean ± sample std over the seeds listed.",
+        "Cells are mean ± sample std over the seeds listed."
+        + (" Train loss (last) = mean of the last quarter (at most 10) of the logged per-step training losses; "
+           "PPL pruned = the same model before training." if table == "table6" else ""),
         "",
         "Budgets:",
         *protocol_notes(runs),

@@ -29,8 +29,9 @@ plan = _load("plan")
 
 def sweeps(table: str, model: str) -> list[list[str]]:
     """The override lists ``run.sh`` would pass to ``train.py -m`` (bash expands them; nothing runs)."""
-    env = {**os.environ, "PRINT_SWEEPS": "1", "MODEL": model}
-    env.pop("DRY", None)
+    knobs = ("DRY", "EXTRA", "LOGGERS", "RUNS", "PRUNERS", "SPARSITIES", "SEEDS", "LIMIT", "MMLU_LIMIT")
+    env = {k: v for k, v in os.environ.items() if k not in knobs}
+    env.update(PRINT_SWEEPS="1", MODEL=model)
     proc = subprocess.run(["bash", str(REPO_ROOT / "experiments" / table / "run.sh")], env=env, capture_output=True,
                           text=True, timeout=60, check=True)
     return [line.split("\x1f") for line in proc.stdout.splitlines() if line]

@@ -211,7 +211,7 @@ def test_fused_under_bf16_autocast_matches_naive(p):
             y = layer(x)
         y.float().square().sum().backward()
         results[impl] = (y, x.grad, layer.spp_alpha.grad, layer.spp_beta.grad)
-    for got, ref in zip(results["fused"], results["naive"]):
+    for got, ref in zip(results["fused"], results["naive"], strict=True):
         assert got.dtype == ref.dtype
         torch.testing.assert_close(got.float(), ref.float(), rtol=0.05, atol=0.02 * float(ref.detach().abs().max()))
     assert results["fused"][0].dtype == torch.bfloat16 and results["fused"][2].dtype == torch.float32
