@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 r["tokens_per_s"] = tokens / r["time_s"]
             payload["results"][f"p{p}"] = res
             tables.append(markdown(res, f"{args.model}, {args.batch}x{args.seq} tokens, dropout {p}, {dtype}"))
+            progress.console.print(tables[-1] + "\n")
             del variants, steps
             gc.collect()
     print("\n\n".join(tables))

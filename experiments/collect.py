@@ -320,7 +320,7 @@ def protocol_notes(runs: Sequence[Run]) -> list[str]:
         windows = ev.get("max_windows") or "all"
         tasks = ", ".join(ev.get("tasks") or []) or "none"
         seen[
-            f"{trained}; calibration {cal.get('name')} {cal.get('nsamples')}×{cal.get('seqlen')}; "
+            f"{trained}; calibration {cal.get('source')} {cal.get('nsamples')}×{cal.get('seqlen')}; "
             f"PPL {ev.get('ppl_source')} {windows} windows × {ev.get('seqlen')}; tasks {tasks} "
             f"(limit {ev.get('limit')})"
         ] = None

@@ -72,7 +72,7 @@ def summary(
             "model": {"name": model}, "pruner": pr, "sparsity": SPARSITY[sparsity], "adapter": ad, "seed": seed,
             "data": {"max_examples": 120, "max_length": 128, "train_batch_size": 4},
             "trainer": {"lr": 0.004},
-            "calibration": {"name": "c4", "nsamples": 32, "seqlen": 512},
+            "calibration": {"source": "c4", "nsamples": 32, "seqlen": 512},
             "eval": {"ppl_source": "wikitext2", "seqlen": 512, "max_windows": 4, "tasks": ["spp_zeroshot"],
                      "limit": 20},
         },

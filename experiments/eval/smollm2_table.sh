@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-experiments/results/eval_smollm2_135m}
 CACHE=${SPP_CACHE_DIR:-$HOME/.cache/spp}
 COMMON=(model=smollm2_135m eval=default eval.seqlen=2048 eval.max_windows=4 "eval.tasks=[spp_zeroshot,spp_mmlu]"
-        eval.limit=${LIMIT:-20} eval.mmlu_limit=${MMLU_LIMIT:-1} eval.lm_eval_batch_size=8 calibration=quick "cache_dir=$CACHE" print_config=false)
+        eval.limit=${LIMIT:-20} eval.mmlu_limit=${MMLU_LIMIT:-1} eval.lm_eval_batch_size=${BATCH:-4} calibration=quick "cache_dir=$CACHE" print_config=false)
 python eval.py "${COMMON[@]}" label=dense output_dir="$OUT/dense"
 python eval.py "${COMMON[@]}" pruner=wanda sparsity=nm2_4 "label='Wanda 2:4'" output_dir="$OUT/wanda_nm2_4"
 python eval.py "${COMMON[@]}" pruner=wanda sparsity=unstructured50 "label='Wanda 50%'" output_dir="$OUT/wanda_unstructured50"
