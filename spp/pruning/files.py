@@ -11,6 +11,18 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def publish(tmp: str | Path, path: str | Path, directory: bool = False) -> None:
+    """Give a temporary file or directory the usual permissions (mkstemp makes 0600) and rename it to ``path``."""
+    os.chmod(tmp, (0o777 if directory else 0o666) & ~_umask())
+    os.replace(tmp, path)
+
+
 def write_text_atomic(path: str | Path, text: str) -> Path:
     """Write ``text`` to ``path`` atomically and return the path."""
     path = Path(path)
@@ -19,7 +31,7 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -40,7 +52,7 @@ def write_dir_atomic(path: str | Path, writer: Callable[[Path], None]) -> Path:
         writer(tmp)
         if path.exists():
             shutil.rmtree(path)
-        os.replace(tmp, path)
+        publish(tmp, path, directory=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

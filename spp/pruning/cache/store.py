@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from spp.pruning.files import publish
+
 STATE_FILE = "state.safetensors"
 MANIFEST_FILE = "manifest.json"
 MASK_PREFIX = "mask::"
@@ -45,7 +47,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -79,7 +81,7 @@ def write_entry(
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata={"shapes": json.dumps(shapes)})
-        os.replace(tmp, entry / STATE_FILE)
+        publish(tmp, entry / STATE_FILE)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
