@@ -102,6 +102,24 @@ def test_audit_accepts_trained_spp_and_names_a_revived_weight():
         audit(model, masks, reference, when="checkpoint")
 
 
+def test_audit_counts_filled_kept_zeros_only_when_allowed():
+    module = _module()
+    model = module.model
+    masks = current_masks(model, ADAPTER["targets"])
+    name = "model.layers.0.self_attn.q_proj"
+    weight = model.model.layers[0].self_attn.q_proj.base.weight
+    row, col = (masks[name]).nonzero()[0].tolist()
+    with torch.no_grad():
+        weight[row, col] = 0.0  # a kept weight that is exactly zero (as in quantized checkpoints)
+    reference = zero_patterns(model, set(masks))
+    with torch.no_grad():
+        weight[row, col] = 0.5  # LoRA* fills it; pruned positions stay zero
+    with pytest.raises(SparsityViolation, match="differs from the pruning-time pattern at 1 position"):
+        audit(model, masks, reference, when="merged")
+    report = audit(model, masks, reference, when="merged", kept_zeros_may_change=True)
+    assert report["kept_zeros_changed"] == 1
+
+
 def test_gradient_accumulation_and_precision_resolution():
     cfg = compose_train(["model=tiny", "trainer.global_batch_size=32", "data.train_batch_size=4"])
     assert accumulation(cfg) == 8

@@ -110,7 +110,12 @@ class ExportCallback(L.Callback):
         merged, merge_stats = merge_adapter(model, self.adapter_cfg, self._masks())
         timings["merge"] = round(time.perf_counter() - start, 2)
         out["merge_stats"] = merge_stats
-        out["audit_merged"] = audit(merged, self._masks(), self._reference(), when="merged")
+        # LoRA* may legitimately fill kept weights that happened to be exactly zero (e.g. quantized GGUF weights);
+        # only pruned positions must stay zero. SPP multiplies the weight, so its zeros cannot move at all.
+        out["audit_merged"] = audit(
+            merged, self._masks(), self._reference(), when="merged",
+            kept_zeros_may_change=self.adapter_cfg["name"] == "lora",
+        )
         self.merged_model = merged
         if self.eval_cfg is not None and self.eval_cfg.ppl:
             from spp.eval.perplexity import perplexity
@@ -143,11 +148,9 @@ class ExportCallback(L.Callback):
 
 def _zero_shot(model: nn.Module, tokenizer: Any, eval_cfg: Any, data_dir: str | None) -> dict[str, Any]:
     """Run the lm-eval tasks of ``eval.tasks`` (e.g. ``spp_zeroshot``) through ``spp.eval.harness``."""
-    from spp.eval.harness import evaluate_tasks
+    from spp.eval.harness import run_eval_tasks
 
-    result = evaluate_tasks(
-        model, tokenizer, tasks=list(eval_cfg.tasks), limit=eval_cfg.limit, batch_size=eval_cfg.lm_eval_batch_size,
-        data_dir=data_dir, online=eval_cfg.online,
-    )
-    return {"metrics": result.metrics, "zero_shot_mean": result.zero_shot_mean, "limit": result.limit,
+    result = run_eval_tasks(model, tokenizer, eval_cfg, data_dir)
+    return {"metrics": result.metrics, "zero_shot_mean": result.zero_shot_mean, "mmlu_acc": result.mmlu_acc,
+            "limit": result.limit, "mmlu_limit": getattr(eval_cfg, "mmlu_limit", None),
             "num_fewshot": result.num_fewshot}

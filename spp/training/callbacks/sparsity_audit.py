@@ -68,6 +68,7 @@ def audit(
     masks: dict[str, torch.Tensor],
     reference_zeros: dict[str, torch.Tensor] | None = None,
     when: str = "",
+    kept_zeros_may_change: bool = False,
 ) -> dict[str, Any]:
     """Check that every pruned weight is exactly zero and that the zero pattern equals ``reference_zeros``.
 
@@ -76,14 +77,16 @@ def audit(
         masks: Pruning masks (True = kept) keyed by the original linear names.
         reference_zeros: Zero pattern recorded when training started (``None`` = ``~mask``).
         when: Label for messages (``fit_start``, ``checkpoint@step 20``, ``merged``).
+        kept_zeros_may_change: Count, instead of raising on, kept weights whose zero-ness changed (LoRA*
+            re-masking fills kept weights that were exactly zero before training); pruned weights must still be 0.
 
     Returns:
-        ``{"layers", "zeros", "total", "sparsity"}`` over the audited matrices.
+        ``{"layers", "zeros", "total", "sparsity", "kept_zeros_changed"}`` over the audited matrices.
 
     Raises:
         SparsityViolation: naming the first layer whose zeros differ, and how many entries differ.
     """
-    zeros_total = total = 0
+    zeros_total = total = kept_changed = 0
     seen = set()
     for name, w in effective_weights(model, set(masks)):
         seen.add(name)
@@ -99,7 +102,9 @@ def audit(
             )
         expected = reference_zeros[name] if reference_zeros is not None else ~mask
         moved = int((zero != expected).sum())
-        if moved:
+        if moved and kept_zeros_may_change:
+            kept_changed += moved
+        elif moved:
             raise SparsityViolation(
                 f"[{when}] {name}: the zero pattern differs from the pruning-time pattern at {moved} position(s) "
                 "(stopping the run)"
@@ -109,7 +114,13 @@ def audit(
     missing = sorted(set(masks) - seen)
     if missing:
         raise SparsityViolation(f"[{when}] {len(missing)} pruned layer(s) not found in the model, e.g. {missing[:3]}")
-    return {"layers": len(seen), "zeros": zeros_total, "total": total, "sparsity": zeros_total / max(total, 1)}
+    return {
+        "layers": len(seen),
+        "zeros": zeros_total,
+        "total": total,
+        "sparsity": zeros_total / max(total, 1),
+        "kept_zeros_changed": kept_changed,
+    }
 
 
 class SparsityAuditCallback(L.Callback):
