@@ -243,16 +243,7 @@ def test_data_group_yamls_compose_against_the_schema() -> None:
     assert cfg is not None
 
 
-@pytest.fixture()
-def one_thread():
-    """Run on one intra-op thread: on a busy shared CPU, 2-thread OpenMP spinning makes tiny steps ~30x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_lightning_fit_sees_seed_epoch_permutations(tiny_tok, sample_data_dir: Path, one_thread) -> None:
+def test_lightning_fit_sees_seed_epoch_permutations(tiny_tok, sample_data_dir: Path) -> None:
     """Under ``Trainer.fit`` epoch e visits the training examples in ``randperm(n, seed + e)`` order."""
     import lightning as L
 
