@@ -15,10 +15,10 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from spp.atomic import write_dir_atomic, write_json_atomic, write_text_atomic
 from spp.models import load_model
 from spp.pruning import get_or_prune, prune_model, sparsity_summary
 from spp.pruning.config import PruneJobConfig, register_prune_configs
-from spp.pruning.files import write_dir_atomic, write_json_atomic, write_text_atomic
 
 register_prune_configs()
 

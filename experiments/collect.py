@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spp.atomic import write_text_atomic
 from spp.eval.harness import MMLU_GROUP, zero_shot_mean
-from spp.eval.tables import PAPER_COLUMNS, write_text_atomic
+from spp.eval.tables import PAPER_COLUMNS
 
 TABLE_IDS = ("table2", "table3", "table4", "table5", "table6")
 PRUNER_LABELS = {"none": "None", "wanda": "Wanda", "sparsegpt": "SparseGPT", "magnitude": "Magnitude"}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from spp.atomic import write_file_atomic
 from spp.injection import adapter_state_dict, inject, spp_layers
 from spp.version import __version__
 
@@ -25,19 +25,6 @@ def _layer_kwargs(layer: Any) -> dict[str, Any]:
     return {"r": layer.r, "scale": layer.scale, "dropout": layer.dropout_p, "alpha_init": layer.alpha_init,
             "beta_init": layer.beta_init, "use_beta": layer.use_beta, "impl": layer.impl,
             "residual": layer.residual}
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Call ``write(tmp_path)`` on a temp file beside ``path``, then ``os.replace`` it into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: dict[str, Any] | None = None) -> Path:
@@ -77,9 +64,9 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: d
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in adapter_state_dict(model).items()}
-    _atomic_write(out / WEIGHTS_NAME, lambda p: save_file(tensors, p, metadata={"format": "pt"}))
+    write_file_atomic(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
     text = json.dumps(config, indent=2, sort_keys=True)
-    _atomic_write(out / CONFIG_NAME, lambda p: Path(p).write_text(text + "\n"))
+    write_file_atomic(out / CONFIG_NAME, lambda p: p.write_text(text + "\n"))
     return out
 
 

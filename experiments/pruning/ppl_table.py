@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
+from spp.atomic import write_json_atomic, write_text_atomic
 from spp.eval.perplexity import perplexity
 from spp.models import load_model
 from spp.paths import REPO_ROOT
 from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig, prune_model
-from spp.pruning.files import write_json_atomic, write_text_atomic
 
 U50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)
 U75 = SparsityConfig(name="unstructured75", kind="unstructured", ratio=0.75)

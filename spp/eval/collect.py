@@ -11,7 +11,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from spp.eval.tables import EvalRecord, markdown_report, write_text_atomic
+from spp.atomic import write_text_atomic
+from spp.eval.tables import EvalRecord, markdown_report
 
 RECORD_FIELDS = ("label", "ppl", "tasks", "limit", "info")
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spp.atomic import write_text_atomic
 from spp.eval.harness import MMLU_GROUP, ZERO_SHOT_TASKS, zero_shot_mean
 
 PAPER_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -135,22 +135,6 @@ def markdown_report(records: Sequence[EvalRecord], title: str = "Evaluation") ->
         parts += ["acc_norm (length-normalised accuracy, reported separately):", "", acc_norm_table(records), ""]
     parts += [notes(records), ""]
     return "\n".join(parts)
-
-
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def write_results(

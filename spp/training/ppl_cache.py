@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from spp.training.io import write_json_atomic
+from spp.atomic import write_json_atomic
 
 
 def cache_key(*parts: Any) -> str:

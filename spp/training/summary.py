@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
-from spp.training.io import write_json_atomic, write_text_atomic
+from spp.atomic import write_json_atomic, write_text_atomic
 
 VERSIONED = ("spp", "torch", "lightning", "transformers", "peft", "hydra-core", "lm_eval", "datasets", "wandb")
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from spp.pruning.files import publish
+from spp.atomic import publish
 
 STATE_FILE = "state.safetensors"
 MANIFEST_FILE = "manifest.json"

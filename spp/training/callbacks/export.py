@@ -12,9 +12,9 @@ import lightning as L
 import torch
 from torch import nn
 
+from spp.atomic import write_dir_atomic
 from spp.training.adapters import merge_adapter
 from spp.training.callbacks.sparsity_audit import audit
-from spp.training.io import write_dir_atomic
 from spp.training.ppl_cache import ppl_settings
 
 

@@ -1,0 +1,74 @@
+"""Atomic writes for every file the framework produces: a temporary sibling, then ``os.replace``.
+
+Readers never see a half-written file or folder, and an interrupted write leaves the previous version in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def publish(tmp: str | os.PathLike[str], path: str | os.PathLike[str], directory: bool = False) -> None:
+    """Give a temporary file or folder the usual permissions (mkstemp makes 0600) and rename it to ``path``."""
+    os.chmod(tmp, (0o777 if directory else 0o666) & ~_umask())
+    os.replace(tmp, path)
+
+
+def write_file_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]) -> Path:
+    """Let ``writer(tmp_path)`` write a temporary file beside ``path``, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        writer(Path(tmp))
+        publish(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` atomically and return the path."""
+    return write_file_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+
+
+def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
+    """Write ``data`` as indented JSON atomically (non-JSON values via ``str``)."""
+    return write_text_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_dir_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]) -> Path:
+    """Fill a temporary folder beside ``path`` with ``writer(tmp_dir)`` and move it into place.
+
+    An existing ``path`` is moved aside first and deleted only after the new folder is in place.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        writer(tmp)
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
+            os.replace(path, old / path.name)
+        publish(tmp, path, directory=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
