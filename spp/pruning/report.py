@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from spp.pruning.config import SparsityConfig
-from spp.pruning.patterns import check_nm, zero_count
+from spp.pruning.patterns import sparsity_summary
 
 
 @dataclass
@@ -50,34 +50,18 @@ def build_report(
         extras: Qualified name -> extra fields (seconds, pruner diagnostics).
     """
     extras = extras or {}
-    rows: list[dict[str, Any]] = []
-    zeros_total = numel_total = violations = 0
-    for name, weight in weights.items():
-        zeros = zero_count(weight)
-        row: dict[str, Any] = {
-            "name": name,
-            "shape": list(weight.shape),
-            "zeros": zeros,
-            "numel": weight.numel(),
-            "sparsity": zeros / weight.numel(),
-            "nm_valid": None,
-        }
-        if sparsity.kind == "nm":
-            audit = check_nm(weight, int(sparsity.n), int(sparsity.m))
-            row.update(nm_valid=audit.valid, nm_violations=audit.violations)
-            violations += audit.violations
-        row.update(extras.get(name, {}))
-        rows.append(row)
-        zeros_total += zeros
-        numel_total += weight.numel()
+    is_nm = sparsity.kind == "nm"
+    summary = sparsity_summary(weights, *((int(sparsity.n), int(sparsity.m)) if is_nm else (None, None)))
+    rows = [
+        {"name": name, **layer, "nm_valid": layer.get("nm_valid"), **extras.get(name, {})}
+        for name, layer in summary["layers"].items()
+    ]
+    total = summary["overall"]
     overall: dict[str, Any] = {
-        "layers": len(rows),
-        "zeros": zeros_total,
-        "numel": numel_total,
-        "sparsity": zeros_total / max(numel_total, 1),
+        **{key: total[key] for key in ("layers", "zeros", "numel", "sparsity")},
         "target_ratio": sparsity.target_ratio,
         "pattern": sparsity.name,
-        "nm_valid": (violations == 0) if sparsity.kind == "nm" else None,
-        "nm_violations": violations,
+        "nm_valid": total["nm_valid"] if is_nm else None,
+        "nm_violations": total.get("nm_violations", 0),
     }
     return PruneReport(rows, overall)
