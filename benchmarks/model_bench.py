@@ -72,13 +72,13 @@ def build_variants(base: nn.Module, dropout: float, impls: list[str], compile_: 
     return out
 
 
-def make_step(model: nn.Module, ids: torch.Tensor):
-    """One optimisation step on the fixed batch ``ids`` (labels = inputs)."""
+def make_step(model: nn.Module, batch: dict[str, torch.Tensor]):
+    """One optimisation step on the fixed ``batch`` (``input_ids`` and ``labels``, optionally ``attention_mask``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4) if params else None
 
     def step() -> None:
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = model(**batch).loss
         loss.backward()
         if opt is not None:
             opt.step()
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with Progress() as progress:
         for p in args.dropout:
             variants = build_variants(base, p, args.impls, args.compile)
-            steps = {k: make_step(m, ids) for k, m in variants.items()}
+            steps = {k: make_step(m, {"input_ids": ids, "labels": ids}) for k, m in variants.items()}
             warmup = args.warmup + (1 if args.compile else 0)
             task = progress.add_task(f"step p={p}", total=(warmup + args.repeats) * len(steps))
             res = interleaved(steps, args.repeats, warmup, device, progress=lambda t=task: progress.advance(t))

@@ -157,7 +157,8 @@ def sparsity_label(key: RunKey) -> str:
     return f"Unstructured {100 * key.ratio:g}%"
 
 
-def _sparsity_rank(key: RunKey) -> tuple:
+def sparsity_rank(key: RunKey) -> tuple:
+    """Sort key: dense first, then by ratio, unstructured before N:M of the same ratio."""
     return (key.sparsity_kind != "dense", key.ratio, key.sparsity_kind == "nm", key.n or 0, key.m or 0)
 
 
@@ -208,7 +209,7 @@ def table_zero_shot(groups: dict[RunKey, list[Run]]) -> list[str]:
     """Tables 2/8: per-task zero-shot ``acc`` (%), the 7-task Average, and WikiText-2 perplexity."""
     order = _model_order(groups)
     keys = sorted(groups, key=lambda k: (order[k.model], k.sparsity_kind != "dense", PRUNER_RANK.get(k.pruner, 9),
-                                         _sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9), k.r))
+                                         sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9), k.r))
     head = ["Model", "Method", "Sparsity", *(t for _, t in PAPER_COLUMNS), "Average", "PPL", "Seeds"]
     rows = []
     for k in keys:
@@ -222,7 +223,7 @@ def table_zero_shot(groups: dict[RunKey, list[Run]]) -> list[str]:
 def table_high_sparsity(groups: dict[RunKey, list[Run]]) -> list[str]:
     """Table 3: at 75 % (unstructured75, 2:8): Wanda vs Wanda+DS⊘T vs Wanda+SPP, LM-eval mean and perplexity."""
     order = _model_order(groups)
-    keys = sorted(groups, key=lambda k: (order[k.model], _sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9),
+    keys = sorted(groups, key=lambda k: (order[k.model], sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9),
                                          PRUNER_RANK.get(k.pruner, 9), k.r))
     head = ["Model", "Method", "Sparsity", "LM-eval", "PPL (↓)", "Seeds"]
     rows = [[k.model, method_label(k), sparsity_label(k), cell([_mean(r) for r in groups[k]], 100),
@@ -233,7 +234,7 @@ def table_high_sparsity(groups: dict[RunKey, list[Run]]) -> list[str]:
 def table_lora_star(groups: dict[RunKey, list[Run]]) -> list[str]:
     """Table 4: LoRA* (LoRA merged then re-masked) vs SPP: zero-shot, perplexity, share of the update re-masked."""
     order = _model_order(groups)
-    keys = sorted(groups, key=lambda k: (order[k.model], _sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9),
+    keys = sorted(groups, key=lambda k: (order[k.model], sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9),
                                          PRUNER_RANK.get(k.pruner, 9), k.r))
     head = ["Model", "Method", "Sparsity", "r", *(t for _, t in PAPER_COLUMNS), "Average", "PPL",
             "Trainable", "Update removed by re-mask (%)", "Seeds"]
@@ -254,7 +255,7 @@ def table_mmlu(groups: dict[RunKey, list[Run]]) -> list[str]:
     models = sorted(order, key=order.get)
     rows_keys: dict[tuple, dict[str, list[Run]]] = {}
     for k, g in groups.items():
-        row = (k.sparsity_kind != "dense", PRUNER_RANK.get(k.pruner, 9), _sparsity_rank(k),
+        row = (k.sparsity_kind != "dense", PRUNER_RANK.get(k.pruner, 9), sparsity_rank(k),
                ADAPTER_RANK.get(k.adapter, 9), k.r, method_label(k), sparsity_label(k))
         rows_keys.setdefault(row, {})[k.model] = g
     head = ["Method", "Sparsity", *models]
@@ -280,7 +281,7 @@ def table_ablation(groups: dict[RunKey, list[Run]]) -> list[str]:
     def is_default(k: RunKey) -> bool:
         return all(getattr(k, f) == v for f, v in SPP_DEFAULT.items())
 
-    keys = sorted(groups, key=lambda k: (order[k.model], PRUNER_RANK.get(k.pruner, 9), _sparsity_rank(k),
+    keys = sorted(groups, key=lambda k: (order[k.model], PRUNER_RANK.get(k.pruner, 9), sparsity_rank(k),
                                          ADAPTER_RANK.get(k.adapter, 9), k.r, is_default(k),
                                          _zero_init(k), not k.use_beta))
     head = ["Model", "Method", "Sparsity", "Zero-init", "W_β", "r", "Residual", "LM-eval", "PPL pruned", "PPL",

@@ -168,3 +168,47 @@ def test_fsdp_on_cpu_fails_early_naming_the_strategy():
 
     with pytest.raises(ValueError, match="strategy=fsdp needs CUDA"):
         _validate(compose_train(["model=tiny", "strategy=fsdp", "trainer.accelerator=cpu"]))
+
+
+def test_tokens_per_s_is_unpadded_tokens_over_wall_time_between_batches(monkeypatch):
+    import spp.training.module as module_file
+
+    module = _module()
+    logged: dict[str, float] = {}
+    monkeypatch.setattr(module, "log", lambda name, value, **kw: logged.__setitem__(name, float(value)))
+    clock = iter([10.0, 12.5, 12.5, 13.5, 13.5])  # start, end of batch 1 (+ new tick), end of batch 2 (+ tick)
+    monkeypatch.setattr(module_file.time, "perf_counter", lambda: next(clock))
+    ids = torch.randint(4, 200, (2, 16))
+    mask = torch.ones_like(ids)
+    mask[1, 10:] = 0  # 6 padded positions: 26 real tokens
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+    module.on_train_batch_start(batch, 0)
+    module.training_step(batch, 0)
+    module.on_train_batch_end(None, batch, 0)
+    assert logged["train/tokens_per_s"] == pytest.approx(26 / 2.5)
+    module.on_train_batch_start(batch, 1)  # the clock keeps running from the previous batch's end
+    module.training_step(batch, 1)
+    module.on_train_batch_end(None, batch, 1)
+    assert logged["train/tokens_per_s"] == pytest.approx(26 / 1.0)
+
+
+def test_compiled_training_forward_matches_eager_and_keeps_state_dict_keys():
+    torch.manual_seed(0)
+    eager = _module()
+    torch.manual_seed(0)  # the same kaiming alpha in both
+    compiled = _module(compile_model=True)
+    assert compiled.state_dict().keys() == eager.state_dict().keys()
+    assert not any("_orig_mod" in k for k in compiled.state_dict())
+    ids = torch.randint(4, 200, (2, 12))
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    for m in (eager, compiled):
+        m.model.train()
+        m.log = lambda *a, **k: None
+    losses = [m.training_step(batch, 0) for m in (eager, compiled)]
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
+    for loss in losses:
+        loss.backward()
+    grads = [dict((n, p.grad) for n, p in m.model.named_parameters() if p.requires_grad) for m in (eager, compiled)]
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) == 28
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)

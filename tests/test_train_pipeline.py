@@ -122,9 +122,46 @@ def test_resume_from_mid_run_checkpoint_matches_uninterrupted(tiny_run, tmp_path
         torch.testing.assert_close(again[key], full[key], rtol=0, atol=1e-6, msg=key)
 
 
-def test_lora_star_baseline_is_remasked(tiny_run, tmp_path):
+def _offline_wandb(monkeypatch, tmp_path) -> tuple[list[str], dict]:
+    """W&B offline with its config / cache under ``tmp_path``; the logger overrides of a table sweep.
+
+    Returns the overrides and a dict that receives the W&B run's group, tags and summary just before the
+    pipeline finishes the run (wandb 0.31 offline runs keep these only inside the binary ``.wandb`` file).
+    """
+    import wandb
+
+    import spp.training.pipeline as pipeline
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    seen: dict = {}
+    finish = pipeline.finish_wandb
+
+    def capture_then_finish() -> None:
+        if wandb.run is not None:
+            seen.update(group=wandb.run.group, tags=set(wandb.run.tags), summary=dict(wandb.run.summary))
+        finish()
+
+    monkeypatch.setattr(pipeline, "finish_wandb", capture_then_finish)
+    overrides = ["logger=[csv,wandb]", "logger.wandb.group=table4_lora_star", "logger.wandb.tags=[table4_lora_star]"]
+    return overrides, seen
+
+
+def _final_row(run_dir) -> dict[str, float]:
+    """The row of ``csv/metrics.csv`` holding the ``final/...`` metrics."""
+    import csv
+
+    with open(run_dir / "csv" / "metrics.csv") as fh:
+        rows = [r for r in csv.DictReader(fh) if r.get("final/ppl_merged")]
+    assert len(rows) == 1
+    return {k: float(v) for k, v in rows[0].items() if k.startswith("final/") and v}
+
+
+def test_lora_star_baseline_is_remasked(tiny_run, tmp_path, monkeypatch):
     tmp, _, _ = tiny_run
-    summary = run_training(tiny_job(tmp_path, "adapter=lora", f"cache_dir={tmp / 'cache'}"))
+    loggers, seen = _offline_wandb(monkeypatch, tmp_path)
+    summary = run_training(tiny_job(tmp_path, "adapter=lora", f"cache_dir={tmp / 'cache'}", *loggers))
     assert summary["pruning"]["cache_hit"] is True
     assert summary["merge"]["pruned_made_nonzero"] > 0  # dense LoRA update touched pruned weights...
     assert summary["sparsity"]["after"] == summary["sparsity"]["before"] == 0.5  # ...and re-masking removed it
@@ -132,12 +169,32 @@ def test_lora_star_baseline_is_remasked(tiny_run, tmp_path):
     shapes = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)]
     assert summary["params"]["trainable"] == 2 * sum(r * (m + n) for m, n in shapes)
     assert (tmp_path / "run" / "adapter" / "adapter_config.json").is_file()
+    # the sweep's W&B group / tags are the summary's, and the end results reach CSV and the W&B run summary
+    assert summary["run"]["group"] == "table4_lora_star"
+    assert {"table4_lora_star", "lora", "r8"} <= set(summary["run"]["tags"])
+    removed = summary["merge"]["removed_fraction"]
+    assert 0 < removed < 1
+    final = _final_row(tmp_path / "run")
+    assert final["final/remask_removed_fraction"] == pytest.approx(removed)
+    assert final["final/ppl_merged"] == pytest.approx(summary["perplexity"]["merged"]["ppl"])
+    assert final["final/ppl_pruned"] == pytest.approx(summary["perplexity"]["pruned"]["ppl"])
+    assert final["final/sparsity_after"] == 0.5
+    assert seen["group"] == "table4_lora_star" and set(summary["run"]["tags"]) == seen["tags"]
+    assert seen["summary"]["final/remask_removed_fraction"] == pytest.approx(removed)
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))  # what `wandb sync` uploads
 
 
-def test_adapter_none_exports_the_pruned_model(tiny_run, tmp_path):
+def test_adapter_none_exports_the_pruned_model(tiny_run, tmp_path, monkeypatch):
     tmp, _, _ = tiny_run
-    summary = run_training(tiny_job(tmp_path, "adapter=none", f"cache_dir={tmp / 'cache'}"))
+    loggers, seen = _offline_wandb(monkeypatch, tmp_path)
+    summary = run_training(tiny_job(tmp_path, "adapter=none", f"cache_dir={tmp / 'cache'}", *loggers))
     assert summary["params"]["trainable"] == 0 and summary["losses"]["optimizer_steps"] == 0
     assert summary["perplexity"]["merged"]["ppl"] == pytest.approx(summary["perplexity"]["pruned"]["ppl"], rel=1e-9)
     assert summary["sparsity"]["after"] == 0.5
     assert (tmp_path / "run" / "merged" / "model.safetensors").is_file()
+    # no training loop, yet the pruned-only row is a W&B run of the table's group with its perplexity
+    assert summary["run"]["group"] == "table4_lora_star"
+    assert seen["group"] == "table4_lora_star" and "none" in seen["tags"]
+    on_wandb = seen["summary"]
+    assert on_wandb["final/ppl_merged"] == pytest.approx(summary["perplexity"]["merged"]["ppl"])
+    assert "final/remask_removed_fraction" not in on_wandb

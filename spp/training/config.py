@@ -84,6 +84,7 @@ class TrainerConfig:
         accumulate_grad_batches: Micro-batches per optimiser step when ``global_batch_size`` is ``None``.
         gradient_clip_val: Gradient-norm clip (``None`` = off).
         gradient_checkpointing: Recompute decoder activations in backward (HF gradient checkpointing).
+        compile: Train through ``torch.compile`` (off by default; measured effect in ``benchmarks/README.md``).
         val_check_interval: Lightning ``val_check_interval`` (float = share of an epoch, int = batches).
         limit_val_batches: Lightning ``limit_val_batches``.
         num_sanity_val_steps: Lightning ``num_sanity_val_steps``.
@@ -112,6 +113,7 @@ class TrainerConfig:
     accumulate_grad_batches: int = 1
     gradient_clip_val: float | None = None
     gradient_checkpointing: bool = False
+    compile: bool = False
     val_check_interval: Any = 1.0
     limit_val_batches: Any = 1.0
     num_sanity_val_steps: int = 0

@@ -23,11 +23,66 @@ def wandb_has_api_key() -> bool:
 
 
 def run_tags(cfg: Any) -> dict[str, Any]:
-    """Name, group and tags of a run from model / pruner / sparsity / adapter / r."""
+    """Name, group and tags of a run from model / pruner / sparsity / adapter / r.
+
+    A chosen W&B logger's ``logger.wandb.name`` / ``group`` / ``tags`` override or extend these, so
+    ``summary.json`` names the run exactly as the dashboard does.
+    """
     base = f"{cfg.model.name}-{cfg.pruner.name}-{cfg.sparsity.name}"
     adapter = cfg.adapter.name if cfg.adapter.name == "none" else f"{cfg.adapter.name}-r{cfg.adapter.r}"
     tags = [cfg.model.name, cfg.pruner.name, cfg.sparsity.name, cfg.adapter.name, f"r{cfg.adapter.r}"]
-    return {"name": f"{base}-{adapter}", "group": base, "tags": tags}
+    ids = {"name": f"{base}-{adapter}", "group": base, "tags": tags}
+    wb = cfg.logger.get("wandb") if "logger" in cfg else None
+    if wb is not None:
+        ids["name"] = wb.get("name") or ids["name"]
+        ids["group"] = wb.get("group") or ids["group"]
+        ids["tags"] = list(dict.fromkeys([*tags, *(wb.get("tags") or [])]))
+    return ids
+
+
+def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The job's end results as flat ``final/...`` scalars for the loggers (W&B charts and run summary, CSV).
+
+    Perplexities (dense, pruned, merged), each zero-shot task's metrics and their mean, MMLU accuracy, sparsity
+    before / after the merge, trainable parameters, and for LoRA* the share of the update re-masking removed.
+    """
+    out: dict[str, float] = {}
+    for stage, entry in (summary.get("perplexity") or {}).items():
+        if entry:
+            out[f"final/ppl_{stage}"] = float(entry["ppl"])
+    zero_shot = summary.get("zero_shot") or {}
+    for task, metrics in (zero_shot.get("metrics") or {}).items():
+        for name, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"final/{task}/{name}"] = float(value)
+    for key in ("zero_shot_mean", "mmlu_acc"):
+        if zero_shot.get(key) is not None:
+            out[f"final/{key}"] = float(zero_shot[key])
+    sparsity = summary.get("sparsity") or {}
+    for key in ("before", "after"):
+        if sparsity.get(key) is not None:
+            out[f"final/sparsity_{key}"] = float(sparsity[key])
+    if (summary.get("params") or {}).get("trainable") is not None:
+        out["final/trainable_params"] = float(summary["params"]["trainable"])
+    if (summary.get("merge") or {}).get("removed_fraction") is not None:
+        out["final/remask_removed_fraction"] = float(summary["merge"]["removed_fraction"])
+    return out
+
+
+def log_final_metrics(loggers: list[Logger], summary: dict[str, Any], step: int) -> dict[str, float]:
+    """Log :func:`final_metrics` to every logger at ``step`` and flush them; returns what was logged.
+
+    For ``adapter=none`` (no training loop) this is what creates the W&B run, so the pruned-only rows of a
+    sweep appear on the dashboard beside the trained ones.
+    """
+    metrics = final_metrics(summary)
+    for logger in loggers:
+        if metrics:
+            logger.log_metrics(metrics, step=step)
+        if isinstance(logger, WandbLogger):
+            logger.experiment.summary.update(metrics)
+        logger.save()
+    return metrics
 
 
 def build_loggers(cfg: Any, run_dir: str | Path) -> list[Logger]:
@@ -62,14 +117,13 @@ def build_loggers(cfg: Any, run_dir: str | Path) -> list[Logger]:
         if mode == "auto":
             mode = os.environ.get("WANDB_MODE") or ("online" if wandb_has_api_key() else "offline")
         ids = run_tags(cfg)
-        tags = list(dict.fromkeys([*ids["tags"], *wb.tags]))
         loggers.append(
             WandbLogger(
                 project=wb.project,
                 entity=wb.entity,
-                name=wb.name or ids["name"],
-                group=wb.group or ids["group"],
-                tags=tags,
+                name=ids["name"],
+                group=ids["group"],
+                tags=ids["tags"],
                 save_dir=str(run_dir),
                 mode=mode,
                 log_model=wb.log_model,

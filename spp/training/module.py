@@ -42,6 +42,8 @@ class SPPModule(L.LightningModule):
         warmup_ratio: Share of the optimisation steps spent warming up linearly (authors: 0.03).
         scheduler: ``linear``, ``cosine`` or ``constant`` after warm-up.
         gradient_checkpointing: Enable HF gradient checkpointing of the decoder layers.
+        compile_model: Run the training forward through ``torch.compile`` (validation, merge and export use
+            the plain module). Off by default: see ``benchmarks/README.md`` for its measured effect.
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class SPPModule(L.LightningModule):
         warmup_ratio: float = 0.03,
         scheduler: str = "linear",
         gradient_checkpointing: bool = False,
+        compile_model: bool = False,
     ) -> None:
         super().__init__()
         if scheduler not in SCHEDULE_FNS:
@@ -63,6 +66,8 @@ class SPPModule(L.LightningModule):
         self.lr, self.weight_decay, self.betas = float(lr), float(weight_decay), tuple(betas)
         self.warmup_ratio, self.scheduler_name = float(warmup_ratio), scheduler
         self.gradient_checkpointing = gradient_checkpointing
+        self.compile_model = compile_model
+        self._compiled: list[Any] = []  # a list, so nn.Module does not register the compiled view as a child
         self.strict_loading = False
         self.trainable_names: list[str] = []
         self.param_counts: dict[str, int] = {}
@@ -86,6 +91,9 @@ class SPPModule(L.LightningModule):
         if self.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.config.use_cache = False
+        if self.compile_model:
+            # a compiled view of the same module, kept out of the module tree so state_dict keys do not change
+            self._compiled.append(torch.compile(self.model))
         self._injected = True
 
     def on_fit_start(self) -> None:
@@ -99,7 +107,8 @@ class SPPModule(L.LightningModule):
     # ----------------------------------------------------------------- steps
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Causal-LM loss on one micro-batch (labels -100 are ignored)."""
-        loss = self(**batch).loss
+        run = self._compiled[0] if self._compiled else self.model
+        loss = run(**batch, use_cache=False).loss
         self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch["input_ids"].size(0))
         self._tokens += int(batch["attention_mask"].sum())
         self.train_losses.append(float(loss.detach()))

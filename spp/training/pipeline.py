@@ -18,7 +18,7 @@ from spp.training.callbacks.export import ExportCallback
 from spp.training.callbacks.pruning import PruningCallback
 from spp.training.callbacks.sparsity_audit import SparsityAuditCallback
 from spp.training.config import validate_job
-from spp.training.loggers import build_loggers, finish_wandb, run_tags
+from spp.training.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags
 from spp.training.module import SPPModule
 from spp.training.resumable import ResumableLoader, ResumeLoaderCallback, trainer_position
 from spp.training.strategies import build_strategy, is_sharded
@@ -150,6 +150,7 @@ def run_training(cfg: DictConfig, extra_callbacks: list[Callback] | None = None)
         warmup_ratio=tcfg.warmup_ratio,
         scheduler=tcfg.scheduler,
         gradient_checkpointing=tcfg.gradient_checkpointing,
+        compile_model=tcfg.compile,
     )
     strategy = build_strategy(cfg.strategy, cfg.model.decoder_layer_cls, tcfg.accelerator)
     pruning = PruningCallback(
@@ -204,16 +205,17 @@ def run_training(cfg: DictConfig, extra_callbacks: list[Callback] | None = None)
         else:
             resume = resolve_resume(tcfg.resume_from, Path(checkpoint.dirpath))
             trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+        timings["fit_call"] = round(time.perf_counter() - start, 2)
+        if not trainer.is_global_zero:
+            return {"run_dir": str(run_dir)}
+        timings["train"] = round(module.train_seconds, 2)
+        timings.update({f"pruning_{k}": v for k, v in pruning.seconds.items()})
+        timings.update({f"export_{k}": v for k, v in exporter.results.get("timings", {}).items()})
+        timings["total"] = round(time.perf_counter() - t0, 2)
+        summary = build_summary(cfg, run_dir, module, datamodule, pruning, auditor, exporter, trainer, timings)
+        log_final_metrics(loggers, summary, step=trainer.global_step)
     finally:
         finish_wandb()
-    timings["fit_call"] = round(time.perf_counter() - start, 2)
-    if not trainer.is_global_zero:
-        return {"run_dir": str(run_dir)}
-    timings["train"] = round(module.train_seconds, 2)
-    timings.update({f"pruning_{k}": v for k, v in pruning.seconds.items()})
-    timings.update({f"export_{k}": v for k, v in exporter.results.get("timings", {}).items()})
-    timings["total"] = round(time.perf_counter() - t0, 2)
-    summary = build_summary(cfg, run_dir, module, datamodule, pruning, auditor, exporter, trainer, timings)
     write_summary(run_dir, summary)
     print_results(summary)
     return summary
