@@ -50,6 +50,7 @@ class RunKey:
     alpha_init: str
     beta_init: str
     residual: bool
+    lr: float = 0.0
 
 
 @dataclass
@@ -103,6 +104,7 @@ def load_run(path: Path) -> Run:
         alpha_init=ad.get("alpha_init", "kaiming") if ad["name"] == "spp" else "kaiming",
         beta_init=ad.get("beta_init", "zeros") if ad["name"] == "spp" else "zeros",
         residual=bool(ad.get("residual", True)) if ad["name"] == "spp" else True,
+        lr=float(cfg.get("trainer", {}).get("lr", 0.0)) if ad["name"] != "none" else 0.0,
     )
     zero_shot = data.get("zero_shot") or {}
     losses = data.get("losses") or {}
@@ -235,17 +237,19 @@ def table_lora_star(groups: dict[RunKey, list[Run]]) -> list[str]:
     """Table 4: LoRA* (LoRA merged then re-masked) vs SPP: zero-shot, perplexity, share of the update re-masked."""
     order = _model_order(groups)
     keys = sorted(groups, key=lambda k: (order[k.model], sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9),
-                                         PRUNER_RANK.get(k.pruner, 9), k.r))
-    head = ["Model", "Method", "Sparsity", "r", *(t for _, t in PAPER_COLUMNS), "Average", "PPL",
-            "Trainable", "Update removed by re-mask (%)", "Seeds"]
+                                         PRUNER_RANK.get(k.pruner, 9), k.r, -k.lr))
+    head = ["Model", "Method", "Sparsity", "r", "lr", *(t for _, t in PAPER_COLUMNS), "Average", "PPL",
+            "Train loss (last)", "Trainable", "Update removed by re-mask (%)", "Seeds"]
     rows = []
     for k in keys:
         g = groups[k]
+        trained = k.adapter != "none"
         accs = [cell([_acc(r, task) for r in g], 100) for task, _ in PAPER_COLUMNS]
         removed = cell([r.removed_fraction for r in g], 100) if k.adapter == "lora" else "0 (by construction)"
-        rows.append([k.model, method_label(k), sparsity_label(k), str(k.r) if k.adapter != "none" else "–", *accs,
-                     cell([_mean(r) for r in g], 100), cell([r.ppl_merged for r in g]), f"{g[0].trainable:,}",
-                     removed, _seeds(g)])
+        rows.append([k.model, method_label(k), sparsity_label(k), str(k.r) if trained else "–",
+                     f"{k.lr:g}" if trained else "–", *accs, cell([_mean(r) for r in g], 100),
+                     cell([r.ppl_merged for r in g]), cell([r.train_last for r in g], digits=3) if trained else "–",
+                     f"{g[0].trainable:,}", removed, _seeds(g)])
     return _md(head, rows, 3)
 
 

@@ -51,6 +51,7 @@ def summary(
     total: int = 1000,
     trainable: int = 10,
     train_last: float | None = 2.5,
+    lr: float = 0.004,
     **adapter_fields: Any,
 ) -> dict[str, Any]:
     """A ``summary.json`` with only the fields ``collect.py`` reads (same layout as ``train.py`` writes)."""
@@ -71,7 +72,7 @@ def summary(
         "config": {
             "model": {"name": model}, "pruner": pr, "sparsity": SPARSITY[sparsity], "adapter": ad, "seed": seed,
             "data": {"max_examples": 120, "max_length": 128, "train_batch_size": 4},
-            "trainer": {"lr": 0.004},
+            "trainer": {"lr": lr},
             "calibration": {"source": "c4", "nsamples": 32, "seqlen": 512},
             "eval": {"ppl_source": "wikitext2", "seqlen": 512, "max_windows": 4, "tasks": ["spp_zeroshot"],
                      "limit": 20},
@@ -139,15 +140,18 @@ def test_table3_groups_by_sparsity_then_method(tmp_path):
 
 def test_table4_reports_share_of_lora_update_removed(tmp_path):
     runs = [
-        summary(sparsity="unstructured75", adapter="spp", ppl=60.0, trainable=1234),
-        summary(sparsity="unstructured75", adapter="lora", r=8, ppl=70.0, removed=0.7512, trainable=56789),
+        summary(sparsity="unstructured75", adapter="spp", ppl=60.0, trainable=1234, lr=0.02),
+        summary(sparsity="unstructured75", adapter="lora", r=8, ppl=70.0, removed=0.7512, trainable=56789, lr=0.02,
+                train_last=8.5),
+        summary(sparsity="unstructured75", adapter="lora", r=8, ppl=65.0, removed=0.75, trainable=56789, lr=0.002),
     ]
     lines = table_lines(collect.collect("table4", [write_runs(tmp_path, runs)]))
-    assert lines[0].endswith("| Average | PPL | Trainable | Update removed by re-mask (%) | Seeds |")
+    assert lines[0].endswith("| Average | PPL | Train loss (last) | Trainable | Update removed by re-mask (%) | Seeds |")
     dash = " | ".join(["–"] * 8)
-    assert lines[2:] == [
-        f"| m | Wanda+LoRA* | Unstructured 75% | 8 | {dash} | 70.00 | 56,789 | 75.12 | 0 |",
-        f"| m | Wanda+SPP | Unstructured 75% | 16 | {dash} | 60.00 | 1,234 | 0 (by construction) | 0 |",
+    assert lines[2:] == [  # a LoRA* learning rate is its own row, not a second seed of the other
+        f"| m | Wanda+LoRA* | Unstructured 75% | 8 | 0.02 | {dash} | 70.00 | 8.500 | 56,789 | 75.12 | 0 |",
+        f"| m | Wanda+LoRA* | Unstructured 75% | 8 | 0.002 | {dash} | 65.00 | 2.500 | 56,789 | 75.00 | 0 |",
+        f"| m | Wanda+SPP | Unstructured 75% | 16 | 0.02 | {dash} | 60.00 | 2.500 | 1,234 | 0 (by construction) | 0 |",
     ]
 
 

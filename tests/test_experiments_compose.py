@@ -65,8 +65,11 @@ def test_table_specific_settings_on_the_cpu_model():
     t3 = Counter((c.pruner.name, c.sparsity.name, c.adapter.name) for c in jobs("table3_75pct", "smollm2_135m"))
     assert t3 == Counter({(p, s, a): 1 for s in ("unstructured75", "nm2_8")
                           for p, a in (("wanda", "none"), ("dsnot", "none"), ("wanda", "spp"))})
-    t4 = sorted((c.adapter.name, c.adapter.r, c.adapter.lora_alpha) for c in jobs("table4_lora_star", "smollm2_135m"))
-    assert t4 == [("lora", 8, 16.0), ("lora", 8, 16.0), ("spp", 16, 16.0), ("spp", 16, 16.0)]
+    t4 = Counter((c.adapter.name, c.adapter.r, c.adapter.lora_alpha, c.trainer.lr)
+                 for c in jobs("table4_lora_star", "smollm2_135m"))
+    # LoRA* at the budget's lr (as SPP) and at its own lower lrs, each at unstructured 75 % and 2:8
+    assert t4 == Counter({("lora", 8, 16.0, 2e-2): 2, ("spp", 16, 16.0, 2e-2): 2, ("lora", 8, 16.0, 2e-3): 2,
+                          ("lora", 8, 16.0, 5e-3): 2})
     t6 = jobs("table6_ablations", "smollm2_135m")
     assert sorted(_settings(c)[2:] for c in t6) == sorted([
         ("none", 16, True, "kaiming", "zeros", True),
