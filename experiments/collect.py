@@ -324,11 +324,17 @@ def protocol_notes(runs: Sequence[Run]) -> list[str]:
             f"batch {data.get('train_batch_size')}, {run.steps} optimizer steps, lr {c.get('trainer', {}).get('lr')}"
         )
         windows = ev.get("max_windows") or "all"
-        tasks = ", ".join(ev.get("tasks") or []) or "none"
+        names = list(ev.get("tasks") or [])
+        limits = []
+        if any(t != "spp_mmlu" for t in names):
+            limits.append(f"limit {ev.get('limit')} per task")
+        if "spp_mmlu" in names:
+            mmlu_limit = ev.get("mmlu_limit") if ev.get("mmlu_limit") is not None else ev.get("limit")
+            limits.append(f"5-shot, limit {mmlu_limit} per subject")
+        tasks = f"{', '.join(names)} ({'; '.join(limits)})" if names else "none"
         seen[
             f"{trained}; calibration {cal.get('source')} {cal.get('nsamples')}×{cal.get('seqlen')}; "
-            f"PPL {ev.get('ppl_source')} {windows} windows × {ev.get('seqlen')}; tasks {tasks} "
-            f"(limit {ev.get('limit')})"
+            f"PPL {ev.get('ppl_source')} {windows} windows × {ev.get('seqlen')}; tasks {tasks}"
         ] = None
     return [f"- {line}" for line in seen]
 

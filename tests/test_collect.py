@@ -146,7 +146,8 @@ def test_table4_reports_share_of_lora_update_removed(tmp_path):
         summary(sparsity="unstructured75", adapter="lora", r=8, ppl=65.0, removed=0.75, trainable=56789, lr=0.002),
     ]
     lines = table_lines(collect.collect("table4", [write_runs(tmp_path, runs)]))
-    assert lines[0].endswith("| Average | PPL | Train loss (last) | Trainable | Update removed by re-mask (%) | Seeds |")
+    tail = "| Average | PPL | Train loss (last) | Trainable | Update removed by re-mask (%) | Seeds |"
+    assert lines[0].endswith(tail)
     dash = " | ".join(["–"] * 8)
     assert lines[2:] == [  # a LoRA* learning rate is its own row, not a second seed of the other
         f"| m | Wanda+LoRA* | Unstructured 75% | 8 | 0.02 | {dash} | 70.00 | 8.500 | 56,789 | 75.12 | 0 |",
