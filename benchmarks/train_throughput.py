@@ -84,13 +84,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from hydra import compose, initialize_config_dir
-
     import spp
+    from experiments.plan import compose_job
     from spp.models import load_model
-    from spp.paths import CONF_DIR
     from spp.pruning import get_or_prune
-    from spp.training.config import register_configs
     from spp.training.pipeline import run_training
 
     overrides = [
@@ -103,9 +100,7 @@ def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "export.merged=false", "export.adapter=false", "print_config=false",
         f"run_dir={work / 'run'}", f"cache_dir={work / 'cache'}",
     ]
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
+    cfg = compose_job(overrides)  # typed and range-checked before any weight is loaded
     recorder = BatchRecorder()
     summary = run_training(cfg, extra_callbacks=[recorder])
     logged_by_step = logged_tokens_per_s(work / "run" / "csv" / "metrics.csv")

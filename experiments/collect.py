@@ -159,6 +159,11 @@ def sparsity_label(key: RunKey) -> str:
     return f"Unstructured {100 * key.ratio:g}%"
 
 
+def is_spp_default(key: RunKey) -> bool:
+    """Whether the run's SPP settings (β, initialisation, residual) are the paper's defaults (any r, any lr)."""
+    return all(getattr(key, f) == v for f, v in SPP_DEFAULT.items())
+
+
 def sparsity_rank(key: RunKey) -> tuple:
     """Sort key: dense first, then by ratio, unstructured before N:M of the same ratio."""
     return (key.sparsity_kind != "dense", key.ratio, key.sparsity_kind == "nm", key.n or 0, key.m or 0)
@@ -282,11 +287,8 @@ def table_ablation(groups: dict[RunKey, list[Run]]) -> list[str]:
     """Tables 6/7: r, with/without beta, zero-init of alpha / beta / neither, residual form; LM-eval and PPL."""
     order = _model_order(groups)
 
-    def is_default(k: RunKey) -> bool:
-        return all(getattr(k, f) == v for f, v in SPP_DEFAULT.items())
-
     keys = sorted(groups, key=lambda k: (order[k.model], PRUNER_RANK.get(k.pruner, 9), sparsity_rank(k),
-                                         ADAPTER_RANK.get(k.adapter, 9), k.r, is_default(k),
+                                         ADAPTER_RANK.get(k.adapter, 9), k.r, is_spp_default(k),
                                          _zero_init(k), not k.use_beta))
     head = ["Model", "Method", "Sparsity", "Zero-init", "W_β", "r", "Residual", "LM-eval", "PPL pruned", "PPL",
             "Train loss (last)", "Trainable", "Seeds"]

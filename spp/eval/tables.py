@@ -62,14 +62,21 @@ class EvalRecord:
     def flat_metrics(self) -> dict[str, float]:
         """``{"ppl/wikitext2": .., "acc/spp_boolq": .., "acc_norm/..": .., "acc/zero_shot_mean": ..}`` for loggers."""
         out: dict[str, float] = {f"ppl/{src}": float(r["ppl"]) for src, r in self.ppl.items()}
-        for task, metrics in self.tasks.items():
-            for name in ("acc", "acc_norm"):
-                if name in metrics:
-                    out[f"{name}/{task}"] = float(metrics[name])
-        mean = zero_shot_mean(self.tasks)
-        if mean is not None:
-            out["acc/zero_shot_mean"] = mean
+        out.update(task_metrics(self.tasks))
         return out
+
+
+def task_metrics(tasks: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Logger keys of lm-eval results: ``acc/<task>``, ``acc_norm/<task>`` and ``acc/zero_shot_mean`` (7 tasks)."""
+    out: dict[str, float] = {}
+    for task, metrics in tasks.items():
+        for name in ("acc", "acc_norm"):
+            if name in metrics:
+                out[f"{name}/{task}"] = float(metrics[name])
+    mean = zero_shot_mean(tasks)
+    if mean is not None:
+        out["acc/zero_shot_mean"] = mean
+    return out
 
 
 def _pct(value: float | None) -> str:

@@ -43,21 +43,18 @@ def run_tags(cfg: Any) -> dict[str, Any]:
 def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """The job's end results as flat ``final/...`` scalars for the loggers (W&B charts and run summary, CSV).
 
-    Perplexities (dense, pruned, merged), each zero-shot task's metrics and their mean, MMLU accuracy, sparsity
-    before / after the merge, trainable parameters, and for LoRA* the share of the update re-masking removed.
+    Perplexities (dense, pruned, merged); ``acc`` / ``acc_norm`` per lm-eval task (MMLU included) and the 7-task
+    mean, named as ``eval.py`` logs them (:func:`spp.eval.tables.task_metrics`); sparsity before / after the
+    merge; trainable parameters; and for LoRA* the share of the update re-masking removed.
     """
     out: dict[str, float] = {}
     for stage, entry in (summary.get("perplexity") or {}).items():
         if entry:
             out[f"final/ppl_{stage}"] = float(entry["ppl"])
-    zero_shot = summary.get("zero_shot") or {}
-    for task, metrics in (zero_shot.get("metrics") or {}).items():
-        for name, value in metrics.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                out[f"final/{task}/{name}"] = float(value)
-    for key in ("zero_shot_mean", "mmlu_acc"):
-        if zero_shot.get(key) is not None:
-            out[f"final/{key}"] = float(zero_shot[key])
+    from spp.eval.tables import task_metrics
+
+    zero_shot = (summary.get("zero_shot") or {}).get("metrics") or {}
+    out.update({f"final/{key}": value for key, value in task_metrics(zero_shot).items()})
     sparsity = summary.get("sparsity") or {}
     for key in ("before", "after"):
         if sparsity.get(key) is not None:
