@@ -25,7 +25,7 @@ from benchmarks.common import environment, write_json  # noqa: E402
 from benchmarks.layer_bench import LLAMA7B_SHAPES, pruned_base  # noqa: E402
 from benchmarks.model_bench import magnitude_2_4_  # noqa: E402
 from spp import inject, merge_and_unload, spp_layers  # noqa: E402
-from spp.layers.semi_structured import export_semi_structured  # noqa: E402
+from spp.export.semi_structured import export_semi_structured  # noqa: E402
 from spp.models import load_model  # noqa: E402
 
 CPU_NOTE = ("skipped: no CUDA device. PyTorch's 2:4 semi-structured kernels (CUTLASS / cuSPARSELt) exist only on "

@@ -14,8 +14,10 @@ import torch
 from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spp.injection import DEFAULT_TARGETS, count_parameters, inject
+from spp.adapters.base import count_parameters
+from spp.adapters.spp.model import inject
 from spp.paths import CONF_DIR
+from spp.projections import DEFAULT_TARGETS
 
 TABLE1_MODELS: tuple[str, ...] = ("llama7b", "llama13b", "llama30b", "llama65b", "llama2_7b", "llama2_13b",
                                   "llama2_70b")
@@ -53,8 +55,8 @@ def count_spp_parameters(name: str, r: int = 16, targets: tuple[str, ...] = DEFA
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
         inject(model, targets=targets, r=r)
-    trainable, total = count_parameters(model)
-    return ParamCount(model=name, r=r, trainable=trainable, total=total)
+    counts = count_parameters(model)
+    return ParamCount(model=name, r=r, trainable=counts.trainable, total=counts.total)
 
 
 def markdown_table(rows: list[ParamCount]) -> str:

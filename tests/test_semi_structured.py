@@ -7,7 +7,7 @@ import torch
 from spp_helpers import prune_2_4_
 
 from spp import inject, merge_and_unload, spp_layers
-from spp.layers.semi_structured import count_2_4_violations, export_semi_structured, is_2_4
+from spp.export.semi_structured import count_2_4_violations, export_semi_structured, is_2_4
 from spp.models.tiny import tiny_llama
 
 

@@ -85,7 +85,7 @@ def preflight(cfg: Any) -> None:
     if eval_cfg.tasks and not eval_cfg.online:
         task_data_files(list(eval_cfg.tasks), cfg.data_dir)
     if cfg.adapter_dir:
-        from spp.adapter_io import read_adapter_config
+        from spp.adapters.spp.io import read_adapter_config
 
         read_adapter_config(cfg.adapter_dir)
 
@@ -147,7 +147,7 @@ def run_eval_job(cfg: DictConfig, output_dir: str | Path) -> EvalRecord:
         info["cache_hit"] = result.cache_hit
         info["prune_overall"] = result.report.overall
     if cfg.adapter_dir:
-        from spp.adapter_io import load_adapter
+        from spp.adapters.spp.io import load_adapter
 
         model = load_adapter(model, cfg.adapter_dir).to(device)
     info["linear_sparsity"] = linear_sparsity(model)

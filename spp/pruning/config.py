@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spp.models.config import ModelConfig
+from spp.projections import ATTENTION_TARGETS, DEFAULT_TARGETS
 
 SPARSITY_KINDS: tuple[str, ...] = ("dense", "unstructured", "nm")
 PRUNER_NAMES: tuple[str, ...] = ("none", "magnitude", "wanda", "sparsegpt", "dsnot")
@@ -20,8 +21,6 @@ CALIBRATION_SOURCES: dict[str, str] = {
 }
 """Named calibration sources and the data file each reads (relative to a data root, see ``spp.paths``)."""
 
-DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-ATTENTION_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @dataclass

@@ -2,7 +2,6 @@
 loggers and the ``train.py`` pipeline."""
 
 from spp.training.config import (
-    AdapterConfig,
     LoggersConfig,
     StrategyConfig,
     TrainerConfig,
@@ -13,7 +12,6 @@ from spp.training.module import SPPModule
 from spp.training.pipeline import run_training
 
 __all__ = [
-    "AdapterConfig",
     "LoggersConfig",
     "SPPModule",
     "StrategyConfig",

@@ -14,50 +14,16 @@ from typing import Any
 
 from hydra.core.config_store import ConfigStore
 
+from spp.adapters.config import AdapterConfig
 from spp.data.config import DataConfig
 from spp.eval.config import EvalConfig
 from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 
-LLAMA_TARGETS: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-"""The seven linear projections of a LLaMA decoder block (the authors' adapter targets)."""
-
 ADAPTER_KINDS = ("spp", "lora", "none")
 SCHEDULERS = ("linear", "cosine", "constant")
 STRATEGIES = ("auto", "ddp", "fsdp", "deepspeed")
 PROGRESS_BARS = ("rich", "tqdm", "none")
-
-
-@dataclass
-class AdapterConfig:
-    """What is trained on top of the pruned model (``conf/adapter/*.yaml``).
-
-    Attributes:
-        name: ``spp`` (Eq. 5/6), ``lora`` (the LoRA* baseline: LoRA merged then re-masked) or ``none``
-            (prune, evaluate and export without training).
-        r: SPP: rows of ``alpha`` (must divide every target's out-features); LoRA: rank.
-        scale: SPP scaling ``s`` of Eq. 6 (authors: lora_alpha 16 / lora_r 8 = 2.0).
-        dropout: Dropout on the adapter branch input only.
-        alpha_init: SPP ``alpha`` initialisation (``kaiming`` as nn.Linear, or ``zeros``).
-        beta_init: SPP ``beta`` initialisation (``zeros`` as the authors, or ``ones``).
-        use_beta: SPP with the ``beta`` column (Table 8 ablation: without it alpha must start at zero).
-        impl: SPP forward implementation passed to the layer (see ``spp.SPPLinear``).
-        residual: SPP residual form ``y = x W~^T + s dropout(x) W~'^T`` (Eq. 6).
-        lora_alpha: LoRA ``alpha`` (scaling ``lora_alpha / r``).
-        targets: Module-name suffixes that receive an adapter.
-    """
-
-    name: str = "spp"
-    r: int = 16
-    scale: float = 2.0
-    dropout: float = 0.05
-    alpha_init: str = "kaiming"
-    beta_init: str = "zeros"
-    use_beta: bool = True
-    impl: str = "auto"
-    residual: bool = True
-    lora_alpha: float = 16.0
-    targets: list[str] = field(default_factory=lambda: list(LLAMA_TARGETS))
 
 
 @dataclass

@@ -16,7 +16,7 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from spp.training.adapters import apply_adapter, count_parameters
+from spp.adapters import AdapterConfig, apply_adapter, count_parameters
 
 SCHEDULE_FNS = {
     "linear": get_linear_schedule_with_warmup,
@@ -62,7 +62,7 @@ class SPPModule(L.LightningModule):
         if scheduler not in SCHEDULE_FNS:
             raise ValueError(f"trainer.scheduler={scheduler!r}: use one of {sorted(SCHEDULE_FNS)}")
         self.model = model
-        self.adapter_cfg = dict(adapter) if isinstance(adapter, Mapping) else vars(adapter).copy()
+        self.adapter_cfg = adapter if isinstance(adapter, AdapterConfig) else AdapterConfig(**dict(adapter))
         self.lr, self.weight_decay, self.betas = float(lr), float(weight_decay), tuple(betas)
         self.warmup_ratio, self.scheduler_name = float(warmup_ratio), scheduler
         self.gradient_checkpointing = gradient_checkpointing
@@ -79,15 +79,15 @@ class SPPModule(L.LightningModule):
         self._val_sum, self._val_count = 0.0, 0
         self._train_start: float | None = None
         self.train_seconds = 0.0
-        self.save_hyperparameters(ignore=["model"])
+        self.save_hyperparameters(ignore=["model", "adapter"])
 
     # ----------------------------------------------------------------- model
     def configure_model(self) -> None:
         """Attach the adapter once, freeze everything else, switch gradient checkpointing on if asked."""
         if self._injected:
             return
-        self.model, self.trainable_names = apply_adapter(self.model, self.adapter_cfg)
-        self.param_counts = count_parameters(self.model)
+        self.model, self.trainable_names = apply_adapter(self.model, self.adapter_cfg, {})
+        self.param_counts = count_parameters(self.model).to_dict()
         if self.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.config.use_cache = False

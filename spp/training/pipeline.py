@@ -160,10 +160,10 @@ def run_training(cfg: DictConfig, extra_callbacks: list[Callback] | None = None)
     auditor = SparsityAuditCallback(lambda: pruning.masks, enabled=lambda trainer: not is_sharded(trainer.strategy))
 
     def rebuild() -> torch.nn.Module:
-        from spp.training.adapters import apply_adapter
+        from spp.adapters import AdapterConfig, apply_adapter
 
         fresh, _ = load_model(cfg.model, with_tokenizer=False)
-        return apply_adapter(fresh, adapter)[0]
+        return apply_adapter(fresh, AdapterConfig(**adapter), {})[0]
 
     extra = {"pruning": {"pruner": cfg.pruner.name, "sparsity": cfg.sparsity.name, "model": cfg.model.name}}
     exporter = ExportCallback(

@@ -12,8 +12,8 @@ import lightning as L
 import torch
 from torch import nn
 
+from spp.adapters import AdapterConfig, get_method, merge_adapter
 from spp.atomic import write_dir_atomic
-from spp.training.adapters import merge_adapter
 from spp.training.callbacks.sparsity_audit import audit
 from spp.training.ppl_cache import ppl_settings
 
@@ -90,24 +90,18 @@ class ExportCallback(L.Callback):
 
     def export(self, model: nn.Module, device: torch.device | None = None) -> dict[str, Any]:
         """Merge, audit, evaluate and write; returns what the summary reports."""
-        import spp
-
         out: dict[str, Any] = {}
         timings: dict[str, float] = {}
         model.eval()
-        if self.export_adapter and self.adapter_cfg["name"] == "spp":
+        cfg = AdapterConfig(**self.adapter_cfg)
+        method = get_method(cfg.name)
+        if self.export_adapter and method.trains:
             start = time.perf_counter()
-            path = write_dir_atomic(
-                self.run_dir / "adapter",
-                lambda tmp: spp.save_adapter(model, tmp, extra_config=self.adapter_extra),
-            )
+            path = write_dir_atomic(self.run_dir / "adapter", lambda tmp: method.save(model, tmp, self.adapter_extra))
             out["adapter_dir"] = str(path)
             timings["save_adapter"] = round(time.perf_counter() - start, 2)
-        elif self.export_adapter and self.adapter_cfg["name"] == "lora":
-            path = write_dir_atomic(self.run_dir / "adapter", lambda tmp: model.save_pretrained(tmp))
-            out["adapter_dir"] = str(path)
         start = time.perf_counter()
-        merged, merge_stats = merge_adapter(model, self.adapter_cfg, self._masks())
+        merged, merge_stats = merge_adapter(model, cfg, self._masks())
         timings["merge"] = round(time.perf_counter() - start, 2)
         out["merge_stats"] = merge_stats
         # LoRA* may legitimately fill kept weights that happened to be exactly zero (e.g. quantized GGUF weights);

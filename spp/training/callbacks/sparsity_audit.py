@@ -36,8 +36,8 @@ def effective_weights(model: nn.Module, names: set[str]) -> Iterator[tuple[str, 
     ``W ⊙ Repeat0(alpha)⊙beta`` without the residual); for any other linear layer its own weight (a LoRA
     baseline is audited on its frozen base weight during training and after ``merge_and_remask``).
     """
-    from spp.layers import SPPLinear
-    from spp.layers.functional import adapted_weight, merge_factor
+    from spp.adapters.spp.functional import adapted_weight, merge_factor
+    from spp.adapters.spp.layer import SPPLinear
 
     for name, module in model.named_modules():
         key = original_name(name)

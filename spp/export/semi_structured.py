@@ -13,7 +13,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from spp.injection import DEFAULT_TARGETS, spp_layers
+from spp.adapters.spp.model import spp_layers
+from spp.projections import DEFAULT_TARGETS
 
 SEMI_STRUCTURED_DTYPES = (torch.float16, torch.bfloat16)
 MIN_ROWS, MIN_COLS = 32, 64  # CUTLASS fp16/bf16 tile constraints; cuSPARSELt's are looser

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spp.layers.functional import (
+from spp.adapters.spp.functional import (
     SPPFusedFunction,
     adapted_weight,
     blocked_adapter,
@@ -64,6 +64,9 @@ class SPPLinear(nn.Module):
         impl: One of ``IMPLS``; all are exact, ``fused`` is the fastest measured here.
         name: Module path, used in error messages.
         residual: ``False`` selects the multiplicative no-residual ablation described above.
+        dtype: dtype of ``spp_alpha``/``spp_beta``; ``None`` = fp32, or the base weight's dtype when that is
+            wider (float64 tests). Kept in fp32 for bf16/fp16 base weights (as peft keeps LoRA factors), so the
+            small updates are not rounded to bf16; the forward casts them to the compute dtype.
 
     Raises:
         ValueError: ``r`` does not divide ``out_features``; both inits zero; ``use_beta=False`` with a non-zero
@@ -82,6 +85,7 @@ class SPPLinear(nn.Module):
         impl: str = DEFAULT_IMPL,
         name: str | None = None,
         residual: bool = True,
+        dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
         label = name or "SPPLinear"
@@ -127,10 +131,11 @@ class SPPLinear(nn.Module):
         for p in base.parameters():
             p.requires_grad_(False)
         w = base.weight
-        self.spp_alpha = nn.Parameter(torch.empty(r, n, dtype=w.dtype, device=w.device))
+        pdt = dtype or torch.promote_types(w.dtype, torch.float32)
+        self.spp_alpha = nn.Parameter(torch.empty(r, n, dtype=pdt, device=w.device))
         _init_(self.spp_alpha.data, alpha_init)
         if use_beta:
-            self.spp_beta = nn.Parameter(torch.empty(m, 1, dtype=w.dtype, device=w.device))
+            self.spp_beta = nn.Parameter(torch.empty(m, 1, dtype=pdt, device=w.device))
             _init_(self.spp_beta.data, beta_init)
         else:
             self.register_parameter("spp_beta", None)

@@ -7,15 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from spp.layers.spp_linear import SPPLinear
-
-DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The seven projections of every LLaMA decoder layer the paper adapts (DESIGN.md §1)."""
-
-
-def _matches(name: str, targets: Iterable[str]) -> bool:
-    """True when the module path ``name`` equals a target or ends with ``.<target>``."""
-    return any(name == t or name.endswith("." + t) for t in targets)
+from spp.adapters.spp.layer import IMPLS, SPPLinear
+from spp.projections import DEFAULT_TARGETS, matches
 
 
 def spp_layers(model: nn.Module) -> dict[str, SPPLinear]:
@@ -50,7 +43,7 @@ def inject(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS, **layer_k
     if spp_layers(model):
         raise ValueError("inject: the model already holds SPPLinear layers; call merge_and_unload first.")
     found = [(name, mod) for name, mod in model.named_modules()
-             if isinstance(mod, nn.Linear) and _matches(name, targets)]
+             if isinstance(mod, nn.Linear) and matches(name, targets)]
     if not found:
         linear_names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise ValueError(f"inject: targets {list(targets)} match no nn.Linear in {type(model).__name__}; "
@@ -91,22 +84,7 @@ def adapter_state_dict(model: nn.Module) -> dict[str, Any]:
 
 def set_impl(model: nn.Module, impl: str) -> None:
     """Switch every SPP layer of ``model`` to another exact implementation (``fused``/``naive``/``blocked``)."""
-    from spp.layers.spp_linear import IMPLS
-
     if impl not in IMPLS:
         raise ValueError(f"set_impl: unknown impl {impl!r}; choose one of {list(IMPLS)}.")
     for layer in spp_layers(model).values():
         layer.impl = impl
-
-
-def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """``(trainable, total)`` parameter counts of ``model`` (shared tensors counted once)."""
-    seen: set[int] = set()
-    trainable = total = 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        total += p.numel()
-        trainable += p.numel() if p.requires_grad else 0
-    return trainable, total

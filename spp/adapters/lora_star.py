@@ -16,8 +16,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
-LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The seven LLaMA projections adapted by both SPP and the LoRA baseline (paper Sec. 4)."""
+from spp.projections import DEFAULT_TARGETS as LORA_TARGETS
 
 
 def inject_lora(

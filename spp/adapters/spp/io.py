@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from spp.adapters.spp.model import adapter_state_dict, inject, spp_layers
 from spp.atomic import write_file_atomic
-from spp.injection import adapter_state_dict, inject, spp_layers
 from spp.version import __version__
 
 CONFIG_NAME = "adapter_config.json"

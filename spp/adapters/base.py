@@ -1,0 +1,82 @@
+"""What every adapter method provides (the registry's interface), and the helpers they share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+from torch import nn
+
+from spp.adapters.config import AdapterConfig
+
+Masks = dict[str, torch.Tensor]
+"""Pruning masks (True = kept) keyed by the original linear names (``model.layers.0.self_attn.q_proj``)."""
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
+}
+
+
+class ParamCounts(NamedTuple):
+    """Trainable and frozen parameter counts (each shared tensor counted once)."""
+
+    trainable: int
+    frozen: int
+
+    @property
+    def total(self) -> int:
+        """All parameters."""
+        return self.trainable + self.frozen
+
+    def to_dict(self) -> dict[str, int]:
+        """``{"trainable", "frozen", "total"}`` (the summary's ``params``)."""
+        return {"trainable": self.trainable, "frozen": self.frozen, "total": self.total}
+
+
+def count_parameters(model: nn.Module) -> ParamCounts:
+    """Count trainable and frozen parameters of ``model`` (tied tensors once)."""
+    seen: set[int] = set()
+    trainable = frozen = 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        if p.requires_grad:
+            trainable += p.numel()
+        else:
+            frozen += p.numel()
+    return ParamCounts(trainable, frozen)
+
+
+class AdapterMethod:
+    """One way to fine-tune a pruned model; a module of ``spp/adapters/methods/`` exposes one as ``METHOD``.
+
+    Attributes:
+        name: The ``adapter.name`` value.
+        trains: Whether the method has a training loop (``none`` has not).
+        kept_zeros_may_change: The merge may fill kept weights that happened to be exactly zero (LoRA*
+            re-masking); pruned positions must stay zero for every method.
+    """
+
+    name: ClassVar[str] = ""
+    trains: ClassVar[bool] = True
+    kept_zeros_may_change: ClassVar[bool] = False
+
+    def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
+        """Attach the adapter; afterwards exactly the adapter's parameters require grad."""
+        raise NotImplementedError
+
+    def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
+        """Fold the adapter into plain ``nn.Linear`` weights; returns the model and what the merge reports."""
+        raise NotImplementedError
+
+    def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
+        """Write the adapter files into ``directory`` (which exists and is empty)."""
+        raise NotImplementedError
+
+
+def freeze_all(model: nn.Module) -> None:
+    """Set ``requires_grad=False`` on every parameter of ``model``."""
+    for p in model.parameters():
+        p.requires_grad_(False)

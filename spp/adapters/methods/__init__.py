@@ -1,0 +1,1 @@
+"""Adapter methods, one module each; the module name is the ``adapter.name`` value (see ``spp.adapters.registry``)."""

@@ -1,0 +1,32 @@
+"""``adapter=lora``: the paper's LoRA* baseline (Table 4): peft LoRA, merged, then re-masked with the pruning masks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from spp.adapters.base import AdapterMethod, Masks
+from spp.adapters.config import AdapterConfig
+from spp.adapters.lora_star import inject_lora, merge_and_remask
+
+
+class LoRAStar(AdapterMethod):
+    """LoRA (dense ``W~ + s·B A`` after merge) followed by ``⊙ M``: what re-masking removes is reported."""
+
+    name = "lora"
+    kept_zeros_may_change = True
+
+    def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
+        return inject_lora(model, tuple(cfg.targets), r=cfg.r, alpha=cfg.lora_alpha, dropout=cfg.dropout)
+
+    def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
+        merged, stats = merge_and_remask(model, masks)
+        return merged, stats.to_dict()
+
+    def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
+        model.save_pretrained(directory)
+
+
+METHOD = LoRAStar()
