@@ -39,7 +39,8 @@ def apply_adapter(model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[n
     model = method.inject(model, cfg, masks)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     if method.trains and not trainable:
-        raise ValueError(f"adapter.targets={list(cfg.targets)} matched no linear layer of the model; fix adapter.targets")
+        raise ValueError(f"adapter.targets={list(cfg.targets)} matched no linear layer of the model; "
+                         "fix adapter.targets")
     return model, trainable
 
 
