@@ -7,12 +7,8 @@ Each part writes its JSON under ``experiments/results/`` (``layer_bench_<dev>.js
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks import layer_bench, model_bench, sparse24_bench  # noqa: E402
+from benchmarks import layer_bench, model_bench, sparse24_bench
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,24 +1,20 @@
 """One adapted linear layer, forward + backward: every SPP impl vs peft LoRA r=8 (issue 2, issue 7 part a).
 
-Run: ``nice -n 10 python benchmarks/layer_bench.py`` (about 10 min on 2 CPU cores). Prints medians of time
-and peak memory (RSS delta, see ``benchmarks/common.py``) as ratios to LoRA, interleaved in one process, and
+Run: ``nice -n 10 python -m benchmarks.layer_bench`` (about 10 min on 2 CPU cores). Prints medians of time
+and peak memory (RSS delta, see ``spp/bench/common.py``) as ratios to LoRA, interleaved in one process, and
 writes ``experiments/results/layer_bench_<device>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from rich.progress import Progress
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import (  # noqa: E402
+from spp.bench.common import (
     add_ratios,
     configure_malloc,
     environment,
@@ -26,7 +22,7 @@ from benchmarks.common import (  # noqa: E402
     markdown,
     write_json,
 )
-from benchmarks.variants import layer_variants  # noqa: E402
+from spp.bench.variants import layer_variants
 
 LLAMA7B_SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))  # (out, in): q/k/v/o, gate/up, down
 

@@ -1,6 +1,6 @@
 """A full training step of a 2:4-pruned causal LM: SPP (every impl) vs peft LoRA r=8 vs the frozen model.
 
-Run: ``nice -n 10 python benchmarks/model_bench.py`` (embedded SmolLM2-135M, batch 4 x 256, fp32, dropout 0 and
+Run: ``nice -n 10 python -m benchmarks.model_bench`` (embedded SmolLM2-135M, batch 4 x 256, fp32, dropout 0 and
 0.05; about 10 min on 2 CPU cores). ``--compile`` adds ``torch.compile``d LoRA and SPP-fused variants.
 Prints medians (time, peak memory, tokens/s) as ratios to LoRA and writes
 ``experiments/results/model_bench_<device>.json``.
@@ -15,17 +15,14 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 from rich.progress import Progress
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import (  # noqa: E402
+from spp import DEFAULT_TARGETS, IMPLS, inject
+from spp.bench.common import (
     add_ratios,
     configure_malloc,
     environment,
@@ -33,9 +30,8 @@ from benchmarks.common import (  # noqa: E402
     markdown,
     write_json,
 )
-from benchmarks.variants import lora_model  # noqa: E402
-from spp import DEFAULT_TARGETS, IMPLS, inject  # noqa: E402
-from spp.models import load_model  # noqa: E402
+from spp.bench.variants import lora_model
+from spp.models import load_model
 
 
 @torch.no_grad()

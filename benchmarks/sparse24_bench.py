@@ -1,6 +1,6 @@
 """2:4 inference: dense vs semi-structured sparse linear layers and end-to-end greedy decode (CUDA only).
 
-Run: ``python benchmarks/sparse24_bench.py``. On a machine without CUDA it says so, records the skip in
+Run: ``python -m benchmarks.sparse24_bench``. On a machine without CUDA it says so, records the skip in
 ``experiments/results/sparse24_<device>.json`` and exits: PyTorch has no 2:4 sparse kernels on CPU, so there is
 no speed-up to measure there. On CUDA (bf16): per-linear latency at LLaMA-7B shapes for 1 and 2048 tokens,
 then decode latency of the 2:4-pruned, SPP-merged model before and after ``export_semi_structured``.
@@ -12,21 +12,17 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import environment, write_json  # noqa: E402
-from benchmarks.layer_bench import LLAMA7B_SHAPES, pruned_base  # noqa: E402
-from benchmarks.model_bench import magnitude_2_4_  # noqa: E402
-from spp import inject, merge_and_unload, spp_layers  # noqa: E402
-from spp.export.semi_structured import export_semi_structured  # noqa: E402
-from spp.models import load_model  # noqa: E402
+from benchmarks.layer_bench import LLAMA7B_SHAPES, pruned_base
+from benchmarks.model_bench import magnitude_2_4_
+from spp import inject, merge_and_unload, spp_layers
+from spp.bench.common import environment, write_json
+from spp.export.semi_structured import export_semi_structured
+from spp.models import load_model
 
 CPU_NOTE = ("skipped: no CUDA device. PyTorch's 2:4 semi-structured kernels (CUTLASS / cuSPARSELt) exist only on "
             "CUDA GPUs (sm80+); on CPU a 2:4 model runs as a dense model and there is no speed-up.")

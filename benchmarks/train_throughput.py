@@ -1,6 +1,6 @@
 """Tokens/s logged by a real training job vs the benchmark harness timing the same batches (issue 7, item 6).
 
-Run: ``nice -n 10 python benchmarks/train_throughput.py`` (embedded SmolLM2-135M, magnitude 2:4, SPP r=16, dropout
+Run: ``nice -n 10 python -m benchmarks.train_throughput`` (embedded SmolLM2-135M, magnitude 2:4, SPP r=16, dropout
 0.05, batch 4 of Alpaca records cut at 256 tokens; about 3 min on 2 CPU cores).
 
 1. ``train.py``'s pipeline (``run_training``) trains for ``--steps`` optimizer steps and logs
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import csv
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,10 +25,8 @@ from typing import Any
 import lightning as L
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import configure_malloc, environment, interleaved, write_json  # noqa: E402
-from benchmarks.model_bench import make_step  # noqa: E402
+from benchmarks.model_bench import make_step
+from spp.bench.common import configure_malloc, environment, interleaved, write_json
 
 TOLERANCE = 0.20
 

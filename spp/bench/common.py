@@ -22,7 +22,9 @@ from typing import Any
 
 import torch
 
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "experiments" / "results"
+from spp.paths import REPO_ROOT
+
+RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
