@@ -19,9 +19,14 @@ from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from lightning.pytorch import seed_everything  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from spp.eval.job_config import register_configs  # noqa: E402
+from spp.eval.harness import zero_shot_mean  # noqa: E402
+from spp.eval.job_config import EvalJobConfig, register_configs  # noqa: E402
+from spp.eval.runner import preflight, run_eval_job  # noqa: E402
+from spp.eval.tables import markdown_report  # noqa: E402
+from spp.loggers import save_and_print_config  # noqa: E402
 
 register_configs()
 
@@ -29,27 +34,21 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> float | None:
     """Run one evaluation; returns the 7-task mean accuracy, else the perplexity (the sweep objective)."""
-    from lightning.pytorch import seed_everything
-
-    from spp.eval.harness import zero_shot_mean
-    from spp.eval.runner import preflight, run_eval_job
-    from spp.eval.tables import markdown_report
-    from spp.training.summary import save_and_print_config
-
-    out_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     try:
-        preflight(cfg)
+        job: EvalJobConfig = OmegaConf.to_object(cfg)
+        preflight(job)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"eval.py: error: {err}")
-    save_and_print_config(cfg, out_dir, show=cfg.print_config)
-    seed_everything(cfg.seed, workers=True)
-    record = run_eval_job(cfg, out_dir)
+    out_dir = Path(job.output_dir or HydraConfig.get().runtime.output_dir)
+    save_and_print_config(cfg, out_dir, show=job.print_config)
+    seed_everything(job.seed, workers=True)
+    record = run_eval_job(job, out_dir)
     print(markdown_report([record], title=f"Evaluation: {record.label}"))
     print(f"results: {out_dir / 'results.json'}  {out_dir / 'results.md'}")
     mean = zero_shot_mean(record.tasks)
     if mean is not None:
         return mean
-    return record.ppl[cfg.eval.ppl_source]["ppl"] if record.ppl else None
+    return record.ppl[job.eval.ppl_source]["ppl"] if record.ppl else None
 
 
 if __name__ == "__main__":

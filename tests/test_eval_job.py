@@ -11,6 +11,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from spp.eval.job_config import register_configs
 from spp.eval.perplexity import perplexity
@@ -21,9 +22,10 @@ TINY = ["model=tiny", "eval.seqlen=64", "eval.max_windows=2", f"data_dir={SAMPLE
 
 
 def _compose(*overrides: str):
+    """The typed job, converted once as ``eval.py`` does."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="evaluate", overrides=[*TINY, *overrides])
+        return OmegaConf.to_object(compose(config_name="evaluate", overrides=[*TINY, *overrides]))
 
 
 def test_config_is_typed():

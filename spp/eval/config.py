@@ -1,12 +1,13 @@
 """Structured config of the ``eval`` group (``conf/eval/*.yaml``), shared by ``train.py`` and ``eval.py``.
 
-The top-level job of ``eval.py`` is :class:`spp.eval.job_config.EvalJobConfig` (a separate module, because
-it reuses the training ``logger`` schema and ``spp.training.config`` imports this one).
+The top-level job of ``eval.py`` is :class:`spp.eval.job_config.EvalJobConfig`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from spp.eval.harness import resolve_tasks
 
 
 @dataclass
@@ -48,8 +49,6 @@ class EvalConfig:
 
     def validate(self) -> EvalConfig:
         """Raise ``ValueError`` naming the key when a setting is out of range or a task is unknown."""
-        from spp.eval.harness import resolve_tasks
-
         if self.seqlen < 2:
             raise ValueError(f"eval.seqlen={self.seqlen} must be >= 2")
         if self.max_windows is not None and self.max_windows < 1:

@@ -321,9 +321,3 @@ def run_eval_tasks(
         merged.raw["mmlu_limit"] = mmlu_limit
     return merged
 
-
-def zero_shot(
-    model: torch.nn.Module, tokenizer: Any, eval_cfg: Any, data_dir: str | os.PathLike[str] | None = None
-) -> HarnessResult:
-    """``eval.tasks`` on an in-memory model (training's export callback); see :func:`run_eval_tasks`."""
-    return run_eval_tasks(model, tokenizer, eval_cfg, data_dir=data_dir)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from spp.eval.config import EvalConfig
+from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.training.config import LoggersConfig
 
 
 @dataclass

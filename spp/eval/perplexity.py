@@ -68,6 +68,28 @@ def _read_rows(path: Path) -> list[str]:
         raise ValueError(f"{path}: every record needs a 'text' field (JSON lines of {{\"text\": ...}})") from err
 
 
+def source_file(source: str, data_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """The local file a perplexity source reads (``None`` for the hub source ``hf:wikitext2``).
+
+    Raises:
+        FileNotFoundError: the local file is missing (names the key and the searched paths).
+        ValueError: an unknown source.
+    """
+    if source == HUB_WIKITEXT2:
+        return None
+    if source == "wikitext2":
+        return find_data(WIKITEXT2_TEST, data_dir)
+    if source == "c4":
+        return find_data(C4_SAMPLE, data_dir)
+    path = Path(source).expanduser()
+    if path.suffix not in {".json", ".jsonl", ".txt"}:
+        raise ValueError(f"unknown perplexity source {source!r} (eval.ppl_source): use one of {', '.join(SOURCES)} "
+                         "or a .json/.jsonl/.txt path")
+    if not path.is_file():
+        raise FileNotFoundError(f"eval.ppl_source={source!r} does not exist")
+    return path
+
+
 def load_eval_text(source: str = "wikitext2", data_dir: str | os.PathLike[str] | None = None) -> tuple[str, str]:
     """Return ``(text, label)`` for a perplexity source.
 
@@ -83,26 +105,19 @@ def load_eval_text(source: str = "wikitext2", data_dir: str | os.PathLike[str] |
         FileNotFoundError: the local file is missing (names the searched paths).
         ValueError: an unknown source.
     """
-    if source == "wikitext2":
-        return "\n\n".join(_read_rows(find_data(WIKITEXT2_TEST, data_dir))), "wikitext2"
-    if source == "c4":
-        rows = _read_rows(find_data(C4_SAMPLE, data_dir))[:C4_MAX_DOCS]
-        return " ".join(rows), "c4-train00000-sample"
     if source == HUB_WIKITEXT2:
-        from datasets import load_dataset
+        from datasets import load_dataset  # heavy optional path (network); only for the hub source
 
         rows = load_dataset("wikitext", "wikitext-2-raw-v1", split="test")["text"]
         return "\n\n".join(rows), "wikitext2"
-    path = Path(source).expanduser()
-    if path.suffix in {".json", ".jsonl", ".txt"}:
-        if not path.is_file():
-            raise FileNotFoundError(f"perplexity source file {str(path)!r} does not exist")
-        if path.suffix == ".txt":
-            return path.read_text(encoding="utf-8"), str(path)
-        return "\n\n".join(_read_rows(path)), str(path)
-    raise ValueError(
-        f"unknown perplexity source {source!r}; use one of {', '.join(SOURCES)} or a .json/.jsonl/.txt path"
-    )
+    path = source_file(source, data_dir)
+    if source == "wikitext2":
+        return "\n\n".join(_read_rows(path)), "wikitext2"
+    if source == "c4":
+        return " ".join(_read_rows(path)[:C4_MAX_DOCS]), "c4-train00000-sample"
+    if path.suffix == ".txt":
+        return path.read_text(encoding="utf-8"), str(path)
+    return "\n\n".join(_read_rows(path)), str(path)
 
 
 def check_seqlen(seqlen: int, max_positions: int | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -9,16 +10,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from lightning.pytorch.loggers import Logger
 
-from spp.eval.config import EvalConfig
+from spp.adapters.spp.io import load_adapter, read_adapter_config
 from spp.eval.harness import run_eval_tasks, task_data_files
-from spp.eval.perplexity import C4_SAMPLE, HUB_WIKITEXT2, WIKITEXT2_TEST, check_seqlen, perplexity
+from spp.eval.job_config import EvalJobConfig
+from spp.eval.perplexity import check_seqlen, perplexity, source_file
 from spp.eval.tables import EvalRecord, log_to_loggers, write_results
+from spp.loggers import build_loggers, run_tags
 from spp.models.config import ModelConfig
 from spp.models.loading import load_model, resolve_source
 from spp.models.tiny import TINY_ARCH
-from spp.paths import find_data
+from spp.pruning import get_or_prune, prune_model
 
 log = logging.getLogger(__name__)
 
@@ -39,22 +42,7 @@ def context_length(model_cfg: ModelConfig) -> int | None:
     return int(value) if value is not None else None
 
 
-def check_ppl_source(source: str, data_dir: str | None) -> None:
-    """Resolve a perplexity source's file before loading the model (FileNotFoundError / ValueError)."""
-    if source == HUB_WIKITEXT2:
-        return
-    rel = {"wikitext2": WIKITEXT2_TEST, "c4": C4_SAMPLE}.get(source)
-    if rel is not None:
-        find_data(rel, data_dir)
-        return
-    path = Path(source).expanduser()
-    if path.suffix not in {".json", ".jsonl", ".txt"}:
-        raise ValueError(f"eval.ppl_source={source!r}: use wikitext2, c4, {HUB_WIKITEXT2} or a .json/.jsonl/.txt path")
-    if not path.is_file():
-        raise FileNotFoundError(f"eval.ppl_source={source!r} does not exist")
-
-
-def wants_pruning(cfg: Any) -> bool:
+def wants_pruning(cfg: EvalJobConfig) -> bool:
     """Whether the job prunes (pruner and sparsity both set), after checking that they agree.
 
     Raises:
@@ -68,29 +56,23 @@ def wants_pruning(cfg: Any) -> bool:
     return pruner != "none"
 
 
-def preflight(cfg: Any) -> None:
+def preflight(cfg: EvalJobConfig) -> None:
     """Check every input before any model is loaded; each problem raises one clear error naming its key."""
-    from spp.pruning.config import PrunerConfig, SparsityConfig
-
-    eval_cfg: EvalConfig = cfg.eval
-    EvalConfig(**OmegaConf.to_container(eval_cfg, resolve=True)).validate()
+    cfg.eval.validate()
     if wants_pruning(cfg):
-        PrunerConfig(**OmegaConf.to_container(cfg.pruner, resolve=True)).validate()
-        SparsityConfig(**OmegaConf.to_container(cfg.sparsity, resolve=True)).validate()
+        cfg.pruner.validate(), cfg.sparsity.validate(), cfg.calibration.validate()
     max_pos = context_length(cfg.model)
-    if eval_cfg.ppl:
-        check_seqlen(int(eval_cfg.seqlen), max_pos)
-        for source in [eval_cfg.ppl_source, *eval_cfg.extra_ppl_sources]:
-            check_ppl_source(source, cfg.data_dir)
-    if eval_cfg.tasks and not eval_cfg.online:
-        task_data_files(list(eval_cfg.tasks), cfg.data_dir)
+    if cfg.eval.ppl:
+        check_seqlen(int(cfg.eval.seqlen), max_pos)
+        for source in [cfg.eval.ppl_source, *cfg.eval.extra_ppl_sources]:
+            source_file(source, cfg.data_dir)
+    if cfg.eval.tasks and not cfg.eval.online:
+        task_data_files(list(cfg.eval.tasks), cfg.data_dir)
     if cfg.adapter_dir:
-        from spp.adapters.spp.io import read_adapter_config
-
         read_adapter_config(cfg.adapter_dir)
 
 
-def default_label(cfg: Any) -> str:
+def default_label(cfg: EvalJobConfig) -> str:
     """``<model> <pruner> <sparsity>[ +adapter]``; a local model directory is named by its folder."""
     name = cfg.model.name
     local = Path(cfg.model.path).expanduser()
@@ -111,15 +93,15 @@ def linear_sparsity(model: torch.nn.Module) -> float:
     return zeros / total if total else 0.0
 
 
-def _device(eval_cfg: Any) -> torch.device:
-    return torch.device(eval_cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+def _device(cfg: EvalJobConfig) -> torch.device:
+    return torch.device(cfg.eval.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def run_eval_job(cfg: DictConfig, output_dir: str | Path) -> EvalRecord:
+def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord:
     """Evaluate the model ``cfg`` describes and write ``results.json`` / ``results.md`` into ``output_dir``.
 
     Args:
-        cfg: A composed :class:`spp.eval.job_config.EvalJobConfig`.
+        cfg: The typed job (``OmegaConf.to_object`` of the composed ``conf/evaluate.yaml``).
         output_dir: Run directory.
 
     Returns:
@@ -128,14 +110,12 @@ def run_eval_job(cfg: DictConfig, output_dir: str | Path) -> EvalRecord:
     preflight(cfg)
     info: dict[str, Any] = {"model_path": cfg.model.path, "pruner": cfg.pruner.name, "sparsity": cfg.sparsity.name,
                             "adapter_dir": cfg.adapter_dir, "timings": {}}
-    device = _device(cfg.eval)
+    device = _device(cfg)
     start = time.perf_counter()
     model, tokenizer = load_model(cfg.model)
     model.to(device)
     info["timings"]["load"] = round(time.perf_counter() - start, 2)
     if wants_pruning(cfg):
-        from spp.pruning import get_or_prune, prune_model
-
         start = time.perf_counter()
         if cfg.use_cache:
             result = get_or_prune(model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
@@ -147,8 +127,6 @@ def run_eval_job(cfg: DictConfig, output_dir: str | Path) -> EvalRecord:
         info["cache_hit"] = result.cache_hit
         info["prune_overall"] = result.report.overall
     if cfg.adapter_dir:
-        from spp.adapters.spp.io import load_adapter
-
         model = load_adapter(model, cfg.adapter_dir).to(device)
     info["linear_sparsity"] = linear_sparsity(model)
     record = EvalRecord(label=cfg.label or default_label(cfg), limit=cfg.eval.limit, info=info)
@@ -170,16 +148,16 @@ def run_eval_job(cfg: DictConfig, output_dir: str | Path) -> EvalRecord:
         info["num_fewshot"] = harness.num_fewshot
         info["task_versions"] = harness.raw.get("versions", {})
         info["timings"]["lm_eval"] = round(time.perf_counter() - start, 2)
-    meta = {"config": OmegaConf.to_container(cfg, resolve=True)}
+    meta = {"config": dataclasses.asdict(cfg)}
     write_results(output_dir, [record], meta, title=f"Evaluation: {record.label}")
-    log_to_loggers(_loggers(cfg, output_dir), [record])
+    log_to_loggers(job_loggers(cfg, output_dir), [record])
     return record
 
 
-def _loggers(cfg: DictConfig, output_dir: str | Path) -> list[Any]:
-    """The job's Lightning loggers (training's ``build_loggers``; the adapter is named by ``adapter_dir``)."""
-    from spp.training.loggers import build_loggers
-
-    view = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
-    view.adapter = {"name": "spp" if cfg.adapter_dir else "none", "r": 0}
-    return build_loggers(view, output_dir)
+def job_loggers(cfg: EvalJobConfig, output_dir: str | Path) -> list[Logger]:
+    """The job's loggers; the run is named ``<model>-<pruner>-<sparsity>-<spp-r<r> | none>`` like a training run."""
+    adapter, r = "none", None
+    if cfg.adapter_dir:
+        adapter, r = "spp", read_adapter_config(cfg.adapter_dir)["layer_kwargs"]["r"]
+    ids = run_tags(cfg.model.name, cfg.pruner.name, cfg.sparsity.name, adapter, r, cfg.logger.wandb)
+    return build_loggers(cfg.logger, output_dir, ids)

@@ -79,6 +79,31 @@ def task_metrics(tasks: dict[str, dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """A training job's end results as flat ``final/...`` scalars for the loggers (W&B charts and run summary, CSV).
+
+    Perplexities (dense, pruned, merged); ``acc`` / ``acc_norm`` per lm-eval task (MMLU included) and the 7-task
+    mean, named as ``eval.py`` logs them (:func:`task_metrics`); sparsity before / after the merge; trainable
+    parameters; and for LoRA* the share of the update re-masking removed. Log them with
+    :func:`spp.loggers.log_final_metrics`.
+    """
+    out: dict[str, float] = {}
+    for stage, entry in (summary.get("perplexity") or {}).items():
+        if entry:
+            out[f"final/ppl_{stage}"] = float(entry["ppl"])
+    zero_shot = (summary.get("zero_shot") or {}).get("metrics") or {}
+    out.update({f"final/{key}": value for key, value in task_metrics(zero_shot).items()})
+    sparsity = summary.get("sparsity") or {}
+    for key in ("before", "after"):
+        if sparsity.get(key) is not None:
+            out[f"final/sparsity_{key}"] = float(sparsity[key])
+    if (summary.get("params") or {}).get("trainable") is not None:
+        out["final/trainable_params"] = float(summary["params"]["trainable"])
+    if (summary.get("merge") or {}).get("removed_fraction") is not None:
+        out["final/remask_removed_fraction"] = float(summary["merge"]["removed_fraction"])
+    return out
+
+
 def _pct(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
 
