@@ -1,0 +1,70 @@
+"""The perplexity cache: keyed on the data file's sha256 and the weights, never stores a non-finite value."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from spp.eval.config import EvalConfig
+from spp.eval.perplexity import perplexity
+from spp.eval.ppl_cache import cached_perplexity, ppl_cache_key, weights_key
+from spp.models.config import ModelConfig
+from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+
+EVAL = EvalConfig(seqlen=64, max_windows=2)
+TINY = ModelConfig(name="tiny", path="tiny")
+
+
+def _entries(cache_dir) -> list:
+    return sorted((cache_dir / "ppl").glob("*.json"))
+
+
+def test_second_call_hits_and_returns_the_measured_number(tiny_model, tiny_tok, sample_data_dir, tmp_path):
+    first = cached_perplexity(tiny_model, tiny_tok, EVAL, "w", tmp_path, sample_data_dir)
+    second = cached_perplexity(tiny_model, tiny_tok, EVAL, "w", tmp_path, sample_data_dir)
+    direct = perplexity(tiny_model, tiny_tok, seqlen=64, max_windows=2, data_dir=sample_data_dir)
+    assert (first["cache_hit"], second["cache_hit"]) == (False, True)
+    assert first["ppl"] == second["ppl"] == pytest.approx(direct.ppl, rel=1e-6) and len(_entries(tmp_path)) == 1
+    other = cached_perplexity(tiny_model, tiny_tok, EvalConfig(seqlen=64, max_windows=3), "w", tmp_path,
+                              sample_data_dir)
+    assert other["cache_hit"] is False and other["windows"] == 3 and len(_entries(tmp_path)) == 2
+
+
+def test_key_follows_the_file_content_not_the_source_name_or_directory(sample_data_dir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(sample_data_dir / "wikitext2", copy / "wikitext2")
+    assert ppl_cache_key("w", EVAL, copy) == ppl_cache_key("w", EVAL, sample_data_dir)  # same bytes elsewhere
+    as_path = EvalConfig(seqlen=64, max_windows=2, ppl_source=str(copy / "wikitext2" / "test.json"))
+    assert ppl_cache_key("w", as_path, None) == ppl_cache_key("w", EVAL, sample_data_dir)  # same reader, same bytes
+    rows = (copy / "wikitext2" / "test.json").read_text().splitlines()
+    (copy / "wikitext2" / "test.json").write_text("\n".join([json.dumps({"text": "changed"}), *rows[1:]]) + "\n")
+    assert ppl_cache_key("w", EVAL, copy) != ppl_cache_key("w", EVAL, sample_data_dir)  # same name, other bytes
+    assert ppl_cache_key("w2", EVAL, sample_data_dir) != ppl_cache_key("w", EVAL, sample_data_dir)
+    c4 = EvalConfig(seqlen=64, max_windows=2, ppl_source="c4")
+    assert ppl_cache_key("w", c4, sample_data_dir) != ppl_cache_key("w", EVAL, sample_data_dir)
+    with pytest.raises(FileNotFoundError, match="eval.ppl_source='/nonexistent.jsonl' does not exist"):
+        ppl_cache_key("w", EvalConfig(ppl_source="/nonexistent.jsonl"), None)
+
+
+def test_non_finite_perplexity_is_returned_but_not_cached(tiny_model, tiny_tok, sample_data_dir, tmp_path):
+    with torch.no_grad():
+        tiny_model.lm_head.weight.fill_(float("nan"))
+    result = cached_perplexity(tiny_model, tiny_tok, EVAL, "nan-model", tmp_path, sample_data_dir)
+    assert result["ppl"] != result["ppl"] and result["cache_hit"] is False  # NaN
+    assert _entries(tmp_path) == []
+
+
+def test_weights_key_is_the_identity_when_dense_and_the_pruning_digest_when_pruned(sample_data_dir):
+    dense = weights_key(TINY)
+    assert dense == weights_key(TINY, PrunerConfig(name="none"), SparsityConfig()) and dense
+    nm24 = SparsityConfig(name="nm2_4", kind="nm", n=2, m=4)
+    u50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)
+    cal = CalibrationConfig(source="c4", nsamples=2, seqlen=64)
+    wanda = weights_key(TINY, PrunerConfig(name="wanda"), nm24, cal, str(sample_data_dir))
+    assert len(wanda) == 64 and wanda != dense
+    assert wanda != weights_key(TINY, PrunerConfig(name="wanda"), u50, cal, str(sample_data_dir))
+    more_samples = CalibrationConfig(source="c4", nsamples=4, seqlen=64)
+    assert wanda != weights_key(TINY, PrunerConfig(name="wanda"), nm24, more_samples, str(sample_data_dir))
