@@ -1,0 +1,252 @@
+"""Masked full fine-tuning: every weight of the adapted projections is trained, its gradient multiplied by the mask.
+
+The upper bound of sparse fine-tuning (what llm-compressor's ``ConstantPruningModifier`` does): for each adapted
+``nn.Linear`` the weight ``W`` itself requires grad and a gradient hook returns ``dL/dW ⊙ M`` (``M`` = pruning
+mask ∧ ``W ≠ 0``, stored bit-packed on the layer). With AdamW a pruned weight then never moves: its gradient,
+both moments and its update are 0, and decoupled weight decay multiplies 0 by ``1 - lr·wd``. Nothing else is
+trainable, so AdamW holds states only for these projections; "merge" is the identity.
+
+Memory is what makes it the expensive baseline: gradients and two AdamW moments for every adapted weight.
+:func:`estimate_training_memory` counts it; :func:`inject_masked_full` refuses when it does not fit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from torch import nn
+
+from spp.adapters.base import freeze_all
+from spp.adapters.bitmask import checked_mask, pack_rows, unpack_rows
+from spp.atomic import write_file_atomic
+from spp.projections import DEFAULT_TARGETS, matches
+from spp.version import __version__
+
+MASK_BUFFER = "masked_full_mask"
+"""Name of the bit-packed mask buffer put on every adapted ``nn.Linear``."""
+
+MASK_BUFFERS = (MASK_BUFFER, "sparse_mask_packed")
+"""Suffixes of the packed-mask buffers counted by :func:`estimate_training_memory` (masked full, SparsePEFT)."""
+
+HOOK_ATTR = "_masked_full_hook"
+META_NAME = "masked_full.json"
+ADAMW_STATES = 2
+"""AdamW keeps two moments (``exp_avg``, ``exp_avg_sq``) per trainable weight, in the weight's dtype."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Training memory of the trainable parameters (activations excluded).
+
+    Attributes:
+        trainable_params: Parameters that require grad.
+        kept_params: Of those, the ones the masks let move (the trained weights).
+        weight_bytes: Every parameter of the model (resident before training).
+        grad_bytes: One gradient per trainable parameter, in its dtype.
+        optimizer_bytes: AdamW's two moments per trainable parameter, in its dtype.
+        mask_bytes: The bit-packed masks.
+        device: Where the weights are (``cuda:0``, ``cpu``).
+        available_bytes: Free memory there now (CUDA: ``torch.cuda.mem_get_info``; CPU: psutil available RAM).
+    """
+
+    trainable_params: int
+    kept_params: int
+    weight_bytes: int
+    grad_bytes: int
+    optimizer_bytes: int
+    mask_bytes: int
+    device: str
+    available_bytes: int
+
+    @property
+    def required_bytes(self) -> int:
+        """What training adds to the resident weights: gradients, AdamW states and masks."""
+        return self.grad_bytes + self.optimizer_bytes + self.mask_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """Weights + gradients + AdamW states + masks."""
+        return self.weight_bytes + self.required_bytes
+
+    @property
+    def fits(self) -> bool:
+        """Whether ``required_bytes`` fits into ``available_bytes``."""
+        return self.required_bytes <= self.available_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (for logs and ``summary.json``), with GiB totals."""
+        return {**asdict(self), "required_bytes": self.required_bytes, "total_bytes": self.total_bytes,
+                "total_gib": self.total_bytes / 2**30, "required_gib": self.required_bytes / 2**30,
+                "available_gib": self.available_bytes / 2**30}
+
+
+def available_memory(device: torch.device) -> int:
+    """Free bytes on ``device``: CUDA free device memory, else psutil's available RAM."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return int(psutil.virtual_memory().available)
+
+
+def _unique(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for p in params:
+        seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def estimate_training_memory(model: nn.Module, trainable: Iterable[torch.Tensor] | None = None,
+                             kept_params: int | None = None, mask_bytes: int | None = None,
+                             available_bytes: int | None = None) -> MemoryEstimate:
+    """Weights + gradients + AdamW states of the trainable parameters of ``model`` (any adapter method).
+
+    Args:
+        model: The model (its parameters are the resident weights).
+        trainable: The parameters to be trained; default those with ``requires_grad``.
+        kept_params: Trained entries (default: every trainable entry; masked full passes the kept count).
+        mask_bytes: Bytes of masks to count (default: the packed mask buffers of masked full and SparsePEFT).
+        available_bytes: Override the measured free memory (tests).
+    """
+    params = _unique(model.parameters())
+    train = _unique(trainable) if trainable is not None else [p for p in params if p.requires_grad]
+    n_train = sum(p.numel() for p in train)
+    train_bytes = sum(p.numel() * p.element_size() for p in train)
+    if mask_bytes is None:
+        mask_bytes = sum(b.numel() * b.element_size() for name, b in model.named_buffers(remove_duplicate=True)
+                         if name.endswith(MASK_BUFFERS))
+    device = next((p.device for p in train), params[0].device if params else torch.device("cpu"))
+    return MemoryEstimate(
+        trainable_params=n_train,
+        kept_params=n_train if kept_params is None else kept_params,
+        weight_bytes=sum(p.numel() * p.element_size() for p in params),
+        grad_bytes=train_bytes,
+        optimizer_bytes=ADAMW_STATES * train_bytes,
+        mask_bytes=mask_bytes,
+        device=str(device),
+        available_bytes=available_memory(device) if available_bytes is None else available_bytes,
+    )
+
+
+def masked_full_layers(model: nn.Module) -> dict[str, nn.Linear]:
+    """The linear layers of ``model`` prepared by :func:`inject_masked_full`, by module name."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and hasattr(m, MASK_BUFFER)}
+
+
+def _mask_grad(module: nn.Linear):
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        keep = unpack_rows(getattr(module, MASK_BUFFER), grad.shape[-1])
+        return grad.masked_fill(~keep.to(grad.device), 0.0)
+
+    return hook
+
+
+def inject_masked_full(
+    model: nn.Module,
+    masks: Mapping[str, torch.Tensor] | None = None,
+    targets: Sequence[str] = DEFAULT_TARGETS,
+    check_memory: bool = True,
+    available_bytes: int | None = None,
+) -> nn.Module:
+    """Make every weight of the ``targets`` linears trainable with gradient ``dL/dW ⊙ M``; freeze the rest.
+
+    Args:
+        model: The pruned model (modified in place and returned).
+        masks: Pruning masks (True = kept) by module name, one per adapted layer (extra ones ignored); ``None``
+            uses each weight's non-zeros. The mask used is ``M ∧ (W ≠ 0)``.
+        targets: Module-name suffixes (``adapter.targets``).
+        check_memory: Refuse when :func:`estimate_training_memory` exceeds the free memory.
+        available_bytes: Override the measured free memory (tests).
+
+    Raises:
+        ValueError: targets match nothing, an adapted layer without a mask, a mask pruning a non-zero weight, or
+            the model is already prepared. MemoryError: gradients + AdamW states do not fit (names the config key).
+    """
+    targets = tuple([targets] if isinstance(targets, str) else targets)
+    if masked_full_layers(model):
+        raise ValueError("inject_masked_full: the model is already prepared for masked full fine-tuning")
+    found = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and matches(n, targets)}
+    if not found:
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(f"adapter.targets={list(targets)} match no nn.Linear of {type(model).__name__}; "
+                         f"linear layer names present: {names}. Fix adapter.targets.")
+    if masks is not None:
+        missing = sorted(set(found) - set(masks))
+        if missing:
+            raise ValueError(f"masked_full: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
+                             "prune the layers that adapter.targets names")
+    keep = {}
+    for name, module in found.items():
+        weight = module.weight.detach()
+        mask = checked_mask(name, masks[name], weight) if masks is not None else torch.ones_like(weight, dtype=bool)
+        keep[name] = pack_rows(mask & (weight != 0))
+    if check_memory:
+        kept = 0 if any(p.is_meta for p in keep.values()) else sum(
+            int(unpack_rows(p, found[n].in_features).sum()) for n, p in keep.items())
+        estimate = estimate_training_memory(model, [m.weight for m in found.values()], kept_params=kept,
+                                            mask_bytes=sum(p.numel() for p in keep.values()),
+                                            available_bytes=available_bytes)
+        if not estimate.fits:
+            raise MemoryError(
+                f"adapter.name=masked_full needs {estimate.required_bytes / 2**30:.2f} GiB for the gradients and AdamW "
+                f"states of {estimate.trainable_params:,} weights ({estimate.total_bytes / 2**30:.2f} GiB with the "
+                f"model's weights, activations not counted) but {estimate.device} has "
+                f"{estimate.available_bytes / 2**30:.2f} GiB free; use a larger device or a parameter-efficient "
+                "method (adapter.name=spp, sparse_lora or lora)")
+    freeze_all(model)
+    for name, module in found.items():
+        module.register_buffer(MASK_BUFFER, keep[name], persistent=False)
+        module.weight.requires_grad_(True)
+        setattr(module, HOOK_ATTR, module.weight.register_hook(_mask_grad(module)))
+    return model
+
+
+def kept_parameters(model: nn.Module) -> int:
+    """Weights that masked full fine-tuning trains (the kept entries of the adapted layers)."""
+    return sum(int(unpack_rows(getattr(m, MASK_BUFFER), m.in_features).sum())
+               for m in masked_full_layers(model).values())
+
+
+@torch.no_grad()
+def merge_masked_full(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
+    """The identity on the weights: remove hooks and masks, freeze; report pruned weights that are non-zero (0).
+
+    Returns:
+        The same model and ``{"layers", "kept_params", "trainable_params", "pruned_nonzero"}``.
+    """
+    layers = masked_full_layers(model)
+    if not layers:
+        raise ValueError("merge_masked_full: the model holds no layer prepared by inject_masked_full")
+    kept = trainable = pruned_nonzero = 0
+    for module in layers.values():
+        keep = unpack_rows(getattr(module, MASK_BUFFER), module.in_features)
+        kept += int(keep.sum())
+        trainable += keep.numel()
+        pruned_nonzero += int(((module.weight != 0) & ~keep).sum())
+        getattr(module, HOOK_ATTR).remove()
+        delattr(module, HOOK_ATTR)
+        delattr(module, MASK_BUFFER)
+    freeze_all(model)
+    return model, {"layers": len(layers), "kept_params": kept, "trainable_params": trainable,
+                   "pruned_nonzero": pruned_nonzero}
+
+
+def save_masked_full(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
+    """Write ``masked_full.json`` (layers, kept counts, memory estimate): the trained weights are the model itself,
+    exported as the merged model, so no adapter tensors are written."""
+    layers = masked_full_layers(model)
+    if not layers:
+        raise ValueError("save_masked_full: the model holds no layer prepared by inject_masked_full")
+    meta = {"format": "masked_full", "spp_version": __version__,
+            "layers": {n: int(unpack_rows(getattr(m, MASK_BUFFER), m.in_features).sum()) for n, m in layers.items()},
+            "memory": estimate_training_memory(model).to_dict(), "extra": extra or {}}
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(meta, indent=2, sort_keys=True)
+    write_file_atomic(out / META_NAME, lambda p: p.write_text(text + "\n"))
+    return out

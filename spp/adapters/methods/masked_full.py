@@ -1,0 +1,35 @@
+"""``adapter=masked_full``: masked full fine-tuning (the upper bound): kept weights trained, pruned ones fixed at 0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from spp.adapters.base import AdapterMethod, Masks
+from spp.adapters.config import AdapterConfig
+from spp.adapters.masked_full import inject_masked_full, merge_masked_full, save_masked_full
+
+
+class MaskedFull(AdapterMethod):
+    """The adapted projections' weights train with gradient ``dL/dW ⊙ M``; merge is the identity.
+
+    Refuses (``MemoryError`` naming ``adapter.name=masked_full``) when gradients + AdamW states do not fit; the
+    estimate is :func:`spp.adapters.masked_full.estimate_training_memory`. ``r``, ``scale``, ``dropout`` and the SPP
+    keys of the config are not used; the weights train in their own dtype (``adapter.dtype`` does not apply).
+    """
+
+    name = "masked_full"
+
+    def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
+        return inject_masked_full(model, masks, targets=tuple(cfg.targets))
+
+    def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
+        return merge_masked_full(model)
+
+    def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
+        save_masked_full(model, directory, extra)
+
+
+METHOD = MaskedFull()

@@ -1,0 +1,362 @@
+"""SparsePEFT (SQFT, Muñoz et al., EMNLP 2024 Findings, arXiv 2410.03750): LoRA whose update is masked.
+
+With the frozen pruned weight ``W~`` (m x n), its mask ``M`` (True = kept), LoRA factors ``A`` (r x n) and
+``B`` (m x r), scale ``s = lora_alpha / r`` and ``xd = dropout(x)``::
+
+    training:  y = x W~ᵀ + s · xd · ((B A) ⊙ M)ᵀ
+    merge:     W = W~ + s · (B A) ⊙ M            (pruned positions keep their bits: every zero stays)
+
+Built on peft: :class:`SparseLoraLinear` is peft's ``lora.Linear`` (same ``lora_A``/``lora_B``/dropout/scaling,
+init, state-dict keys, ``save_pretrained``, ``merge_and_unload``) whose only LoRA variant is
+:class:`SparseLoraVariant` (peft's ``LoraVariant`` hook: forward, merge, unmerge); it is put in place of every
+targeted ``nn.Linear`` through ``LoraConfig._register_custom_module``. The masked product is one autograd
+Function (:class:`MaskedLoRAFunction`) that saves ``xd``, ``A``, ``B`` and the bit-packed mask only: ``(B A) ⊙ M``
+and its gradient ``s (gᵀ xd) ⊙ M`` are rebuilt in row chunks and freed, so no m x n float tensor survives the
+forward.
+
+The mask used is ``M ∧ (W~ ≠ 0)`` (SQFT derives it from the sparse weight): a kept weight that is exactly zero
+stays zero, so the zero pattern of the adapted layer is that of ``W~`` during training and after the merge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from peft.tuners.lora.layer import Linear as LoraLinear
+from peft.tuners.lora.layer import LoraVariant
+from peft.utils import load_peft_weights, set_peft_model_state_dict
+from torch import nn
+
+from spp.adapters.bitmask import checked_mask, pack_rows, unpack_rows
+from spp.adapters.spp.functional import BACKWARD_CHUNK_ELEMENTS
+from spp.atomic import write_file_atomic
+from spp.projections import DEFAULT_TARGETS, matches
+from spp.version import __version__
+
+FORMAT = "sparse_lora"
+META_NAME = "sparse_lora.json"
+
+
+def _row_chunks(m: int, n: int) -> list[tuple[int, int]]:
+    rows = max(1, BACKWARD_CHUNK_ELEMENTS // max(n, 1))
+    return [(lo, min(lo + rows, m)) for lo in range(0, m, rows)]
+
+
+def _masked_delta(a: torch.Tensor, b_rows: torch.Tensor, packed_rows: torch.Tensor, scale: float) -> torch.Tensor:
+    """Rows of ``s · (B A) ⊙ M`` (transient)."""
+    keep = unpack_rows(packed_rows, a.shape[1])
+    return (b_rows @ a).mul_(scale).masked_fill_(~keep, 0.0)
+
+
+class MaskedLoRAFunction(torch.autograd.Function):
+    """``s · xd ((B A) ⊙ M)ᵀ`` with hand-written gradients (the SparsePEFT branch).
+
+    Gradients, with ``G = s (gᵀ xd) ⊙ M`` (m x n, built a chunk of rows at a time)::
+
+        dB = G Aᵀ,   dA = Bᵀ G,   dxd = s g ((B A) ⊙ M)
+
+    Saved for backward: ``xd`` (as peft's LoRA saves it for ``lora_A``), ``A``, ``B``, the packed mask.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, packed: torch.Tensor,
+                scale: float) -> torch.Tensor:
+        dev = xd.device.type
+        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else xd.dtype
+        m, n = lora_b.shape[0], lora_a.shape[1]
+        with torch.autocast(dev, enabled=False):
+            x2 = xd.reshape(-1, n).to(cdt)
+            a, b = lora_a.to(cdt), lora_b.to(cdt)
+            chunks = _row_chunks(m, n)
+            if len(chunks) == 1:
+                y = x2 @ _masked_delta(a, b, packed, scale).t()
+            else:
+                y = x2.new_empty(x2.shape[0], m)
+                for lo, hi in chunks:
+                    y[:, lo:hi] = x2 @ _masked_delta(a, b[lo:hi], packed[lo:hi], scale).t()
+        ctx.scale, ctx.cdt = scale, cdt
+        ctx.save_for_backward(xd, lora_a, lora_b, packed)
+        return y.view(*xd.shape[:-1], m)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        xd, lora_a, lora_b, packed = ctx.saved_tensors
+        scale, cdt = ctx.scale, ctx.cdt
+        need_x, need_a, need_b = ctx.needs_input_grad[:3]
+        m, n = lora_b.shape[0], lora_a.shape[1]
+        g2 = g.reshape(-1, m).to(cdt)
+        x2 = xd.reshape(-1, n).to(cdt)
+        a, b = lora_a.to(cdt), lora_b.to(cdt)
+        gx = torch.zeros_like(x2) if need_x else None
+        ga = torch.zeros_like(a) if need_a else None
+        gb = torch.empty_like(b) if need_b else None
+        for lo, hi in _row_chunks(m, n):
+            keep = unpack_rows(packed[lo:hi], n)
+            if need_x:
+                delta = (b[lo:hi] @ a).mul_(scale).masked_fill_(~keep, 0.0)
+                gx.addmm_(g2[:, lo:hi], delta)
+                del delta
+            if need_a or need_b:
+                grad_delta = (g2[:, lo:hi].t() @ x2).mul_(scale).masked_fill_(~keep, 0.0)
+                if need_b:
+                    gb[lo:hi] = grad_delta @ a.t()
+                if need_a:
+                    ga.addmm_(b[lo:hi].t(), grad_delta)
+                del grad_delta
+        return (gx.view(xd.shape).to(xd.dtype) if need_x else None,
+                ga.to(lora_a.dtype) if need_a else None,
+                gb.to(lora_b.dtype) if need_b else None, None, None)
+
+
+def masked_lora(xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, packed_mask: torch.Tensor,
+                scale: float) -> torch.Tensor:
+    """The SparsePEFT branch ``s · xd · ((B A) ⊙ M)ᵀ`` (``packed_mask``: :func:`~spp.adapters.bitmask.pack_rows`)."""
+    return MaskedLoRAFunction.apply(xd, lora_a, lora_b, packed_mask, float(scale))
+
+
+def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(weight.dtype, torch.float32)
+
+
+def _merged_weight(module: SparseLoraLinear, adapter: str, weight: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
+    """``W~ ± s·(B A) ⊙ M`` rounded once to the weight's dtype; pruned positions are ``weight``'s own bits."""
+    cdt = _compute_dtype(weight)
+    delta = module.get_delta_weight(adapter).to(cdt)
+    summed = torch.add(weight.detach().to(cdt), delta, alpha=sign).to(weight.dtype)
+    return torch.where(module.mask, summed, weight.detach())
+
+
+class SparseLoraVariant(LoraVariant):
+    """peft LoRA variant: the update ``s·(B A)`` masked by the layer's pruning mask in forward, merge and unmerge."""
+
+    def supports_lora_conversion(self) -> bool:
+        """A masked update is not a rank-r LoRA: no conversion to vanilla LoRA."""
+        return False
+
+    @staticmethod
+    def init(module: LoraLinear, adapter_name: str, **kwargs: Any) -> None:
+        """Nothing to add per adapter: the mask belongs to the layer (one per weight, shared by adapters)."""
+
+    @staticmethod
+    def merge_safe(module: LoraLinear, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
+        return _merged_weight(module, active_adapter, orig_weight)
+
+    @staticmethod
+    def merge_unsafe(module: LoraLinear, active_adapter: str, orig_weight: torch.Tensor) -> None:
+        orig_weight.data.copy_(_merged_weight(module, active_adapter, orig_weight))
+
+    @staticmethod
+    def unmerge(module: LoraLinear, active_adapter: str, orig_weight: torch.Tensor) -> torch.Tensor:
+        return _merged_weight(module, active_adapter, orig_weight, sign=-1.0)
+
+    @staticmethod
+    def forward(module: LoraLinear, active_adapter: str, x: torch.Tensor, result: torch.Tensor,
+                **kwargs: Any) -> torch.Tensor:
+        xd = module.lora_dropout[active_adapter](x)
+        update = masked_lora(xd, module.lora_A[active_adapter].weight, module.lora_B[active_adapter].weight,
+                             module.sparse_mask_packed, module.scaling[active_adapter])
+        return result + update
+
+
+class SparseLoraLinear(LoraLinear):
+    """peft ``lora.Linear`` with a bit-packed mask buffer; its one LoRA variant is :class:`SparseLoraVariant`.
+
+    The mask starts as ``W~ ≠ 0`` (SQFT's definition); :meth:`set_mask` narrows it to ``M ∧ (W~ ≠ 0)`` with the
+    pruning mask ``M`` after checking that every pruned weight is zero.
+    """
+
+    def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, **kwargs: Any) -> None:
+        if config.fan_in_fan_out or config.lora_bias:
+            raise ValueError("sparse_lora supports nn.Linear layers without fan_in_fan_out and without lora_bias")
+        super().__init__(base_layer, adapter_name, config=config, **kwargs)
+        weight = self.get_base_layer().weight
+        self.register_buffer("sparse_mask_packed", pack_rows(weight.detach() != 0), persistent=False)
+
+    @property
+    def lora_variants(self) -> dict[tuple[str, ...], type[LoraVariant] | None]:
+        return {(): SparseLoraVariant}
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """The mask in use (bool, out x in, True = trained/kept), unpacked (transient)."""
+        return unpack_rows(self.sparse_mask_packed, self.in_features)
+
+    def set_mask(self, mask: torch.Tensor) -> None:
+        """Use ``mask ∧ (W~ ≠ 0)``; ``mask`` must be bool (out x in) with every pruned weight already zero."""
+        weight = self.get_base_layer().weight.detach()
+        self.sparse_mask_packed = pack_rows(mask.to(weight.device) & (weight != 0))
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor:
+        """``s · (B A) ⊙ M`` (peft's LoRA delta, masked)."""
+        delta = super().get_delta_weight(adapter)
+        return delta.masked_fill(~self.mask.to(delta.device), 0.0)
+
+    @torch.no_grad()
+    def effective_weight(self) -> torch.Tensor:
+        """The weight the layer applies (detached, fp32 or wider): ``W~ + s·(B A) ⊙ M`` over the active adapters."""
+        weight = self.get_base_layer().weight.detach()
+        cdt = _compute_dtype(weight)
+        if self.merged or self.disable_adapters:
+            return weight.to(cdt)
+        delta = torch.zeros(weight.shape, dtype=cdt, device=weight.device)
+        for adapter in self.active_adapters:
+            if adapter in self.lora_A:
+                delta += self.get_delta_weight(adapter).to(cdt)
+        return torch.where(self.mask, weight.to(cdt) + delta, weight.to(cdt))
+
+    def __repr__(self) -> str:
+        return "sparse_" + super().__repr__()
+
+
+def sparse_lora_layers(model: nn.Module) -> Iterator[tuple[str, SparseLoraLinear]]:
+    """Yield ``(original module name, layer)`` (``model.layers.0.self_attn.q_proj``) of a SparsePEFT model."""
+    root = model.base_model.model if isinstance(model, PeftModel) else model
+    for name, module in root.named_modules():
+        if isinstance(module, SparseLoraLinear):
+            yield name, module
+
+
+def _check_targets(model: nn.Module, targets: Sequence[str], r: int, dropout: float) -> None:
+    if r < 1:
+        raise ValueError(f"adapter.r must be >= 1, got {r}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"adapter.dropout must be in [0, 1), got {dropout}")
+    if not targets:
+        raise ValueError("adapter.targets is empty; list module-name suffixes such as q_proj")
+    found = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and matches(n, targets)]
+    if not found:
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(f"adapter.targets={list(targets)} match no nn.Linear of {type(model).__name__}; "
+                         f"linear layer names present: {names}. Fix adapter.targets.")
+
+
+def inject_sparse_lora(
+    model: nn.Module,
+    masks: Mapping[str, torch.Tensor] | None = None,
+    targets: Sequence[str] = DEFAULT_TARGETS,
+    r: int = 8,
+    alpha: float = 16.0,
+    dropout: float = 0.05,
+    dtype: torch.dtype = torch.float32,
+) -> PeftModel:
+    """Wrap ``model`` with SparsePEFT layers on ``targets`` (peft LoRA init: ``B = 0``, output unchanged).
+
+    Args:
+        model: The pruned model (plain HF module).
+        masks: Pruning masks (True = kept) by original module name, one for every adapted layer (extra ones are
+            ignored); ``None`` uses each weight's non-zeros (SQFT's mask).
+        targets, r, alpha, dropout: As ``adapter=lora`` (scale ``alpha / r``).
+        dtype: dtype of ``A`` and ``B`` (``adapter.dtype``).
+
+    Returns:
+        The ``PeftModel``; only the LoRA ``A``/``B`` matrices require grad.
+
+    Raises:
+        ValueError: bad ``r``/``dropout``/``targets``, an adapted layer without a mask, or a mask that prunes a
+            non-zero weight.
+    """
+    targets = tuple([targets] if isinstance(targets, str) else targets)
+    _check_targets(model, targets, r, dropout)
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none",
+                        task_type="CAUSAL_LM")
+    config._register_custom_module({nn.Linear: SparseLoraLinear})
+    peft_model = get_peft_model(model, config)
+    layers = dict(sparse_lora_layers(peft_model))
+    if masks is not None:
+        missing = sorted(set(layers) - set(masks))
+        if missing:
+            raise ValueError(f"sparse_lora: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
+                             "prune the layers that adapter.targets names")
+        for name, layer in layers.items():
+            layer.set_mask(checked_mask(name, masks[name], layer.get_base_layer().weight))
+    for layer in layers.values():
+        for module in (*layer.lora_A.values(), *layer.lora_B.values()):
+            module.to(dtype=dtype)
+    return peft_model
+
+
+@torch.no_grad()
+def merge_sparse_lora(model: PeftModel) -> tuple[nn.Module, dict[str, Any]]:
+    """Merge ``W = W~ + s·(B A) ⊙ M`` into every layer and unwrap (peft's ``merge_and_unload``).
+
+    Returns:
+        The plain model and ``{"layers", "delta_sq_norm", "pruned_nonzero"}``: ‖s·(B A) ⊙ M‖²_F summed over
+        the layers, and the pruned positions non-zero after the merge (0 unless something is broken).
+    """
+    layers = dict(sparse_lora_layers(model))
+    if not layers:
+        raise ValueError("merge_sparse_lora: the model holds no SparsePEFT layer (nothing to merge)")
+    packed = {name: (layer.sparse_mask_packed, layer.in_features) for name, layer in layers.items()}
+    delta_sq = 0.0
+    for layer in layers.values():
+        for adapter in layer.active_adapters:
+            if adapter in layer.lora_A:
+                delta_sq += float(layer.get_delta_weight(adapter).double().square().sum())
+    plain = model.merge_and_unload()
+    modules = dict(plain.named_modules())
+    pruned_nonzero = sum(int(((modules[name].weight != 0) & ~unpack_rows(p, n)).sum())
+                         for name, (p, n) in packed.items())
+    return plain, {"layers": len(layers), "delta_sq_norm": delta_sq, "pruned_nonzero": pruned_nonzero}
+
+
+def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
+    """peft's adapter files (``adapter_config.json``, ``adapter_model.safetensors``) plus ``sparse_lora.json``.
+
+    ``sparse_lora.json`` marks the directory as SparsePEFT (a plain ``PeftModel.from_pretrained`` would apply the
+    update unmasked) and records each layer's mask size (trained positions), checked by :func:`load_sparse_lora`.
+    """
+    layers = dict(sparse_lora_layers(model))
+    if not layers:
+        raise ValueError("save_sparse_lora: the model holds no SparsePEFT layer; call inject_sparse_lora first")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    meta = {"format": FORMAT, "spp_version": __version__,
+            "layers": {name: int(layer.mask.sum()) for name, layer in layers.items()}, "extra": extra or {}}
+    text = json.dumps(meta, indent=2, sort_keys=True)
+    write_file_atomic(out / META_NAME, lambda p: p.write_text(text + "\n"))
+    return out
+
+
+def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
+                     masks: Mapping[str, torch.Tensor] | None = None) -> PeftModel:
+    """Re-create the SparsePEFT model written by :func:`save_sparse_lora` on the pruned base ``model``.
+
+    Args:
+        model: The same pruned base model (plain HF module) the adapter was trained on.
+        directory: The adapter directory.
+        masks: The pruning masks; ``None`` uses the base weights' non-zeros (the same mask for a pruned model).
+
+    Raises:
+        FileNotFoundError: not an adapter directory. ValueError: not SparsePEFT, or layers / mask sizes / tensor
+            names differ from the file (a different base model).
+    """
+    path = Path(directory)
+    meta_path = path / META_NAME
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"No {META_NAME} in {directory}; expected a directory written by save_sparse_lora")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{meta_path} is not a SparsePEFT adapter (format={meta.get('format')!r})")
+    config = LoraConfig.from_pretrained(str(path))
+    state = load_peft_weights(str(path), device="cpu")
+    dtype = next(iter(state.values())).dtype
+    peft_model = inject_sparse_lora(model, masks, targets=sorted(config.target_modules), r=config.r,
+                                    alpha=config.lora_alpha, dropout=config.lora_dropout, dtype=dtype)
+    kept = {name: int(layer.mask.sum()) for name, layer in sparse_lora_layers(peft_model)}
+    if kept != meta["layers"]:
+        differ = sorted(k for k in set(kept) | set(meta["layers"]) if kept.get(k) != meta["layers"].get(k))
+        raise ValueError(f"load_sparse_lora: layers or mask sizes differ from {directory} at {differ[:3]}; load it "
+                         "on the pruned model it was trained on")
+    result = set_peft_model_state_dict(peft_model, state)
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if result.unexpected_keys or missing:
+        raise ValueError(f"load_sparse_lora: tensors differ from the model: unexpected {result.unexpected_keys[:3]}, "
+                         f"missing {missing[:3]}")
+    return peft_model
