@@ -1,0 +1,206 @@
+"""Text generation from a (merged, pruned) causal LM: the Alpaca prompt, greedy or sampled decoding, tokens/s,
+and the optional 2:4 semi-structured path (``generate.py``, and one completion at the end of the training job).
+
+The 2:4 path converts the merged model's projections with :func:`spp.export.semi_structured.export_semi_structured`
+(PyTorch's ``to_sparse_semi_structured``: cuSPARSELt / CUTLASS kernels, CUDA sm80+). After SPP's merge
+``W ⊙ (1 + s·Repeat(α)⊙β)`` (paper Eq. 4-6) every pruned zero stays zero, so a model pruned 2:4 is still 2:4.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from hydra.core.config_store import ConfigStore
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from spp.data.prompts import RESPONSE_SPLIT, user_prompt
+from spp.export.semi_structured import export_semi_structured
+from spp.models.config import ModelConfig
+from spp.projections import DEFAULT_TARGETS
+
+TEMPLATES: tuple[str, ...] = ("alpaca", "none")
+"""``template`` values: ``alpaca`` wraps the prompt as an Alpaca instruction (how SPP runs are tuned),
+``none`` feeds it verbatim (plain continuation, e.g. for the dense base model)."""
+
+FIXED_PROMPT: str = "What is the capital of France?"
+"""The prompt the training job's end-of-run completion uses for the dense, pruned and merged models."""
+
+
+@dataclass
+class GenerationResult:
+    """One completion and how fast it came.
+
+    Attributes:
+        prompt: The user's prompt as given.
+        text: What the model was conditioned on (the prompt after the template).
+        completion: The decoded new tokens only (special tokens skipped, surrounding whitespace stripped).
+        new_tokens: Number of generated tokens (EOS included when the model stopped on it).
+        seconds: Wall time of ``model.generate`` (prefill + decode; CUDA synchronised).
+        tokens_per_s: ``new_tokens / seconds``.
+        device: Where the model ran (``cpu``, ``cuda:0``).
+        dtype: The model's parameter dtype.
+        sampled: ``False`` = greedy decoding.
+        sparse24: The projections ran as 2:4 semi-structured sparse tensors.
+        token_ids: The generated token ids.
+    """
+
+    prompt: str
+    text: str
+    completion: str
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    device: str
+    dtype: str
+    sampled: bool
+    sparse24: bool = False
+    token_ids: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready record (what ``generate.py`` writes to ``generation.json``)."""
+        return asdict(self)
+
+
+def format_prompt(prompt: str, template: str = "alpaca", input: str = "") -> str:
+    """Apply the prompt ``template``: ``alpaca`` (the training template up to ``### Response:\\n``) or ``none``.
+
+    Raises:
+        ValueError: an unknown template (names the key and the allowed values).
+    """
+    if template == "alpaca":
+        return user_prompt(prompt, input)
+    if template == "none":
+        return prompt if not input else f"{prompt}\n{input}"
+    raise ValueError(f"template={template!r} is not one of {list(TEMPLATES)}; set template=alpaca or template=none")
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    for param in model.parameters():
+        return param.device
+    return torch.device("cpu")
+
+
+def generate_text(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompt: str,
+    *,
+    max_new_tokens: int = 64,
+    template: str = "alpaca",
+    input: str = "",
+    do_sample: bool = False,
+    temperature: float = 0.7,
+    top_p: float = 0.9,
+    seed: int = 0,
+) -> GenerationResult:
+    """Generate one completion for ``prompt`` with ``model`` where it is (device and dtype untouched).
+
+    Greedy by default (``do_sample=False``: deterministic, ``temperature``/``top_p`` unused); with
+    ``do_sample=True`` nucleus sampling under ``seed`` (the global RNG state is restored afterwards, so a
+    training job's randomness is not disturbed). The model's own ``generation_config`` sampling defaults are
+    ignored: only the arguments here decide. The prompt is tokenised as in training (the tokenizer's special
+    tokens, e.g. LLaMA's BOS, included).
+
+    Raises:
+        ValueError: bad ``max_new_tokens``, ``temperature``, ``top_p`` or ``template`` (named).
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    if do_sample and not temperature > 0:
+        raise ValueError(f"temperature={temperature} must be > 0 when sampling (or set do_sample=false)")
+    if do_sample and not 0 < top_p <= 1:
+        raise ValueError(f"top_p={top_p} must be in (0, 1]")
+    text = format_prompt(prompt, template, input)
+    device = _model_device(model)
+    enc = tokenizer(text, return_tensors="pt").to(device)
+    eos = tokenizer.eos_token_id
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample,
+                                  "eos_token_id": eos, "pad_token_id": pad}
+    if do_sample:
+        gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
+    gen_config = GenerationConfig(**gen_kwargs)
+    cuda = device.type == "cuda"
+    with torch.random.fork_rng(devices=[device] if cuda else []), torch.inference_mode():
+        torch.manual_seed(seed)
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        out = model.generate(**enc, generation_config=gen_config)
+        if cuda:
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - t0
+    new_ids = out[0, enc["input_ids"].shape[1]:].tolist()
+    completion = tokenizer.decode(new_ids, skip_special_tokens=True)
+    if template == "alpaca" and RESPONSE_SPLIT in completion:  # a model that starts a new turn: keep the answer
+        completion = completion.split(RESPONSE_SPLIT, 1)[0]
+    return GenerationResult(
+        prompt=prompt, text=text, completion=completion.strip(), new_tokens=len(new_ids), seconds=seconds,
+        tokens_per_s=len(new_ids) / seconds if seconds > 0 else float("inf"), device=str(device),
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."), sampled=do_sample, token_ids=new_ids,
+    )
+
+
+def to_sparse24(model: PreTrainedModel, dtype: torch.dtype = torch.bfloat16, device: str = "cuda",
+                targets: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
+    """Move ``model`` to ``device`` (CUDA) in ``dtype`` and turn every 2:4 target projection into a
+    semi-structured sparse tensor.
+
+    The 2:4 pattern and the kernels' shape limits are checked on every layer first (on any device), then CUDA.
+
+    Returns:
+        Names of the converted layers.
+
+    Raises:
+        ValueError: a target layer is not 2:4 (named, with the fix), or has an unsupported shape.
+        RuntimeError: no CUDA GPU (no 2:4 kernels on CPU).
+    """
+    if torch.cuda.is_available():
+        model.to(device, dtype)
+    return export_semi_structured(model, targets)
+
+
+@dataclass
+class GenerateJobConfig:
+    """``generate.py`` (``conf/generate.yaml``): load a model, generate one completion, print it with tokens/s.
+
+    Attributes:
+        model: The model to load; a trained run's export is ``model.path=<run_dir>/merged``.
+        prompt: The instruction (``template=alpaca``) or raw text (``template=none``).
+        input: Optional Alpaca ``### Input:`` context.
+        template: ``alpaca`` (default: how SPP runs are instruction-tuned) or ``none``.
+        max_new_tokens: Tokens to generate at most (stops earlier on EOS).
+        do_sample: ``false`` = greedy (deterministic); ``true`` = nucleus sampling.
+        temperature: Sampling temperature (``do_sample=true`` only).
+        top_p: Nucleus mass (``do_sample=true`` only).
+        seed: Sampling seed.
+        device: ``cpu``, ``cuda``, ``cuda:1``; null = CUDA when available, else CPU.
+        dtype: Override ``model.torch_dtype`` (``float32``, ``bfloat16``, ``float16``); null = keep it.
+        sparse24: Run the 7 projections as PyTorch 2:4 semi-structured sparse tensors (CUDA sm80+, a model
+            pruned ``sparsity=nm2_4``; runs in ``dtype`` or bfloat16).
+        warmup: Untimed generations before the timed one (kernel selection, caches); 0 on CPU is fine.
+        output_file: Where the JSON record goes; null = ``generation.json`` in Hydra's run directory.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    prompt: str = FIXED_PROMPT
+    input: str = ""
+    template: str = "alpaca"
+    max_new_tokens: int = 64
+    do_sample: bool = False
+    temperature: float = 0.7
+    top_p: float = 0.9
+    seed: int = 0
+    device: str | None = None
+    dtype: str | None = None
+    sparse24: bool = False
+    warmup: int = 0
+    output_file: str | None = None
+
+
+def register_configs() -> None:
+    """Store :class:`GenerateJobConfig` as ``generate_schema`` in Hydra's ConfigStore (idempotent)."""
+    ConfigStore.instance().store(name="generate_schema", node=GenerateJobConfig)
