@@ -2,77 +2,27 @@
 
 Writes to the run directory: ``model/`` (pruned model via ``save_pretrained`` + tokenizer), ``mask_summary.json``
 (per-layer and overall exact-zero sparsity, N:M audit), ``report.md`` and ``timing.json``. The pruning itself goes
-through the cache (``use_cache=false`` to bypass it).
+through the cache (``use_cache=false`` to bypass it); two jobs with the same key prune once (file lock). The job
+is :func:`spp.pruning.job.run`.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from spp.atomic import write_dir_atomic, write_json_atomic, write_text_atomic
-from spp.models import load_model
-from spp.pruning import get_or_prune, prune_model, sparsity_summary
 from spp.pruning.config import PruneJobConfig, register_prune_configs
+from spp.pruning.job import run
 
 register_prune_configs()
 
 
-def run(job: PruneJobConfig, output_dir: Path) -> dict:
-    """Load, prune (through the cache), audit and save; returns the timing record."""
-    t_start = time.perf_counter()
-    job.pruner.validate(), job.sparsity.validate(), job.calibration.validate()
-    torch.manual_seed(job.seed)
-    model, tokenizer = load_model(job.model)
-    timing: dict = {"load_model": time.perf_counter() - t_start}
-    if job.use_cache:
-        result = get_or_prune(
-            model, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir, job.data_dir,
-            job.device,
-        )
-    else:
-        result = prune_model(model, tokenizer, job.pruner, job.sparsity, job.calibration, job.data_dir, job.device)
-    timing.update(prune=result.timings, cache_hit=result.cache_hit, cache_path=result.cache_path)
-    nm = (job.sparsity.n, job.sparsity.m) if job.sparsity.kind == "nm" else (None, None)
-    summary = sparsity_summary({n: m.weight for n, m in _linears(model, job).items()}, *nm)
-    summary.update(
-        model=job.model.name, pruner=job.pruner.name, sparsity=job.sparsity.name,
-        target_ratio=job.sparsity.target_ratio,
-        calibration=OmegaConf.to_container(OmegaConf.structured(job.calibration)),
-    )
-    write_json_atomic(output_dir / "mask_summary.json", summary)
-    write_text_atomic(output_dir / "report.md", result.report.to_markdown() + "\n")
-    if job.save_model:
-        t0 = time.perf_counter()
-
-        def save(tmp: Path) -> None:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-
-        write_dir_atomic(output_dir / "model", save)
-        timing["save_model"] = time.perf_counter() - t0
-    timing["total"] = time.perf_counter() - t_start
-    write_json_atomic(output_dir / "timing.json", timing)
-    print(result.report.to_markdown().splitlines()[-1])
-    print(f"overall sparsity {summary['overall']['sparsity']:.4f} (target {job.sparsity.target_ratio:.4f}); "
-          f"cache {'hit' if result.cache_hit else 'miss'}; outputs in {output_dir}")
-    return timing
-
-
-def _linears(model: torch.nn.Module, job: PruneJobConfig) -> dict:
-    from spp.pruning import target_linears
-
-    return target_linears(model, job.pruner.targets)
-
-
 @hydra.main(version_base="1.3", config_path="conf", config_name="prune")
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point."""
+    """Hydra entry point: convert the composed config once, then run the job."""
     job: PruneJobConfig = OmegaConf.to_object(cfg)
     run(job, Path(job.output_dir or HydraConfig.get().runtime.output_dir))
 

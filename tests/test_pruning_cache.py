@@ -23,7 +23,7 @@ TINY = ModelConfig(name="tiny", path="tiny")
 
 def _get(tmp_path: Path, tok, pruner: str = "sparsegpt", cal: CalibrationConfig = CAL, model=None):
     model = model if model is not None else tiny_llama(seed=0)
-    result = get_or_prune(model, tok, TINY, {"name": pruner}, U50, cal, tmp_path, SAMPLE_DATA_DIR, "cpu")
+    result = get_or_prune(model, tok, TINY, PrunerConfig(name=pruner), U50, cal, tmp_path, SAMPLE_DATA_DIR, "cpu")
     return model, result
 
 
@@ -87,7 +87,7 @@ def test_damaged_entry_is_rebuilt_not_used(tmp_path, tiny_tok, damage: str) -> N
 
 def test_noop_settings_write_no_entry(tmp_path, tiny_tok) -> None:
     model = tiny_llama(seed=0)
-    result = get_or_prune(model, tiny_tok, TINY, {"name": "none"}, U50, CAL, tmp_path, SAMPLE_DATA_DIR, "cpu")
+    result = get_or_prune(model, tiny_tok, TINY, PrunerConfig(name="none"), U50, CAL, tmp_path, SAMPLE_DATA_DIR, "cpu")
     assert result.cache_path is None and list_entries(tmp_path) == []
     assert all(bool(m.all()) for m in result.masks.values())
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hydra.core.config_store import ConfigStore
+
 from spp.models.config import ModelConfig
 from spp.projections import ATTENTION_TARGETS, DEFAULT_TARGETS
 
@@ -215,6 +217,4 @@ class PruneJobConfig:
 
 def register_prune_configs() -> None:
     """Register ``PruneJobConfig`` in Hydra's ConfigStore as ``prune_schema`` (the first default of prune.yaml)."""
-    from hydra.core.config_store import ConfigStore
-
     ConfigStore.instance().store(name="prune_schema", node=PruneJobConfig)

@@ -10,7 +10,7 @@ collect input statistics of its target linears while running the (still dense) b
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,7 +21,6 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from spp.pruning.calibration_data import calibration_windows
-from spp.pruning.coerce import as_config
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.methods import prune_matrix, statistics_for
 from spp.pruning.patterns import check_layer_fits
@@ -174,9 +173,9 @@ def validate_for_model(
 def prune_model(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase | None,
-    pruner: PrunerConfig | Mapping[str, Any],
-    sparsity: SparsityConfig | Mapping[str, Any],
-    calibration: CalibrationConfig | Mapping[str, Any] | None = None,
+    pruner: PrunerConfig,
+    sparsity: SparsityConfig,
+    calibration: CalibrationConfig | None = None,
     data_dir: str | None = None,
     device: str | torch.device | None = None,
 ) -> PruneResult:
@@ -185,7 +184,7 @@ def prune_model(
     Args:
         model: A decoder-only causal LM (LLaMA family); it may stay on CPU while blocks visit ``device``.
         tokenizer: Tokenizer for the calibration text (unused by ``none``/``magnitude``).
-        pruner: Pruner config (dataclass, mapping or OmegaConf node).
+        pruner: Pruner config.
         sparsity: Sparsity pattern.
         calibration: Calibration settings (defaults: C4, 128 x 2048, seed 0).
         data_dir: Data root override (see ``spp.paths.find_data``).
@@ -194,9 +193,7 @@ def prune_model(
     Returns:
         ``PruneResult`` with keep-masks keyed by qualified name, the report and per-phase timings.
     """
-    pruner = as_config(PrunerConfig, pruner, "pruner")
-    sparsity = as_config(SparsityConfig, sparsity, "sparsity")
-    calibration = as_config(CalibrationConfig, calibration if calibration is not None else {}, "calibration")
+    calibration = calibration if calibration is not None else CalibrationConfig()
     was_training = model.training
     model.eval()  # no dropout in the calibration forward passes
     try:

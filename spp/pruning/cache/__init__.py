@@ -1,5 +1,7 @@
 """The pruning cache: prune once per (model, pruner, sparsity, calibration, code version), re-use afterwards.
 
+Concurrent jobs with the same key prune once: the check-miss-prune-write sequence holds an exclusive file lock
+on ``<entry>.lock``, so the others wait (logging that they do), then load the entry the first one wrote.
 ``python -m spp.pruning.cache list|clear`` lists or deletes entries.
 """
 
@@ -10,11 +12,14 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
+from filelock import FileLock, Timeout
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
@@ -29,7 +34,6 @@ from spp.pruning.cache.store import (
     write_entry,
 )
 from spp.pruning.calibration_data import resolve_calibration_file
-from spp.pruning.coerce import as_config
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult, prune_model, validate_for_model
 from spp.pruning.report import build_report
@@ -39,6 +43,7 @@ PRUNING_CODE_VERSION = "1"
 """Bump when a change to the pruning code changes its results: old cache entries then stop matching."""
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = [
     "PRUNING_CODE_VERSION",
@@ -71,7 +76,7 @@ def _pruner_key(pruner: PrunerConfig) -> dict[str, Any]:
 
 
 def cache_key(
-    model_cfg: ModelConfig | Mapping[str, Any] | str,
+    model_cfg: ModelConfig,
     pruner: PrunerConfig,
     sparsity: SparsityConfig,
     calibration: CalibrationConfig,
@@ -123,13 +128,69 @@ def _apply_cached(
     return out
 
 
+@contextmanager
+def entry_lock(entry: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``<entry>.lock`` (``fcntl.flock`` through ``filelock``); log while waiting for it."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(f"{entry}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("pruning cache: another job holds %s.lock (pruning the same key); waiting for it", entry)
+        start = time.perf_counter()
+        lock.acquire()
+        log.info("pruning cache: lock acquired after %.1f s", time.perf_counter() - start)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _load_entry(
+    model: nn.Module, entry: Path, key: dict[str, Any], pruner: PrunerConfig, sparsity: SparsityConfig,
+    linears: dict[str, nn.Linear],
+) -> PruneResult | None:
+    """Apply a valid entry to ``model`` and return its result; ``None`` (entry removed if corrupt) on a miss."""
+    if not entry.exists():
+        return None
+    t0 = time.perf_counter()
+    try:
+        manifest, masks, weights = read_entry(entry)
+        if manifest.get("key") != key:
+            raise CorruptEntryError(f"cache entry {entry} was written for other settings")
+        masks = _apply_cached(model, pruner.targets, masks, weights)
+    except CorruptEntryError as err:
+        log.warning("pruning cache: %s; rebuilding it", err)
+        remove_entry(entry)
+        return None
+    timings = {"cache_load": time.perf_counter() - t0, "total": time.perf_counter() - t0}
+    report = build_report({n: m.weight for n, m in linears.items()}, sparsity)
+    report.overall["timings"] = {"original": manifest.get("timings", {}), **timings}
+    return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry))
+
+
+def _typed(cls: type[T], obj: T | Mapping[str, Any], key: str) -> T:
+    # removed when the training phases land: the training callbacks still pass mappings / DictConfig nodes.
+    if isinstance(obj, cls):
+        return obj
+    if isinstance(obj, DictConfig):
+        obj = OmegaConf.to_container(obj, resolve=True)
+    if not isinstance(obj, Mapping):
+        raise TypeError(f"{key} must be a {cls.__name__}, got {type(obj).__name__}")
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(obj) - fields)
+    if unknown:
+        raise ValueError(f"unknown {key} key(s) {unknown}; valid keys: {sorted(fields)}")
+    return cls(**dict(obj))
+
+
 def get_or_prune(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase | None,
-    model_cfg: ModelConfig | Mapping[str, Any] | str,
-    pruner: PrunerConfig | Mapping[str, Any],
-    sparsity: SparsityConfig | Mapping[str, Any],
-    calibration: CalibrationConfig | Mapping[str, Any] | None,
+    model_cfg: ModelConfig,
+    pruner: PrunerConfig,
+    sparsity: SparsityConfig,
+    calibration: CalibrationConfig,
     cache_dir: str | Path,
     data_dir: str | None = None,
     device: str | torch.device | None = None,
@@ -138,40 +199,30 @@ def get_or_prune(
 
     On a hit the stored masks (and SparseGPT's updated weights) are applied to the model with no calibration
     forward pass. On a miss, or when the entry is partial or fails its checksum, the model is pruned and the
-    entry (re)written atomically. ``pruner=none`` or ``sparsity=dense`` is a no-op with all-True masks and no
-    cache entry.
+    entry (re)written atomically. Check, prune and write hold the entry's file lock (:func:`entry_lock`), so
+    concurrent jobs with the same key prune once. ``pruner=none`` or ``sparsity=dense`` is a no-op with
+    all-True masks and no cache entry.
     """
-    pruner = as_config(PrunerConfig, pruner, "pruner")
-    sparsity = as_config(SparsityConfig, sparsity, "sparsity")
-    calibration = as_config(CalibrationConfig, calibration if calibration is not None else {}, "calibration")
+    pruner = _typed(PrunerConfig, pruner, "pruner")
+    sparsity = _typed(SparsityConfig, sparsity, "sparsity")
+    calibration = _typed(CalibrationConfig, calibration, "calibration")
     linears = validate_for_model(model, pruner, sparsity, calibration)
     if sparsity.is_dense or pruner.name == "none":
         return prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
     key, digest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
     entry = cache_entry_dir(cache_dir, key, digest, pruner.name, sparsity.name)
-    if entry.exists():
-        t0 = time.perf_counter()
-        try:
-            manifest, masks, weights = read_entry(entry)
-            if manifest.get("key") != key:
-                raise CorruptEntryError(f"cache entry {entry} was written for other settings")
-            masks = _apply_cached(model, pruner.targets, masks, weights)
-        except CorruptEntryError as err:
-            log.warning("pruning cache: %s; rebuilding it", err)
-            remove_entry(entry)
-        else:
-            timings = {"cache_load": time.perf_counter() - t0, "total": time.perf_counter() - t0}
-            report = build_report({n: m.weight for n, m in linears.items()}, sparsity)
-            report.overall["timings"] = {"original": manifest.get("timings", {}), **timings}
-            return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry))
-    result = prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
-    weights = {n: m.weight for n, m in linears.items()} if pruner.name == "sparsegpt" else None
-    write_entry(
-        entry,
-        result.masks,
-        weights,
-        {"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "timings": result.timings,
-         "overall": {k: v for k, v in result.report.overall.items() if k != "timings"}},
-    )
+    with entry_lock(entry):
+        cached = _load_entry(model, entry, key, pruner, sparsity, linears)
+        if cached is not None:
+            return cached
+        result = prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
+        weights = {n: m.weight for n, m in linears.items()} if pruner.name == "sparsegpt" else None
+        write_entry(
+            entry,
+            result.masks,
+            weights,
+            {"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "timings": result.timings,
+             "overall": {k: v for k, v in result.report.overall.items() if k != "timings"}},
+        )
     result.cache_path = str(entry)
     return result
