@@ -2,6 +2,11 @@
 
 Each architecture is built on the meta device (no memory, nothing downloaded) from the ``arch`` block of
 ``conf/model/<name>.yaml`` and injected with SPP; a layer with an m x n weight adds ``m + r n`` parameters.
+
+A second table compares the adapter methods on the same models (``--methods``, ``--lora-r``, ``--sparsity``):
+``spp`` (``m + r n`` per layer), ``lora`` = LoRA* and ``sparse_lora`` = SparsePEFT (the same peft factors,
+``r (m + n)`` per layer) and ``masked_full`` (the kept weights of the adapted projections, ``(1 - sparsity) m n``
+per layer; every adapted weight gets a gradient, the mask zeroes the pruned ones).
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spp.adapters.base import count_parameters
+from spp.adapters.lora_star import inject_lora
+from spp.adapters.masked_full import inject_masked_full
+from spp.adapters.sparse_lora import inject_sparse_lora
 from spp.adapters.spp.model import inject
 from spp.paths import CONF_DIR
 from spp.projections import DEFAULT_TARGETS
@@ -23,14 +31,23 @@ TABLE1_MODELS: tuple[str, ...] = ("llama7b", "llama13b", "llama30b", "llama65b",
                                   "llama2_70b")
 
 
+METHODS: tuple[str, ...] = ("spp", "sparse_lora", "lora", "masked_full")
+"""The adapter methods of the comparison table (``adapter.name`` values)."""
+
+
 @dataclass(frozen=True)
 class ParamCount:
-    """One row of Table 1: trainable SPP parameters, all parameters (base + SPP) and their ratio in per mille."""
+    """One row of Table 1: trainable SPP parameters, all parameters (base + SPP) and their ratio in per mille.
+
+    For the other methods ``trainable`` is what the method trains (masked full: the kept weights) and ``total``
+    the base model plus the method's added parameters.
+    """
 
     model: str
     r: int
     trainable: int
     total: int
+    method: str = "spp"
 
     @property
     def per_mille(self) -> float:
@@ -59,6 +76,48 @@ def count_spp_parameters(name: str, r: int = 16, targets: tuple[str, ...] = DEFA
     return ParamCount(model=name, r=r, trainable=counts.trainable, total=counts.total)
 
 
+def count_method_parameters(name: str, method: str, r: int = 16, sparsity: float = 0.5,
+                            targets: tuple[str, ...] = DEFAULT_TARGETS) -> ParamCount:
+    """Trainable parameters of ``method`` on ``name`` (built on the meta device and injected by the method's code).
+
+    Args:
+        name: ``conf/model/<name>.yaml``.
+        method: One of :data:`METHODS`.
+        r: SPP rows of alpha, or the LoRA / SparsePEFT rank; unused by ``masked_full`` (reported as 0).
+        sparsity: Pruned fraction of the adapted projections (``masked_full`` trains the rest); 0.5 for 2:4.
+    """
+    if method == "spp":
+        return count_spp_parameters(name, r=r, targets=targets)
+    if method not in METHODS:
+        raise ValueError(f"method {method!r}: use one of {list(METHODS)}")
+    if not 0.0 <= sparsity < 1.0:
+        raise ValueError(f"sparsity={sparsity} must be in [0, 1)")
+    config = model_arch(name)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+        if method == "lora":
+            model = inject_lora(model, targets, r=r)
+        elif method == "sparse_lora":
+            model = inject_sparse_lora(model, None, targets, r=r)
+        else:
+            model = inject_masked_full(model, None, targets, check_memory=False)
+    counts = count_parameters(model)
+    if method != "masked_full":
+        return ParamCount(model=name, r=r, trainable=counts.trainable, total=counts.total, method=method)
+    kept = sum(round(p.numel() * (1.0 - sparsity)) for p in model.parameters() if p.requires_grad)
+    return ParamCount(model=name, r=0, trainable=kept, total=counts.total, method=method)
+
+
+def methods_table(rows: list[ParamCount]) -> str:
+    """The method comparison as Markdown: model, method, r, trainable, all parameters, per mille."""
+    lines = ["| model | method | r | trainable | all | ‰ |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        r = str(row.r) if row.r else "-"
+        lines.append(f"| {row.model} | {row.method} | {r} | {row.trainable:.1e} | {row.total:.1e} | "
+                     f"{row.per_mille:.2f} |")
+    return "\n".join(lines)
+
+
 def markdown_table(rows: list[ParamCount]) -> str:
     """Table 1 as Markdown: model, r, trainable, all parameters, per mille."""
     lines = ["| model | r | trainable | all | ‰ |", "|---|---|---|---|---|"]
@@ -68,12 +127,22 @@ def markdown_table(rows: list[ParamCount]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Print the Markdown table for the requested models (default: the seven LLaMA models of Table 1)."""
+    """Print Table 1 for the requested models (default: the seven LLaMA models), then the method comparison."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--r", type=int, default=16, help="SPP rank r (rows of alpha); default 16")
     parser.add_argument("--models", nargs="+", default=list(TABLE1_MODELS), help="conf/model/<name>.yaml names")
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS,
+                        help="methods of the second table (none: Table 1 only)")
+    parser.add_argument("--lora-r", type=int, default=8, help="LoRA* / SparsePEFT rank; default 8 (paper LoRA*)")
+    parser.add_argument("--sparsity", type=float, default=0.5, help="pruned fraction for masked_full; default 0.5")
     args = parser.parse_args(argv)
     print(markdown_table([count_spp_parameters(m, r=args.r) for m in args.models]))
+    if args.methods:
+        ranks = {"spp": args.r, "lora": args.lora_r, "sparse_lora": args.lora_r, "masked_full": 0}
+        rows = [count_method_parameters(m, meth, r=ranks[meth], sparsity=args.sparsity)
+                for m in args.models for meth in args.methods]
+        print()
+        print(methods_table(rows))
 
 
 if __name__ == "__main__":
