@@ -244,6 +244,7 @@ def inject_sparse_lora(
     alpha: float = 16.0,
     dropout: float = 0.05,
     dtype: torch.dtype = torch.float32,
+    task_type: str | None = "CAUSAL_LM",
 ) -> PeftModel:
     """Wrap ``model`` with SparsePEFT layers on ``targets`` (peft LoRA init: ``B = 0``, output unchanged).
 
@@ -253,6 +254,7 @@ def inject_sparse_lora(
             ignored); ``None`` uses each weight's non-zeros (SQFT's mask).
         targets, r, alpha, dropout: As ``adapter=lora`` (scale ``alpha / r``).
         dtype: dtype of ``A`` and ``B`` (``adapter.dtype``).
+        task_type: peft task type (``None`` for a module that is not a causal LM).
 
     Returns:
         The ``PeftModel``; only the LoRA ``A``/``B`` matrices require grad.
@@ -264,7 +266,7 @@ def inject_sparse_lora(
     targets = tuple([targets] if isinstance(targets, str) else targets)
     _check_targets(model, targets, r, dropout)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none",
-                        task_type="CAUSAL_LM")
+                        task_type=task_type)
     config._register_custom_module({nn.Linear: SparseLoraLinear})
     peft_model = get_peft_model(model, config)
     layers = dict(sparse_lora_layers(peft_model))
