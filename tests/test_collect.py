@@ -1,30 +1,18 @@
-"""``experiments/collect.py``: synthetic ``summary.json`` files → the exact paper-shaped Markdown tables."""
+"""``spp.experiments.collect``: synthetic ``summary.json`` files → the exact paper-shaped Markdown tables."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from spp.paths import REPO_ROOT
+from spp.experiments import collect
 
 TASKS = ("spp_boolq", "spp_rte", "spp_hellaswag", "spp_winogrande", "spp_arc_easy", "spp_arc_challenge",
          "spp_openbookqa")
 
-
-def _load_collect():
-    spec = importlib.util.spec_from_file_location("spp_experiments_collect", REPO_ROOT / "experiments" / "collect.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-collect = _load_collect()
 
 SPARSITY = {
     "dense": {"name": "dense", "kind": "dense", "ratio": None, "n": None, "m": None},

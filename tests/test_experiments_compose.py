@@ -2,29 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
-import sys
 from collections import Counter
 
 import pytest
 from omegaconf import OmegaConf
 
+from spp.experiments import plan
 from spp.paths import REPO_ROOT
 
 TABLES = ("table2_zeroshot", "table3_75pct", "table4_lora_star", "table5_mmlu", "table6_ablations")
 
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"spp_experiments_{name}", REPO_ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-plan = _load("plan")
 
 
 def sweeps(table: str, model: str) -> list[list[str]]:

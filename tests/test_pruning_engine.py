@@ -24,8 +24,10 @@ BLOCK0 = [f"model.layers.0.{n}" for n in ("self_attn.q_proj", "self_attn.k_proj"
 BLOCK1 = [n.replace("layers.0", "layers.1") for n in BLOCK0]
 
 
-def _prune(model: nn.Module, tok, pruner: str | dict, sparsity: SparsityConfig, cal: CalibrationConfig = CAL):
+def _prune(model: nn.Module, tok, pruner: str | dict, sparsity: SparsityConfig | dict, cal: CalibrationConfig = CAL):
+    """``prune_model`` with the configs built here (a dict is built inside the test, where its error is expected)."""
     cfg = PrunerConfig(name=pruner) if isinstance(pruner, str) else PrunerConfig(**pruner)
+    sparsity = SparsityConfig(**sparsity) if isinstance(sparsity, dict) else sparsity
     return prune_model(model, tok, cfg, sparsity, cal, data_dir=SAMPLE_DATA_DIR, device="cpu")
 
 
@@ -176,7 +178,7 @@ def _count_forwards(model: nn.Module) -> list[int]:
         ({"name": "wanda", "targets": ["qkv"]}, U50, CAL, ValueError, r"pruner\.targets=\['qkv'\] matches no linear"),
         ({"name": "sparsegpt", "blocksize": 30}, SparsityConfig(name="nm2_4", kind="nm", n=2, m=4), CAL, ValueError,
          r"pruner\.blocksize=30 must be a multiple of sparsity\.m=4"),
-        ("wanda", SparsityConfig(name="u", kind="unstructured", ratio=1.0), CAL, ValueError, r"sparsity\.ratio=1\.0"),
+        ("wanda", {"name": "u", "kind": "unstructured", "ratio": 1.0}, CAL, ValueError, r"sparsity\.ratio=1\.0"),
         ("wanda", U50, CalibrationConfig(source="wikitext3", seqlen=64), FileNotFoundError,
          r"calibration\.source='wikitext3'"),
     ],

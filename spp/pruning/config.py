@@ -43,6 +43,9 @@ class SparsityConfig:
     n: int | None = None
     m: int | None = None
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> SparsityConfig:
         """Raise ``ValueError`` naming the config key when the pattern is ill-formed; return ``self``."""
         if self.kind not in SPARSITY_KINDS:
@@ -119,6 +122,9 @@ class PrunerConfig:
     same_sign_check: bool = False
     refine_targets: list[str] = field(default_factory=lambda: list(ATTENTION_TARGETS))
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> PrunerConfig:
         """Raise ``ValueError`` naming the config key when a setting is invalid; return ``self``."""
         if self.name not in PRUNER_NAMES:
@@ -170,6 +176,9 @@ class CalibrationConfig:
     sampling: str | None = None
     text_field: str = "text"
     batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     def validate(self) -> CalibrationConfig:
         """Raise ``ValueError`` naming the config key when a setting is invalid; return ``self``."""
