@@ -43,25 +43,39 @@ FORMAT = "sparse_lora"
 META_NAME = "sparse_lora.json"
 
 
+MAX_DELTA_ELEMENTS = 1 << 27
+"""Largest transient ``(B A) ⊙ M`` / gradient block (elements) built at once: 2**27 (256 MiB in bf16) holds every
+projection of LLaMA-7B..30B in one piece (one large matrix product each, the fast path on GPU); larger layers are
+walked in row chunks of at most ``BACKWARD_CHUNK_ELEMENTS``."""
+
+
 def _row_chunks(m: int, n: int) -> list[tuple[int, int]]:
+    if m * n <= MAX_DELTA_ELEMENTS:
+        return [(0, m)]
     rows = max(1, BACKWARD_CHUNK_ELEMENTS // max(n, 1))
     return [(lo, min(lo + rows, m)) for lo in range(0, m, rows)]
 
 
+def _keep(packed_rows: torch.Tensor, n: int) -> torch.Tensor:
+    """The mask rows as 0/1 ``uint8`` (a multiplier: one kernel, no bool negation)."""
+    bits = (packed_rows.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=packed_rows.device)) & 1
+    return bits.view(packed_rows.shape[0], -1)[:, :n]
+
+
 def _masked_delta(a: torch.Tensor, b_rows: torch.Tensor, packed_rows: torch.Tensor, scale: float) -> torch.Tensor:
-    """Rows of ``s · (B A) ⊙ M`` (transient)."""
-    keep = unpack_rows(packed_rows, a.shape[1])
-    return (b_rows @ a).mul_(scale).masked_fill_(~keep, 0.0)
+    """Rows of ``s · (B A) ⊙ M`` (transient; a pruned entry may be -0.0, which no product distinguishes)."""
+    return (b_rows @ a).mul_(scale).mul_(_keep(packed_rows, a.shape[1]))
 
 
 class MaskedLoRAFunction(torch.autograd.Function):
     """``s · xd ((B A) ⊙ M)ᵀ`` with hand-written gradients (the SparsePEFT branch).
 
-    Gradients, with ``G = s (gᵀ xd) ⊙ M`` (m x n, built a chunk of rows at a time)::
+    Gradients, with ``G = s (gᵀ xd) ⊙ M`` (m x n, transient)::
 
         dB = G Aᵀ,   dA = Bᵀ G,   dxd = s g ((B A) ⊙ M)
 
-    Saved for backward: ``xd`` (as peft's LoRA saves it for ``lora_A``), ``A``, ``B``, the packed mask.
+    Saved for backward: ``xd`` (as peft's LoRA saves it for ``lora_A``), ``A``, ``B``, the packed mask. Layers up
+    to ``MAX_DELTA_ELEMENTS`` weights take one product per quantity; larger ones a chunk of rows at a time.
     """
 
     @staticmethod
@@ -93,22 +107,30 @@ class MaskedLoRAFunction(torch.autograd.Function):
         g2 = g.reshape(-1, m).to(cdt)
         x2 = xd.reshape(-1, n).to(cdt)
         a, b = lora_a.to(cdt), lora_b.to(cdt)
-        gx = torch.zeros_like(x2) if need_x else None
-        ga = torch.zeros_like(a) if need_a else None
-        gb = torch.empty_like(b) if need_b else None
-        for lo, hi in _row_chunks(m, n):
-            keep = unpack_rows(packed[lo:hi], n)
+        chunks = _row_chunks(m, n)
+        gx = ga = gb = None
+        if len(chunks) == 1:
             if need_x:
-                delta = (b[lo:hi] @ a).mul_(scale).masked_fill_(~keep, 0.0)
-                gx.addmm_(g2[:, lo:hi], delta)
-                del delta
+                gx = g2 @ _masked_delta(a, b, packed, scale)
             if need_a or need_b:
-                grad_delta = (g2[:, lo:hi].t() @ x2).mul_(scale).masked_fill_(~keep, 0.0)
-                if need_b:
-                    gb[lo:hi] = grad_delta @ a.t()
-                if need_a:
-                    ga.addmm_(b[lo:hi].t(), grad_delta)
+                grad_delta = (g2.t() @ x2).mul_(scale).mul_(_keep(packed, n))
+                gb = grad_delta @ a.t() if need_b else None
+                ga = b.t() @ grad_delta if need_a else None
                 del grad_delta
+        else:
+            gx = torch.zeros_like(x2) if need_x else None
+            ga = torch.zeros_like(a) if need_a else None
+            gb = torch.empty_like(b) if need_b else None
+            for lo, hi in chunks:
+                if need_x:
+                    gx.addmm_(g2[:, lo:hi], _masked_delta(a, b[lo:hi], packed[lo:hi], scale))
+                if need_a or need_b:
+                    grad_delta = (g2[:, lo:hi].t() @ x2).mul_(scale).mul_(_keep(packed[lo:hi], n))
+                    if need_b:
+                        gb[lo:hi] = grad_delta @ a.t()
+                    if need_a:
+                        ga.addmm_(b[lo:hi].t(), grad_delta)
+                    del grad_delta
         return (gx.view(xd.shape).to(xd.dtype) if need_x else None,
                 ga.to(lora_a.dtype) if need_a else None,
                 gb.to(lora_b.dtype) if need_b else None, None, None)
