@@ -1,0 +1,155 @@
+"""No import cycles inside ``spp``: every ``import`` statement of every module under ``spp/`` (module level and
+inside functions alike) is read with ``ast``; the graph between subpackages (``spp.training``, ``spp.eval``,
+``spp.pruning``, ``spp.adapters``, ``spp.models``, ``spp.data``, ... and top-level modules such as ``spp.atomic``)
+must be acyclic, and so must the graph between modules; no module inside ``spp`` imports the ``spp`` package
+itself (``import spp`` / ``from spp import ...``)."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from spp.paths import REPO_ROOT
+
+PACKAGE = "spp"
+ROOT = REPO_ROOT / PACKAGE
+
+Edges = dict[str, dict[str, list[str]]]
+"""``{source: {target: ["path:line", ...]}}``."""
+
+
+def module_name(path: Path) -> str:
+    """``spp/eval/runner.py`` → ``spp.eval.runner``; ``spp/eval/__init__.py`` → ``spp.eval``."""
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES: dict[str, Path] = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imports_in(text: str, name: str, is_package: bool = False) -> list[tuple[str, int]]:
+    """Every ``spp`` module the source ``text`` of module ``name`` imports, at any nesting level (functions,
+    ``if`` blocks, ``try``), as ``(module, line)``; relative imports are resolved against ``name``.
+
+    ``from a.b import c`` counts as ``a.b.c`` when ``c`` is a module, else as ``a.b``.
+    """
+    package = name if is_package else name.rpartition(".")[0]
+    out: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.append((sub if sub in MODULES else base, node.lineno))
+    return [(m, line) for m, line in out if m == PACKAGE or m.startswith(PACKAGE + ".")]
+
+
+def imported_modules(path: Path) -> list[tuple[str, int]]:
+    """:func:`imports_in` of a file under ``spp/``."""
+    return imports_in(path.read_text(), module_name(path), path.name == "__init__.py")
+
+
+def subpackage(module: str) -> str:
+    """``spp.eval.runner`` → ``spp.eval``; ``spp.atomic`` → ``spp.atomic``; ``spp`` → ``spp``."""
+    return ".".join(module.split(".")[:2])
+
+
+def graph(level) -> Edges:
+    """The import graph with each module mapped by ``level`` (self edges dropped), with the evidence of each edge."""
+    edges: Edges = defaultdict(lambda: defaultdict(list))
+    for name, path in MODULES.items():
+        for target, line in imported_modules(path):
+            a, b = level(name), level(target)
+            if a != b:
+                edges[a][b].append(f"{path.relative_to(REPO_ROOT)}:{line}")
+    return edges
+
+
+def cycles(edges: Edges) -> list[list[str]]:
+    """Strongly connected components with more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def describe(edges: Edges, components: list[list[str]]) -> str:
+    """Every edge inside each cycle, with the file and line that makes it."""
+    lines = []
+    for component in components:
+        lines.append("cycle between " + ", ".join(component) + ":")
+        for a in component:
+            for b in component:
+                if b in edges.get(a, {}):
+                    lines.append(f"  {a} -> {b}: {', '.join(edges[a][b])}")
+    return "\n".join(lines)
+
+
+def test_walker_sees_nested_and_relative_imports() -> None:
+    text = (
+        "import os\nimport spp\nfrom spp.eval import tables\n\n"
+        "def f():\n    if True:\n        from spp.training.config import X\n"
+        "class C:\n    def g(self):\n        from .perplexity import perplexity\n        from .. import atomic\n"
+    )
+    found = imports_in(text, "spp.eval.runner")
+    assert found == [("spp", 2), ("spp.eval.tables", 3), ("spp.training.config", 7), ("spp.eval.perplexity", 10),
+                     ("spp.atomic", 11)]
+    assert imports_in("from . import tables\n", "spp.eval", is_package=True) == [("spp.eval.tables", 1)]
+    assert subpackage("spp.training.config") == "spp.training" and subpackage("spp.atomic") == "spp.atomic"
+    assert module_name(ROOT / "eval" / "__init__.py") == "spp.eval"
+    found = cycles({"a": {"b": ["x:1"]}, "b": {"c": ["x:2"]}, "c": {"a": ["x:3"]}, "d": {"a": ["x:4"]}})
+    assert found == [["a", "b", "c"]]
+
+
+def test_no_module_imports_the_spp_package_itself() -> None:
+    offenders = [
+        f"{path.relative_to(REPO_ROOT)}:{line}"
+        for name, path in MODULES.items()
+        if name != PACKAGE
+        for target, line in imported_modules(path)
+        if target == PACKAGE
+    ]
+    assert offenders == [], f"inside spp use `from spp.<module> import <name>`, not `import spp`: {offenders}"
+
+
+@pytest.mark.parametrize("level", [subpackage, lambda m: m], ids=["subpackages", "modules"])
+def test_import_graph_is_acyclic(level) -> None:
+    edges = graph(level)
+    found = cycles(edges)
+    assert found == [], "import cycles inside spp (function-local imports included):\n" + describe(edges, found)
