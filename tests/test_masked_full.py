@@ -168,3 +168,10 @@ def test_save_writes_the_layer_summary(tmp_path):
     meta = json.loads((tmp_path / "masked_full.json").read_text())
     assert meta["format"] == "masked_full" and meta["extra"] == {"pruner": "test"}
     assert meta["layers"][Q0] == int(masks[Q0].sum()) and meta["memory"]["trainable_params"] > 0
+
+
+def test_without_masks_the_weights_nonzeros_are_the_mask():
+    model, masks = pruned_tiny()
+    inject_masked_full(model, {})
+    for name, module in masked_full_layers(model).items():
+        assert torch.equal(mf.unpack_rows(getattr(module, MASK_BUFFER), module.in_features), masks[name])

@@ -283,3 +283,11 @@ def test_kept_zero_weights_stay_zero():
     assert int(layer.mask.sum()) == int(masks[Q0].sum()) - 3
     assert bool((layer.effective_weight()[rows[:3], cols[:3]] == 0).all())
     assert isinstance(layer, SparseLoraLinear)
+
+
+def test_without_masks_the_weights_nonzeros_are_the_mask():
+    model, masks = pruned_tiny()
+    for given in (None, {}):
+        peft_model = inject_sparse_lora(copy.deepcopy(model), given)
+        for name, layer in sparse_lora_layers(peft_model):
+            assert torch.equal(layer.mask, masks[name])

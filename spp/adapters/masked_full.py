@@ -157,8 +157,8 @@ def inject_masked_full(
 
     Args:
         model: The pruned model (modified in place and returned).
-        masks: Pruning masks (True = kept) by module name, one per adapted layer (extra ones ignored); ``None``
-            uses each weight's non-zeros. The mask used is ``M ∧ (W ≠ 0)``.
+        masks: Pruning masks (True = kept) by module name, one per adapted layer (extra ones ignored); ``None`` or
+            empty uses each weight's non-zeros. The mask used is ``M ∧ (W ≠ 0)``.
         targets: Module-name suffixes (``adapter.targets``).
         check_memory: Refuse when :func:`estimate_training_memory` exceeds the free memory.
         available_bytes: Override the measured free memory (tests).
@@ -175,7 +175,7 @@ def inject_masked_full(
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
         raise ValueError(f"adapter.targets={list(targets)} match no nn.Linear of {type(model).__name__}; "
                          f"linear layer names present: {names}. Fix adapter.targets.")
-    if masks is not None:
+    if masks:
         missing = sorted(set(found) - set(masks))
         if missing:
             raise ValueError(f"masked_full: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
@@ -183,7 +183,7 @@ def inject_masked_full(
     keep = {}
     for name, module in found.items():
         weight = module.weight.detach()
-        mask = checked_mask(name, masks[name], weight) if masks is not None else torch.ones_like(weight, dtype=bool)
+        mask = checked_mask(name, masks[name], weight) if masks else torch.ones_like(weight, dtype=torch.bool)
         keep[name] = pack_rows(mask & (weight != 0))
     if check_memory:
         kept = 0 if any(p.is_meta for p in keep.values()) else sum(

@@ -273,7 +273,7 @@ def inject_sparse_lora(
     Args:
         model: The pruned model (plain HF module).
         masks: Pruning masks (True = kept) by original module name, one for every adapted layer (extra ones are
-            ignored); ``None`` uses each weight's non-zeros (SQFT's mask).
+            ignored); ``None`` or empty uses each weight's non-zeros (SQFT's mask; the same for a pruned model).
         targets, r, alpha, dropout: As ``adapter=lora`` (scale ``alpha / r``).
         dtype: dtype of ``A`` and ``B`` (``adapter.dtype``).
         task_type: peft task type (``None`` for a module that is not a causal LM).
@@ -292,7 +292,7 @@ def inject_sparse_lora(
     config._register_custom_module({nn.Linear: SparseLoraLinear})
     peft_model = get_peft_model(model, config)
     layers = dict(sparse_lora_layers(peft_model))
-    if masks is not None:
+    if masks:
         missing = sorted(set(layers) - set(masks))
         if missing:
             raise ValueError(f"sparse_lora: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
