@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.loggers import WandbLogger
+
 from spp.atomic import write_text_atomic
 from spp.eval.harness import MMLU_GROUP, ZERO_SHOT_TASKS, zero_shot_mean
 
@@ -183,8 +185,6 @@ def write_results(
 
 def log_to_loggers(loggers: Sequence[Any], records: Sequence[EvalRecord]) -> None:
     """Log each record's metrics (prefixed by its row index) and, on W&B, the Table-2 table as a ``wandb.Table``."""
-    from lightning.pytorch.loggers import WandbLogger
-
     columns = ["model", *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"]
     rows = [
         [
