@@ -1,0 +1,107 @@
+"""Hyper-parameter sweeps on validation numbers (``hydra/sweeper=optuna_lr``): the check a job makes that an
+Optuna search optimises a validation objective, and a Hydra callback that writes every job's objective next to
+its run and, when the multirun ends, all trials of the sweep to ``<sweep dir>/trials.json``.
+
+The Optuna sweeper keeps its study in memory (optuna 2.x's RDB storage does not work with SQLAlchemy 2) and
+writes only the best point to ``optimization_results.yaml``; this callback keeps the rest: each trial's
+overrides (the sampled learning rate), its status and the value the job returned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from spp.atomic import write_json_atomic
+
+OBJECTIVE_FILE = "objective.json"
+TRIALS_FILE = "trials.json"
+VALIDATION_OBJECTIVES: tuple[str, ...] = ("val_loss",)
+"""Objectives a hyper-parameter search may optimise: ``val_loss`` = the Alpaca held-out loss (last ``val/loss``)."""
+
+
+def require_validation_objective(objective: str | None, allowed: Sequence[str] = VALIDATION_OBJECTIVES) -> None:
+    """Refuse a job of an Optuna sweep whose ``objective`` is not a validation metric.
+
+    Call it at the start of a job (``train.py``); it does nothing outside a Hydra multirun or under another
+    sweeper. Choosing a learning rate on the test split would leak the split into the numbers reported on it.
+
+    Raises:
+        ValueError: naming the key, the allowed values and the fix.
+    """
+    if not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN or "optuna" not in str(hydra_cfg.sweeper.get("_target_", "")).lower():
+        return
+    if objective not in allowed:
+        raise ValueError(
+            f"objective={objective}: an Optuna sweep selects hyper-parameters, so the job must return a validation "
+            f"metric ({', '.join(allowed)}), never a test-split number; set objective=val_loss"
+        )
+
+
+def _task_rank() -> int:
+    """The process's rank among the tasks of a Slurm / submitit-local job (0 outside one)."""
+    return int(os.environ.get("SLURM_PROCID") or os.environ.get("SUBMITIT_LOCAL_GLOBALID") or 0)
+
+
+def _objective_value(job_return: JobReturn) -> float | None:
+    if job_return.status != JobStatus.COMPLETED:
+        return None
+    try:
+        value = float(job_return.return_value)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+class SweepTrialsCallback(Callback):
+    """Record each job's objective (``<run>/objective.json``) and gather them (``<sweep>/trials.json``).
+
+    Args:
+        direction: ``minimize`` or ``maximize``: which trial ``trials.json`` marks as best.
+    """
+
+    def __init__(self, direction: str = "minimize") -> None:
+        if direction not in ("minimize", "maximize"):
+            raise ValueError(f"direction={direction!r} must be minimize or maximize")
+        self.direction = direction
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: Any) -> None:
+        """Write ``objective.json`` in the job's output directory (in the job's process; with several tasks per
+        Slurm job, as with one process per GPU, only task 0 writes: its value is the one the launcher returns)."""
+        if _task_rank() != 0:
+            return
+        hydra_cfg = config.hydra
+        record = {
+            "job": int(hydra_cfg.job.num),
+            "overrides": list(hydra_cfg.overrides.task),
+            "objective": config.get("objective"),
+            "value": _objective_value(job_return),
+            "status": job_return.status.name,
+            "run_dir": str(hydra_cfg.runtime.output_dir),
+        }
+        write_json_atomic(Path(hydra_cfg.runtime.output_dir) / OBJECTIVE_FILE, record)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Gather the jobs' ``objective.json`` files into ``<sweep dir>/trials.json``, best marked."""
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        trials = sorted((json.loads(p.read_text()) for p in sweep_dir.rglob(OBJECTIVE_FILE)),
+                        key=lambda t: t["job"])
+        done = [t for t in trials if t["value"] is not None]
+        pick = min if self.direction == "minimize" else max
+        best = pick(done, key=lambda t: t["value"]) if done else None
+        write_json_atomic(sweep_dir / TRIALS_FILE, {"direction": self.direction, "trials": trials,
+                                                    "best_job": best["job"] if best else None})
+
