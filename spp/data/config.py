@@ -57,6 +57,9 @@ class DataConfig:
     padding_side: str = "right"
     shuffle: bool = True
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> DataConfig:
         """Check value ranges and return ``self``.
 

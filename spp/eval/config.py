@@ -47,6 +47,9 @@ class EvalConfig:
     online: bool = False
     device: str | None = None
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> EvalConfig:
         """Raise ``ValueError`` naming the key when a setting is out of range or a task is unknown."""
         if self.seqlen < 2:

@@ -46,6 +46,9 @@ class SparsityConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> SparsityConfig:
         """Raise ``ValueError`` naming the config key when the pattern is ill-formed; return ``self``."""
         if self.kind not in SPARSITY_KINDS:
@@ -125,6 +128,9 @@ class PrunerConfig:
     def __post_init__(self) -> None:
         self.validate()
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> PrunerConfig:
         """Raise ``ValueError`` naming the config key when a setting is invalid; return ``self``."""
         if self.name not in PRUNER_NAMES:
@@ -176,6 +182,9 @@ class CalibrationConfig:
     sampling: str | None = None
     text_field: str = "text"
     batch_size: int = 8
+
+    def __post_init__(self) -> None:
+        self.validate()
 
     def __post_init__(self) -> None:
         self.validate()
