@@ -164,6 +164,8 @@ def test_save_writes_the_layer_summary(tmp_path):
     inject_masked_full(model, masks)
     method = get_method("masked_full")
     assert method.trains and not method.kept_zeros_may_change
+    assert method.trained_parameters(model) == sum(int(m.sum()) for m in masks.values())
+    assert method.memory_estimate(model)["trainable_params"] == sum(m.numel() for m in masks.values())
     method.save(model, tmp_path, {"pruner": "test"})
     meta = json.loads((tmp_path / "masked_full.json").read_text())
     assert meta["format"] == "masked_full" and meta["extra"] == {"pruner": "test"}

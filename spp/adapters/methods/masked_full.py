@@ -9,7 +9,13 @@ from torch import nn
 
 from spp.adapters.base import AdapterMethod, Masks
 from spp.adapters.config import AdapterConfig
-from spp.adapters.masked_full import inject_masked_full, merge_masked_full, save_masked_full
+from spp.adapters.masked_full import (
+    estimate_training_memory,
+    inject_masked_full,
+    kept_parameters,
+    merge_masked_full,
+    save_masked_full,
+)
 
 
 class MaskedFull(AdapterMethod):
@@ -30,6 +36,14 @@ class MaskedFull(AdapterMethod):
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         save_masked_full(model, directory, extra)
+
+    def trained_parameters(self, model: nn.Module) -> int:
+        """The weights that move (kept entries of the adapted layers); ``count_parameters`` counts whole tensors."""
+        return kept_parameters(model)
+
+    def memory_estimate(self, model: nn.Module) -> dict[str, Any]:
+        """Weights + gradients + AdamW states + masks of the injected model (for the logs)."""
+        return estimate_training_memory(model).to_dict()
 
 
 METHOD = MaskedFull()
