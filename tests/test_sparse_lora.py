@@ -291,3 +291,23 @@ def test_without_masks_the_weights_nonzeros_are_the_mask():
         peft_model = inject_sparse_lora(copy.deepcopy(model), given)
         for name, layer in sparse_lora_layers(peft_model):
             assert torch.equal(layer.mask, masks[name])
+
+
+def test_bf16_autocast_and_bf16_base_train_with_fp32_factors():
+    model, masks = pruned_tiny(dtype=torch.bfloat16)
+    peft_model = inject_sparse_lora(model, masks, dropout=0.0)
+    randomize_b(peft_model)
+    layer = dict(sparse_lora_layers(peft_model))[Q0].train()
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    assert a.dtype == b.dtype == torch.float32
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x.bfloat16())
+    y.float().sum().backward()
+    assert y.dtype == torch.bfloat16 and a.grad.dtype == b.grad.dtype == torch.float32
+    w = layer.get_base_layer().weight.float()
+    expected = x.bfloat16().float() @ (w + 2.0 * (b @ a).detach() * masks[Q0]).t()
+    torch.testing.assert_close(y.float(), expected, rtol=0.05, atol=0.05)
+    xs = x.bfloat16().float()
+    torch.testing.assert_close(b.grad, 2.0 * ((torch.ones(6, 64).t() @ xs) * masks[Q0]) @ a.detach().t(),
+                               rtol=0.05, atol=0.05)
