@@ -22,7 +22,7 @@ from spp.paths import CONF_DIR, REPO_ROOT, SAMPLE_DATA_DIR, SHARED_DATA_DIR
 
 FAST = ["model=tiny", "debug=fast", "pruner=wanda", "sparsity=nm2_4", "eval=none", "dense_ppl=false",
         "pruned_ppl=false", f"data_dir={SAMPLE_DATA_DIR}"]
-DEVICES_FROM_SLURM = "trainer.devices=${oc.decode:${oc.env:SLURM_GPUS_ON_NODE,1}}"
+DEVICES_FROM_SLURM = "trainer.devices='${oc.decode:${oc.env:SLURM_GPUS_ON_NODE,1}}'"
 COMMANDS = {"train": "train.py", "prune": "prune.py", "evaluate": "eval.py", "generate": "generate.py"}
 
 
@@ -82,13 +82,19 @@ def test_project_launcher_configs_only_set_plugin_fields():
         assert not unknown, (name, unknown)
 
 
-def test_trainer_devices_follow_slurm_gpus(monkeypatch):
+@pytest.mark.parametrize("override", ["trainer=slurm", DEVICES_FROM_SLURM])
+def test_trainer_devices_follow_slurm_gpus(override, monkeypatch):
     monkeypatch.delenv("SLURM_GPUS_ON_NODE", raising=False)
-    assert _compose("train", [DEVICES_FROM_SLURM]).trainer.devices == 1
+    monkeypatch.delenv("SLURM_NNODES", raising=False)
+    cfg = _compose("train", [override])
+    assert (cfg.trainer.devices, cfg.trainer.num_nodes) == (1, 1)
     monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
-    devices = _compose("train", [DEVICES_FROM_SLURM]).trainer.devices
-    assert devices == 4 and isinstance(devices, int)
-
+    monkeypatch.setenv("SLURM_NNODES", "2")
+    cfg = _compose("train", [override])
+    assert cfg.trainer.devices == 4 and isinstance(cfg.trainer.devices, int)
+    assert cfg.trainer.num_nodes == (2 if override == "trainer=slurm" else 1)
+    if override == "trainer=slurm":
+        assert (cfg.trainer.accelerator, cfg.trainer.precision) == ("gpu", "bf16-mixed")  # the GPU recipe
 
 def test_submitit_local_two_jobs_one_pruning(tmp_path):
     """Two jobs of one sweep run at once as two submitit processes; the pruning cache's lock makes one prune and
