@@ -69,8 +69,9 @@ def graph(level) -> Edges:
     for name, path in MODULES.items():
         for target, line in imported_modules(path):
             a, b = level(name), level(target)
-            if a != b:
-                edges[a][b].append(f"{path.relative_to(REPO_ROOT)}:{line}")
+            where = f"{path.relative_to(REPO_ROOT)}:{line}"
+            if a != b and where not in edges[a][b]:
+                edges[a][b].append(where)
     return edges
 
 
