@@ -46,9 +46,6 @@ class SparsityConfig:
     def __post_init__(self) -> None:
         self.validate()
 
-    def __post_init__(self) -> None:
-        self.validate()
-
     def validate(self) -> SparsityConfig:
         """Raise ``ValueError`` naming the config key when the pattern is ill-formed; return ``self``."""
         if self.kind not in SPARSITY_KINDS:
@@ -128,9 +125,6 @@ class PrunerConfig:
     def __post_init__(self) -> None:
         self.validate()
 
-    def __post_init__(self) -> None:
-        self.validate()
-
     def validate(self) -> PrunerConfig:
         """Raise ``ValueError`` naming the config key when a setting is invalid; return ``self``."""
         if self.name not in PRUNER_NAMES:
@@ -182,9 +176,6 @@ class CalibrationConfig:
     sampling: str | None = None
     text_field: str = "text"
     batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def __post_init__(self) -> None:
         self.validate()
