@@ -1,31 +1,81 @@
 """Train SPP on a pruned model: ``python train.py model=llama13b pruner=sparsegpt sparsity=unstructured50``.
 
-Composes ``conf/train.yaml`` (typed by :class:`spp.training.config.TrainJobConfig`), prunes in a Lightning setup
-callback through the pruning cache, fine-tunes the adapter on Alpaca, merges, audits the zeros, evaluates and
-exports the sparse model. ``python train.py -m adapter.r=4,8,16`` sweeps with one pruning.
+The whole job, in three phases with typed results (``spp/training/phases.py``):
+
+1. ``prune``: load the model, prune it through the on-disk cache (file-locked: concurrent jobs prune once) and
+   measure the dense and pruned perplexities — before any training process group exists;
+2. ``fit``: attach the adapter (``adapter=spp|lora|...``) and train it with Lightning on every rank (DDP, FSDP2 or
+   DeepSpeed; skipped for ``adapter=none``), then gather the trainable tensors once;
+3. ``finalize``: on rank 0 alone, write the adapter files, merge, audit every zero, evaluate and export.
+
+``python train.py -m adapter.r=4,8,16`` sweeps with one pruning. Composes ``conf/train.yaml``, converted once
+into :class:`spp.training.config.TrainJobConfig` (every value checked there).
 """
 
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import hydra  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from lightning.pytorch.callbacks import Callback  # noqa: E402
+from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from spp.training.config import register_configs  # noqa: E402
-from spp.training.pipeline import run_training  # noqa: E402
+from spp.atomic import write_json_atomic  # noqa: E402
+from spp.eval.tables import final_metrics  # noqa: E402
+from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags, save_and_print_config  # noqa: E402
+from spp.training.config import TrainJobConfig, load_job, register_configs  # noqa: E402
+from spp.training.phases import finalize, fit, prune  # noqa: E402
+from spp.training.report import build_summary, objective, print_results  # noqa: E402
 
 register_configs()
 
 
+def run_dir_of(job: TrainJobConfig) -> Path:
+    """``run_dir`` from the config, else Hydra's job output directory, else ``outputs/train``."""
+    if job.run_dir:
+        return Path(job.run_dir).expanduser().resolve()
+    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path("outputs/train").resolve()
+
+
+def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dict | None:
+    """Run ``prune → fit → finalize`` and report; returns the summary on global rank 0 (``None`` elsewhere)."""
+    start = time.perf_counter()
+    run_dir = run_dir_of(job)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if rank_zero_only.rank == 0:
+        save_and_print_config(OmegaConf.structured(job), run_dir, show=job.print_config)
+    wandb = job.logger.wandb
+    ids = run_tags(job.model.name, job.pruner.name, job.sparsity.name, job.adapter.name, job.adapter.r, wandb)
+    loggers = build_loggers(job.logger, run_dir, ids)
+    try:
+        pruned = prune(job)
+        fitted = fit(job, pruned, run_dir, loggers, callbacks)
+        if not fitted.is_global_zero:
+            return None
+        final = finalize(job, pruned, fitted, run_dir)
+        timings = {**pruned.seconds, "train": fitted.seconds, **{f"export_{k}": v for k, v in final.seconds.items()},
+                   "total": round(time.perf_counter() - start, 2)}
+        summary = build_summary(job, run_dir, ids, pruned, fitted, final, timings)
+        log_final_metrics(loggers, final_metrics(summary), step=fitted.steps)
+    finally:
+        finish_wandb()
+    write_json_atomic(run_dir / "summary.json", summary)
+    print_results(summary)
+    return summary
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    """Run one job; returns the merged model's perplexity (the sweep objective) when it was measured."""
-    summary = run_training(cfg)
-    merged = (summary.get("perplexity") or {}).get("merged")
-    return merged["ppl"] if merged else None
+    """Run one job; returns ``objective`` (by default the last validation loss) for Hydra sweepers."""
+    job = load_job(cfg)
+    summary = run_job(job)
+    return objective(summary, job.objective) if summary else None
 
 
 if __name__ == "__main__":

@@ -11,13 +11,13 @@ from typing import Any
 
 import lightning as L
 import torch
-from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from transformers import PreTrainedTokenizerBase
 
 from spp.data.collate import PadCollator
 from spp.data.config import DataConfig, validation_split_size
 from spp.data.records import AlpacaRecord, RecordSet, SkippedRecord, load_alpaca_records
+from spp.data.resumable import ResumableLoader, trainer_position
 from spp.data.tokenization import IGNORE_INDEX, Feature, tokenize_records
 
 log = logging.getLogger(__name__)
@@ -46,21 +46,13 @@ class TokenizedDataset(Dataset):
         return sum(sum(1 for t in f["labels"] if t != IGNORE_INDEX) for f in self.features)
 
 
-def _as_data_config(cfg: DataConfig | Mapping[str, Any] | None, overrides: Mapping[str, Any]) -> DataConfig:
-    if cfg is None:
-        base: dict[str, Any] = {}
-    elif isinstance(cfg, DataConfig):
-        base = dataclasses.asdict(cfg)
-    elif OmegaConf.is_config(cfg):
-        base = OmegaConf.to_container(cfg, resolve=True)  # type: ignore[assignment]
-    else:
-        base = dict(cfg)
-    base.update(overrides)
+def _with_overrides(cfg: DataConfig | None, overrides: Mapping[str, Any]) -> DataConfig:
+    """``cfg`` (default ``DataConfig()``) with some fields replaced; unknown fields fail naming the key."""
     known = {f.name for f in dataclasses.fields(DataConfig)}
-    unknown = sorted(set(base) - known)
+    unknown = sorted(set(overrides) - known)
     if unknown:
         raise TypeError(f"unknown data config key(s) {unknown}; valid keys: {sorted(known)}")
-    return DataConfig(**base).validate()
+    return dataclasses.replace(cfg or DataConfig(), **overrides)
 
 
 class AlpacaDataModule(L.LightningDataModule):
@@ -69,7 +61,7 @@ class AlpacaDataModule(L.LightningDataModule):
     Args:
         tokenizer: The model's tokenizer (its EOS is appended; its pad id fills padded positions, EOS when it
             has none).
-        cfg: A ``DataConfig`` or a mapping of its fields (e.g. the composed ``cfg.data``).
+        cfg: The typed ``data`` config (default ``DataConfig()``).
         data_dir: Root searched first for relative ``data.source`` paths (top-level config key ``data_dir``).
         progress: Show a progress bar while tokenising.
         **overrides: ``DataConfig`` fields that replace those of ``cfg`` (e.g. ``max_examples=64``).
@@ -82,13 +74,13 @@ class AlpacaDataModule(L.LightningDataModule):
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,
-        cfg: DataConfig | Mapping[str, Any] | None = None,
+        cfg: DataConfig | None = None,
         data_dir: str | os.PathLike[str] | None = None,
         progress: bool = True,
         **overrides: Any,
     ) -> None:
         super().__init__()
-        self.cfg = _as_data_config(cfg, overrides)
+        self.cfg = _with_overrides(cfg, overrides)
         self.tokenizer = tokenizer
         self.data_dir = data_dir
         self.progress = progress
@@ -101,6 +93,7 @@ class AlpacaDataModule(L.LightningDataModule):
         self.val_dataset: TokenizedDataset | None = None
         self.train_records: list[AlpacaRecord] = []
         self.val_records: list[AlpacaRecord] = []
+        self._resume: dict[str, int] = {}  # loader position restored from a checkpoint (see spp.data.resumable)
 
     def prepare_data(self) -> None:
         """Nothing to download for local sources; hub sources are fetched (and cached) in ``setup``."""
@@ -161,18 +154,20 @@ class AlpacaDataModule(L.LightningDataModule):
             return 1, 0
         return int(trainer.world_size), int(trainer.global_rank)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | ResumableLoader:
         """Shuffled training batches; the order depends only on ``(data.seed, epoch)``, so resumes repeat it.
 
         A ``DistributedSampler`` over the trainer's world size is used even on one process: Lightning calls its
-        ``set_epoch`` every epoch and keeps it (it does not add another one under DDP).
+        ``set_epoch`` every epoch and keeps it (it does not add another one under DDP). Under a trainer the loader
+        is wrapped in a :class:`~spp.data.resumable.ResumableLoader` that skips the batches a resumed checkpoint
+        had already trained on.
         """
         train, _ = self._require_setup()
         world_size, rank = self._world()
         sampler = DistributedSampler(
             train, num_replicas=world_size, rank=rank, shuffle=self.cfg.shuffle, seed=self.cfg.seed
         )
-        return DataLoader(
+        loader = DataLoader(
             train,
             batch_size=self.cfg.train_batch_size,
             sampler=sampler,
@@ -180,6 +175,21 @@ class AlpacaDataModule(L.LightningDataModule):
             num_workers=self.cfg.num_workers,
             persistent_workers=self.cfg.num_workers > 0,
         )
+        trainer = getattr(self, "trainer", None)
+        return loader if trainer is None else ResumableLoader(loader, lambda: trainer_position(trainer), self._resume)
+
+    def state_dict(self) -> dict[str, int]:
+        """Where training stands in the current epoch (Lightning stores it in every checkpoint)."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return {}
+        epoch, done = trainer_position(trainer)
+        return {"epoch": epoch, "batches_done": done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Remember where the checkpoint stopped; the next iteration of that epoch skips those batches."""
+        self._resume.clear()
+        self._resume.update({k: int(v) for k, v in state.items()})
 
     def val_dataloader(self) -> DataLoader | list:
         """Validation batches in a fixed order (an empty list when the validation split is empty)."""

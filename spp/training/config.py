@@ -9,29 +9,66 @@ at compose time with the key named.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
 
 from spp.adapters.config import AdapterConfig
 from spp.data.config import DataConfig
 from spp.eval.config import EvalConfig
+from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 
-ADAPTER_KINDS = ("spp", "lora", "none")
-SCHEDULERS = ("linear", "cosine", "constant")
-STRATEGIES = ("auto", "ddp", "fsdp", "deepspeed")
-PROGRESS_BARS = ("rich", "tqdm", "none")
+
+class Scheduler(str, Enum):
+    """Learning-rate decay after the linear warm-up (``transformers.get_scheduler`` names in ``hf_name``)."""
+
+    linear = "linear"
+    cosine = "cosine"
+    constant = "constant"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def hf_name(self) -> str:
+        """The ``transformers.get_scheduler`` name (constant after warm-up is ``constant_with_warmup``)."""
+        return "constant_with_warmup" if self is Scheduler.constant else self.value
+
+
+class ProgressBar(str, Enum):
+    """Training progress display."""
+
+    rich = "rich"
+    tqdm = "tqdm"
+    none = "none"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Objective(str, Enum):
+    """What ``train.py`` returns to a Hydra sweeper: a validation metric, never a test one by default."""
+
+    val_loss = "val_loss"
+    ppl_merged = "ppl_merged"
+    none = "none"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
 class TrainerConfig:
     """Optimisation and Lightning ``Trainer`` settings (``conf/trainer/*.yaml``).
 
-    ``lr`` and ``max_epochs`` default (in ``conf/train.yaml``) to the model group's paper values, and the
-    per-device batch to ``model.per_device_batch_size`` through ``data.train_batch_size``.
+    ``lr`` and ``max_epochs`` default (in ``conf/trainer/default.yaml``) to the model group's paper values, and
+    the per-device batch to ``model.per_device_batch_size`` through ``data.train_batch_size``.
 
     Attributes:
         accelerator: ``auto``, ``cpu`` or ``gpu``.
@@ -72,7 +109,7 @@ class TrainerConfig:
     weight_decay: float = 0.001
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     warmup_ratio: float = 0.03
-    scheduler: str = "linear"
+    scheduler: Scheduler = Scheduler.linear
     max_epochs: int = 3
     max_steps: int = -1
     global_batch_size: int | None = None
@@ -87,8 +124,35 @@ class TrainerConfig:
     checkpoint_every_n_steps: int | None = None
     save_top_k: int = 1
     resume_from: str | None = None
-    progress_bar: str = "rich"
+    progress_bar: ProgressBar = ProgressBar.rich
     deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        checks = [
+            (math.isfinite(self.lr) and self.lr > 0, f"trainer.lr={self.lr} must be a finite number > 0"),
+            (0.0 <= self.warmup_ratio < 1.0, f"trainer.warmup_ratio={self.warmup_ratio} must be in [0, 1)"),
+            (self.weight_decay >= 0, f"trainer.weight_decay={self.weight_decay} must be >= 0"),
+            (self.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches must be >= 1"),
+            (self.global_batch_size is None or self.global_batch_size >= 1,
+             f"trainer.global_batch_size={self.global_batch_size} must be >= 1 or null"),
+            (self.max_steps == -1 or self.max_steps >= 1, f"trainer.max_steps={self.max_steps}: -1 or >= 1"),
+            (self.max_epochs >= 1, f"trainer.max_epochs={self.max_epochs} must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+class StrategyName(str, Enum):
+    """Distributed strategies: Lightning's DDP, FSDP2 (``ModelParallelStrategy``) and DeepSpeed ZeRO."""
+
+    auto = "auto"
+    ddp = "ddp"
+    fsdp = "fsdp"
+    deepspeed = "deepspeed"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -96,84 +160,36 @@ class StrategyConfig:
     """Distributed strategy (``conf/strategy/*.yaml``), built with Lightning's own strategy classes.
 
     Attributes:
-        name: ``auto``, ``ddp``, ``fsdp`` or ``deepspeed``.
+        name: ``auto`` (one device), ``ddp``, ``fsdp`` (FSDP2 ``fully_shard`` per decoder block through
+            Lightning's ``ModelParallelStrategy``; runs on CPU processes with gloo as well as on GPUs) or
+            ``deepspeed`` (GPUs only).
         process_group_backend: ``nccl`` / ``gloo``; ``None`` = ``gloo`` on CPU, Lightning's choice on GPU.
+        timeout_s: Process-group timeout in seconds (Lightning's default: 30 minutes). Pruning and evaluation
+            never run inside a collective wait, so this bounds only training collectives.
         find_unused_parameters: DDP ``find_unused_parameters``.
-        sharding_strategy: FSDP sharding (``FULL_SHARD``, ``SHARD_GRAD_OP``, ``HYBRID_SHARD``, ``NO_SHARD``).
-        use_orig_params: FSDP ``use_orig_params`` (lets frozen base weights and trainable SPP tensors share
-            a wrapped unit without mixing ``requires_grad`` inside one flat parameter).
-        wrap_decoder_layers: FSDP auto-wrap policy over ``model.decoder_layer_cls``.
-        activation_checkpointing: FSDP activation checkpointing of ``model.decoder_layer_cls``.
-        cpu_offload: FSDP parameter CPU offload.
-        state_dict_type: FSDP checkpoint layout (``full`` or ``sharded``).
+        activation_checkpointing: FSDP: recompute each decoder block's activations in backward.
+        reshard_after_forward: FSDP2 ``reshard_after_forward`` (``False`` keeps gathered parameters between
+            forward and backward: faster, more memory).
         stage: DeepSpeed ZeRO stage (2 or 3).
         offload_optimizer: DeepSpeed optimizer offload to CPU.
         offload_parameters: DeepSpeed parameter offload to CPU (stage 3).
     """
 
-    name: str = "auto"
+    name: StrategyName = StrategyName.auto
     process_group_backend: str | None = None
+    timeout_s: int = 1800
     find_unused_parameters: bool = False
-    sharding_strategy: str = "FULL_SHARD"
-    use_orig_params: bool = True
-    wrap_decoder_layers: bool = True
     activation_checkpointing: bool = False
-    cpu_offload: bool = False
-    state_dict_type: str = "full"
+    reshard_after_forward: bool = True
     stage: int = 2
     offload_optimizer: bool = False
     offload_parameters: bool = False
 
-
-@dataclass
-class CSVLoggerConfig:
-    """Lightning ``CSVLogger`` under ``<run_dir>/<name>``."""
-
-    name: str = "csv"
-    flush_logs_every_n_steps: int = 50
-
-
-@dataclass
-class WandbLoggerConfig:
-    """Weights & Biases logger; offline automatically without an API key.
-
-    Attributes:
-        project: W&B project.
-        entity: W&B entity (team or user); ``None`` = the account default.
-        name: Run name; ``None`` = ``<model>-<pruner>-<sparsity>-<adapter>-r<r>``.
-        group: Run group; ``None`` = ``<model>-<pruner>-<sparsity>`` (a sweep over r shares a group).
-        tags: Extra tags (model, pruner, sparsity, adapter and ``r<r>`` are always added).
-        mode: ``auto`` (online when an API key is configured, else offline), ``online``, ``offline``,
-            ``disabled``.
-        log_model: Upload checkpoints as artifacts.
-    """
-
-    project: str = "spp"
-    entity: str | None = None
-    name: str | None = None
-    group: str | None = None
-    tags: list[str] = field(default_factory=list)
-    mode: str = "auto"
-    log_model: bool = False
-
-
-@dataclass
-class TensorBoardLoggerConfig:
-    """Lightning ``TensorBoardLogger`` under ``<run_dir>/<name>`` (needs ``tensorboard`` or ``tensorboardX``)."""
-
-    name: str = "tensorboard"
-
-
-@dataclass
-class LoggersConfig:
-    """Which loggers run (``logger=csv``, ``logger=wandb`` or ``logger=[csv,wandb,tensorboard]``).
-
-    A CSV logger is always added (its ``metrics.csv`` feeds the summary) even when ``csv`` is not chosen.
-    """
-
-    csv: CSVLoggerConfig | None = None
-    wandb: WandbLoggerConfig | None = None
-    tensorboard: TensorBoardLoggerConfig | None = None
+    def __post_init__(self) -> None:
+        if self.stage not in (2, 3):
+            raise ValueError(f"strategy.stage={self.stage}: DeepSpeed ZeRO stage 2 or 3")
+        if self.timeout_s < 1:
+            raise ValueError(f"strategy.timeout_s={self.timeout_s} must be >= 1 (seconds)")
 
 
 @dataclass
@@ -203,6 +219,9 @@ class TrainJobConfig:
         dense_ppl: Measure the dense model's perplexity before pruning (cached).
         pruned_ppl: Measure the pruned model's perplexity before training (cached).
         print_config: Print the resolved config as a Rich tree.
+        objective: What ``train.py`` returns to a sweeper: ``val_loss`` (the last Alpaca held-out loss; the
+            default, so learning rates are chosen on validation data), ``ppl_merged`` (WikiText-2 *test*
+            perplexity: for reporting, never for selection) or ``none``.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -223,6 +242,14 @@ class TrainJobConfig:
     dense_ppl: bool = True
     pruned_ppl: bool = True
     print_config: bool = True
+    objective: Objective = Objective.val_loss
+
+    def __post_init__(self) -> None:
+        if self.trainer.global_batch_size is not None and self.trainer.global_batch_size % self.data.train_batch_size:
+            raise ValueError(
+                f"trainer.global_batch_size={self.trainer.global_batch_size} is not a multiple of "
+                f"data.train_batch_size={self.data.train_batch_size}"
+            )
 
 
 def register_configs() -> None:
@@ -230,28 +257,10 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="train_schema", node=TrainJobConfig)
 
 
-def validate_job(cfg: Any) -> None:
-    """Check value ranges that types cannot express, naming the key and the accepted values.
+def load_job(cfg: DictConfig) -> TrainJobConfig:
+    """The composed config as the typed job: converted once, every ``__post_init__`` check run.
 
     Raises:
-        ValueError: an unknown adapter, scheduler, strategy or progress bar, or an out-of-range number.
+        ValueError: a value out of range (the message names the key and what it accepts).
     """
-    checks = [
-        (cfg.adapter.name in ADAPTER_KINDS, f"adapter.name={cfg.adapter.name!r}: use one of {ADAPTER_KINDS}"),
-        (cfg.adapter.r >= 1, f"adapter.r={cfg.adapter.r} must be >= 1"),
-        (0.0 <= cfg.adapter.dropout < 1.0, f"adapter.dropout={cfg.adapter.dropout} must be in [0, 1)"),
-        (len(cfg.adapter.targets) > 0, "adapter.targets is empty; list module-name suffixes such as q_proj"),
-        (cfg.trainer.scheduler in SCHEDULERS, f"trainer.scheduler={cfg.trainer.scheduler!r}: use {SCHEDULERS}"),
-        (0.0 <= cfg.trainer.warmup_ratio < 1.0, f"trainer.warmup_ratio={cfg.trainer.warmup_ratio} not in [0,1)"),
-        (cfg.trainer.lr > 0, f"trainer.lr={cfg.trainer.lr} must be > 0"),
-        (cfg.trainer.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches must be >= 1"),
-        (
-            cfg.trainer.progress_bar in PROGRESS_BARS,
-            f"trainer.progress_bar={cfg.trainer.progress_bar!r}: use one of {PROGRESS_BARS}",
-        ),
-        (cfg.strategy.name in STRATEGIES, f"strategy.name={cfg.strategy.name!r}: use one of {STRATEGIES}"),
-        (cfg.strategy.stage in (2, 3), f"strategy.stage={cfg.strategy.stage}: DeepSpeed ZeRO stage 2 or 3"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise ValueError(message)
+    return OmegaConf.to_object(cfg)

@@ -1,18 +1,22 @@
-"""Build Lightning's own DDP / FSDP / DeepSpeed strategy objects from the ``strategy`` group."""
+"""Lightning's DDP / FSDP2 / DeepSpeed strategies from the ``strategy`` group, FSDP2 sharding, state gathering."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+from datetime import timedelta
 from typing import Any
 
 import torch
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, Strategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, Strategy
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
-from spp.training.config import STRATEGIES, StrategyConfig
+from spp.training.config import StrategyConfig, StrategyName
 
 
-def decoder_layer_class(name: str) -> type[torch.nn.Module]:
+def decoder_layer_class(name: str) -> type[nn.Module]:
     """Resolve a decoder-layer class name (``model.decoder_layer_cls``) from ``transformers``.
 
     Args:
@@ -42,9 +46,24 @@ def decoder_layer_class(name: str) -> type[torch.nn.Module]:
             f"model.decoder_layer_cls={name!r} is not a class in transformers; give e.g. LlamaDecoderLayer "
             "or a dotted path (transformers.models.llama.modeling_llama.LlamaDecoderLayer)"
         )
-    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+    if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ValueError(f"model.decoder_layer_cls={name!r} is not an nn.Module class")
     return cls
+
+
+class AdapterFSDPStrategy(ModelParallelStrategy):
+    """Lightning's FSDP2 strategy (``ModelParallelStrategy``), checkpointing only the trainable tensors.
+
+    The stock strategy gathers the full state dict, frozen pruned weights included, on every checkpoint; the
+    adapter-only checkpoints need ``ignore_frozen_params`` (the frozen weights come back from the pruning cache).
+    """
+
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """The trainable tensors, gathered on rank 0 (a collective: every rank calls it)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        return get_model_state_dict(self.model, options=options)
 
 
 def _backend(cfg: StrategyConfig, accelerator: str) -> str | None:
@@ -55,61 +74,74 @@ def _backend(cfg: StrategyConfig, accelerator: str) -> str | None:
     return None
 
 
-def build_strategy(cfg: StrategyConfig, decoder_layer_cls: str, accelerator: str = "auto") -> Strategy | str:
+def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: int = 1) -> Strategy | str:
     """Instantiate the Lightning strategy named by ``cfg.name``.
 
-    FSDP keeps frozen base weights and trainable SPP tensors out of one flat parameter: ``use_orig_params``
-    lets a unit hold parameters with different ``requires_grad``, and the auto-wrap policy over the decoder
-    layer class makes each decoder block its own unit (activation checkpointing uses the same class).
+    ``fsdp`` is FSDP2 through :class:`AdapterFSDPStrategy`: one data-parallel mesh over all processes, every
+    decoder block and the root sharded in ``configure_model`` (frozen weights and trainable adapter tensors
+    side by side; FSDP2 has no flat parameter, so mixing ``requires_grad`` in a unit is fine).
 
     Args:
         cfg: The ``strategy`` group.
-        decoder_layer_cls: ``model.decoder_layer_cls`` (FSDP wrapping and activation checkpointing).
-        accelerator: ``trainer.accelerator`` (CPU runs default to the ``gloo`` backend).
-
-    Returns:
-        ``"auto"`` or a Lightning ``Strategy``.
+        accelerator: ``trainer.accelerator`` (CPU runs use the ``gloo`` backend).
+        world_size: Processes over all nodes (the FSDP2 data-parallel size).
 
     Raises:
-        ValueError: an unknown strategy name.
-        ImportError: DeepSpeed is requested but not installed (with the install command).
+        ImportError / ValueError: DeepSpeed requested but not installed, or without CUDA (with the fix).
     """
-    if cfg.name not in STRATEGIES:
-        raise ValueError(f"strategy.name={cfg.name!r}: use one of {STRATEGIES}")
-    if cfg.name == "auto":
-        return "auto"
+    timeout = timedelta(seconds=cfg.timeout_s)
     backend = _backend(cfg, accelerator)
-    if cfg.name == "ddp":
-        return DDPStrategy(process_group_backend=backend, find_unused_parameters=cfg.find_unused_parameters)
-    if cfg.name == "fsdp":
-        layer_cls = decoder_layer_class(decoder_layer_cls)
-        kwargs: dict[str, Any] = {
-            "process_group_backend": backend,
-            "sharding_strategy": cfg.sharding_strategy,
-            "state_dict_type": cfg.state_dict_type,
-            "use_orig_params": cfg.use_orig_params,
-            "cpu_offload": cfg.cpu_offload,
-        }
-        if cfg.wrap_decoder_layers:
-            kwargs["auto_wrap_policy"] = {layer_cls}
-        if cfg.activation_checkpointing:
-            kwargs["activation_checkpointing_policy"] = {layer_cls}
-        return FSDPStrategy(**kwargs)
+    if cfg.name is StrategyName.auto:
+        return "auto"
+    if cfg.name is StrategyName.ddp:
+        return DDPStrategy(process_group_backend=backend, find_unused_parameters=cfg.find_unused_parameters,
+                           timeout=timeout)
+    if cfg.name is StrategyName.fsdp:
+        return AdapterFSDPStrategy(data_parallel_size=world_size, tensor_parallel_size=1,
+                                   save_distributed_checkpoint=False, process_group_backend=backend, timeout=timeout)
     if importlib.util.find_spec("deepspeed") is None:
         raise ImportError(
             f"strategy={cfg.name} (ZeRO stage {cfg.stage}) needs DeepSpeed, which is not installed; run "
             "`pip install deepspeed` on a GPU machine, or choose strategy=ddp / strategy=fsdp"
         )
-    return DeepSpeedStrategy(
-        stage=cfg.stage,
-        offload_optimizer=cfg.offload_optimizer,
-        offload_parameters=cfg.offload_parameters,
-        process_group_backend=backend,
-    )
+    if accelerator == "cpu" or not torch.cuda.is_available():
+        raise ValueError("strategy=deepspeed needs CUDA GPUs; use strategy=fsdp or strategy=ddp on CPU processes")
+    return DeepSpeedStrategy(stage=cfg.stage, offload_optimizer=cfg.offload_optimizer,
+                             offload_parameters=cfg.offload_parameters, process_group_backend=backend, timeout=timeout)
+
+
+def shard_model(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Module] | None,
+                reshard_after_forward: bool = True) -> None:
+    """FSDP2: ``fully_shard`` every decoder block (``layer_cls``), then the root (embeddings, norm, LM head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for module in model.modules():
+        if layer_cls is not None and isinstance(module, layer_cls):
+            fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
 
 
 def is_sharded(strategy: Strategy | str) -> bool:
-    """Whether parameters are sharded across ranks (FSDP, DeepSpeed ZeRO-3), so audits need a gather."""
-    if isinstance(strategy, FSDPStrategy):
+    """Whether parameters are sharded across ranks (FSDP2, DeepSpeed ZeRO-3)."""
+    if isinstance(strategy, ModelParallelStrategy):
         return True
     return isinstance(strategy, DeepSpeedStrategy) and getattr(strategy, "zero_stage_3", False)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a (possibly FSDP2-sharded) parameter; a collective when it is a ``DTensor``."""
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def gather_trainable(strategy: Strategy | str, model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable tensors of ``model`` in full, on CPU (a collective under sharded strategies: all ranks)."""
+    if isinstance(strategy, ModelParallelStrategy):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+        return dict(get_model_state_dict(model, options=options))
+    if is_sharded(strategy):
+        state = strategy.lightning_module_state_dict()
+        names = {f"model.{n}" for n, p in model.named_parameters() if p.requires_grad}
+        return {k[len("model."):]: v.cpu() for k, v in state.items() if k in names}
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}

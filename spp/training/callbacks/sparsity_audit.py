@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
 import torch
 from torch import nn
+
+from spp.adapters.spp.functional import adapted_weight, merge_factor
+from spp.adapters.spp.layer import SPPLinear
 
 WRAPPER_PREFIXES = ("base_model.model.",)
 WRAPPER_SUFFIXES = (".base_layer", ".base")
@@ -36,8 +39,6 @@ def effective_weights(model: nn.Module, names: set[str]) -> Iterator[tuple[str, 
     ``W ⊙ Repeat0(alpha)⊙beta`` without the residual); for any other linear layer its own weight (a LoRA
     baseline is audited on its frozen base weight during training and after ``merge_and_remask``).
     """
-    from spp.adapters.spp.functional import adapted_weight, merge_factor
-    from spp.adapters.spp.layer import SPPLinear
 
     for name, module in model.named_modules():
         key = original_name(name)
@@ -124,40 +125,31 @@ def audit(
 
 
 class SparsityAuditCallback(L.Callback):
-    """Audit the zero pattern at fit start, after every checkpoint and at fit end.
+    """Audit the zero pattern at fit start, after every checkpoint and at fit end (on every rank).
 
     Args:
-        masks: Callable returning the pruning masks (True = kept); they exist only after pruning in ``setup``.
-        enabled: Callable telling whether parameters are local (sharded strategies are audited after the gather
-            in the export step instead).
+        masks: The pruning masks (True = kept).
+        reference_zeros: The exact-zero pattern of the pruned model (recorded by the prune phase).
     """
 
-    def __init__(
-        self,
-        masks: Callable[[], dict[str, torch.Tensor]],
-        enabled: Callable[[L.Trainer], bool] | None = None,
-    ) -> None:
-        self._masks = masks
-        self._enabled = enabled or (lambda trainer: True)
-        self.reference: dict[str, torch.Tensor] | None = None
+    def __init__(self, masks: dict[str, torch.Tensor], reference_zeros: dict[str, torch.Tensor]) -> None:
+        self.masks = masks
+        self.reference = reference_zeros
         self.reports: list[dict[str, Any]] = []
 
     def _run(self, trainer: L.Trainer, pl_module: L.LightningModule, when: str) -> None:
-        if not self._enabled(trainer):
-            return
-        report = audit(pl_module.model, self._masks(), self.reference, when=when)
-        self.reports.append({"when": when, "step": trainer.global_step, **report})
+        report = audit(pl_module.model, self.masks, self.reference, when=when)
+        if not self.reports or self.reports[-1]["step"] != trainer.global_step or self.reports[-1]["when"] != when:
+            self.reports.append({"when": when, "step": trainer.global_step, **report})
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Record the zero pattern the run starts from and check it against the masks."""
-        if not self._enabled(trainer):
-            return
-        masks = self._masks()
-        self.reference = zero_patterns(pl_module.model, set(masks))
+        """Check the adapted model against the masks before the first step."""
         self._run(trainer, pl_module, "fit_start")
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        """Audit whenever a checkpoint is written."""
+        """Audit whenever a checkpoint is written (once per step, however many files it writes)."""
+        if self.reports and self.reports[-1]["step"] == trainer.global_step:
+            return
         self._run(trainer, pl_module, f"checkpoint@step{trainer.global_step}")
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1,0 +1,71 @@
+"""Exact mid-epoch resume: a training-loader wrapper that fast-forwards past the batches already trained on.
+
+Lightning 2.x restarts an interrupted epoch from its first batch. With a step-based LR schedule the loader is
+created early (``estimated_stepping_batches`` in ``configure_optimizers``), before the loop state is restored,
+so a stateful loader never gets its state back. The data module therefore saves ``(epoch, batches done)`` in
+the checkpoint through its own ``state_dict`` / ``load_state_dict`` (Lightning calls both), and the loader skips
+the batches already trained on when the resumed epoch's first batch is requested (lazily, after the restore).
+With the data module's seeded per-epoch ``DistributedSampler`` the resumed run sees exactly the batches of the
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+class ResumableLoader:
+    """Wrap a ``DataLoader``; behaves like it (len, sampler, dataset) and fast-forwards after a resume.
+
+    Args:
+        loader: The training ``DataLoader``.
+        position: Returns ``(epoch, batches processed in that epoch)`` from the trainer's loop progress.
+        pending: The data module's restored ``{"epoch", "batches_done"}`` state (filled on resume).
+    """
+
+    def __init__(self, loader: Any, position: Callable[[], tuple[int, int]], pending: dict[str, int]) -> None:
+        self.loader = loader
+        self._position = position
+        self._pending = pending
+
+    @property
+    def sampler(self) -> Any:
+        """The wrapped loader's sampler (Lightning calls its ``set_epoch``)."""
+        return getattr(self.loader, "sampler", None)
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The wrapped loader's batch sampler."""
+        return getattr(self.loader, "batch_sampler", None)
+
+    @property
+    def batch_size(self) -> int | None:
+        """The wrapped loader's batch size."""
+        return getattr(self.loader, "batch_size", None)
+
+    @property
+    def dataset(self) -> Any:
+        """The wrapped loader's dataset."""
+        return getattr(self.loader, "dataset", None)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._iterate()
+
+    def _iterate(self) -> Iterator[Any]:
+        iterator = iter(self.loader)
+        if self._pending:
+            epoch, done = int(self._pending.pop("epoch", -1)), int(self._pending.pop("batches_done", 0))
+            if epoch == self._position()[0] and 0 < done < len(self.loader):
+                for _ in range(done):
+                    next(iterator)
+        yield from iterator
+
+
+def trainer_position(trainer: Any) -> tuple[int, int]:
+    """``(current epoch, batches processed in it)`` from Lightning's fit-loop progress."""
+    loop = trainer.fit_loop
+    return int(loop.epoch_progress.current.completed), int(loop.epoch_loop.batch_progress.current.processed)

@@ -1,0 +1,209 @@
+"""The three phases of a training job as plain functions with typed results: ``prune → fit → finalize``.
+
+* :func:`prune` loads the model and prunes it through the on-disk cache (under the entry's file lock, so
+  concurrent jobs with the same key prune once); rank 0 also measures the dense and pruned perplexities. It
+  runs before Lightning starts any process group, so no rank ever waits on a collective while another prunes.
+* :func:`fit` attaches the adapter and runs ``Trainer.fit`` on every rank (skipped for ``adapter=none``), then
+  gathers the trainable tensors once and closes the process group.
+* :func:`finalize` runs on global rank 0 alone, after every collective is over: adapter files, merge, the
+  zero audit of the merged model, perplexity and lm-eval tasks, and the merged model's export.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import Logger
+from lightning.pytorch.utilities import rank_zero_only
+from torch import nn
+
+from spp.adapters.base import Masks, ParamCounts, count_parameters
+from spp.adapters.registry import apply_adapter, get_method
+from spp.atomic import write_dir_atomic, write_json_atomic
+from spp.data.alpaca import AlpacaDataModule
+from spp.eval.harness import run_eval_tasks
+from spp.eval.ppl_cache import cached_perplexity, weights_key
+from spp.models.loading import load_model
+from spp.pruning.cache import get_or_prune
+from spp.pruning.engine import PruneResult
+from spp.training.callbacks.adapter_checkpoint import resolve_resume
+from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit, zero_patterns
+from spp.training.config import ProgressBar, TrainJobConfig
+from spp.training.module import SPPModule
+from spp.training.strategies import decoder_layer_class, gather_trainable, is_sharded
+from spp.training.trainer import build_trainer, train_seconds
+
+
+@dataclass
+class PrunedModel:
+    """The prune phase's result: the pruned (frozen, CPU) model and what the later phases need of pruning."""
+
+    model: nn.Module
+    tokenizer: Any
+    masks: Masks
+    zeros: dict[str, torch.Tensor]
+    result: PruneResult
+    ppl: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class FitResult:
+    """The fit phase's result: the adapted model when it is whole in this process, and the gathered state."""
+
+    model: nn.Module | None
+    state: dict[str, torch.Tensor]
+    params: ParamCounts
+    steps: int = 0
+    train_losses: list[float] = field(default_factory=list)
+    val_losses: list[float] = field(default_factory=list)
+    audits: list[dict[str, Any]] = field(default_factory=list)
+    data: dict[str, Any] | None = None
+    seconds: float = 0.0
+    is_global_zero: bool = True
+
+
+@dataclass
+class FinalizeResult:
+    """The finalize phase's result: merge statistics, the merged model's audit and scores, and output paths."""
+
+    merge: dict[str, Any]
+    audit: dict[str, Any]
+    ppl: dict[str, Any] | None = None
+    zero_shot: dict[str, Any] | None = None
+    merged_dir: str | None = None
+    adapter_dir: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def job_device(job: TrainJobConfig) -> torch.device:
+    """Where this process prunes and evaluates: its local GPU when the trainer uses GPUs, else the CPU."""
+    if job.trainer.accelerator != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+def prune(job: TrainJobConfig) -> PrunedModel:
+    """Load, measure dense perplexity (rank 0), prune through the cache, measure pruned perplexity (rank 0)."""
+    start = time.perf_counter()
+    model, tokenizer = load_model(job.model)
+    device = job_device(job)
+    model.to(device)
+    seconds = {"load_model": round(time.perf_counter() - start, 2)}
+    measure = job.eval.ppl and rank_zero_only.rank == 0
+    ppl: dict[str, dict[str, Any]] = {}
+    if measure and job.dense_ppl:
+        ppl["dense"] = cached_perplexity(model, tokenizer, job.eval, weights_key(job.model), job.cache_dir,
+                                         job.data_dir, device)
+    start = time.perf_counter()
+    result = get_or_prune(model, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
+                          job.data_dir, device)
+    seconds["prune_or_load"] = round(time.perf_counter() - start, 2)
+    if measure and job.pruned_ppl:
+        key = weights_key(job.model, job.pruner, job.sparsity, job.calibration, job.data_dir)
+        ppl["pruned"] = cached_perplexity(model, tokenizer, job.eval, key, job.cache_dir, job.data_dir, device)
+    masks = {k: v.to(torch.bool).cpu() for k, v in result.masks.items()}
+    return PrunedModel(model.cpu(), tokenizer, masks, zero_patterns(model, set(masks)), result, ppl, seconds)
+
+
+def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[Logger],
+        callbacks: list[Callback] | None = None) -> FitResult:
+    """Attach the adapter and train it (every rank); returns the gathered trainable state."""
+    L.seed_everything(job.seed, workers=True)  # the same adapter initialisation on every rank
+    model, _ = apply_adapter(pruned.model, job.adapter, pruned.masks)
+    params = count_parameters(model)
+    if not get_method(job.adapter.name).trains:
+        report = audit(model, pruned.masks, pruned.zeros, when="fit_start")
+        return FitResult(model, {}, params, audits=[{"when": "fit_start", "step": 0, **report}])
+    datamodule = AlpacaDataModule(pruned.tokenizer, job.data, data_dir=job.data_dir,
+                                  progress=job.trainer.progress_bar is not ProgressBar.none)
+    module = SPPModule(model, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls))
+    auditor = SparsityAuditCallback(pruned.masks, pruned.zeros)
+    trainer = build_trainer(job, run_dir, loggers, [auditor, *(callbacks or [])])
+    for logger in loggers:
+        logger.log_metrics({f"params/{k}": float(v) for k, v in params.to_dict().items()}, step=0)
+    resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    state = gather_trainable(trainer.strategy, module.model)
+    whole = None if is_sharded(trainer.strategy) else module.model
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # finalize runs on rank 0 alone: no collective may stay open
+    return FitResult(whole, state, params, trainer.global_step, module.train_losses, module.val_losses,
+                     auditor.reports, datamodule.summary(), round(train_seconds(trainer), 2), trainer.is_global_zero)
+
+
+def rebuild(job: TrainJobConfig, state: dict[str, torch.Tensor]) -> nn.Module:
+    """The adapted model, whole, from the pruning cache and the gathered trainable state (after sharding)."""
+    model, _ = load_model(job.model, with_tokenizer=False)
+    result = get_or_prune(model, None, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
+                          job.data_dir)
+    model, _ = apply_adapter(model, job.adapter, {k: v.bool() for k, v in result.masks.items()})
+    missing = set(state) - set(model.state_dict())
+    if missing:
+        raise RuntimeError(f"gathered adapter tensors {sorted(missing)[:3]} do not exist in the rebuilt model")
+    model.load_state_dict(state, strict=False)
+    return model
+
+
+def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path) -> FinalizeResult:
+    """Adapter files, merge, audit of the merged zeros, evaluation and export (global rank 0, no collective)."""
+    method = get_method(job.adapter.name)
+    model = (fitted.model if fitted.model is not None else rebuild(job, fitted.state)).eval()
+    seconds: dict[str, float] = {}
+    adapter_dir = None
+    if job.export.adapter and method.trains:
+        start = time.perf_counter()
+        adapter_dir = str(write_dir_atomic(run_dir / "adapter", lambda tmp: method.save(model, tmp, _provenance(job))))
+        seconds["save_adapter"] = round(time.perf_counter() - start, 2)
+    start = time.perf_counter()
+    merged, stats = method.merge(model, job.adapter, pruned.masks)
+    seconds["merge"] = round(time.perf_counter() - start, 2)
+    checked = audit(merged, pruned.masks, pruned.zeros, when="merged",
+                    kept_zeros_may_change=method.kept_zeros_may_change)
+    result = FinalizeResult(stats, checked, adapter_dir=adapter_dir, seconds=seconds)
+    _evaluate(job, merged.to(job_device(job)), pruned.tokenizer, result)
+    if job.export.merged:
+        start = time.perf_counter()
+        result.merged_dir = str(export_merged(job, merged.cpu(), pruned.tokenizer, run_dir / "merged"))
+        seconds["save_merged"] = round(time.perf_counter() - start, 2)
+    return result
+
+
+def _evaluate(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, result: FinalizeResult) -> None:
+    """Perplexity (not cached: the merged weights are new) and the lm-eval tasks of ``eval.tasks``."""
+    device = next(merged.parameters()).device
+    if job.eval.ppl:
+        result.ppl = cached_perplexity(merged, tokenizer, job.eval, "merged", None, job.data_dir, device)
+    if job.eval.tasks:
+        start = time.perf_counter()
+        harness = run_eval_tasks(merged, tokenizer, job.eval, job.data_dir)
+        result.zero_shot = {"metrics": harness.metrics, "zero_shot_mean": harness.zero_shot_mean,
+                            "mmlu_acc": harness.mmlu_acc, "limit": harness.limit, "mmlu_limit": job.eval.mmlu_limit,
+                            "num_fewshot": harness.num_fewshot}
+        result.seconds["zero_shot"] = round(time.perf_counter() - start, 2)
+
+
+def _provenance(job: TrainJobConfig) -> dict[str, Any]:
+    """What the adapter was trained on top of (stored in ``adapter_config.json`` and ``spp_export.json``)."""
+    return {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name}}
+
+
+def export_merged(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, path: Path) -> Path:
+    """``save_pretrained`` of the merged sparse model + tokenizer + ``spp_export.json``, atomically."""
+
+    def write(tmp: Path) -> None:
+        merged.save_pretrained(tmp, max_shard_size=job.export.max_shard_size)
+        tokenizer.save_pretrained(tmp)
+        adapter = {k: str(v) if not isinstance(v, (bool, int, float, list)) else v
+                   for k, v in vars(job.adapter).items()}
+        write_json_atomic(tmp / "spp_export.json", {"adapter": adapter, "dtype": str(next(merged.parameters()).dtype),
+                                                    **_provenance(job)})
+
+    return write_dir_atomic(path, write)

@@ -1,0 +1,133 @@
+"""What a finished job reports: ``summary.json`` built from the phases' typed results, and the closing table."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from rich.console import Console
+from rich.table import Table
+
+from spp.atomic import write_json_atomic
+from spp.training.config import Objective, TrainJobConfig
+from spp.training.phases import FinalizeResult, FitResult, PrunedModel
+
+VERSIONED = ("spp", "torch", "lightning", "transformers", "peft", "hydra-core", "lm_eval", "datasets", "wandb")
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages a result depends on (plus Python)."""
+    out = {"python": platform.python_version()}
+    for pkg in VERSIONED:
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = "not installed"
+    return out
+
+
+def _loss_summary(train: list[float], val: list[float], steps: int) -> dict[str, Any]:
+    k = max(1, min(10, len(train) // 4))
+    return {
+        "train_first": sum(train[:k]) / k if train else None,
+        "train_last": sum(train[-k:]) / k if train else None,
+        "averaged_over": k,
+        "train": train,
+        "val": val,
+        "optimizer_steps": steps,
+    }
+
+
+def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pruned: PrunedModel,
+                  fitted: FitResult, final: FinalizeResult, timings: dict[str, float]) -> dict[str, Any]:
+    """Everything a table or plot needs from this job (written to ``summary.json``)."""
+    kept = sum(int(m.sum()) for m in pruned.masks.values())
+    total = sum(m.numel() for m in pruned.masks.values())
+    return {
+        "run": {"name": ids["name"], "group": ids["group"], "tags": ids["tags"], "run_dir": str(run_dir),
+                "model": job.model.name, "pruner": job.pruner.name, "sparsity": job.sparsity.name,
+                "adapter": job.adapter.name, "r": job.adapter.r},
+        "perplexity": {"dense": pruned.ppl.get("dense"), "pruned": pruned.ppl.get("pruned"), "merged": final.ppl},
+        "zero_shot": final.zero_shot,
+        "sparsity": {
+            "target": job.sparsity.target_ratio,
+            "before": (total - kept) / total if total else 0.0,
+            "after": final.audit.get("sparsity"),
+            "audits": [*fitted.audits, {"when": "merged", **final.audit}],
+        },
+        "params": fitted.params.to_dict(),
+        "losses": _loss_summary(fitted.train_losses, fitted.val_losses, fitted.steps),
+        "data": fitted.data,
+        "pruning": {"cache_hit": pruned.result.cache_hit, "timings": pruned.result.timings,
+                    "report": pruned.result.report.overall},
+        "merge": final.merge,
+        "timings": timings,
+        "outputs": {"merged_dir": final.merged_dir, "adapter_dir": final.adapter_dir,
+                    "checkpoints": str(run_dir / "checkpoints"), "summary": str(run_dir / "summary.json"),
+                    "resolved_config": str(run_dir / "resolved_config.yaml")},
+        "config": OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True),
+        "versions": versions(),
+    }
+
+
+def objective(summary: dict[str, Any], which: Objective) -> float | None:
+    """The value a sweeper minimises: the last validation loss, or the merged model's (test) perplexity."""
+    if which is Objective.val_loss:
+        val = summary["losses"]["val"]
+        return val[-1] if val else None
+    if which is Objective.ppl_merged:
+        merged = summary["perplexity"]["merged"]
+        return merged["ppl"] if merged else None
+    return None
+
+
+def _fmt_ppl(entry: dict[str, Any] | None) -> str:
+    return f"{entry['ppl']:.2f}" if entry else "-"
+
+
+def results_table(summary: dict[str, Any]) -> Table:
+    """The closing table: perplexity dense → pruned → pruned+adapter, sparsity, params, time, output."""
+    ppl = summary.get("perplexity", {})
+    first = next((v for v in ppl.values() if v), None)
+    where = f" ({first['source']}, seqlen {first['seqlen']}, {first['windows']} windows)" if first else ""
+    table = Table(title=f"spp run: {summary['run']['name']}", show_header=True)
+    table.add_column("quantity")
+    table.add_column("value", overflow="fold")
+    label = summary["run"]["adapter"]
+    table.add_row(
+        f"perplexity{where}",
+        f"dense {_fmt_ppl(ppl.get('dense'))} → pruned {_fmt_ppl(ppl.get('pruned'))} → "
+        f"pruned+{label} {_fmt_ppl(ppl.get('merged'))}",
+    )
+    sp = summary.get("sparsity", {})
+    before, after = sp.get("before"), sp.get("after")
+    table.add_row(
+        "sparsity (adapted matrices)",
+        f"before {before:.4f} → after {after:.4f}" if before is not None and after is not None else "-",
+    )
+    params = summary.get("params", {})
+    if params:
+        share = params["trainable"] / max(params["total"], 1)
+        table.add_row("trainable parameters", f"{params['trainable']:,} of {params['total']:,} ({share:.3%})")
+    losses = summary.get("losses", {})
+    if losses.get("train_first") is not None:
+        table.add_row("train loss", f"{losses['train_first']:.3f} → {losses['train_last']:.3f} "
+                                    f"({losses['optimizer_steps']} optimizer steps)")
+    timings = summary.get("timings", {})
+    table.add_row("training time", f"{timings.get('train', 0):.1f} s (job total {timings.get('total', 0):.1f} s)")
+    table.add_row("merged model", summary.get("outputs", {}).get("merged_dir") or "-")
+    return table
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """Write ``summary.json`` atomically."""
+    return write_json_atomic(run_dir / "summary.json", summary)
+
+
+def print_results(summary: dict[str, Any]) -> None:
+    """Print :func:`results_table`."""
+    Console().print(results_table(summary))

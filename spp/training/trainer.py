@@ -1,0 +1,113 @@
+"""The Lightning ``Trainer`` of a job: strategy, precision, accumulation and the callbacks of the training loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import (
+    Callback,
+    LearningRateMonitor,
+    RichProgressBar,
+    ThroughputMonitor,
+    Timer,
+    TQDMProgressBar,
+)
+from lightning.pytorch.loggers import Logger
+
+from spp.training.callbacks.adapter_checkpoint import AdapterCheckpoint
+from spp.training.config import ProgressBar, TrainerConfig, TrainJobConfig
+from spp.training.strategies import build_strategy
+
+THROUGHPUT_KEY = "train/device/items_per_sec"
+"""The metric Lightning's ``ThroughputMonitor`` logs for unpadded training tokens per second on one device."""
+
+
+def resolve_precision(precision: str, accelerator: str) -> str:
+    """``auto`` → ``bf16-mixed`` on a CUDA GPU with bf16 support, else ``32-true`` (CPU)."""
+    if precision != "auto":
+        return precision
+    on_gpu = accelerator in ("gpu", "cuda", "auto") and torch.cuda.is_available()
+    return "bf16-mixed" if on_gpu and torch.cuda.is_bf16_supported() else "32-true"
+
+
+def world_size(cfg: TrainerConfig) -> int:
+    """Processes Lightning will start for ``trainer.devices`` × ``trainer.num_nodes``."""
+    devices = cfg.devices
+    if isinstance(devices, (list, tuple)):
+        per_node = len(devices)
+    elif str(devices) in ("auto", "-1"):
+        per_node = torch.cuda.device_count() if cfg.accelerator != "cpu" and torch.cuda.is_available() else 1
+    else:
+        per_node = int(devices)
+    return max(1, per_node) * cfg.num_nodes
+
+
+def accumulation(job: TrainJobConfig) -> int:
+    """Gradient-accumulation steps: ``global_batch_size / (per-device batch × world size)``.
+
+    Raises:
+        ValueError: the global batch is not a multiple of per-device batch × world size (names the keys).
+    """
+    tcfg = job.trainer
+    if tcfg.global_batch_size is None:
+        return tcfg.accumulate_grad_batches
+    per_step = job.data.train_batch_size * world_size(tcfg)
+    if tcfg.global_batch_size % per_step:
+        raise ValueError(
+            f"trainer.global_batch_size={tcfg.global_batch_size} is not a multiple of data.train_batch_size "
+            f"({job.data.train_batch_size}) × world size ({per_step // job.data.train_batch_size})"
+        )
+    return tcfg.global_batch_size // per_step
+
+
+def loop_callbacks(job: TrainJobConfig, run_dir: Path, steps_hint: int) -> list[Callback]:
+    """What runs during training: adapter checkpoints, learning rate, throughput, clock and progress."""
+    tcfg = job.trainer
+    callbacks: list[Callback] = [
+        AdapterCheckpoint(run_dir / "checkpoints", tcfg.checkpoint_every_n_steps, tcfg.save_top_k),
+        LearningRateMonitor("step"),
+        ThroughputMonitor(batch_size_fn=lambda b: b["input_ids"].size(0),
+                          length_fn=lambda b: int(b["attention_mask"].sum()),
+                          window_size=max(2, min(20, steps_hint))),
+        Timer(),
+    ]
+    if tcfg.progress_bar is ProgressBar.rich:
+        callbacks.append(RichProgressBar(leave=True))
+    elif tcfg.progress_bar is ProgressBar.tqdm:
+        callbacks.append(TQDMProgressBar())
+    return callbacks
+
+
+def build_trainer(job: TrainJobConfig, run_dir: Path, loggers: list[Logger], callbacks: list[Callback]) -> L.Trainer:
+    """A ``Trainer`` for ``job`` writing under ``run_dir`` (``callbacks`` come after the loop's own)."""
+    tcfg = job.trainer
+    return L.Trainer(
+        accelerator=tcfg.accelerator,
+        devices=tcfg.devices,
+        num_nodes=tcfg.num_nodes,
+        strategy=build_strategy(job.strategy, tcfg.accelerator, world_size(tcfg)),
+        precision=resolve_precision(tcfg.precision, tcfg.accelerator),
+        max_epochs=tcfg.max_epochs,
+        max_steps=tcfg.max_steps,
+        accumulate_grad_batches=accumulation(job),
+        gradient_clip_val=tcfg.gradient_clip_val,
+        val_check_interval=tcfg.val_check_interval,
+        limit_val_batches=tcfg.limit_val_batches,
+        num_sanity_val_steps=tcfg.num_sanity_val_steps,
+        log_every_n_steps=tcfg.log_every_n_steps,
+        deterministic=tcfg.deterministic,
+        enable_progress_bar=tcfg.progress_bar is not ProgressBar.none,
+        enable_model_summary=False,
+        callbacks=[*loop_callbacks(job, run_dir, tcfg.max_steps), *callbacks],
+        logger=loggers,
+        default_root_dir=str(run_dir),
+    )
+
+
+def train_seconds(trainer: L.Trainer) -> float:
+    """Seconds spent in the training loop (Lightning's ``Timer``; validation inside it included)."""
+    timer: Any = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    return float(timer.time_elapsed("train")) if timer is not None else 0.0
