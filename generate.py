@@ -57,8 +57,10 @@ def run(job: GenerateJobConfig, output_file: Path | None) -> GenerationResult:
     device = job.device or ("cuda" if torch.cuda.is_available() else "cpu")
     converted: list[str] = []
     if job.sparse24:
+        if job.device is not None and not job.device.startswith("cuda"):
+            sys.exit(f"generate.py: error: sparse24=true runs on CUDA only; drop device={job.device} or sparse24=true")
         try:
-            converted = to_sparse24(model, DTYPES[dtype_name], device if device.startswith("cuda") else "cuda")
+            converted = to_sparse24(model, DTYPES[dtype_name], device)
         except (ValueError, RuntimeError) as err:
             sys.exit(f"generate.py: error: sparse24=true: {err}")
     else:

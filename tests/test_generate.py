@@ -63,7 +63,8 @@ def _argmax_decode(model: torch.nn.Module, ids: torch.Tensor, n: int, eos: int) 
 def test_greedy_cli_equals_in_memory_model(tmp_path):
     model_dir = _save(tiny_llama(seed=0), tmp_path / "tiny")
     out = tmp_path / "gen.json"
-    proc = _generate_cli(f"model.path={model_dir}", f"prompt={PROMPT}", "max_new_tokens=12", f"output_file={out}")
+    proc = _generate_cli(f"model.path={model_dir}", f"prompt={PROMPT}", "max_new_tokens=12", "device=cpu",
+                        f"output_file={out}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads(out.read_text())
     model, tok = tiny_llama(seed=0), tiny_tokenizer()
