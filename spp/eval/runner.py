@@ -57,10 +57,12 @@ def wants_pruning(cfg: EvalJobConfig) -> bool:
 
 
 def preflight(cfg: EvalJobConfig) -> None:
-    """Check every input before any model is loaded; each problem raises one clear error naming its key."""
-    cfg.eval.validate()
-    if wants_pruning(cfg):
-        cfg.pruner.validate(), cfg.sparsity.validate(), cfg.calibration.validate()
+    """Check every input before any model is loaded; each problem raises one clear error naming its key.
+
+    Value ranges are already checked by the config dataclasses (``__post_init__``); this checks what needs the
+    file system: the model's context length, the perplexity and task data files, the adapter directory.
+    """
+    wants_pruning(cfg)
     max_pos = context_length(cfg.model)
     if cfg.eval.ppl:
         check_seqlen(int(cfg.eval.seqlen), max_pos)

@@ -25,7 +25,6 @@ def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any]:
     ``timing.json`` (with ``cache_hit``) and, with ``save_model``, ``model/`` (``save_pretrained`` + tokenizer).
     """
     t_start = time.perf_counter()
-    job.pruner.validate(), job.sparsity.validate(), job.calibration.validate()
     torch.manual_seed(job.seed)
     model, tokenizer = load_model(job.model)
     timing: dict[str, Any] = {"load_model": time.perf_counter() - t_start}
