@@ -186,8 +186,9 @@ def test_optuna_three_trials_on_validation_loss_without_test_split(tmp_path):
     sweep, opened = tmp_path / "sweep", tmp_path / "opened.txt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
            "SPP_OPEN_LOG": str(opened)}
+    # validation every 3 of the 6 fast steps (debug=fast stops before the epoch's end, where it would run)
     args = ["-m", "hydra/sweeper=optuna_lr", "hydra.sweeper.n_trials=3", *FAST, "logger=csv",
-            f"cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}"]
+            "trainer.val_check_interval=3", f"cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}"]
     proc = subprocess.run([sys.executable, "-c", AUDIT_WRAPPER, *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
