@@ -8,12 +8,14 @@ import pytest
 import torch
 from train_helpers import compose_train
 
+from spp.adapters import AdapterConfig, apply_adapter
+from spp.loggers import build_loggers, run_tags
 from spp.models import tiny_llama
 from spp.pruning import current_masks
 from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, zero_patterns
-from spp.training.loggers import build_loggers, run_tags
+from spp.training.config import Scheduler, TrainerConfig, load_job
 from spp.training.module import SPPModule
-from spp.training.pipeline import accumulation, resolve_precision
+from spp.training.trainer import accumulation, resolve_precision
 
 ADAPTER = {"name": "spp", "r": 4, "scale": 2.0, "dropout": 0.0, "alpha_init": "kaiming", "beta_init": "zeros",
            "use_beta": True, "impl": "fused", "residual": True, "lora_alpha": 16.0,
@@ -24,13 +26,17 @@ class _FakeTrainer:
     estimated_stepping_batches = 100
 
 
-def _module(**kwargs) -> SPPModule:
+def _module(lr: float = 4e-3, weight_decay: float = 0.001, warmup_ratio: float = 0.03, scheduler: str = "linear",
+            gradient_checkpointing: bool = False, compile_model: bool = False) -> SPPModule:
     model = tiny_llama(seed=0)
     with torch.no_grad():  # 2:4-style zeros: drop every other input column of each target
         for name, mod in model.named_modules():
             if name.endswith(tuple(ADAPTER["targets"])):
                 mod.weight[:, ::2] = 0
-    module = SPPModule(model, ADAPTER, **kwargs)
+    model, _ = apply_adapter(model, AdapterConfig(**ADAPTER), {})
+    trainer = TrainerConfig(lr=lr, weight_decay=weight_decay, warmup_ratio=warmup_ratio, scheduler=Scheduler(scheduler),
+                            gradient_checkpointing=gradient_checkpointing, compile=compile_model)
+    module = SPPModule(model, trainer)
     module.configure_model()
     return module
 
@@ -121,11 +127,11 @@ def test_audit_counts_filled_kept_zeros_only_when_allowed():
 
 
 def test_gradient_accumulation_and_precision_resolution():
-    cfg = compose_train(["model=tiny", "trainer.global_batch_size=32", "data.train_batch_size=4"])
+    cfg = load_job(compose_train(["model=tiny", "trainer.global_batch_size=32", "data.train_batch_size=4"]))
     assert accumulation(cfg) == 8
     bad = compose_train(["model=tiny", "trainer.global_batch_size=30", "data.train_batch_size=4"])
     with pytest.raises(ValueError, match="trainer.global_batch_size"):
-        accumulation(bad)
+        accumulation(load_job(bad))
     assert resolve_precision("auto", "cpu") == "32-true"
     assert resolve_precision("bf16-mixed", "cpu") == "bf16-mixed"
 
@@ -134,15 +140,16 @@ def test_wandb_offline_without_key_under_run_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
-    cfg = compose_train(["model=tiny", "pruner=sparsegpt", "sparsity=unstructured50", "adapter.r=8",
-                         "logger=[csv,wandb,tensorboard]"])
-    loggers = build_loggers(cfg, tmp_path / "run")
+    cfg = load_job(compose_train(["model=tiny", "pruner=sparsegpt", "sparsity=unstructured50", "adapter.r=8",
+                                  "logger=[csv,wandb,tensorboard]"]))
+    ids = run_tags(cfg.model.name, cfg.pruner.name, cfg.sparsity.name, cfg.adapter.name, cfg.adapter.r, cfg.logger.wandb)
+    loggers = build_loggers(cfg.logger, tmp_path / "run", ids)
     kinds = [type(lg).__name__ for lg in loggers]
     assert kinds == ["CSVLogger", "TensorBoardLogger", "WandbLogger"]
     wandb_logger = loggers[-1]
     assert wandb_logger._wandb_init["mode"] == "offline"
     assert wandb_logger._wandb_init["dir"] == str(tmp_path / "run")
-    tags = run_tags(cfg)
+    tags = ids
     assert tags["group"] == "tiny-sparsegpt-unstructured50" and "r8" in tags["tags"]
     assert set(tags["tags"]) <= set(wandb_logger._wandb_init["tags"])
 
@@ -163,33 +170,13 @@ def test_gradient_checkpointing_switch_gives_the_same_gradients():
     torch.testing.assert_close(grads[0], grads[1])
 
 
-def test_fsdp_on_cpu_fails_early_naming_the_strategy():
-    from spp.training.pipeline import _validate
+def test_fsdp_is_fsdp2_and_builds_on_cpu_processes():
+    from spp.training.strategies import AdapterFSDPStrategy, build_strategy
 
-    with pytest.raises(ValueError, match="strategy=fsdp needs CUDA"):
-        _validate(compose_train(["model=tiny", "strategy=fsdp", "trainer.accelerator=cpu"]))
-
-
-def test_tokens_per_s_is_unpadded_tokens_over_wall_time_between_batches(monkeypatch):
-    import spp.training.module as module_file
-
-    module = _module()
-    logged: dict[str, float] = {}
-    monkeypatch.setattr(module, "log", lambda name, value, **kw: logged.__setitem__(name, float(value)))
-    clock = iter([10.0, 12.5, 12.5, 13.5, 13.5])  # start, end of batch 1 (+ new tick), end of batch 2 (+ tick)
-    monkeypatch.setattr(module_file.time, "perf_counter", lambda: next(clock))
-    ids = torch.randint(4, 200, (2, 16))
-    mask = torch.ones_like(ids)
-    mask[1, 10:] = 0  # 6 padded positions: 26 real tokens
-    batch = {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
-    module.on_train_batch_start(batch, 0)
-    module.training_step(batch, 0)
-    module.on_train_batch_end(None, batch, 0)
-    assert logged["train/tokens_per_s"] == pytest.approx(26 / 2.5)
-    module.on_train_batch_start(batch, 1)  # the clock keeps running from the previous batch's end
-    module.training_step(batch, 1)
-    module.on_train_batch_end(None, batch, 1)
-    assert logged["train/tokens_per_s"] == pytest.approx(26 / 1.0)
+    job = load_job(compose_train(["model=tiny", "strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2"]))
+    strategy = build_strategy(job.strategy, "cpu", world_size=2)
+    assert isinstance(strategy, AdapterFSDPStrategy)
+    assert strategy._process_group_backend == "gloo" and strategy._data_parallel_size == 2
 
 
 def test_compiled_training_forward_matches_eager_and_keeps_state_dict_keys():

@@ -13,7 +13,8 @@ from transformers import AutoModelForCausalLM
 import spp
 from spp.models import load_model
 from spp.pruning import get_or_prune
-from spp.training.pipeline import run_training
+from spp.training.trainer import THROUGHPUT_KEY
+from train import run_job
 
 STEPS = ["trainer.lr=0.05", "trainer.max_steps=16", "data.max_examples=68", "adapter.dropout=0.0"]
 
@@ -22,13 +23,13 @@ STEPS = ["trainer.lr=0.05", "trainer.max_steps=16", "data.max_examples=68", "ada
 def tiny_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("train")
     cfg = tiny_job(tmp, *STEPS)
-    summary = run_training(cfg)
+    summary = run_job(cfg)
     return tmp, cfg, summary
 
 
 def _pruned_tiny(cfg, cache):
     model, tok = load_model(cfg.model)
-    result = get_or_prune(model, tok, dict(cfg.model), dict(cfg.pruner), dict(cfg.sparsity), dict(cfg.calibration),
+    result = get_or_prune(model, tok, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
                           cache_dir=cache, data_dir=cfg.data_dir)
     return model, tok, result
 
@@ -51,7 +52,7 @@ def test_loss_falls_and_files_are_written(tiny_run):
     assert {"python", "torch", "lightning", "transformers"} <= set(on_disk["versions"])
     assert on_disk["config"]["adapter"]["r"] == 16
     metrics = (run / "csv/metrics.csv").read_text().splitlines()[0].split(",")
-    assert {"train/loss", "train/tokens_per_s", "lr-AdamW", "params/trainable", "params/frozen"} <= set(metrics)
+    assert {"train/loss", THROUGHPUT_KEY, "lr-AdamW", "params/trainable", "params/frozen"} <= set(metrics)
 
 
 def test_sparsity_preserved_and_counted(tiny_run):
@@ -105,7 +106,7 @@ def test_resume_from_mid_run_checkpoint_matches_uninterrupted(tiny_run, tmp_path
     cache = f"cache_dir={tmp / 'cache'}"
     first = tiny_job(tmp_path, *STEPS, cache, "trainer.checkpoint_every_n_steps=8", "dense_ppl=false",
                      "pruned_ppl=false", "eval=none", run="interrupted")
-    run_training(first, extra_callbacks=[StopAt()])
+    run_job(first, callbacks=[StopAt()])
     ckpt = tmp_path / "interrupted" / "checkpoints" / "adapter-step000008.ckpt"
     assert ckpt.is_file()
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
@@ -113,7 +114,7 @@ def test_resume_from_mid_run_checkpoint_matches_uninterrupted(tiny_run, tmp_path
     assert state["optimizer_states"] and state["lr_schedulers"]
     resumed_cfg = tiny_job(tmp_path, *STEPS, cache, f"trainer.resume_from={ckpt}", "dense_ppl=false",
                            "pruned_ppl=false", "eval=none", run="resumed")
-    resumed = run_training(resumed_cfg)
+    resumed = run_job(resumed_cfg)
     assert resumed["losses"]["optimizer_steps"] == 16
     full = load_file(tmp / "run" / "adapter" / "adapter_model.safetensors")
     again = load_file(tmp_path / "resumed" / "adapter" / "adapter_model.safetensors")
@@ -130,7 +131,7 @@ def _offline_wandb(monkeypatch, tmp_path) -> tuple[list[str], dict]:
     """
     import wandb
 
-    import spp.training.pipeline as pipeline
+    import train as pipeline
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
@@ -161,7 +162,7 @@ def _final_row(run_dir) -> dict[str, float]:
 def test_lora_star_baseline_is_remasked(tiny_run, tmp_path, monkeypatch):
     tmp, _, _ = tiny_run
     loggers, seen = _offline_wandb(monkeypatch, tmp_path)
-    summary = run_training(tiny_job(tmp_path, "adapter=lora", f"cache_dir={tmp / 'cache'}", *loggers))
+    summary = run_job(tiny_job(tmp_path, "adapter=lora", f"cache_dir={tmp / 'cache'}", *loggers))
     assert summary["pruning"]["cache_hit"] is True
     assert summary["merge"]["pruned_made_nonzero"] > 0  # dense LoRA update touched pruned weights...
     assert summary["sparsity"]["after"] == summary["sparsity"]["before"] == 0.5  # ...and re-masking removed it
@@ -187,7 +188,7 @@ def test_lora_star_baseline_is_remasked(tiny_run, tmp_path, monkeypatch):
 def test_adapter_none_exports_the_pruned_model(tiny_run, tmp_path, monkeypatch):
     tmp, _, _ = tiny_run
     loggers, seen = _offline_wandb(monkeypatch, tmp_path)
-    summary = run_training(tiny_job(tmp_path, "adapter=none", f"cache_dir={tmp / 'cache'}", *loggers))
+    summary = run_job(tiny_job(tmp_path, "adapter=none", f"cache_dir={tmp / 'cache'}", *loggers))
     assert summary["params"]["trainable"] == 0 and summary["losses"]["optimizer_steps"] == 0
     assert summary["perplexity"]["merged"]["ppl"] == pytest.approx(summary["perplexity"]["pruned"]["ppl"], rel=1e-9)
     assert summary["sparsity"]["after"] == 0.5

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from spp.paths import CONF_DIR, SAMPLE_DATA_DIR
-from spp.training.config import register_configs
+from spp.training.config import TrainJobConfig, load_job, register_configs
 
 TINY_RUN = ["model=tiny", "debug=fast", "pruner=wanda", "sparsity=nm2_4", "logger=csv"]
 
@@ -20,8 +20,8 @@ def compose_train(overrides: list[str] | None = None) -> DictConfig:
         return compose("train", overrides=list(overrides or []))
 
 
-def tiny_job(tmp: Path, *extra: str, run: str = "run") -> DictConfig:
-    """A tiny end-to-end job writing to ``tmp/<run>`` with its pruning cache in ``tmp/cache``."""
-    return compose_train(
+def tiny_job(tmp: Path, *extra: str, run: str = "run") -> TrainJobConfig:
+    """A tiny end-to-end job writing to ``tmp/<run>`` with its pruning cache in ``tmp/cache`` (typed)."""
+    return load_job(compose_train(
         [*TINY_RUN, f"run_dir={tmp / run}", f"cache_dir={tmp / 'cache'}", f"data_dir={SAMPLE_DATA_DIR}", *extra]
-    )
+    ))
