@@ -142,7 +142,8 @@ def test_wandb_offline_without_key_under_run_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
     cfg = load_job(compose_train(["model=tiny", "pruner=sparsegpt", "sparsity=unstructured50", "adapter.r=8",
                                   "logger=[csv,wandb,tensorboard]"]))
-    ids = run_tags(cfg.model.name, cfg.pruner.name, cfg.sparsity.name, cfg.adapter.name, cfg.adapter.r, cfg.logger.wandb)
+    ids = run_tags(cfg.model.name, cfg.pruner.name, cfg.sparsity.name, cfg.adapter.name, cfg.adapter.r,
+                   cfg.logger.wandb)
     loggers = build_loggers(cfg.logger, tmp_path / "run", ids)
     kinds = [type(lg).__name__ for lg in loggers]
     assert kinds == ["CSVLogger", "TensorBoardLogger", "WandbLogger"]
