@@ -12,14 +12,13 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from filelock import FileLock, Timeout
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
@@ -43,7 +42,6 @@ PRUNING_CODE_VERSION = "1"
 """Bump when a change to the pruning code changes its results: old cache entries then stop matching."""
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 __all__ = [
     "PRUNING_CODE_VERSION",
@@ -169,21 +167,6 @@ def _load_entry(
     return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry))
 
 
-def _typed(cls: type[T], obj: T | Mapping[str, Any], key: str) -> T:
-    # removed when the training phases land: the training callbacks still pass mappings / DictConfig nodes.
-    if isinstance(obj, cls):
-        return obj
-    if isinstance(obj, DictConfig):
-        obj = OmegaConf.to_container(obj, resolve=True)
-    if not isinstance(obj, Mapping):
-        raise TypeError(f"{key} must be a {cls.__name__}, got {type(obj).__name__}")
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(obj) - fields)
-    if unknown:
-        raise ValueError(f"unknown {key} key(s) {unknown}; valid keys: {sorted(fields)}")
-    return cls(**dict(obj))
-
-
 def get_or_prune(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase | None,
@@ -203,9 +186,6 @@ def get_or_prune(
     concurrent jobs with the same key prune once. ``pruner=none`` or ``sparsity=dense`` is a no-op with
     all-True masks and no cache entry.
     """
-    pruner = _typed(PrunerConfig, pruner, "pruner")
-    sparsity = _typed(SparsityConfig, sparsity, "sparsity")
-    calibration = _typed(CalibrationConfig, calibration, "calibration")
     linears = validate_for_model(model, pruner, sparsity, calibration)
     if sparsity.is_dense or pruner.name == "none":
         return prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
