@@ -8,9 +8,15 @@ exported SPP model holds). Two parts:
    weight converted by ``torch.sparse.to_sparse_semi_structured`` with cuSPARSELt (PyTorch's default backend)
    and with CUTLASS, for decode-sized (1-16 tokens) and prefill-sized (2048, 8192 tokens) inputs;
 2. end to end on the model with ``--blocks`` decoder blocks (default all 32): ``spp.export.export_semi_structured``
-   converts every adapted projection; prefill (2048 tokens, forward with the last position's logits) and greedy
-   decode (``generate``, 128 new tokens) tokens/s against the dense merged model, the max abs difference of the
-   logits, and how many greedy tokens agree.
+   converts every adapted projection; prefill (2048 tokens, batch 1 and 4, forward with the last position's
+   logits) and greedy decode (``generate``, batch 1, 32 new tokens) tokens/s against the dense merged model, the
+   GPU kernel time of each (``torch.profiler``), the max abs difference of the logits (and of each against the
+   same weights in fp32), and how many greedy tokens agree. ``--contiguous`` first wraps the converted layers so
+   that they take 2-D inputs and return contiguous outputs (see ``flatten_inputs``).
+
+Per-call wall time and kernel time are both reported: in PyTorch 2.11 every cuSPARSELt product rebuilds its
+descriptors and plan on the host (about 0.5-1 ms; pytorch/pytorch#153825, plan caching in later releases), so
+the kernel time is what the 2:4 hardware gives and the wall time is what this PyTorch gives.
 
 torchao's ``sparsify_`` is used when torchao is importable (it is not on the lent machines' image; the JSON
 says so). Times are medians of CUDA-event timings after warm-up. Writes ``experiments/results/gpu_sparse24.json``.

@@ -4,7 +4,8 @@ Run (CUDA): ``python -m benchmarks.gpu_step_bench`` (LLaMA-7B shape cut to 2 and
 decoder blocks, random weights 2:4-pruned by magnitude, bf16 weights, fp32 adapters, ``torch.autocast`` bf16 as
 Lightning's ``bf16-mixed``; sequence 2048, batch 1 and 4, gradient checkpointing off and on, dropout 0 and 0.05)
 plus one layer at a time for 4096x4096, 11008x4096 and 4096x11008, and a kernel profile of LoRA vs SPP-fused.
-Writes ``experiments/results/gpu_step_<shape>.json``. Without CUDA it prints why it skips and exits
+Writes ``experiments/results/gpu_step_<shape>.json``; ``--profile-only --batch 1 4`` writes only the kernel
+profiles. Without CUDA it prints why it skips and exits
 (``--device cpu --shape tiny`` runs the same code on CPU for development).
 
 A step is forward with labels (causal-LM loss), backward, AdamW, ``zero_grad(set_to_none=True)``. All variants
