@@ -6,10 +6,11 @@ Run from the repository root, after one or more ``python train.py ... trainer.lo
 
 For each run directory (``resolved_config.yaml`` + ``csv/metrics.csv``, as ``train.py`` writes them):
 
-1. the logged throughput column (``LOGGED_TOKENS_PER_S``) is read per logged step;
+1. the logged throughput column (``LOGGED_TOKENS_PER_S``, else the older per-batch ``LEGACY_TOKENS_PER_S``) is
+   read per logged step, with the batches each value covers (one batch, or ThroughputMonitor's window);
 2. the harness rebuilds that run's step from its ``resolved_config.yaml`` (``spp.bench.step.StepSetting``: model,
    zero pattern, adapter, data, optimizer; no ``spp.training`` import), takes the same first-epoch batches from
-   the job's data module, and times each logged step's batch ``--repeats`` times (forward, backward, AdamW,
+   the job's data module, and times each covered batch ``--repeats`` times (forward, backward, AdamW,
    ``zero_grad``), all runs' models interleaved in one process at the runs' thread count (``--threads``);
 3. per step: ratio = logged tokens/s / harness tokens/s; the first ``--skip`` steps (allocator and autograd
    warm-up) are left out of the medians. With two runs the ratio of their logged medians is set beside the
@@ -35,29 +36,51 @@ from spp.bench.common import configure_malloc, environment, interleaved, write_j
 from spp.bench.step import StepSetting, batch_tokens, load_pruned, make_step, training_batches
 from spp.bench.variants import LORA_ALPHA, lora_model
 
-LOGGED_TOKENS_PER_S = "train/tokens_per_s"
-"""The CSV column ``train.py`` logs its training throughput under (non-padding tokens / wall seconds per batch).
-The one place that names it: change it here if the training loop logs it under another name."""
+LOGGED_TOKENS_PER_S = "train/device/items_per_sec"
+"""The CSV column ``train.py`` logs its training throughput under: Lightning's ``ThroughputMonitor`` with
+``length_fn`` = unpadded tokens of a batch, i.e. tokens/s over a sliding window of batches. The one place that
+names it: change it here if the training loop logs it under another name."""
+
+LEGACY_TOKENS_PER_S = "train/tokens_per_s"
+"""The column of runs logged before ``ThroughputMonitor`` (per batch: its tokens / the wall time since the
+previous batch ended), e.g. the committed paper-table runs; read when ``LOGGED_TOKENS_PER_S`` is absent."""
+
+WINDOWED = {LOGGED_TOKENS_PER_S: True, LEGACY_TOKENS_PER_S: False}
 
 TOLERANCE = 0.20
 
 
-def logged_tokens_per_s(metrics_csv: Path, column: str = LOGGED_TOKENS_PER_S) -> dict[int, float]:
-    """``column`` per logged row of a Lightning CSV log, keyed by the row's ``step``.
+def logged_tokens_per_s(metrics_csv: Path, columns: tuple[str, ...] = (LOGGED_TOKENS_PER_S, LEGACY_TOKENS_PER_S)
+                        ) -> tuple[str, dict[int, float]]:
+    """The first of ``columns`` present in a Lightning CSV log, and its value per logged row keyed by ``step``.
 
     Raises:
-        KeyError: the CSV has no such column (names the columns it has).
+        KeyError: the CSV has none of the columns (names the columns it has).
     """
     out: dict[int, float] = {}
     with open(metrics_csv) as fh:
         reader = csv.DictReader(fh)
-        if column not in (reader.fieldnames or []):
-            raise KeyError(f"{metrics_csv} has no column {column!r} (columns: {reader.fieldnames}); "
+        present = [c for c in columns if c in (reader.fieldnames or [])]
+        if not present:
+            raise KeyError(f"{metrics_csv} has none of the columns {list(columns)} (columns: {reader.fieldnames}); "
                            "set LOGGED_TOKENS_PER_S in benchmarks/train_throughput.py to the logged throughput name")
+        column = present[0]
         for row in reader:
             if row.get(column):
                 out[int(row["step"])] = float(row[column])
-    return out
+    return column, out
+
+
+def covered_batches(steps: list[int], windowed: bool) -> dict[int, list[int]]:
+    """The batches (first epoch, 0-based) whose time each logged step's value measures.
+
+    Per-batch logging: step ``s`` measures batch ``s``. ``ThroughputMonitor`` (window of ``w`` batch ends, first
+    value at step ``w - 1``): step ``s`` measures the tokens and time of batches ``s - w + 2 .. s``.
+    """
+    if not windowed:
+        return {s: [s] for s in steps}
+    window = steps[0] + 1
+    return {s: list(range(s - window + 2, s + 1)) for s in steps}
 
 
 def compare(logged: list[float], harness: list[float], skip: int) -> dict[str, Any]:
@@ -101,36 +124,41 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for path in args.run:
         run = Path(path)
         setting = StepSetting.from_resolved_config(run / "resolved_config.yaml")
-        logged_by_step = logged_tokens_per_s(run / "csv" / "metrics.csv")
+        column, logged_by_step = logged_tokens_per_s(run / "csv" / "metrics.csv")
         base, tokenizer = load_pruned(setting)
         batches = training_batches(setting, tokenizer)
         idx = [s for s in sorted(logged_by_step) if s < len(batches)][: args.steps]  # first epoch only
         if not idx:
-            raise ValueError(f"{run}: no logged {LOGGED_TOKENS_PER_S} row in the first epoch")
+            raise ValueError(f"{run}: no logged {column} row in the first epoch")
+        cover = covered_batches(idx, WINDOWED[column])
         name = f"{setting.adapter_name}-r{setting.r}:{run.name}"
         model = build_model(setting, base)
-        for i in idx:
+        for i in sorted({b for bs in cover.values() for b in bs}):
             steps[f"{name}#{i}"] = make_step(model, batches[i], lr=setting.lr, weight_decay=setting.weight_decay,
                                              betas=setting.betas)
-        runs[name] = {"run_dir": str(run), "setting": setting.describe(), "steps": idx,
-                      "tokens": [batch_tokens(batches[i]) for i in idx],
-                      "positions": [int(batches[i]["input_ids"].numel()) for i in idx],
+        runs[name] = {"run_dir": str(run), "setting": setting.describe(), "column": column, "steps": idx,
+                      "covered_batches": {str(k): v for k, v in cover.items()},
+                      "tokens": [sum(batch_tokens(batches[b]) for b in cover[i]) for i in idx],
+                      "positions": [sum(int(batches[b]["input_ids"].numel()) for b in cover[i]) for i in idx],
                       "logged_tokens_per_s": [logged_by_step[i] for i in idx]}
     load0 = os.getloadavg()[0]
     timed = interleaved(steps, args.repeats, 1, device)
     for name, r in runs.items():
-        r["harness_time_s"] = [timed[f"{name}#{i}"]["time_s"] for i in r["steps"]]
-        r["harness_cpu_s"] = [timed[f"{name}#{i}"]["cpu_s"] for i in r["steps"]]
+        cover = {int(k): v for k, v in r["covered_batches"].items()}
+        r["harness_time_s"] = [sum(timed[f"{name}#{b}"]["time_s"] for b in cover[i]) for i in r["steps"]]
+        r["harness_cpu_s"] = [sum(timed[f"{name}#{b}"]["cpu_s"] for b in cover[i]) for i in r["steps"]]
         r["harness_tokens_per_s"] = [n / t for n, t in zip(r["tokens"], r["harness_time_s"], strict=True)]
-        r.update(compare(r["logged_tokens_per_s"], r["harness_tokens_per_s"], args.skip))
-        kept = slice(args.skip, None)
+        skip = args.skip if not WINDOWED[r["column"]] else 0  # a window already starts after the first batch
+        r["skip"] = skip
+        r.update(compare(r["logged_tokens_per_s"], r["harness_tokens_per_s"], skip))
+        kept = slice(skip, None)
         r["logged_median_tokens_per_s"] = statistics.median(r["logged_tokens_per_s"][kept])
         r["harness_median_tokens_per_s"] = statistics.median(r["harness_tokens_per_s"][kept])
         print(f"\n{name} ({r['run_dir']})")
         print(f"{'step':>4} {'tokens':>6} {'logged tok/s':>13} {'harness tok/s':>14} {'ratio':>6}")
         for j, (i, n, a, b) in enumerate(zip(r["steps"], r["tokens"], r["logged_tokens_per_s"],
                                              r["harness_tokens_per_s"], strict=True)):
-            mark = " (warm-up)" if j < args.skip else ""
+            mark = " (warm-up)" if j < skip else ""
             print(f"{i:>4} {n:>6} {a:>13.1f} {b:>14.1f} {a / b:>6.2f}{mark}")
         verdict = "within" if r["within_tolerance"] else "OUTSIDE"
         print(f"median ratio logged/harness: {r['median_ratio']:.3f} ({verdict} ±{TOLERANCE:.0%})")
@@ -138,9 +166,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     pair: dict[str, Any] = {}
     if len(names) == 2:
         a, b = (runs[n] for n in names)
-        if a["steps"] == b["steps"]:
-            kept_a = [t for t in a["harness_time_s"][args.skip:]]
-            kept_b = [t for t in b["harness_time_s"][args.skip:]]
+        if a["steps"] == b["steps"] and a["skip"] == b["skip"]:
+            kept_a, kept_b = a["harness_time_s"][a["skip"]:], b["harness_time_s"][b["skip"]:]
             pair = {"runs": names,
                     "logged_time_ratio": b["logged_median_tokens_per_s"] / a["logged_median_tokens_per_s"],
                     "harness_time_ratio": statistics.median(x / y for x, y in zip(kept_a, kept_b, strict=True))}

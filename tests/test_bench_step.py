@@ -71,10 +71,21 @@ def _save(tmp_path):
 
 
 def test_logged_column_is_read_by_name(tmp_path):
-    from benchmarks.train_throughput import LOGGED_TOKENS_PER_S, logged_tokens_per_s
+    from benchmarks.train_throughput import (
+        LEGACY_TOKENS_PER_S,
+        LOGGED_TOKENS_PER_S,
+        covered_batches,
+        logged_tokens_per_s,
+    )
 
     csv_path = tmp_path / "metrics.csv"
-    csv_path.write_text(f"epoch,step,{LOGGED_TOKENS_PER_S},train/loss\n0,0,100.5,\n0,0,,2.0\n0,1,90.0,1.5\n")
-    assert logged_tokens_per_s(csv_path) == {0: 100.5, 1: 90.0}
+    csv_path.write_text(f"epoch,step,{LOGGED_TOKENS_PER_S},train/loss\n0,3,100.5,\n0,3,,2.0\n0,4,90.0,1.5\n")
+    assert logged_tokens_per_s(csv_path) == (LOGGED_TOKENS_PER_S, {3: 100.5, 4: 90.0})
+    legacy = tmp_path / "legacy.csv"
+    legacy.write_text(f"epoch,step,{LEGACY_TOKENS_PER_S}\n0,0,50.0\n")
+    assert logged_tokens_per_s(legacy) == (LEGACY_TOKENS_PER_S, {0: 50.0})
     with pytest.raises(KeyError, match="LOGGED_TOKENS_PER_S"):
-        logged_tokens_per_s(csv_path, column="train/throughput")
+        logged_tokens_per_s(csv_path, columns=("train/throughput",))
+    # ThroughputMonitor with a window of 4 batch ends: first value at step 3, covering batches 1..3
+    assert covered_batches([3, 4], windowed=True) == {3: [1, 2, 3], 4: [2, 3, 4]}
+    assert covered_batches([0, 1], windowed=False) == {0: [0], 1: [1]}
