@@ -11,6 +11,7 @@ from torch import nn
 
 from spp.adapters.spp.functional import adapted_weight, merge_factor
 from spp.adapters.spp.layer import SPPLinear
+from spp.training.strategies import full_tensor
 
 WRAPPER_PREFIXES = ("base_model.model.",)
 WRAPPER_SUFFIXES = (".base_layer", ".base")
@@ -35,28 +36,31 @@ def original_name(name: str) -> str:
 def effective_weights(model: nn.Module, names: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(original_name, weight the layer applies)`` for every pruned linear layer in ``names``.
 
-    For an unmerged ``SPPLinear`` that is the merged weight ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (Eq. 5/6; or
+    A module with an ``effective_weight()`` method (an adapter layer such as SparsePEFT's) reports that. For an
+    unmerged ``SPPLinear`` it is the merged weight ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (Eq. 5/6; or
     ``W ⊙ Repeat0(alpha)⊙beta`` without the residual); for any other linear layer its own weight (a LoRA
-    baseline is audited on its frozen base weight during training and after ``merge_and_remask``).
+    baseline is audited on its frozen base weight during training and after ``merge_and_remask``). FSDP2-sharded
+    tensors are gathered one layer at a time (a collective: every rank must walk the same layers).
     """
-
     for name, module in model.named_modules():
         key = original_name(name)
         if key not in names:
             continue
-        if isinstance(module, SPPLinear):
-            w = module.base.weight
+        if hasattr(module, "effective_weight"):
+            yield key, full_tensor(module.effective_weight())
+        elif isinstance(module, SPPLinear):
+            w = full_tensor(module.base.weight)
             if module.merged:
                 yield key, w
                 continue
-            alpha = module.spp_alpha.detach().float()
-            beta = module.spp_beta.detach().float() if module.spp_beta is not None else None
+            alpha = full_tensor(module.spp_alpha.detach()).float()
+            beta = full_tensor(module.spp_beta.detach()).float() if module.spp_beta is not None else None
             if module.residual:
                 yield key, w.float() * merge_factor(alpha, beta, module.out_features, module.scale)
             else:
                 yield key, adapted_weight(w.float(), alpha, beta)
         elif isinstance(module, nn.Linear) and not name.endswith(".base"):
-            yield key, module.weight
+            yield key, full_tensor(module.weight)
 
 
 def zero_patterns(model: nn.Module, names: set[str]) -> dict[str, torch.Tensor]:
