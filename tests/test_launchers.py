@@ -192,7 +192,8 @@ def test_optuna_three_trials_on_validation_loss_without_test_split(tmp_path):
     proc = subprocess.run([sys.executable, "-c", AUDIT_WRAPPER, *args], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    trials = json.loads((sweep / "trials.json").read_text())["trials"]
+    record = json.loads((sweep / "trials.json").read_text())
+    trials = record["trials"]
     assert len(trials) == 3 and all(t["status"] == "COMPLETED" for t in trials)
     lrs = [float(next(o for o in t["overrides"] if o.startswith("trainer.lr=")).split("=")[1]) for t in trials]
     assert len(set(lrs)) == 3 and all(1e-5 <= lr <= 1e-1 for lr in lrs)
@@ -204,6 +205,7 @@ def test_optuna_three_trials_on_validation_loss_without_test_split(tmp_path):
         assert all(v is None for v in summary["perplexity"].values()), "no perplexity was measured"
     best = OmegaConf.load(sweep / "optimization_results.yaml")
     assert best.best_value == min(t["value"] for t in trials)
+    assert trials[record["best_job"]]["value"] == best.best_value
     # The proof that no test split was read: every file the sweep's process opened, none a test split.
     roots = [str(SAMPLE_DATA_DIR), str(SHARED_DATA_DIR)]
     data_files = {p for p in opened.read_text().splitlines() if p.startswith(tuple(roots))}
