@@ -98,11 +98,12 @@ def test_trainer_devices_follow_slurm_gpus(override, monkeypatch):
 
 def test_submitit_local_two_jobs_one_pruning(tmp_path):
     """Two jobs of one sweep run at once as two submitit processes; the pruning cache's lock makes one prune and
-    the other wait and hit; each job writes its own run, W&B offline run and merged model."""
+    the other wait and hit; each job writes its own run and merged model. (csv logger only, to stay under a minute
+on a loaded 2-core machine; one W&B run per job is checked by tests/test_train_multirun.py.)"""
     sweep = tmp_path / "sweep"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline"}
     args = ["-m", "hydra/launcher=local", "hydra.launcher.timeout_min=10", "adapter.r=4,8", *FAST,
-            f"cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}", "logger=[csv,wandb]"]
+            f"cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}", "logger=csv"]
     proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO_ROOT, env=env, capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -117,7 +118,6 @@ def test_submitit_local_two_jobs_one_pruning(tmp_path):
     for run, summary in zip(runs, summaries, strict=True):
         assert (run / "merged" / "model.safetensors").is_file()
         assert summary["sparsity"]["after"] == summary["sparsity"]["before"] == 0.5
-        assert len(list((run / "wandb").glob("offline-run-*"))) == 1, "each job is its own W&B run"
 
 
 # --- Optuna: learning rate on a validation objective -------------------------------------------------------------
