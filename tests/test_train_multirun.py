@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -42,29 +41,3 @@ def test_multirun_two_jobs_prune_once(tmp_path):
         offline = list((run / "wandb").glob("offline-run-*"))
         assert len(offline) == 1, "each job is its own (offline) W&B run under its run dir"
     assert summaries[0]["params"]["trainable"] < summaries[1]["params"]["trainable"]
-
-
-@pytest.mark.slow
-def test_ddp_two_cpu_processes_train_and_export(tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    from spp.models import load_model
-    from spp.pruning import get_or_prune
-
-    run = tmp_path / "ddp"
-    _train([*FAST, "strategy=ddp", "trainer.accelerator=cpu", "trainer.devices=2", f"run_dir={run}",
-            f"cache_dir={tmp_path / 'cache'}"])
-    summary = json.loads((run / "summary.json").read_text())
-    n_train, batch = summary["data"]["train_examples"], summary["config"]["data"]["train_batch_size"]
-    per_rank = math.ceil(n_train / 2)  # DistributedSampler over 2 ranks; one epoch under debug=fast
-    assert summary["losses"]["optimizer_steps"] == min(6, math.ceil(per_rank / batch)) < math.ceil(n_train / batch)
-    assert summary["config"]["strategy"]["name"] == "ddp"
-    reloaded = AutoModelForCausalLM.from_pretrained(run / "merged")
-    model, tok = load_model("tiny")
-    cfg = summary["config"]
-    result = get_or_prune(model, tok, cfg["model"], cfg["pruner"], cfg["sparsity"], cfg["calibration"],
-                          cache_dir=tmp_path / "cache", data_dir=SAMPLE_DATA_DIR)
-    assert result.cache_hit
-    weights = dict(reloaded.named_parameters())
-    for name, mask in result.masks.items():
-        assert bool(((weights[f"{name}.weight"] == 0) == ~mask).all()), name

@@ -1,0 +1,108 @@
+"""Sharded and data-parallel training on CPU processes (gloo): FSDP2 and DDP with 2 ranks, in the default suite.
+
+Each run trains the same global batch as a single-process reference and must end with the same adapter; the
+zeros are audited during training, and the merged model reloads with ``AutoModelForCausalLM``. The DDP run also
+makes pruning and the final evaluation slower than the process-group timeout: nothing waits on a collective
+while rank 0 prunes or evaluates, so it still succeeds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from train_helpers import compose_train
+from transformers import AutoModelForCausalLM
+
+from spp.paths import REPO_ROOT, SAMPLE_DATA_DIR
+from spp.training.config import load_job
+from train import run_job
+
+# Every example is cut to exactly 48 byte-tokens (the Alpaca template alone is longer), so the mean loss of the
+# global batch equals the mean of the per-rank means and 2 ranks x 2 examples == 1 process x 4 examples.
+COMMON = ["model=tiny", "debug=fast", "pruner=wanda", "sparsity=nm2_4", "eval=none", "dense_ppl=false",
+          "pruned_ppl=false", "adapter.dropout=0.0", "data.max_length=48", "trainer.max_steps=4",
+          "trainer.lr=0.05", "trainer.checkpoint_every_n_steps=2", f"data_dir={SAMPLE_DATA_DIR}"]
+SLOW_S, TIMEOUT_S = 50, 40  # the timeout must still cover the other rank's start-up (the rendezvous)
+
+SITECUSTOMIZE = f"""
+import os, time
+import spp.pruning.cache as cache
+import spp.training.phases as phases
+
+_prune, _ppl = cache.prune_model, phases.cached_perplexity
+
+def slow_prune(*args, **kwargs):
+    time.sleep({SLOW_S})
+    return _prune(*args, **kwargs)
+
+def slow_ppl(*args, **kwargs):
+    time.sleep({SLOW_S})
+    return _ppl(*args, **kwargs)
+
+if os.environ.get("SPP_TEST_SLOW"):
+    cache.prune_model, phases.cached_perplexity = slow_prune, slow_ppl
+"""
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """One process, 4 examples per step: the reference adapter."""
+    tmp = tmp_path_factory.mktemp("single")
+    run_job(load_job(compose_train([*COMMON, "data.train_batch_size=4", f"run_dir={tmp / 'run'}",
+                                    f"cache_dir={tmp / 'cache'}"])))
+    return load_file(tmp / "run" / "adapter" / "adapter_model.safetensors")
+
+
+def _train_2_ranks(tmp: Path, strategy: str, *extra: str, env: dict[str, str] | None = None) -> dict:
+    run = tmp / strategy
+    args = [*COMMON, f"strategy={strategy}", "trainer.accelerator=cpu", "trainer.devices=2",
+            "data.train_batch_size=2", f"run_dir={run}", f"cache_dir={tmp / 'cache'}", *extra]
+    proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads((run / "summary.json").read_text())
+
+
+def _check(summary: dict, reference: dict[str, torch.Tensor]) -> None:
+    run = Path(summary["run"]["run_dir"])
+    assert summary["losses"]["optimizer_steps"] == 4
+    whens = [a["when"] for a in summary["sparsity"]["audits"]]
+    assert whens[0] == "fit_start" and "checkpoint@step2" in whens and whens[-1] == "merged", whens
+    assert summary["sparsity"]["before"] == summary["sparsity"]["after"] == 0.5
+    adapter = load_file(run / "adapter" / "adapter_model.safetensors")
+    assert adapter.keys() == reference.keys()
+    for key, value in reference.items():
+        torch.testing.assert_close(adapter[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    assert any(bool((v != 0).any()) for k, v in adapter.items() if k.endswith("spp_beta"))  # it did train
+    merged = AutoModelForCausalLM.from_pretrained(run / "merged")
+    for name, param in merged.named_parameters():
+        if name.endswith("_proj.weight"):
+            groups = (param != 0).reshape(param.shape[0], -1, 4).sum(-1)
+            assert int(groups.max()) <= 2, name  # 2:4 kept through sharded training and merge
+
+
+def test_fsdp2_on_two_cpu_processes_matches_one_process(single, tmp_path):
+    _check(_train_2_ranks(tmp_path, "fsdp"), single)
+
+
+def test_ddp_with_pruning_and_evaluation_slower_than_the_process_group_timeout(single, tmp_path):
+    """Pruning (cache miss) and the final perplexity each sleep longer than ``strategy.timeout_s``."""
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(textwrap.dedent(SITECUSTOMIZE))
+    path = os.pathsep.join([str(hooks), os.environ.get("PYTHONPATH", "")])
+    summary = _train_2_ranks(tmp_path, "ddp", f"strategy.timeout_s={TIMEOUT_S}", "eval=default", "eval.seqlen=128",
+                             "eval.max_windows=2", env={"PYTHONPATH": path, "SPP_TEST_SLOW": "1"})
+    assert summary["pruning"]["cache_hit"] is False
+    assert summary["timings"]["prune_or_load"] >= SLOW_S > TIMEOUT_S
+    assert summary["perplexity"]["merged"] is not None  # measured (slowly) after the ranks had finished
+    assert summary["timings"]["total"] >= 2 * SLOW_S
+    _check(summary, single)
