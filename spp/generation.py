@@ -183,6 +183,8 @@ class GenerateJobConfig:
             pruned ``sparsity=nm2_4``; runs in ``dtype`` or bfloat16).
         warmup: Untimed generations before the timed one (kernel selection, caches); 0 on CPU is fine.
         output_file: Where the JSON record goes; null = ``generation.json`` in Hydra's run directory.
+        data_dir: Data root shared by every command (``conf/shared.yaml``; unused here).
+        cache_dir: Cache root shared by every command (``conf/shared.yaml``; unused here).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -199,6 +201,8 @@ class GenerateJobConfig:
     sparse24: bool = False
     warmup: int = 0
     output_file: str | None = None
+    data_dir: str | None = None
+    cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
 
 
 def register_configs() -> None:
