@@ -8,7 +8,7 @@ batches of 8 records cut at 128 tokens, AdamW wd 0.001, fp32), at 1 and 2 thread
 random tokens of that shape instead (the earlier harness); ``--compile`` adds ``torch.compile``d LoRA and
 SPP-fused variants; ``--autocast bf16`` runs every variant under CPU/GPU bf16 autocast.
 Prints medians (wall time, process CPU time, peak memory, tokens/s) as ratios to LoRA and writes
-``experiments/results/model_bench_<device>.json``.
+``experiments/results/model_bench_job_<device>.json`` (``model_bench_<device>.json`` with ``--batch/--seq``).
 
 A step is: forward with labels (causal LM loss), backward, AdamW step, ``zero_grad(set_to_none=True)``; the
 variants alternate step by step in one process. "frozen" has no adapter; its input embeddings require grad so
@@ -170,7 +170,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             del variants
             gc.collect()
     print("\n\n".join(tables))
-    path = write_json(payload, args.out or f"model_bench_{device.type}.json")
+    default = f"model_bench_{device.type}.json" if (args.batch or args.seq) else f"model_bench_job_{device.type}.json"
+    path = write_json(payload, args.out or default)
     print(f"\nwrote {path}")
     return payload
 
