@@ -14,15 +14,14 @@ LOGGERS=${LOGGERS:-[csv,wandb]}
 RUNS=${RUNS:-experiments/results/runs/$TABLE/$MODEL}
 read -r -a EXTRA_ARGS <<< "${EXTRA:-}"
 
-# The CPU budget of the embedded model (stated in each table's README): 120 Alpaca records cut at 128 tokens
-# (108 train / 12 validation), batch 4, 12 optimizer steps (lr 2e-2 as conf/budget/smollm2_135m.yaml, warm-up
-# 3 %, linear decay), Wanda calibration 32 x 512 C4 tokens, WikiText-2 perplexity on the first 4 windows of 512
-# tokens, seed 0.
+# The CPU budget of the embedded model is the one of the README main job, conf/budget/smollm2_135m.yaml (picked
+# automatically for model=smollm2_135m): 120 Alpaca records cut at 128 tokens (108 train / 12 validation), batch
+# 8, one epoch (14 steps) at lr 2e-2, Wanda calibration 32 x 512 C4 tokens, WikiText-2 perplexity on the first 8
+# windows of 512 tokens, seed 0. Only logging is set here. (Tables committed before 2026-11-23 used a second,
+# smaller budget: batch 4, 12 steps, 4 windows; their resolved_config.yaml files record it.)
 # LLaMA models get no budget: the paper's settings from conf/model/<name>.yaml and conf/eval/paper.yaml.
 if [[ $MODEL == smollm2_135m ]]; then
-  BUDGET=(data.max_examples=120 data.max_length=128 data.train_batch_size=4 data.eval_batch_size=4
-          trainer.max_steps=12 trainer.lr=2e-2 trainer.log_every_n_steps=1 trainer.limit_val_batches=2 trainer.progress_bar=tqdm
-          calibration.nsamples=32 calibration.seqlen=512 eval.seqlen=512 eval.max_windows=4 print_config=false)
+  BUDGET=(trainer.log_every_n_steps=1 trainer.progress_bar=tqdm print_config=false)
   ZERO_SHOT=("eval.tasks=[spp_zeroshot]" eval.limit=${LIMIT:-20} eval.lm_eval_batch_size=8)
   MMLU=("eval.tasks=[spp_mmlu]" eval.mmlu_limit=${MMLU_LIMIT:-1} eval.lm_eval_batch_size=8)
 else

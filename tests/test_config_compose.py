@@ -124,3 +124,35 @@ def test_decoder_layer_class_resolution_and_error():
     assert decoder_layer_class("LlamaDecoderLayer") is LlamaDecoderLayer
     with pytest.raises(ValueError, match="model.decoder_layer_cls"):
         decoder_layer_class("NoSuchLayer")
+
+
+def test_the_budget_never_overrides_an_explicit_choice():
+    """The default model's CPU budget comes before the groups: explicit options win for what they set."""
+    base = compose_train([])
+    assert (base.eval.name, base.eval.seqlen, base.eval.max_windows) == ("cpu_budget", 512, 8)
+    assert (base.data.max_examples, base.data.max_length, base.trainer.lr) == (120, 128, 2e-2)
+    paper = compose_train(["eval=paper"])
+    assert (paper.eval.name, paper.eval.seqlen, paper.eval.max_windows) == ("paper", 2048, None)
+    assert list(paper.eval.tasks) == ["spp_zeroshot", "spp_mmlu"]
+    assert (paper.data.max_examples, paper.trainer.lr) == (120, 2e-2)  # the budget keeps what eval does not set
+    cleaned = compose_train(["data=alpaca_cleaned"])
+    assert (cleaned.data.name, cleaned.data.max_examples, cleaned.data.max_length) == ("alpaca_cleaned", None, 512)
+    full = compose_train(["budget=none"])
+    assert (full.eval.seqlen, full.data.max_examples, full.trainer.lr) == (2048, None, 4e-3)
+
+
+def test_train_cfg_job_shows_the_chosen_eval():
+    """``python train.py eval=paper --cfg job`` on the default model prints eval = paper (composition only)."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from spp.paths import REPO_ROOT
+
+    proc = subprocess.run([sys.executable, "train.py", "eval=paper", "--cfg", "job"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    job = yaml.safe_load(proc.stdout)
+    assert job["eval"]["name"] == "paper" and job["eval"]["tasks"] == ["spp_zeroshot", "spp_mmlu"]
+    assert job["data"]["max_examples"] == 120
