@@ -218,12 +218,9 @@ def _prune_model(
         masks = _all_true_masks(model, pruner.targets)
         timings["total"] = time.perf_counter() - t_start
         return PruneResult(masks, build_report({n: m.weight for n, m in linears.items()}, sparsity), timings)
-
     dev = resolve_device(device)
-    prefix, layers = decoder_layers(model)
     masks: dict[str, torch.Tensor] = {}
     extras: dict[str, dict[str, Any]] = {}
-
     if not pruner.needs_calibration:
         for name, linear in tqdm(linears.items(), desc=f"{pruner.name} {sparsity.name}", unit="layer"):
             t0 = time.perf_counter()
@@ -233,65 +230,95 @@ def _prune_model(
             extras[name] = {"seconds": time.perf_counter() - t0, **out.info}
         timings["pruning"] = time.perf_counter() - t_start
     else:
-        if tokenizer is None:
-            raise ValueError(f"pruner={pruner.name} needs calibration data, so a tokenizer must be given")
-        t0 = time.perf_counter()
-        windows = calibration_windows(tokenizer, calibration, data_dir)
-        timings["calibration_data"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        use_cache = getattr(model.config, "use_cache", None)
-        model.config.use_cache = False
-        try:
-            hidden, kwargs = capture_block_inputs(model, windows, calibration.batch_size, dev)
-        finally:
-            model.config.use_cache = use_cache
-        timings["capture"] = time.perf_counter() - t0
-        bar = tqdm(list(enumerate(layers)), desc=f"{pruner.name} {sparsity.name}", unit="block")
-        for i, block in bar:
-            home = next(block.parameters()).device
-            block.to(dev)
-            block_targets = block_linears(block, pruner.targets)
-            groups = (
-                [[n for n in block_targets if n.rsplit(".", 1)[-1] in g] for g in TRUE_SEQUENTIAL_GROUPS]
-                if pruner.true_sequential
-                else [list(block_targets)]
-            )
-            leftovers = [n for n in block_targets if not any(n in g for g in groups)]
-            groups = [g for g in [*groups, leftovers] if g]
-            for group in groups:
-                t0 = time.perf_counter()
-                stats: dict[str, InputStatistics] = {
-                    n: statistics_for(pruner, block_targets[n].in_features, dev) for n in group
-                }
-                handles = [
-                    block_targets[n].register_forward_hook(lambda _m, inp, _o, s=stats[n]: s.add(inp[0]))
-                    for n in group
-                ]
-                try:
-                    _run_block(block, hidden, kwargs)
-                finally:
-                    for h in handles:
-                        h.remove()
-                timings["statistics"] += time.perf_counter() - t0
-                for n in group:
-                    t0 = time.perf_counter()
-                    linear = block_targets[n]
-                    out = prune_matrix(n.rsplit(".", 1)[-1], linear.weight, stats[n], pruner, sparsity)
-                    _apply(linear, out.mask, out.weight)
-                    qualified = f"{prefix}.{i}.{n}"
-                    masks[qualified] = out.mask
-                    extras[qualified] = {"seconds": time.perf_counter() - t0, **out.info}
-                    timings["pruning"] += extras[qualified]["seconds"]
-                del stats
-            t0 = time.perf_counter()
-            hidden = _run_block(block, hidden, kwargs)
-            timings["propagate"] += time.perf_counter() - t0
-            block.to(home)
-            for n in block_targets:
-                masks[f"{prefix}.{i}.{n}"] = masks[f"{prefix}.{i}.{n}"].to(home)
-        bar.close()
+        _prune_sequentially(model, tokenizer, pruner, sparsity, calibration, data_dir, dev, masks, extras, timings)
         masks = {name: masks[name] for name in linears}
     timings["total"] = time.perf_counter() - t_start
     report = build_report({n: m.weight for n, m in linears.items()}, sparsity, extras)
     report.overall["timings"] = dict(timings)
     return PruneResult(masks, report, timings)
+
+
+def _prune_sequentially(
+    model: nn.Module,
+    tokenizer: PreTrainedTokenizerBase | None,
+    pruner: PrunerConfig,
+    sparsity: SparsityConfig,
+    calibration: CalibrationConfig,
+    data_dir: str | None,
+    dev: torch.device,
+    masks: dict[str, torch.Tensor],
+    extras: dict[str, dict[str, Any]],
+    timings: dict[str, float],
+) -> None:
+    """Calibrated pruning, block by block: catch block 0's inputs, then per block collect statistics, prune its
+    linears and run the pruned block to produce the next block's inputs (DESIGN §2). Fills ``masks``/``extras``."""
+    if tokenizer is None:
+        raise ValueError(f"pruner={pruner.name} needs calibration data, so a tokenizer must be given")
+    prefix, layers = decoder_layers(model)
+    t0 = time.perf_counter()
+    windows = calibration_windows(tokenizer, calibration, data_dir)
+    timings["calibration_data"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    use_cache = getattr(model.config, "use_cache", None)
+    model.config.use_cache = False
+    try:
+        hidden, kwargs = capture_block_inputs(model, windows, calibration.batch_size, dev)
+    finally:
+        model.config.use_cache = use_cache
+    timings["capture"] = time.perf_counter() - t0
+    for i, block in tqdm(list(enumerate(layers)), desc=f"{pruner.name} {sparsity.name}", unit="block"):
+        home = next(block.parameters()).device
+        block.to(dev)
+        block_targets = block_linears(block, pruner.targets)
+        for group in _sublayer_groups(block_targets, pruner.true_sequential):
+            stats = _group_statistics(block, block_targets, group, hidden, kwargs, pruner, dev, timings)
+            for n in group:
+                t0 = time.perf_counter()
+                linear = block_targets[n]
+                out = prune_matrix(n.rsplit(".", 1)[-1], linear.weight, stats[n], pruner, sparsity)
+                _apply(linear, out.mask, out.weight)
+                qualified = f"{prefix}.{i}.{n}"
+                masks[qualified] = out.mask
+                extras[qualified] = {"seconds": time.perf_counter() - t0, **out.info}
+                timings["pruning"] += extras[qualified]["seconds"]
+            del stats
+        t0 = time.perf_counter()
+        hidden = _run_block(block, hidden, kwargs)
+        timings["propagate"] += time.perf_counter() - t0
+        block.to(home)
+        for n in block_targets:
+            masks[f"{prefix}.{i}.{n}"] = masks[f"{prefix}.{i}.{n}"].to(home)
+
+
+def _sublayer_groups(block_targets: dict[str, nn.Linear], true_sequential: bool) -> list[list[str]]:
+    """The linears calibrated together: all of them, or {q,k,v} -> {o} -> {gate,up} -> {down} (true sequential)."""
+    groups = (
+        [[n for n in block_targets if n.rsplit(".", 1)[-1] in g] for g in TRUE_SEQUENTIAL_GROUPS]
+        if true_sequential
+        else [list(block_targets)]
+    )
+    leftovers = [n for n in block_targets if not any(n in g for g in groups)]
+    return [g for g in [*groups, leftovers] if g]
+
+
+def _group_statistics(
+    block: nn.Module,
+    block_targets: dict[str, nn.Linear],
+    group: list[str],
+    hidden: Any,
+    kwargs: dict[str, Any],
+    pruner: PrunerConfig,
+    dev: torch.device,
+    timings: dict[str, float],
+) -> dict[str, InputStatistics]:
+    """Run ``block`` once with input hooks on the linears of ``group``; returns their calibration statistics."""
+    t0 = time.perf_counter()
+    stats = {n: statistics_for(pruner, block_targets[n].in_features, dev) for n in group}
+    handles = [block_targets[n].register_forward_hook(lambda _m, inp, _o, s=stats[n]: s.add(inp[0])) for n in group]
+    try:
+        _run_block(block, hidden, kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    timings["statistics"] += time.perf_counter() - t0
+    return stats
