@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not os.isatty(2):  # stderr is a file or a pipe: no redrawn tqdm bars in it (tqdm reads TQDM_* at import)
+    os.environ.setdefault("TQDM_DISABLE", "1")
 
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -27,6 +29,7 @@ from spp.eval.job_config import EvalJobConfig, register_configs  # noqa: E402
 from spp.eval.runner import preflight, run_eval_job  # noqa: E402
 from spp.eval.tables import markdown_report  # noqa: E402
 from spp.loggers import save_and_print_config  # noqa: E402
+from spp.quiet import quiet_lightning  # noqa: E402
 
 register_configs()
 
@@ -41,6 +44,7 @@ def main(cfg: DictConfig) -> float | None:
         sys.exit(f"eval.py: error: {err}")
     out_dir = Path(job.output_dir or HydraConfig.get().runtime.output_dir)
     save_and_print_config(cfg, out_dir, show=job.print_config)
+    quiet_lightning()
     seed_everything(job.seed, workers=True)
     record = run_eval_job(job, out_dir)
     print(markdown_report([record], title=f"Evaluation: {record.label}"))

@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not os.isatty(2):  # stderr is a file or a pipe: no redrawn tqdm bars in it (tqdm reads TQDM_* at import)
+    os.environ.setdefault("TQDM_DISABLE", "1")
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402

@@ -144,12 +144,16 @@ def task_data_files(tasks: Iterable[str], data_dir: str | os.PathLike[str] | Non
         except FileNotFoundError as err:
             raise FileNotFoundError(f"eval task {task}: {err}") from err
     sampled = [t for t, paths in files.items() if any(p.is_relative_to(SAMPLE_DATA_DIR) for p in paths)]
-    if sampled:
+    if sampled and tuple(sampled) not in _WARNED_SAMPLED:  # once per process and task list, not once per call
+        _WARNED_SAMPLED.add(tuple(sampled))
         log.warning(
             "eval tasks %s read the truncated samples in %s (see data/README.md); set data_dir=<full copy> for the "
             "full sets", ", ".join(sampled[:8]) + (" ..." if len(sampled) > 8 else ""), SAMPLE_DATA_DIR,
         )
     return files
+
+
+_WARNED_SAMPLED: set[tuple[str, ...]] = set()
 
 
 class _QuietCustomDatasetNotice(logging.Filter):

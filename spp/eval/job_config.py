@@ -32,7 +32,8 @@ class EvalJobConfig:
         cache_dir: Pruning cache root.
         use_cache: Read / write the pruning cache.
         output_dir: Where ``results.json`` / ``results.md`` go; null = Hydra's run directory.
-        print_config: Print the resolved config as a Rich tree.
+        print_config: Print the resolved config as a Rich tree (always saved as
+            ``<output_dir>/resolved_config.yaml``).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -48,7 +49,7 @@ class EvalJobConfig:
     cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
     use_cache: bool = True
     output_dir: str | None = None
-    print_config: bool = True
+    print_config: bool = False
 
 
 def register_configs() -> None:

@@ -15,10 +15,11 @@ from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from spp.adapters.config import AdapterConfig
 from spp.data.config import DataConfig
+from spp.errors import to_job
 from spp.eval.config import EvalConfig
 from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
@@ -42,10 +43,14 @@ class Scheduler(str, Enum):
 
 
 class ProgressBar(str, Enum):
-    """Training progress display."""
+    """Training progress display: a Rich or tqdm bar on a terminal, or periodic log lines (``log``).
+
+    ``rich`` and ``tqdm`` fall back to ``log`` when stdout is not a TTY (``tee``, a batch job's log file).
+    """
 
     rich = "rich"
     tqdm = "tqdm"
+    log = "log"
     none = "none"
 
     def __str__(self) -> str:
@@ -97,7 +102,9 @@ class TrainerConfig:
         resume_from: Checkpoint to resume (adapter, optimizer, scheduler, loops, position in the epoch): a
             ``.ckpt`` path, or ``last`` = ``<run_dir>/checkpoints/last.ckpt`` (pass the interrupted run's
             ``run_dir=`` too, since every Hydra run gets a new directory).
-        progress_bar: ``rich``, ``tqdm`` or ``none``.
+        progress_bar: ``rich``, ``tqdm``, ``log`` (one log line every ``progress_every_s`` seconds: step, loss,
+            tokens/s, ETA; chosen automatically when stdout is not a terminal) or ``none``.
+        progress_every_s: Seconds between two progress log lines (``progress_bar=log`` or stdout not a TTY).
         deterministic: Lightning ``deterministic``.
     """
 
@@ -125,6 +132,7 @@ class TrainerConfig:
     save_top_k: int = 1
     resume_from: str | None = None
     progress_bar: ProgressBar = ProgressBar.rich
+    progress_every_s: float = 30.0
     deterministic: bool = False
 
     def __post_init__(self) -> None:
@@ -208,6 +216,26 @@ class ExportConfig:
 
 
 @dataclass
+class GuardsConfig:
+    """Divergence guards (``guards.*``, ``docs/errors.md``): a run that went wrong is not reported as a success.
+
+    Attributes:
+        enabled: Check the run at all (the non-finite loss / gradient-norm stop is always on).
+        max_ppl_ratio: ``diverged`` when the merged perplexity exceeds the pruned model's by more than this factor.
+        loss_must_fall: ``diverged`` when the mean of the last training losses exceeds the mean of the first
+            (a tenth of the steps each, at least 1, at most 10).
+    """
+
+    enabled: bool = True
+    max_ppl_ratio: float = 2.0
+    loss_must_fall: bool = True
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.max_ppl_ratio) and self.max_ppl_ratio >= 1.0):
+            raise ValueError(f"guards.max_ppl_ratio={self.max_ppl_ratio} must be a finite number >= 1")
+
+
+@dataclass
 class TrainJobConfig:
     """The typed top-level config of ``train.py`` (``conf/train.yaml``).
 
@@ -218,7 +246,8 @@ class TrainJobConfig:
         run_dir: Output directory; ``None`` = Hydra's job output directory (or ``outputs/train`` outside Hydra).
         dense_ppl: Measure the dense model's perplexity before pruning (cached).
         pruned_ppl: Measure the pruned model's perplexity before training (cached).
-        print_config: Print the resolved config as a Rich tree.
+        print_config: Print the resolved config as a Rich tree (it is always saved as
+            ``<run_dir>/resolved_config.yaml``).
         objective: What ``train.py`` returns to a sweeper: ``val_loss`` (the last Alpaca held-out loss; the
             default, so learning rates are chosen on validation data), ``ppl_merged`` (WikiText-2 *test*
             perplexity: for reporting, never for selection) or ``none``.
@@ -235,13 +264,14 @@ class TrainJobConfig:
     logger: LoggersConfig = field(default_factory=LoggersConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
     data_dir: str | None = None
     seed: int = 0
     cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
     run_dir: str | None = None
     dense_ppl: bool = True
     pruned_ppl: bool = True
-    print_config: bool = True
+    print_config: bool = False
     objective: Objective = Objective.val_loss
 
     def __post_init__(self) -> None:
@@ -261,6 +291,6 @@ def load_job(cfg: DictConfig) -> TrainJobConfig:
     """The composed config as the typed job: converted once, every ``__post_init__`` check run.
 
     Raises:
-        ValueError: a value out of range (the message names the key and what it accepts).
+        UserError: an unknown key (also one added with ``+``) or a value out of range (naming the key and the fix).
     """
-    return OmegaConf.to_object(cfg)
+    return to_job(cfg, TrainJobConfig)

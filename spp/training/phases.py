@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -33,12 +34,26 @@ from spp.eval.ppl_cache import cached_perplexity, weights_key
 from spp.models.loading import load_model
 from spp.pruning.cache import get_or_prune
 from spp.pruning.engine import PruneResult
+from spp.quiet import quiet_lightning
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
 from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit, zero_patterns
 from spp.training.config import ProgressBar, TrainJobConfig
 from spp.training.module import SPPModule
 from spp.training.strategies import decoder_layer_class, gather_trainable, is_sharded
-from spp.training.trainer import build_trainer, train_seconds
+from spp.training.trainer import build_trainer, progress_mode, train_seconds
+
+log = logging.getLogger(__name__)
+
+
+def ppl_text(entry: dict[str, Any] | None) -> str:
+    """``30.64 (wikitext2, seqlen 512, 8 windows; 41.2 s)`` — a perplexity entry in one line of a log."""
+    if not entry:
+        return "-"
+    interval = (f" [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
+                if entry.get("ci_low") is not None and entry.get("ci_high") is not None else "")
+    how = "cached" if entry.get("cache_hit") else f"{entry.get('seconds', 0):.1f} s"
+    return (f"{entry['ppl']:.2f}{interval} ({entry.get('source')}, seqlen {entry.get('seqlen')}, "
+            f"{entry.get('windows')} windows; {how})")
 
 
 @dataclass
@@ -93,22 +108,33 @@ def job_device(job: TrainJobConfig) -> torch.device:
 def prune(job: TrainJobConfig) -> PrunedModel:
     """Load, measure dense perplexity (rank 0), prune through the cache, measure pruned perplexity (rank 0)."""
     start = time.perf_counter()
+    log.info("prune phase: loading model %s", job.model.name)
     model, tokenizer = load_model(job.model)
     device = job_device(job)
     model.to(device)
     seconds = {"load_model": round(time.perf_counter() - start, 2)}
+    log.info("model %s loaded on %s in %.1f s", job.model.name, device, seconds["load_model"])
     measure = job.eval.ppl and rank_zero_only.rank == 0
     ppl: dict[str, dict[str, Any]] = {}
     if measure and job.dense_ppl:
         ppl["dense"] = cached_perplexity(model, tokenizer, job.eval, weights_key(job.model), job.cache_dir,
                                          job.data_dir, device)
+        log.info("dense perplexity: %s", ppl_text(ppl["dense"]))
     start = time.perf_counter()
+    log.info("pruning: %s %s (calibration: %d × %d tokens of %s)", job.pruner.name, job.sparsity.name,
+             job.calibration.nsamples, job.calibration.seqlen, job.calibration.source)
     result = get_or_prune(model, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
                           job.data_dir, device)
     seconds["prune_or_load"] = round(time.perf_counter() - start, 2)
+    overall = result.report.overall
+    log.info("pruned: %s %s, sparsity %.4f over %d matrices%s; %s in %.1f s (%s)", job.pruner.name,
+             job.sparsity.name, overall.get("sparsity", float("nan")), overall.get("layers", 0),
+             f", {overall['nm']} valid: {overall['nm_valid']}" if "nm" in overall else "",
+             "cache hit" if result.cache_hit else "pruned", seconds["prune_or_load"], result.cache_path or "no cache")
     if measure and job.pruned_ppl:
         key = weights_key(job.model, job.pruner, job.sparsity, job.calibration, job.data_dir)
         ppl["pruned"] = cached_perplexity(model, tokenizer, job.eval, key, job.cache_dir, job.data_dir, device)
+        log.info("pruned perplexity: %s", ppl_text(ppl["pruned"]))
     masks = {k: v.to(torch.bool).cpu() for k, v in result.masks.items()}
     return PrunedModel(model.cpu(), tokenizer, masks, zero_patterns(model, set(masks)), result, ppl, seconds)
 
@@ -116,14 +142,18 @@ def prune(job: TrainJobConfig) -> PrunedModel:
 def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[Logger],
         callbacks: list[Callback] | None = None) -> FitResult:
     """Attach the adapter and train it (every rank); returns the gathered trainable state."""
+    quiet_lightning()
     L.seed_everything(job.seed, workers=True)  # the same adapter initialisation on every rank
     model, _ = apply_adapter(pruned.model, job.adapter, pruned.masks)
     params = count_parameters(model)
+    log.info("fit phase: adapter %s r=%s, %s trainable of %s parameters", job.adapter.name, job.adapter.r,
+             f"{params.trainable:,}", f"{params.total:,}")
     if not get_method(job.adapter.name).trains:
         report = audit(model, pruned.masks, pruned.zeros, when="fit_start")
         return FitResult(model, {}, params, audits=[{"when": "fit_start", "step": 0, **report}])
     datamodule = AlpacaDataModule(pruned.tokenizer, job.data, data_dir=job.data_dir,
-                                  progress=job.trainer.progress_bar is not ProgressBar.none)
+                                  progress=progress_mode(job.trainer.progress_bar) in (ProgressBar.rich,
+                                                                                       ProgressBar.tqdm))
     module = SPPModule(model, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls))
     auditor = SparsityAuditCallback(pruned.masks, pruned.zeros)
     trainer = build_trainer(job, run_dir, loggers, [auditor, *(callbacks or [])])
@@ -131,6 +161,11 @@ def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[L
         logger.log_metrics({f"params/{k}": float(v) for k, v in params.to_dict().items()}, step=0)
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
+    losses = module.train_losses
+    if trainer.is_global_zero:
+        log.info("training done: %d optimiser steps in %.1f s, train loss %s, val loss %s", trainer.global_step,
+                 train_seconds(trainer), f"{losses[0]:.3f} → {losses[-1]:.3f}" if losses else "-",
+                 " → ".join(f"{v:.3f}" for v in module.val_losses) or "-")
     state = gather_trainable(trainer.strategy, module.model)
     whole = None if is_sharded(trainer.strategy) else module.model
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -155,6 +190,7 @@ def rebuild(job: TrainJobConfig, state: dict[str, torch.Tensor]) -> nn.Module:
 def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path) -> FinalizeResult:
     """Adapter files, merge, audit of the merged zeros, evaluation and export (global rank 0, no collective)."""
     method = get_method(job.adapter.name)
+    log.info("finalize phase: adapter files, merge, audit, evaluation, export")
     model = (fitted.model if fitted.model is not None else rebuild(job, fitted.state)).eval()
     seconds: dict[str, float] = {}
     adapter_dir = None
@@ -162,17 +198,21 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
         start = time.perf_counter()
         adapter_dir = str(write_dir_atomic(run_dir / "adapter", lambda tmp: method.save(model, tmp, _provenance(job))))
         seconds["save_adapter"] = round(time.perf_counter() - start, 2)
+        log.info("adapter files: %s", adapter_dir)
     start = time.perf_counter()
     merged, stats = method.merge(model, job.adapter, pruned.masks)
     seconds["merge"] = round(time.perf_counter() - start, 2)
     checked = audit(merged, pruned.masks, pruned.zeros, when="merged",
                     kept_zeros_may_change=method.kept_zeros_may_change)
+    log.info("merged in %.1f s; audit: sparsity %.4f, %d zeros of %d, every pruned weight still zero",
+             seconds["merge"], checked.get("sparsity", float("nan")), checked.get("zeros", 0), checked.get("total", 0))
     result = FinalizeResult(stats, checked, adapter_dir=adapter_dir, seconds=seconds)
     _evaluate(job, merged.to(job_device(job)), pruned.tokenizer, result)
     if job.export.merged:
         start = time.perf_counter()
         result.merged_dir = str(export_merged(job, merged.cpu(), pruned.tokenizer, run_dir / "merged"))
         seconds["save_merged"] = round(time.perf_counter() - start, 2)
+        log.info("merged model: %s (%.1f s)", result.merged_dir, seconds["save_merged"])
     return result
 
 
@@ -180,7 +220,9 @@ def _evaluate(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, result: Fi
     """Perplexity (not cached: the merged weights are new) and the lm-eval tasks of ``eval.tasks``."""
     device = next(merged.parameters()).device
     if job.eval.ppl:
+        log.info("evaluating the merged model: perplexity")
         result.ppl = cached_perplexity(merged, tokenizer, job.eval, "merged", None, job.data_dir, device)
+        log.info("merged perplexity: %s", ppl_text(result.ppl))
     if job.eval.tasks:
         start = time.perf_counter()
         harness = run_eval_tasks(merged, tokenizer, job.eval, job.data_dir)
@@ -188,6 +230,8 @@ def _evaluate(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, result: Fi
                             "mmlu_acc": harness.mmlu_acc, "limit": harness.limit, "mmlu_limit": job.eval.mmlu_limit,
                             "num_fewshot": harness.num_fewshot}
         result.seconds["zero_shot"] = round(time.perf_counter() - start, 2)
+        log.info("eval tasks %s: zero-shot mean %s, MMLU %s (%.1f s)", list(job.eval.tasks), harness.zero_shot_mean,
+                 harness.mmlu_acc, result.seconds["zero_shot"])
 
 
 def _provenance(job: TrainJobConfig) -> dict[str, Any]:

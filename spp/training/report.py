@@ -86,7 +86,12 @@ def objective(summary: dict[str, Any], which: Objective) -> float | None:
 
 
 def _fmt_ppl(entry: dict[str, Any] | None) -> str:
-    return f"{entry['ppl']:.2f}" if entry else "-"
+    """``30.64``, or ``30.64 [29.80, 31.50]`` when the entry carries an interval (``ci_low`` / ``ci_high``)."""
+    if not entry:
+        return "-"
+    low, high = entry.get("ci_low"), entry.get("ci_high")
+    interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    return f"{entry['ppl']:.2f}{interval}"
 
 
 def results_table(summary: dict[str, Any]) -> Table:
@@ -119,8 +124,15 @@ def results_table(summary: dict[str, Any]) -> Table:
                                     f"({losses['optimizer_steps']} optimizer steps)")
     timings = summary.get("timings", {})
     table.add_row("training time", f"{timings.get('train', 0):.1f} s (job total {timings.get('total', 0):.1f} s)")
-    table.add_row("merged model", summary.get("outputs", {}).get("merged_dir") or "-")
     return table
+
+
+def output_lines(summary: dict[str, Any]) -> list[str]:
+    """One ``name: path`` line per output, printed under the table unwrapped so a path can be copied."""
+    outputs = summary.get("outputs", {})
+    names = (("merged model", "merged_dir"), ("adapter", "adapter_dir"), ("summary", "summary"),
+             ("config", "resolved_config"))
+    return [f"{label}: {outputs[key]}" for label, key in names if outputs.get(key)]
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
@@ -129,5 +141,11 @@ def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
 
 
 def print_results(summary: dict[str, Any]) -> None:
-    """Print :func:`results_table`."""
+    """Print :func:`results_table`, then :func:`output_lines` as plain text (never wrapped)."""
     Console().print(results_table(summary))
+    ppl = summary.get("perplexity", {})
+    if any(entry and entry.get("ci_low") is not None for entry in ppl.values()):
+        print("perplexity [low, high]: 95 % bootstrap interval over the evaluation windows (summary.json: ci_low, "
+              "ci_high)")
+    for line in output_lines(summary):
+        print(line)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.loggers import Logger
 
 from spp.training.callbacks.adapter_checkpoint import AdapterCheckpoint
+from spp.training.callbacks.progress import LogProgress
 from spp.training.config import ProgressBar, TrainerConfig, TrainJobConfig
 from spp.training.strategies import build_strategy
 
@@ -74,11 +76,21 @@ def loop_callbacks(job: TrainJobConfig, run_dir: Path, steps_hint: int) -> list[
                           window_size=max(2, min(20, steps_hint))),
         Timer(),
     ]
-    if tcfg.progress_bar is ProgressBar.rich:
+    bar = progress_mode(tcfg.progress_bar)
+    if bar is ProgressBar.rich:
         callbacks.append(RichProgressBar(leave=True))
-    elif tcfg.progress_bar is ProgressBar.tqdm:
+    elif bar is ProgressBar.tqdm:
         callbacks.append(TQDMProgressBar())
+    elif bar is ProgressBar.log:
+        callbacks.append(LogProgress(tcfg.progress_every_s))
     return callbacks
+
+
+def progress_mode(requested: ProgressBar) -> ProgressBar:
+    """The display actually used: a bar only on a terminal; ``log`` lines when stdout is a file or a pipe."""
+    if requested in (ProgressBar.rich, ProgressBar.tqdm) and not sys.stdout.isatty():
+        return ProgressBar.log
+    return requested
 
 
 def build_trainer(job: TrainJobConfig, run_dir: Path, loggers: list[Logger], callbacks: list[Callback]) -> L.Trainer:
@@ -99,7 +111,7 @@ def build_trainer(job: TrainJobConfig, run_dir: Path, loggers: list[Logger], cal
         num_sanity_val_steps=tcfg.num_sanity_val_steps,
         log_every_n_steps=tcfg.log_every_n_steps,
         deterministic=tcfg.deterministic,
-        enable_progress_bar=tcfg.progress_bar is not ProgressBar.none,
+        enable_progress_bar=progress_mode(tcfg.progress_bar) in (ProgressBar.rich, ProgressBar.tqdm),
         enable_model_summary=False,
         callbacks=[*loop_callbacks(job, run_dir, tcfg.max_steps), *callbacks],
         logger=loggers,

@@ -13,7 +13,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 
 class AdapterCheckpoint(ModelCheckpoint):
-    """A ``ModelCheckpoint`` writing ``adapter-stepNNNNNN.ckpt`` and ``last.ckpt`` under ``<run_dir>/checkpoints``.
+    """A ``ModelCheckpoint`` writing ``adapter-stepNNNNNN.ckpt`` under ``<run_dir>/checkpoints`` and ``last.ckpt``
+    as a symbolic link to the newest of them (one file per saved step).
 
     Args:
         dirpath: Checkpoint directory.
@@ -30,7 +31,7 @@ class AdapterCheckpoint(ModelCheckpoint):
             save_top_k=save_top_k,
             monitor="step" if save_top_k not in (-1, 0, 1) else None,
             mode="max",
-            save_last=True,
+            save_last="link",  # last.ckpt is a link to the newest step file, never a second copy of it
             save_on_train_epoch_end=True,
         )
 

@@ -157,5 +157,7 @@ class SparsityAuditCallback(L.Callback):
         self._run(trainer, pl_module, f"checkpoint@step{trainer.global_step}")
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Audit the trained (unmerged) model."""
+        """Audit the trained (unmerged) model, unless a checkpoint audit already saw this very step's weights."""
+        if self.reports and self.reports[-1]["step"] == trainer.global_step and trainer.global_step > 0:
+            return
         self._run(trainer, pl_module, "fit_end")

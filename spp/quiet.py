@@ -1,0 +1,51 @@
+"""Targeted filters for library boilerplate, so a job's log says what the job does.
+
+Dropped (each by its exact message, nothing else from these libraries is touched):
+
+* Lightning's start-up lines (``GPU available``, ``TPU available``, ``HPU available``, the litlogger / litmodels
+  advertising tips, the ``Trainer(limit_val_batches=1.0)`` / ``Trainer(val_check_interval=1.0)`` notices,
+  ``Loading `train_dataloader` to estimate ...``, ``Seed set to N``);
+* Lightning's warnings that do not apply to this project: the ``ThroughputMonitor`` ``flops_per_batch`` notice
+  (only token throughput is logged), "your dataloader is not resumable" (``AlpacaDataModule`` restores its
+  position through its own ``state_dict``) and torch's ``LeafSpec`` deprecation raised inside Lightning.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+QUIET_PREFIXES = ("GPU available", "TPU available", "HPU available", "💡 Tip", "`Trainer(", "Seed set to",
+                  "Loading `train_dataloader` to estimate")
+"""Start of the Lightning info lines that :func:`quiet_lightning` drops."""
+
+QUIET_WARNINGS = (
+    r"When using the `ThroughputMonitor`, you need to define a `flops_per_batch`",
+    r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not resumable",
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+)
+"""Regular expressions (matched at a warning message's start) that :func:`quiet_lightning` ignores."""
+
+LIGHTNING_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+                     "lightning.fabric.utilities.seed", "lightning.pytorch.utilities.seed")
+
+
+class _DropBoilerplate(logging.Filter):
+    """Drop a record whose message starts with one of :data:`QUIET_PREFIXES`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not re.sub(r"^\[rank: \d+\] ", "", str(record.msg)).startswith(QUIET_PREFIXES)
+
+
+_FILTER = _DropBoilerplate()
+
+
+def quiet_lightning() -> None:
+    """Install the filters (idempotent)."""
+    for name in LIGHTNING_LOGGERS:
+        logger = logging.getLogger(name)
+        if _FILTER not in logger.filters:
+            logger.addFilter(_FILTER)
+    for pattern in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
