@@ -22,7 +22,10 @@ class EvalConfig:
         extra_ppl_sources: Further sources measured by ``eval.py`` with the same settings (e.g. ``[c4]``).
         seqlen: Perplexity window in tokens (2048 for LLaMA-1; 4096 for LLaMA-2); must not exceed the
             model's ``max_position_embeddings``.
-        max_windows: Only the first ``max_windows`` windows (quick runs); null = all.
+        max_windows: Evaluate ``max_windows`` windows chosen by ``window_sampling``; null = all.
+        window_sampling: ``first`` = the first ``max_windows`` windows (the pre-issue-16 protocol: one article
+            of WikiText-2); ``systematic`` = every ``k``-th window, ``k = n // max_windows`` of the split's ``n``
+            windows, so the sample spans the split (stated in the result as ``sampling``/``stride``).
         batch_size: Perplexity windows per forward pass.
         tasks: lm-eval tasks or groups: ``spp_zeroshot`` (the paper's 7 tasks), ``spp_mmlu`` (5-shot),
             single tasks (``spp_boolq`` or the short ``boolq``); empty = none.
@@ -39,6 +42,7 @@ class EvalConfig:
     extra_ppl_sources: list[str] = field(default_factory=list)
     seqlen: int = 2048
     max_windows: int | None = None
+    window_sampling: str = "first"
     batch_size: int = 1
     tasks: list[str] = field(default_factory=list)
     limit: int | None = None
@@ -56,6 +60,8 @@ class EvalConfig:
             raise ValueError(f"eval.seqlen={self.seqlen} must be >= 2")
         if self.max_windows is not None and self.max_windows < 1:
             raise ValueError(f"eval.max_windows={self.max_windows} must be >= 1 or null")
+        if self.window_sampling not in ("first", "systematic"):
+            raise ValueError(f"eval.window_sampling={self.window_sampling!r} must be 'first' or 'systematic'")
         if self.batch_size < 1 or self.lm_eval_batch_size < 1:
             raise ValueError("eval.batch_size and eval.lm_eval_batch_size must be >= 1")
         for key in ("limit", "mmlu_limit"):

@@ -5,6 +5,14 @@ token stream is cut into non-overlapping windows of ``seqlen`` tokens, the tail 
 dropped, and ``PPL = exp(mean next-token NLL)`` over every predicted token of every window. All windows have
 the same length, so this equals Wanda's ``exp(sum_w loss_w * seqlen / (n * seqlen))``. This is *not*
 lm-eval's ``wikitext`` task (document-level rolling word perplexity); never compare the two.
+
+Uncertainty (issue 16): the result keeps the mean NLL of every window and its start offset, so a table can give
+a 95 % percentile-bootstrap interval of the perplexity over windows (:func:`bootstrap_ppl_interval`) and
+*paired* intervals between two models measured on the same windows (:func:`paired_difference`,
+:func:`gap_closed`). ``sampling="systematic"`` with ``max_windows=m`` evaluates every ``k``-th window,
+``k = n // m`` of the ``n`` windows of the split (windows ``o, o+k, ..., o+(m-1)k``, offset ``o`` centring them),
+so the sample spans the whole split instead of its first article; ``sampling="first"`` keeps the first ``m``
+(the old protocol).
 """
 
 from __future__ import annotations
@@ -12,10 +20,11 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -28,6 +37,10 @@ C4_MAX_DOCS = 1100
 C4_MAX_WINDOWS = 256
 HUB_WIKITEXT2 = "hf:wikitext2"
 SOURCES = ("wikitext2", "c4", HUB_WIKITEXT2)
+WINDOW_SAMPLING = ("first", "systematic")
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+CI_LEVEL = 0.95
 
 
 @dataclass
@@ -41,6 +54,14 @@ class PerplexityResult:
         windows: Number of windows evaluated.
         tokens: Number of scored (predicted) tokens, ``windows * (seqlen - 1)``.
         source: What was evaluated (``wikitext2``, ``c4`` or a file path).
+        window_nll: Mean next-token NLL of each evaluated window (nats), in evaluation order.
+        window_starts: Token offset of each evaluated window in the tokenized split.
+        sampling: ``first`` (the first ``windows`` windows) or ``systematic`` (every ``stride``-th window).
+        stride: Step between evaluated windows, in windows (1 for ``first``).
+        split_windows: Number of whole windows in the split (the population sampled from).
+        ci_low: Lower end of the 95 % percentile-bootstrap interval of ``ppl`` over windows.
+        ci_high: Upper end of that interval.
+        ci_resamples: Bootstrap resamples behind the interval (seed :data:`BOOTSTRAP_SEED`).
     """
 
     ppl: float
@@ -49,6 +70,14 @@ class PerplexityResult:
     windows: int
     tokens: int
     source: str
+    window_nll: list[float] = field(default_factory=list)
+    window_starts: list[int] = field(default_factory=list)
+    sampling: str = "first"
+    stride: int = 1
+    split_windows: int = 0
+    ci_low: float | None = None
+    ci_high: float | None = None
+    ci_resamples: int = BOOTSTRAP_RESAMPLES
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (JSON-serialisable)."""
@@ -131,22 +160,118 @@ def check_seqlen(seqlen: int, max_positions: int | None) -> None:
         )
 
 
-def tokenize_windows(text: str, tokenizer: Any, seqlen: int, max_windows: int | None = None) -> torch.Tensor:
-    """Tokenize ``text`` once and cut it into non-overlapping ``seqlen`` windows, tail dropped.
+def window_indices(n: int, max_windows: int | None, sampling: str = "first") -> list[int]:
+    """Indices of the windows to evaluate among the ``n`` whole windows of a split.
+
+    ``first``: ``0 .. m-1``. ``systematic``: every ``k``-th window, ``k = n // m``, i.e. ``o, o+k, ..., o+(m-1)k``
+    with ``o = (n - 1 - (m-1)k) // 2`` centring the sample, so ``m`` windows span the split; with ``m >= n`` (or
+    ``max_windows=None``) both give all ``n`` windows.
+
+    Raises:
+        ValueError: an unknown ``sampling`` (config key ``eval.window_sampling``).
+    """
+    if sampling not in WINDOW_SAMPLING:
+        raise ValueError(f"eval.window_sampling={sampling!r} must be one of {', '.join(WINDOW_SAMPLING)}")
+    m = n if max_windows is None else min(n, int(max_windows))
+    if sampling == "first" or m == n:
+        return list(range(m))
+    k = n // m
+    offset = (n - 1 - (m - 1) * k) // 2  # the windows the stride leaves over are split between both ends
+    return [offset + i * k for i in range(m)]
+
+
+def tokenize_windows(text: str, tokenizer: Any, seqlen: int, max_windows: int | None = None,
+                     sampling: str = "first") -> tuple[torch.Tensor, list[int], int]:
+    """Tokenize ``text`` once, cut it into non-overlapping ``seqlen`` windows (tail dropped), pick some.
 
     Returns:
-        Long tensor of shape ``(windows, seqlen)``.
+        ``(windows, starts, n)``: long tensor ``(m, seqlen)`` of the picked windows (see :func:`window_indices`),
+        their token offsets, and the number ``n`` of whole windows in the text.
 
     Raises:
         ValueError: the text holds fewer than ``seqlen`` tokens.
     """
     ids = tokenizer(text, return_tensors="pt", verbose=False).input_ids[0]
     n = ids.numel() // seqlen
-    if max_windows is not None:
-        n = min(n, int(max_windows))
     if n < 1:
         raise ValueError(f"the text has {ids.numel()} tokens, fewer than one window of seqlen={seqlen}")
-    return ids[: n * seqlen].view(n, seqlen)
+    idx = window_indices(n, max_windows, sampling)
+    all_windows = ids[: n * seqlen].view(n, seqlen)
+    return all_windows[idx], [i * seqlen for i in idx], n
+
+
+def bootstrap_ppl_interval(window_nll: list[float] | np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
+                           seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL) -> tuple[float, float]:
+    """Percentile-bootstrap interval of ``exp(mean NLL)`` over windows (equal-length windows, so the mean of
+    window means is the token mean). Resamples windows with replacement, ``numpy.random.default_rng(seed)``."""
+    x = np.asarray(window_nll, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("bootstrap needs at least one window")
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(resamples, x.size))
+    means = x[idx].mean(axis=1)
+    alpha = (1.0 - level) / 2.0
+    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
+    return math.exp(float(lo)), math.exp(float(hi))
+
+
+def _windows_nll(result: dict[str, Any] | PerplexityResult) -> tuple[np.ndarray, tuple[Any, ...]]:
+    r = result.to_dict() if isinstance(result, PerplexityResult) else result
+    if not r.get("window_nll"):
+        raise ValueError("perplexity result has no per-window NLL (measured before issue 16; measure it again)")
+    return np.asarray(r["window_nll"], dtype=np.float64), (r.get("source"), r.get("seqlen"),
+                                                           tuple(r.get("window_starts") or ()))
+
+
+def _paired(*results: dict[str, Any] | PerplexityResult) -> np.ndarray:
+    """Stack the per-window NLLs of results measured on the same windows -> ``(len(results), windows)``."""
+    arrays, keys = zip(*(_windows_nll(r) for r in results), strict=True)
+    if any(k != keys[0] for k in keys[1:]):
+        raise ValueError("paired comparison needs results on the same windows (source, seqlen, window_starts)")
+    return np.stack(arrays)
+
+
+def paired_difference(a: dict[str, Any] | PerplexityResult, b: dict[str, Any] | PerplexityResult,
+                      resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
+                      level: float = CI_LEVEL) -> dict[str, float]:
+    """Paired comparison of ``a`` against ``b`` on the same windows.
+
+    Returns:
+        ``log_ppl_diff`` = ``log ppl_a - log ppl_b`` (= mean over windows of ``nll_a - nll_b``) with its
+        percentile-bootstrap interval (windows resampled jointly), and ``ppl_ratio`` = ``ppl_a / ppl_b`` =
+        ``exp(log_ppl_diff)`` with the exponentiated interval.
+    """
+    x = _paired(a, b)
+    d = x[0] - x[1]
+    idx = np.random.default_rng(seed).integers(0, d.size, size=(resamples, d.size))
+    boot = d[idx].mean(axis=1)
+    alpha = (1.0 - level) / 2.0
+    lo, hi = (float(v) for v in np.quantile(boot, [alpha, 1.0 - alpha]))
+    mean = float(d.mean())
+    return {"log_ppl_diff": mean, "log_ppl_diff_low": lo, "log_ppl_diff_high": hi,
+            "ppl_ratio": math.exp(mean), "ppl_ratio_low": math.exp(lo), "ppl_ratio_high": math.exp(hi),
+            "windows": int(d.size), "resamples": resamples}
+
+
+def gap_closed(dense: dict[str, Any] | PerplexityResult, pruned: dict[str, Any] | PerplexityResult,
+               merged: dict[str, Any] | PerplexityResult, resamples: int = BOOTSTRAP_RESAMPLES,
+               seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL) -> dict[str, float]:
+    """Fraction of the log-perplexity gap closed, ``(log ppl_pruned - log ppl_merged) / (log ppl_pruned -
+    log ppl_dense)``, with a paired percentile-bootstrap interval (the same resampled windows for all three).
+
+    Raises:
+        ValueError: the results are not on the same windows, or lack per-window NLL.
+    """
+    x = _paired(dense, pruned, merged)
+    idx = np.random.default_rng(seed).integers(0, x.shape[1], size=(resamples, x.shape[1]))
+    m = x[:, idx].mean(axis=2)  # (3, resamples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        boot = (m[1] - m[2]) / (m[1] - m[0])
+    boot = boot[np.isfinite(boot)]
+    mu = x.mean(axis=1)
+    alpha = (1.0 - level) / 2.0
+    lo, hi = (float(v) for v in np.quantile(boot, [alpha, 1.0 - alpha]))
+    return {"gap_closed": float((mu[1] - mu[2]) / (mu[1] - mu[0])), "gap_closed_low": lo, "gap_closed_high": hi,
+            "windows": int(x.shape[1]), "resamples": resamples}
 
 
 @torch.no_grad()
@@ -168,6 +293,7 @@ def perplexity(
     batch_size: int = 1,
     data_dir: str | os.PathLike[str] | None = None,
     device: str | torch.device | None = None,
+    sampling: str = "first",
 ) -> PerplexityResult:
     """Perplexity of ``model`` on non-overlapping ``seqlen``-token windows of ``source``.
 
@@ -179,11 +305,13 @@ def perplexity(
         tokenizer: Its tokenizer (called once on the whole text, with its default special tokens).
         source: See :func:`load_eval_text` (``wikitext2``, ``c4``, ``hf:wikitext2`` or a file path).
         seqlen: Window length; must not exceed ``model.config.max_position_embeddings``.
-        max_windows: Evaluate only the first ``max_windows`` windows (quick runs); ``None`` = all (for
+        max_windows: Evaluate only ``max_windows`` windows, chosen by ``sampling``; ``None`` = all (for
             ``c4``: the first 256, as in SparseGPT).
         batch_size: Windows per forward pass.
         data_dir: Data root override (config key ``data_dir``).
         device: Where to run; defaults to the device of the model's first parameter.
+        sampling: ``first`` (the first ``max_windows``) or ``systematic`` (every ``k``-th window spanning the
+            split); see :func:`window_indices`.
 
     Raises:
         ValueError: ``seqlen`` longer than the model's context, ``batch_size`` < 1, an unknown source.
@@ -197,21 +325,28 @@ def perplexity(
     text, label = load_eval_text(source, data_dir)
     if source == "c4" and max_windows is None:
         max_windows = C4_MAX_WINDOWS  # SparseGPT's C4 protocol: the first 256 windows
-    windows = tokenize_windows(text, tokenizer, seqlen, max_windows)
+    windows, starts, split_windows = tokenize_windows(text, tokenizer, seqlen, max_windows, sampling)
     if device is None:
         device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total = torch.zeros((), dtype=torch.float64)
+    sums: list[torch.Tensor] = []
     try:
         for start in tqdm(range(0, windows.size(0), batch_size), desc=f"ppl {label}@{seqlen}", unit="batch"):
             batch = windows[start : start + batch_size].to(device)
-            total += window_nll_sum(model, batch).double().sum().cpu()
+            sums.append(window_nll_sum(model, batch).double().cpu())
     finally:
         model.train(was_training)
+    per_window = torch.cat(sums)
     n_windows = windows.size(0)
     tokens = n_windows * (seqlen - 1)
-    nll_mean = float(total) / tokens
+    nll_mean = float(per_window.sum()) / tokens
+    window_nll = (per_window / (seqlen - 1)).tolist()
+    finite = all(math.isfinite(v) for v in window_nll)
+    lo, hi = bootstrap_ppl_interval(window_nll) if finite else (None, None)
+    stride = starts[1] // seqlen - starts[0] // seqlen if len(starts) > 1 else 1
     return PerplexityResult(
-        ppl=math.exp(nll_mean), nll_mean=nll_mean, seqlen=seqlen, windows=n_windows, tokens=tokens, source=label
+        ppl=math.exp(nll_mean), nll_mean=nll_mean, seqlen=seqlen, windows=n_windows, tokens=tokens, source=label,
+        window_nll=window_nll, window_starts=starts, sampling=sampling, stride=stride, split_windows=split_windows,
+        ci_low=lo, ci_high=hi,
     )

@@ -29,8 +29,9 @@ from spp.pruning.cache import cache_key as pruning_cache_key
 from spp.pruning.cache.store import sha256_file
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 
-PPL_CACHE_VERSION = "2"
-"""Bump when a change to the perplexity code changes its results (version 1 keyed on the source name)."""
+PPL_CACHE_VERSION = "3"
+"""Bump when a change to the perplexity code changes its results (version 1 keyed on the source name; version 2
+entries hold no per-window NLL, interval or window sampling)."""
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ def ppl_settings(eval_cfg: EvalConfig) -> dict[str, Any]:
         "seqlen": int(eval_cfg.seqlen),
         "max_windows": eval_cfg.max_windows,
         "batch_size": int(eval_cfg.batch_size),
+        "sampling": eval_cfg.window_sampling,
     }
 
 
@@ -97,7 +99,8 @@ def cached_perplexity(
     Args:
         model: The model to measure (dense or pruned).
         tokenizer: Its tokenizer.
-        eval_cfg: The ``eval`` group (``ppl_source``, ``seqlen``, ``max_windows``, ``batch_size``).
+        eval_cfg: The ``eval`` group (``ppl_source``, ``seqlen``, ``max_windows``, ``batch_size``,
+            ``window_sampling``).
         weights: What identifies the weights, from :func:`weights_key`.
         cache_dir: Cache root; ``None`` disables caching.
         data_dir: Data root override.

@@ -138,6 +138,7 @@ def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord:
             res = perplexity(
                 model, tokenizer, source=source, seqlen=int(cfg.eval.seqlen), max_windows=cfg.eval.max_windows,
                 batch_size=int(cfg.eval.batch_size), data_dir=cfg.data_dir, device=device,
+                sampling=cfg.eval.window_sampling,
             )
             record.ppl[source] = res.to_dict()
             info["timings"][f"ppl_{source}"] = round(time.perf_counter() - start, 2)
