@@ -87,6 +87,26 @@ def dsnot_refine(
                        update_threshold, pow_of_var_regrowing, same_sign_check)
 
 
+def _prune_order(c: torch.Tensor, keep: torch.Tensor, wanda_metric: torch.Tensor, n_kept: int) -> torch.Tensor:
+    """Unstructured DS⊘T: each row's kept weights in the order they are offered for pruning (reference order):
+    sorted by Wanda metric, negative contributions first, zero ones next, positive ones last (reversed)."""
+    kept_idx = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, :n_kept]
+    by_wanda = kept_idx.gather(1, torch.sort(wanda_metric.float().gather(1, kept_idx), dim=1, stable=True).indices)
+    cb = c.gather(1, by_wanda)
+    width = by_wanda.shape[1]
+    pos = torch.arange(width, device=c.device).expand_as(cb)
+    order_key = torch.where(cb < 0, pos, torch.where(cb > 0, 3 * width - pos, width + pos))
+    return by_wanda.gather(1, torch.sort(order_key, dim=1, stable=True).indices)
+
+
+def _next_to_prune(prune_list: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    """Take each row's next weight to prune from the top (error < 0) or the bottom of its list; moves the pointers."""
+    ptr = torch.where(down, hi, lo).clamp(0, prune_list.shape[1] - 1)
+    hi -= down.long()
+    lo += (~down).long()
+    return prune_list.gather(1, ptr.unsqueeze(1)).squeeze(1)
+
+
 def _refine(
     weight: torch.Tensor,
     initial_metric: torch.Tensor,
@@ -116,14 +136,7 @@ def _refine(
     regrow_key = c.gather(1, pruned_idx) / var.float().clamp_min(_VAR_EPS).pow(pow_of_var_regrowing)[pruned_idx]
     regrow_list = pruned_idx.gather(1, torch.sort(regrow_key, dim=1, stable=True).indices)
     if not nm:
-        kept_idx = torch.sort((~keep).to(torch.int8), dim=1, stable=True).indices[:, : cols - n_pruned]
-        by_wanda = kept_idx.gather(1, torch.sort(wanda_metric.float().gather(1, kept_idx), dim=1, stable=True).indices)
-        cb = c.gather(1, by_wanda)
-        pos = torch.arange(by_wanda.shape[1], device=c.device).expand_as(cb)
-        width = by_wanda.shape[1]
-        # negatives first (least important first), zero contributions, positives last (least important last)
-        order_key = torch.where(cb < 0, pos, torch.where(cb > 0, 3 * width - pos, width + pos))
-        prune_list = by_wanda.gather(1, torch.sort(order_key, dim=1, stable=True).indices)
+        prune_list = _prune_order(c, keep, wanda_metric, cols - n_pruned)
         pr_lo = torch.zeros(rows, dtype=torch.long, device=c.device)
         pr_hi = torch.full((rows,), prune_list.shape[1] - 1, dtype=torch.long, device=c.device)
     else:
@@ -149,19 +162,12 @@ def _refine(
         cycles += 1
         up = e > 0
         r_idx = regrow_list.gather(1, torch.where(up, rg_hi, rg_lo).clamp(0, n_pruned - 1).unsqueeze(1)).squeeze(1)
-        if nm:
+        if nm:  # the least important kept weight of the regrown weight's own group of m
             start = r_idx - r_idx % m
-            block = prunable.gather(1, start.unsqueeze(1) + offsets)
-            low_val, low_off = block.min(1)
-            p_idx = start + low_off
-            ok = torch.isfinite(low_val)
+            low_val, low_off = prunable.gather(1, start.unsqueeze(1) + offsets).min(1)
+            p_idx, ok = start + low_off, torch.isfinite(low_val)
         else:
-            down = e < 0
-            p_ptr = torch.where(down, pr_hi, pr_lo).clamp(0, prune_list.shape[1] - 1)
-            p_idx = prune_list.gather(1, p_ptr.unsqueeze(1)).squeeze(1)
-            ok = torch.ones_like(active)
-            pr_hi -= down.long()
-            pr_lo += (~down).long()
+            p_idx, ok = _next_to_prune(prune_list, pr_lo, pr_hi, e < 0), torch.ones_like(active)
         e_after = e + c[row_ids, p_idx] - c[row_ids, r_idx]
         if nm or same_sign_check:
             active &= (torch.sign(e_after) == sign0) | ~ok
