@@ -138,6 +138,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "memory": "peak RSS delta per step (CPU) / max_memory_allocated delta (CUDA)",
                                "time": "wall seconds per step (time_s) and process CPU seconds (cpu_s), medians",
                                "env": environment(device), "results": {}}
+    default = f"model_bench_{device.type}.json" if (args.batch or args.seq) else f"model_bench_job_{device.type}.json"
+    out = args.out or default
     tables = []
     dropouts = args.dropout if args.dropout is not None else [setting.dropout]
     with Progress() as progress:
@@ -166,12 +168,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          f"{threads} thread(s), load {load0:.2f}→{os.getloadavg()[0]:.2f}")
                 tables.append(markdown(res, title))
                 progress.console.print(tables[-1] + "\n")
+                write_json(payload, out)  # after every group, so an interrupted run keeps what it measured
                 del steps
             del variants
             gc.collect()
     print("\n\n".join(tables))
-    default = f"model_bench_{device.type}.json" if (args.batch or args.seq) else f"model_bench_job_{device.type}.json"
-    path = write_json(payload, args.out or default)
+    path = write_json(payload, out)
     print(f"\nwrote {path}")
     return payload
 

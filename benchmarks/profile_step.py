@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
         tables.append(markdown(parts, threads, load))
         print(tables[-1] + "\n", flush=True)
+        write_json(payload, args.out or "profile_step_cpu.json")  # after every thread count
     path = write_json(payload, args.out or "profile_step_cpu.json")
     print(f"wrote {path}")
     return payload
