@@ -150,6 +150,7 @@ def test_optuna_lr_sweeper_config():
     assert sweeper._target_ == "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
     assert sweeper.params["trainer.lr"] == "tag(log, interval(1e-5, 1e-1))"
     assert sweeper.params.objective == "val_loss"
+    assert sweeper.params["guards.enabled"] is False
     assert (sweeper.direction, sweeper.n_trials, sweeper.sampler.seed) == ("minimize", 12, 0)
     assert cfg.hydra.callbacks.sweep_trials.direction == "minimize"
 
