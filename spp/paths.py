@@ -6,8 +6,10 @@ Every data set is addressed by the same relative path in all three places (for e
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[1]
 """Root of the source checkout (holds ``conf/``, ``data/``, ``train.py``)."""
@@ -20,6 +22,18 @@ SHARED_DATA_DIR: Path = REPO_ROOT.parent / "shared" / "data"
 
 CONF_DIR: Path = REPO_ROOT / "conf"
 
+TRUNCATED_SAMPLES: tuple[str, ...] = (
+    "boolq/val.jsonl",
+    "hellaswag/hellaswag_val_full.txt",
+    "winogrande/winogrande.jsonl",
+    "arc/",
+    "mmlu/test/",
+)
+"""Files (or folders, ending in ``/``) of ``data/`` that are truncated copies (``data/README.md`` says which)."""
+
+_READ: dict[str, Path] = {}
+_SHA256: dict[tuple[str, int, float], str] = {}
+
 
 def data_roots(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
     """Return the data roots to search, most preferred first.
@@ -29,7 +43,8 @@ def data_roots(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
             full-size root searched; the shipped samples remain the fallback.
 
     Returns:
-        Existing directories: ``data_dir`` (or ``$SPP_DATA_DIR``, or ``../shared/data``), then ``data/``.
+        Existing directories: ``data_dir`` alone when it is given (a file missing there is an error, never a
+        silent fall-back to the shipped samples); else ``$SPP_DATA_DIR`` or ``../shared/data``, then ``data/``.
     """
     roots: list[Path] = []
     chosen = data_dir or os.environ.get("SPP_DATA_DIR")
@@ -38,6 +53,8 @@ def data_roots(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
         if not path.is_dir():
             raise FileNotFoundError(f"data_dir={chosen!r} is not a directory; fix the config key data_dir=...")
         roots.append(path.resolve())
+        if data_dir:
+            return roots
     elif SHARED_DATA_DIR.is_dir():
         roots.append(SHARED_DATA_DIR)
     if SAMPLE_DATA_DIR.is_dir() and SAMPLE_DATA_DIR not in roots:
@@ -57,13 +74,64 @@ def find_data(relpath: str | os.PathLike[str], data_dir: str | os.PathLike[str] 
     if rel.is_absolute() or rel.exists():
         if not rel.exists():
             raise FileNotFoundError(f"data file {str(rel)!r} does not exist")
-        return rel.resolve()
+        return _record(rel.resolve())
     roots = data_roots(data_dir)
     for root in roots:
         candidate = root / rel
         if candidate.exists():
-            return candidate
+            return _record(candidate)
     searched = ", ".join(str(r / rel) for r in roots) or "(no data root exists)"
     raise FileNotFoundError(
         f"data file {str(rel)!r} not found; searched {searched}. Pass data_dir=<dir holding {rel}> or an absolute path."
     )
+
+
+def _record(path: Path) -> Path:
+    """Remember a data file or folder that a job resolved (for :func:`data_provenance`)."""
+    _READ[str(path)] = path
+    return path
+
+
+def is_truncated_sample(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is one of the truncated sample files shipped in ``data/``."""
+    path = Path(path).resolve()
+    if not path.is_relative_to(SAMPLE_DATA_DIR):
+        return False
+    rel = path.relative_to(SAMPLE_DATA_DIR).as_posix()
+    return any(rel == t or (t.endswith("/") and rel.startswith(t)) for t in TRUNCATED_SAMPLES)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, memoised by path, size and modification time."""
+    stat = Path(path).stat()
+    key = (str(path), stat.st_size, stat.st_mtime)
+    if key not in _SHA256:
+        digest = hashlib.sha256()
+        with Path(path).open("rb") as fh:
+            while block := fh.read(1 << 20):
+                digest.update(block)
+        _SHA256[key] = digest.hexdigest()
+    return _SHA256[key]
+
+
+def forget_data_reads() -> None:
+    """Start a new job's record of the data files it reads."""
+    _READ.clear()
+
+
+def data_provenance(reset: bool = False) -> list[dict[str, Any]]:
+    """Every data file this process resolved through :func:`find_data`: path, sha256, sample and truncation flags.
+
+    Folders are listed file by file. ``reset=True`` forgets them afterwards (one job per process in tests).
+    """
+    files: dict[str, Path] = {}
+    for path in _READ.values():
+        for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
+            if file.is_file() and not file.name.startswith(("LICENSE", ".")):
+                files[str(file)] = file
+    rows = [{"path": name, "sha256": file_sha256(file), "bytes": file.stat().st_size,
+             "shipped_sample": file.resolve().is_relative_to(SAMPLE_DATA_DIR),
+             "truncated_sample": is_truncated_sample(file)} for name, file in sorted(files.items())]
+    if reset:
+        _READ.clear()
+    return rows

@@ -124,7 +124,7 @@ def test_eval_py_reports_one_error_line():
         [sys.executable, "eval.py", "model=tiny", "eval.seqlen=4096", "print_config=false"],
         cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=120,
     )
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1] == (
-        "eval.py: error: eval.seqlen=4096 exceeds the model's max_position_embeddings=512; set eval.seqlen<=512"
-    )
+    assert proc.returncode == 2  # spp.errors.EXIT_USER_ERROR
+    assert proc.stderr.strip().splitlines() == [
+        "eval.py: error: eval.seqlen=4096 exceeds the model's max_position_embeddings=512 — set eval.seqlen<=512"
+    ]

@@ -21,6 +21,7 @@ from spp.loggers import build_loggers, run_tags
 from spp.models.config import ModelConfig
 from spp.models.loading import load_model, resolve_source
 from spp.models.tiny import TINY_ARCH
+from spp.paths import data_provenance
 from spp.pruning import get_or_prune, prune_model
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,8 @@ def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord:
     if cfg.adapter_dir:
         model = load_adapter(model, cfg.adapter_dir).to(device)
     info["linear_sparsity"] = linear_sparsity(model)
+    if cfg.eval.tasks:
+        task_data_files(list(cfg.eval.tasks), cfg.data_dir)  # recorded for data_files (the harness resolves them too)
     record = EvalRecord(label=cfg.label or default_label(cfg), limit=cfg.eval.limit, info=info)
     if cfg.eval.ppl:
         for source in [cfg.eval.ppl_source, *cfg.eval.extra_ppl_sources]:
@@ -151,7 +154,8 @@ def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord:
         info["num_fewshot"] = harness.num_fewshot
         info["task_versions"] = harness.raw.get("versions", {})
         info["timings"]["lm_eval"] = round(time.perf_counter() - start, 2)
-    meta = {"config": dataclasses.asdict(cfg)}
+    info["data_files"] = data_provenance()
+    meta = {"config": dataclasses.asdict(cfg), "data_files": info["data_files"]}
     write_results(output_dir, [record], meta, title=f"Evaluation: {record.label}")
     log_to_loggers(job_loggers(cfg, output_dir), [record])
     return record

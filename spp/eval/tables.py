@@ -159,6 +159,11 @@ def notes(records: Sequence[EvalRecord]) -> str:
         lines.append(f"MMLU `limit` (first N test questions per subject, 57 subjects): {', '.join(mmlu_limits)}.")
     if any(t not in r.tasks for r in records if r.tasks for t in ZERO_SHOT_TASKS):
         lines.append("'–' = not evaluated.")
+    files = {f["path"]: f for r in records for f in r.info.get("data_files") or []}
+    if files:
+        listed = "; ".join(f"`{p}` sha256 {f['sha256'][:12]}" + (" (**truncated sample**)" if f["truncated_sample"]
+                                                                  else "") for p, f in sorted(files.items()))
+        lines.append(f"Data files read: {listed}.")
     return "\n".join(f"- {line}" for line in lines)
 
 

@@ -20,6 +20,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from spp.errors import UserError
 from spp.pruning.calibration_data import calibration_windows
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.methods import prune_matrix, statistics_for
@@ -321,4 +322,9 @@ def _group_statistics(
         for h in handles:
             h.remove()
     timings["statistics"] += time.perf_counter() - t0
+    for n, s in stats.items():
+        if not (bool(torch.isfinite(s.sq_sum).all()) and (s.xtx is None or bool(torch.isfinite(s.xtx).all()))):
+            raise UserError(f"the calibration activations entering {n} are not finite (NaN or inf): nothing is "
+                            "pruned or cached", "check the model's weights (model.path: a NaN in a norm or earlier "
+                            "layer) and the calibration data (calibration.source)", key="model.path")
     return stats

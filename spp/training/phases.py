@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -32,10 +33,12 @@ from spp.data.alpaca import AlpacaDataModule
 from spp.eval.harness import run_eval_tasks
 from spp.eval.ppl_cache import cached_perplexity, weights_key
 from spp.models.loading import load_model
+from spp.preflight import settings_of
 from spp.pruning.cache import get_or_prune
 from spp.pruning.engine import PruneResult
 from spp.quiet import quiet_lightning
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
+from spp.training.callbacks.guards import GuardsCallback
 from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit, zero_patterns
 from spp.training.config import ProgressBar, TrainJobConfig
 from spp.training.module import SPPModule
@@ -96,6 +99,8 @@ class FinalizeResult:
     merged_dir: str | None = None
     adapter_dir: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    status: str = "ok"
+    diverged: list[str] = field(default_factory=list)
 
 
 def job_device(job: TrainJobConfig) -> torch.device:
@@ -156,7 +161,7 @@ def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[L
                                                                                        ProgressBar.tqdm))
     module = SPPModule(model, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls))
     auditor = SparsityAuditCallback(pruned.masks, pruned.zeros)
-    trainer = build_trainer(job, run_dir, loggers, [auditor, *(callbacks or [])])
+    trainer = build_trainer(job, run_dir, loggers, [auditor, GuardsCallback(settings_of(job)), *(callbacks or [])])
     for logger in loggers:
         logger.log_metrics({f"params/{k}": float(v) for k, v in params.to_dict().items()}, step=0)
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
@@ -208,12 +213,43 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
              seconds["merge"], checked.get("sparsity", float("nan")), checked.get("zeros", 0), checked.get("total", 0))
     result = FinalizeResult(stats, checked, adapter_dir=adapter_dir, seconds=seconds)
     _evaluate(job, merged.to(job_device(job)), pruned.tokenizer, result)
-    if job.export.merged:
+    result.diverged = divergence(job, pruned, fitted, result)
+    if result.diverged:
+        result.status = "diverged"
+        log.warning("run diverged (%s): the merged model is not exported; adapter and checkpoints kept in %s",
+                    "; ".join(result.diverged), run_dir)
+    elif job.export.merged:
         start = time.perf_counter()
         result.merged_dir = str(export_merged(job, merged.cpu(), pruned.tokenizer, run_dir / "merged"))
         seconds["save_merged"] = round(time.perf_counter() - start, 2)
         log.info("merged model: %s (%.1f s)", result.merged_dir, seconds["save_merged"])
     return result
+
+
+def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, result: FinalizeResult) -> list[str]:
+    """Why the run must not be reported as a success (``guards.*``); empty when it may.
+
+    Diverged: the merged perplexity is not finite or exceeds ``guards.max_ppl_ratio`` × the pruned model's, or
+    (``guards.loss_must_fall``) the mean of the last training losses exceeds the mean of the first (a tenth of
+    the recorded losses each, 1 to 10).
+    """
+    if not job.guards.enabled:
+        return []
+    reasons = []
+    before = (pruned.ppl.get("pruned") or {}).get("ppl")
+    after = (result.ppl or {}).get("ppl")
+    ratio = job.guards.max_ppl_ratio
+    if after is not None and not math.isfinite(after):
+        reasons.append(f"merged perplexity is {after}")
+    elif after is not None and before is not None and math.isfinite(before) and after > ratio * before:
+        reasons.append(f"merged perplexity {after:.4g} > guards.max_ppl_ratio={ratio:g} x pruned {before:.4g}")
+    losses = fitted.train_losses
+    if job.guards.loss_must_fall and get_method(job.adapter.name).trains and len(losses) >= 2:
+        k = max(1, min(10, len(losses) // 10))
+        first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+        if not math.isfinite(last) or last > first:
+            reasons.append(f"final training loss {last:.4g} exceeds the first {first:.4g} (mean of {k})")
+    return reasons
 
 
 def _evaluate(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, result: FinalizeResult) -> None:

@@ -1,0 +1,178 @@
+"""One error surface for ``train.py``, ``prune.py`` and ``eval.py`` (see ``docs/errors.md``).
+
+The project's own errors (a bad config value, a missing or unreadable data or model file, a resume checkpoint
+that does not match, a guard that stopped a run) are :class:`UserError`: *what is wrong* and *how to fix it*.
+:func:`cli_errors` wraps a command's body inside its ``@hydra.main`` function (Hydra prints a traceback for any
+exception that leaves it) and turns such errors into exactly one line on stderr::
+
+    train.py: error: adapter.r=7 does not divide out_features=576 of q_proj — use adapter.r in {1, 2, 3, 4, ...}
+
+and exit status 2. Anything else (a bug) keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import re
+import struct
+import sys
+import typing
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+EXIT_USER_ERROR = 2
+"""Exit status of a run stopped by a :class:`UserError` (Hydra's own composition errors exit 1)."""
+
+_KEY = re.compile(r"(?<![\w./-])((?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*)=")
+"""A config key written as ``key=`` or ``group.key=`` in a message (how the project's own errors name keys)."""
+
+
+class UserError(Exception):
+    """An error the user can fix: ``what`` is wrong, ``fix`` says how; ``key`` / ``path`` name the culprit."""
+
+    def __init__(self, what: str, fix: str, *, key: str | None = None, path: str | os.PathLike[str] | None = None):
+        self.what = _one_line(what)
+        self.fix = _one_line(fix)
+        self.key = key
+        self.path = str(path) if path is not None else None
+        super().__init__(f"{self.what} — {self.fix}")
+
+    @classmethod
+    def from_message(cls, message: str, fix: str | None = None) -> UserError:
+        """Split a project message ``"<what>; <fix>"`` (or name its key in a generic fix when there is none)."""
+        message = _one_line(message)
+        if fix is None and "; " in message:
+            what, _, fix = message.rpartition("; ")
+        else:
+            what = message
+        match = _KEY.search(message)
+        key = match.group(1) if match else None
+        if not fix:
+            fix = f"change {key} (see docs/errors.md)" if key else "fix the input named above (see docs/errors.md)"
+        return cls(what, fix, key=key)
+
+
+class DivergedError(UserError):
+    """A guard refused a run's result (non-finite loss, merged perplexity far worse than the pruned model)."""
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def library_file_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that libraries raise on a damaged user file (safetensors, JSON, GGUF's struct, text decoding)."""
+    errors: list[type[BaseException]] = [json.JSONDecodeError, struct.error, UnicodeDecodeError, EOFError]
+    try:
+        from safetensors import SafetensorError
+
+        errors.append(SafetensorError)
+    except ImportError:  # pragma: no cover - safetensors is a transformers dependency
+        pass
+    return tuple(errors)
+
+
+@contextmanager
+def user_file(path: str | os.PathLike[str], key: str, fix: str | None = None) -> Iterator[None]:
+    """Turn a library's error while reading the user's file ``path`` (set by config ``key``) into a UserError."""
+    try:
+        yield
+    except UserError:
+        raise
+    except (*library_file_errors(), OSError, ValueError) as err:
+        raise UserError(
+            f"{key}: cannot read {path}: {type(err).__name__}: {err}",
+            fix or f"check that the file is complete and of the right format, or point {key}= at a good copy",
+            key=key, path=path,
+        ) from err
+
+
+def as_user_error(exc: BaseException) -> UserError | None:
+    """The :class:`UserError` behind ``exc``, or ``None`` for an unexpected (internal) error.
+
+    ``UserError`` anywhere in the ``__cause__`` chain counts; so does a ``FileNotFoundError`` whose message names
+    a config key (``model.path=...``, ``data_dir=...``: how the loaders word a missing user file).
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, UserError):
+            return current
+        current = current.__cause__
+    if isinstance(exc, FileNotFoundError) and _KEY.search(str(exc)):
+        return UserError.from_message(str(exc))
+    return None
+
+
+def report(cmd: str, err: UserError) -> None:
+    """Print ``<cmd>: error: <what> — <fix>`` as one line on stderr."""
+    print(f"{cmd}: error: {err}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def cli_errors(cmd: str) -> Iterator[None]:
+    """Inside a command's main function: a :class:`UserError` becomes one stderr line and exit status 2."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is the user's error
+        err = as_user_error(exc)
+        if err is None:
+            raise
+        report(cmd, err)
+        raise SystemExit(EXIT_USER_ERROR) from None
+
+
+def to_job(cfg: DictConfig, schema: type) -> Any:
+    """Convert a composed config once into its typed job, as :class:`UserError` on any bad key or value.
+
+    Unknown keys are rejected first (:func:`reject_unknown_keys`); a ``ValueError`` from a dataclass's
+    ``__post_init__`` or an OmegaConf validation error becomes a UserError naming the key.
+    """
+    reject_unknown_keys(cfg, schema)
+    try:
+        return OmegaConf.to_object(cfg)
+    except (ValueError, OmegaConfBaseException) as err:
+        raise UserError.from_message(str(err).split("\n")[0] if isinstance(err, OmegaConfBaseException)
+                                     else str(err)) from err
+
+
+def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None:
+    """Raise UserError for a key of ``cfg`` that no field of the dataclass ``schema`` declares.
+
+    Hydra applies ``+key=value`` overrides with the struct flag lifted (that is what ``+`` means: add a key), so a
+    structured node accepts the new key and ``OmegaConf.to_object`` then sets it as a stray attribute that nothing
+    reads. This walks the composed tree against the dataclass fields (``Any`` and ``dict`` fields take any key).
+    """
+    hints = typing.get_type_hints(schema)
+    fields = {f.name for f in dataclasses.fields(schema)}
+    for key in cfg.keys():
+        name = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), sorted(fields), n=1)
+            hint = f"did you mean {prefix}{close[0]}=?" if close else f"valid keys: {', '.join(sorted(fields))}"
+            raise UserError(f"unknown config key {name} (also when added with +)", f"remove it; {hint}", key=name)
+        sub = hints.get(str(key))
+        if dataclasses.is_dataclass(sub) and isinstance(cfg._get_node(key), DictConfig):
+            node = cfg._get_node(key)
+            if not node._is_none() and not node._is_missing():
+                reject_unknown_keys(node, sub, prefix=f"{name}.")
+
+
+def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
+    """Hex sha256 of a file (streamed)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

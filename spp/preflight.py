@@ -1,0 +1,366 @@
+"""Checks that run before any weight is loaded (``docs/errors.md``): every shape rule, data file and resume
+setting a job will need, read from the model's ``config.json`` / GGUF header / ``arch`` block alone.
+
+Each failed check raises :class:`spp.errors.UserError` naming the config key and the fix; ``cli_errors`` prints
+it as one line. A check that passes here cannot fail hours later inside pruning or training.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+import struct
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from spp.adapters.registry import get_method
+from spp.data.config import HUB_PREFIX
+from spp.data.records import load_alpaca_records
+from spp.errors import UserError, user_file
+from spp.eval.perplexity import source_file
+from spp.models.config import ModelConfig
+from spp.models.loading import resolve_source
+from spp.models.tiny import TINY_ARCH
+from spp.paths import find_data
+from spp.projections import DEFAULT_TARGETS, matches
+from spp.pruning.calibration_data import resolve_calibration_file
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_GGUF_ARCH_KEYS = {
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "block_count": "num_hidden_layers",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "context_length": "max_position_embeddings",
+    "attention.key_length": "head_dim",
+}
+
+
+def _fix_model_path(cfg: ModelConfig) -> str:
+    return f"point model.path= at a complete model (a directory with config.json and weights, or a .gguf file); " \
+           f"now {cfg.path!r}"
+
+
+# ---------------------------------------------------------------------------------------------------------- model
+
+
+def _read(fh: BinaryIO, fmt: str) -> Any:
+    size = struct.calcsize(fmt)
+    data = fh.read(size)
+    if len(data) != size:
+        raise EOFError("file ends inside the GGUF header")
+    return struct.unpack(fmt, data)[0]
+
+
+def _gguf_value(fh: BinaryIO, kind: int, keep: bool) -> Any:
+    if kind in _GGUF_SCALARS:
+        return _read(fh, _GGUF_SCALARS[kind])
+    if kind == 8:
+        n = _read(fh, "<Q")
+        data = fh.read(n)
+        if len(data) != n:
+            raise EOFError("file ends inside a GGUF string")
+        return data.decode("utf-8", errors="replace") if keep else None
+    if kind == 9:
+        item, count = _read(fh, "<I"), _read(fh, "<Q")
+        if item in _GGUF_SCALARS and item != 8:
+            fh.seek(count * struct.calcsize(_GGUF_SCALARS[item]), os.SEEK_CUR)
+            return None
+        for _ in range(count):
+            _gguf_value(fh, item, keep=False)
+        return None
+    raise ValueError(f"unknown GGUF value type {kind}")
+
+
+def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The scalar key/value metadata of a GGUF file's header (arrays such as the vocabulary are skipped).
+
+    Raises:
+        ValueError: not a GGUF file (bad magic) or an unknown version; ``EOFError`` / ``struct.error`` when the
+        header is cut short.
+    """
+    with Path(path).open("rb") as fh:
+        if fh.read(4) != GGUF_MAGIC:
+            raise ValueError("not a GGUF file (the first 4 bytes are not 'GGUF')")
+        version = _read(fh, "<I")
+        if version not in (2, 3):
+            raise ValueError(f"GGUF version {version} is not supported (2 or 3)")
+        _read(fh, "<Q")  # tensor count
+        meta: dict[str, Any] = {}
+        for _ in range(_read(fh, "<Q")):
+            key = _gguf_value(fh, 8, keep=True)
+            meta[key] = _gguf_value(fh, _read(fh, "<I"), keep=True)
+    return meta
+
+
+def check_safetensors(path: Path) -> None:
+    """Check a ``.safetensors`` file's header and that the file is as long as the header says (not truncated)."""
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) != 8:
+            raise EOFError(f"{size} bytes: shorter than a safetensors header")
+        n = struct.unpack("<Q", head)[0]
+        if n > size - 8:
+            raise EOFError(f"header of {n} bytes does not fit in the file's {size} bytes")
+        header = json.loads(fh.read(n))
+    end = max((int(t["data_offsets"][1]) for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        raise EOFError(f"truncated: the header needs {8 + n + end} bytes, the file has {size}")
+
+
+def model_arch(cfg: ModelConfig) -> dict[str, Any]:
+    """The architecture fields of ``cfg`` (LlamaConfig names) without loading a weight; checks the weight files.
+
+    ``tiny``: its built-in arch plus ``model.arch``; a directory: ``config.json`` (and the safetensors headers); a
+    GGUF file: its header; a hub id: ``model.arch`` (may be empty: the shape checks are then skipped).
+
+    Raises:
+        UserError: a missing path, a damaged ``config.json``, GGUF header or safetensors file (naming the file).
+    """
+    try:
+        kind, where, gguf_file = resolve_source(cfg)
+    except FileNotFoundError as err:
+        raise UserError(str(err).split(";")[0], _fix_model_path(cfg), key="model.path") from err
+    if kind == "tiny":
+        return {**TINY_ARCH, **dict(cfg.arch)}
+    if kind == "hub":
+        return dict(cfg.arch)
+    if gguf_file:
+        path = Path(where) / gguf_file
+        with user_file(path, "model.path", _fix_model_path(cfg)):
+            meta = gguf_metadata(path)
+        prefix = f"{meta.get('general.architecture', 'llama')}."
+        arch = {name: meta[prefix + key] for key, name in _GGUF_ARCH_KEYS.items() if prefix + key in meta}
+        return {**dict(cfg.arch), **arch}
+    directory = Path(where)
+    with user_file(directory / "config.json", "model.path", _fix_model_path(cfg)):
+        arch = json.loads((directory / "config.json").read_text())
+        index = directory / "model.safetensors.index.json"
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else []
+    files = [directory / s for s in shards] or ([directory / "model.safetensors"]
+                                                if (directory / "model.safetensors").is_file() else [])
+    for file in files:
+        with user_file(file, "model.path", _fix_model_path(cfg)):
+            if not file.is_file():
+                raise FileNotFoundError(f"shard {file.name} listed in model.safetensors.index.json is missing")
+            check_safetensors(file)
+    return arch
+
+
+def linear_shapes(arch: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """``(in_features, out_features)`` of the seven projections of a LLaMA decoder block, from its arch fields."""
+    hidden, inter = int(arch["hidden_size"]), int(arch["intermediate_size"])
+    heads = int(arch["num_attention_heads"])
+    kv = int(arch.get("num_key_value_heads") or heads)
+    head_dim = int(arch.get("head_dim") or hidden // heads)
+    return {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv * head_dim), "v_proj": (hidden, kv * head_dim),
+            "o_proj": (heads * head_dim, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
+            "down_proj": (inter, hidden)}
+
+
+def _targets(targets: list[str]) -> list[str]:
+    return [p for p in DEFAULT_TARGETS if matches(f"model.layers.0.{p}", targets) or p in targets]
+
+
+def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = None, pruner: Any = None,
+                 seqlens: dict[str, int] | None = None) -> None:
+    """Every shape rule of the run against the arch: SPP's ``r | out_features``, N:M's ``m | in_features``, the
+    sequence lengths within ``max_position_embeddings``."""
+    max_pos = arch.get("max_position_embeddings")
+    for key, value in (seqlens or {}).items():
+        if max_pos is not None and value > int(max_pos):
+            raise UserError(f"{key}={value} exceeds the model's max_position_embeddings={max_pos}",
+                            f"set {key}<={max_pos}", key=key)
+    if not {"hidden_size", "intermediate_size", "num_attention_heads"} <= set(arch):
+        log.info("preflight: the model's shapes are unknown before loading (hub id without model.arch); "
+                 "shape checks run after loading")
+        return
+    shapes = linear_shapes(arch)
+    if adapter is not None and adapter.name == "spp":
+        bad = {p: shapes[p][1] for p in _targets(list(adapter.targets)) if shapes[p][1] % int(adapter.r)}
+        if bad:
+            outs = [shapes[p][1] for p in _targets(list(adapter.targets))]
+            ok = [d for d in range(1, 65) if all(o % d == 0 for o in outs)]
+            name, out = next(iter(bad.items()))
+            raise UserError(f"adapter.r={adapter.r} does not divide out_features={out} of {name} (SPP repeats each "
+                            "row of alpha out_features/r times, Eq. 6)", f"use adapter.r in {ok}", key="adapter.r")
+    if sparsity is not None and pruner is not None and sparsity.kind == "nm" and pruner.name != "none":
+        m = int(sparsity.m)
+        bad = {p: shapes[p][0] for p in _targets(list(pruner.targets)) if shapes[p][0] % m}
+        if bad:
+            name, inp = next(iter(bad.items()))
+            raise UserError(f"sparsity.m={m} does not divide in_features={inp} of {name} (N:M groups run along the "
+                            "input dimension)", f"choose sparsity.m dividing {inp}, or drop {name} from "
+                            "pruner.targets", key="sparsity.m")
+
+
+def check_positive(values: dict[str, float]) -> None:
+    """Each value finite and > 0 (scales, learning rates)."""
+    for key, value in values.items():
+        if value is None or not math.isfinite(float(value)) or float(value) <= 0:
+            raise UserError(f"{key}={value} must be a finite number > 0", f"set {key} to a positive number",
+                            key=key)
+
+
+# ----------------------------------------------------------------------------------------------------------- data
+
+
+def check_data_source(source: str, data_dir: str | None, key: str = "data.source") -> int:
+    """Read and validate the Alpaca records of ``data.source`` (hub sources are left to load time).
+
+    Returns:
+        The number of valid records (0 for a hub source).
+    """
+    if source.startswith(HUB_PREFIX):
+        return 0
+    try:
+        records = load_alpaca_records(source, data_dir)
+    except FileNotFoundError as err:
+        raise UserError(f"{key}={source!r}: {str(err).split('; searched')[0]}",
+                        f"pass data_dir=<dir holding {source}> or an absolute {key}=", key=key) from err
+    except (ValueError, OSError) as err:
+        raise UserError(f"{key}={source!r}: {err}", f"fix the file or point {key}= at a good copy", key=key,
+                        path=source) from err
+    return len(records.records)
+
+
+def check_data_file(rel: str, data_dir: str | None, key: str) -> Path:
+    """Resolve a data file the job will read, as a UserError naming ``key`` and ``data_dir`` when missing."""
+    try:
+        return find_data(rel, data_dir)
+    except FileNotFoundError as err:
+        raise UserError(f"{key}: {err}".split(". Pass data_dir")[0],
+                        f"pass data_dir=<dir holding {rel}> (a data_dir= given is searched alone, never the "
+                        "shipped samples)", key=key) from err
+
+
+# --------------------------------------------------------------------------------------------------------- resume
+
+
+def settings_of(job: Any) -> dict[str, Any]:
+    """The adapter and model settings a checkpoint must match to be resumed (stored as ``spp_settings``)."""
+
+    def plain(obj: Any) -> dict[str, Any]:
+        return {k: (v if isinstance(v, (bool, int, float, list, type(None))) else str(v)) for k, v in vars(obj).items()}
+
+    return {"adapter": plain(job.adapter), "model": {"name": job.model.name, "path": job.model.path},
+            "pruner": {"name": job.pruner.name}, "sparsity": plain(job.sparsity)}
+
+
+def check_resume(job: Any, checkpoint: str | os.PathLike[str]) -> None:
+    """Compare a resume checkpoint's ``spp_settings`` with the job; name every key that differs."""
+    with user_file(checkpoint, "trainer.resume_from"):
+        ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+    saved = ckpt.get("spp_settings") if isinstance(ckpt, dict) else None
+    if not saved:
+        log.warning("preflight: %s holds no spp_settings (written before they were saved); not compared", checkpoint)
+        return
+    now = settings_of(job)
+    diffs = [f"{group}.{k}={now[group].get(k)!r} (checkpoint: {v!r})" for group, values in saved.items()
+             for k, v in values.items() if group in now and now[group].get(k) != v]
+    if diffs:
+        raise UserError(f"trainer.resume_from={str(checkpoint)!r} was written with other settings: {', '.join(diffs)}",
+                        "resume with the checkpoint's settings, or start a new run without trainer.resume_from",
+                        key="trainer.resume_from")
+
+
+# --------------------------------------------------------------------------------------------------------- stale
+
+
+STALE_DIRS = (".merged.", ".adapter.", ".model.")
+"""Prefixes of the temporary folders :func:`spp.atomic.write_dir_atomic` makes for the run's exports."""
+
+
+def remove_stale_temporaries(run_dir: str | os.PathLike[str] | None, cache_dirs: list[str | os.PathLike[str]] = (),
+                             min_age_s: float = 600.0) -> list[str]:
+    """Remove what killed runs left: export folders ``.merged.*`` / ``.adapter.*`` / ``.model.*`` and ``.*.tmp``
+    files in ``run_dir``; ``*.tmp`` files in the caches untouched for ``min_age_s`` (a live writer keeps its file
+    fresh). Logs one line per removal; returns the removed paths."""
+    removed: list[str] = []
+    now = time.time()
+    if run_dir is not None and Path(run_dir).is_dir():
+        for path in Path(run_dir).iterdir():
+            if path.is_dir() and path.name.startswith(STALE_DIRS):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(str(path))
+            elif path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp"):
+                path.unlink(missing_ok=True)
+                removed.append(str(path))
+    for cache in cache_dirs:
+        root = Path(cache).expanduser()
+        if not root.is_dir():
+            continue
+        for path in root.rglob("*.tmp"):
+            try:
+                if path.is_file() and now - path.stat().st_mtime > min_age_s:
+                    path.unlink()
+                    removed.append(str(path))
+            except OSError:
+                continue
+    for path in removed:
+        log.warning("removed a temporary left by a killed run: %s", path)
+    return removed
+
+
+# ------------------------------------------------------------------------------------------------------- commands
+
+
+def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
+    """Everything ``train.py`` can check before loading a weight; returns the model's arch fields."""
+    arch = model_arch(job.model)
+    check_positive({"adapter.scale": job.adapter.scale, "trainer.lr": job.trainer.lr})
+    seqlens = {"data.max_length": job.data.max_length}
+    if job.pruner.name != "none" and not job.sparsity.is_dense:
+        seqlens["calibration.seqlen"] = job.calibration.seqlen
+    if job.eval.ppl:
+        seqlens["eval.seqlen"] = job.eval.seqlen
+    check_shapes(arch, adapter=job.adapter, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
+    if get_method(job.adapter.name).trains:
+        check_data_source(job.data.source, job.data_dir)
+    if job.pruner.name != "none" and not job.sparsity.is_dense and job.pruner.needs_calibration:
+        check_calibration(job.calibration, job.data_dir)
+    if job.eval.ppl:
+        check_ppl_sources([job.eval.ppl_source, *job.eval.extra_ppl_sources], job.data_dir)
+    if resume:
+        check_resume(job, resume)
+    return arch
+
+
+def preflight_prune(job: Any) -> dict[str, Any]:
+    """Everything ``prune.py`` can check before loading a weight."""
+    arch = model_arch(job.model)
+    seqlens = {"calibration.seqlen": job.calibration.seqlen} if job.pruner.needs_calibration else {}
+    check_shapes(arch, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
+    if job.pruner.needs_calibration:
+        check_calibration(job.calibration, job.data_dir)
+    return arch
+
+
+def check_calibration(calibration: Any, data_dir: str | None) -> None:
+    """The calibration source's file exists (hub-free sources only)."""
+    try:
+        resolve_calibration_file(calibration, data_dir)
+    except FileNotFoundError as err:
+        raise UserError(f"calibration.source={calibration.source!r}: {str(err).split('; searched')[0]}",
+                        "pass data_dir=<dir holding it> or calibration.path=<file>", key="calibration.source") from err
+
+
+def check_ppl_sources(sources: list[str], data_dir: str | None) -> None:
+    """The perplexity data files exist."""
+    for source in sources:
+        try:
+            source_file(source, data_dir)
+        except FileNotFoundError as err:
+            raise UserError(f"eval.ppl_source={source!r}: {str(err).split('; searched')[0]}",
+                            "pass data_dir=<dir holding it> or eval=none", key="eval.ppl_source") from err
