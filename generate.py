@@ -23,6 +23,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from spp.atomic import write_json_atomic  # noqa: E402
+from spp.cli_help import register_help  # noqa: E402
 from spp.generation import (  # noqa: E402
     GenerateJobConfig,
     GenerationResult,
@@ -35,6 +36,7 @@ from spp.models import load_model  # noqa: E402
 from spp.models.loading import DTYPES  # noqa: E402
 
 register_configs()
+register_help()
 
 
 def run(job: GenerateJobConfig, output_file: Path | None) -> GenerationResult:
