@@ -16,20 +16,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if not os.isatty(2):  # stderr is a file or a pipe: no redrawn tqdm bars in it (tqdm reads TQDM_* at import)
     os.environ.setdefault("TQDM_DISABLE", "1")
 
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from lightning.pytorch import seed_everything  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
 
 from spp.cli_help import register_help  # noqa: E402
+from spp.errors import UserError, cli_errors, to_job  # noqa: E402
 from spp.eval.harness import zero_shot_mean  # noqa: E402
 from spp.eval.job_config import EvalJobConfig, register_configs  # noqa: E402
 from spp.eval.runner import preflight, run_eval_job  # noqa: E402
 from spp.eval.tables import markdown_report  # noqa: E402
 from spp.loggers import save_and_print_config  # noqa: E402
+from spp.preflight import remove_stale_temporaries  # noqa: E402
 from spp.quiet import quiet_lightning  # noqa: E402
 
 register_configs()
@@ -39,16 +40,18 @@ register_help()
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> float | None:
     """Run one evaluation; returns the 7-task mean accuracy, else the perplexity (the sweep objective)."""
-    try:
-        job: EvalJobConfig = OmegaConf.to_object(cfg)
-        preflight(job)
-    except (ValueError, FileNotFoundError) as err:
-        sys.exit(f"eval.py: error: {err}")
-    out_dir = Path(job.output_dir or HydraConfig.get().runtime.output_dir)
-    save_and_print_config(cfg, out_dir, show=job.print_config)
-    quiet_lightning()
-    seed_everything(job.seed, workers=True)
-    record = run_eval_job(job, out_dir)
+    with cli_errors("eval.py"):
+        job: EvalJobConfig = to_job(cfg, EvalJobConfig)
+        try:
+            preflight(job)
+        except (ValueError, FileNotFoundError) as err:
+            raise UserError.from_message(str(err)) from err
+        out_dir = Path(job.output_dir or HydraConfig.get().runtime.output_dir)
+        remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
+        save_and_print_config(cfg, out_dir, show=job.print_config)
+        quiet_lightning()
+        seed_everything(job.seed, workers=True)
+        record = run_eval_job(job, out_dir)
     print(markdown_report([record], title=f"Evaluation: {record.label}"))
     print(f"results: {out_dir / 'results.json'}  {out_dir / 'results.md'}")
     mean = zero_shot_mean(record.tasks)

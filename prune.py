@@ -12,9 +12,11 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from spp.cli_help import register_help
+from spp.errors import cli_errors, to_job
+from spp.preflight import preflight_prune, remove_stale_temporaries
 from spp.pruning.config import PruneJobConfig, register_prune_configs
 from spp.pruning.job import run
 
@@ -25,8 +27,12 @@ register_help()
 @hydra.main(version_base="1.3", config_path="conf", config_name="prune")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: convert the composed config once, then run the job."""
-    job: PruneJobConfig = OmegaConf.to_object(cfg)
-    run(job, Path(job.output_dir or HydraConfig.get().runtime.output_dir))
+    with cli_errors("prune.py"):
+        job: PruneJobConfig = to_job(cfg, PruneJobConfig)
+        preflight_prune(job)
+        out_dir = Path(job.output_dir or HydraConfig.get().runtime.output_dir)
+        remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
+        run(job, out_dir)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,12 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from spp.atomic import write_json_atomic  # noqa: E402
 from spp.cli_help import register_help  # noqa: E402
+from spp.errors import DivergedError, cli_errors  # noqa: E402
 from spp.eval.tables import final_metrics  # noqa: E402
 from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags, save_and_print_config  # noqa: E402
+from spp.paths import data_provenance, forget_data_reads  # noqa: E402
+from spp.preflight import preflight_train, remove_stale_temporaries  # noqa: E402
+from spp.training.callbacks.adapter_checkpoint import resolve_resume  # noqa: E402
 from spp.training.config import TrainJobConfig, load_job, register_configs  # noqa: E402
 from spp.training.phases import finalize, fit, prune  # noqa: E402
 from spp.training.report import build_summary, objective, print_results  # noqa: E402
@@ -51,8 +55,12 @@ def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dic
     """Run ``prune → fit → finalize`` and report; returns the summary on global rank 0 (``None`` elsewhere)."""
     start = time.perf_counter()
     run_dir = run_dir_of(job)
+    forget_data_reads()
+    preflight_train(job, resolve_resume(job.trainer.resume_from, run_dir / "checkpoints"))
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero_only.rank == 0:
+        remove_stale_temporaries(run_dir, [Path(job.cache_dir).expanduser() / "pruning",
+                                           Path(job.cache_dir).expanduser() / "ppl"])
         save_and_print_config(OmegaConf.structured(job), run_dir, show=job.print_config)
     wandb = job.logger.wandb
     ids = run_tags(job.model.name, job.pruner.name, job.sparsity.name, job.adapter.name, job.adapter.r, wandb)
@@ -66,20 +74,27 @@ def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dic
         timings = {**pruned.seconds, "train": fitted.seconds, **{f"export_{k}": v for k, v in final.seconds.items()},
                    "total": round(time.perf_counter() - start, 2)}
         summary = build_summary(job, run_dir, ids, pruned, fitted, final, timings)
+        summary.update(status=final.status, diverged=final.diverged, data_files=data_provenance())
         log_final_metrics(loggers, final_metrics(summary), step=fitted.steps)
     finally:
         finish_wandb()
     write_json_atomic(run_dir / "summary.json", summary)
     print_results(summary)
+    if final.diverged:
+        raise DivergedError(f"the run diverged: {'; '.join(final.diverged)} (summary.json status: diverged; merged "
+                            f"model not exported; adapter and checkpoints kept in {run_dir})",
+                            "lower trainer.lr, or raise guards.max_ppl_ratio / set guards.enabled=false to accept it",
+                            key="guards")
     return summary
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Run one job; returns ``objective`` (by default the last validation loss) for Hydra sweepers."""
-    job = load_job(cfg)
-    summary = run_job(job)
-    return objective(summary, job.objective) if summary else None
+    with cli_errors("train.py"):
+        job = load_job(cfg)
+        summary = run_job(job)
+        return objective(summary, job.objective) if summary else None
 
 
 if __name__ == "__main__":

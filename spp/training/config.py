@@ -15,10 +15,11 @@ from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from spp.adapters.config import AdapterConfig
 from spp.data.config import DataConfig
+from spp.errors import to_job
 from spp.eval.config import EvalConfig
 from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
@@ -215,6 +216,26 @@ class ExportConfig:
 
 
 @dataclass
+class GuardsConfig:
+    """Divergence guards (``guards.*``, ``docs/errors.md``): a run that went wrong is not reported as a success.
+
+    Attributes:
+        enabled: Check the run at all (the non-finite loss / gradient-norm stop is always on).
+        max_ppl_ratio: ``diverged`` when the merged perplexity exceeds the pruned model's by more than this factor.
+        loss_must_fall: ``diverged`` when the mean of the last training losses exceeds the mean of the first
+            (a tenth of the steps each, at least 1, at most 10).
+    """
+
+    enabled: bool = True
+    max_ppl_ratio: float = 2.0
+    loss_must_fall: bool = True
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.max_ppl_ratio) and self.max_ppl_ratio >= 1.0):
+            raise ValueError(f"guards.max_ppl_ratio={self.max_ppl_ratio} must be a finite number >= 1")
+
+
+@dataclass
 class TrainJobConfig:
     """The typed top-level config of ``train.py`` (``conf/train.yaml``).
 
@@ -243,6 +264,7 @@ class TrainJobConfig:
     logger: LoggersConfig = field(default_factory=LoggersConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    guards: GuardsConfig = field(default_factory=GuardsConfig)
     data_dir: str | None = None
     seed: int = 0
     cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
@@ -269,6 +291,6 @@ def load_job(cfg: DictConfig) -> TrainJobConfig:
     """The composed config as the typed job: converted once, every ``__post_init__`` check run.
 
     Raises:
-        ValueError: a value out of range (the message names the key and what it accepts).
+        UserError: an unknown key (also one added with ``+``) or a value out of range (naming the key and the fix).
     """
-    return OmegaConf.to_object(cfg)
+    return to_job(cfg, TrainJobConfig)
