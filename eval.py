@@ -27,6 +27,7 @@ from spp.cli_help import register_help  # noqa: E402
 from spp.errors import UserError, cli_errors, to_job  # noqa: E402
 from spp.eval.harness import zero_shot_mean  # noqa: E402
 from spp.eval.job_config import EvalJobConfig, register_configs  # noqa: E402
+from spp.eval.run_name import register_eval_resolvers  # noqa: E402
 from spp.eval.runner import preflight, run_eval_job  # noqa: E402
 from spp.eval.tables import markdown_report  # noqa: E402
 from spp.loggers import save_and_print_config  # noqa: E402
@@ -35,6 +36,7 @@ from spp.quiet import quiet_lightning  # noqa: E402
 
 register_configs()
 register_help()
+register_eval_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")

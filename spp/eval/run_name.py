@@ -1,0 +1,58 @@
+"""The name of an evaluation's output folder, from what is evaluated.
+
+A merged model exported by ``train.py`` carries ``spp_export.json`` beside its weights (adapter name and rank,
+dtype, and the pruning it was trained on: model, pruner, sparsity); ``eval.py model.path=<run>/merged`` is then
+written under ``outputs/eval/<model>/<pruner>-<sparsity>/<adapter>-r<r>/<time>`` instead of the defaults of the
+groups it did not set (``smollm2_135m/none-dense``). An adapter loaded with ``adapter_dir=`` names the folder the
+same way from its ``adapter_config.json``. ``conf/evaluate.yaml`` uses it as ``${spp_eval_name:...}`` in
+``hydra.run.dir``; :func:`register_eval_resolvers` registers that resolver.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def export_info(model_path: str | None) -> dict[str, Any] | None:
+    """``spp_export.json`` of a model directory written by ``train.py`` (``None`` for anything else)."""
+    if not model_path:
+        return None
+    return _read(Path(str(model_path)).expanduser() / "spp_export.json")
+
+
+def eval_run_name(model_path: str | None, model_name: str, pruner: str, sparsity: str,
+                  adapter_dir: str | None = None) -> str:
+    """``<model>/<pruner>-<sparsity>[/<adapter>-r<r>]`` for what ``eval.py`` evaluates."""
+    info = export_info(model_path)
+    if info is not None:
+        pruning = info.get("pruning") or {}
+        adapter = info.get("adapter") or {}
+        name = f"{pruning.get('model', model_name)}/{pruning.get('pruner', pruner)}-{pruning.get('sparsity', sparsity)}"
+        method = adapter.get("name")
+        if method and method != "none":
+            return f"{name}/{method}-r{adapter.get('r')}"
+        return f"{name}/{method or 'export'}"
+    name = f"{model_name}/{pruner}-{sparsity}"
+    if adapter_dir:
+        config = _read(Path(str(adapter_dir)).expanduser() / "adapter_config.json") or {}
+        method = config.get("format") or config.get("peft_type", "adapter")
+        rank = (config.get("layer_kwargs") or {}).get("r", config.get("r"))
+        return f"{name}/{str(method).lower()}" + (f"-r{rank}" if rank is not None else "")
+    return name
+
+
+def register_eval_resolvers() -> None:
+    """Register ``spp_eval_name`` (idempotent)."""
+    if not OmegaConf.has_resolver("spp_eval_name"):
+        OmegaConf.register_new_resolver("spp_eval_name", eval_run_name)
