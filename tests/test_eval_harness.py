@@ -10,10 +10,11 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from transformers import AutoModelForCausalLM
 
-from spp.eval.harness import TASK_DIR, ZERO_SHOT_TASKS, evaluate_tasks, zero_shot_mean
+from spp.eval.harness import TASK_DIR, ZERO_SHOT_TASKS, evaluate_tasks, zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.mmlu_tasks import CATEGORIES, MMLU_SUBJECTS
 
 
@@ -79,3 +80,18 @@ def test_command_line_equals_in_memory(tmp_path, tiny_model, tiny_tok, sample_da
         cli_lls = [float(r[0]) for s in cli_samples for r in s["filtered_resps"]]
         assert len(cli_lls) == len(mem_lls) >= 3 * 2
         assert cli_lls == pytest.approx(mem_lls, rel=1e-5, abs=1e-5)
+
+
+def test_zero_shot_mean_stderr_against_numpy():
+    """Issue 16: the 7-task mean's standard error = sqrt(sum se_i^2) / 7 (independent tasks)."""
+    rng = np.random.default_rng(0)
+    metrics = {}
+    for t in ZERO_SHOT_TASKS:
+        correct = rng.random(200) < rng.uniform(0.3, 0.7)
+        metrics[t] = {"acc": float(correct.mean()), "acc_stderr": float(correct.std(ddof=1) / np.sqrt(200))}
+    # independent: the standard deviation of the mean of 7 independent normals, by simulation
+    draws = rng.normal([metrics[t]["acc"] for t in ZERO_SHOT_TASKS],
+                       [metrics[t]["acc_stderr"] for t in ZERO_SHOT_TASKS], size=(200_000, 7)).mean(axis=1)
+    assert zero_shot_mean_stderr(metrics) == pytest.approx(float(draws.std()), rel=0.01)
+    del metrics["spp_rte"]["acc_stderr"]
+    assert zero_shot_mean_stderr(metrics) is None

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import csv
 import json
+import random
 
 import pytest
 
 from spp.eval.harness import TASK_DIR, ZERO_SHOT_TASKS, leaf_tasks, resolve_tasks, task_data_files, task_manager
 from spp.eval.mmlu_tasks import MMLU_SUBJECTS, MMLU_TASK_DIR, render_mmlu_yamls
 from spp.eval.tasks import local_data
+from spp.paths import SHARED_DATA_DIR
 
-# Documents in the samples shipped in data/ (data/README.md): first 200 (BoolQ, HellaSwag, WinoGrande, ARC),
-# all 277 RTE, all 500 OpenBookQA, first 10 test rows per MMLU subject.
+# Documents in the samples shipped in data/ (data/README.md): a seeded random 200 (BoolQ, HellaSwag, WinoGrande,
+# ARC), all 277 RTE, all 500 OpenBookQA, a seeded random 10 test rows per MMLU subject.
 SAMPLE_DOCS = {
     "spp_boolq": 200,
     "spp_rte": 277,
@@ -83,8 +85,8 @@ def test_boolq_labels_follow_the_local_strings(sample_data_dir):
 
 def test_hellaswag_text_form_and_capitalisation(sample_data_dir):
     docs = local_data.hellaswag(data_dir=str(sample_data_dir))["validation"]
-    assert docs[0]["query"] == "Roof shingle removal: A man is sitting on a roof. He"
-    assert docs[0]["label"] == 3 and len(docs[0]["choices"]) == 4
+    assert docs[0]["query"] == "High jump: A boy is running down a track. The boy"  # task 3 of the full file
+    assert docs[0]["label"] == 2 and len(docs[0]["choices"]) == 4
     assert all("[" not in e for d in docs for e in [d["query"], *d["choices"]])
     assert local_data.capitalize_last_fragment("Label: Done. the man") == "Label: Done. The man"
     assert local_data.hellaswag_preprocess("How to x [title] Do y. [step] Now") == "How to x. Do y. Now"
@@ -137,3 +139,31 @@ def test_missing_data_file_is_named(tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"eval task spp_boolq: data file 'boolq/val.jsonl' not found"):
         task_data_files(["spp_boolq"], tmp_path / "empty")
+
+
+def test_doc_seed_gives_a_seeded_random_order_that_limit_takes_a_prefix_of(sample_data_dir):
+    """Issue 16: eval.limit takes a seeded random sample (same seed -> same documents), MMLU dev never moves."""
+    plain = local_data.boolq(data_dir=str(sample_data_dir))["validation"]["idx"]
+    a = local_data.boolq(data_dir=str(sample_data_dir), doc_seed=0)["validation"]["idx"]
+    b = local_data.boolq(data_dir=str(sample_data_dir), doc_seed=0)["validation"]["idx"]
+    c = local_data.boolq(data_dir=str(sample_data_dir), doc_seed=1)["validation"]["idx"]
+    assert plain == list(range(200)) and sorted(a) == plain and a == b and a != c and a[:20] != plain[:20]
+    expected = list(range(200))
+    random.Random(0).shuffle(expected)
+    assert a == expected
+    m0 = local_data.mmlu(subject="anatomy", data_dir=str(sample_data_dir))
+    m1 = local_data.mmlu(subject="anatomy", data_dir=str(sample_data_dir), doc_seed=3)
+    assert m0["dev"]["question"] == m1["dev"]["question"]
+    assert sorted(m0["test"]["question"]) == sorted(m1["test"]["question"]) != m1["test"]["question"]
+
+
+def test_shipped_samples_are_seeded_random_records_of_the_full_files(sample_data_dir):
+    """data/make_samples.py: 200 whole records of the full copy, byte-identical, in file order, not its first 200."""
+    if not (SHARED_DATA_DIR / "boolq/val.jsonl").is_file():
+        pytest.skip("no full-size data directory")
+    for rel in ("boolq/val.jsonl", "winogrande/winogrande.jsonl", "arc/ARC-Easy-Test.jsonl"):
+        full = (SHARED_DATA_DIR / rel).read_bytes().split(b"\n")
+        shipped = (sample_data_dir / rel).read_bytes().split(b"\n")[:-1]
+        pos = {line: i for i, line in enumerate(full)}
+        idx = [pos[line] for line in shipped]
+        assert len(idx) == 200 and idx == sorted(idx) and idx != list(range(200))

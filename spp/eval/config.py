@@ -29,8 +29,10 @@ class EvalConfig:
         batch_size: Perplexity windows per forward pass.
         tasks: lm-eval tasks or groups: ``spp_zeroshot`` (the paper's 7 tasks), ``spp_mmlu`` (5-shot),
             single tasks (``spp_boolq`` or the short ``boolq``); empty = none.
-        limit: First ``limit`` documents of every task (quick runs); null = all.
-        mmlu_limit: First ``mmlu_limit`` documents of every MMLU subject; null = ``limit``.
+        limit: ``limit`` documents of every task (quick runs): a seeded random sample (``doc_seed``); null = all.
+        mmlu_limit: ``mmlu_limit`` documents of every MMLU subject, sampled the same way; null = ``limit``.
+        doc_seed: Seed of the random document sample that ``limit``/``mmlu_limit`` take from every local task
+            (issue 16); null = the first ``limit`` documents of each file (the old protocol).
         lm_eval_batch_size: lm-eval batch size.
         online: Use lm-eval's standard hub tasks instead of the local copies.
         device: Where to evaluate; null = where the model is (``eval.py``: cuda when available).
@@ -47,6 +49,7 @@ class EvalConfig:
     tasks: list[str] = field(default_factory=list)
     limit: int | None = None
     mmlu_limit: int | None = None
+    doc_seed: int | None = 0
     lm_eval_batch_size: int = 1
     online: bool = False
     device: str | None = None

@@ -8,6 +8,7 @@ lm-eval's standard tasks (``spp_boolq`` -> ``boolq``, ``spp_mmlu`` -> ``mmlu``, 
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -82,8 +83,10 @@ class HarnessResult:
         return {
             "metrics": self.metrics,
             "zero_shot_mean_acc": self.zero_shot_mean,
+            "zero_shot_mean_stderr": zero_shot_mean_stderr(self.metrics),
             "mmlu_acc": self.mmlu_acc,
             "limit": self.limit,
+            "doc_seed": self.raw.get("doc_seed"),
             "num_fewshot": self.num_fewshot,
             "versions": self.raw.get("versions", {}),
         }
@@ -163,15 +166,19 @@ class _QuietCustomDatasetNotice(logging.Filter):
         return "Custom kwargs can be passed" not in record.getMessage()
 
 
-def task_manager(data_dir: str | os.PathLike[str] | None = None, online: bool = False) -> Any:
-    """An lm-eval ``TaskManager``: offline with only the repo's tasks and ``data_dir`` in the task metadata."""
+def task_manager(data_dir: str | os.PathLike[str] | None = None, online: bool = False,
+                 doc_seed: int | None = None) -> Any:
+    """An lm-eval ``TaskManager``: offline with only the repo's tasks, ``data_dir`` and ``doc_seed`` (seeded
+    random document order, see :mod:`spp.eval.tasks.local_data`) in the task metadata."""
     from lm_eval.tasks import TaskManager
 
     if online:
         return TaskManager()
     logging.getLogger("lm_eval.api.task").addFilter(_QuietCustomDatasetNotice())
-    meta = {"data_dir": str(Path(data_dir).expanduser().resolve())} if data_dir else None
-    return TaskManager(include_path=str(TASK_DIR), include_defaults=False, metadata=meta)
+    meta: dict[str, Any] = {"data_dir": str(Path(data_dir).expanduser().resolve())} if data_dir else {}
+    if doc_seed is not None:
+        meta["doc_seed"] = int(doc_seed)
+    return TaskManager(include_path=str(TASK_DIR), include_defaults=False, metadata=meta or None)
 
 
 def _metric(entry: dict[str, Any], name: str) -> float | None:
@@ -201,6 +208,15 @@ def zero_shot_mean(metrics: dict[str, dict[str, float]], metric: str = "acc") ->
     return sum(values) / len(values) if len(values) == len(ZERO_SHOT_TASKS) else None
 
 
+def zero_shot_mean_stderr(metrics: dict[str, dict[str, float]], metric: str = "acc") -> float | None:
+    """Standard error of the 7-task mean: ``sqrt(sum_i se_i^2) / 7`` from lm-eval's per-task ``<metric>_stderr``
+    (tasks on disjoint documents, so independent); ``None`` unless all seven have one."""
+    ses = [metrics[t].get(f"{metric}_stderr") for t in ZERO_SHOT_TASKS if t in metrics]
+    if len(ses) != len(ZERO_SHOT_TASKS) or any(se is None for se in ses):
+        return None
+    return math.sqrt(sum(se * se for se in ses)) / len(ses)
+
+
 def evaluate_tasks(
     model: torch.nn.Module | str,
     tokenizer: Any = None,
@@ -213,6 +229,7 @@ def evaluate_tasks(
     num_fewshot: int | None = None,
     seed: int | None = None,
     log_samples: bool = False,
+    doc_seed: int | None = None,
 ) -> HarnessResult:
     """Evaluate with lm-eval's ``HFLM`` + ``simple_evaluate`` (0-shot tasks; MMLU 5-shot from its YAML).
 
@@ -220,7 +237,8 @@ def evaluate_tasks(
         model: An in-memory causal LM (pruned, SPP-wrapped or merged) or a saved model directory.
         tokenizer: Its tokenizer (required for an in-memory model).
         tasks: Task or group names (``spp_zeroshot``, ``spp_mmlu``, ``boolq`` ...); see :func:`resolve_tasks`.
-        limit: Documents per task (the first ``limit``); ``None`` = all.
+        limit: Documents per task: the first ``limit`` of the file, or with ``doc_seed`` a seeded random sample
+            of ``limit``; ``None`` = all.
         batch_size: lm-eval batch size (int or ``"auto"``).
         data_dir: Data root for the local task copies (config key ``data_dir``).
         device: Device for a directory model (``cpu``, ``cuda``); an in-memory model stays where it is.
@@ -229,6 +247,8 @@ def evaluate_tasks(
         seed: Set lm-eval's random / numpy / torch / few-shot seeds to this; ``None`` keeps lm-eval's defaults
             (0, 1234, 1234, 1234), as its command line does.
         log_samples: Keep lm-eval's per-document records (``raw["samples"]``: prompts, log-likelihoods).
+        doc_seed: Seed of the random document order of the local tasks (``limit`` then takes a seeded random
+            sample); ``None`` = file order. Ignored (with a warning) for ``online`` hub tasks.
 
     Raises:
         ValueError: an unknown task or a missing tokenizer; FileNotFoundError: a missing data file.
@@ -245,6 +265,8 @@ def evaluate_tasks(
             run_names += [ONLINE_NAMES[t] for t in ZERO_SHOT_TASKS]
         else:
             run_names.append(ONLINE_NAMES[name] if online else name)
+    if online and doc_seed is not None and limit is not None:
+        log.warning("eval.doc_seed is ignored for online hub tasks: eval.limit takes their first documents")
     if isinstance(model, (str, Path)):
         lm = HFLM(pretrained=str(model), tokenizer=tokenizer, batch_size=batch_size, device=device or "cpu")
     else:
@@ -261,7 +283,7 @@ def evaluate_tasks(
             num_fewshot=num_fewshot,
             limit=limit,
             log_samples=log_samples,
-            task_manager=task_manager(data_dir, online),
+            task_manager=task_manager(data_dir, online, doc_seed),
             **seeds,
         )
     finally:
@@ -272,6 +294,7 @@ def evaluate_tasks(
     raw = {k: out[k] for k in ("results", "groups", "n-samples", "n-shot", "versions", "samples") if k in out}
     shots = {k: int(v) for k, v in out.get("n-shot", {}).items()}
     log.info("lm-eval finished: %s", ", ".join(run_names))
+    raw["doc_seed"] = doc_seed
     return HarnessResult(metrics=summarize(out, online), limit=limit, num_fewshot=shots, raw=raw)
 
 
@@ -292,7 +315,8 @@ def run_eval_tasks(
     Args:
         model: The causal LM (pruned, SPP-wrapped or merged).
         tokenizer: Its tokenizer.
-        eval_cfg: The ``eval`` group (``tasks``, ``limit``, ``mmlu_limit``, ``lm_eval_batch_size``, ``online``).
+        eval_cfg: The ``eval`` group (``tasks``, ``limit``, ``mmlu_limit``, ``doc_seed``, ``lm_eval_batch_size``,
+            ``online``); a limited run evaluates a seeded random sample of ``limit`` documents (``doc_seed``).
         data_dir: Data root override.
         seed: lm-eval seeds (``None`` = lm-eval's defaults).
     """
@@ -310,12 +334,15 @@ def run_eval_tasks(
         if not tasks:
             continue
         res = evaluate_tasks(model, tokenizer, tasks=tasks, limit=limit, batch_size=int(eval_cfg.lm_eval_batch_size),
-                             data_dir=data_dir, online=bool(eval_cfg.online), seed=seed)
+                             data_dir=data_dir, online=bool(eval_cfg.online), seed=seed,
+                             doc_seed=getattr(eval_cfg, "doc_seed", None) if limit is not None else None)
         if merged is None:
             merged = res
             continue
         merged.metrics.update(res.metrics)
         merged.num_fewshot.update(res.num_fewshot)
+        if merged.raw.get("doc_seed") is None:
+            merged.raw["doc_seed"] = res.raw.get("doc_seed")
         for key in ("results", "versions", "n-shot", "n-samples", "groups"):
             merged.raw.setdefault(key, {}).update(res.raw.get(key, {}))
     if merged is None:

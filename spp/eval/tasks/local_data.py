@@ -10,6 +10,12 @@ Differences from the hub versions that the local copies force (documented in ``s
 HellaSwag comes as klosax's pre-processed text (``ctx_a``/``ctx_b`` already joined), WinoGrande as
 llm-foundry's partial-scoring form, OpenBookQA from the official ``test.tsv``, ARC from the original
 AI2 jsonl (numeric answer keys kept, resolved by label index exactly as lm-eval does).
+
+Document sample (issue 16): when the metadata holds ``doc_seed`` (the harness passes ``eval.doc_seed`` whenever
+``eval.limit``/``eval.mmlu_limit`` is set), every evaluated split is returned in a seeded random order
+(``random.Random(doc_seed).shuffle``), so lm-eval's ``limit`` = the first ``limit`` documents of that order = a
+seeded random sample of the file instead of its first documents. MMLU's ``dev`` split (the 5-shot examples)
+is never reordered.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -51,8 +58,17 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def _split(name: str, rows: list[dict[str, Any]]) -> datasets.DatasetDict:
-    return datasets.DatasetDict({name: datasets.Dataset.from_list(rows)})
+def sample_order(rows: list[Any], doc_seed: int | None) -> list[Any]:
+    """``rows`` in the seeded random order that ``eval.limit`` takes a prefix of (unchanged for ``None``)."""
+    if doc_seed is None:
+        return rows
+    out = list(rows)
+    random.Random(int(doc_seed)).shuffle(out)
+    return out
+
+
+def _split(name: str, rows: list[dict[str, Any]], kwargs: dict[str, Any]) -> datasets.DatasetDict:
+    return datasets.DatasetDict({name: datasets.Dataset.from_list(sample_order(rows, kwargs.get("doc_seed")))})
 
 
 BOOL_LABELS: dict[Any, int] = {False: 0, True: 1, "false": 0, "true": 1}  # 0 == False and 1 == True as keys
@@ -68,7 +84,7 @@ def boolq(**kwargs: Any) -> datasets.DatasetDict:
         if key not in BOOL_LABELS:
             raise ValueError(f"BoolQ row {i}: label {r['label']!r} is not true/false")
         rows.append({"question": r["question"], "passage": r["passage"], "label": BOOL_LABELS[key], "idx": i})
-    return _split("validation", rows)
+    return _split("validation", rows, kwargs)
 
 
 def rte(**kwargs: Any) -> datasets.DatasetDict:
@@ -88,7 +104,7 @@ def rte(**kwargs: Any) -> datasets.DatasetDict:
                 "idx": r.get("idx", i),
             }
         )
-    return _split("validation", rows)
+    return _split("validation", rows, kwargs)
 
 
 def hellaswag_preprocess(text: str) -> str:
@@ -130,7 +146,7 @@ def hellaswag(**kwargs: Any) -> datasets.DatasetDict:
                 "label": gold,
             }
         )
-    return _split("validation", rows)
+    return _split("validation", rows, kwargs)
 
 
 def winogrande(**kwargs: Any) -> datasets.DatasetDict:
@@ -147,7 +163,7 @@ def winogrande(**kwargs: Any) -> datasets.DatasetDict:
         }
         for r in _jsonl(_path("winogrande", kwargs))
     ]
-    return _split("validation", rows)
+    return _split("validation", rows, kwargs)
 
 
 def _arc(key: str, kwargs: dict[str, Any]) -> datasets.DatasetDict:
@@ -162,7 +178,7 @@ def _arc(key: str, kwargs: dict[str, Any]) -> datasets.DatasetDict:
                 "answerKey": r["answerKey"],
             }
         )
-    return _split("test", rows)
+    return _split("test", rows, kwargs)
 
 
 def arc_easy(**kwargs: Any) -> datasets.DatasetDict:
@@ -205,7 +221,7 @@ def openbookqa(**kwargs: Any) -> datasets.DatasetDict:
                     "answerKey": r["Answer Key"].strip(),
                 }
             )
-    return _split("test", rows)
+    return _split("test", rows, kwargs)
 
 
 def _mmlu_rows(path: Path, subject: str) -> list[dict[str, Any]]:
@@ -229,7 +245,9 @@ def mmlu(subject: str = "", **kwargs: Any) -> datasets.DatasetDict:
         raise ValueError("MMLU task needs dataset_kwargs.subject (e.g. 'anatomy')")
     return datasets.DatasetDict(
         {
-            "test": datasets.Dataset.from_list(_mmlu_rows(_path("mmlu_test", kwargs, subject=subject), subject)),
+            "test": datasets.Dataset.from_list(
+                sample_order(_mmlu_rows(_path("mmlu_test", kwargs, subject=subject), subject), kwargs.get("doc_seed"))
+            ),
             "dev": datasets.Dataset.from_list(_mmlu_rows(_path("mmlu_dev", kwargs, subject=subject), subject)),
         }
     )
