@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spp.atomic import write_json_atomic
+from spp.eval.perplexity import gap_closed
 from spp.training.config import Objective, TrainJobConfig
 from spp.training.phases import FinalizeResult, FitResult, PrunedModel
 
@@ -42,6 +43,18 @@ def _loss_summary(train: list[float], val: list[float], steps: int) -> dict[str,
     }
 
 
+def _gap_closed(dense: dict[str, Any] | None, pruned: dict[str, Any] | None,
+                merged: dict[str, Any] | None) -> dict[str, float] | None:
+    """Fraction of the log-perplexity gap the adapter closes, with its paired 95 % bootstrap interval over
+    windows (:func:`spp.eval.perplexity.gap_closed`); ``None`` without all three on the same windows."""
+    if not (dense and pruned and merged):
+        return None
+    try:
+        return gap_closed(dense, pruned, merged)
+    except ValueError:
+        return None
+
+
 def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pruned: PrunedModel,
                   fitted: FitResult, final: FinalizeResult, timings: dict[str, float]) -> dict[str, Any]:
     """Everything a table or plot needs from this job (written to ``summary.json``)."""
@@ -52,6 +65,7 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
                 "model": job.model.name, "pruner": job.pruner.name, "sparsity": job.sparsity.name,
                 "adapter": job.adapter.name, "r": job.adapter.r},
         "perplexity": {"dense": pruned.ppl.get("dense"), "pruned": pruned.ppl.get("pruned"), "merged": final.ppl},
+        "gap_closed": _gap_closed(pruned.ppl.get("dense"), pruned.ppl.get("pruned"), final.ppl),
         "zero_shot": final.zero_shot,
         "sparsity": {
             "target": job.sparsity.target_ratio,
