@@ -262,6 +262,8 @@ def gap_closed(dense: dict[str, Any] | PerplexityResult, pruned: dict[str, Any] 
         ValueError: the results are not on the same windows, or lack per-window NLL.
     """
     x = _paired(dense, pruned, merged)
+    if not x[1].mean() > x[0].mean():
+        raise ValueError("gap closed needs a pruned model worse than the dense one (no log-perplexity gap)")
     idx = np.random.default_rng(seed).integers(0, x.shape[1], size=(resamples, x.shape[1]))
     m = x[:, idx].mean(axis=2)  # (3, resamples)
     with np.errstate(divide="ignore", invalid="ignore"):
