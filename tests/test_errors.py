@@ -1,0 +1,411 @@
+"""Issue 13: every bad input answered in one line before any weight is loaded; runs that go wrong stop and export
+nothing as if fine; what worked keeps working (docs/errors.md).
+
+The command-line cases call each command's ``main`` in process (Hydra parses the patched ``sys.argv``), with every
+weight loader replaced by one that fails the test: a preflight case that reached a weight would show a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from train_helpers import tiny_job
+
+from spp.errors import DivergedError, UserError, as_user_error
+from spp.eval.config import EvalConfig
+from spp.eval.ppl_cache import cached_perplexity
+from spp.models.config import ModelConfig
+from spp.models.tiny import tiny_llama
+from spp.paths import CONF_DIR, SAMPLE_DATA_DIR, data_provenance, find_data, forget_data_reads
+from spp.preflight import check_data_source, remove_stale_temporaries, settings_of
+from spp.pruning import cache as cache_mod
+from spp.pruning.cache import get_or_prune, store
+from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.training import phases
+from spp.training.callbacks.guards import GuardsCallback
+from spp.training.phases import divergence
+from train import run_job
+
+FAST = 20.0
+"""Seconds a preflight error may take in process (no model load, no pruning; generous for a loaded machine)."""
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Fail the test if any command loads a model's weights."""
+
+    def refuse(*_a, **_k):
+        raise AssertionError("model weights were loaded before the error")
+
+    for target in ("spp.training.phases.load_model", "spp.pruning.job.load_model", "spp.eval.runner.load_model",
+                   "spp.models.loading.AutoModelForCausalLM.from_pretrained", "spp.models.loading.tiny_llama"):
+        module, _, name = target.rpartition(".")
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError:
+            obj_module, _, obj = module.rpartition(".")
+            mod = getattr(importlib.import_module(obj_module), obj)
+        if hasattr(mod, name):
+            monkeypatch.setattr(mod, name, refuse)
+
+
+def cli(cmd: str, args: list[str], tmp_path: Path, monkeypatch, capsys) -> tuple[int, str, float]:
+    """Run ``<cmd>.py args`` in process; returns (exit code, stderr, seconds)."""
+    module = importlib.import_module(cmd)
+    common = [f"hydra.run.dir={tmp_path / 'hydra'}", "hydra.output_subdir=null"]
+    if cmd == "train":
+        common += [f"run_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}", "print_config=false"]
+    elif cmd in ("prune", "eval"):
+        common += [f"output_dir={tmp_path / 'out'}", f"cache_dir={tmp_path / 'cache'}"]
+    monkeypatch.setattr(sys, "argv", [f"{cmd}.py", f"--config-path={CONF_DIR}", *args, *common])
+    capsys.readouterr()
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exc:
+        module.main()
+    return exc.value.code, capsys.readouterr().err, time.perf_counter() - start
+
+
+def one_line(err: str, cmd: str, *names: str) -> str:
+    """The single ``<cmd>: error: <what> — <fix>`` line of ``err``, naming every one of ``names``."""
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith(f"{cmd}.py: error: ") and " — " in line, line
+    assert "Traceback" not in err
+    for name in names:
+        assert name in line, (name, line)
+    return line
+
+
+def assert_nothing_complete(tmp_path: Path) -> None:
+    """No file a later run could take for a complete result: no summary, merged model, adapter or cache entry."""
+    for pattern in ("**/summary.json", "**/merged", "**/adapter", "**/manifest.json", "**/results.json"):
+        assert not list(tmp_path.glob(pattern)), pattern
+
+
+TINY = ["model=tiny", "debug=fast", f"data_dir={SAMPLE_DATA_DIR}"]
+
+
+# ------------------------------------------------------------------ config values: one line instead of a traceback
+@pytest.mark.parametrize("args, key", [
+    (["adapter.r=0"], "adapter.r"),
+    (["sparsity=unstructured50", "sparsity.ratio=1.5"], "sparsity.ratio"),
+    (["calibration.nsamples=0"], "calibration.nsamples"),
+    (["data.max_length=0"], "data.max_length"),
+    (["adapter.scale=nan"], "adapter.scale"),
+    (["adapter.scale=-1"], "adapter.scale"),
+    (["trainer.lr=nan"], "trainer.lr"),
+    (["guards.max_ppl_ratio=0.5"], "guards.max_ppl_ratio"),
+])
+def test_config_value_errors_are_one_line(args, key, tmp_path, monkeypatch, capsys, no_weights):
+    code, err, seconds = cli("train", [*TINY, *args], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", key)
+    assert seconds < FAST
+    assert_nothing_complete(tmp_path)
+
+
+def test_prune_py_config_error_is_one_line(tmp_path, monkeypatch, capsys, no_weights):
+    code, err, _ = cli("prune", ["model=tiny", "calibration.nsamples=0"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "prune", "calibration.nsamples")
+
+
+# ------------------------------------------------------------------ unknown keys, also with +
+def test_unknown_key_added_with_plus_is_rejected(tmp_path, monkeypatch, capsys, no_weights):
+    code, err, _ = cli("train", [*TINY, "+adapter.rr=16"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    line = one_line(err, "train", "adapter.rr")
+    assert "adapter.r=" in line  # the suggestion
+
+
+def test_unknown_key_without_plus_keeps_hydras_message(tmp_path, monkeypatch, capsys, no_weights):
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    code, err, _ = cli("train", [*TINY, "adapter.rr=16"], tmp_path, monkeypatch, capsys)
+    assert code == 1  # Hydra's own composition error
+    assert "adapter.rr" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("cmd", ["prune", "eval"])
+def test_plus_unknown_key_in_prune_and_eval(cmd, tmp_path, monkeypatch, capsys, no_weights):
+    code, err, _ = cli(cmd, ["model=tiny", "+calibration.nsampels=3"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, cmd, "calibration.nsampels")
+
+
+# ------------------------------------------------------------------ model files
+def test_missing_model_path(tmp_path, monkeypatch, capsys, no_weights):
+    code, err, _ = cli("train", ["model.path=/nonexistent"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", "model.path", "/nonexistent")
+
+
+def test_text_file_named_gguf(tmp_path, monkeypatch, capsys, no_weights):
+    fake = tmp_path / "model.gguf"
+    fake.write_text("not a model\n")
+    code, err, seconds = cli("train", [f"model.path={fake}"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", "model.path", str(fake), "GGUF")
+    assert seconds < FAST
+
+
+def test_truncated_safetensors_names_file_and_key(tmp_path, monkeypatch, capsys):
+    model_dir = tmp_path / "tiny_model"
+    tiny_llama(seed=0).save_pretrained(model_dir)
+    weights = model_dir / "model.safetensors"
+    with weights.open("r+b") as fh:
+        fh.truncate(weights.stat().st_size // 2)
+    code, err, _ = cli("train", [f"model.path={model_dir}", "model.name=tiny_saved", "debug=fast"], tmp_path,
+                       monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", "model.path", str(weights), "truncated")
+    assert_nothing_complete(tmp_path / "run")
+
+
+# ------------------------------------------------------------------ shape rules before any weight (default model)
+@pytest.mark.parametrize("args, key", [
+    (["adapter.r=7"], "adapter.r"),
+    (["sparsity=nm2_4", "sparsity.n=2", "sparsity.m=7"], "sparsity.m"),
+    (["calibration.seqlen=9000"], "calibration.seqlen"),
+    (["eval.seqlen=9000"], "eval.seqlen"),
+])
+def test_shape_rules_on_the_default_model_before_loading(args, key, tmp_path, monkeypatch, capsys, no_weights):
+    code, err, seconds = cli("train", args, tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", key)
+    assert seconds < FAST
+    assert_nothing_complete(tmp_path)
+
+
+def test_prune_py_nm_rule_before_loading(tmp_path, monkeypatch, capsys, no_weights):
+    code, err, _ = cli("prune", ["sparsity.n=2", "sparsity.m=7"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "prune", "sparsity.m", "576")
+
+
+# ------------------------------------------------------------------ data
+def test_bad_alpaca_file_before_loading(tmp_path, monkeypatch, capsys, no_weights):
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"instruction": "x", "output": "y"},\n  {oops}\n')
+    code, err, _ = cli("train", [*TINY, f"data.source={bad}"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", "data.source", str(bad))
+
+
+def test_alpaca_file_without_valid_records(tmp_path, monkeypatch, capsys, no_weights):
+    bad = tmp_path / "empty.json"
+    bad.write_text(json.dumps([{"instruction": 3}, {"output": None}]))
+    code, err, _ = cli("train", [*TINY, f"data.source={bad}"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", "data.source", "no valid")
+
+
+def test_empty_data_dir_is_an_error_not_the_samples(tmp_path, monkeypatch, capsys, no_weights):
+    empty = tmp_path / "empty_data"
+    empty.mkdir()
+    code, err, _ = cli("eval", ["model=tiny", "eval.seqlen=64", f"data_dir={empty}"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "eval", "data_dir")
+    code, err, _ = cli("train", ["model=tiny", "debug=fast", f"data_dir={empty}"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", "data_dir")
+    with pytest.raises(FileNotFoundError):
+        find_data("boolq/val.jsonl", empty)
+
+
+def test_provenance_marks_truncated_samples():
+    forget_data_reads()
+    find_data("boolq/val.jsonl", SAMPLE_DATA_DIR)
+    find_data("rte/val.jsonl", SAMPLE_DATA_DIR)
+    rows = {Path(r["path"]).relative_to(SAMPLE_DATA_DIR).as_posix(): r for r in data_provenance(reset=True)}
+    assert rows["boolq/val.jsonl"]["truncated_sample"] and rows["boolq/val.jsonl"]["shipped_sample"]
+    assert not rows["rte/val.jsonl"]["truncated_sample"]
+    assert len(rows["rte/val.jsonl"]["sha256"]) == 64
+
+
+def test_eval_results_record_data_files(tmp_path, monkeypatch, capsys):
+    module = importlib.import_module("eval")
+    monkeypatch.setattr(sys, "argv", ["eval.py", f"--config-path={CONF_DIR}", "model=tiny", "eval.seqlen=64",
+                                      "eval.max_windows=2", f"data_dir={SAMPLE_DATA_DIR}",
+                                      f"output_dir={tmp_path / 'out'}",
+                                      f"hydra.run.dir={tmp_path / 'hydra'}", "hydra.output_subdir=null",
+                                      "print_config=false", "logger=csv"])
+    module.main()
+    payload = json.loads((tmp_path / "out" / "results.json").read_text())
+    files = {Path(f["path"]).name: f for f in payload["meta"]["data_files"]}
+    assert "test.json" in files and files["test.json"]["truncated_sample"] is False
+    assert "Data files read" in (tmp_path / "out" / "results.md").read_text()
+
+
+# ------------------------------------------------------------------ resume
+def test_resume_with_other_adapter_r_names_the_key(tmp_path, monkeypatch, capsys, no_weights):
+    job = tiny_job(tmp_path, "adapter.r=16")
+    ckpt = tmp_path / "old.ckpt"
+    torch.save({"state_dict": {}, "spp_settings": settings_of(job)}, ckpt)
+    code, err, _ = cli("train", [*TINY, "adapter.r=8", f"trainer.resume_from={ckpt}"], tmp_path, monkeypatch,
+                       capsys)
+    assert code == 2
+    one_line(err, "train", "adapter.r=8", "16", "trainer.resume_from")
+
+
+def test_missing_resume_checkpoint(tmp_path, monkeypatch, capsys, no_weights):
+    code, err, _ = cli("train", [*TINY, f"trainer.resume_from={tmp_path / 'nope.ckpt'}"], tmp_path, monkeypatch,
+                       capsys)
+    assert code == 2
+    one_line(err, "train", "trainer.resume_from")
+
+
+def test_checkpoints_carry_their_settings(tmp_path):
+    settings = settings_of(tiny_job(tmp_path))
+    checkpoint: dict = {}
+    GuardsCallback(settings).on_save_checkpoint(None, None, checkpoint)
+    assert checkpoint["spp_settings"]["adapter"]["r"] == settings["adapter"]["r"]
+
+
+# ------------------------------------------------------------------ guards during the run
+def _trainer(step: int = 3, lr: float = 1e3) -> SimpleNamespace:
+    param = torch.nn.Parameter(torch.zeros(2))
+    return SimpleNamespace(global_step=step, world_size=1, precision="32-true",
+                           optimizers=[torch.optim.SGD([param], lr=lr)])
+
+
+def test_nonfinite_loss_stops_naming_step_and_lr():
+    with pytest.raises(DivergedError) as exc:
+        GuardsCallback().on_train_batch_end(_trainer(), None, {"loss": torch.tensor(float("nan"))}, None, 0)
+    assert "step 3" in str(exc.value) and "1000" in str(exc.value) and "trainer.lr" in str(exc.value)
+
+
+def test_nonfinite_gradient_norm_stops():
+    module = torch.nn.Linear(2, 2)
+    module.weight.grad = torch.full_like(module.weight, float("inf"))
+    with pytest.raises(DivergedError, match="gradient norm is inf at step 3"):
+        GuardsCallback().on_before_optimizer_step(_trainer(), module, None)
+    module.weight.grad = torch.ones_like(module.weight)
+    GuardsCallback().on_before_optimizer_step(_trainer(), module, None)  # finite: no stop
+
+
+def test_divergence_rules():
+    job = SimpleNamespace(guards=SimpleNamespace(enabled=True, max_ppl_ratio=2.0, loss_must_fall=True),
+                          adapter=SimpleNamespace(name="spp"))
+    pruned = SimpleNamespace(ppl={"pruned": {"ppl": 228.0}})
+    falling = SimpleNamespace(train_losses=[4.35, 4.0, 3.9, 3.8])
+    assert divergence(job, pruned, falling, SimpleNamespace(ppl={"ppl": 300.0})) == []
+    assert "max_ppl_ratio" in divergence(job, pruned, falling, SimpleNamespace(ppl={"ppl": 49152.0}))[0]
+    assert "nan" in divergence(job, pruned, falling, SimpleNamespace(ppl={"ppl": float("nan")}))[0]
+    rising = SimpleNamespace(train_losses=[4.35, 6.0, 9.0, 10.8])
+    assert "exceeds the first" in divergence(job, pruned, rising, SimpleNamespace(ppl={"ppl": 300.0}))[0]
+    job.guards.enabled = False
+    assert divergence(job, pruned, rising, SimpleNamespace(ppl={"ppl": 49152.0})) == []
+
+
+def test_diverged_run_is_not_exported_as_success(tmp_path, monkeypatch):
+    """The merged model scores far worse than the pruned one (here: its measured perplexity x 1000): summary.json
+    says diverged, the run raises (train.py: one line, exit 2), adapter and checkpoints stay, no merged model."""
+    measure = phases._evaluate
+
+    def worse(job, merged, tokenizer, result):
+        measure(job, merged, tokenizer, result)
+        result.ppl = {**result.ppl, "ppl": result.ppl["ppl"] * 1000}
+
+    monkeypatch.setattr(phases, "_evaluate", worse)
+    job = tiny_job(tmp_path)
+    with pytest.raises(DivergedError, match="max_ppl_ratio"):
+        run_job(job)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["diverged"]
+    assert not (tmp_path / "run" / "merged").exists() and not list((tmp_path / "run").glob(".merged.*"))
+    assert (tmp_path / "run" / "adapter").is_dir() and list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
+    assert summary["data_files"]
+
+
+# ------------------------------------------------------------------ non-finite numbers are never cached
+def test_nan_calibration_activations_are_refused_and_not_cached(tmp_path, tiny_tok):
+    model = tiny_llama(seed=0)
+    with torch.no_grad():
+        model.model.layers[0].input_layernorm.weight[0] = float("nan")
+    with pytest.raises(UserError, match="not finite"):
+        get_or_prune(model, tiny_tok, ModelConfig(name="tiny", path="tiny"), PrunerConfig(name="wanda"),
+                     SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
+                     CalibrationConfig(nsamples=2, seqlen=32), tmp_path / "cache", str(SAMPLE_DATA_DIR))
+    assert not list((tmp_path / "cache").rglob("manifest.json"))
+
+
+def test_nan_perplexity_is_not_cached(tmp_path, tiny_tok):
+    model = tiny_llama(seed=0)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(float("nan"))
+    res = cached_perplexity(model, tiny_tok, EvalConfig(seqlen=32, max_windows=1), "nan-model", tmp_path,
+                            str(SAMPLE_DATA_DIR))
+    assert not math.isfinite(res["ppl"])
+    assert not list(tmp_path.rglob("*.json"))
+
+
+# ------------------------------------------------------------------ leftovers
+def test_stale_temporaries_are_removed_with_a_log_line(tmp_path, caplog):
+    run = tmp_path / "run"
+    (run / ".merged.abc123").mkdir(parents=True)
+    (run / ".merged.abc123" / "model.safetensors").write_bytes(b"x" * 10)
+    (run / ".adapter.x1").mkdir()
+    (run / ".summary.json.q.tmp").write_text("{")
+    (run / "adapter").mkdir()
+    entry = tmp_path / "cache" / "pruning" / "e1"
+    entry.mkdir(parents=True)
+    old, fresh = entry / ".state.safetensors.a.tmp", entry / ".state.safetensors.b.tmp"
+    old.write_bytes(b"0")
+    fresh.write_bytes(b"0")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    with caplog.at_level("WARNING"):
+        removed = remove_stale_temporaries(run, [tmp_path / "cache" / "pruning"])
+    assert sorted(Path(p).name for p in removed) == sorted([".merged.abc123", ".adapter.x1", ".summary.json.q.tmp",
+                                                            old.name])
+    assert (run / "adapter").is_dir() and fresh.exists() and not old.exists()
+    assert "removed a temporary left by a killed run" in caplog.text
+
+
+# ------------------------------------------------------------------ what worked keeps working
+def test_killed_prune_write_leaves_no_loadable_entry(tmp_path, tiny_tok, monkeypatch):
+    args = (ModelConfig(name="tiny", path="tiny"), PrunerConfig(name="magnitude"),
+            SparsityConfig(name="nm2_4", kind="nm", n=2, m=4), CalibrationConfig(nsamples=2, seqlen=32),
+            tmp_path / "cache", str(SAMPLE_DATA_DIR))
+
+    def killed(tensors, path, metadata=None):
+        Path(path).write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "save_file", killed)
+    with pytest.raises(KeyboardInterrupt):
+        cache_mod.get_or_prune(tiny_llama(seed=0), tiny_tok, *args)
+    monkeypatch.undo()
+    again = cache_mod.get_or_prune(tiny_llama(seed=0), tiny_tok, *args)
+    assert not again.cache_hit
+
+
+def test_malformed_alpaca_records_are_skipped_and_counted(tmp_path, caplog):
+    data = tmp_path / "mixed.json"
+    data.write_text(json.dumps([{"instruction": "a", "output": "b"}, {"instruction": 1},
+                                {"instruction": "c", "input": "d", "output": "e"}]))
+    with caplog.at_level("WARNING"):
+        assert check_data_source(str(data), None) == 2
+    assert "1" in caplog.text
+
+
+def test_eval_py_unknown_task_is_one_line(tmp_path, monkeypatch, capsys, no_weights):
+    code, err, _ = cli("eval", ["model=tiny", "eval.tasks=[no_such_task]", f"data_dir={SAMPLE_DATA_DIR}"], tmp_path,
+                       monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "eval", "no_such_task")
+
+
+def test_internal_errors_keep_their_traceback():
+    assert as_user_error(RuntimeError("bug")) is None
+    assert as_user_error(ValueError("shape mismatch in a kernel")) is None
+    assert as_user_error(FileNotFoundError("model.path='/x' does not exist")).key == "model.path"
