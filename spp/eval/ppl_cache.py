@@ -78,10 +78,15 @@ def data_key(source: str, data_dir: str | os.PathLike[str] | None = None) -> dic
     return {"reader": reader, "file_sha256": sha256_file(path)}
 
 
+def ppl_cache_parts(weights: str, eval_cfg: EvalConfig, data_dir: str | os.PathLike[str] | None = None) -> dict:
+    """What an entry is made from (hashed into its name; stored in it as ``made_from`` for ``cache list``)."""
+    settings = {k: v for k, v in ppl_settings(eval_cfg).items() if k != "source"}
+    return {"version": PPL_CACHE_VERSION, "weights": weights, **settings, **data_key(eval_cfg.ppl_source, data_dir)}
+
+
 def ppl_cache_key(weights: str, eval_cfg: EvalConfig, data_dir: str | os.PathLike[str] | None = None) -> str:
     """The entry name (first 20 hex digits of a sha256) for ``weights`` measured with ``eval_cfg``."""
-    settings = {k: v for k, v in ppl_settings(eval_cfg).items() if k != "source"}
-    parts = {"version": PPL_CACHE_VERSION, "weights": weights, **settings, **data_key(eval_cfg.ppl_source, data_dir)}
+    parts = ppl_cache_parts(weights, eval_cfg, data_dir)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -119,10 +124,11 @@ def cached_perplexity(
         except (OSError, json.JSONDecodeError) as err:
             log.warning("perplexity cache: unreadable entry %s (%s); measuring again", path, err)
         else:
+            result.pop("made_from", None)
             return {**result, "cache_hit": True}
     start = time.perf_counter()
     res = perplexity(model, tokenizer, data_dir=data_dir, device=device, **ppl_settings(eval_cfg))
     result = {**res.to_dict(), "seconds": round(time.perf_counter() - start, 2), "cache_hit": False}
     if path is not None and math.isfinite(res.ppl):
-        write_json_atomic(path, result)
+        write_json_atomic(path, {**result, "made_from": ppl_cache_parts(weights, eval_cfg, data_dir)})
     return result

@@ -1,11 +1,23 @@
-"""``python -m spp.pruning.cache list|clear [--cache-dir DIR] [--match TEXT]``: inspect or empty the cache."""
+"""``python -m spp.pruning.cache list|clear [--cache-dir DIR] [--kind all|pruning|ppl] [--match TEXT]``.
+
+Shows or empties both on-disk caches under ``cache_dir``: the pruning cache (``pruning/<model>/<pruner>-<pattern>-
+<digest>/``: masks and the pruned weights' zero pattern, see ``store.py``) and the perplexity cache
+(``ppl/<key>.json``, written by ``spp/eval/ppl_cache.py``). ``list`` prints one line per entry with its size and
+one with what it was made from (model, pruner, pattern, calibration data; for a perplexity: the weights, window
+length and count, and the data file). ``--match`` keeps the entries whose path or description contains the text
+(``--match wanda``, ``--match nm2_4``, ``--match smollm2``); ``clear`` removes exactly the entries ``list`` shows
+with the same filters.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spp.pruning.cache.store import CorruptEntryError, entry_size, list_entries, read_manifest, remove_entry
 
@@ -15,29 +27,117 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SPP_CACHE_DIR", Path.home() / ".cache" / "spp"))
 
 
+@dataclass
+class Entry:
+    """One cache entry as ``list`` shows it."""
+
+    kind: str
+    path: Path
+    size: int
+    status: str
+    made_from: str
+
+    def text(self, root: Path) -> str:
+        """Two lines: path, size and status; then what it was made from."""
+        return f"{self.path.relative_to(root)}  {_size(self.size)}  {self.status}\n    made from: {self.made_from}"
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+
+
+def _pruning_made_from(key: dict[str, Any]) -> str:
+    pruner = key.get("pruner", {})
+    sparsity = key.get("sparsity", {})
+    cal = key.get("calibration", {})
+    pattern = (f"{sparsity.get('n')}:{sparsity.get('m')}" if sparsity.get("kind") == "nm"
+               else f"{sparsity.get('kind')} {sparsity.get('ratio')}")
+    data = (f"{cal.get('nsamples')} × {cal.get('seqlen')} tokens of {cal.get('path') or cal.get('source')} "
+            f"(sha256 {str(cal.get('file_sha256') or '')[:12]}, seed {cal.get('seed')})" if cal else "no calibration")
+    extra = {k: v for k, v in pruner.items() if k not in ("name", "targets")}
+    return (f"model {key.get('model')}, pruner {pruner.get('name')} {extra or ''}".rstrip() +
+            f", pattern {pattern}, calibration {data}, code version {key.get('code_version')}")
+
+
+def pruning_entries(cache_dir: Path) -> list[Entry]:
+    """The pruning cache's entries."""
+    out = []
+    for path in list_entries(cache_dir):
+        try:
+            manifest = read_manifest(path)
+            overall = manifest.get("overall", {})
+            status = f"sparsity {overall.get('sparsity', float('nan')):.4f}, created {manifest.get('created')}"
+            made = _pruning_made_from(manifest.get("key", {}))
+        except CorruptEntryError:
+            status, made = "INCOMPLETE (will be rebuilt)", "unknown"
+        out.append(Entry("pruning", path, entry_size(path), status, made))
+    return out
+
+
+def ppl_entries(cache_dir: Path, pruning: list[Entry]) -> list[Entry]:
+    """The perplexity cache's entries; a pruned model's weights are named by its pruning entry when it exists."""
+    root = Path(cache_dir) / "ppl"
+    if not root.is_dir():
+        return []
+    by_digest = {p.path.name.rsplit("-", 1)[-1]: str(p.path.relative_to(cache_dir)) for p in pruning}
+    out = []
+    for path in sorted(root.glob("*.json")):
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, ValueError):
+            out.append(Entry("ppl", path, path.stat().st_size, "UNREADABLE (measured again when needed)", "unknown"))
+            continue
+        interval = (f" [{result['ci_low']:.2f}, {result['ci_high']:.2f}]"
+                    if result.get("ci_low") is not None and result.get("ci_high") is not None else "")
+        status = (f"ppl {result.get('ppl', float('nan')):.2f}{interval} on {result.get('source')}, seqlen "
+                  f"{result.get('seqlen')} × {result.get('windows')} windows")
+        key = result.get("made_from")
+        if key:
+            weights = str(key.get("weights"))
+            named = next((entry for digest, entry in by_digest.items() if weights.startswith(digest)), None)
+            dense = named is None and "-" in weights
+            note = " (dense)" if dense else "" if named else " (pruning entry gone)"
+            made = (f"weights {named or weights}{note}" +
+                    f", batch {key.get('batch_size')}, max_windows {key.get('max_windows')}, reader "
+                    f"{key.get('reader')} (sha256 {str(key.get('file_sha256'))[:12]}), version {key.get('version')}")
+        else:
+            made = "not recorded (entry written before made_from was stored)"
+        out.append(Entry("ppl", path, path.stat().st_size, status, made))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit code."""
-    parser = argparse.ArgumentParser(prog="python -m spp.pruning.cache", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m spp.pruning.cache", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["list", "clear"])
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir())
-    parser.add_argument("--match", default="", help="only entries whose path contains this text")
+    parser.add_argument("--kind", choices=["all", "pruning", "ppl"], default="all", help="which cache")
+    parser.add_argument("--match", default="", help="only entries whose path or description contains this text")
     args = parser.parse_args(argv)
-    entries = [e for e in list_entries(args.cache_dir) if args.match in str(e)]
+    root = args.cache_dir
+    pruning = pruning_entries(root)
+    entries = (pruning if args.kind in ("all", "pruning") else []) + (
+        ppl_entries(root, pruning) if args.kind in ("all", "ppl") else [])
+    entries = [e for e in entries if args.match in str(e.path) or args.match in e.status or args.match in e.made_from]
     if args.command == "list":
         if not entries:
-            print(f"no pruning cache entries under {args.cache_dir}")
-        for entry in entries:
-            try:
-                manifest = read_manifest(entry)
-                overall = manifest.get("overall", {})
-                status = f"sparsity {overall.get('sparsity', float('nan')):.4f}, created {manifest.get('created')}"
-            except CorruptEntryError:
-                status = "INCOMPLETE (will be rebuilt)"
-            print(f"{entry.relative_to(args.cache_dir)}  {entry_size(entry) / 2**20:.1f} MiB  {status}")
+            print(f"no cache entries under {root}" + (f" matching {args.match!r}" if args.match else ""))
+        for kind in ("pruning", "ppl"):
+            chosen = [e for e in entries if e.kind == kind]
+            if chosen:
+                total = _size(sum(e.size for e in chosen))
+                print(f"== {kind} cache: {len(chosen)} entr{'y' if len(chosen) == 1 else 'ies'}, {total} ==")
+                for entry in chosen:
+                    print(entry.text(root))
         return 0
     for entry in entries:
-        remove_entry(entry)
-    print(f"removed {len(entries)} pruning cache entr{'y' if len(entries) == 1 else 'ies'} from {args.cache_dir}")
+        if entry.kind == "pruning":
+            remove_entry(entry.path)
+        else:
+            entry.path.unlink(missing_ok=True)
+    counts = {k: sum(e.kind == k for e in entries) for k in ("pruning", "ppl")}
+    print(f"removed {counts['pruning']} pruning and {counts['ppl']} perplexity cache entries from {root}")
     return 0
 
 
