@@ -22,7 +22,6 @@ import sys
 import typing
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -33,6 +32,9 @@ EXIT_USER_ERROR = 2
 
 _KEY = re.compile(r"(?<![\w./-])((?:[a-z_][a-z0-9_]*\.)*[a-z_][a-z0-9_]*)=")
 """A config key written as ``key=`` or ``group.key=`` in a message (how the project's own errors name keys)."""
+
+_LEADING_KEY = re.compile(r"([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+)\b(?!\.)")
+"""A message that starts with a dotted config key (``data.max_length must be >= 2``)."""
 
 
 class UserError(Exception):
@@ -53,7 +55,7 @@ class UserError(Exception):
             what, _, fix = message.rpartition("; ")
         else:
             what = message
-        match = _KEY.search(message)
+        match = _KEY.search(message) or _LEADING_KEY.match(message)
         key = match.group(1) if match else None
         if not fix:
             fix = f"change {key} (see docs/errors.md)" if key else "fix the input named above (see docs/errors.md)"
@@ -166,13 +168,3 @@ def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None
             if not node._is_none() and not node._is_missing():
                 reject_unknown_keys(node, sub, prefix=f"{name}.")
 
-
-def sha256_file(path: str | os.PathLike[str], chunk: int = 1 << 20) -> str:
-    """Hex sha256 of a file (streamed)."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    with Path(path).open("rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()

@@ -307,7 +307,7 @@ def test_divergence_rules():
     assert divergence(job, pruned, rising, SimpleNamespace(ppl={"ppl": 49152.0})) == []
 
 
-def test_diverged_run_is_not_exported_as_success(tmp_path, monkeypatch):
+def test_diverged_run_is_not_exported_as_success(tmp_path, monkeypatch, capsys):
     """The merged model scores far worse than the pruned one (here: its measured perplexity x 1000): summary.json
     says diverged, the run raises (train.py: one line, exit 2), adapter and checkpoints stay, no merged model."""
     measure = phases._evaluate
@@ -325,6 +325,8 @@ def test_diverged_run_is_not_exported_as_success(tmp_path, monkeypatch):
     assert not (tmp_path / "run" / "merged").exists() and not list((tmp_path / "run").glob(".merged.*"))
     assert (tmp_path / "run" / "adapter").is_dir() and list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
     assert summary["data_files"]
+    printed = capsys.readouterr().out
+    assert "status: diverged" in printed and "data: " in printed
 
 
 # ------------------------------------------------------------------ non-finite numbers are never cached

@@ -146,7 +146,12 @@ def output_lines(summary: dict[str, Any]) -> list[str]:
     outputs = summary.get("outputs", {})
     names = (("merged model", "merged_dir"), ("adapter", "adapter_dir"), ("summary", "summary"),
              ("config", "resolved_config"))
-    return [f"{label}: {outputs[key]}" for label, key in names if outputs.get(key)]
+    lines = [f"{label}: {outputs[key]}" for label, key in names if outputs.get(key)]
+    lines += [f"data: {f['path']} (sha256 {f['sha256'][:12]}{', truncated sample' if f['truncated_sample'] else ''})"
+              for f in summary.get("data_files") or []]
+    if summary.get("status") == "diverged":
+        lines.append(f"status: diverged ({'; '.join(summary.get('diverged') or [])}); merged model not exported")
+    return lines
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
