@@ -129,7 +129,8 @@ def test_decoder_layer_class_resolution_and_error():
 def test_the_budget_never_overrides_an_explicit_choice():
     """The default model's CPU budget comes before the groups: explicit options win for what they set."""
     base = compose_train([])
-    assert (base.eval.name, base.eval.seqlen, base.eval.max_windows) == ("cpu_budget", 512, 8)
+    assert (base.eval.name, base.eval.seqlen, base.eval.max_windows) == ("cpu_budget", 512, 40)
+    assert base.eval.window_sampling == "systematic"
     assert (base.data.max_examples, base.data.max_length, base.trainer.lr) == (120, 128, 2e-2)
     paper = compose_train(["eval=paper"])
     assert (paper.eval.name, paper.eval.seqlen, paper.eval.max_windows) == ("paper", 2048, None)
