@@ -35,6 +35,7 @@ from spp.eval.tables import final_metrics  # noqa: E402
 from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags, save_and_print_config  # noqa: E402
 from spp.paths import data_provenance, forget_data_reads  # noqa: E402
 from spp.preflight import preflight_train, remove_stale_temporaries  # noqa: E402
+from spp.sweeps import require_validation_objective  # noqa: E402
 from spp.training.callbacks.adapter_checkpoint import resolve_resume  # noqa: E402
 from spp.training.config import TrainJobConfig, load_job, register_configs  # noqa: E402
 from spp.training.phases import finalize, fit, prune  # noqa: E402
@@ -93,6 +94,7 @@ def main(cfg: DictConfig) -> float | None:
     """Run one job; returns ``objective`` (by default the last validation loss) for Hydra sweepers."""
     with cli_errors("train.py"):
         job = load_job(cfg)
+        require_validation_objective(str(job.objective))  # an Optuna sweep selects on validation data only
         summary = run_job(job)
         return objective(summary, job.objective) if summary else None
 
