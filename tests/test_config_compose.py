@@ -15,7 +15,7 @@ from spp.training.strategies import AdapterFSDPStrategy, build_strategy, decoder
 
 GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir())
 OPTIONS = [(g, f.stem) for g in GROUPS for f in sorted((CONF_DIR / g).glob("*.yaml"))]
-PAPER = {  # DESIGN.md §1: lr, per-device batch, epochs
+PAPER = {  # docs/design.md §1: lr, per-device batch, epochs
     "llama7b": (4e-3, 8, 3), "llama13b": (2e-3, 4, 3), "llama30b": (4e-3, 16, 3),
     "llama65b": (5e-4, 8, 1), "llama2_70b": (5e-4, 8, 1),
 }

@@ -17,7 +17,7 @@ from spp.adapters.masked_full import inject_masked_full
 from spp.adapters.sparse_lora import inject_sparse_lora
 from spp.adapters.spp.layer import IMPLS, SPPLinear
 
-LORA_R, LORA_ALPHA = 8, 16  # the authors' LoRA setting (DESIGN.md §1)
+LORA_R, LORA_ALPHA = 8, 16  # the authors' LoRA setting (docs/design.md §1)
 
 
 class _Holder(nn.Module):

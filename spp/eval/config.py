@@ -12,7 +12,7 @@ from spp.eval.harness import resolve_tasks
 
 @dataclass
 class EvalConfig:
-    """What to evaluate and how (DESIGN.md §3).
+    """What to evaluate and how (docs/design.md §3).
 
     Attributes:
         name: Preset name (``default``, ``quick``, ``paper``, ``none``).

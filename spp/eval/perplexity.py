@@ -1,6 +1,6 @@
 """Token-level perplexity over non-overlapping windows (the WikiText-2 protocol of SparseGPT / Wanda / SPP).
 
-Protocol (DESIGN.md §3): the raw WikiText-2 *test* rows are joined with ``"\\n\\n"`` and tokenized once; the
+Protocol (docs/design.md §3): the raw WikiText-2 *test* rows are joined with ``"\\n\\n"`` and tokenized once; the
 token stream is cut into non-overlapping windows of ``seqlen`` tokens, the tail shorter than ``seqlen`` is
 dropped, and ``PPL = exp(mean next-token NLL)`` over every predicted token of every window. All windows have
 the same length, so this equals Wanda's ``exp(sum_w loss_w * seqlen / (n * seqlen))``. This is *not*

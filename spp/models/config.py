@@ -18,7 +18,7 @@ class ModelConfig:
         gguf_file: File name of the GGUF weights when ``path`` is a directory holding one.
         torch_dtype: ``float32``, ``bfloat16`` or ``float16``; the dtype weights are loaded in.
         arch: LlamaConfig fields of the architecture (used for meta-device parameter counts and ``tiny``).
-        lr: Paper learning rate for this size (DESIGN.md §1).
+        lr: Paper learning rate for this size (docs/design.md §1).
         per_device_batch_size: Paper per-device micro-batch for this size.
         epochs: Paper number of epochs for this size.
         decoder_layer_cls: Decoder-layer class name (FSDP wrapping, activation checkpointing).
