@@ -96,17 +96,18 @@ def test_table2_rows_order_labels_and_seed_mean(tmp_path):
     dash = " | ".join(["–"] * 8)
     assert table_lines(report) == [
         "| Model | Method | Sparsity | BoolQ | RTE | HellaSwag | WinoGrande | ARC-e | ARC-c | OBQA | Average | PPL "
-        "| Seeds |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        "| m | None | Dense | 80.00 | 60.00 | 50.00 | 60.00 | 70.00 | 40.00 | 30.00 | 55.71 | 10.00 | 0 |",
-        f"| m | SparseGPT | Unstructured 50% | {dash} | 15.50 | 0 |",
-        f"| m | Wanda | Unstructured 50% | {dash} | 16.25 | 0 |",
-        "| m | Wanda | 2:4 | 70.00 | 50.00 | 40.00 | 60.00 | 60.00 | 30.00 | 20.00 | 47.14 | 40.00 | 0 |",
+        "| Gap closed (%) | Seeds |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| m | None | Dense | 80.00 | 60.00 | 50.00 | 60.00 | 70.00 | 40.00 | 30.00 | 55.71 | 10.00 | – | 0 |",
+        f"| m | SparseGPT | Unstructured 50% | {dash} | 15.50 | – | 0 |",
+        f"| m | Wanda | Unstructured 50% | {dash} | 16.25 | – | 0 |",
+        "| m | Wanda | 2:4 | 70.00 | 50.00 | 40.00 | 60.00 | 60.00 | 30.00 | 20.00 | 47.14 | 40.00 | – | 0 |",
+        # gap closed (log 40 - log 20) / (log 40 - log 10) = 50 %, (log 40 - log 22) / log 4 = 43.1 %
         "| m | Wanda+SPP | 2:4 | 75.00 ± 7.07 | 55.00 ± 7.07 | 45.00 ± 7.07 | 60.00 ± 0.00 | 65.00 ± 7.07 | "
-        "35.00 ± 7.07 | 25.00 ± 7.07 | 51.43 ± 6.06 | 21.00 ± 1.41 | 0,1 |",
+        "35.00 ± 7.07 | 25.00 ± 7.07 | 51.43 ± 6.06 | 21.00 ± 1.41 | 46.6 ± 4.9 | 0,1 |",
     ]
     assert "- train 120 Alpaca records ≤ 128 tokens, batch 4, 12 optimizer steps, lr 0.004;" in report
-    assert "- no training; calibration c4 32×512; PPL wikitext2 4 windows × 512" in report
+    assert "- no training; calibration c4 32×512; PPL wikitext2 first 4 windows × 512" in report
 
 
 def test_table3_groups_by_sparsity_then_method(tmp_path):
@@ -119,10 +120,10 @@ def test_table3_groups_by_sparsity_then_method(tmp_path):
     ]
     lines = table_lines(collect.collect("table3", [write_runs(tmp_path, runs)]))
     assert lines[2:] == [
-        "| m | Wanda | Unstructured 75% | 25.00 | 1200.00 | 0 |",
-        "| m | Wanda+DS⊘T | Unstructured 75% | 50.00 | 900.00 | 0 |",
-        "| m | Wanda+SPP | Unstructured 75% | 50.00 | 60.00 | 0 |",
-        "| m | Wanda+SPP | 2:8 | 50.00 | 80.00 | 0 |",
+        "| m | Wanda | Unstructured 75% | 25.00 | 1200.00 | – | 0 |",
+        "| m | Wanda+DS⊘T | Unstructured 75% | 50.00 | 900.00 | – | 0 |",
+        "| m | Wanda+SPP | Unstructured 75% | 50.00 | 60.00 | -29.2 | 0 |",  # log(40/60) / log(40/10)
+        "| m | Wanda+SPP | 2:8 | 50.00 | 80.00 | -50.0 | 0 |",
     ]
 
 
@@ -134,13 +135,15 @@ def test_table4_reports_share_of_lora_update_removed(tmp_path):
         summary(sparsity="unstructured75", adapter="lora", r=8, ppl=65.0, removed=0.75, trainable=56789, lr=0.002),
     ]
     lines = table_lines(collect.collect("table4", [write_runs(tmp_path, runs)]))
-    tail = "| Average | PPL | Train loss (last) | Trainable | Update removed by re-mask (%) | Seeds |"
+    tail = "| Average | PPL | Gap closed (%) | Train loss (last) | Trainable | Update removed by re-mask (%) | Seeds |"
     assert lines[0].endswith(tail)
     dash = " | ".join(["–"] * 8)
     assert lines[2:] == [  # a LoRA* learning rate is its own row, not a second seed of the other
-        f"| m | Wanda+LoRA* | Unstructured 75% | 8 | 0.02 | {dash} | 70.00 | 8.500 | 56,789 | 75.12 | 0 |",
-        f"| m | Wanda+LoRA* | Unstructured 75% | 8 | 0.002 | {dash} | 65.00 | 2.500 | 56,789 | 75.00 | 0 |",
-        f"| m | Wanda+SPP | Unstructured 75% | 16 | 0.02 | {dash} | 60.00 | 2.500 | 1,234 | 0 (by construction) | 0 |",
+        f"| m | Wanda+LoRA* | Unstructured 75% | 8 | 0.02 | {dash} | 70.00 | -40.4 | 8.500 | 56,789 | 75.12 | 0 |",
+        f"| m | Wanda+LoRA* | Unstructured 75% | 8 | 0.002 | {dash} | 65.00 | -35.0 | 2.500 | 56,789 | 75.00 | 0 |",
+        f"| m | Wanda+SPP | Unstructured 75% | 16 | 0.02 | {dash} | 60.00 | -29.2 | 2.500 | 1,234 | "
+        "0 (by construction)"
+        " | 0 |",
     ]
 
 
@@ -173,15 +176,16 @@ def test_table6_ablation_variants(tmp_path):
     ]
     lines = table_lines(collect.collect("table6", [write_runs(tmp_path, runs)]))
     assert lines[0] == ("| Model | Method | Sparsity | Zero-init | W_β | r | Residual | LM-eval | PPL pruned | PPL | "
-                        "Train loss (last) | Trainable | Seeds |")
+                        "Gap closed (%) | Train loss (last) | Trainable | Seeds |")
     assert lines[2:] == [
-        "| m | Wanda+SPP | 2:4 | β | ✓ | 4 | yes | – | 40.00 | 23.00 | 2.500 | 40 | 0 |",
-        "| m | Wanda+SPP | 2:4 | β | ✓ | 8 | yes | – | 40.00 | 21.00 | 2.500 | 80 | 0 |",
-        "| m | Wanda+SPP | 2:4 | none | ✓ | 16 | yes | – | 40.00 | 24.00 | 2.500 | 160 | 0 |",
-        "| m | Wanda+SPP | 2:4 | none (α=β=1, no residual) | ✓ | 16 | no | – | 40.00 | 30.00 | 3.250 | 160 | 0 |",
-        "| m | Wanda+SPP | 2:4 | α | ✓ | 16 | yes | – | 40.00 | 25.00 | 2.500 | 160 | 0 |",
-        "| m | Wanda+SPP | 2:4 | α | ✗ | 16 | yes | – | 40.00 | 22.00 | 2.500 | 150 | 0 |",
-        "| m | Wanda+SPP | 2:4 | β | ✓ | 16 | yes | – | 40.00 | 20.00 | 2.500 | 160 | 0 |",
+        "| m | Wanda+SPP | 2:4 | β | ✓ | 4 | yes | – | 40.00 | 23.00 | 39.9 | 2.500 | 40 | 0 |",
+        "| m | Wanda+SPP | 2:4 | β | ✓ | 8 | yes | – | 40.00 | 21.00 | 46.5 | 2.500 | 80 | 0 |",
+        "| m | Wanda+SPP | 2:4 | none | ✓ | 16 | yes | – | 40.00 | 24.00 | 36.8 | 2.500 | 160 | 0 |",
+        "| m | Wanda+SPP | 2:4 | none (α=β=1, no residual) | ✓ | 16 | no | – | 40.00 | 30.00 | 20.8 | 3.250 | 160 "
+        "| 0 |",
+        "| m | Wanda+SPP | 2:4 | α | ✓ | 16 | yes | – | 40.00 | 25.00 | 33.9 | 2.500 | 160 | 0 |",
+        "| m | Wanda+SPP | 2:4 | α | ✗ | 16 | yes | – | 40.00 | 22.00 | 43.1 | 2.500 | 150 | 0 |",
+        "| m | Wanda+SPP | 2:4 | β | ✓ | 16 | yes | – | 40.00 | 20.00 | 50.0 | 2.500 | 160 | 0 |",
     ]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from spp.atomic import write_text_atomic
-from spp.eval.harness import MMLU_GROUP, zero_shot_mean
+from spp.eval.harness import MMLU_GROUP, zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.tables import PAPER_COLUMNS
 
 TABLE_IDS = ("table2", "table3", "table4", "table5", "table6")
@@ -70,6 +70,8 @@ class Run:
     train_last: float | None = None
     steps: int = 0
     config: dict[str, Any] = field(default_factory=dict)
+    ppl_entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gap: dict[str, float] | None = None
 
 
 def _ppl(entry: dict[str, Any] | None) -> float | None:
@@ -123,6 +125,8 @@ def load_run(path: Path) -> Run:
         train_last=losses.get("train_last"),
         steps=int(losses.get("optimizer_steps") or 0),
         config=cfg,
+        ppl_entries={k: v for k, v in data["perplexity"].items() if v},
+        gap=data.get("gap_closed"),
     )
 
 
@@ -189,6 +193,44 @@ def cell(values: Sequence[float | None], scale: float = 1.0, digits: int = 2) ->
     return f"{mean:.{digits}f} ± {statistics.stdev(vals):.{digits}f}"
 
 
+def gap_fraction(run: Run) -> float | None:
+    """Fraction of the log-perplexity gap closed, ``(log ppl_pruned - log ppl_merged) / (log ppl_pruned -
+    log ppl_dense)``: from ``summary.json`` when recorded (issue 16), else from the three perplexities."""
+    if run.gap:
+        return run.gap["gap_closed"]
+    if run.key.adapter == "none" or None in (run.ppl_dense, run.ppl_pruned, run.ppl_merged):
+        return None
+    gap = math.log(run.ppl_pruned) - math.log(run.ppl_dense)
+    return (math.log(run.ppl_pruned) - math.log(run.ppl_merged)) / gap if gap > 0 else None
+
+
+def ppl_cell(group: Sequence[Run], which: str = "merged") -> str:
+    """Perplexity cell: one run with a recorded 95 % bootstrap interval -> ``ppl [low, high]``; else :func:`cell`."""
+    entry = group[0].ppl_entries.get(which) if len(group) == 1 else None
+    if entry and entry.get("ci_low") is not None:
+        return f"{entry['ppl']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
+    return cell([_ppl(r.ppl_entries.get(which)) for r in group])
+
+
+def gap_cell(group: Sequence[Run]) -> str:
+    """Gap closed (%): one run with a paired bootstrap interval -> ``x [low, high]``; else :func:`cell`."""
+    if group[0].key.adapter == "none":
+        return "–"
+    gap = group[0].gap if len(group) == 1 else None
+    if gap and gap.get("gap_closed_low") is not None:
+        return f"{100 * gap['gap_closed']:.1f} [{100 * gap['gap_closed_low']:.1f}, {100 * gap['gap_closed_high']:.1f}]"
+    return cell([gap_fraction(r) for r in group], 100, 1)
+
+
+def mean_cell(group: Sequence[Run]) -> str:
+    """7-task mean (%): one run -> ``mean (se x)`` from lm-eval's per-task standard errors; seeds -> :func:`cell`."""
+    if len(group) == 1 and group[0].tasks:
+        mean, se = zero_shot_mean(group[0].tasks), zero_shot_mean_stderr(group[0].tasks)
+        if mean is not None and se is not None:
+            return f"{100 * mean:.2f} (se {100 * se:.2f})"
+    return cell([_mean(r) for r in group], 100)
+
+
 def _acc(run: Run, task: str) -> float | None:
     return run.tasks.get(task, {}).get("acc")
 
@@ -218,13 +260,14 @@ def table_zero_shot(groups: dict[RunKey, list[Run]]) -> list[str]:
     order = _model_order(groups)
     keys = sorted(groups, key=lambda k: (order[k.model], k.sparsity_kind != "dense", PRUNER_RANK.get(k.pruner, 9),
                                          sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9), k.r))
-    head = ["Model", "Method", "Sparsity", *(t for _, t in PAPER_COLUMNS), "Average", "PPL", "Seeds"]
+    head = ["Model", "Method", "Sparsity", *(t for _, t in PAPER_COLUMNS), "Average", "PPL", "Gap closed (%)",
+            "Seeds"]
     rows = []
     for k in keys:
         g = groups[k]
         accs = [cell([_acc(r, task) for r in g], 100) for task, _ in PAPER_COLUMNS]
-        rows.append([k.model, method_label(k), sparsity_label(k), *accs, cell([_mean(r) for r in g], 100),
-                     cell([r.ppl_merged for r in g]), _seeds(g)])
+        rows.append([k.model, method_label(k), sparsity_label(k), *accs, mean_cell(g), ppl_cell(g), gap_cell(g),
+                     _seeds(g)])
     return _md(head, rows, 3)
 
 
@@ -233,9 +276,9 @@ def table_high_sparsity(groups: dict[RunKey, list[Run]]) -> list[str]:
     order = _model_order(groups)
     keys = sorted(groups, key=lambda k: (order[k.model], sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9),
                                          PRUNER_RANK.get(k.pruner, 9), k.r))
-    head = ["Model", "Method", "Sparsity", "LM-eval", "PPL (↓)", "Seeds"]
-    rows = [[k.model, method_label(k), sparsity_label(k), cell([_mean(r) for r in groups[k]], 100),
-             cell([r.ppl_merged for r in groups[k]]), _seeds(groups[k])] for k in keys]
+    head = ["Model", "Method", "Sparsity", "LM-eval", "PPL (↓)", "Gap closed (%)", "Seeds"]
+    rows = [[k.model, method_label(k), sparsity_label(k), mean_cell(groups[k]), ppl_cell(groups[k]),
+             gap_cell(groups[k]), _seeds(groups[k])] for k in keys]
     return _md(head, rows, 3)
 
 
@@ -245,7 +288,7 @@ def table_lora_star(groups: dict[RunKey, list[Run]]) -> list[str]:
     keys = sorted(groups, key=lambda k: (order[k.model], sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9),
                                          PRUNER_RANK.get(k.pruner, 9), k.r, -k.lr))
     head = ["Model", "Method", "Sparsity", "r", "lr", *(t for _, t in PAPER_COLUMNS), "Average", "PPL",
-            "Train loss (last)", "Trainable", "Update removed by re-mask (%)", "Seeds"]
+            "Gap closed (%)", "Train loss (last)", "Trainable", "Update removed by re-mask (%)", "Seeds"]
     rows = []
     for k in keys:
         g = groups[k]
@@ -253,8 +296,8 @@ def table_lora_star(groups: dict[RunKey, list[Run]]) -> list[str]:
         accs = [cell([_acc(r, task) for r in g], 100) for task, _ in PAPER_COLUMNS]
         removed = cell([r.removed_fraction for r in g], 100) if k.adapter == "lora" else "0 (by construction)"
         rows.append([k.model, method_label(k), sparsity_label(k), str(k.r) if trained else "–",
-                     f"{k.lr:g}" if trained else "–", *accs, cell([_mean(r) for r in g], 100),
-                     cell([r.ppl_merged for r in g]), cell([r.train_last for r in g], digits=3) if trained else "–",
+                     f"{k.lr:g}" if trained else "–", *accs, mean_cell(g), ppl_cell(g), gap_cell(g),
+                     cell([r.train_last for r in g], digits=3) if trained else "–",
                      f"{g[0].trainable:,}", removed, _seeds(g)])
     return _md(head, rows, 3)
 
@@ -292,7 +335,7 @@ def table_ablation(groups: dict[RunKey, list[Run]]) -> list[str]:
                                          ADAPTER_RANK.get(k.adapter, 9), k.r, is_spp_default(k),
                                          _zero_init(k), not k.use_beta))
     head = ["Model", "Method", "Sparsity", "Zero-init", "W_β", "r", "Residual", "LM-eval", "PPL pruned", "PPL",
-            "Train loss (last)", "Trainable", "Seeds"]
+            "Gap closed (%)", "Train loss (last)", "Trainable", "Seeds"]
     rows = []
     for k in keys:
         g = groups[k]
@@ -300,8 +343,8 @@ def table_ablation(groups: dict[RunKey, list[Run]]) -> list[str]:
         rows.append([
             k.model, method_label(k), sparsity_label(k), _zero_init(k) if spp else "–",
             ("✓" if k.use_beta else "✗") if spp else "–", str(k.r) if k.adapter != "none" else "–",
-            ("yes" if k.residual else "no") if spp else "–", cell([_mean(r) for r in g], 100),
-            cell([r.ppl_pruned for r in g]), cell([r.ppl_merged for r in g]), cell([r.train_last for r in g], 1, 3),
+            ("yes" if k.residual else "no") if spp else "–", mean_cell(g),
+            ppl_cell(g, "pruned"), ppl_cell(g), gap_cell(g), cell([r.train_last for r in g], 1, 3),
             f"{g[0].trainable:,}", _seeds(g),
         ])
     return _md(head, rows, 3)
@@ -327,8 +370,15 @@ def protocol_notes(runs: Sequence[Run]) -> list[str]:
             f"batch {data.get('train_batch_size')}, {run.steps} optimizer steps, lr {c.get('trainer', {}).get('lr')}"
         )
         windows = ev.get("max_windows") or "all"
+        if ev.get("window_sampling", "first") == "systematic" and windows != "all":
+            windows = f"{windows} systematic (spread over the split)"
+        elif windows != "all":
+            windows = f"first {windows}"
         names = list(ev.get("tasks") or [])
         limits = []
+        docs = "first" if ev.get("doc_seed") is None else f"seeded random, doc_seed {ev['doc_seed']}"
+        if ev.get("limit") is not None or ev.get("mmlu_limit") is not None:
+            limits.append(docs + " documents")
         if any(t != "spp_mmlu" for t in names):
             limits.append(f"limit {ev.get('limit')} per task")
         if "spp_mmlu" in names:
@@ -359,7 +409,10 @@ def collect(table: str, roots: Iterable[str | Path], title: str | None = None, c
     parts += [
         "Accuracies in %, lm-eval `acc`; Average/LM-eval = mean of the 7 zero-shot tasks (– = not evaluated). "
         "PPL = WikiText-2 test perplexity of the final (merged / re-masked) model. "
-        "Cells are mean ± sample std over the seeds listed."
+        "Cells are mean ± sample std over the seeds listed; a single run shows the 7-task mean with its standard "
+        "error (se, from lm-eval's per-task acc_stderr) and, when the run recorded per-window NLL, PPL with its "
+        "95 % percentile-bootstrap interval over windows [low, high]. Gap closed = (log PPL pruned − log PPL) / "
+        "(log PPL pruned − log PPL dense), with its paired bootstrap interval when recorded."
         + (" Train loss (last) = mean of the last quarter (at most 10) of the logged per-step training losses; "
            "PPL pruned = the same model before training." if table == "table6" else ""),
         "",
