@@ -19,6 +19,7 @@ from spp.eval.perplexity import (
     perplexity,
     window_indices,
 )
+from spp.eval.tables import final_metrics, ppl_text
 
 
 def test_window_indices_first_and_systematic():
@@ -134,3 +135,13 @@ def test_gap_closed_against_numpy_loop():
     assert out["gap_closed_high"] == pytest.approx(hi, abs=0.05 * width)
     assert out["gap_closed_low"] < out["gap_closed"] < out["gap_closed_high"]
     assert 0.3 < out["gap_closed"] < 0.5
+
+
+def test_tables_show_the_interval_and_loggers_get_the_gap():
+    assert ppl_text({"ppl": 136.654, "ci_low": 120.1, "ci_high": 150.333}) == "136.65 [120.10, 150.33]"
+    assert ppl_text({"ppl": 30.0}) == "30.00"
+    out = final_metrics({"perplexity": {"merged": {"ppl": 2.0, "ci_low": 1.5, "ci_high": 2.5}},
+                         "gap_closed": {"gap_closed": 0.4, "gap_closed_low": 0.3, "gap_closed_high": 0.5,
+                                        "windows": 40}})
+    assert out["final/ppl_merged_ci_low"] == 1.5 and out["final/gap_closed_high"] == 0.5
+    assert "final/windows" not in out

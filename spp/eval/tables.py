@@ -19,7 +19,7 @@ from typing import Any
 from lightning.pytorch.loggers import WandbLogger
 
 from spp.atomic import write_text_atomic
-from spp.eval.harness import MMLU_GROUP, ZERO_SHOT_TASKS, zero_shot_mean
+from spp.eval.harness import MMLU_GROUP, ZERO_SHOT_TASKS, zero_shot_mean, zero_shot_mean_stderr
 
 PAPER_COLUMNS: tuple[tuple[str, str], ...] = (
     ("spp_boolq", "BoolQ"),
@@ -93,6 +93,12 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
     for stage, entry in (summary.get("perplexity") or {}).items():
         if entry:
             out[f"final/ppl_{stage}"] = float(entry["ppl"])
+            for end in ("ci_low", "ci_high"):
+                if entry.get(end) is not None:
+                    out[f"final/ppl_{stage}_{end}"] = float(entry[end])
+    for key, value in (summary.get("gap_closed") or {}).items():
+        if key.startswith("gap_closed"):
+            out[f"final/{key}"] = float(value)
     zero_shot = (summary.get("zero_shot") or {}).get("metrics") or {}
     out.update({f"final/{key}": value for key, value in task_metrics(zero_shot).items()})
     sparsity = summary.get("sparsity") or {}
@@ -110,6 +116,18 @@ def _pct(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
 
 
+def ppl_text(entry: dict[str, Any]) -> str:
+    """``ppl`` with its 95 % bootstrap interval over windows when recorded: ``136.65 [120.10, 150.30]``."""
+    if entry.get("ci_low") is not None:
+        return f"{entry['ppl']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
+    return f"{entry['ppl']:.2f}"
+
+
+def _mean_text(tasks: dict[str, dict[str, float]]) -> str:
+    mean, se = zero_shot_mean(tasks), zero_shot_mean_stderr(tasks)
+    return f"{_pct(mean)} (se {_pct(se)})" if mean is not None and se is not None else _pct(mean)
+
+
 def _ppl_header(records: Sequence[EvalRecord], source: str) -> str:
     settings = {(r.ppl[source]["seqlen"], r.ppl[source]["windows"]) for r in records if source in r.ppl}
     if len(settings) == 1:
@@ -124,9 +142,9 @@ def paper_table(records: Sequence[EvalRecord]) -> str:
     head = ["Model", *(_ppl_header(records, s) for s in sources), *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for r in records:
-        cells = [r.label, *(f"{r.ppl[s]['ppl']:.2f}" if s in r.ppl else "–" for s in sources)]
+        cells = [r.label, *(ppl_text(r.ppl[s]) if s in r.ppl else "–" for s in sources)]
         cells += [_pct(r.tasks.get(task, {}).get("acc")) for task, _ in PAPER_COLUMNS]
-        cells += [_pct(zero_shot_mean(r.tasks)), _pct(r.tasks.get(MMLU_GROUP, {}).get("acc"))]
+        cells += [_mean_text(r.tasks), _pct(r.tasks.get(MMLU_GROUP, {}).get("acc"))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
