@@ -42,13 +42,16 @@ def effective_weights(model: nn.Module, names: set[str]) -> Iterator[tuple[str, 
     baseline is audited on its frozen base weight during training and after ``merge_and_remask``). FSDP2-sharded
     tensors are gathered one layer at a time (a collective: every rank must walk the same layers).
     """
+    done: set[str] = set()
     for name, module in model.named_modules():
         key = original_name(name)
-        if key not in names:
+        if key not in names or key in done:  # a wrapper comes before its base layer: report the wrapper only
             continue
         if hasattr(module, "effective_weight"):
+            done.add(key)
             yield key, full_tensor(module.effective_weight())
         elif isinstance(module, SPPLinear):
+            done.add(key)
             w = full_tensor(module.base.weight)
             if module.merged:
                 yield key, w
@@ -60,6 +63,7 @@ def effective_weights(model: nn.Module, names: set[str]) -> Iterator[tuple[str, 
             else:
                 yield key, adapted_weight(w.float(), alpha, beta)
         elif isinstance(module, nn.Linear) and not name.endswith(".base"):
+            done.add(key)
             yield key, full_tensor(module.weight)
 
 
