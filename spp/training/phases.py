@@ -43,7 +43,7 @@ from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit, 
 from spp.training.config import ProgressBar, TrainJobConfig
 from spp.training.module import SPPModule
 from spp.training.strategies import decoder_layer_class, gather_trainable, is_sharded
-from spp.training.trainer import build_trainer, progress_mode, train_seconds
+from spp.training.trainer import build_trainer, peak_memory, progress_mode, train_seconds
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class FitResult:
     data: dict[str, Any] | None = None
     seconds: float = 0.0
     is_global_zero: bool = True
+    memory: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -175,8 +176,12 @@ def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[L
     whole = None if is_sharded(trainer.strategy) else module.model
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()  # finalize runs on rank 0 alone: no collective may stay open
+    memory = peak_memory(trainer.strategy.root_device)
+    for logger in loggers:
+        logger.log_metrics({"train/peak_memory_mib": memory["peak_mib"]}, step=trainer.global_step)
     return FitResult(whole, state, params, trainer.global_step, module.train_losses, module.val_losses,
-                     auditor.reports, datamodule.summary(), round(train_seconds(trainer), 2), trainer.is_global_zero)
+                     auditor.reports, datamodule.summary(), round(train_seconds(trainer), 2), trainer.is_global_zero,
+                     memory)
 
 
 def rebuild(job: TrainJobConfig, state: dict[str, torch.Tensor]) -> nn.Module:

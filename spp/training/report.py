@@ -74,6 +74,7 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
             "audits": [*fitted.audits, {"when": "merged", **final.audit}],
         },
         "params": fitted.params.to_dict(),
+        "memory": fitted.memory,
         "losses": _loss_summary(fitted.train_losses, fitted.val_losses, fitted.steps),
         "data": fitted.data,
         "pruning": {"cache_hit": pruned.result.cache_hit, "timings": pruned.result.timings,

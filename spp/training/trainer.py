@@ -123,3 +123,13 @@ def train_seconds(trainer: L.Trainer) -> float:
     """Seconds spent in the training loop (Lightning's ``Timer``; validation inside it included)."""
     timer: Any = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
     return float(timer.time_elapsed("train")) if timer is not None else 0.0
+
+
+def peak_memory(device: torch.device) -> dict[str, Any]:
+    """Peak memory of this process so far: CUDA's max allocated on a GPU, else the process's max RSS (MiB)."""
+    if device.type == "cuda":
+        return {"peak_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1), "kind": "cuda max allocated"}
+    import resource  # POSIX only; Linux reports KiB
+
+    return {"peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "kind": "process max RSS (load, pruning and training included)"}
