@@ -74,8 +74,15 @@ def test_sparsity_preserved_and_counted(tiny_run):
 
 
 def test_reloaded_model_has_mask_zeros_and_same_logits(tiny_run):
-    tmp, cfg, _ = tiny_run
+    tmp, cfg, summary = tiny_run
     reloaded = AutoModelForCausalLM.from_pretrained(tmp / "run" / "merged").eval()
+    # the job's greedy completion of the fixed prompt is the reloaded merged model's
+    from spp.generation import generate_text
+
+    tokenizer = load_model(cfg.model)[1]
+    again = generate_text(reloaded, tokenizer, cfg.sample.prompt, max_new_tokens=cfg.sample.max_new_tokens)
+    assert summary["samples"]["merged"]["completion"] == again.completion
+    assert {"dense", "pruned", "merged"} <= set(summary["samples"])
     model, tok, result = _pruned_tiny(cfg, tmp / "cache")
     assert result.cache_hit, "the pruned weights must come from the cache written by the run"
     weights = dict(reloaded.named_parameters())

@@ -21,6 +21,7 @@ from spp.adapters.config import AdapterConfig
 from spp.data.config import DataConfig
 from spp.errors import to_job
 from spp.eval.config import EvalConfig
+from spp.generation import FIXED_PROMPT
 from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
@@ -216,6 +217,22 @@ class ExportConfig:
 
 
 @dataclass
+class SampleConfig:
+    """One greedy completion of a fixed prompt from the dense, pruned and merged models (``sample.*``), printed in
+    the final table and stored in ``summary.json`` so a run shows what its model says.
+
+    Attributes:
+        enabled: Generate the three completions (rank 0; a few seconds on the CPU demo).
+        prompt: The instruction, wrapped in the Alpaca template the adapter was tuned with.
+        max_new_tokens: Tokens generated at most (greedy).
+    """
+
+    enabled: bool = True
+    prompt: str = FIXED_PROMPT
+    max_new_tokens: int = 24
+
+
+@dataclass
 class GuardsConfig:
     """Divergence guards (``guards.*``, ``docs/errors.md``): a run that went wrong is not reported as a success.
 
@@ -265,6 +282,7 @@ class TrainJobConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
     data_dir: str | None = None
     seed: int = 0
     cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"

@@ -32,6 +32,7 @@ from spp.atomic import write_dir_atomic, write_json_atomic
 from spp.data.alpaca import AlpacaDataModule
 from spp.eval.harness import run_eval_tasks
 from spp.eval.ppl_cache import cached_perplexity, weights_key
+from spp.generation import generate_text
 from spp.models.loading import load_model
 from spp.preflight import settings_of
 from spp.pruning.cache import get_or_prune
@@ -70,6 +71,7 @@ class PrunedModel:
     result: PruneResult
     ppl: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -102,6 +104,7 @@ class FinalizeResult:
     seconds: dict[str, float] = field(default_factory=dict)
     status: str = "ok"
     diverged: list[str] = field(default_factory=list)
+    sample: dict[str, Any] | None = None
 
 
 def job_device(job: TrainJobConfig) -> torch.device:
@@ -126,6 +129,7 @@ def prune(job: TrainJobConfig) -> PrunedModel:
         ppl["dense"] = cached_perplexity(model, tokenizer, job.eval, weights_key(job.model), job.cache_dir,
                                          job.data_dir, device)
         log.info("dense perplexity: %s", ppl_text(ppl["dense"]))
+    samples = {"dense": sample(job, model, tokenizer)} if rank_zero_only.rank == 0 and job.sample.enabled else {}
     start = time.perf_counter()
     log.info("pruning: %s %s (calibration: %d × %d tokens of %s)", job.pruner.name, job.sparsity.name,
              job.calibration.nsamples, job.calibration.seqlen, job.calibration.source)
@@ -141,8 +145,20 @@ def prune(job: TrainJobConfig) -> PrunedModel:
         key = weights_key(job.model, job.pruner, job.sparsity, job.calibration, job.data_dir)
         ppl["pruned"] = cached_perplexity(model, tokenizer, job.eval, key, job.cache_dir, job.data_dir, device)
         log.info("pruned perplexity: %s", ppl_text(ppl["pruned"]))
+    if samples:
+        samples["pruned"] = sample(job, model, tokenizer)
     masks = {k: v.to(torch.bool).cpu() for k, v in result.masks.items()}
-    return PrunedModel(model.cpu(), tokenizer, masks, zero_patterns(model, set(masks)), result, ppl, seconds)
+    return PrunedModel(model.cpu(), tokenizer, masks, zero_patterns(model, set(masks)), result, ppl, seconds,
+                       samples)
+
+
+def sample(job: TrainJobConfig, model: nn.Module, tokenizer: Any) -> dict[str, Any]:
+    """A greedy completion of ``sample.prompt`` (Alpaca template), logged as it is made."""
+    out = generate_text(model, tokenizer, job.sample.prompt, max_new_tokens=job.sample.max_new_tokens).to_dict()
+    for key in ("token_ids", "text", "prompt"):
+        out.pop(key, None)
+    log.info("completion: %r", out["completion"])
+    return out
 
 
 def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[Logger],
@@ -260,6 +276,8 @@ def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, resu
 def _evaluate(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, result: FinalizeResult) -> None:
     """Perplexity (not cached: the merged weights are new) and the lm-eval tasks of ``eval.tasks``."""
     device = next(merged.parameters()).device
+    if job.sample.enabled:
+        result.sample = sample(job, merged, tokenizer)
     if job.eval.ppl:
         log.info("evaluating the merged model: perplexity")
         result.ppl = cached_perplexity(merged, tokenizer, job.eval, "merged", None, job.data_dir, device)

@@ -75,6 +75,7 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
         },
         "params": fitted.params.to_dict(),
         "memory": fitted.memory,
+        "samples": {"prompt": job.sample.prompt, **pruned.samples, "merged": final.sample} if final.sample else None,
         "losses": _loss_summary(fitted.train_losses, fitted.val_losses, fitted.steps),
         "data": fitted.data,
         "pruning": {"cache_hit": pruned.result.cache_hit, "timings": pruned.result.timings,
@@ -139,6 +140,10 @@ def results_table(summary: dict[str, Any]) -> Table:
                                     f"({losses['optimizer_steps']} optimizer steps)")
     timings = summary.get("timings", {})
     table.add_row("training time", f"{timings.get('train', 0):.1f} s (job total {timings.get('total', 0):.1f} s)")
+    samples = summary.get("samples") or {}
+    for stage in ("dense", "pruned", "merged"):
+        if samples.get(stage):
+            table.add_row(f"{stage} says ({samples['prompt']!r})", samples[stage]["completion"].strip())
     return table
 
 
