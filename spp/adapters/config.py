@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 import pkgutil
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
+from spp.choices import Choice
 from spp.projections import DEFAULT_TARGETS
 
 METHODS_DIR = Path(__file__).resolve().parent / "methods"
@@ -19,18 +19,16 @@ def method_names() -> tuple[str, ...]:
     return tuple(sorted(m.name for m in pkgutil.iter_modules([str(METHODS_DIR)]) if not m.name.startswith("_")))
 
 
-class Init(str, Enum):
+class Init(Choice):
     """Initialisation of an SPP tensor (``kaiming`` = ``nn.Linear``'s default, as the authors' alpha)."""
 
     kaiming = "kaiming"
     zeros = "zeros"
     ones = "ones"
 
-    def __str__(self) -> str:
-        return self.value
 
 
-class Impl(str, Enum):
+class Impl(Choice):
     """Exact SPP forward implementations (``spp.adapters.spp.layer.IMPLS``)."""
 
     fused = "fused"
@@ -38,11 +36,9 @@ class Impl(str, Enum):
     blocked = "blocked"
     fused_cached = "fused_cached"
 
-    def __str__(self) -> str:
-        return self.value
 
 
-class ParamDtype(str, Enum):
+class ParamDtype(Choice):
     """dtype of the trainable adapter tensors (fp32 by default whatever the base weights are, as peft's LoRA)."""
 
     float32 = "float32"
@@ -50,8 +46,6 @@ class ParamDtype(str, Enum):
     float16 = "float16"
     float64 = "float64"
 
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from spp.adapters.config import AdapterConfig
+from spp.choices import Choice
 from spp.data.config import DataConfig
 from spp.errors import to_job
 from spp.eval.config import EvalConfig
@@ -27,15 +27,13 @@ from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 
 
-class Scheduler(str, Enum):
+class Scheduler(Choice):
     """Learning-rate decay after the linear warm-up (``transformers.get_scheduler`` names in ``hf_name``)."""
 
     linear = "linear"
     cosine = "cosine"
     constant = "constant"
 
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def hf_name(self) -> str:
@@ -43,7 +41,7 @@ class Scheduler(str, Enum):
         return "constant_with_warmup" if self is Scheduler.constant else self.value
 
 
-class ProgressBar(str, Enum):
+class ProgressBar(Choice):
     """Training progress display: a Rich or tqdm bar on a terminal, or periodic log lines (``log``).
 
     ``rich`` and ``tqdm`` fall back to ``log`` when stdout is not a TTY (``tee``, a batch job's log file).
@@ -54,19 +52,15 @@ class ProgressBar(str, Enum):
     log = "log"
     none = "none"
 
-    def __str__(self) -> str:
-        return self.value
 
 
-class Objective(str, Enum):
+class Objective(Choice):
     """What ``train.py`` returns to a Hydra sweeper: a validation metric, never a test one by default."""
 
     val_loss = "val_loss"
     ppl_merged = "ppl_merged"
     none = "none"
 
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass
@@ -152,7 +146,7 @@ class TrainerConfig:
                 raise ValueError(message)
 
 
-class StrategyName(str, Enum):
+class StrategyName(Choice):
     """Distributed strategies: Lightning's DDP, FSDP2 (``ModelParallelStrategy``) and DeepSpeed ZeRO."""
 
     auto = "auto"
@@ -160,8 +154,6 @@ class StrategyName(str, Enum):
     fsdp = "fsdp"
     deepspeed = "deepspeed"
 
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass
