@@ -37,7 +37,7 @@ _LEADING_KEY = re.compile(r"([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+)\b(?!\.)")
 """A message that starts with a dotted config key (``data.max_length must be >= 2``)."""
 
 
-class UserError(Exception):
+class UserError(ValueError):
     """An error the user can fix: ``what`` is wrong, ``fix`` says how; ``key`` / ``path`` name the culprit."""
 
     def __init__(self, what: str, fix: str, *, key: str | None = None, path: str | os.PathLike[str] | None = None):

@@ -72,7 +72,7 @@ def test_table_specific_settings_on_the_cpu_model():
     ])
     for cfg in t6:  # the one CPU budget (conf/budget/smollm2_135m.yaml), as the README main job
         assert (cfg.data.max_examples, cfg.data.max_length, cfg.data.train_batch_size) == (120, 128, 8)
-        assert (cfg.trainer.max_steps, cfg.trainer.lr, cfg.eval.seqlen, cfg.eval.max_windows) == (-1, 2e-2, 512, 8)
+        assert (cfg.trainer.max_steps, cfg.trainer.lr, cfg.eval.seqlen, cfg.eval.max_windows) == (-1, 2e-2, 512, 40)
         assert cfg.pruner.name == "wanda" and cfg.sparsity.name == "nm2_4" and list(cfg.eval.tasks) == []
     t2 = jobs("table2_zeroshot", "smollm2_135m")
     assert [(c.pruner.name, c.sparsity.name, c.adapter.name) for c in t2][0] == ("none", "dense", "none")
