@@ -217,6 +217,17 @@ def zero_shot_mean_stderr(metrics: dict[str, dict[str, float]], metric: str = "a
     return math.sqrt(sum(se * se for se in ses)) / len(ses)
 
 
+def _run_names(names: list[str], online: bool) -> list[str]:
+    """The names lm-eval runs: the local ``spp_*`` tasks, or online their standard tasks (the group expanded)."""
+    run_names: list[str] = []
+    for name in names:
+        if online and name == ZERO_SHOT_GROUP:
+            run_names += [ONLINE_NAMES[t] for t in ZERO_SHOT_TASKS]
+        else:
+            run_names.append(ONLINE_NAMES[name] if online else name)
+    return run_names
+
+
 def evaluate_tasks(
     model: torch.nn.Module | str,
     tokenizer: Any = None,
@@ -244,8 +255,7 @@ def evaluate_tasks(
         device: Device for a directory model (``cpu``, ``cuda``); an in-memory model stays where it is.
         online: Use lm-eval's standard hub tasks instead of the local copies.
         num_fewshot: Override every task's shots; ``None`` keeps the task defaults (0, MMLU 5).
-        seed: Set lm-eval's random / numpy / torch / few-shot seeds to this; ``None`` keeps lm-eval's defaults
-            (0, 1234, 1234, 1234), as its command line does.
+        seed: lm-eval's random / numpy / torch / few-shot seeds; ``None`` = its defaults (as its command line).
         log_samples: Keep lm-eval's per-document records (``raw["samples"]``: prompts, log-likelihoods).
         doc_seed: Seed of the random document order of the local tasks (``limit`` then takes a seeded random
             sample); ``None`` = file order. Ignored (with a warning) for ``online`` hub tasks.
@@ -259,33 +269,21 @@ def evaluate_tasks(
     names = resolve_tasks(tasks)
     if not online:
         task_data_files(names, data_dir)
-    run_names: list[str] = []
-    for name in names:
-        if online and name == ZERO_SHOT_GROUP:
-            run_names += [ONLINE_NAMES[t] for t in ZERO_SHOT_TASKS]
-        else:
-            run_names.append(ONLINE_NAMES[name] if online else name)
     if online and doc_seed is not None and limit is not None:
         log.warning("eval.doc_seed is ignored for online hub tasks: eval.limit takes their first documents")
-    if isinstance(model, (str, Path)):
-        lm = HFLM(pretrained=str(model), tokenizer=tokenizer, batch_size=batch_size, device=device or "cpu")
-    else:
-        if tokenizer is None:
-            raise ValueError("evaluate_tasks: an in-memory model needs its tokenizer (tokenizer=...)")
-        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size)
+    if not isinstance(model, (str, Path)) and tokenizer is None:
+        raise ValueError("evaluate_tasks: an in-memory model needs its tokenizer (tokenizer=...)")
+    kwargs = {"device": device or "cpu"} if isinstance(model, (str, Path)) else {}
+    lm = HFLM(pretrained=str(model) if isinstance(model, (str, Path)) else model, tokenizer=tokenizer,
+              batch_size=batch_size, **kwargs)
+    run_names = _run_names(names, online)
     seed_keys = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
     seeds = {} if seed is None else dict.fromkeys(seed_keys, seed)
     was_training = getattr(model, "training", False)
     try:
-        out = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=run_names,
-            num_fewshot=num_fewshot,
-            limit=limit,
-            log_samples=log_samples,
-            task_manager=task_manager(data_dir, online, doc_seed),
-            **seeds,
-        )
+        out = lm_eval.simple_evaluate(model=lm, tasks=run_names, num_fewshot=num_fewshot, limit=limit,
+                                      log_samples=log_samples, task_manager=task_manager(data_dir, online, doc_seed),
+                                      **seeds)
     finally:
         if isinstance(model, torch.nn.Module):
             model.train(was_training)

@@ -107,6 +107,30 @@ def _next_to_prune(prune_list: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
     return prune_list.gather(1, ptr.unsqueeze(1)).squeeze(1)
 
 
+def _swap(keep: torch.Tensor, prunable: torch.Tensor | None, c: torch.Tensor, e: torch.Tensor, sign0: torch.Tensor,
+          active: torch.Tensor, ok: torch.Tensor, r_idx: torch.Tensor, p_idx: torch.Tensor,
+          check_sign: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Regrow ``r_idx`` and prune ``p_idx`` in every row still active whose error keeps its sign (when checked);
+    ``keep``, ``prunable`` and ``active`` are updated in place. Returns the new errors and the applied rows."""
+    rows = torch.arange(c.shape[0], device=c.device)
+    e_after = e + c[rows, p_idx] - c[rows, r_idx]
+    if check_sign:
+        active &= (torch.sign(e_after) == sign0) | ~ok
+    apply = active & ok
+    keep[rows[apply], r_idx[apply]] = True
+    keep[rows[apply], p_idx[apply]] = False
+    if prunable is not None:
+        prunable[rows[apply], p_idx[apply]] = float("inf")
+    return torch.where(apply, e_after, e), apply
+
+
+def _regrow_order(c: torch.Tensor, keep: torch.Tensor, var: torch.Tensor, n_pruned: int, power: float) -> torch.Tensor:
+    """Each row's pruned weights in the order they are offered for regrowth: contribution / var^power, ascending."""
+    pruned_idx = torch.sort(keep.to(torch.int8), dim=1, stable=True).indices[:, :n_pruned]
+    regrow_key = c.gather(1, pruned_idx) / var.float().clamp_min(_VAR_EPS).pow(power)[pruned_idx]
+    return pruned_idx.gather(1, torch.sort(regrow_key, dim=1, stable=True).indices)
+
+
 def _refine(
     weight: torch.Tensor,
     initial_metric: torch.Tensor,
@@ -123,18 +147,15 @@ def _refine(
     c = weight.detach().float() * sequence_sum.float().reshape(1, -1)
     rows, cols = c.shape
     nm = sparsity.kind == "nm"
-    keep = keep_top_n_of_m(metric, int(sparsity.n), int(sparsity.m)) if nm else prune_lowest_per_row(
-        metric, sparsity.target_ratio
-    )
+    keep = keep_top_n_of_m(metric, int(sparsity.n), int(sparsity.m)) if nm else prune_lowest_per_row(metric,
+                                                                                                     sparsity.target_ratio)
     initial = keep.clone()
     e0 = (c * ~keep).sum(1)
     n_pruned = cols - int(keep[0].sum()) if rows else 0
     if n_pruned in (0, cols) or max_cycles == 0:
         return DSnoTOutcome(keep, e0, e0.clone(), 0)
 
-    pruned_idx = torch.sort(keep.to(torch.int8), dim=1, stable=True).indices[:, :n_pruned]
-    regrow_key = c.gather(1, pruned_idx) / var.float().clamp_min(_VAR_EPS).pow(pow_of_var_regrowing)[pruned_idx]
-    regrow_list = pruned_idx.gather(1, torch.sort(regrow_key, dim=1, stable=True).indices)
+    regrow_list = _regrow_order(c, keep, var, n_pruned, pow_of_var_regrowing)
     if not nm:
         prune_list = _prune_order(c, keep, wanda_metric, cols - n_pruned)
         pr_lo = torch.zeros(rows, dtype=torch.long, device=c.device)
@@ -151,7 +172,6 @@ def _refine(
     e = e0.clone()
     active = torch.ones(rows, dtype=torch.bool, device=c.device)
     errors, swaps = [e0.clone()], []
-    row_ids = torch.arange(rows, device=c.device)
     cycles = 0
     for _ in range(max_cycles):
         active &= (e.abs() > update_threshold) & (rg_lo <= rg_hi)
@@ -168,15 +188,8 @@ def _refine(
             p_idx, ok = start + low_off, torch.isfinite(low_val)
         else:
             p_idx, ok = _next_to_prune(prune_list, pr_lo, pr_hi, e < 0), torch.ones_like(active)
-        e_after = e + c[row_ids, p_idx] - c[row_ids, r_idx]
-        if nm or same_sign_check:
-            active &= (torch.sign(e_after) == sign0) | ~ok
-        apply = active & ok
-        keep[row_ids[apply], r_idx[apply]] = True
-        keep[row_ids[apply], p_idx[apply]] = False
-        if nm:
-            prunable[row_ids[apply], p_idx[apply]] = float("inf")
-        e = torch.where(apply, e_after, e)
+        e, apply = _swap(keep, prunable if nm else None, c, e, sign0, active, ok, r_idx, p_idx,
+                         nm or same_sign_check)
         rg_hi -= up.long()
         rg_lo += (~up).long()
         errors.append(e.clone())

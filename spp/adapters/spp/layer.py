@@ -46,6 +46,33 @@ def _init_(t: torch.Tensor, how: str) -> None:
         nn.init.ones_(t)
 
 
+def _check_settings(label: str, m: int, r: int, impl: str, dropout: float, alpha_init: str, beta_init: str,
+                    use_beta: bool, residual: bool) -> None:
+    """Raise ``ValueError`` for SPP settings that cannot work (each message names the setting and the fix)."""
+    if not isinstance(r, int) or r < 1 or m % r != 0:
+        raise ValueError(
+            f"{label}: r={r} does not divide out_features={m} (Repeat0 needs m/r rows per alpha row); "
+            f"valid r values: {_divisors(m)}. Set adapter.r to one of them."
+        )
+    if impl not in IMPLS:
+        raise ValueError(f"{label}: unknown impl {impl!r}; choose one of {list(IMPLS)}.")
+    if not 0.0 <= float(dropout) < 1.0:
+        raise ValueError(f"{label}: dropout={dropout} must be in [0, 1).")
+    for key, val in (("alpha_init", alpha_init), ("beta_init", beta_init)):
+        if val not in INITS:
+            raise ValueError(f"{label}: {key}={val!r} is not one of {list(INITS)}.")
+    if residual and use_beta and alpha_init == "zeros" and beta_init == "zeros":
+        raise ValueError(
+            f"{label}: alpha_init and beta_init are both 'zeros': the adapter gradients vanish and the "
+            "parameters stay zero (paper appendix, Table 8). Set alpha_init='kaiming' (default)."
+        )
+    if residual and not use_beta and alpha_init != "zeros":
+        raise ValueError(
+            f"{label}: use_beta=False needs alpha_init='zeros' (got {alpha_init!r}); otherwise the model "
+            "does not start as the pruned model. Set alpha_init='zeros'."
+        )
+
+
 class SPPLinear(nn.Module):
     """Sparsity-preserved adapter around a frozen (pruned) linear layer (paper Sec. 3.2).
 
@@ -95,30 +122,8 @@ class SPPLinear(nn.Module):
         if not isinstance(base, nn.Linear):
             raise TypeError(f"{label}: SPPLinear wraps an nn.Linear, got {type(base).__name__}.")
         m, n = base.out_features, base.in_features
-        if not isinstance(r, int) or r < 1 or m % r != 0:
-            raise ValueError(
-                f"{label}: r={r} does not divide out_features={m} (Repeat0 needs m/r rows per alpha row); "
-                f"valid r values: {_divisors(m)}. Set adapter.r to one of them."
-            )
-        if impl not in IMPLS:
-            raise ValueError(f"{label}: unknown impl {impl!r}; choose one of {list(IMPLS)}.")
-        if not 0.0 <= float(dropout) < 1.0:
-            raise ValueError(f"{label}: dropout={dropout} must be in [0, 1).")
-        for key, val in (("alpha_init", alpha_init), ("beta_init", beta_init)):
-            if val not in INITS:
-                raise ValueError(f"{label}: {key}={val!r} is not one of {list(INITS)}.")
-        if residual:
-            if use_beta and alpha_init == "zeros" and beta_init == "zeros":
-                raise ValueError(
-                    f"{label}: alpha_init and beta_init are both 'zeros': the adapter gradients vanish and the "
-                    "parameters stay zero (paper appendix, Table 8). Set alpha_init='kaiming' (default)."
-                )
-            if not use_beta and alpha_init != "zeros":
-                raise ValueError(
-                    f"{label}: use_beta=False needs alpha_init='zeros' (got {alpha_init!r}); otherwise the model "
-                    "does not start as the pruned model. Set alpha_init='zeros'."
-                )
-        else:
+        _check_settings(label, m, r, impl, dropout, alpha_init, beta_init, use_beta, residual)
+        if not residual:
             alpha_init = beta_init = "ones"
         self.base = base
         self.r = r
