@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
@@ -49,7 +50,7 @@ def count_parameters(model: nn.Module) -> ParamCounts:
     return ParamCounts(trainable, frozen)
 
 
-class AdapterMethod:
+class AdapterMethod(ABC):
     """One way to fine-tune a pruned model; a module of ``spp/adapters/methods/`` exposes one as ``METHOD``.
 
     Attributes:
@@ -63,17 +64,17 @@ class AdapterMethod:
     trains: ClassVar[bool] = True
     kept_zeros_may_change: ClassVar[bool] = False
 
+    @abstractmethod
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         """Attach the adapter; afterwards exactly the adapter's parameters require grad."""
-        raise NotImplementedError
 
+    @abstractmethod
     def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
         """Fold the adapter into plain ``nn.Linear`` weights; returns the model and what the merge reports."""
-        raise NotImplementedError
 
+    @abstractmethod
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         """Write the adapter files into ``directory`` (which exists and is empty)."""
-        raise NotImplementedError
 
 
 def freeze_all(model: nn.Module) -> None:
