@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,28 +39,12 @@ from benchmarks.gpu_step_bench import SHAPES, cut_model, profile_kernels, share_
 from benchmarks.layer_bench import pruned_base
 from spp.adapters.spp.layer import SPPLinear
 from spp.adapters.spp.model import inject, merge_and_unload, spp_layers
-from spp.bench.common import environment, write_json
+from spp.bench.common import cuda_time, environment, write_json
 from spp.export.semi_structured import count_2_4_violations, export_semi_structured
 
 CUDA_NOTE = ("skipped: no CUDA device. PyTorch's 2:4 semi-structured kernels (cuSPARSELt / CUTLASS) exist only "
              "on CUDA GPUs (sm80+); on the CPU a 2:4 model runs as a dense model and there is no speed-up.")
 LAYER_SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))
-
-
-def cuda_time(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn()`` between CUDA events (``benchmarks.sparse24_bench`` has the same helper but
-    imports omegaconf through ``model_bench``, which the GPU machines lack)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def merged_weight(out_f: int, in_f: int, device: torch.device, seed: int = 0) -> torch.Tensor:

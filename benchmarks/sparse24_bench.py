@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 from typing import Any
 
 import torch
@@ -20,27 +19,12 @@ import torch.nn.functional as F
 from benchmarks.layer_bench import LLAMA7B_SHAPES, pruned_base
 from benchmarks.model_bench import magnitude_2_4_
 from spp import inject, merge_and_unload, spp_layers
-from spp.bench.common import environment, write_json
+from spp.bench.common import cuda_time, environment, write_json
 from spp.export.semi_structured import export_semi_structured
 from spp.models import load_model
 
 CPU_NOTE = ("skipped: no CUDA device. PyTorch's 2:4 semi-structured kernels (CUTLASS / cuSPARSELt) exist only on "
             "CUDA GPUs (sm80+); on CPU a 2:4 model runs as a dense model and there is no speed-up.")
-
-
-def cuda_time(fn, repeats: int, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn()`` measured with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 @torch.no_grad()

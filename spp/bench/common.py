@@ -144,3 +144,18 @@ def markdown(results: dict[str, dict[str, Any]], title: str) -> str:
         lines.append(f"| {name} | {r['time_s']:.3f} | {r['time_ratio']:.2f} | {cpu} | {r['peak_mib']:.0f} | "
                      f"{r['mem_ratio']:.2f} |")
     return "\n".join(lines)
+
+
+def cuda_time(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn()`` between CUDA events (after ``warmup`` untimed calls)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
