@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Issue 16's campaign on SmolLM2-135M (CPU), resumable: every job is a single `train.py` run in its own directory
+# and is skipped when its summary.json exists, so a chunk stopped half-way re-runs only the missing jobs.
+# Two streams of one thread each run side by side (the same load for every method's step time).
+#   bash experiments/campaign16/run.sh A      # learning-rate grid on the validation loss (Wanda 2:4), 20 jobs
+#   bash experiments/campaign16/run.sh B1     # headline 2:4, seed 0, at the chunk-A learning rates, 6 jobs
+#   bash experiments/campaign16/run.sh B2     # seeds 1 and 2, 8 jobs
+#   bash experiments/campaign16/run.sh C      # unstructured 50 % / 75 % and the prompt-masked SPP run, 11 jobs
+#   bash experiments/campaign16/run.sh AB1    # A then B1 in each stream (B1's job of a method waits for nothing:
+#                                             # its stream ran that method's grid first)
+# Chunk A's learning rate per method: python -m spp.experiments.lr_select $R/lr_select/<method>
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+R=${R:-experiments/results/runs/campaign16}
+GRID=${GRID:-"1e-4 1e-3 1e-2 1e-1"}   # the same four learning rates for every method (one per decade)
+C="model=smollm2_135m pruner=wanda calibration.nsamples=32 data.max_examples=540 data.val_size=40
+   data.train_batch_size=8 trainer.max_epochs=1 trainer.val_check_interval=0.25 eval.seqlen=512 eval.max_windows=40
+   eval.window_sampling=systematic eval.doc_seed=0 logger=[csv] export.merged=false"
+Z="eval.tasks=[spp_zeroshot] eval.limit=200"
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+job() {  # job DIR OVERRIDES...: one train.py run, skipped when DIR/summary.json exists; a failure is logged, not fatal
+  local dir=$1; shift
+  if [[ -f $dir/summary.json ]]; then echo "[campaign16] done already: $dir"; return 0; fi
+  rm -rf "$dir"; mkdir -p "$(dirname "$dir")"
+  echo "[campaign16] $(date -u +%FT%TZ) start $dir (load $(cut -d' ' -f1 /proc/loadavg))"
+  # shellcheck disable=SC2086
+  if python train.py $C "$@" hydra.run.dir="$dir" > "$dir.stdout" 2>&1; then
+    mv "$dir.stdout" "$dir/stdout.log"
+    echo "[campaign16] $(date -u +%FT%TZ) done  $dir"
+  else
+    echo "[campaign16] $(date -u +%FT%TZ) FAILED $dir (see $dir.stdout)"
+  fi
+}
+
+grid() {  # grid METHOD: chunk A for one method, 300 records (270 train, 30 validation), no test-split evaluation
+  local m=$1 lr
+  for lr in $GRID; do
+    job "$R/lr_select/$m/lr$lr" sparsity=nm2_4 adapter="$m" trainer.lr="$lr" data.max_examples=300 \
+      eval.ppl=false eval.tasks=[] guards.enabled=false sample.enabled=false
+  done
+}
+
+best_lr() { python -m spp.experiments.lr_select "$R/lr_select/$1" --print-lr; }
+
+headline() {  # headline METHOD SEED SPARSITY: one method at its chunk-A learning rate; seed varies init and data order
+  local m=$1 s=$2 sp=$3
+  job "$R/$sp/${m}_s$s" sparsity="$sp" adapter="$m" trainer.lr="$(best_lr "$m")" seed="$s" data.seed="$s" $Z
+}
+
+pruned() { job "$R/$2/none_$1" sparsity="$2" pruner="$1" adapter=none $Z; }
+
+stream1_A() { grid spp; grid lora; }
+stream2_A() { grid sparse_lora; grid masked_full; }
+stream1_B1() { headline spp 0 nm2_4; headline lora 0 nm2_4; pruned sparsegpt nm2_4; }
+stream2_B1() { headline sparse_lora 0 nm2_4; headline masked_full 0 nm2_4; pruned wanda nm2_4; }
+stream1_B2() { for s in 1 2; do headline spp $s nm2_4; headline lora $s nm2_4; done; }
+stream2_B2() { for s in 1 2; do headline sparse_lora $s nm2_4; headline masked_full $s nm2_4; done; }
+stream1_C() {
+  for sp in unstructured50 unstructured75; do headline spp 0 $sp; headline lora 0 $sp; done
+  pruned wanda unstructured50
+  job "$R/nm2_4/spp_s0_prompt_masked" sparsity=nm2_4 adapter=spp trainer.lr="$(best_lr spp)" seed=0 data.seed=0 \
+    data.train_on_inputs=false $Z
+}
+stream2_C() {
+  for sp in unstructured50 unstructured75; do headline sparse_lora 0 $sp; headline masked_full 0 $sp; done
+  pruned wanda unstructured75
+}
+
+chunk=${1:?usage: run.sh A|B1|B2|C|AB1}
+case $chunk in
+  AB1) (stream1_A; stream1_B1) & (stream2_A; stream2_B1) & ;;
+  A|B1|B2|C) "stream1_$chunk" & "stream2_$chunk" & ;;
+  *) echo "run.sh: unknown chunk '$chunk'; use A, B1, B2, C or AB1" >&2; exit 2 ;;
+esac
+wait
+echo "[campaign16] chunk $chunk finished $(date -u +%FT%TZ)"

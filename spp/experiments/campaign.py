@@ -1,0 +1,229 @@
+"""Issue 16's comparison: pruned vs SPP vs SparsePEFT vs LoRA* vs masked full fine-tuning, from raw run files.
+
+Use: ``python -m spp.experiments.campaign experiments/results/runs/campaign16 --out
+experiments/results/campaign16_smollm2_135m.md`` (``--title`` / ``--command`` as for ``collect``). Reads every
+``summary.json`` below the given directories except learning-rate grid runs (``lr_select/``), and writes:
+
+1. one row per (sparsity, pruner, method) over its seeds: WikiText-2 perplexity with its 95 % bootstrap interval
+   over windows (one seed) or mean ± sample std (several), fraction of the log-perplexity gap closed (paired
+   interval / mean ± std), 7-task zero-shot mean with its standard error (lm-eval's per-task ``acc_stderr``),
+   trainable parameters, seconds per optimizer step and logged training tokens/s, peak process memory;
+2. every method against SPP on the same windows, seed by seed: the perplexity ratio with its paired bootstrap
+   interval, and the zero-shot difference with ``sqrt(se_a² + se_b²)`` (the same documents, so conservative),
+   each marked distinguishable only when its 95 % interval excludes zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spp.atomic import write_text_atomic
+from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
+from spp.eval.perplexity import paired_difference
+from spp.experiments.collect import (
+    PRUNER_LABELS,
+    Run,
+    RunKey,
+    cell,
+    find_summaries,
+    gap_cell,
+    load_run,
+    mean_cell,
+    ppl_cell,
+    protocol_notes,
+    sparsity_label,
+    sparsity_rank,
+)
+
+METHODS = {"none": "pruned", "spp": "SPP", "sparse_lora": "SparsePEFT", "lora": "LoRA*",
+           "masked_full": "masked full FT"}
+"""Adapter name -> the method's name in the tables, in table order."""
+THROUGHPUT_COLUMN = "train/device/items_per_sec"
+"""The training tokens/s ``train.py`` logs (Lightning's ``ThroughputMonitor``, one device)."""
+Z95 = 1.959963984540054
+
+
+@dataclass
+class CampaignRun:
+    """A collected run plus what the comparison needs beyond :class:`Run`: cost and the raw perplexities."""
+
+    run: Run
+    step_s: float | None
+    tokens_per_s: float | None
+    peak_gib: float | None
+    perplexity: dict[str, Any]
+
+
+def logged_tokens_per_s(run_dir: Path) -> float | None:
+    """Median of the logged training tokens/s in ``run_dir/csv/**/metrics.csv`` (``None`` when not logged)."""
+    values: list[float] = []
+    for path in sorted(run_dir.glob("csv/**/metrics.csv")):
+        with path.open(newline="") as f:
+            values += [float(row[THROUGHPUT_COLUMN]) for row in csv.DictReader(f) if row.get(THROUGHPUT_COLUMN)]
+    return statistics.median(values) if values else None
+
+
+def load_campaign_run(path: Path) -> CampaignRun:
+    """Read one run: :func:`load_run` plus timings, memory, logged throughput and per-window perplexities."""
+    data = json.loads(path.read_text())
+    run = load_run(path)
+    train_s = (data.get("timings") or {}).get("train")
+    peak = (data.get("memory") or {}).get("peak_mib")
+    return CampaignRun(
+        run=run,
+        step_s=train_s / run.steps if train_s and run.steps else None,
+        tokens_per_s=logged_tokens_per_s(path.parent) if run.key.adapter != "none" else None,
+        peak_gib=peak / 1024 if peak else None,
+        perplexity=data["perplexity"],
+    )
+
+
+def load_campaign(roots: Iterable[str | Path]) -> list[CampaignRun]:
+    """Every run below ``roots`` except learning-rate grid points (directories under ``lr_select``)."""
+    return [load_campaign_run(p) for p in find_summaries(roots) if "lr_select" not in p.parts]
+
+
+def _row_order(key: RunKey) -> tuple:
+    return (sparsity_rank(key), list(METHODS).index(key.adapter) if key.adapter in METHODS else 9,
+            key.pruner != "wanda", key.pruner)
+
+
+def _group(runs: Sequence[CampaignRun]) -> dict[RunKey, list[CampaignRun]]:
+    groups: dict[RunKey, list[CampaignRun]] = {}
+    for r in sorted(runs, key=lambda r: r.run.seed):
+        groups.setdefault(r.run.key, []).append(r)
+    return dict(sorted(groups.items(), key=lambda kv: _row_order(kv[0])))
+
+
+def _label(key: RunKey) -> str:
+    return METHODS.get(key.adapter, key.adapter)
+
+
+def _md(head: Sequence[str], rows: Sequence[Sequence[str]], left: int) -> list[str]:
+    align = ["---"] * left + ["---:"] * (len(head) - left)
+    return ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def main_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
+    """One row per (sparsity, pruner, method): quality with its uncertainty, then cost."""
+    head = ["Sparsity", "Pruner", "Method", "lr (val.)", "Seeds", "PPL", "Gap closed (%)", "7-task mean (%)",
+            "Trainable", "s / step", "tokens / s", "Peak RSS (GiB)"]
+    rows = []
+    dense = next((g[0].perplexity.get("dense") for g in groups.values() if g[0].perplexity.get("dense")), None)
+    if dense:
+        interval = f" [{dense['ci_low']:.2f}, {dense['ci_high']:.2f}]" if dense.get("ci_low") is not None else ""
+        rows.append(["Dense", "–", "dense", "–", "–", f"{dense['ppl']:.2f}{interval}", "–", "–", "–", "–", "–", "–"])
+    for key, group in groups.items():
+        runs = [g.run for g in group]
+        trained = key.adapter != "none"
+        rows.append([
+            sparsity_label(key), PRUNER_LABELS.get(key.pruner, key.pruner), _label(key),
+            f"{key.lr:g}" if trained else "–", ",".join(str(r.seed) for r in runs),
+            ppl_cell(runs, "merged" if trained else "pruned"), gap_cell(runs), mean_cell(runs),
+            f"{runs[0].trainable:,}" if trained else "–",
+            cell([g.step_s for g in group], digits=1) if trained else "–",
+            cell([g.tokens_per_s for g in group], digits=0) if trained else "–",
+            cell([g.peak_gib for g in group], digits=2),
+        ])
+    return _md(head, rows, 3)
+
+
+def _zero_shot_diff(a: Run, b: Run) -> tuple[float, float] | None:
+    ma, mb = zero_shot_mean(a.tasks), zero_shot_mean(b.tasks)
+    sa, sb = zero_shot_mean_stderr(a.tasks), zero_shot_mean_stderr(b.tasks)
+    if None in (ma, mb, sa, sb):
+        return None
+    return ma - mb, math.sqrt(sa * sa + sb * sb)
+
+
+def _verdict(low: float, high: float, lower_is_better: bool) -> str:
+    if low <= 0.0 <= high:
+        return "not distinguishable"
+    spp_better = (low > 0) if lower_is_better else (high < 0)
+    return "SPP better" if spp_better else "SPP worse"
+
+
+def paired_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
+    """Every other method against SPP at the same sparsity, pruner and seed, on the same windows and documents."""
+    spp = {(k.sparsity_kind, k.ratio, k.n, k.m, k.pruner, r.run.seed): r
+           for k, g in groups.items() if k.adapter == "spp" for r in g}
+    head = ["Sparsity", "Method vs SPP", "Seed", "PPL ratio (method / SPP) [95 %]", "PPL",
+            "Δ 7-task mean (pts) ± 1.96 se", "Zero-shot"]
+    rows = []
+    for key, group in groups.items():
+        if key.adapter == "spp":
+            continue
+        for r in group:
+            ref = spp.get((key.sparsity_kind, key.ratio, key.n, key.m, key.pruner, r.run.seed))
+            if ref is None:
+                continue
+            which = "merged" if key.adapter != "none" else "pruned"
+            d = paired_difference(r.perplexity[which], ref.perplexity["merged"])
+            ratio = f"{d['ppl_ratio']:.3f} [{d['ppl_ratio_low']:.3f}, {d['ppl_ratio_high']:.3f}]"
+            zs = _zero_shot_diff(r.run, ref.run)
+            zs_text = f"{100 * zs[0]:+.2f} ± {100 * Z95 * zs[1]:.2f}" if zs else "–"
+            zs_verdict = _verdict(zs[0] - Z95 * zs[1], zs[0] + Z95 * zs[1], False) if zs else "–"
+            rows.append([sparsity_label(key), f"{PRUNER_LABELS.get(key.pruner, key.pruner)} {_label(key)}",
+                         str(r.run.seed), ratio, _verdict(d["log_ppl_diff_low"], d["log_ppl_diff_high"], True),
+                         zs_text, zs_verdict])
+    return _md(head, rows, 3)
+
+
+def collect_campaign(roots: Iterable[str | Path], title: str | None = None, command: str | None = None) -> str:
+    """The Markdown report over every (non-grid) ``summary.json`` below ``roots``."""
+    runs = load_campaign(roots)
+    groups = _group(runs)
+    parts = [f"# {title or 'Issue 16: sparsity-preserving fine-tuning methods compared on SmolLM2-135M'}", ""]
+    if command:
+        parts += [f"Command: `{command}`", ""]
+    parts += main_table(groups) + [""]
+    parts += ["Each method against SPP (same pruned model, seed, windows and documents):", ""]
+    parts += paired_table(groups) + [""]
+    parts += [
+        "PPL = WikiText-2 test perplexity of the final model (merged / re-masked; the pruned model for `pruned`): "
+        "one seed -> `ppl [95 % percentile-bootstrap interval over windows]`, several -> mean ± sample std over "
+        "seeds. Gap closed = (log PPL pruned − log PPL) / (log PPL pruned − log PPL dense) with its paired "
+        "bootstrap interval. 7-task mean = mean lm-eval `acc` of BoolQ, RTE, HellaSwag, WinoGrande, ARC-e, ARC-c, "
+        "OBQA with `(se ...)` from the per-task `acc_stderr`. lr (val.) = the learning rate chosen on the Alpaca "
+        "validation loss (`python -m spp.experiments.lr_select`). s / step = training seconds (validation passes "
+        "included) / optimizer steps; tokens / s = median of the logged `train/device/items_per_sec`; Peak RSS = "
+        "the process's maximum resident memory (model load included). Paired rows: a verdict names a difference "
+        "only when its 95 % interval excludes zero (PPL: paired bootstrap over windows; zero-shot: ±1.96 × "
+        "sqrt(se_a² + se_b²)).",
+        "",
+        "Budgets:",
+        *protocol_notes([r.run for r in runs]),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", help="campaign directories (searched recursively for summary.json)")
+    parser.add_argument("--out", help="Markdown file to write (atomically)")
+    parser.add_argument("--title", help="title line")
+    parser.add_argument("--command", help="command line quoted under the title")
+    args = parser.parse_args(argv)
+    try:
+        report = collect_campaign(args.runs, title=args.title, command=args.command)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"campaign: {err}", file=sys.stderr)
+        return 2
+    if args.out:
+        write_text_atomic(Path(args.out), report)
+    sys.stdout.write(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

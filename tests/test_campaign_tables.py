@@ -1,0 +1,119 @@
+"""Issue 16's campaign tools: learning-rate choice on the validation loss only, and the method comparison with
+paired intervals (synthetic ``summary.json`` files whose answers are known in closed form)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spp.experiments import campaign, lr_select
+
+TASKS = ("spp_boolq", "spp_rte", "spp_hellaswag", "spp_winogrande", "spp_arc_easy", "spp_arc_challenge",
+         "spp_openbookqa")
+STARTS = list(range(0, 40 * 7168, 7168))
+
+
+def ppl_entry(nll: list[float]) -> dict[str, Any]:
+    return {"ppl": math.exp(sum(nll) / len(nll)), "window_nll": nll, "window_starts": STARTS[: len(nll)],
+            "source": "wikitext2", "seqlen": 512, "windows": len(nll)}
+
+
+def summary(adapter: str = "spp", lr: float = 1e-2, seed: int = 0, val: tuple[float, ...] = (2.0,),
+            merged: list[float] | None = None, acc: float = 0.5, se: float = 0.01) -> dict[str, Any]:
+    """A summary.json with the fields the campaign tools read (layout of train.py's)."""
+    base = [5.0 + 0.1 * (i % 3) for i in range(40)]
+    dense = [3.0 + 0.1 * (i % 3) for i in range(40)]
+    return {
+        "run": {"adapter": adapter},
+        "perplexity": {"dense": ppl_entry(dense), "pruned": ppl_entry(base),
+                       "merged": ppl_entry(merged) if merged else None},
+        "zero_shot": {"metrics": {t: {"acc": acc, "acc_stderr": se} for t in TASKS}},
+        "params": {"trainable": 100, "frozen": 1000, "total": 1100},
+        "losses": {"val": list(val), "train_last": 2.0, "optimizer_steps": 10 if adapter != "none" else 0},
+        "timings": {"train": 50.0},
+        "memory": {"peak_mib": 2048.0},
+        "config": {"model": {"name": "m"}, "pruner": {"name": "wanda"},
+                   "sparsity": {"name": "nm2_4", "kind": "nm", "ratio": None, "n": 2, "m": 4},
+                   "adapter": {"name": adapter, "r": 16}, "seed": seed, "trainer": {"lr": lr},
+                   "data": {"max_examples": 540, "max_length": 128, "train_batch_size": 8},
+                   "calibration": {"source": "c4", "nsamples": 32, "seqlen": 512},
+                   "eval": {"ppl_source": "wikitext2", "seqlen": 512, "max_windows": 40,
+                            "window_sampling": "systematic", "tasks": ["spp_zeroshot"], "limit": 200,
+                            "doc_seed": 0}},
+    }
+
+
+def write(root: Path, name: str, data: dict[str, Any]) -> Path:
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps(data))
+    return d
+
+
+def test_lr_select_picks_the_lowest_last_validation_loss(tmp_path: Path, capsys):
+    for lr, val in ((1e-4, (3.0, 2.9)), (1e-3, (2.8, 2.5)), (1e-2, (2.2, 2.6)), (1e-1, (float("nan"),))):
+        write(tmp_path, f"lr{lr:g}", summary(lr=lr, val=val))
+    points = lr_select.load_grid(tmp_path)
+    assert [p.lr for p in points] == [1e-4, 1e-3, 1e-2, 1e-1]
+    assert lr_select.best(points).lr == 1e-3          # last loss 2.5 beats 2.6 (whose minimum 2.2 is not the value)
+    assert points[-1].objective == math.inf           # a diverged run never wins
+    assert lr_select.main([str(tmp_path), "--print-lr"]) == 0
+    assert capsys.readouterr().out == "0.001\n"
+    out = tmp_path / "grid.md"
+    assert lr_select.main([str(tmp_path), "--out", str(out)]) == 0
+    chosen = [line for line in out.read_text().splitlines() if line.endswith("✓ |")]
+    assert chosen == ["| 0.001 | 2.5000 | 2.8000, 2.5000 | ✓ |"]
+
+
+def test_lr_select_refuses_an_empty_or_mixed_grid_in_one_line(tmp_path: Path, capsys):
+    assert lr_select.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no summary.json" in err and "run.sh A" in err
+    write(tmp_path, "a", summary(adapter="spp"))
+    write(tmp_path, "b", summary(adapter="lora"))
+    assert lr_select.main([str(tmp_path)]) == 2
+    assert "mixes methods ['lora', 'spp']" in capsys.readouterr().err
+
+
+def test_campaign_paired_rows_against_spp(tmp_path: Path):
+    spp_nll = [4.0 + 0.2 * (i % 5) for i in range(40)]
+    write(tmp_path, "nm2_4/spp_s0", summary("spp", merged=spp_nll, acc=0.50))
+    # LoRA*: every window exactly 0.1 nats worse -> ratio exp(0.1) with a zero-width interval; zero-shot 3 points
+    # lower with se 0.01 per task: se of the mean 0.01/sqrt(7) each, difference se 0.01*sqrt(2/7) -> distinguishable
+    write(tmp_path, "nm2_4/lora_s0", summary("lora", merged=[x + 0.1 for x in spp_nll], acc=0.47))
+    # SparsePEFT: windows alternate +0.3 / -0.3 -> mean 0, interval around 0; zero-shot equal
+    write(tmp_path, "nm2_4/sparse_lora_s0",
+          summary("sparse_lora", merged=[x + (0.3 if i % 2 else -0.3) for i, x in enumerate(spp_nll)], acc=0.50))
+    write(tmp_path, "nm2_4/none_wanda", summary("none"))
+    write(tmp_path, "lr_select/spp/lr1", summary("spp", merged=spp_nll))     # a grid point: never in the tables
+    report = campaign.collect_campaign([tmp_path])
+    rows = {r.split(" | ")[1]: r for r in report.splitlines() if r.startswith("| 2:4 | Wanda ")}
+    lora = rows["Wanda LoRA*"].split(" | ")
+    ratio = f"{math.exp(0.1):.3f}"
+    assert lora[3] == f"{ratio} [{ratio}, {ratio}]" and lora[4] == "SPP better"
+    diff_se = 1.959963984540054 * 0.01 * math.sqrt(2 / 7)
+    assert lora[5] == f"-3.00 ± {100 * diff_se:.2f}" and lora[6] == "SPP better |"
+    sparse = rows["Wanda SparsePEFT"].split(" | ")
+    assert sparse[3].startswith("1.000 [") and sparse[4] == "not distinguishable"
+    assert sparse[6] == "not distinguishable |"
+    pruned = rows["Wanda pruned"].split(" | ")
+    assert float(pruned[3].split()[0]) == pytest.approx(math.exp(sum(summary("none")["perplexity"]["pruned"]
+                                                                   ["window_nll"]) / 40 - sum(spp_nll) / 40), abs=1e-3)
+    main_rows = [r for r in report.splitlines() if r.startswith("| 2:4 | Wanda | ")]
+    assert [r.split(" | ")[2] for r in main_rows] == ["pruned", "SPP", "SparsePEFT", "LoRA*"]
+    spp_row = main_rows[1].split(" | ")
+    assert spp_row[4] == "0" and spp_row[9] == "5.0" and spp_row[11] == "2.00 |"   # 50 s / 10 steps; 2048 MiB
+    assert report.splitlines()[4].startswith("| Dense | – | dense | ")
+
+
+def test_campaign_tokens_per_s_is_the_median_of_the_logged_column(tmp_path: Path):
+    run_dir = write(tmp_path, "spp_s0", summary("spp", merged=[4.0] * 40))
+    (run_dir / "csv" / "version_0").mkdir(parents=True)
+    (run_dir / "csv" / "version_0" / "metrics.csv").write_text(
+        "step,train/loss,train/device/items_per_sec\n9,2.0,70.0\n9,,\n19,1.9,90.0\n29,1.8,75.0\n")
+    assert campaign.logged_tokens_per_s(run_dir) == 75.0
+    assert campaign.load_campaign_run(run_dir / "summary.json").tokens_per_s == 75.0
