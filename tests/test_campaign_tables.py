@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from spp.experiments import campaign, lr_select
+from spp.experiments import campaign, campaign_figure, lr_select
 
 TASKS = ("spp_boolq", "spp_rte", "spp_hellaswag", "spp_winogrande", "spp_arc_easy", "spp_arc_challenge",
          "spp_openbookqa")
@@ -18,8 +18,9 @@ STARTS = list(range(0, 40 * 7168, 7168))
 
 
 def ppl_entry(nll: list[float]) -> dict[str, Any]:
-    return {"ppl": math.exp(sum(nll) / len(nll)), "window_nll": nll, "window_starts": STARTS[: len(nll)],
-            "source": "wikitext2", "seqlen": 512, "windows": len(nll)}
+    mean = sum(nll) / len(nll)
+    return {"ppl": math.exp(mean), "window_nll": nll, "window_starts": STARTS[: len(nll)], "source": "wikitext2",
+            "seqlen": 512, "windows": len(nll), "ci_low": math.exp(mean - 0.1), "ci_high": math.exp(mean + 0.1)}
 
 
 def summary(adapter: str = "spp", lr: float = 1e-2, seed: int = 0, val: tuple[float, ...] = (2.0,),
@@ -117,3 +118,14 @@ def test_campaign_tokens_per_s_is_the_median_of_the_logged_column(tmp_path: Path
         "step,train/loss,train/device/items_per_sec\n9,2.0,70.0\n9,,\n19,1.9,90.0\n29,1.8,75.0\n")
     assert campaign.logged_tokens_per_s(run_dir) == 75.0
     assert campaign.load_campaign_run(run_dir / "summary.json").tokens_per_s == 75.0
+
+
+def test_campaign_figure_is_drawn_from_the_runs_alone(tmp_path: Path):
+    write(tmp_path, "runs/spp_s0", summary("spp", merged=[4.0] * 40))
+    write(tmp_path, "runs/spp_s1", summary("spp", seed=1, merged=[4.1] * 40))
+    write(tmp_path, "runs/none", summary("none"))
+    out = tmp_path / "fig" / "campaign.png"
+    assert campaign_figure.main([str(tmp_path / "runs"), "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert [p.name for p in out.parent.iterdir()] == ["campaign.png"]          # no temporary left behind
+    assert campaign_figure.main([str(tmp_path / "none"), "--out", str(out)]) == 2

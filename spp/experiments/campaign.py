@@ -97,7 +97,7 @@ def _row_order(key: RunKey) -> tuple:
             key.pruner != "wanda", key.pruner)
 
 
-def _group(runs: Sequence[CampaignRun]) -> dict[RunKey, list[CampaignRun]]:
+def group_campaign(runs: Sequence[CampaignRun]) -> dict[RunKey, list[CampaignRun]]:
     groups: dict[RunKey, list[CampaignRun]] = {}
     for r in sorted(runs, key=lambda r: r.run.seed):
         groups.setdefault(r.run.key, []).append(r)
@@ -181,7 +181,7 @@ def paired_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
 def collect_campaign(roots: Iterable[str | Path], title: str | None = None, command: str | None = None) -> str:
     """The Markdown report over every (non-grid) ``summary.json`` below ``roots``."""
     runs = load_campaign(roots)
-    groups = _group(runs)
+    groups = group_campaign(runs)
     parts = [f"# {title or 'Issue 16: sparsity-preserving fine-tuning methods compared on SmolLM2-135M'}", ""]
     if command:
         parts += [f"Command: `{command}`", ""]
