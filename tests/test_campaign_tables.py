@@ -90,6 +90,9 @@ def test_campaign_paired_rows_against_spp(tmp_path: Path):
     write(tmp_path, "nm2_4/sparse_lora_s0",
           summary("sparse_lora", merged=[x + (0.3 if i % 2 else -0.3) for i, x in enumerate(spp_nll)], acc=0.50))
     write(tmp_path, "nm2_4/none_wanda", summary("none"))
+    full = summary("masked_full", merged=spp_nll)
+    full["params"]["trainable"], full["merge"] = 1000, {"kept_params": 500}   # whole tensors vs kept weights
+    write(tmp_path, "nm2_4/masked_full_s0", full)
     write(tmp_path, "lr_select/spp/lr1", summary("spp", merged=spp_nll))     # a grid point: never in the tables
     report = campaign.collect_campaign([tmp_path])
     rows = {r.split(" | ")[1]: r for r in report.splitlines() if r.startswith("| 2:4 | Wanda ")}
@@ -105,7 +108,8 @@ def test_campaign_paired_rows_against_spp(tmp_path: Path):
     assert float(pruned[3].split()[0]) == pytest.approx(math.exp(sum(summary("none")["perplexity"]["pruned"]
                                                                    ["window_nll"]) / 40 - sum(spp_nll) / 40), abs=1e-3)
     main_rows = [r for r in report.splitlines() if r.startswith("| 2:4 | Wanda | ")]
-    assert [r.split(" | ")[2] for r in main_rows] == ["pruned", "SPP", "SparsePEFT", "LoRA*"]
+    assert [r.split(" | ")[2] for r in main_rows] == ["pruned", "SPP", "SparsePEFT", "LoRA*", "masked full FT"]
+    assert main_rows[4].split(" | ")[8] == "500" and main_rows[1].split(" | ")[8] == "100"
     spp_row = main_rows[1].split(" | ")
     assert spp_row[4] == "0" and spp_row[9] == "5.0" and spp_row[11] == "2.00 |"   # 50 s / 10 steps; 2048 MiB
     assert report.splitlines()[4].startswith("| Dense | – | dense | ")

@@ -61,6 +61,7 @@ class CampaignRun:
     tokens_per_s: float | None
     peak_gib: float | None
     perplexity: dict[str, Any]
+    trained: int = 0
 
 
 def logged_tokens_per_s(run_dir: Path) -> float | None:
@@ -84,7 +85,16 @@ def load_campaign_run(path: Path) -> CampaignRun:
         tokens_per_s=logged_tokens_per_s(path.parent) if run.key.adapter != "none" else None,
         peak_gib=peak / 1024 if peak else None,
         perplexity=data["perplexity"],
+        trained=trained_parameters(run, data),
     )
+
+
+def trained_parameters(run: Run, data: dict[str, Any]) -> int:
+    """Parameters that training can change: the adapter's tensors, or for masked full fine-tuning the kept
+    weights of the adapted projections (``merge.kept_params``; its ``params.trainable`` counts whole tensors)."""
+    if run.key.adapter == "masked_full":
+        return int((data.get("merge") or {}).get("kept_params") or run.trainable)
+    return run.trainable
 
 
 def load_campaign(roots: Iterable[str | Path]) -> list[CampaignRun]:
@@ -129,7 +139,7 @@ def main_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
             sparsity_label(key), PRUNER_LABELS.get(key.pruner, key.pruner), _label(key),
             f"{key.lr:g}" if trained else "–", ",".join(str(r.seed) for r in runs),
             ppl_cell(runs, "merged" if trained else "pruned"), gap_cell(runs), mean_cell(runs),
-            f"{runs[0].trainable:,}" if trained else "–",
+            f"{group[0].trained:,}" if trained else "–",
             cell([g.step_s for g in group], digits=1) if trained else "–",
             cell([g.tokens_per_s for g in group], digits=0) if trained else "–",
             cell([g.peak_gib for g in group], digits=2),
@@ -194,7 +204,8 @@ def collect_campaign(roots: Iterable[str | Path], title: str | None = None, comm
         "seeds. Gap closed = (log PPL pruned − log PPL) / (log PPL pruned − log PPL dense) with its paired "
         "bootstrap interval. 7-task mean = mean lm-eval `acc` of BoolQ, RTE, HellaSwag, WinoGrande, ARC-e, ARC-c, "
         "OBQA with `(se ...)` from the per-task `acc_stderr`. lr (val.) = the learning rate chosen on the Alpaca "
-        "validation loss (`python -m spp.experiments.lr_select`). s / step = training seconds (validation passes "
+        "validation loss (`python -m spp.experiments.lr_select`). Trainable = parameters training can change (masked "
+        "full FT: the kept weights of the adapted projections). s / step = training seconds (validation passes "
         "included) / optimizer steps; tokens / s = median of the logged `train/device/items_per_sec`; Peak RSS = "
         "the process's maximum resident memory (model load included). Paired rows: a verdict names a difference "
         "only when its 95 % interval excludes zero (PPL: paired bootstrap over windows; zero-shot: ±1.96 × "
