@@ -3,7 +3,8 @@
 Use: ``python -m spp.experiments.lr_select experiments/results/runs/campaign16/lr_select/spp`` prints one line per
 run (learning rate, last Alpaca validation loss, the validation losses measured during the epoch) and marks the
 lowest; ``--print-lr`` prints only the chosen learning rate (for scripts); ``--out F`` writes the table as
-Markdown. Every ``summary.json`` below the directory is one grid point; the value compared is the one train.py
+Markdown. Every ``summary.json`` below the directory is one grid point (a job that failed, ``lr<value>.stdout``
+left by ``experiments/campaign16/run.sh``, is listed as failed and never chosen); the value compared is the one train.py
 returns to a sweeper (``objective=val_loss``: the last validation loss), never a test-split number.
 """
 
@@ -27,6 +28,7 @@ class GridPoint:
     val: tuple[float, ...]
     method: str
     path: Path
+    failed: bool = False
 
     @property
     def objective(self) -> float:
@@ -51,10 +53,21 @@ def load_grid(root: str | Path) -> list[GridPoint]:
         cfg = data["config"]
         points.append(GridPoint(lr=float(cfg["trainer"]["lr"]), val=tuple(data["losses"]["val"]),
                                 method=cfg["adapter"]["name"], path=path))
+    points += failed_points(Path(root), points[0].method)
     methods = {p.method for p in points}
     if len(methods) > 1:
         raise ValueError(f"{root} mixes methods {sorted(methods)}; give one method's grid directory")
     return sorted(points, key=lambda p: p.lr)
+
+
+def failed_points(root: Path, method: str) -> list[GridPoint]:
+    """Grid points whose job failed: ``run.sh`` leaves ``<dir>.stdout`` (named ``lr<value>``) and no summary."""
+    out = []
+    for log in sorted(root.glob("lr*.stdout")):
+        run_dir = log.with_suffix("")
+        if not (run_dir / "summary.json").exists():
+            out.append(GridPoint(lr=float(run_dir.name[2:]), val=(), method=method, path=log, failed=True))
+    return out
 
 
 def best(points: list[GridPoint]) -> GridPoint:
@@ -75,7 +88,7 @@ def grid_table(points: list[GridPoint]) -> str:
     lines = [f"Learning-rate grid of `{points[0].method}` (objective: last Alpaca validation loss)", "",
              "| lr | val loss (last) | val losses during the epoch | chosen |", "|---:|---:|---|:---:|"]
     for p in points:
-        during = ", ".join(f"{v:.4f}" for v in p.val)
+        during = ", ".join(f"{v:.4f}" for v in p.val) if not p.failed else f"job failed (`{p.path.name}`)"
         lines.append(f"| {p.lr:g} | {p.objective:.4f} | {during} | {'✓' if p is chosen else ''} |")
     return "\n".join(lines) + "\n"
 
