@@ -58,7 +58,8 @@ def write(root: Path, name: str, data: dict[str, Any]) -> Path:
 def test_lr_select_picks_the_lowest_last_validation_loss(tmp_path: Path, capsys):
     for lr, val in ((1e-4, (3.0, 2.9)), (1e-3, (2.8, 2.5)), (1e-2, (2.2, 2.6)), (1e-1, (float("nan"),))):
         write(tmp_path, f"lr{lr:g}", summary(lr=lr, val=val))
-    (tmp_path / "lr1e-05.stdout").write_text("Traceback ...")            # a failed job: no summary.json
+    (tmp_path / "lr1e-05.failed.log").write_text("Traceback ...")        # a failed job: no summary.json
+    (tmp_path / "lr1e+00.running.log").write_text("step 3/34")            # a running job: not a grid point yet
     points = lr_select.load_grid(tmp_path)
     assert [p.lr for p in points] == [1e-5, 1e-4, 1e-3, 1e-2, 1e-1] and points[0].failed
     assert lr_select.best(points).lr == 1e-3          # last loss 2.5 beats 2.6 (whose minimum 2.2 is not the value)
@@ -69,7 +70,7 @@ def test_lr_select_picks_the_lowest_last_validation_loss(tmp_path: Path, capsys)
     assert lr_select.main([str(tmp_path), "--out", str(out)]) == 0
     chosen = [line for line in out.read_text().splitlines() if line.endswith("✓ |")]
     assert chosen == ["| 0.001 | 2.5000 | 2.8000, 2.5000 | ✓ |"]
-    assert "| 1e-05 | inf | job failed (`lr1e-05.stdout`) |  |" in out.read_text()
+    assert "| 1e-05 | inf | job failed (`lr1e-05.failed.log`) |  |" in out.read_text()
 
 
 def test_lr_select_refuses_an_empty_or_mixed_grid_in_one_line(tmp_path: Path, capsys):

@@ -19,17 +19,19 @@ C="model=smollm2_135m pruner=wanda calibration.nsamples=32 data.max_examples=540
 Z="eval.tasks=[spp_zeroshot] eval.limit=200"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-job() {  # job DIR OVERRIDES...: one train.py run, skipped when DIR/summary.json exists; a failure is logged, not fatal
+job() {  # job DIR OVERRIDES...: one train.py run, skipped when DIR/summary.json exists; a failure is logged, not
+        # fatal: its output stays in DIR.failed.log (DIR.running.log while it runs)
   local dir=$1; shift
   if [[ -f $dir/summary.json ]]; then echo "[campaign16] done already: $dir"; return 0; fi
-  rm -rf "$dir"; mkdir -p "$(dirname "$dir")"
+  rm -rf "$dir" "$dir.failed.log"; mkdir -p "$(dirname "$dir")"
   echo "[campaign16] $(date -u +%FT%TZ) start $dir (load $(cut -d' ' -f1 /proc/loadavg))"
   # shellcheck disable=SC2086
-  if python train.py $C "$@" hydra.run.dir="$dir" > "$dir.stdout" 2>&1; then
-    mv "$dir.stdout" "$dir/stdout.log"
+  if python train.py $C "$@" hydra.run.dir="$dir" > "$dir.running.log" 2>&1; then
+    mv "$dir.running.log" "$dir/stdout.log"
     echo "[campaign16] $(date -u +%FT%TZ) done  $dir"
   else
-    echo "[campaign16] $(date -u +%FT%TZ) FAILED $dir (see $dir.stdout)"
+    mv "$dir.running.log" "$dir.failed.log"
+    echo "[campaign16] $(date -u +%FT%TZ) FAILED $dir (see $dir.failed.log)"
   fi
 }
 

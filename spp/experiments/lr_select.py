@@ -3,9 +3,10 @@
 Use: ``python -m spp.experiments.lr_select experiments/results/runs/campaign16/lr_select/spp`` prints one line per
 run (learning rate, last Alpaca validation loss, the validation losses measured during the epoch) and marks the
 lowest; ``--print-lr`` prints only the chosen learning rate (for scripts); ``--out F`` writes the table as
-Markdown. Every ``summary.json`` below the directory is one grid point (a job that failed, ``lr<value>.stdout``
-left by ``experiments/campaign16/run.sh``, is listed as failed and never chosen); the value compared is the one train.py
-returns to a sweeper (``objective=val_loss``: the last validation loss), never a test-split number.
+Markdown. Every ``summary.json`` below the directory is one grid point (a job that failed, ``lr<value>.failed.log``
+left by ``experiments/campaign16/run.sh``, is listed as failed and never chosen; a running one is not listed);
+the value compared is the one train.py returns to a sweeper (``objective=val_loss``: the last validation loss),
+never a test-split number.
 """
 
 from __future__ import annotations
@@ -61,10 +62,10 @@ def load_grid(root: str | Path) -> list[GridPoint]:
 
 
 def failed_points(root: Path, method: str) -> list[GridPoint]:
-    """Grid points whose job failed: ``run.sh`` leaves ``<dir>.stdout`` (named ``lr<value>``) and no summary."""
+    """Grid points whose job failed: ``run.sh`` leaves ``lr<value>.failed.log`` beside the job directory."""
     out = []
-    for log in sorted(root.glob("lr*.stdout")):
-        run_dir = log.with_suffix("")
+    for log in sorted(root.glob("lr*.failed.log")):
+        run_dir = log.with_name(log.name.removesuffix(".failed.log"))
         if not (run_dir / "summary.json").exists():
             out.append(GridPoint(lr=float(run_dir.name[2:]), val=(), method=method, path=log, failed=True))
     return out
