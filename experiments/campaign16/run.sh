@@ -8,6 +8,7 @@
 #   bash experiments/campaign16/run.sh C      # unstructured 50 % / 75 % and the prompt-masked SPP run, 11 jobs
 #   bash experiments/campaign16/run.sh AB1    # A then B1 in each stream (B1's job of a method waits for nothing:
 #                                             # its stream ran that method's grid first)
+#   bash experiments/campaign16/run.sh seq "grid lora" "headline lora 0 nm2_4"   # one stream, steps in this order
 # Chunk A's learning rate per method: python -m spp.experiments.lr_select $R/lr_select/<method>
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -73,7 +74,8 @@ chunk=${1:?usage: run.sh A|B1|B2|C|AB1}
 case $chunk in
   AB1) (stream1_A; stream1_B1) & (stream2_A; stream2_B1) & ;;
   A|B1|B2|C) "stream1_$chunk" & "stream2_$chunk" & ;;
-  *) echo "run.sh: unknown chunk '$chunk'; use A, B1, B2, C or AB1" >&2; exit 2 ;;
+  seq) shift; for step in "$@"; do $step; done ;;   # word-split on purpose: "function arg ..."
+  *) echo "run.sh: unknown chunk '$chunk'; use A, B1, B2, C, AB1 or seq" >&2; exit 2 ;;
 esac
 wait
 echo "[campaign16] chunk $chunk finished $(date -u +%FT%TZ)"
