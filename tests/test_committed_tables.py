@@ -36,3 +36,28 @@ def test_committed_table_regenerates_byte_identically(name: str):
     title, command = lines[0][2:], lines[2][len("Command: `"):-1]
     assert collect(table, [RESULTS / runs], title=title, command=command) == text, (
         f"{name} differs from the collector's output over {runs}; regenerate it (see COMMITTED's docstring)")
+
+
+CAMPAIGN = RESULTS / "runs" / "campaign16"
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("campaign16_lr_select_*.md")), ids=lambda p: p.name)
+def test_committed_lr_grid_regenerates_byte_identically(path: Path):
+    """``python -m spp.experiments.lr_select runs/campaign16/lr_select/<method> --out <file>`` wrote it."""
+    from spp.experiments.lr_select import grid_table, load_grid
+
+    method = path.stem.removeprefix("campaign16_lr_select_")
+    assert grid_table(load_grid(CAMPAIGN / "lr_select" / method)) == path.read_text(encoding="utf-8"), (
+        f"{path.name} differs from the grid runs; regenerate it (experiments/README.md, campaign section)")
+
+
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("campaign16_smollm2_135m.md")), ids=lambda p: p.name)
+def test_committed_campaign_table_regenerates_byte_identically(path: Path):
+    """``python -m spp.experiments.campaign runs/campaign16 --title ... --command ... --out <file>`` wrote it."""
+    from spp.experiments.campaign import collect_campaign
+
+    lines = path.read_text(encoding="utf-8").split("\n")
+    assert lines[0].startswith("# ") and lines[2].startswith("Command: `") and lines[2].endswith("`")
+    title, command = lines[0][2:], lines[2][len("Command: `"):-1]
+    assert collect_campaign([CAMPAIGN], title=title, command=command) == path.read_text(encoding="utf-8"), (
+        f"{path.name} differs from the collector's output over runs/campaign16; regenerate it")
