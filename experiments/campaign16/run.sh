@@ -4,7 +4,7 @@
 # Two streams of one thread each run side by side (the same load for every method's step time).
 #   bash experiments/campaign16/run.sh A      # learning-rate grid on the validation loss (Wanda 2:4), 20 jobs
 #   bash experiments/campaign16/run.sh B1     # headline 2:4, seed 0, at the chunk-A learning rates, 6 jobs
-#   bash experiments/campaign16/run.sh B2     # seeds 1 and 2, 8 jobs
+#   bash experiments/campaign16/run.sh B2     # seeds 1 and 2, 8 jobs (perplexity only)
 #   bash experiments/campaign16/run.sh C      # unstructured 50 % / 75 % and the prompt-masked SPP run, 11 jobs
 #   bash experiments/campaign16/run.sh AB1    # A then B1 in each stream (B1's job of a method waits for nothing:
 #                                             # its stream ran that method's grid first)
@@ -46,9 +46,10 @@ grid() {  # grid METHOD: chunk A for one method, 300 records (270 train, 30 vali
 
 best_lr() { python -m spp.experiments.lr_select "$R/lr_select/$1" --print-lr; }
 
-headline() {  # headline METHOD SEED SPARSITY: one method at its chunk-A learning rate; seed varies init and data order
-  local m=$1 s=$2 sp=$3
-  job "$R/$sp/${m}_s$s" sparsity="$sp" adapter="$m" trainer.lr="$(best_lr "$m")" seed="$s" data.seed="$s" $Z
+headline() {  # headline METHOD SEED SPARSITY [OVERRIDES...]: one method at its chunk-A learning rate; the seed varies
+              # initialisation, data order and the train/validation split
+  local m=$1 s=$2 sp=$3; shift 3
+  job "$R/$sp/${m}_s$s" sparsity="$sp" adapter="$m" trainer.lr="$(best_lr "$m")" seed="$s" data.seed="$s" $Z "$@"
 }
 
 pruned() { job "$R/$2/none_$1" sparsity="$2" pruner="$1" adapter=none $Z; }
@@ -57,8 +58,12 @@ stream1_A() { grid spp; grid lora; }
 stream2_A() { grid sparse_lora; grid masked_full; }
 stream1_B1() { headline spp 0 nm2_4; headline lora 0 nm2_4; pruned sparsegpt nm2_4; }
 stream2_B1() { headline sparse_lora 0 nm2_4; headline masked_full 0 nm2_4; pruned wanda nm2_4; }
-stream1_B2() { for s in 1 2; do headline spp $s nm2_4; headline lora $s nm2_4; done; }
-stream2_B2() { for s in 1 2; do headline sparse_lora $s nm2_4; headline masked_full $s nm2_4; done; }
+# Seeds 1 and 2 measure perplexity only: 7 zero-shot tasks × 200 documents take ≈ 30 min per job at one thread
+# (measured in B1), more than the training; the zero-shot columns come from seed 0.
+stream1_B2() { for s in 1 2; do headline spp $s nm2_4 eval.tasks=[]; headline lora $s nm2_4 eval.tasks=[]; done; }
+stream2_B2() {
+  for s in 1 2; do headline sparse_lora $s nm2_4 eval.tasks=[]; headline masked_full $s nm2_4 eval.tasks=[]; done
+}
 stream1_C() {
   for sp in unstructured50 unstructured75; do headline spp 0 $sp; headline lora 0 $sp; done
   pruned wanda unstructured50
