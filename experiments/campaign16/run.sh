@@ -58,8 +58,8 @@ stream1_A() { grid spp; grid lora; }
 stream2_A() { grid sparse_lora; grid masked_full; }
 stream1_B1() { headline spp 0 nm2_4; headline lora 0 nm2_4; pruned sparsegpt nm2_4; }
 stream2_B1() { headline sparse_lora 0 nm2_4; headline masked_full 0 nm2_4; pruned wanda nm2_4; }
-# Seeds 1 and 2 measure perplexity only: 7 zero-shot tasks × 200 documents take ≈ 30 min per job at one thread
-# (measured in B1), more than the training; the zero-shot columns come from seed 0.
+# Seeds 1 and 2 measure perplexity only: 7 zero-shot tasks × 200 documents take 14 min per job at one thread
+# (measured in B1), close to the training's 18; the zero-shot columns come from seed 0.
 stream1_B2() { for s in 1 2; do headline spp $s nm2_4 eval.tasks=[]; headline lora $s nm2_4 eval.tasks=[]; done; }
 stream2_B2() {
   for s in 1 2; do headline sparse_lora $s nm2_4 eval.tasks=[]; headline masked_full $s nm2_4 eval.tasks=[]; done
