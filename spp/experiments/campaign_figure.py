@@ -2,8 +2,9 @@
 
 Use: ``python -m spp.experiments.campaign_figure experiments/results/runs/campaign16 --out
 experiments/results/figures/campaign16.png``. Left: WikiText-2 perplexity of every run with its 95 % bootstrap
-interval over windows (log scale; one marker per seed), the dense model as a line. Right: 7-task zero-shot mean
-with ±1.96 standard errors. Groups: sparsity (and pruner) × method, in the tables' order.
+interval over windows (log scale; one marker per seed), the same run's pruned model before fine-tuning as a grey
+cross, the dense model as a line. Right: 7-task zero-shot mean with ±1.96 standard errors. Groups: sparsity (and
+pruner) × method, in the tables' order.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def draw(roots: list[str | Path], out: str | Path) -> Path:
 
     groups = group_campaign(load_campaign(roots))
     fig, (ax_ppl, ax_zs) = plt.subplots(1, 2, figsize=(13, 0.45 * len(groups) + 1.8), sharey=True)
-    labels, dense = [], None
+    labels, dense, pruned_drawn = [], None, False
     for y, (key, runs) in enumerate(groups.items()):
         labels.append(f"{sparsity_label(key)} {PRUNER_LABELS.get(key.pruner, key.pruner)} "
                       f"{METHODS.get(key.adapter, key.adapter)}")
@@ -37,18 +38,22 @@ def draw(roots: list[str | Path], out: str | Path) -> Path:
             dense = dense or r.perplexity.get("dense")
             ax_ppl.errorbar(e["ppl"], y + dy, xerr=[[e["ppl"] - e["ci_low"]], [e["ci_high"] - e["ppl"]]], fmt="o",
                             color=f"C{list(METHODS).index(key.adapter)}", capsize=3)
+            if which == "merged" and r.perplexity.get("pruned"):
+                ax_ppl.plot(r.perplexity["pruned"]["ppl"], y + dy, "x", color="0.5",
+                            label="before fine-tuning" if not pruned_drawn else None)
+                pruned_drawn = True
             mean, se = zero_shot_mean(r.run.tasks), zero_shot_mean_stderr(r.run.tasks)
             if mean is not None and se is not None:
                 ax_zs.errorbar(100 * mean, y + dy, xerr=100 * Z95 * se, fmt="o",
                                color=f"C{list(METHODS).index(key.adapter)}", capsize=3)
     if dense:
         ax_ppl.axvline(dense["ppl"], color="k", ls="--", lw=1, label=f"dense {dense['ppl']:.1f}")
-        ax_ppl.legend(loc="lower right")
+    ax_ppl.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)
+    ax_ppl.set_ylim(len(labels) - 0.5, -0.5)
     ax_ppl.set_xscale("log")
     ax_ppl.set_xlabel("WikiText-2 perplexity (95 % bootstrap interval over windows)")
     ax_zs.set_xlabel("7-task zero-shot mean acc (%) ± 1.96 se")
     ax_ppl.set_yticks(range(len(labels)), labels)
-    ax_ppl.invert_yaxis()
     for ax in (ax_ppl, ax_zs):
         ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
