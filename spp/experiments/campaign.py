@@ -37,6 +37,7 @@ from spp.experiments.collect import (
     find_summaries,
     gap_cell,
     load_run,
+    markdown_table,
     mean_cell,
     ppl_cell,
     protocol_notes,
@@ -118,11 +119,6 @@ def _label(key: RunKey) -> str:
     return METHODS.get(key.adapter, key.adapter)
 
 
-def _md(head: Sequence[str], rows: Sequence[Sequence[str]], left: int) -> list[str]:
-    align = ["---"] * left + ["---:"] * (len(head) - left)
-    return ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
-
-
 def main_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
     """One row per (sparsity, pruner, method): quality with its uncertainty, then cost."""
     head = ["Sparsity", "Pruner", "Method", "lr (val.)", "Seeds", "PPL", "Gap closed (%)", "7-task mean (%)",
@@ -144,7 +140,7 @@ def main_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
             cell([g.tokens_per_s for g in group], digits=0) if trained else "–",
             cell([g.peak_gib for g in group], digits=2),
         ])
-    return _md(head, rows, 3)
+    return markdown_table(head, rows, 3)
 
 
 def _zero_shot_diff(a: Run, b: Run) -> tuple[float, float] | None:
@@ -185,7 +181,7 @@ def paired_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
             rows.append([sparsity_label(key), f"{PRUNER_LABELS.get(key.pruner, key.pruner)} {_label(key)}",
                          str(r.run.seed), ratio, _verdict(d["log_ppl_diff_low"], d["log_ppl_diff_high"], True),
                          zs_text, zs_verdict])
-    return _md(head, rows, 3)
+    return markdown_table(head, rows, 3)
 
 
 def collect_campaign(roots: Iterable[str | Path], title: str | None = None, command: str | None = None) -> str:

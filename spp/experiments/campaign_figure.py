@@ -32,12 +32,13 @@ def draw(roots: list[str | Path], out: str | Path) -> Path:
         labels.append(f"{sparsity_label(key)} {PRUNER_LABELS.get(key.pruner, key.pruner)} "
                       f"{METHODS.get(key.adapter, key.adapter)}")
         which = "merged" if key.adapter != "none" else "pruned"
+        color = f"C{list(METHODS).index(key.adapter)}"
         for i, r in enumerate(runs):
             dy = (i - (len(runs) - 1) / 2) * 0.15
             e = r.perplexity[which]
             dense = dense or r.perplexity.get("dense")
             ax_ppl.errorbar(e["ppl"], y + dy, xerr=[[e["ppl"] - e["ci_low"]], [e["ci_high"] - e["ppl"]]], fmt="o",
-                            color=f"C{list(METHODS).index(key.adapter)}", capsize=3)
+                            color=color, capsize=3)
             if which == "merged" and r.perplexity.get("pruned"):
                 ax_ppl.plot(r.perplexity["pruned"]["ppl"], y + dy, "x", color="0.5",
                             label="before fine-tuning" if not pruned_drawn else None)
@@ -45,7 +46,7 @@ def draw(roots: list[str | Path], out: str | Path) -> Path:
             mean, se = zero_shot_mean(r.run.tasks), zero_shot_mean_stderr(r.run.tasks)
             if mean is not None and se is not None:
                 ax_zs.errorbar(100 * mean, y + dy, xerr=100 * Z95 * se, fmt="o",
-                               color=f"C{list(METHODS).index(key.adapter)}", capsize=3)
+                               color=color, capsize=3)
     if dense:
         ax_ppl.axvline(dense["ppl"], color="k", ls="--", lw=1, label=f"dense {dense['ppl']:.1f}")
     ax_ppl.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, frameon=False)

@@ -239,7 +239,8 @@ def _mean(run: Run) -> float | None:
     return zero_shot_mean(run.tasks) if run.tasks else None
 
 
-def _md(head: Sequence[str], rows: Sequence[Sequence[str]], left: int) -> list[str]:
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]], left: int) -> list[str]:
+    """Markdown table lines: the first ``left`` columns left-aligned, the rest right-aligned."""
     align = ["---"] * left + ["---:"] * (len(head) - left)
     return ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
 
@@ -268,7 +269,7 @@ def table_zero_shot(groups: dict[RunKey, list[Run]]) -> list[str]:
         accs = [cell([_acc(r, task) for r in g], 100) for task, _ in PAPER_COLUMNS]
         rows.append([k.model, method_label(k), sparsity_label(k), *accs, mean_cell(g), ppl_cell(g), gap_cell(g),
                      _seeds(g)])
-    return _md(head, rows, 3)
+    return markdown_table(head, rows, 3)
 
 
 def table_high_sparsity(groups: dict[RunKey, list[Run]]) -> list[str]:
@@ -279,7 +280,7 @@ def table_high_sparsity(groups: dict[RunKey, list[Run]]) -> list[str]:
     head = ["Model", "Method", "Sparsity", "LM-eval", "PPL (↓)", "Gap closed (%)", "Seeds"]
     rows = [[k.model, method_label(k), sparsity_label(k), mean_cell(groups[k]), ppl_cell(groups[k]),
              gap_cell(groups[k]), _seeds(groups[k])] for k in keys]
-    return _md(head, rows, 3)
+    return markdown_table(head, rows, 3)
 
 
 def table_lora_star(groups: dict[RunKey, list[Run]]) -> list[str]:
@@ -299,7 +300,7 @@ def table_lora_star(groups: dict[RunKey, list[Run]]) -> list[str]:
                      f"{k.lr:g}" if trained else "–", *accs, mean_cell(g), ppl_cell(g), gap_cell(g),
                      cell([r.train_last for r in g], digits=3) if trained else "–",
                      f"{g[0].trainable:,}", removed, _seeds(g)])
-    return _md(head, rows, 3)
+    return markdown_table(head, rows, 3)
 
 
 def table_mmlu(groups: dict[RunKey, list[Run]]) -> list[str]:
@@ -317,7 +318,7 @@ def table_mmlu(groups: dict[RunKey, list[Run]]) -> list[str]:
         per_model = rows_keys[row]
         vals = [cell([r.tasks.get(MMLU_GROUP, {}).get("acc") for r in per_model.get(m, [])], 100) for m in models]
         rows.append([row[-2], row[-1], *vals])
-    return _md(head, rows, 2)
+    return markdown_table(head, rows, 2)
 
 
 def _zero_init(k: RunKey) -> str:
@@ -347,7 +348,7 @@ def table_ablation(groups: dict[RunKey, list[Run]]) -> list[str]:
             ppl_cell(g, "pruned"), ppl_cell(g), gap_cell(g), cell([r.train_last for r in g], 1, 3),
             f"{g[0].trainable:,}", _seeds(g),
         ])
-    return _md(head, rows, 3)
+    return markdown_table(head, rows, 3)
 
 
 TABLES: dict[str, tuple[str, Callable[[dict[RunKey, list[Run]]], list[str]]]] = {
