@@ -92,6 +92,15 @@ def assert_nothing_complete(tmp_path: Path) -> None:
         assert not list(tmp_path.glob(pattern)), pattern
 
 
+def refused_fast(args: list[str], key: str, tmp_path: Path, monkeypatch, capsys) -> None:
+    """``train.py <args>`` exits 2 with one line naming ``key``, within ``FAST`` seconds, leaving nothing complete."""
+    code, err, seconds = cli("train", args, tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", key)
+    assert seconds < FAST
+    assert_nothing_complete(tmp_path)
+
+
 TINY = ["model=tiny", "debug=fast", f"data_dir={SAMPLE_DATA_DIR}"]
 
 
@@ -107,11 +116,7 @@ TINY = ["model=tiny", "debug=fast", f"data_dir={SAMPLE_DATA_DIR}"]
     (["guards.max_ppl_ratio=0.5"], "guards.max_ppl_ratio"),
 ])
 def test_config_value_errors_are_one_line(args, key, tmp_path, monkeypatch, capsys, no_weights):
-    code, err, seconds = cli("train", [*TINY, *args], tmp_path, monkeypatch, capsys)
-    assert code == 2
-    one_line(err, "train", key)
-    assert seconds < FAST
-    assert_nothing_complete(tmp_path)
+    refused_fast(args=[*TINY, *args], key=key, tmp_path=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
 
 
 def test_prune_py_config_error_is_one_line(tmp_path, monkeypatch, capsys, no_weights):
@@ -179,11 +184,7 @@ def test_truncated_safetensors_names_file_and_key(tmp_path, monkeypatch, capsys)
     (["eval.seqlen=9000"], "eval.seqlen"),
 ])
 def test_shape_rules_on_the_default_model_before_loading(args, key, tmp_path, monkeypatch, capsys, no_weights):
-    code, err, seconds = cli("train", args, tmp_path, monkeypatch, capsys)
-    assert code == 2
-    one_line(err, "train", key)
-    assert seconds < FAST
-    assert_nothing_complete(tmp_path)
+    refused_fast(args=args, key=key, tmp_path=tmp_path, monkeypatch=monkeypatch, capsys=capsys)
 
 
 def test_prune_py_nm_rule_before_loading(tmp_path, monkeypatch, capsys, no_weights):
