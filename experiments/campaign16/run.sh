@@ -67,14 +67,14 @@ stream1_B2() { for s in 1 2; do headline spp $s nm2_4 eval.tasks=[]; headline lo
 stream2_B2() {
   for s in 1 2; do headline sparse_lora $s nm2_4 eval.tasks=[]; headline masked_full $s nm2_4 eval.tasks=[]; done
 }
-stream1_C() {
+stream1_C() {  # ≈ 165 min of one stream (5 jobs of ≈ 33 min); stream 2 ≈ 160 min
   for sp in unstructured50 unstructured75; do headline spp 0 $sp; headline lora 0 $sp; done
-  pruned wanda unstructured50
   job "$R/nm2_4/spp_s0_prompt_masked" sparsity=nm2_4 adapter=spp trainer.lr="$(best_lr spp)" seed=0 data.seed=0 \
     data.train_on_inputs=false $Z
 }
 stream2_C() {
   for sp in unstructured50 unstructured75; do headline sparse_lora 0 $sp; headline masked_full 0 $sp; done
+  pruned wanda unstructured50
   pruned wanda unstructured75
 }
 
