@@ -6,6 +6,7 @@
 #   bash experiments/campaign16/run.sh B1     # headline 2:4, seed 0, at the chunk-A learning rates, 6 jobs
 #   bash experiments/campaign16/run.sh B2     # seeds 1 and 2, 8 jobs (perplexity only)
 #   bash experiments/campaign16/run.sh C      # unstructured 50 % / 75 % and the prompt-masked SPP run, 11 jobs
+#   bash experiments/campaign16/run.sh D      # SparseGPT 2:4: the four methods, seed 0, 4 jobs
 #   bash experiments/campaign16/run.sh AB1    # A then B1 in each stream (B1's job of a method waits for nothing:
 #                                             # its stream ran that method's grid first)
 #   bash experiments/campaign16/run.sh seq "grid lora" "headline lora 0 nm2_4"   # one stream, steps in this order
@@ -78,12 +79,21 @@ stream2_C() {
   pruned wanda unstructured75
 }
 
-chunk=${1:?usage: run.sh A|B1|B2|C|AB1}
+# SparseGPT 2:4 (issue 16: "Wanda; SparseGPT at 2:4"): every method at its chunk-A rate, seed 0, with zero-shot;
+# ≈ 66 min per stream. The pruned SparseGPT row is B1's.
+sparsegpt() {
+  job "$R/nm2_4_sparsegpt/$1_s0" sparsity=nm2_4 pruner=sparsegpt adapter="$1" trainer.lr="$(best_lr "$1")" seed=0 \
+    data.seed=0 $Z
+}
+stream1_D() { sparsegpt spp; sparsegpt lora; }
+stream2_D() { sparsegpt sparse_lora; sparsegpt masked_full; }
+
+chunk=${1:?usage: run.sh A|B1|B2|C|D|AB1}
 case $chunk in
   AB1) (stream1_A; stream1_B1) & (stream2_A; stream2_B1) & ;;
-  A|B1|B2|C) "stream1_$chunk" & "stream2_$chunk" & ;;
+  A|B1|B2|C|D) "stream1_$chunk" & "stream2_$chunk" & ;;
   seq) shift; for step in "$@"; do $step; done ;;   # word-split on purpose: "function arg ..."
-  *) echo "run.sh: unknown chunk '$chunk'; use A, B1, B2, C, AB1 or seq" >&2; exit 2 ;;
+  *) echo "run.sh: unknown chunk '$chunk'; use A, B1, B2, C, D, AB1 or seq" >&2; exit 2 ;;
 esac
 wait
 echo "[campaign16] chunk $chunk finished $(date -u +%FT%TZ)"
