@@ -166,6 +166,26 @@ def build(setting: StepSetting, base: nn.Module) -> dict[str, nn.Module]:
     return out
 
 
+FLOOR_PARTS: tuple[str, ...] = ("dropout (RNG, mask, backward)", "SPP adapter fwd product (xd W'^T)",
+                                 "SPP adapter input-grad product (g W')", "SPP G = g^T xd product")
+"""What an exact SPP step must add to the frozen model's step: dropout, and the products no rearrangement merges
+(with dropout: ``xd W'^T``, ``g W'``, ``G``; without: ``G`` alone, the merged products replacing the base ones)."""
+
+
+def floor(parts: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The floor of an exact SPP step under the profiler, and SPP-fused's work above it (ms and ratio).
+
+    ``floor_ms`` = frozen total + SPP's ``FLOOR_PARTS``; ``extras_ms`` = SPP-fused total − floor (building ``W'``,
+    ``G ⊙ W``, the α/β reductions, its autograd node: what an ideal kernel could still remove). The profiler adds
+    a fixed cost per op, which inflates LoRA's many small ops far more than SPP's few large ones, so a LoRA ratio
+    is taken from the unprofiled ``model_bench`` step, not from here.
+    """
+    spp = parts["spp-fused"]
+    floor_ms = parts["frozen"]["total"] + sum(spp.get(k, 0.0) for k in FLOOR_PARTS)
+    return {"floor_ms": floor_ms, "extras_ms": spp["total"] - floor_ms, "spp_over_floor": spp["total"] / floor_ms,
+            "adapter_products_ms": sum(spp.get(k, 0.0) for k in FLOOR_PARTS[1:])}
+
+
 def markdown(parts: dict[str, dict[str, float]], threads: int, load: list[float]) -> str:
     """One table: ms per step per part and variant, plus the share of the SPP step."""
     names = list(parts)
@@ -180,6 +200,11 @@ def markdown(parts: dict[str, dict[str, float]], threads: int, load: list[float]
         cells = " | ".join(f"{v:,.0f}" for v in vals)
         label = f"**{part}**" if part == "total" else part
         lines.append(f"| {label} | {cells} | {diff:+,.0f} |")
+    if {"frozen", "lora", "spp-fused"} <= set(parts):
+        f = floor(parts)
+        lines += ["", f"Floor of an exact SPP step (frozen + dropout + the adapter products, "
+                      f"{f['adapter_products_ms']:,.0f} ms of them): {f['floor_ms']:,.0f} ms; SPP-fused is "
+                      f"{f['extras_ms']:+,.0f} ms = {f['spp_over_floor']:.2f}× its floor (profiled)."]
     return "\n".join(lines)
 
 
@@ -189,9 +214,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=2, help="profiled steps per variant (after 1 warm-up)")
     parser.add_argument("--variants", nargs="+", default=["frozen", "lora", "spp-fused"])
+    parser.add_argument("--malloc", default="default", choices=["default", "trim"],
+                        help="default: glibc's own settings, as train.py runs (times only are reported); trim: the "
+                             "64 KiB mmap threshold of the memory benchmarks (slows small-tensor-heavy steps)")
     parser.add_argument("--out", default=None, help="JSON file name under experiments/results/ (or a path)")
     args = parser.parse_args(argv)
-    configure_malloc()
+    if args.malloc == "trim":
+        configure_malloc()
     setting = StepSetting.from_resolved_config(args.from_config) if args.from_config else StepSetting()
     torch.manual_seed(0)
     base, tokenizer = load_pruned(setting)
@@ -200,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if any(int(b["input_ids"].numel()) != tokens for b in batches):
         batches = [batches[0]] * args.steps  # one shape, so the G product is recognised by its token dimension
     variants = {k: v for k, v in build(setting, base).items() if k in args.variants}
-    payload: dict[str, Any] = {"benchmark": "profile_step", "setting": setting.describe(),
+    payload: dict[str, Any] = {"benchmark": "profile_step", "setting": setting.describe(), "malloc": args.malloc,
                                "positions_per_step": tokens, "profiled_steps": args.steps,
                                "parts": list(PARTS), "results": {}}
     tables = []
@@ -229,6 +258,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "parts_ms": {k: dict(v) for k, v in parts.items()},
             "profiled_wall_s": wall, "load_avg_1m": load, "env": environment(torch.device("cpu")),
         }
+        if {"frozen", "lora", "spp-fused"} <= set(parts):
+            payload["results"][f"threads{threads}"]["floor"] = floor(parts)
         tables.append(markdown(parts, threads, load))
         print(tables[-1] + "\n", flush=True)
         write_json(payload, args.out or "profile_step_cpu.json")  # after every thread count

@@ -113,9 +113,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=None, help="compare the first N logged steps (default all)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip", type=int, default=2, help="first logged steps left out of the medians")
+    parser.add_argument("--malloc", default="default", choices=["default", "trim"],
+                        help="default: glibc's own settings, as train.py runs (times only are reported); trim: the "
+                             "64 KiB mmap threshold of the memory benchmarks (slows small-tensor-heavy steps)")
     parser.add_argument("--out", default=None, help="JSON file name under experiments/results/ (or a path)")
     args = parser.parse_args(argv)
-    configure_malloc()
+    if args.malloc == "trim":
+        configure_malloc()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cpu")
@@ -174,8 +178,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"\nstep time {names[0]} / {names[1]}: logged {pair['logged_time_ratio']:.2f}x, "
                   f"harness {pair['harness_time_ratio']:.2f}x (same batches)")
     payload = {"benchmark": "train_throughput", "column": LOGGED_TOKENS_PER_S, "lora_alpha": LORA_ALPHA,
-               "repeats": args.repeats, "skip": args.skip, "tolerance": TOLERANCE, "runs": runs, "pair": pair,
-               "load_avg_1m": [load0, os.getloadavg()[0]], "env": environment(device)}
+               "repeats": args.repeats, "malloc": args.malloc, "skip": args.skip, "tolerance": TOLERANCE,
+               "runs": runs, "pair": pair, "load_avg_1m": [load0, os.getloadavg()[0]], "env": environment(device)}
     path = write_json(payload, args.out or f"train_throughput_{device.type}.json")
     print(f"wrote {path}")
     return payload
