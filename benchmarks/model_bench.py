@@ -31,8 +31,9 @@ from torch import nn
 
 from spp import DEFAULT_TARGETS, IMPLS, inject
 from spp.bench.common import (
+    add_malloc_option,
     add_ratios,
-    configure_malloc,
+    apply_malloc,
     environment,
     interleaved,
     markdown,
@@ -100,8 +101,8 @@ def memory_pass(steps: dict[str, Callable[[], None]], res: dict[str, dict[str, A
 
     The timing rounds run under glibc's own settings, as ``train.py`` does: the heap keeps freed blocks resident,
     so a step's RSS high-water mark would not show what it allocates. Trimming the heap before each step makes
-    every page the step touches count, without the fixed 64 KiB mmap threshold of ``configure_malloc`` (with
-    which the harness timed LoRA's step 2.2x slower than under glibc's defaults, SPP's 1.7x: ``benchmarks/README.md``).
+    every page the step touches count, without the fixed 64 KiB mmap threshold of ``configure_malloc``
+    (``MALLOC_HELP``). The heap's settings are unchanged, so later timing rounds are unaffected.
     """
     peaks: dict[str, list[float]] = {k: [] for k in steps}
     for _ in range(rounds):
@@ -130,15 +131,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--autocast", default=None, choices=["bf16"], help="run every variant under bf16 autocast")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (CUDA default)")
-    parser.add_argument("--malloc", default="default", choices=["default", "trim"],
-                        help="default: time under glibc's own malloc settings (as train.py runs), then measure "
-                             "peak memory in extra rounds, the heap trimmed before each step; trim: time and "
-                             "memory both with the 64 KiB mmap threshold (the harness before issue 19's check)")
+    add_malloc_option(parser)
     parser.add_argument("--out", default=None, help="JSON file name under experiments/results/ (or a path)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    if args.malloc == "trim":
-        configure_malloc()
+    apply_malloc(args.malloc)
     torch.manual_seed(0)
     setting = StepSetting.from_resolved_config(args.from_config) if args.from_config else StepSetting()
     if args.dtype or device.type == "cuda":
@@ -161,15 +158,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "batches": [list(b["input_ids"].shape) for b in batches],
                                "tokens_per_step": tokens, "positions_per_step": positions,
                                "repeats": args.repeats, "warmup": args.warmup, "lora_r": LORA_R,
-                               "memory": "peak RSS delta per step (CPU; --malloc default: in a pass after all "
-                                         "timing rounds) / max_memory_allocated delta (CUDA)",
+                               "memory": "peak RSS delta per step (CPU; --malloc default: in a pass after the "
+                                         "group's timing rounds) / max_memory_allocated delta (CUDA)",
                                "time": "wall seconds per step (time_s) and process CPU seconds (cpu_s), medians",
                                "env": environment(device), "results": {}}
     default = f"model_bench_{device.type}.json" if (args.batch or args.seq) else f"model_bench_job_{device.type}.json"
     out = args.out or default
     dropouts = args.dropout if args.dropout is not None else [setting.dropout]
-    deferred = args.malloc == "default" and device.type == "cpu"
-    groups: list[tuple[str, str, dict[str, Any], dict[str, Callable[[], None]] | None]] = []
+    tables = []
     with Progress() as progress:
         for p in dropouts:
             variants = build_variants(base, p, args.impls, args.compile, setting.r, setting.targets, setting.scale,
@@ -184,6 +180,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 load0 = os.getloadavg()[0]
                 res = interleaved(steps, args.repeats, warmup, device,
                                   progress=lambda t=task: progress.advance(t))
+                if args.malloc == "default" and device.type == "cpu":
+                    memory_pass(steps, res)
+                add_ratios(res, "lora")
                 for r in res.values():
                     r["tokens_per_s"] = tokens / r["time_s"]
                     r["tokens_per_cpu_s"] = tokens / r["cpu_s"]
@@ -193,21 +192,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 title = (f"{setting.model.name}, {len(batches)} batch(es) of {positions:.0f} positions "
                          f"({tokens:.0f} tokens), dropout {p}, {dtype}{' + bf16 autocast' if autocast else ''}, "
                          f"{threads} thread(s), load {load0:.2f}→{os.getloadavg()[0]:.2f}")
-                groups.append((key, title, res, steps if deferred else None))
+                tables.append(markdown(res, title))
+                progress.console.print(tables[-1] + "\n")
                 write_json(payload, out)  # after every group, so an interrupted run keeps what it measured
                 del steps
             del variants
             gc.collect()
-    if deferred:  # memory after every group's timing, so no timing round follows a trimmed heap
-        for key, _, res, steps in groups:
-            torch.set_num_threads(payload["results"][key]["threads"])
-            memory_pass(steps, res)  # type: ignore[arg-type]
-    tables = []
-    for key, title, res, _ in groups:
-        add_ratios(res, "lora")
-        payload["results"][key].update(res)
-        tables.append(markdown(res, title))
-    groups.clear()
     print("\n\n".join(tables))
     path = write_json(payload, out)
     print(f"\nwrote {path}")

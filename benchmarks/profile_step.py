@@ -27,7 +27,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from spp.adapters.spp.model import inject
-from spp.bench.common import configure_malloc, environment, write_json
+from spp.bench.common import add_malloc_option, apply_malloc, environment, write_json
 from spp.bench.step import StepSetting, load_pruned, make_step, training_batches
 from spp.bench.variants import lora_model
 
@@ -186,7 +186,8 @@ def floor(parts: dict[str, dict[str, float]]) -> dict[str, float]:
             "adapter_products_ms": sum(spp.get(k, 0.0) for k in FLOOR_PARTS[1:])}
 
 
-def markdown(parts: dict[str, dict[str, float]], threads: int, load: list[float]) -> str:
+def markdown(parts: dict[str, dict[str, float]], threads: int, load: list[float],
+             fl: dict[str, float] | None = None) -> str:
     """One table: ms per step per part and variant, plus the share of the SPP step."""
     names = list(parts)
     lines = [f"**{threads} thread(s), load avg {load[0]:.2f}→{load[1]:.2f}**", "",
@@ -200,11 +201,10 @@ def markdown(parts: dict[str, dict[str, float]], threads: int, load: list[float]
         cells = " | ".join(f"{v:,.0f}" for v in vals)
         label = f"**{part}**" if part == "total" else part
         lines.append(f"| {label} | {cells} | {diff:+,.0f} |")
-    if {"frozen", "lora", "spp-fused"} <= set(parts):
-        f = floor(parts)
+    if fl is not None:
         lines += ["", f"Floor of an exact SPP step (frozen + dropout + the adapter products, "
-                      f"{f['adapter_products_ms']:,.0f} ms of them): {f['floor_ms']:,.0f} ms; SPP-fused is "
-                      f"{f['extras_ms']:+,.0f} ms = {f['spp_over_floor']:.2f}× its floor (profiled)."]
+                      f"{fl['adapter_products_ms']:,.0f} ms of them): {fl['floor_ms']:,.0f} ms; SPP-fused is "
+                      f"{fl['extras_ms']:+,.0f} ms = {fl['spp_over_floor']:.2f}× its floor (profiled)."]
     return "\n".join(lines)
 
 
@@ -214,13 +214,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=2, help="profiled steps per variant (after 1 warm-up)")
     parser.add_argument("--variants", nargs="+", default=["frozen", "lora", "spp-fused"])
-    parser.add_argument("--malloc", default="default", choices=["default", "trim"],
-                        help="default: glibc's own settings, as train.py runs (times only are reported); trim: the "
-                             "64 KiB mmap threshold of the memory benchmarks (slows small-tensor-heavy steps)")
+    add_malloc_option(parser)
     parser.add_argument("--out", default=None, help="JSON file name under experiments/results/ (or a path)")
     args = parser.parse_args(argv)
-    if args.malloc == "trim":
-        configure_malloc()
+    apply_malloc(args.malloc)
     setting = StepSetting.from_resolved_config(args.from_config) if args.from_config else StepSetting()
     torch.manual_seed(0)
     base, tokenizer = load_pruned(setting)
@@ -258,9 +255,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "parts_ms": {k: dict(v) for k, v in parts.items()},
             "profiled_wall_s": wall, "load_avg_1m": load, "env": environment(torch.device("cpu")),
         }
-        if {"frozen", "lora", "spp-fused"} <= set(parts):
-            payload["results"][f"threads{threads}"]["floor"] = floor(parts)
-        tables.append(markdown(parts, threads, load))
+        fl = floor(parts) if {"frozen", "spp-fused"} <= set(parts) else None
+        payload["results"][f"threads{threads}"]["floor"] = fl
+        tables.append(markdown(parts, threads, load, fl))
         print(tables[-1] + "\n", flush=True)
         write_json(payload, args.out or "profile_step_cpu.json")  # after every thread count
     path = write_json(payload, args.out or "profile_step_cpu.json")

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from spp.adapters.spp.model import inject
-from spp.bench.common import configure_malloc, environment, interleaved, write_json
+from spp.bench.common import add_malloc_option, apply_malloc, environment, interleaved, write_json
 from spp.bench.step import StepSetting, batch_tokens, load_pruned, make_step, training_batches
 from spp.bench.variants import LORA_ALPHA, lora_model
 
@@ -113,13 +113,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=None, help="compare the first N logged steps (default all)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip", type=int, default=2, help="first logged steps left out of the medians")
-    parser.add_argument("--malloc", default="default", choices=["default", "trim"],
-                        help="default: glibc's own settings, as train.py runs (times only are reported); trim: the "
-                             "64 KiB mmap threshold of the memory benchmarks (slows small-tensor-heavy steps)")
+    add_malloc_option(parser)
     parser.add_argument("--out", default=None, help="JSON file name under experiments/results/ (or a path)")
     args = parser.parse_args(argv)
-    if args.malloc == "trim":
-        configure_malloc()
+    apply_malloc(args.malloc)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cpu")

@@ -9,6 +9,7 @@ On CUDA it is ``torch.cuda.max_memory_allocated`` minus the allocation before th
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
@@ -29,11 +30,17 @@ RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
 
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libc.so.6")
+    except OSError:
+        return None
+
+
 def configure_malloc() -> bool:
     """Make freed tensors return to the OS (fixed mmap threshold 64 KiB); False where glibc is absent."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+    libc = _libc()
+    if libc is None:
         return False
     ok = libc.mallopt(M_MMAP_THRESHOLD, 64 * 1024) == 1
     return ok and libc.mallopt(M_TRIM_THRESHOLD, 128 * 1024) == 1
@@ -45,12 +52,27 @@ def trim_heap() -> bool:
     After it, a step's allocations fault their pages in again, so its RSS high-water mark counts them, while the
     allocator keeps serving from the heap as it does in ``train.py``. False where glibc is absent.
     """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
+    libc = _libc()
+    if libc is None:
         return False
     libc.malloc_trim(0)
     return True
+
+
+MALLOC_HELP = ("default: glibc's own settings, as train.py runs; trim: the 64 KiB mmap threshold of "
+               "configure_malloc (freed tensors leave the process, but every larger allocation faults in fresh "
+               "pages each step, which slowed LoRA's main-job step about 2x: benchmarks/README.md)")
+
+
+def add_malloc_option(parser: argparse.ArgumentParser) -> None:
+    """``--malloc default|trim`` for the timing benchmarks; apply it with ``apply_malloc``."""
+    parser.add_argument("--malloc", default="default", choices=["default", "trim"], help=MALLOC_HELP)
+
+
+def apply_malloc(choice: str) -> None:
+    """Set the process's malloc for ``--malloc`` (``trim``: ``configure_malloc``; ``default``: leave glibc alone)."""
+    if choice == "trim":
+        configure_malloc()
 
 
 def _status_kib(field: str) -> int:
