@@ -118,6 +118,20 @@ def test_campaign_paired_rows_against_spp(tmp_path: Path):
     assert report.splitlines()[4].startswith("| Dense | – | dense | ")
 
 
+def test_campaign_seed_rows_keep_the_one_zero_shot_seeds_standard_error(tmp_path: Path):
+    """Seeds 1-2 run perplexity only: the 7-task cell shows seed 0's mean with its se and names the seed."""
+    nll = [4.0 + 0.2 * (i % 5) for i in range(40)]
+    write(tmp_path, "nm2_4/spp_s0", summary("spp", merged=nll, acc=0.40, se=0.021))
+    for seed in (1, 2):
+        later = summary("spp", seed=seed, merged=[x + 0.01 * seed for x in nll])
+        later["zero_shot"] = None
+        write(tmp_path, f"nm2_4/spp_s{seed}", later)
+    row = next(r for r in campaign.collect_campaign([tmp_path]).splitlines() if r.startswith("| 2:4 | Wanda | SPP"))
+    cells = row.split(" | ")
+    assert cells[4] == "0,1,2"
+    assert cells[7] == f"40.00 (se {100 * 0.021 / math.sqrt(7):.2f}; seed 0)"   # se of a 7-task mean: se/sqrt(7)
+
+
 def test_campaign_tokens_per_s_is_the_median_of_the_logged_column(tmp_path: Path):
     run_dir = write(tmp_path, "spp_s0", summary("spp", merged=[4.0] * 40))
     (run_dir / "csv" / "version_0").mkdir(parents=True)

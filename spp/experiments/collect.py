@@ -223,11 +223,14 @@ def gap_cell(group: Sequence[Run]) -> str:
 
 
 def mean_cell(group: Sequence[Run]) -> str:
-    """7-task mean (%): one run -> ``mean (se x)`` from lm-eval's per-task standard errors; seeds -> :func:`cell`."""
-    if len(group) == 1 and group[0].tasks:
-        mean, se = zero_shot_mean(group[0].tasks), zero_shot_mean_stderr(group[0].tasks)
+    """7-task mean (%): one run -> ``mean (se x)`` from lm-eval's per-task standard errors; seeds of which only
+    one has zero-shot results -> the same, naming that seed; several -> :func:`cell` (mean ± std over seeds)."""
+    scored = [r for r in group if r.tasks]
+    if len(scored) == 1:
+        mean, se = zero_shot_mean(scored[0].tasks), zero_shot_mean_stderr(scored[0].tasks)
         if mean is not None and se is not None:
-            return f"{100 * mean:.2f} (se {100 * se:.2f})"
+            seed = f"; seed {scored[0].seed}" if len(group) > 1 else ""
+            return f"{100 * mean:.2f} (se {100 * se:.2f}{seed})"
     return cell([_mean(r) for r in group], 100)
 
 
