@@ -132,6 +132,22 @@ def test_campaign_seed_rows_keep_the_one_zero_shot_seeds_standard_error(tmp_path
     assert cells[7] == f"40.00 (se {100 * 0.021 / math.sqrt(7):.2f}; seed 0)"   # se of a 7-task mean: se/sqrt(7)
 
 
+def test_campaign_rows_group_each_pruner_before_the_next(tmp_path: Path):
+    """Wanda's block (pruned, then the methods), then SparseGPT's, in the main and the paired table."""
+    nll = [4.0 + 0.2 * (i % 5) for i in range(40)]
+    for pruner in ("sparsegpt", "wanda"):
+        for adapter in ("lora", "spp", "none"):
+            data = summary(adapter, merged=nll if adapter != "none" else None)
+            data["config"]["pruner"]["name"] = pruner
+            write(tmp_path, f"{pruner}/{adapter}", data)
+    lines = campaign.collect_campaign([tmp_path]).splitlines()
+    main = [r.split(" | ")[1:3] for r in lines if r.startswith("| 2:4 | ") and r.count(" | ") == 11]
+    assert main == [["Wanda", "pruned"], ["Wanda", "SPP"], ["Wanda", "LoRA*"],
+                    ["SparseGPT", "pruned"], ["SparseGPT", "SPP"], ["SparseGPT", "LoRA*"]]
+    paired = [r.split(" | ")[1] for r in lines if r.startswith("| 2:4 | ") and r.count(" | ") == 6]
+    assert paired == ["Wanda pruned", "Wanda LoRA*", "SparseGPT pruned", "SparseGPT LoRA*"]
+
+
 def test_campaign_tokens_per_s_is_the_median_of_the_logged_column(tmp_path: Path):
     run_dir = write(tmp_path, "spp_s0", summary("spp", merged=[4.0] * 40))
     (run_dir / "csv" / "version_0").mkdir(parents=True)

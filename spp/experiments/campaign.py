@@ -104,8 +104,9 @@ def load_campaign(roots: Iterable[str | Path]) -> list[CampaignRun]:
 
 
 def _row_order(key: RunKey) -> tuple:
-    return (sparsity_rank(key), list(METHODS).index(key.adapter) if key.adapter in METHODS else 9,
-            key.pruner != "wanda", key.pruner)
+    """Sparsity, then pruner (Wanda first), then method in table order: each pruned model's block stays together."""
+    return (sparsity_rank(key), key.pruner != "wanda", key.pruner,
+            list(METHODS).index(key.adapter) if key.adapter in METHODS else 9)
 
 
 def group_campaign(runs: Sequence[CampaignRun]) -> dict[RunKey, list[CampaignRun]]:
