@@ -15,6 +15,8 @@ from spp.experiments import campaign, campaign_figure, lr_select
 TASKS = ("spp_boolq", "spp_rte", "spp_hellaswag", "spp_winogrande", "spp_arc_easy", "spp_arc_challenge",
          "spp_openbookqa")
 STARTS = list(range(0, 40 * 7168, 7168))
+SPP_NLL = [4.0 + 0.2 * (i % 5) for i in range(40)]
+"""Per-window NLL of a fine-tuned run in the synthetic campaigns below."""
 
 
 def ppl_entry(nll: list[float]) -> dict[str, Any]:
@@ -84,7 +86,7 @@ def test_lr_select_refuses_an_empty_or_mixed_grid_in_one_line(tmp_path: Path, ca
 
 
 def test_campaign_paired_rows_against_spp(tmp_path: Path):
-    spp_nll = [4.0 + 0.2 * (i % 5) for i in range(40)]
+    spp_nll = SPP_NLL
     write(tmp_path, "nm2_4/spp_s0", summary("spp", merged=spp_nll, acc=0.50))
     # LoRA*: every window exactly 0.1 nats worse -> ratio exp(0.1) with a zero-width interval; zero-shot 3 points
     # lower with se 0.01 per task: se of the mean 0.01/sqrt(7) each, difference se 0.01*sqrt(2/7) -> distinguishable
@@ -120,7 +122,7 @@ def test_campaign_paired_rows_against_spp(tmp_path: Path):
 
 def test_campaign_seed_rows_keep_the_one_zero_shot_seeds_standard_error(tmp_path: Path):
     """Seeds 1-2 run perplexity only: the 7-task cell shows seed 0's mean with its se and names the seed."""
-    nll = [4.0 + 0.2 * (i % 5) for i in range(40)]
+    nll = SPP_NLL
     write(tmp_path, "nm2_4/spp_s0", summary("spp", merged=nll, acc=0.40, se=0.021))
     for seed in (1, 2):
         later = summary("spp", seed=seed, merged=[x + 0.01 * seed for x in nll])
@@ -134,7 +136,7 @@ def test_campaign_seed_rows_keep_the_one_zero_shot_seeds_standard_error(tmp_path
 
 def test_campaign_rows_group_each_pruner_before_the_next(tmp_path: Path):
     """Wanda's block (pruned, then the methods), then SparseGPT's, in the main and the paired table."""
-    nll = [4.0 + 0.2 * (i % 5) for i in range(40)]
+    nll = SPP_NLL
     for pruner in ("sparsegpt", "wanda"):
         for adapter in ("lora", "spp", "none"):
             data = summary(adapter, merged=nll if adapter != "none" else None)
