@@ -168,3 +168,24 @@ def test_campaign_figure_is_drawn_from_the_runs_alone(tmp_path: Path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     assert [p.name for p in out.parent.iterdir()] == ["campaign.png"]          # no temporary left behind
     assert campaign_figure.main([str(tmp_path / "none"), "--out", str(out)]) == 2
+
+
+def test_campaign_prompt_masked_spp_is_its_own_row_compared_with_spp(tmp_path: Path):
+    """`data.train_on_inputs=false` is another training objective: not a fourth seed of SPP, but a row of its own,
+    paired against SPP on the same windows."""
+    write(tmp_path, "nm2_4/spp_s0", summary("spp", merged=SPP_NLL))
+    masked = summary("spp", merged=[x + 0.2 for x in SPP_NLL])
+    masked["config"]["data"]["train_on_inputs"] = False
+    write(tmp_path, "nm2_4/spp_s0_prompt_masked", masked)
+    write(tmp_path, "nm2_4/none_wanda", summary("none"))
+    lines = campaign.collect_campaign([tmp_path]).splitlines()
+    main = [r.split(" | ")[2:5] for r in lines if r.startswith("| 2:4 | Wanda | ")]
+    assert [m[0] for m in main] == ["pruned", "SPP", "SPP (prompt masked)"]
+    assert main[1][2] == "0" and main[2][2] == "0"                     # one seed each, not seeds "0,0"
+    paired = {r.split(" | ")[1]: r.split(" | ") for r in lines if r.startswith("| 2:4 | Wanda ")}
+    ratio = f"{math.exp(0.2):.3f}"
+    assert paired["Wanda SPP (prompt masked)"][3] == f"{ratio} [{ratio}, {ratio}]"
+    assert paired["Wanda SPP (prompt masked)"][4] == "SPP better"
+    assert "Wanda SPP" not in paired                                   # SPP is the reference, not a compared row
+    out = tmp_path / "fig.png"
+    assert campaign_figure.main([str(tmp_path / "nm2_4"), "--out", str(out)]) == 0

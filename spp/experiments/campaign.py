@@ -104,9 +104,10 @@ def load_campaign(roots: Iterable[str | Path]) -> list[CampaignRun]:
 
 
 def _row_order(key: RunKey) -> tuple:
-    """Sparsity, then pruner (Wanda first), then method in table order: each pruned model's block stays together."""
+    """Sparsity, then pruner (Wanda first), then method in table order (a prompt-masked run after its method):
+    each pruned model's block stays together."""
     return (sparsity_rank(key), key.pruner != "wanda", key.pruner,
-            list(METHODS).index(key.adapter) if key.adapter in METHODS else 9)
+            list(METHODS).index(key.adapter) if key.adapter in METHODS else 9, not key.train_on_inputs)
 
 
 def group_campaign(runs: Sequence[CampaignRun]) -> dict[RunKey, list[CampaignRun]]:
@@ -116,8 +117,10 @@ def group_campaign(runs: Sequence[CampaignRun]) -> dict[RunKey, list[CampaignRun
     return dict(sorted(groups.items(), key=lambda kv: _row_order(kv[0])))
 
 
-def _label(key: RunKey) -> str:
-    return METHODS.get(key.adapter, key.adapter)
+def method_label(key: RunKey) -> str:
+    """The method's name in the tables; ``(prompt masked)`` when the loss covered the response only."""
+    name = METHODS.get(key.adapter, key.adapter)
+    return name if key.train_on_inputs else f"{name} (prompt masked)"
 
 
 def main_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
@@ -133,7 +136,7 @@ def main_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
         runs = [g.run for g in group]
         trained = key.adapter != "none"
         rows.append([
-            sparsity_label(key), PRUNER_LABELS.get(key.pruner, key.pruner), _label(key),
+            sparsity_label(key), PRUNER_LABELS.get(key.pruner, key.pruner), method_label(key),
             f"{key.lr:g}" if trained else "–", ",".join(str(r.seed) for r in runs),
             ppl_cell(runs, "merged" if trained else "pruned"), gap_cell(runs), mean_cell(runs),
             f"{group[0].trained:,}" if trained else "–",
@@ -160,14 +163,18 @@ def _verdict(low: float, high: float, lower_is_better: bool) -> str:
 
 
 def paired_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
-    """Every other method against SPP at the same sparsity, pruner and seed, on the same windows and documents."""
+    """Every other method against SPP at the same sparsity, pruner and seed, on the same windows and documents
+    (SPP with the prompt masked out of the loss against SPP with the whole sequence in it)."""
+    def is_reference(k: RunKey) -> bool:
+        return k.adapter == "spp" and k.train_on_inputs
+
     spp = {(k.sparsity_kind, k.ratio, k.n, k.m, k.pruner, r.run.seed): r
-           for k, g in groups.items() if k.adapter == "spp" for r in g}
+           for k, g in groups.items() if is_reference(k) for r in g}
     head = ["Sparsity", "Method vs SPP", "Seed", "PPL ratio (method / SPP) [95 %]", "PPL",
             "Δ 7-task mean (pts) ± 1.96 se", "Zero-shot"]
     rows = []
     for key, group in groups.items():
-        if key.adapter == "spp":
+        if is_reference(key):
             continue
         for r in group:
             ref = spp.get((key.sparsity_kind, key.ratio, key.n, key.m, key.pruner, r.run.seed))
@@ -179,7 +186,7 @@ def paired_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
             zs = _zero_shot_diff(r.run, ref.run)
             zs_text = f"{100 * zs[0]:+.2f} ± {100 * Z95 * zs[1]:.2f}" if zs else "–"
             zs_verdict = _verdict(zs[0] - Z95 * zs[1], zs[0] + Z95 * zs[1], False) if zs else "–"
-            rows.append([sparsity_label(key), f"{PRUNER_LABELS.get(key.pruner, key.pruner)} {_label(key)}",
+            rows.append([sparsity_label(key), f"{PRUNER_LABELS.get(key.pruner, key.pruner)} {method_label(key)}",
                          str(r.run.seed), ratio, _verdict(d["log_ppl_diff_low"], d["log_ppl_diff_high"], True),
                          zs_text, zs_verdict])
     return markdown_table(head, rows, 3)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
-from spp.experiments.campaign import METHODS, Z95, group_campaign, load_campaign
+from spp.experiments.campaign import METHODS, Z95, group_campaign, load_campaign, method_label
 from spp.experiments.collect import PRUNER_LABELS, sparsity_label
 
 
@@ -30,7 +30,7 @@ def draw(roots: list[str | Path], out: str | Path) -> Path:
     labels, dense, pruned_drawn = [], None, False
     for y, (key, runs) in enumerate(groups.items()):
         labels.append(f"{sparsity_label(key)} {PRUNER_LABELS.get(key.pruner, key.pruner)} "
-                      f"{METHODS.get(key.adapter, key.adapter)}")
+                      f"{method_label(key)}")
         which = "merged" if key.adapter != "none" else "pruned"
         color = f"C{list(METHODS).index(key.adapter)}"
         for i, r in enumerate(runs):

@@ -52,6 +52,8 @@ class RunKey:
     beta_init: str
     residual: bool
     lr: float = 0.0
+    train_on_inputs: bool = True
+    """``data.train_on_inputs``: ``False`` when the prompt was masked out of the loss."""
 
 
 @dataclass
@@ -108,6 +110,7 @@ def load_run(path: Path) -> Run:
         beta_init=ad.get("beta_init", "zeros") if ad["name"] == "spp" else "zeros",
         residual=bool(ad.get("residual", True)) if ad["name"] == "spp" else True,
         lr=float(cfg.get("trainer", {}).get("lr", 0.0)) if ad["name"] != "none" else 0.0,
+        train_on_inputs=bool((cfg.get("data") or {}).get("train_on_inputs", True)) if ad["name"] != "none" else True,
     )
     zero_shot = data.get("zero_shot") or {}
     losses = data.get("losses") or {}
