@@ -2,7 +2,7 @@
 # Issue 16's campaign on SmolLM2-135M (CPU), resumable: every job is a single `train.py` run in its own directory
 # and is skipped when its summary.json exists, so a chunk stopped half-way re-runs only the missing jobs.
 # Two streams of one thread each run side by side (the same load for every method's step time).
-#   bash experiments/campaign16/run.sh A      # learning-rate grid on the validation loss (Wanda 2:4), 20 jobs
+#   bash experiments/campaign16/run.sh A      # learning-rate grid on the validation loss (Wanda 2:4), 16 jobs
 #   bash experiments/campaign16/run.sh B1     # headline 2:4, seed 0, at the chunk-A learning rates, 6 jobs
 #   bash experiments/campaign16/run.sh B2     # seeds 1 and 2, 8 jobs (perplexity only)
 #   bash experiments/campaign16/run.sh C      # unstructured 50 % / 75 % and the prompt-masked SPP run, 11 jobs
