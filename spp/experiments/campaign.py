@@ -123,6 +123,16 @@ def method_label(key: RunKey) -> str:
     return name if key.train_on_inputs else f"{name} (prompt masked)"
 
 
+def pruner_label(key: RunKey) -> str:
+    """The pruner's name in the tables (``Wanda``, ``SparseGPT``, …)."""
+    return PRUNER_LABELS.get(key.pruner, key.pruner)
+
+
+def model_label(key: RunKey) -> str:
+    """Pruner and method, e.g. ``Wanda SPP (prompt masked)``: one model of a sparsity's block."""
+    return f"{pruner_label(key)} {method_label(key)}"
+
+
 def main_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
     """One row per (sparsity, pruner, method): quality with its uncertainty, then cost."""
     head = ["Sparsity", "Pruner", "Method", "lr (val.)", "Seeds", "PPL", "Gap closed (%)", "7-task mean (%)",
@@ -136,7 +146,7 @@ def main_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
         runs = [g.run for g in group]
         trained = key.adapter != "none"
         rows.append([
-            sparsity_label(key), PRUNER_LABELS.get(key.pruner, key.pruner), method_label(key),
+            sparsity_label(key), pruner_label(key), method_label(key),
             f"{key.lr:g}" if trained else "–", ",".join(str(r.seed) for r in runs),
             ppl_cell(runs, "merged" if trained else "pruned"), gap_cell(runs), mean_cell(runs),
             f"{group[0].trained:,}" if trained else "–",
@@ -168,8 +178,10 @@ def paired_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
     def is_reference(k: RunKey) -> bool:
         return k.adapter == "spp" and k.train_on_inputs
 
-    spp = {(k.sparsity_kind, k.ratio, k.n, k.m, k.pruner, r.run.seed): r
-           for k, g in groups.items() if is_reference(k) for r in g}
+    def pruned_model(k: RunKey, seed: int) -> tuple:
+        return k.sparsity_kind, k.ratio, k.n, k.m, k.pruner, seed
+
+    spp = {pruned_model(k, r.run.seed): r for k, g in groups.items() if is_reference(k) for r in g}
     head = ["Sparsity", "Method vs SPP", "Seed", "PPL ratio (method / SPP) [95 %]", "PPL",
             "Δ 7-task mean (pts) ± 1.96 se", "Zero-shot"]
     rows = []
@@ -177,7 +189,7 @@ def paired_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
         if is_reference(key):
             continue
         for r in group:
-            ref = spp.get((key.sparsity_kind, key.ratio, key.n, key.m, key.pruner, r.run.seed))
+            ref = spp.get(pruned_model(key, r.run.seed))
             if ref is None:
                 continue
             which = "merged" if key.adapter != "none" else "pruned"
@@ -186,7 +198,7 @@ def paired_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
             zs = _zero_shot_diff(r.run, ref.run)
             zs_text = f"{100 * zs[0]:+.2f} ± {100 * Z95 * zs[1]:.2f}" if zs else "–"
             zs_verdict = _verdict(zs[0] - Z95 * zs[1], zs[0] + Z95 * zs[1], False) if zs else "–"
-            rows.append([sparsity_label(key), f"{PRUNER_LABELS.get(key.pruner, key.pruner)} {method_label(key)}",
+            rows.append([sparsity_label(key), model_label(key),
                          str(r.run.seed), ratio, _verdict(d["log_ppl_diff_low"], d["log_ppl_diff_high"], True),
                          zs_text, zs_verdict])
     return markdown_table(head, rows, 3)

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
-from spp.experiments.campaign import METHODS, Z95, group_campaign, load_campaign, method_label
-from spp.experiments.collect import PRUNER_LABELS, sparsity_label
+from spp.experiments.campaign import METHODS, Z95, group_campaign, load_campaign, model_label
+from spp.experiments.collect import sparsity_label
 
 
 def draw(roots: list[str | Path], out: str | Path) -> Path:
@@ -29,8 +29,7 @@ def draw(roots: list[str | Path], out: str | Path) -> Path:
     fig, (ax_ppl, ax_zs) = plt.subplots(1, 2, figsize=(13, 0.45 * len(groups) + 1.8), sharey=True)
     labels, dense, pruned_drawn = [], None, False
     for y, (key, runs) in enumerate(groups.items()):
-        labels.append(f"{sparsity_label(key)} {PRUNER_LABELS.get(key.pruner, key.pruner)} "
-                      f"{method_label(key)}")
+        labels.append(f"{sparsity_label(key)} {model_label(key)}")
         which = "merged" if key.adapter != "none" else "pruned"
         color = f"C{list(METHODS).index(key.adapter)}"
         for i, r in enumerate(runs):
