@@ -117,8 +117,9 @@ def group_campaign(runs: Sequence[CampaignRun]) -> dict[RunKey, list[CampaignRun
     return dict(sorted(groups.items(), key=lambda kv: _row_order(kv[0])))
 
 
-def method_label(key: RunKey) -> str:
-    """The method's name in the tables; ``(prompt masked)`` when the loss covered the response only."""
+def method_name(key: RunKey) -> str:
+    """The campaign's Method column: ``SPP``, ``SPP (prompt masked)`` when the loss covered the response only, …
+    (``collect.method_label`` is the paper tables' ``Wanda+SPP`` form)."""
     name = METHODS.get(key.adapter, key.adapter)
     return name if key.train_on_inputs else f"{name} (prompt masked)"
 
@@ -130,7 +131,7 @@ def pruner_label(key: RunKey) -> str:
 
 def model_label(key: RunKey) -> str:
     """Pruner and method, e.g. ``Wanda SPP (prompt masked)``: one model of a sparsity's block."""
-    return f"{pruner_label(key)} {method_label(key)}"
+    return f"{pruner_label(key)} {method_name(key)}"
 
 
 def main_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
@@ -146,7 +147,7 @@ def main_table(groups: dict[RunKey, list[CampaignRun]]) -> list[str]:
         runs = [g.run for g in group]
         trained = key.adapter != "none"
         rows.append([
-            sparsity_label(key), pruner_label(key), method_label(key),
+            sparsity_label(key), pruner_label(key), method_name(key),
             f"{key.lr:g}" if trained else "–", ",".join(str(r.seed) for r in runs),
             ppl_cell(runs, "merged" if trained else "pruned"), gap_cell(runs), mean_cell(runs),
             f"{group[0].trained:,}" if trained else "–",
