@@ -1,11 +1,17 @@
 """Train SPP on a pruned model: ``python train.py model=llama13b pruner=sparsegpt sparsity=unstructured50``.
 
-The whole job, in three phases with typed results (``spp/training/phases.py``):
+The whole job (``spp/training/phases.py``), on every rank that the launcher (Lightning's own, ``torchrun`` or
+``srun``) started:
 
-1. ``prune``: load the model, prune it through the on-disk cache (file-locked: concurrent jobs prune once) and
-   measure the dense and pruned perplexities — before any training process group exists;
-2. ``fit``: attach the adapter (``adapter=spp|lora|...``) and train it with Lightning on every rank (DDP, FSDP2 or
-   DeepSpeed; skipped for ``adapter=none``), then gather the trainable tensors once;
+1. ``fit`` builds a Lightning ``Trainer`` whose first callback is the ``PruningCallback``
+   (``spp/training/callbacks/pruning.py``). In its ``setup`` hook — the process group exists, nothing is sharded
+   yet — every rank takes part in pruning: global rank 0 loads the weights into host memory, the other ranks
+   build the ``meta`` skeleton; the calibration batches and perplexity windows are split over the ranks and one
+   decoder block at a time visits each rank's device; the dense and pruned perplexities and the pruned weights
+   come from the on-disk caches when they are there;
+2. ``SPPModule.configure_model`` attaches the adapter (``adapter=spp|lora|...``) and gives every rank its part of
+   the model from rank 0 (FSDP2 shards, or a DDP replica); Lightning trains it (DDP, FSDP2 or DeepSpeed;
+   ``adapter=none`` prunes without a Trainer), then the trainable tensors are gathered once;
 3. ``finalize``: on rank 0 alone, write the adapter files, merge, audit every zero, evaluate and export.
 
 ``python train.py -m adapter.r=4,8,16`` sweeps with one pruning. Composes ``conf/train.yaml``, converted once
@@ -38,7 +44,7 @@ from spp.preflight import preflight_train, remove_stale_temporaries  # noqa: E40
 from spp.sweeps import require_validation_objective  # noqa: E402
 from spp.training.callbacks.adapter_checkpoint import resolve_resume  # noqa: E402
 from spp.training.config import TrainJobConfig, load_job, register_configs  # noqa: E402
-from spp.training.phases import finalize, fit, prune  # noqa: E402
+from spp.training.phases import finalize, fit  # noqa: E402
 from spp.training.report import build_summary, objective, print_results  # noqa: E402
 
 register_configs()
@@ -53,7 +59,8 @@ def run_dir_of(job: TrainJobConfig) -> Path:
 
 
 def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dict | None:
-    """Run ``prune → fit → finalize`` and report; returns the summary on global rank 0 (``None`` elsewhere)."""
+    """Run ``fit`` (pruning in the Trainer's setup callback, then training) → ``finalize`` and report; returns the
+    summary on global rank 0 (``None`` elsewhere)."""
     start = time.perf_counter()
     run_dir = run_dir_of(job)
     forget_data_reads()
@@ -67,8 +74,7 @@ def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dic
     ids = run_tags(job.model.name, job.pruner.name, job.sparsity.name, job.adapter.name, job.adapter.r, wandb)
     loggers = build_loggers(job.logger, run_dir, ids)
     try:
-        pruned = prune(job)
-        fitted = fit(job, pruned, run_dir, loggers, callbacks)
+        pruned, fitted = fit(job, run_dir, loggers, callbacks)
         if not fitted.is_global_zero:
             return None
         final = finalize(job, pruned, fitted, run_dir)

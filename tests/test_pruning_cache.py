@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import spp.pruning.engine as engine
+import spp.pruning.sequential as sequential
 from spp.models import ModelConfig, tiny_llama
 from spp.paths import SAMPLE_DATA_DIR
 from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig, get_or_prune
@@ -36,7 +36,7 @@ def _forbid_forward(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> 
     def refuse(*_args, **_kwargs):
         raise AssertionError("calibration capture ran on a cache hit")
 
-    monkeypatch.setattr(engine, "capture_block_inputs", refuse)
+    monkeypatch.setattr(sequential.BlockRunner, "head", refuse)
     return calls
 
 

@@ -96,7 +96,7 @@ from pathlib import Path
 import spp.pruning.cache as cache
 
 marks, me, jobs = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-prune, lock = cache.prune_model, cache.entry_lock
+prune, lock = cache.prune_offloaded, cache.entry_lock
 
 
 def wait_for(pattern):
@@ -106,9 +106,9 @@ def wait_for(pattern):
 
 
 @contextlib.contextmanager
-def marked_lock(entry):
+def marked_lock(entry, *args):
     (marks / f"at-lock-{me}").touch()  # this job is about to take the entry's lock
-    with lock(entry):
+    with lock(entry, *args):
         yield
 
 
@@ -120,7 +120,7 @@ def counted_prune(*args, **kwargs):
     return prune(*args, **kwargs)
 
 
-cache.prune_model, cache.entry_lock = counted_prune, marked_lock
+cache.prune_offloaded, cache.entry_lock = counted_prune, marked_lock
 (marks / f"ready-{me}").touch()
 wait_for("ready-*")  # start the jobs together, after the slow imports
 sys.argv = ["prune.py", *sys.argv[4:]]

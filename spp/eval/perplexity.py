@@ -276,14 +276,72 @@ def gap_closed(dense: dict[str, Any] | PerplexityResult, pruned: dict[str, Any] 
             "windows": int(x.shape[1]), "resamples": resamples}
 
 
+def nll_sums(logits: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+    """Sum of next-token NLL (fp32) of each window of a batch ``(b, seqlen)`` from its logits -> ``(b,)``."""
+    logits = logits.float()
+    shift_logits = logits[:, :-1].reshape(-1, logits.size(-1))
+    shift_labels = windows[:, 1:].reshape(-1).to(logits.device)
+    nll = F.cross_entropy(shift_logits, shift_labels, reduction="none")
+    return nll.view(windows.size(0), -1).sum(dim=1)
+
+
 @torch.no_grad()
 def window_nll_sum(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
     """Sum of next-token NLL (fp32) of each window in a batch ``(b, seqlen)`` -> ``(b,)``."""
-    logits = model(input_ids=windows, use_cache=False).logits.float()
-    shift_logits = logits[:, :-1].reshape(-1, logits.size(-1))
-    shift_labels = windows[:, 1:].reshape(-1)
-    nll = F.cross_entropy(shift_logits, shift_labels, reduction="none")
-    return nll.view(windows.size(0), -1).sum(dim=1)
+    return nll_sums(model(input_ids=windows, use_cache=False).logits, windows)
+
+
+@dataclass
+class Windows:
+    """The token windows one perplexity measurement scores (see :func:`eval_windows`)."""
+
+    ids: torch.Tensor
+    starts: list[int]
+    split_windows: int
+    label: str
+    seqlen: int
+    sampling: str
+
+    def batches(self, batch_size: int) -> list[torch.Tensor]:
+        """The windows in batches of ``batch_size`` (the last may be smaller)."""
+        return list(self.ids.split(batch_size))
+
+
+def eval_windows(tokenizer: Any, source: str = "wikitext2", seqlen: int = 2048, max_windows: int | None = None,
+                 batch_size: int = 1, data_dir: str | os.PathLike[str] | None = None, sampling: str = "first",
+                 max_positions: int | None = None) -> Windows:
+    """Check the settings, read and tokenize ``source`` and pick the windows to score.
+
+    Raises:
+        ValueError: ``seqlen`` longer than the model's context, ``batch_size`` < 1, an unknown source.
+    """
+    check_seqlen(seqlen, max_positions)
+    if batch_size < 1:
+        raise ValueError(f"eval.batch_size={batch_size} must be >= 1")
+    if max_windows is not None and max_windows < 1:
+        raise ValueError(f"eval.max_windows={max_windows} must be >= 1 or null (all windows)")
+    text, label = load_eval_text(source, data_dir)
+    if source == "c4" and max_windows is None:
+        max_windows = C4_MAX_WINDOWS  # SparseGPT's C4 protocol: the first 256 windows
+    ids, starts, split_windows = tokenize_windows(text, tokenizer, seqlen, max_windows, sampling)
+    return Windows(ids, starts, split_windows, label, seqlen, sampling)
+
+
+def result_from_sums(per_window: torch.Tensor, windows: Windows) -> PerplexityResult:
+    """The perplexity, per-window NLL and bootstrap interval from each window's summed NLL (float64)."""
+    seqlen, starts = windows.seqlen, windows.starts
+    n_windows = windows.ids.size(0)
+    tokens = n_windows * (seqlen - 1)
+    nll_mean = float(per_window.sum()) / tokens
+    window_nll = (per_window / (seqlen - 1)).tolist()
+    finite = all(math.isfinite(v) for v in window_nll)
+    lo, hi = bootstrap_ppl_interval(window_nll) if finite else (None, None)
+    stride = starts[1] // seqlen - starts[0] // seqlen if len(starts) > 1 else 1
+    return PerplexityResult(
+        ppl=math.exp(nll_mean), nll_mean=nll_mean, seqlen=seqlen, windows=n_windows, tokens=tokens,
+        source=windows.label, window_nll=window_nll, window_starts=starts, sampling=windows.sampling, stride=stride,
+        split_windows=windows.split_windows, ci_low=lo, ci_high=hi,
+    )
 
 
 def perplexity(
@@ -300,7 +358,8 @@ def perplexity(
     """Perplexity of ``model`` on non-overlapping ``seqlen``-token windows of ``source``.
 
     ``PPL = exp( (1 / (W (L-1))) * sum_w sum_{t=1}^{L-1} -log p(x_{w,t} | x_{w,<t}) )`` with ``W`` windows
-    of ``L = seqlen`` tokens.
+    of ``L = seqlen`` tokens. :func:`spp.eval.offloaded.offloaded_perplexity` is the same number for a model
+    that is not whole on one device, over N ranks.
 
     Args:
         model: A causal LM returning ``.logits`` (HF ``*ForCausalLM``, pruned, SPP-wrapped or merged).
@@ -319,36 +378,16 @@ def perplexity(
         ValueError: ``seqlen`` longer than the model's context, ``batch_size`` < 1, an unknown source.
     """
     config = getattr(model, "config", None)
-    check_seqlen(seqlen, getattr(config, "max_position_embeddings", None))
-    if batch_size < 1:
-        raise ValueError(f"eval.batch_size={batch_size} must be >= 1")
-    if max_windows is not None and max_windows < 1:
-        raise ValueError(f"eval.max_windows={max_windows} must be >= 1 or null (all windows)")
-    text, label = load_eval_text(source, data_dir)
-    if source == "c4" and max_windows is None:
-        max_windows = C4_MAX_WINDOWS  # SparseGPT's C4 protocol: the first 256 windows
-    windows, starts, split_windows = tokenize_windows(text, tokenizer, seqlen, max_windows, sampling)
+    windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
+                           getattr(config, "max_position_embeddings", None))
     if device is None:
         device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     sums: list[torch.Tensor] = []
     try:
-        for start in tqdm(range(0, windows.size(0), batch_size), desc=f"ppl {label}@{seqlen}", unit="batch"):
-            batch = windows[start : start + batch_size].to(device)
-            sums.append(window_nll_sum(model, batch).double().cpu())
+        for batch in tqdm(windows.batches(batch_size), desc=f"ppl {windows.label}@{seqlen}", unit="batch"):
+            sums.append(window_nll_sum(model, batch.to(device)).double().cpu())
     finally:
         model.train(was_training)
-    per_window = torch.cat(sums)
-    n_windows = windows.size(0)
-    tokens = n_windows * (seqlen - 1)
-    nll_mean = float(per_window.sum()) / tokens
-    window_nll = (per_window / (seqlen - 1)).tolist()
-    finite = all(math.isfinite(v) for v in window_nll)
-    lo, hi = bootstrap_ppl_interval(window_nll) if finite else (None, None)
-    stride = starts[1] // seqlen - starts[0] // seqlen if len(starts) > 1 else 1
-    return PerplexityResult(
-        ppl=math.exp(nll_mean), nll_mean=nll_mean, seqlen=seqlen, windows=n_windows, tokens=tokens, source=label,
-        window_nll=window_nll, window_starts=starts, sampling=sampling, stride=stride, split_windows=split_windows,
-        ci_low=lo, ci_high=hi,
-    )
+    return result_from_sums(torch.cat(sums), windows)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from spp.models.config import ModelConfig
 
@@ -151,6 +151,50 @@ def load_model(
             _drop_gguf_quantizer(model)
     model.eval()
     return model, (load_tokenizer(cfg) if with_tokenizer else None)
+
+
+def load_config(cfg: ModelConfig | Mapping[str, Any] | str) -> Any:
+    """The model's ``PretrainedConfig`` alone (``config.json``, the GGUF header, or the tiny arch): no weight read.
+
+    Raises:
+        FileNotFoundError: a missing or unreadable path, named in the message.
+    """
+    cfg = _as_config(cfg)
+    kind, where, gguf_file = resolve_source(cfg)
+    if kind == "tiny":
+        from spp.models.tiny import tiny_llama_config
+
+        return tiny_llama_config(**cfg.arch)
+    try:
+        return AutoConfig.from_pretrained(where, gguf_file=gguf_file) if gguf_file else AutoConfig.from_pretrained(where)
+    except (OSError, ValueError, struct.error) as err:
+        raise FileNotFoundError(f"could not read the config of model.path={cfg.path!r}: {err}") from err
+
+
+def load_skeleton(cfg: ModelConfig | Mapping[str, Any] | str, *, dtype: torch.dtype | str | None = None
+                  ) -> PreTrainedModel:
+    """The causal LM of ``cfg`` with every parameter on the ``meta`` device (buffers real), built from its config.
+
+    What the ranks other than 0 hold while pruning and before their shards arrive (``spp.models.offload``):
+    the structure and dtypes, no weights.
+    """
+    from accelerate import init_empty_weights
+
+    cfg = _as_config(cfg)
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or DTYPES[cfg.torch_dtype]
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(load_config(cfg))
+    model = model.to(torch_dtype)
+    model.tie_weights()  # as loading the weights would (an LM head sharing the embedding stays one tensor)
+    return model.eval()
+
+
+def load_for_rank(cfg: ModelConfig | Mapping[str, Any] | str, rank: int) -> PreTrainedModel:
+    """Global rank 0: the whole model on the CPU (:func:`load_model`); any other rank: its ``meta`` skeleton
+    (:func:`load_skeleton`), so a node holds the weights once however many processes it runs."""
+    if rank == 0:
+        return load_model(cfg, with_tokenizer=False)[0]
+    return load_skeleton(cfg)
 
 
 def _drop_gguf_quantizer(model: Any) -> None:

@@ -209,6 +209,10 @@ class PruneJobConfig:
         device: Where each block is processed (``cuda``, ``cpu``, ``cuda:1``); null = cuda when available.
         save_model: Write the pruned model with ``save_pretrained`` (and the tokenizer) to the run directory.
         output_dir: Run directory; null = Hydra's run directory.
+        cache_lock_timeout_s: Seconds to wait for another job that is writing the same cache entry.
+        accelerator: ``auto``, ``cpu`` or ``gpu``: where the ranks prune (``device`` wins when set).
+        devices: Processes per node (Lightning Fabric launches them, or takes those ``torchrun``/``srun`` started).
+        num_nodes: Nodes.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -222,6 +226,10 @@ class PruneJobConfig:
     device: str | None = None
     save_model: bool = True
     output_dir: str | None = None
+    cache_lock_timeout_s: float = 7200.0
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
 
 
 def register_prune_configs() -> None:

@@ -1,17 +1,24 @@
-"""Sequential, block-by-block pruning of a decoder-only LM (the driver of Wanda, SparseGPT and DS⊘T).
+"""Sequential, block-by-block pruning of a decoder-only LM on one or many ranks (Wanda, SparseGPT, DS⊘T, magnitude).
 
-The inputs of decoder block 0 are caught with a forward pre-hook (hidden states plus whatever keyword arguments
-the model passes its blocks: attention mask, ``position_embeddings``, ``position_ids``, ...). Then, for each block:
-collect input statistics of its target linears while running the (still dense) block, prune them, and re-run the
-*pruned* block to produce the next block's inputs. Only one block and the calibration activations are on
-``device`` at a time; the rest of the model stays where it is.
+The model is an :class:`~spp.models.offload.OffloadedModel`: a ``meta`` skeleton on every rank, the weights in
+rank 0's host memory. The calibration batches are split round-robin over the ranks. For each decoder block:
+
+1. the block is onloaded to every rank's device (rank 0's weights, broadcast);
+2. every rank runs its batches through it with input hooks on the block's target linears (all of them, or the
+   sublayer groups {q,k,v} -> {o} -> {gate,up} -> {down} in turn with ``true_sequential``); the statistics are
+   summed across ranks (:meth:`~spp.pruning.statistics.InputStatistics.reduce`);
+3. each matrix is decided by the pruner (:mod:`spp.pruning.methods`): by every rank when the rule is cheap and
+   deterministic (Wanda, magnitude, DS⊘T), by one owner rank per matrix that broadcasts mask and weights when it
+   needs the Hessian (SparseGPT), so every rank ends with bit-identical weights;
+4. the pruned block produces the next block's inputs on every rank, and rank 0 writes it home (DESIGN §2).
+
+So the calibration forward passes cost 1/N each, no rank waits while another calibrates, and the model is never
+whole on a device. Rank 0 keeps the masks (packed, :class:`~spp.pruning.masks.MaskSet`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,14 +27,18 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from spp.distributed import DistContext
 from spp.errors import UserError
+from spp.models.offload import OffloadedModel
 from spp.pruning.calibration_data import calibration_windows
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.pruning.methods import prune_matrix, statistics_for
-from spp.pruning.patterns import check_layer_fits
-from spp.pruning.report import PruneReport, build_report
+from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
+from spp.pruning.methods import MatrixOutcome, Pruner, get_pruner
+from spp.pruning.patterns import check_layer_fits, sparsity_summary
+from spp.pruning.report import PruneReport, build_report, report_from_layers
+from spp.pruning.sequential import BlockRunner, buffers_on
 from spp.pruning.statistics import InputStatistics
-from spp.pruning.targets import block_linears, decoder_layers, target_linears
+from spp.pruning.targets import block_linears, target_linears
 
 TRUE_SEQUENTIAL_GROUPS: tuple[tuple[str, ...], ...] = (
     ("q_proj", "k_proj", "v_proj"),
@@ -42,23 +53,22 @@ class PruneResult:
     """What pruning produced.
 
     Attributes:
-        masks: Qualified linear name (``model.layers.0.self_attn.q_proj``) -> bool keep-mask (True = kept).
-        report: Per-layer and overall sparsity audit.
+        masks: Qualified linear name (``model.layers.0.self_attn.q_proj``) -> bool keep-mask (True = kept), stored
+            packed (:class:`~spp.pruning.masks.MaskSet`); on rank 0 (every rank with ``keep_masks``).
+        report: Per-layer and overall sparsity audit (rank 0).
         timings: Wall seconds per phase (``calibration_data``, ``capture``, ``statistics``, ``pruning``,
             ``propagate``, ``total``; ``cache_load`` on a cache hit).
         cache_hit: Whether the result came from the pruning cache.
         cache_path: The cache entry used or written (None without a cache).
+        zeros: The exact-zero pattern of the pruned weights (masks plus kept zeros; rank 0).
     """
 
-    masks: dict[str, torch.Tensor]
+    masks: MaskSet
     report: PruneReport
     timings: dict[str, float] = field(default_factory=dict)
     cache_hit: bool = False
     cache_path: str | None = None
-
-
-class _Caught(Exception):
-    """Raised by the block-0 pre-hook to stop the forward pass once the inputs are stored."""
+    zeros: ZeroPattern | None = None
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -68,87 +78,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device)
 
 
-def _to(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, tuple):
-        return tuple(_to(o, device) for o in obj)
-    if isinstance(obj, list):
-        return [_to(o, device) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    return obj
-
-
-@contextmanager
-def _outside_blocks_on(model: nn.Module, blocks_prefix: str, device: torch.device) -> Iterator[None]:
-    """Temporarily move every parameter and buffer outside the decoder blocks (embeddings, rotary) to ``device``."""
-    moved: list[tuple[torch.Tensor, torch.device]] = []
-    inside = blocks_prefix + "."
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if not name.startswith(inside) and tensor.device != device:
-            moved.append((tensor, tensor.device))
-            tensor.data = tensor.data.to(device)
-    try:
-        yield
-    finally:
-        for tensor, original in moved:
-            tensor.data = tensor.data.to(original)
-
-
-@torch.no_grad()
-def capture_block_inputs(
-    model: nn.Module, windows: torch.Tensor, batch_size: int, device: torch.device
-) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-    """Run the model up to decoder block 0 and return its hidden-state inputs and keyword arguments per batch."""
-    prefix, layers = decoder_layers(model)
-    hidden: list[torch.Tensor] = []
-    kwargs_list: list[dict[str, Any]] = []
-
-    def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        x = args[0] if args else kwargs.pop("hidden_states")
-        hidden.append(x.detach())
-        kwargs_list.append({k: v for k, v in kwargs.items() if k != "past_key_values"})
-        raise _Caught
-
-    handle = layers[0].register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        with _outside_blocks_on(model, prefix, device):
-            for start in range(0, windows.shape[0], batch_size):
-                try:
-                    model(input_ids=windows[start : start + batch_size].to(device), use_cache=False)
-                except _Caught:
-                    pass
-    finally:
-        handle.remove()
-    if len(hidden) != -(-windows.shape[0] // batch_size):
-        raise RuntimeError("decoder block 0 was not reached for every calibration batch")
-    return hidden, [_to(kw, device) for kw in kwargs_list]
-
-
-def _run_block(block: nn.Module, hidden: list[torch.Tensor], kwargs: list[dict[str, Any]]) -> list[torch.Tensor]:
-    outputs = []
-    for x, kw in zip(hidden, kwargs, strict=True):
-        out = block(x, **kw)
-        outputs.append(out[0] if isinstance(out, tuple) else out)
-    return outputs
-
-
-def _all_true_masks(model: nn.Module, targets: list[str]) -> dict[str, torch.Tensor]:
-    return {n: torch.ones_like(m.weight, dtype=torch.bool) for n, m in target_linears(model, targets).items()}
-
-
-def _apply(linear: nn.Linear, mask: torch.Tensor, weight: torch.Tensor | None) -> None:
-    with torch.no_grad():
-        if weight is not None:
-            linear.weight.copy_(weight.to(linear.weight.device, linear.weight.dtype))
-        linear.weight.masked_fill_(~mask.to(linear.weight.device), 0)
-
-
 def validate_for_model(
     model: nn.Module, pruner: PrunerConfig, sparsity: SparsityConfig, calibration: CalibrationConfig
 ) -> dict[str, nn.Linear]:
-    """Check every setting against the model before any work; return the target linears.
+    """Check every setting against the model before any work (shapes only: a ``meta`` skeleton will do).
 
     Raises:
         ValueError: bad ratio / N:M / blocksize / targets / seqlen, naming the config key or the layer.
@@ -180,118 +113,192 @@ def prune_model(
     data_dir: str | None = None,
     device: str | torch.device | None = None,
 ) -> PruneResult:
-    """Prune the target linears of ``model`` in place.
+    """Prune the target linears of a whole in-memory ``model`` in place, in this process.
+
+    The model is offloaded for the duration (its blocks visit ``device`` one at a time) and put back on its own
+    device at the end. :func:`prune_offloaded` is the same on N ranks.
 
     Args:
-        model: A decoder-only causal LM (LLaMA family); it may stay on CPU while blocks visit ``device``.
+        model: A decoder-only causal LM (LLaMA family).
         tokenizer: Tokenizer for the calibration text (unused by ``none``/``magnitude``).
         pruner: Pruner config.
         sparsity: Sparsity pattern.
         calibration: Calibration settings (defaults: C4, 128 x 2048, seed 0).
         data_dir: Data root override (see ``spp.paths.find_data``).
         device: Where each block is processed; None = CUDA when available.
-
-    Returns:
-        ``PruneResult`` with keep-masks keyed by qualified name, the report and per-phase timings.
     """
-    calibration = calibration if calibration is not None else CalibrationConfig()
+    off = OffloadedModel(model, DistContext(device=resolve_device(device)))
+    try:
+        return prune_offloaded(off, tokenizer, pruner, sparsity, calibration or CalibrationConfig(), data_dir)
+    finally:
+        off.restore()
+
+
+def prune_offloaded(
+    off: OffloadedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    pruner: PrunerConfig,
+    sparsity: SparsityConfig,
+    calibration: CalibrationConfig,
+    data_dir: str | None = None,
+    keep_masks: bool = False,
+) -> PruneResult:
+    """Prune ``off`` block by block on every rank of ``off.ctx`` (see the module docstring); rank 0's home ends
+    pruned. ``keep_masks`` keeps the masks on every rank (rank 0 always keeps them)."""
+    t_start = time.perf_counter()
+    model = off.model
+    linears = validate_for_model(model, pruner, sparsity, calibration)
+    if sparsity.is_dense or pruner.name == "none":
+        return _unpruned(off, linears, sparsity, t_start)
     was_training = model.training
     model.eval()  # no dropout in the calibration forward passes
     try:
-        return _prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
+        with buffers_on(model, off.ctx.device):
+            run = _Run(off, get_pruner(pruner), sparsity, keep_masks or off.ctx.is_main)
+            run.prune(tokenizer, calibration, data_dir, pruner.true_sequential)
     finally:
         model.train(was_training)
+    run.timings["total"] = time.perf_counter() - t_start
+    report = report_from_layers(run.layers, sparsity, run.extras)
+    report.overall["timings"] = dict(run.timings)
+    return PruneResult(run.masks, report, run.timings, zeros=ZeroPattern(run.masks, run.kept_zeros))
 
 
-def _prune_model(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase | None,
-    pruner: PrunerConfig,
-    sparsity: SparsityConfig,
-    calibration: CalibrationConfig,
-    data_dir: str | None,
-    device: str | torch.device | None,
-) -> PruneResult:
-    t_start = time.perf_counter()
-    linears = validate_for_model(model, pruner, sparsity, calibration)
-    timings = {"calibration_data": 0.0, "capture": 0.0, "statistics": 0.0, "pruning": 0.0, "propagate": 0.0}
-    if sparsity.is_dense or pruner.name == "none":
-        masks = _all_true_masks(model, pruner.targets)
-        timings["total"] = time.perf_counter() - t_start
-        return PruneResult(masks, build_report({n: m.weight for n, m in linears.items()}, sparsity), timings)
-    dev = resolve_device(device)
-    masks: dict[str, torch.Tensor] = {}
-    extras: dict[str, dict[str, Any]] = {}
-    if not pruner.needs_calibration:
-        for name, linear in tqdm(linears.items(), desc=f"{pruner.name} {sparsity.name}", unit="layer"):
-            t0 = time.perf_counter()
-            out = prune_matrix(name.rsplit(".", 1)[-1], linear.weight.to(dev), None, pruner, sparsity)
-            _apply(linear, out.mask, out.weight)
-            masks[name] = out.mask.to(linear.weight.device)
-            extras[name] = {"seconds": time.perf_counter() - t0, **out.info}
-        timings["pruning"] = time.perf_counter() - t_start
-    else:
-        _prune_sequentially(model, tokenizer, pruner, sparsity, calibration, data_dir, dev, masks, extras, timings)
-        masks = {name: masks[name] for name in linears}
-    timings["total"] = time.perf_counter() - t_start
-    report = build_report({n: m.weight for n, m in linears.items()}, sparsity, extras)
+def _unpruned(off: OffloadedModel, linears: dict[str, nn.Linear], sparsity: SparsityConfig,
+              t_start: float) -> PruneResult:
+    """``pruner=none`` / ``sparsity=dense``: all-True masks and the report of the weights as they are."""
+    masks = MaskSet({n: torch.ones(m.weight.shape, dtype=torch.bool) for n, m in linears.items()})
+    weights = {n: off.home[off.canonical(f"{n}.weight")] for n in linears} if off.ctx.is_main else {}
+    timings = {"calibration_data": 0.0, "capture": 0.0, "statistics": 0.0, "pruning": 0.0, "propagate": 0.0,
+               "total": time.perf_counter() - t_start}
+    report = build_report(weights, sparsity)
     report.overall["timings"] = dict(timings)
-    return PruneResult(masks, report, timings)
+    return PruneResult(masks, report, timings, zeros=ZeroPattern.record(masks, weights))
 
 
-def _prune_sequentially(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase | None,
-    pruner: PrunerConfig,
-    sparsity: SparsityConfig,
-    calibration: CalibrationConfig,
-    data_dir: str | None,
-    dev: torch.device,
-    masks: dict[str, torch.Tensor],
-    extras: dict[str, dict[str, Any]],
-    timings: dict[str, float],
-) -> None:
-    """Calibrated pruning, block by block: catch block 0's inputs, then per block collect statistics, prune its
-    linears and run the pruned block to produce the next block's inputs (DESIGN §2). Fills ``masks``/``extras``."""
-    if tokenizer is None:
-        raise ValueError(f"pruner={pruner.name} needs calibration data, so a tokenizer must be given")
-    prefix, layers = decoder_layers(model)
-    t0 = time.perf_counter()
-    windows = calibration_windows(tokenizer, calibration, data_dir)
-    timings["calibration_data"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    use_cache = getattr(model.config, "use_cache", None)
-    model.config.use_cache = False
-    try:
-        hidden, kwargs = capture_block_inputs(model, windows, calibration.batch_size, dev)
-    finally:
-        model.config.use_cache = use_cache
-    timings["capture"] = time.perf_counter() - t0
-    for i, block in tqdm(list(enumerate(layers)), desc=f"{pruner.name} {sparsity.name}", unit="block"):
-        home = next(block.parameters()).device
-        block.to(dev)
-        block_targets = block_linears(block, pruner.targets)
-        for group in _sublayer_groups(block_targets, pruner.true_sequential):
-            stats = _group_statistics(block, block_targets, group, hidden, kwargs, pruner, dev, timings)
-            for n in group:
-                t0 = time.perf_counter()
-                linear = block_targets[n]
-                out = prune_matrix(n.rsplit(".", 1)[-1], linear.weight, stats[n], pruner, sparsity)
-                _apply(linear, out.mask, out.weight)
-                qualified = f"{prefix}.{i}.{n}"
-                masks[qualified] = out.mask
-                extras[qualified] = {"seconds": time.perf_counter() - t0, **out.info}
-                timings["pruning"] += extras[qualified]["seconds"]
-            del stats
+class _Run:
+    """One pruning pass: the state the blocks fill in (masks, report rows, timings) and the per-block steps."""
+
+    def __init__(self, off: OffloadedModel, pruner: Pruner, sparsity: SparsityConfig, keep: bool) -> None:
+        self.off, self.ctx, self.pruner, self.sparsity, self.keep = off, off.ctx, pruner, sparsity, keep
+        self.runner = BlockRunner(off)
+        self.masks = MaskSet()
+        self.kept_zeros: dict[str, torch.Tensor] = {}
+        self.layers: dict[str, dict[str, Any]] = {}
+        self.extras: dict[str, dict[str, Any]] = {}
+        self.timings = {"calibration_data": 0.0, "capture": 0.0, "statistics": 0.0, "pruning": 0.0, "propagate": 0.0}
+        self.matrices = 0  # round-robin counter for owner ranks
+
+    def prune(self, tokenizer: PreTrainedTokenizerBase | None, calibration: CalibrationConfig,
+              data_dir: str | None, true_sequential: bool) -> None:
+        """Capture block 0's inputs for this rank's batches, then prune block after block."""
+        hidden: list[torch.Tensor] = []
+        kwargs: list[dict[str, Any]] = []
+        self.batches: list[int] = []
+        self.nbatches = 0
+        if self.pruner.needs_calibration:
+            if tokenizer is None:
+                raise ValueError(f"pruner={self.pruner.name} needs calibration data, so a tokenizer must be given")
+            t0 = time.perf_counter()
+            windows = calibration_windows(tokenizer, calibration, data_dir)
+            self.timings["calibration_data"] = time.perf_counter() - t0
+            batches = list(windows.split(calibration.batch_size))
+            self.nbatches, self.batches = len(batches), self.ctx.mine(len(batches))
+            t0 = time.perf_counter()
+            hidden, kwargs = self.runner.head([batches[b] for b in self.batches])
+            self.timings["capture"] = time.perf_counter() - t0
+        desc = f"{self.pruner.name} {self.sparsity.name}"
+        show = self.ctx.is_main
+        for i in tqdm(range(len(self.runner.layers)), desc=desc, unit="block", disable=not show):
+            with self.runner.block(i, write_back=True) as block:
+                targets = block_linears(block, self.pruner.cfg.targets)
+                for group in sublayer_groups(targets, true_sequential):
+                    stats = self.statistics(block, targets, group, hidden, kwargs)
+                    for name in group:
+                        self.decide(f"{self.runner.prefix}.{i}.{name}", name, targets[name], stats.get(name))
+                if self.pruner.needs_calibration:
+                    t0 = time.perf_counter()
+                    hidden = self.runner.run(block, hidden, kwargs)
+                    self.timings["propagate"] += time.perf_counter() - t0
+
+    def statistics(self, block: nn.Module, targets: dict[str, nn.Linear], group: list[str],
+                   hidden: list[torch.Tensor], kwargs: list[dict[str, Any]]) -> dict[str, InputStatistics]:
+        """Run this rank's batches through ``block`` with input hooks on ``group``; sum over the ranks."""
+        if not self.pruner.needs_calibration:
+            return {}
         t0 = time.perf_counter()
-        hidden = _run_block(block, hidden, kwargs)
-        timings["propagate"] += time.perf_counter() - t0
-        block.to(home)
-        for n in block_targets:
-            masks[f"{prefix}.{i}.{n}"] = masks[f"{prefix}.{i}.{n}"].to(home)
+        stats = {n: self.pruner.statistics(targets[n].in_features, self.ctx.device) for n in group}
+        handles = [targets[n].register_forward_hook(lambda _m, inp, _o, s=stats[n]: s.add(inp[0])) for n in group]
+        try:
+            for b, x, kw in zip(self.batches, hidden, kwargs, strict=True):
+                for s in stats.values():
+                    s.at_batch(b)
+                block(x, **kw)
+        finally:
+            for h in handles:
+                h.remove()
+        for k, n in enumerate(group):
+            owner = self.ctx.owner(self.matrices + k) if self.pruner.uses_hessian else None
+            stats[n].reduce(self.ctx, self.nbatches, owner)
+        self.timings["statistics"] += time.perf_counter() - t0
+        self._check_finite(stats, group)
+        return stats
+
+    def _check_finite(self, stats: dict[str, InputStatistics], group: list[str]) -> None:
+        bad = torch.tensor([0 if all(s.finite() for s in stats.values()) else 1], device=self.ctx.device)
+        if int(self.ctx.all_reduce_(bad)):  # every rank raises together
+            raise UserError(f"the calibration activations entering {group} are not finite (NaN or inf): nothing is "
+                            "pruned or cached", "check the model's weights (model.path: a NaN in a norm or earlier "
+                            "layer) and the calibration data (calibration.source)", key="model.path")
+
+    def decide(self, qualified: str, leaf_path: str, linear: nn.Linear, stats: InputStatistics | None) -> None:
+        """Prune one matrix on every rank (solved here, or by its owner and broadcast) and record the result."""
+        t0 = time.perf_counter()
+        leaf = leaf_path.rsplit(".", 1)[-1]
+        if self.pruner.uses_hessian:
+            out = self._solve_on_owner(leaf, linear, stats)
+        else:
+            out = self.pruner.solve(leaf, linear.weight, stats, self.sparsity)
+        weight = linear.weight
+        if out.weight is not None:
+            weight.copy_(out.weight.to(weight.device, weight.dtype))
+        weight.masked_fill_(~out.mask.to(weight.device), 0)
+        self.matrices += 1
+        seconds = time.perf_counter() - t0
+        self.timings["pruning"] += seconds
+        if self.keep:
+            self.masks.set(qualified, out.mask)
+        if self.ctx.is_main:
+            self.kept_zeros[qualified] = kept_zero_indices(qualified, out.mask, weight)
+            self.layers.update(sparsity_summary({qualified: weight}, *_nm(self.sparsity))["layers"])
+            self.extras[qualified] = {"seconds": seconds, **out.info}
+
+    def _solve_on_owner(self, leaf: str, linear: nn.Linear, stats: InputStatistics | None) -> MatrixOutcome:
+        owner = self.ctx.owner(self.matrices)
+        out, status = None, None
+        if self.ctx.rank == owner:
+            try:
+                out = self.pruner.solve(leaf, linear.weight, stats, self.sparsity)
+                status = {"info": out.info}
+            except (ValueError, RuntimeError) as err:  # every rank must learn of it, not wait for the tensors
+                status = {"error": err}
+        status = self.ctx.broadcast_object(status, src=owner)
+        if "error" in status:
+            raise status["error"]
+        weight = linear.weight.detach()
+        new = out.weight.to(weight.device, weight.dtype) if out is not None else torch.empty_like(weight)
+        mask = out.mask.to(weight.device, torch.uint8) if out is not None else torch.empty(
+            weight.shape, dtype=torch.uint8, device=weight.device)
+        self.ctx.broadcast_(new, src=owner)
+        self.ctx.broadcast_(mask, src=owner)
+        return MatrixOutcome(mask.bool(), new, status["info"])
 
 
-def _sublayer_groups(block_targets: dict[str, nn.Linear], true_sequential: bool) -> list[list[str]]:
+def _nm(sparsity: SparsityConfig) -> tuple[int | None, int | None]:
+    return (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
+
+
+def sublayer_groups(block_targets: dict[str, nn.Linear], true_sequential: bool) -> list[list[str]]:
     """The linears calibrated together: all of them, or {q,k,v} -> {o} -> {gate,up} -> {down} (true sequential)."""
     groups = (
         [[n for n in block_targets if n.rsplit(".", 1)[-1] in g] for g in TRUE_SEQUENTIAL_GROUPS]
@@ -300,31 +307,3 @@ def _sublayer_groups(block_targets: dict[str, nn.Linear], true_sequential: bool)
     )
     leftovers = [n for n in block_targets if not any(n in g for g in groups)]
     return [g for g in [*groups, leftovers] if g]
-
-
-def _group_statistics(
-    block: nn.Module,
-    block_targets: dict[str, nn.Linear],
-    group: list[str],
-    hidden: Any,
-    kwargs: dict[str, Any],
-    pruner: PrunerConfig,
-    dev: torch.device,
-    timings: dict[str, float],
-) -> dict[str, InputStatistics]:
-    """Run ``block`` once with input hooks on the linears of ``group``; returns their calibration statistics."""
-    t0 = time.perf_counter()
-    stats = {n: statistics_for(pruner, block_targets[n].in_features, dev) for n in group}
-    handles = [block_targets[n].register_forward_hook(lambda _m, inp, _o, s=stats[n]: s.add(inp[0])) for n in group]
-    try:
-        _run_block(block, hidden, kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-    timings["statistics"] += time.perf_counter() - t0
-    for n, s in stats.items():
-        if not (bool(torch.isfinite(s.sq_sum).all()) and (s.xtx is None or bool(torch.isfinite(s.xtx).all()))):
-            raise UserError(f"the calibration activations entering {n} are not finite (NaN or inf): nothing is "
-                            "pruned or cached", "check the model's weights (model.path: a NaN in a norm or earlier "
-                            "layer) and the calibration data (calibration.source)", key="model.path")
-    return stats

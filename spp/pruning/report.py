@@ -49,19 +49,32 @@ def build_report(
         sparsity: The pattern that was requested (N:M audit when ``kind == "nm"``).
         extras: Qualified name -> extra fields (seconds, pruner diagnostics).
     """
+    nm = (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
+    return report_from_layers(sparsity_summary(weights, *nm)["layers"], sparsity, extras)
+
+
+def report_from_layers(
+    layers: dict[str, dict[str, Any]],
+    sparsity: SparsityConfig,
+    extras: dict[str, dict[str, Any]] | None = None,
+) -> PruneReport:
+    """The report from per-layer rows of :func:`~spp.pruning.patterns.sparsity_summary` (computed block by block
+    while pruning) and per-layer extras; the overall line sums the rows."""
     extras = extras or {}
     is_nm = sparsity.kind == "nm"
-    summary = sparsity_summary(weights, *((int(sparsity.n), int(sparsity.m)) if is_nm else (None, None)))
-    rows = [
-        {"name": name, **layer, "nm_valid": layer.get("nm_valid"), **extras.get(name, {})}
-        for name, layer in summary["layers"].items()
-    ]
-    total = summary["overall"]
+    rows = [{"name": name, **layer, "nm_valid": layer.get("nm_valid"), **extras.get(name, {})}
+            for name, layer in layers.items()]
+    zeros = sum(r["zeros"] for r in rows)
+    numel = sum(r["numel"] for r in rows)
+    violations = sum(r.get("nm_violations") or 0 for r in rows)
     overall: dict[str, Any] = {
-        **{key: total[key] for key in ("layers", "zeros", "numel", "sparsity")},
+        "layers": len(rows),
+        "zeros": zeros,
+        "numel": numel,
+        "sparsity": zeros / max(numel, 1),
         "target_ratio": sparsity.target_ratio,
         "pattern": sparsity.name,
-        "nm_valid": total["nm_valid"] if is_nm else None,
-        "nm_violations": total.get("nm_violations", 0),
+        "nm_valid": violations == 0 if is_nm else None,
+        "nm_violations": violations,
     }
     return PruneReport(rows, overall)

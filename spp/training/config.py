@@ -260,6 +260,8 @@ class TrainJobConfig:
         objective: What ``train.py`` returns to a sweeper: ``val_loss`` (the last Alpaca held-out loss; the
             default, so learning rates are chosen on validation data), ``ppl_merged`` (WikiText-2 *test*
             perplexity: for reporting, never for selection) or ``none``.
+        cache_lock_timeout_s: Seconds to wait for another job that is writing the same pruning cache entry
+            (then one line and exit 2).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -283,8 +285,11 @@ class TrainJobConfig:
     pruned_ppl: bool = True
     print_config: bool = False
     objective: Objective = Objective.val_loss
+    cache_lock_timeout_s: float = 7200.0
 
     def __post_init__(self) -> None:
+        if not self.cache_lock_timeout_s > 0:
+            raise ValueError(f"cache_lock_timeout_s={self.cache_lock_timeout_s} must be > 0 (seconds)")
         if self.trainer.global_batch_size is not None and self.trainer.global_batch_size % self.data.train_batch_size:
             raise ValueError(
                 f"trainer.global_batch_size={self.trainer.global_batch_size} is not a multiple of "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -11,8 +12,14 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from transformers import get_scheduler
 
+from spp.adapters.base import Masks, ParamCounts, count_parameters
+from spp.adapters.config import AdapterConfig
+from spp.adapters.registry import apply_adapter
+from spp.distributed import DistContext
 from spp.training.config import StrategyConfig, TrainerConfig
-from spp.training.strategies import shard_model
+from spp.training.strategies import has_meta_parameters, replicate_from_rank0, shard_from_rank0, shard_model
+
+log = logging.getLogger(__name__)
 
 
 class SPPModule(L.LightningModule):
@@ -24,26 +31,40 @@ class SPPModule(L.LightningModule):
     Checkpoints hold only the trainable tensors (plus optimizer, scheduler and loop state): frozen pruned
     weights come back from the pruning cache on resume.
 
+    With ``adapter`` (how ``train.py`` builds it) the module starts without a model: the
+    :class:`~spp.training.callbacks.pruning.PruningCallback` puts the pruned model there in ``setup`` (whole on
+    rank 0, a ``meta`` skeleton elsewhere), and ``configure_model`` attaches the adapter (seeded with ``seed``) and
+    gives every rank its part from rank 0: its FSDP2 shards (:func:`~spp.training.strategies.shard_from_rank0`) or
+    its DDP replica (:func:`~spp.training.strategies.replicate_from_rank0`).
+
     Args:
-        model: The adapted causal LM (only the adapter's parameters require grad).
+        model: The adapted causal LM (only the adapter's parameters require grad), or ``None`` with ``adapter``.
         trainer_cfg: The ``trainer`` group (lr, AdamW, schedule, gradient checkpointing, compile).
         strategy_cfg: The ``strategy`` group (FSDP2 options); ``None`` = defaults.
         decoder_layer_cls: The decoder-block class sharded by FSDP2.
+        adapter: Attach this adapter in ``configure_model`` (the model then comes from the pruning callback).
+        seed: Seed of the adapter's initialisation (the same on every rank).
     """
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | None,
         trainer_cfg: TrainerConfig,
         strategy_cfg: StrategyConfig | None = None,
         decoder_layer_cls: type[nn.Module] | None = None,
+        adapter: AdapterConfig | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         self.model = model
         self.cfg = trainer_cfg
         self.strategy_cfg = strategy_cfg or StrategyConfig()
         self.decoder_layer_cls = decoder_layer_cls
-        self.trainable_names = [n for n, p in model.named_parameters() if p.requires_grad]
+        self.adapter_cfg = adapter
+        self.seed = seed
+        self.masks: Masks = {}
+        self.params: ParamCounts | None = None
+        self.trainable_names = [] if model is None else [n for n, p in model.named_parameters() if p.requires_grad]
         self._compiled: list[Any] = []  # a list, so nn.Module does not register the compiled view as a child
         self._configured = False
         self._losses: list[torch.Tensor] = []
@@ -52,26 +73,53 @@ class SPPModule(L.LightningModule):
 
     # ----------------------------------------------------------------- model
     def configure_model(self) -> None:
-        """Gradient checkpointing, FSDP2 sharding (under ``strategy=fsdp``) and ``torch.compile`` if asked."""
+        """The adapter (with ``adapter``), gradient checkpointing, every rank's part of the model (FSDP2 shards
+        or a DDP replica from rank 0) and ``torch.compile`` if asked."""
         if self._configured:
             return
+        if self.adapter_cfg is not None:
+            self._attach_adapter()
         if self.cfg.gradient_checkpointing or self.strategy_cfg.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.config.use_cache = False
-        if isinstance(self._trainer_strategy(), ModelParallelStrategy):
-            shard_model(self.model, self.device_mesh["data_parallel"], self.decoder_layer_cls,
-                        reshard_after_forward=self.strategy_cfg.reshard_after_forward)
+        strategy = self._trainer_strategy()
+        ctx = DistContext.current(strategy.root_device if strategy is not None else None)
+        from_rank0 = ctx.distributed and ctx.gather_objects(has_meta_parameters(self.model)) != [False] * ctx.world
+        if isinstance(strategy, ModelParallelStrategy):
+            mesh = self.device_mesh["data_parallel"]
+            if from_rank0:
+                shard_from_rank0(self.model, mesh, self.decoder_layer_cls, ctx, self.strategy_cfg.reshard_after_forward)
+            else:
+                shard_model(self.model, mesh, self.decoder_layer_cls, self.strategy_cfg.reshard_after_forward)
+        elif from_rank0:
+            replicate_from_rank0(self.model, ctx)
         if self.cfg.compile:
             # a compiled view of the same module, kept out of the module tree so state_dict keys do not change
             self._compiled.append(torch.compile(self.model))
         self._configured = True
 
+    def _attach_adapter(self) -> None:
+        """Inject ``adapter`` into the pruned model (the same seeded initialisation on every rank; rank 0's values
+        are the ones every rank ends with) and record what it trains."""
+        if self.model is None:
+            raise RuntimeError("SPPModule(adapter=...) needs the PruningCallback among the Trainer's callbacks")
+        L.seed_everything(self.seed, workers=True, verbose=False)
+        self.model, self.trainable_names = apply_adapter(self.model, self.adapter_cfg, self.masks)
+        self.params = count_parameters(self.model)
+        if self.global_rank == 0:
+            log.info("fit phase: adapter %s r=%s, %s trainable of %s parameters", self.adapter_cfg.name,
+                     self.adapter_cfg.r, f"{self.params.trainable:,}", f"{self.params.total:,}")
+
     def _trainer_strategy(self) -> Any:
         return self._trainer.strategy if self._trainer is not None else None
 
     def on_fit_start(self) -> None:
-        """Put the wrapped model in train mode (it is loaded in eval mode; adapter dropout needs train mode)."""
+        """Put the wrapped model in train mode (it is loaded in eval mode; adapter dropout needs train mode) and
+        log the parameter counts."""
         self.model.train()
+        if self.params is not None:
+            for logger in self.loggers:
+                logger.log_metrics({f"params/{k}": float(v) for k, v in self.params.to_dict().items()}, step=0)
 
     def forward(self, **batch: torch.Tensor) -> Any:
         """Run the wrapped causal LM (HF output with ``.loss`` when ``labels`` are given)."""

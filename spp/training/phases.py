@@ -1,10 +1,11 @@
-"""The three phases of a training job as plain functions with typed results: ``prune → fit → finalize``.
+"""The phases of a training job as plain functions with typed results: ``fit`` (prune → train) → ``finalize``.
 
-* :func:`prune` loads the model and prunes it through the on-disk cache (under the entry's file lock, so
-  concurrent jobs with the same key prune once); rank 0 also measures the dense and pruned perplexities. It
-  runs before Lightning starts any process group, so no rank ever waits on a collective while another prunes.
-* :func:`fit` attaches the adapter and runs ``Trainer.fit`` on every rank (skipped for ``adapter=none``), then
-  gathers the trainable tensors once and closes the process group.
+* :func:`fit` builds the Lightning ``Trainer`` with the :class:`~spp.training.callbacks.pruning.PruningCallback`
+  first among its callbacks and runs ``Trainer.fit`` on every rank. In ``setup`` the callback loads and prunes
+  the model through the on-disk cache with every rank taking part (calibration batches and perplexity windows
+  split over the ranks; the model never whole on a device); ``SPPModule.configure_model`` then attaches the
+  adapter and gives every rank its part of the model from rank 0; training follows. Afterwards the trainable
+  tensors are gathered once and the process group is closed. ``adapter=none`` prunes without a Trainer.
 * :func:`finalize` runs on global rank 0 alone, after every collective is over: adapter files, merge, the
   zero audit of the merged model, perplexity and lm-eval tasks, and the merged model's export.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,55 +23,29 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.utilities import rank_zero_only
 from torch import nn
 
-from spp.adapters.base import Masks, ParamCounts, count_parameters
+from spp.adapters.base import ParamCounts, count_parameters
 from spp.adapters.registry import apply_adapter, get_method
 from spp.atomic import write_dir_atomic, write_json_atomic
 from spp.data.alpaca import AlpacaDataModule
+from spp.distributed import local_device
 from spp.eval.harness import run_eval_tasks
-from spp.eval.ppl_cache import cached_perplexity, weights_key
-from spp.generation import generate_text
-from spp.models.loading import load_model
+from spp.eval.ppl_cache import cached_perplexity
+from spp.models.loading import load_model, load_tokenizer
 from spp.preflight import settings_of
 from spp.pruning.cache import get_or_prune
-from spp.pruning.engine import PruneResult
 from spp.quiet import quiet_lightning
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
 from spp.training.callbacks.guards import GuardsCallback
-from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit, zero_patterns
+from spp.training.callbacks.pruning import PrunedModel, PruningCallback, PruningSettings, ppl_text, sample
+from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit
 from spp.training.config import ProgressBar, TrainJobConfig
 from spp.training.module import SPPModule
 from spp.training.strategies import decoder_layer_class, gather_trainable, is_sharded
 from spp.training.trainer import build_trainer, peak_memory, progress_mode, train_seconds
 
 log = logging.getLogger(__name__)
-
-
-def ppl_text(entry: dict[str, Any] | None) -> str:
-    """``30.64 (wikitext2, seqlen 512, 8 windows; 41.2 s)`` — a perplexity entry in one line of a log."""
-    if not entry:
-        return "-"
-    interval = (f" [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
-                if entry.get("ci_low") is not None and entry.get("ci_high") is not None else "")
-    how = "cached" if entry.get("cache_hit") else f"{entry.get('seconds', 0):.1f} s"
-    return (f"{entry['ppl']:.2f}{interval} ({entry.get('source')}, seqlen {entry.get('seqlen')}, "
-            f"{entry.get('windows')} windows; {how})")
-
-
-@dataclass
-class PrunedModel:
-    """The prune phase's result: the pruned (frozen, CPU) model and what the later phases need of pruning."""
-
-    model: nn.Module
-    tokenizer: Any
-    masks: Masks
-    zeros: dict[str, torch.Tensor]
-    result: PruneResult
-    ppl: dict[str, dict[str, Any]] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    samples: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,79 +82,35 @@ class FinalizeResult:
 
 
 def job_device(job: TrainJobConfig) -> torch.device:
-    """Where this process prunes and evaluates: its local GPU when the trainer uses GPUs, else the CPU."""
-    if job.trainer.accelerator != "cpu" and torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-    return torch.device("cpu")
+    """Where rank 0 evaluates at the end: its own GPU (from the launcher's environment) or the CPU."""
+    return local_device(job.trainer.accelerator)
 
 
-def prune(job: TrainJobConfig) -> PrunedModel:
-    """Load, measure dense perplexity (rank 0), prune through the cache, measure pruned perplexity (rank 0)."""
-    start = time.perf_counter()
-    log.info("prune phase: loading model %s", job.model.name)
-    model, tokenizer = load_model(job.model)
-    device = job_device(job)
-    model.to(device)
-    seconds = {"load_model": round(time.perf_counter() - start, 2)}
-    log.info("model %s loaded on %s in %.1f s", job.model.name, device, seconds["load_model"])
-    measure = job.eval.ppl and rank_zero_only.rank == 0
-    ppl: dict[str, dict[str, Any]] = {}
-    if measure and job.dense_ppl:
-        ppl["dense"] = cached_perplexity(model, tokenizer, job.eval, weights_key(job.model), job.cache_dir,
-                                         job.data_dir, device)
-        log.info("dense perplexity: %s", ppl_text(ppl["dense"]))
-    samples = {"dense": sample(job, model, tokenizer)} if rank_zero_only.rank == 0 and job.sample.enabled else {}
-    start = time.perf_counter()
-    log.info("pruning: %s %s (calibration: %d × %d tokens of %s)", job.pruner.name, job.sparsity.name,
-             job.calibration.nsamples, job.calibration.seqlen, job.calibration.source)
-    result = get_or_prune(model, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
-                          job.data_dir, device)
-    seconds["prune_or_load"] = round(time.perf_counter() - start, 2)
-    overall = result.report.overall
-    log.info("pruned: %s %s, sparsity %.4f over %d matrices%s; %s in %.1f s (%s)", job.pruner.name,
-             job.sparsity.name, overall.get("sparsity", float("nan")), overall.get("layers", 0),
-             f", {overall['nm']} valid: {overall['nm_valid']}" if "nm" in overall else "",
-             "cache hit" if result.cache_hit else "pruned", seconds["prune_or_load"], result.cache_path or "no cache")
-    if measure and job.pruned_ppl:
-        key = weights_key(job.model, job.pruner, job.sparsity, job.calibration, job.data_dir)
-        ppl["pruned"] = cached_perplexity(model, tokenizer, job.eval, key, job.cache_dir, job.data_dir, device)
-        log.info("pruned perplexity: %s", ppl_text(ppl["pruned"]))
-    if samples:
-        samples["pruned"] = sample(job, model, tokenizer)
-    masks = {k: v.to(torch.bool).cpu() for k, v in result.masks.items()}
-    return PrunedModel(model.cpu(), tokenizer, masks, zero_patterns(model, set(masks)), result, ppl, seconds,
-                       samples)
+def pruning_settings(job: TrainJobConfig) -> PruningSettings:
+    """What the pruning callback needs of ``job``."""
+    return PruningSettings(job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir, job.data_dir,
+                           job.eval, job.dense_ppl, job.pruned_ppl,
+                           (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None,
+                           job.cache_lock_timeout_s)
 
 
-def sample(job: TrainJobConfig, model: nn.Module, tokenizer: Any) -> dict[str, Any]:
-    """A greedy completion of ``sample.prompt`` (Alpaca template), logged as it is made."""
-    out = generate_text(model, tokenizer, job.sample.prompt, max_new_tokens=job.sample.max_new_tokens).to_dict()
-    for key in ("token_ids", "text", "prompt"):
-        out.pop(key, None)
-    log.info("completion: %r", out["completion"])
-    return out
-
-
-def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[Logger],
-        callbacks: list[Callback] | None = None) -> FitResult:
-    """Attach the adapter and train it (every rank); returns the gathered trainable state."""
+def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
+        callbacks: list[Callback] | None = None) -> tuple[PrunedModel, FitResult]:
+    """Prune (in the Trainer's setup, every rank) and train the adapter (every rank); returns both results."""
     quiet_lightning()
-    L.seed_everything(job.seed, workers=True)  # the same adapter initialisation on every rank
-    model, _ = apply_adapter(pruned.model, job.adapter, pruned.masks)
-    params = count_parameters(model)
-    log.info("fit phase: adapter %s r=%s, %s trainable of %s parameters", job.adapter.name, job.adapter.r,
-             f"{params.trainable:,}", f"{params.total:,}")
+    L.seed_everything(job.seed, workers=True)
+    tokenizer = load_tokenizer(job.model)
+    pruning = PruningCallback(pruning_settings(job), tokenizer, everywhere=False)
     if not get_method(job.adapter.name).trains:
-        report = audit(model, pruned.masks, pruned.zeros, when="fit_start")
-        return FitResult(model, {}, params, audits=[{"when": "fit_start", "step": 0, **report}])
-    datamodule = AlpacaDataModule(pruned.tokenizer, job.data, data_dir=job.data_dir,
+        return _untrained(job, pruning)
+    datamodule = AlpacaDataModule(tokenizer, job.data, data_dir=job.data_dir,
                                   progress=progress_mode(job.trainer.progress_bar) in (ProgressBar.rich,
                                                                                        ProgressBar.tqdm))
-    module = SPPModule(model, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls))
-    auditor = SparsityAuditCallback(pruned.masks, pruned.zeros)
-    trainer = build_trainer(job, run_dir, loggers, [auditor, GuardsCallback(settings_of(job)), *(callbacks or [])])
-    for logger in loggers:
-        logger.log_metrics({f"params/{k}": float(v) for k, v in params.to_dict().items()}, step=0)
+    module = SPPModule(None, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls),
+                       adapter=job.adapter, seed=job.seed)
+    auditor = SparsityAuditCallback(source=pruning)
+    trainer = build_trainer(job, run_dir, loggers, [pruning, auditor, GuardsCallback(settings_of(job)),
+                                                    *(callbacks or [])])
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     losses = module.train_losses
@@ -195,9 +125,17 @@ def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[L
     memory = peak_memory(trainer.strategy.root_device)
     for logger in loggers:
         logger.log_metrics({"train/peak_memory_mib": memory["peak_mib"]}, step=trainer.global_step)
-    return FitResult(whole, state, params, trainer.global_step, module.train_losses, module.val_losses,
-                     auditor.reports, datamodule.summary(), round(train_seconds(trainer), 2), trainer.is_global_zero,
-                     memory)
+    return pruning.pruned, FitResult(whole, state, module.params, trainer.global_step, module.train_losses,
+                                     module.val_losses, auditor.reports, datamodule.summary(),
+                                     round(train_seconds(trainer), 2), trainer.is_global_zero, memory)
+
+
+def _untrained(job: TrainJobConfig, pruning: PruningCallback) -> tuple[PrunedModel, FitResult]:
+    """``adapter=none``: prune in this process (no Trainer), attach nothing, audit."""
+    pruned = pruning.run_alone(job_device(job))
+    model, _ = apply_adapter(pruned.model, job.adapter, pruned.masks)
+    report = audit(model, pruned.masks, pruned.zeros, when="fit_start")
+    return pruned, FitResult(model, {}, count_parameters(model), audits=[{"when": "fit_start", "step": 0, **report}])
 
 
 def rebuild(job: TrainJobConfig, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -277,7 +215,7 @@ def _evaluate(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, result: Fi
     """Perplexity (not cached: the merged weights are new) and the lm-eval tasks of ``eval.tasks``."""
     device = next(merged.parameters()).device
     if job.sample.enabled:
-        result.sample = sample(job, merged, tokenizer)
+        result.sample = sample(job.sample.prompt, job.sample.max_new_tokens, merged, tokenizer)
     if job.eval.ppl:
         log.info("evaluating the merged model: perplexity")
         result.ppl = cached_perplexity(merged, tokenizer, job.eval, "merged", None, job.data_dir, device)

@@ -12,7 +12,10 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelPa
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+from transformers import PreTrainedModel
 
+from spp.distributed import DistContext
+from spp.models.offload import params_to_meta
 from spp.training.config import StrategyConfig, StrategyName
 
 
@@ -119,6 +122,49 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Module] |
         if layer_cls is not None and isinstance(module, layer_cls):
             fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
+def shard_from_rank0(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Module] | None, ctx: DistContext,
+                     reshard_after_forward: bool = True) -> None:
+    """FSDP2 with the weights on rank 0 alone: shard the ``meta`` structure, then receive the shards.
+
+    torchtitan's meta-device initialisation: every rank (rank 0 too, after keeping its full state dict aside)
+    turns its parameters into ``meta`` ones, ``fully_shard`` s the structure, allocates its shards with
+    ``to_empty`` and receives them from rank 0 with ``set_model_state_dict(..., broadcast_from_rank0=True)``,
+    one tensor at a time. Buffers (rotary frequencies, packed masks) are copied from rank 0. No rank other than 0
+    ever holds a full copy.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    full = dict(model.state_dict()) if ctx.is_main else {}
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()} if ctx.is_main else {}
+    params_to_meta(model)
+    shard_model(model, mesh, layer_cls, reshard_after_forward)
+    model.to_empty(device=ctx.device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    del full
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if ctx.is_main:
+                buffer.copy_(buffers[name])
+            ctx.broadcast_(buffer, src=0)
+
+
+def replicate_from_rank0(model: nn.Module, ctx: DistContext) -> None:
+    """DDP / DeepSpeed with the weights on rank 0 alone: the other ranks allocate their replica (``to_empty``,
+    ties restored); the strategy's wrapper broadcasts rank 0's parameters and buffers into it when it is built."""
+    if ctx.is_main:
+        return
+    model.to_empty(device=ctx.device)
+    for module in model.modules():
+        if isinstance(module, PreTrainedModel):
+            module.tie_weights()  # ``to_empty`` gives a tied LM head a tensor of its own
+            break
+
+
+def has_meta_parameters(model: nn.Module) -> bool:
+    """Whether any parameter of ``model`` is on the ``meta`` device (a skeleton waiting for rank 0's weights)."""
+    return any(p.is_meta for p in model.parameters())
 
 
 def is_sharded(strategy: Strategy | str) -> bool:

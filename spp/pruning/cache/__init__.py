@@ -1,8 +1,10 @@
 """The pruning cache: prune once per (model, pruner, sparsity, calibration, code version), re-use afterwards.
 
-Concurrent jobs with the same key prune once: the check-miss-prune-write sequence holds an exclusive file lock
-on ``<entry>.lock``, so the others wait (logging that they do), then load the entry the first one wrote.
-``python -m spp.pruning.cache list|clear`` lists or deletes entries.
+A finished entry is read without any lock, by one process per job (global rank 0), which applies it to the
+weights it holds. Only a writer locks: a job that misses takes the exclusive file lock ``<entry>.lock``
+(:mod:`spp.pruning.cache.lock`), checks again, prunes (on every rank of the job) and writes; a second job with the
+same key waits for that lock (logging that it does, for at most ``cache_lock_timeout_s``), then reads the entry the
+first one wrote. ``python -m spp.pruning.cache list|clear`` lists or deletes entries.
 """
 
 from __future__ import annotations
@@ -12,34 +14,42 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import torch
-from filelock import FileLock, Timeout
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from spp.distributed import DistContext
+from spp.errors import UserError
 from spp.models.config import ModelConfig
 from spp.models.loading import model_identity
+from spp.models.offload import OffloadedModel
+from spp.pruning.cache.lock import entry_lock
 from spp.pruning.cache.store import (
+    MANIFEST_FILE,
     CorruptEntryError,
+    EntryReader,
     list_entries,
-    read_entry,
     remove_entry,
     sha256_file,
     write_entry,
 )
 from spp.pruning.calibration_data import resolve_calibration_file
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.pruning.engine import PruneResult, prune_model, validate_for_model
-from spp.pruning.report import build_report
-from spp.pruning.targets import target_linears
+from spp.pruning.engine import PruneResult, prune_offloaded, resolve_device, validate_for_model
+from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
+from spp.pruning.methods import get_pruner
+from spp.pruning.patterns import sparsity_summary
+from spp.pruning.report import report_from_layers
 
 PRUNING_CODE_VERSION = "1"
 """Bump when a change to the pruning code changes its results: old cache entries then stop matching."""
+
+DEFAULT_LOCK_TIMEOUT_S = 7200.0
+"""How long a job waits for another job writing the same entry before it gives up (``cache_lock_timeout_s``)."""
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +57,9 @@ __all__ = [
     "PRUNING_CODE_VERSION",
     "cache_entry_dir",
     "cache_key",
+    "entry_lock",
     "get_or_prune",
+    "prune_cached",
     "list_entries",
     "remove_entry",
 ]
@@ -105,66 +117,133 @@ def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str, pru
     return Path(cache_dir).expanduser() / "pruning" / key["model"] / f"{pruner}-{sparsity}-{digest[:16]}"
 
 
-def _apply_cached(
-    model: nn.Module, targets: list[str], masks: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    linears = target_linears(model, targets)
-    if set(linears) != set(masks):
+def _check_shapes(reader: EntryReader, linears: dict[str, nn.Linear]) -> None:
+    if set(reader.shapes) != set(linears):
         raise CorruptEntryError("cache entry holds different layers than the model; it does not fit this model")
-    out = {}
-    with torch.no_grad():
-        for name, linear in linears.items():
-            mask = masks[name]
-            if tuple(mask.shape) != tuple(linear.weight.shape):
-                raise CorruptEntryError(f"cache entry mask for {name} has shape {tuple(mask.shape)}, "
-                                        f"the model's weight {tuple(linear.weight.shape)}")
-            if name in weights:
-                linear.weight.copy_(weights[name].to(linear.weight.device, linear.weight.dtype))
-            mask = mask.to(linear.weight.device)
-            linear.weight.masked_fill_(~mask, 0)
-            out[name] = mask
-    return out
+    for name, linear in linears.items():
+        if tuple(reader.shapes[name]) != tuple(linear.weight.shape):
+            raise CorruptEntryError(f"cache entry mask for {name} has shape {tuple(reader.shapes[name])}, "
+                                    f"the model's weight {tuple(linear.weight.shape)}")
 
 
-@contextmanager
-def entry_lock(entry: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``<entry>.lock`` (``fcntl.flock`` through ``filelock``); log while waiting for it."""
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(f"{entry}.lock")
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        log.info("pruning cache: another job holds %s.lock (pruning the same key); waiting for it", entry)
-        start = time.perf_counter()
-        lock.acquire()
-        log.info("pruning cache: lock acquired after %.1f s", time.perf_counter() - start)
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def _load_entry(
-    model: nn.Module, entry: Path, key: dict[str, Any], pruner: PrunerConfig, sparsity: SparsityConfig,
-    linears: dict[str, nn.Linear],
-) -> PruneResult | None:
-    """Apply a valid entry to ``model`` and return its result; ``None`` (entry removed if corrupt) on a miss."""
-    if not entry.exists():
+def _load_entry(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity: SparsityConfig,
+                linears: dict[str, nn.Linear]) -> PruneResult | None:
+    """Apply a finished entry to rank 0's home weights, one matrix at a time (no lock); ``None`` on a miss or an
+    entry that fails its checks (nothing applied then: every check runs before the first weight changes)."""
+    if not (entry / MANIFEST_FILE).is_file():
         return None
     t0 = time.perf_counter()
     try:
-        manifest, masks, weights = read_entry(entry)
-        if manifest.get("key") != key:
+        reader = EntryReader(entry)
+        if reader.manifest.get("key") != key:
             raise CorruptEntryError(f"cache entry {entry} was written for other settings")
-        masks = _apply_cached(model, pruner.targets, masks, weights)
+        _check_shapes(reader, linears)
     except CorruptEntryError as err:
-        log.warning("pruning cache: %s; rebuilding it", err)
-        remove_entry(entry)
+        log.warning("pruning cache: %s; pruning again", err)
         return None
+    masks, kept, layers = MaskSet(), {}, {}
+    nm = (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
+    with torch.no_grad():
+        for name in linears:
+            weight = off.home[off.canonical(f"{name}.weight")]
+            mask, stored = reader.mask(name), reader.weight(name)
+            if stored is not None:
+                weight.copy_(stored.to(weight.dtype))
+            weight.masked_fill_(~mask, 0)
+            masks.set(name, mask)
+            kept[name] = kept_zero_indices(name, mask, weight)
+            layers.update(sparsity_summary({name: weight}, *nm)["layers"])
     timings = {"cache_load": time.perf_counter() - t0, "total": time.perf_counter() - t0}
-    report = build_report({n: m.weight for n, m in linears.items()}, sparsity)
-    report.overall["timings"] = {"original": manifest.get("timings", {}), **timings}
-    return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry))
+    report = report_from_layers(layers, sparsity)
+    report.overall["timings"] = {"original": reader.manifest.get("timings", {}), **timings}
+    return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry), zeros=ZeroPattern(masks, kept))
+
+
+def _decide(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity: SparsityConfig,
+            linears: dict[str, nn.Linear], stack: ExitStack, timeout_s: float) -> PruneResult | None:
+    """Rank 0: the entry's result when it exists (read lock-free), else ``None`` with the writer's lock held in
+    ``stack`` (re-checked under the lock: another job may have written it while this one waited)."""
+    cached = _load_entry(off, entry, key, sparsity, linears)
+    if cached is not None:
+        return cached
+    stack.enter_context(entry_lock(entry, timeout_s))
+    cached = _load_entry(off, entry, key, sparsity, linears)
+    if cached is not None:
+        stack.close()
+        return cached
+    remove_entry(entry)  # a corrupt or stale entry, removed under the lock
+    return None
+
+
+def prune_cached(
+    off: OffloadedModel,
+    tokenizer: PreTrainedTokenizerBase | None,
+    model_cfg: ModelConfig,
+    pruner: PrunerConfig,
+    sparsity: SparsityConfig,
+    calibration: CalibrationConfig,
+    cache_dir: str | Path,
+    data_dir: str | None = None,
+    *,
+    keep_masks: bool = False,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+) -> PruneResult:
+    """Prune ``off`` on every rank of ``off.ctx``, or apply the cache entry for these settings.
+
+    Rank 0 reads a finished entry without any lock (one reader per job; every file's checksum verified once) and
+    applies it to its home weights; the others only learn that it was a hit. On a miss rank 0 takes the entry's
+    writer lock, every rank prunes its share (:func:`~spp.pruning.engine.prune_offloaded`) and rank 0 writes the
+    entry. The decision travels over a CPU group whose timeout covers ``lock_timeout_s``, so a rank waiting for
+    another job's lock never hits the training process group's timeout. ``pruner=none`` or ``sparsity=dense`` is
+    a no-op with all-True masks and no cache entry.
+    """
+    ctx = off.ctx
+    linears = validate_for_model(off.model, pruner, sparsity, calibration)
+    if sparsity.is_dense or pruner.name == "none":
+        return prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks)
+    with ExitStack() as stack:
+        hit: PruneResult | None = None
+        error: UserError | None = None
+        if ctx.is_main:
+            key, digest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
+            entry = cache_entry_dir(cache_dir, key, digest, pruner.name, sparsity.name)
+            try:
+                hit = _decide(off, entry, key, sparsity, linears, stack, lock_timeout_s)
+            except UserError as err:
+                error = err
+        decision = ctx.broadcast_object(error or ("hit" if hit is not None else "prune"),
+                                        timeout_s=lock_timeout_s + 600)
+        if isinstance(decision, UserError):
+            raise decision
+        if decision == "hit":  # rank 0 holds the result, the others need nothing more
+            return _hit_result(off, hit, sparsity, keep_masks)
+        result = prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks)
+        if ctx.is_main:
+            _write(off, entry, key, result, pruner)
+            result.cache_path = str(entry)
+    return result
+
+
+def _hit_result(off: OffloadedModel, result: PruneResult | None, sparsity: SparsityConfig,
+                keep_masks: bool) -> PruneResult:
+    """Rank 0's hit result on rank 0; elsewhere an empty one (or rank 0's masks, with ``keep_masks``)."""
+    if keep_masks:
+        masks = off.ctx.broadcast_object(result.masks if result is not None else None)
+        result = result or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
+    return result or PruneResult(MaskSet(), report_from_layers({}, sparsity), cache_hit=True)
+
+
+def _write(off: OffloadedModel, entry: Path, key: dict[str, Any], result: PruneResult, pruner: PrunerConfig) -> None:
+    """Rank 0: write the entry (the pruned weights too, one file per block, when the pruner updates them)."""
+    weights = None
+    if get_pruner(pruner).updates_weights:
+        blocks: dict[str, dict[str, torch.Tensor]] = {}
+        for name in result.masks:
+            blocks.setdefault(name.rsplit(".", 2)[0], {})[name] = off.home[off.canonical(f"{name}.weight")]
+        weights = list(blocks.values())
+    write_entry(entry, result.masks, weights,
+                {"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "timings": result.timings,
+                 "overall": {k: v for k, v in result.report.overall.items() if k != "timings"}})
 
 
 def get_or_prune(
@@ -178,31 +257,14 @@ def get_or_prune(
     data_dir: str | None = None,
     device: str | torch.device | None = None,
 ) -> PruneResult:
-    """Prune ``model`` in place, re-using the cache entry for these settings when a valid one exists.
+    """Prune a whole in-memory ``model`` in place in this process, through the cache (:func:`prune_cached`).
 
-    On a hit the stored masks (and SparseGPT's updated weights) are applied to the model with no calibration
-    forward pass. On a miss, or when the entry is partial or fails its checksum, the model is pruned and the
-    entry (re)written atomically. Check, prune and write hold the entry's file lock (:func:`entry_lock`), so
-    concurrent jobs with the same key prune once. ``pruner=none`` or ``sparsity=dense`` is a no-op with
-    all-True masks and no cache entry.
+    On a hit the stored masks (and SparseGPT's updated weights) are applied with no calibration forward pass; on
+    a miss, or when the entry is partial or fails its checksum, the model is pruned block by block on ``device``
+    and the entry (re)written atomically.
     """
-    linears = validate_for_model(model, pruner, sparsity, calibration)
-    if sparsity.is_dense or pruner.name == "none":
-        return prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
-    key, digest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
-    entry = cache_entry_dir(cache_dir, key, digest, pruner.name, sparsity.name)
-    with entry_lock(entry):
-        cached = _load_entry(model, entry, key, pruner, sparsity, linears)
-        if cached is not None:
-            return cached
-        result = prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
-        weights = {n: m.weight for n, m in linears.items()} if pruner.name == "sparsegpt" else None
-        write_entry(
-            entry,
-            result.masks,
-            weights,
-            {"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "timings": result.timings,
-             "overall": {k: v for k, v in result.report.overall.items() if k != "timings"}},
-        )
-    result.cache_path = str(entry)
-    return result
+    off = OffloadedModel(model, DistContext(device=resolve_device(device)))
+    try:
+        return prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir)
+    finally:
+        off.restore()

@@ -1,8 +1,9 @@
-"""On-disk pruning cache entries: packed masks (+ SparseGPT weights) in safetensors and a manifest with a checksum.
+"""On-disk pruning cache entries: packed masks (+ SparseGPT weights) in safetensors and a manifest with checksums.
 
 An entry is a directory ``<cache_dir>/pruning/<model identity>/<pruner>-<sparsity>-<key hash>/`` holding
-``state.safetensors`` and ``manifest.json``. Both are written to a temporary file then renamed; the manifest is
-written last and records the state file's sha256, so a partial or corrupted entry is detected on read.
+``state.safetensors`` (the bit-packed masks), for SparseGPT one ``weights-<k>.safetensors`` per decoder block, and
+``manifest.json``. Every file is written to a temporary file then renamed; the manifest is written last and records
+each file's sha256, so a partial or corrupted entry is detected by its reader (:class:`EntryReader`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from spp.atomic import publish
 
@@ -64,28 +67,48 @@ def unpack_mask(packed: torch.Tensor, shape: list[int]) -> torch.Tensor:
     return torch.from_numpy(np.unpackbits(packed.numpy(), count=numel).astype(bool).reshape(shape))
 
 
-def write_entry(
-    entry: Path,
-    masks: dict[str, torch.Tensor],
-    weights: dict[str, torch.Tensor] | None,
-    manifest: dict[str, Any],
-) -> None:
-    """Write an entry atomically: state file (temp + rename), then the manifest with its checksum."""
-    entry.mkdir(parents=True, exist_ok=True)
-    (entry / MANIFEST_FILE).unlink(missing_ok=True)
-    tensors = {MASK_PREFIX + n: pack_mask(m) for n, m in masks.items()}
-    for n, w in (weights or {}).items():
-        tensors[WEIGHT_PREFIX + n] = w.detach().cpu().contiguous()
-    shapes = {n: list(m.shape) for n, m in masks.items()}
-    fd, tmp = tempfile.mkstemp(dir=entry, prefix=f".{STATE_FILE}.", suffix=".tmp")
+def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> str:
+    """``save_file`` to a temporary file, rename it to ``path``; returns the file's sha256."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata={"shapes": json.dumps(shapes)})
-        publish(tmp, entry / STATE_FILE)
+        save_file(tensors, tmp, metadata=metadata)
+        publish(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    manifest = {**manifest, "state_sha256": sha256_file(entry / STATE_FILE), "shapes": shapes}
+    return sha256_file(path)
+
+
+def write_entry(
+    entry: Path,
+    masks: Mapping[str, torch.Tensor],
+    weights: Iterable[dict[str, torch.Tensor]] | None,
+    manifest: dict[str, Any],
+) -> None:
+    """Write an entry atomically: the packed masks, the weights one file per group (one decoder block: never the
+    whole model serialised at once), then the manifest with every file's sha256.
+
+    Args:
+        entry: The entry directory.
+        masks: Keep-masks by name (read one at a time; a :class:`~spp.pruning.masks.MaskSet` is never unpacked
+            whole).
+        weights: Groups of updated weights (SparseGPT), each written to its own ``weights-<k>.safetensors``.
+        manifest: What the entry was made from (its key, timings, report).
+    """
+    entry.mkdir(parents=True, exist_ok=True)
+    (entry / MANIFEST_FILE).unlink(missing_ok=True)
+    shapes = {n: list(masks[n].shape) for n in masks}
+    tensors = {MASK_PREFIX + n: pack_mask(masks[n]) for n in masks}
+    files = {STATE_FILE: _save_atomic(tensors, entry / STATE_FILE, {"shapes": json.dumps(shapes)})}
+    weight_files: dict[str, str] = {}
+    for k, group in enumerate(weights or []):
+        name = f"weights-{k:05d}.safetensors"
+        files[name] = _save_atomic({WEIGHT_PREFIX + n: w.detach().cpu().contiguous() for n, w in group.items()},
+                                   entry / name)
+        weight_files.update({n: name for n in group})
+    manifest = {**manifest, "state_sha256": files[STATE_FILE], "files": files, "weight_files": weight_files,
+                "shapes": shapes}
     _atomic_write_bytes(entry / MANIFEST_FILE, json.dumps(manifest, indent=2, default=str).encode())
 
 
@@ -101,26 +124,54 @@ def read_manifest(entry: Path) -> dict[str, Any]:
         raise CorruptEntryError(f"cache entry {entry} has no readable manifest: {err}") from err
 
 
-def read_entry(entry: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Verify the checksum and return (manifest, masks, weights).
+class EntryReader:
+    """A finished entry, opened for reading one matrix at a time (no lock: a finished entry never changes).
+
+    Opening checks the manifest and every file's sha256 against the one recorded when the entry was written
+    (one reader per job: rank 0). :meth:`mask` and :meth:`weight` then read single tensors, so a 70B entry is
+    never unpacked whole.
 
     Raises:
-        CorruptEntryError: missing files or a checksum mismatch.
+        CorruptEntryError: no manifest, a missing file, a checksum mismatch or an undecodable file.
     """
-    manifest = read_manifest(entry)
-    state = entry / STATE_FILE
-    if not state.is_file():
-        raise CorruptEntryError(f"cache entry {entry} has no {STATE_FILE}")
-    if sha256_file(state) != manifest.get("state_sha256"):
-        raise CorruptEntryError(f"cache entry {entry}: {STATE_FILE} fails its sha256 checksum")
-    try:
-        tensors = load_file(str(state))
-    except Exception as err:  # noqa: BLE001 - any decoding error means a corrupt file
-        raise CorruptEntryError(f"cache entry {entry}: cannot decode {STATE_FILE}: {err}") from err
-    shapes = manifest["shapes"]
-    masks = {n: unpack_mask(tensors[MASK_PREFIX + n], s) for n, s in shapes.items()}
-    weights = {k[len(WEIGHT_PREFIX) :]: v for k, v in tensors.items() if k.startswith(WEIGHT_PREFIX)}
-    return manifest, masks, weights
+
+    def __init__(self, entry: Path) -> None:
+        self.entry = entry
+        self.manifest = read_manifest(entry)
+        files = self.manifest.get("files") or {STATE_FILE: self.manifest.get("state_sha256")}
+        for name, digest in files.items():
+            if not (entry / name).is_file():
+                raise CorruptEntryError(f"cache entry {entry} has no {name}")
+            if sha256_file(entry / name) != digest:
+                raise CorruptEntryError(f"cache entry {entry}: {name} fails its sha256 checksum")
+        self._open: dict[str, Any] = {}
+        self._state = self._file(STATE_FILE)
+        self.weight_files: dict[str, str] = self.manifest.get("weight_files", {})
+        self.shapes: dict[str, list[int]] = self.manifest.get("shapes", {})
+
+    def _file(self, name: str) -> Any:
+        if name not in self._open:
+            try:
+                self._open[name] = safe_open(str(self.entry / name), framework="pt")
+            except Exception as err:  # noqa: BLE001 - any decoding error means a corrupt file
+                raise CorruptEntryError(f"cache entry {self.entry}: cannot decode {name}: {err}") from err
+        return self._open[name]
+
+    def mask(self, name: str) -> torch.Tensor:
+        """The bool keep-mask of ``name``."""
+        key = MASK_PREFIX + name
+        if name not in self.shapes or key not in self._state.keys():
+            raise CorruptEntryError(f"cache entry {self.entry} holds no mask for {name}")
+        return unpack_mask(self._state.get_tensor(key), self.shapes[name])
+
+    def weight(self, name: str) -> torch.Tensor | None:
+        """The stored (SparseGPT-updated) weight of ``name``, or ``None`` when the entry holds masks only."""
+        key = WEIGHT_PREFIX + name
+        if key in self._state.keys():  # entries written before the weights had files of their own
+            return self._state.get_tensor(key)
+        if name in self.weight_files:
+            return self._file(self.weight_files[name]).get_tensor(key)
+        return None
 
 
 def entry_size(entry: Path) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import lightning as L
@@ -11,6 +11,7 @@ from torch import nn
 
 from spp.adapters.spp.functional import adapted_weight, merge_factor
 from spp.adapters.spp.layer import SPPLinear
+from spp.distributed import DistContext
 from spp.training.strategies import full_tensor
 
 WRAPPER_PREFIXES = ("base_model.model.",)
@@ -74,8 +75,8 @@ def zero_patterns(model: nn.Module, names: set[str]) -> dict[str, torch.Tensor]:
 
 def audit(
     model: nn.Module,
-    masks: dict[str, torch.Tensor],
-    reference_zeros: dict[str, torch.Tensor] | None = None,
+    masks: Mapping[str, torch.Tensor],
+    reference_zeros: Mapping[str, torch.Tensor] | None = None,
     when: str = "",
     kept_zeros_may_change: bool = False,
 ) -> dict[str, Any]:
@@ -97,29 +98,20 @@ def audit(
     """
     zeros_total = total = kept_changed = 0
     seen = set()
-    for name, w in effective_weights(model, set(masks)):
+    first: SparsityViolation | None = None
+    for name, w in effective_weights(model, set(masks)):  # walk every layer: sharded ones are gathered by all ranks
         seen.add(name)
-        zero = (w == 0).cpu()
-        mask = masks[name].to(torch.bool).cpu()
-        if zero.shape != mask.shape:
-            raise SparsityViolation(f"[{when}] {name}: weight shape {tuple(zero.shape)} != mask {tuple(mask.shape)}")
-        revived = int((~mask & ~zero).sum())
-        if revived:
-            raise SparsityViolation(
-                f"[{when}] {name}: {revived} weight(s) pruned by the mask are non-zero; the sparsity pattern "
-                "was not preserved (stopping the run)"
-            )
-        expected = reference_zeros[name] if reference_zeros is not None else ~mask
-        moved = int((zero != expected).sum())
-        if moved and kept_zeros_may_change:
-            kept_changed += moved
-        elif moved:
-            raise SparsityViolation(
-                f"[{when}] {name}: the zero pattern differs from the pruning-time pattern at {moved} position(s) "
-                "(stopping the run)"
-            )
-        zeros_total += int(zero.sum())
-        total += zero.numel()
+        if first is not None:
+            continue
+        expected = reference_zeros[name] if reference_zeros is not None else None
+        try:
+            zeros, numel, moved = _check_layer(name, w, masks[name], expected, kept_zeros_may_change, when)
+        except SparsityViolation as err:
+            first = err
+            continue
+        zeros_total, total, kept_changed = zeros_total + zeros, total + numel, kept_changed + moved
+    if first is not None:
+        raise first
     missing = sorted(set(masks) - seen)
     if missing:
         raise SparsityViolation(f"[{when}] {len(missing)} pruned layer(s) not found in the model, e.g. {missing[:3]}")
@@ -132,23 +124,70 @@ def audit(
     }
 
 
+def _check_layer(name: str, w: torch.Tensor, mask: torch.Tensor, expected: torch.Tensor | None,
+                 kept_zeros_may_change: bool, when: str) -> tuple[int, int, int]:
+    """``(zeros, numel, kept zeros that changed)`` of one layer's effective weight; raises on a violation."""
+    zero = (w == 0).cpu()
+    mask = mask.to(torch.bool).cpu()
+    if zero.shape != mask.shape:
+        raise SparsityViolation(f"[{when}] {name}: weight shape {tuple(zero.shape)} != mask {tuple(mask.shape)}")
+    revived = int((~mask & ~zero).sum())
+    if revived:
+        raise SparsityViolation(
+            f"[{when}] {name}: {revived} weight(s) pruned by the mask are non-zero; the sparsity pattern "
+            "was not preserved (stopping the run)"
+        )
+    moved = int((zero != (expected if expected is not None else ~mask)).sum())
+    if moved and not kept_zeros_may_change:
+        raise SparsityViolation(
+            f"[{when}] {name}: the zero pattern differs from the pruning-time pattern at {moved} position(s) "
+            "(stopping the run)"
+        )
+    return int(zero.sum()), zero.numel(), moved
+
+
 class SparsityAuditCallback(L.Callback):
-    """Audit the zero pattern at fit start, after every checkpoint and at fit end (on every rank).
+    """Audit the zero pattern at fit start, after every checkpoint and at fit end.
+
+    Every rank walks the same layers (a sharded weight is gathered one layer at a time, a collective); rank 0,
+    which holds the masks, compares, and its verdict reaches every rank, so all stop together on a violation.
 
     Args:
-        masks: The pruning masks (True = kept).
+        masks: The pruning masks (True = kept); or ``None`` with ``source``.
         reference_zeros: The exact-zero pattern of the pruned model (recorded by the prune phase).
+        source: A :class:`~spp.training.callbacks.pruning.PruningCallback` whose result supplies both once it has
+            pruned (in ``setup``).
     """
 
-    def __init__(self, masks: dict[str, torch.Tensor], reference_zeros: dict[str, torch.Tensor]) -> None:
-        self.masks = masks
-        self.reference = reference_zeros
+    def __init__(self, masks: Mapping[str, torch.Tensor] | None = None,
+                 reference_zeros: Mapping[str, torch.Tensor] | None = None, source: Any = None) -> None:
+        self._masks = masks
+        self._reference = reference_zeros
+        self.source = source
         self.reports: list[dict[str, Any]] = []
+        self._names: set[str] | None = None
 
     def _run(self, trainer: L.Trainer, pl_module: L.LightningModule, when: str) -> None:
-        report = audit(pl_module.model, self.masks, self.reference, when=when)
+        ctx = DistContext.current(trainer.strategy.root_device)
+        masks, reference = self._masks, self._reference
+        if self.source is not None:
+            masks, reference = self.source.pruned.masks, self.source.pruned.zeros
+        if self._names is None:
+            self._names = set(ctx.broadcast_object(sorted(masks) if ctx.is_main else None))
+        verdict: Any = None
+        if ctx.is_main:
+            try:
+                verdict = audit(pl_module.model, masks, reference, when=when)
+            except SparsityViolation as err:
+                verdict = err
+        else:
+            for _ in effective_weights(pl_module.model, self._names):  # the same gathers as rank 0's
+                pass
+        verdict = ctx.broadcast_object(verdict)
+        if isinstance(verdict, SparsityViolation):
+            raise verdict
         if not self.reports or self.reports[-1]["step"] != trainer.global_step or self.reports[-1]["when"] != when:
-            self.reports.append({"when": when, "step": trainer.global_step, **report})
+            self.reports.append({"when": when, "step": trainer.global_step, **verdict})
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Check the adapted model against the masks before the first step."""

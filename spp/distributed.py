@@ -1,0 +1,154 @@
+"""The processes of one job: who this process is, which device it owns, and the few collectives pruning uses.
+
+:class:`DistContext` wraps ``torch.distributed`` so that block-by-block pruning and the perplexity pass run the
+same code in one process (every collective is then a no-op) and on N ranks. :func:`cluster_environment` asks
+Lightning which launcher started the process, in Lightning's own order (torchrun, then ``srun``, LSF, MPI, else
+Lightning's launcher), so :func:`local_device` gives task *k* of a node ``cuda:k`` whether ``LOCAL_RANK`` or only
+``SLURM_LOCALID`` is set.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    LSFEnvironment,
+    MPIEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
+
+
+def cluster_environment() -> ClusterEnvironment:
+    """The environment Lightning would detect for this process (torchrun first: it may run inside Slurm)."""
+    for env_type in (TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment, MPIEnvironment):
+        try:
+            if env_type.detect():
+                return env_type()
+        except (ImportError, RuntimeError):  # MPI without mpi4py; srun misuse is Lightning's error at fit time
+            continue
+    return LightningEnvironment()
+
+
+def local_device(accelerator: str = "auto") -> torch.device:
+    """This process's device: ``cuda:<local rank>`` when the job uses GPUs and one is visible, else the CPU."""
+    if accelerator != "cpu" and torch.cuda.is_available():
+        return torch.device("cuda", cluster_environment().local_rank() % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def global_rank() -> int:
+    """This process's global rank: the process group's, else what the launcher's environment says (0 alone)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return cluster_environment().global_rank()
+
+
+@dataclass
+class DistContext:
+    """Rank, world size and device of this process, with sum/broadcast collectives that vanish when alone.
+
+    Attributes:
+        rank: Global rank.
+        world: Number of processes.
+        device: Where this rank computes (its GPU, or the CPU).
+        bytes_sent: Bytes this rank broadcast or reduced so far (a progress/diagnostic count).
+    """
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    bytes_sent: int = 0
+    _groups: dict[int, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def current(cls, device: torch.device | str | None = None) -> DistContext:
+        """The context of the initialised process group (or a single process) computing on ``device``."""
+        dev = torch.device(device) if device is not None else torch.device("cpu")
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size(), dev)
+        return cls(0, 1, dev)
+
+    @property
+    def distributed(self) -> bool:
+        """More than one process takes part."""
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Global rank 0: holds the weights, reads and writes the caches."""
+        return self.rank == 0
+
+    def owner(self, index: int) -> int:
+        """The rank that owns item ``index`` of a round-robin split (matrices to solve, batches to run)."""
+        return index % self.world
+
+    def mine(self, count: int) -> list[int]:
+        """The indices ``0..count-1`` this rank takes in a round-robin split."""
+        return list(range(self.rank, count, self.world))
+
+    def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Overwrite ``tensor`` on every rank with ``src``'s (in place; returns it)."""
+        if self.distributed:
+            self.bytes_sent += tensor.numel() * tensor.element_size() if self.rank == src else 0
+            dist.broadcast(tensor, src=src)
+        return tensor
+
+    def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the ranks, in place on every rank."""
+        if self.distributed:
+            self.bytes_sent += tensor.numel() * tensor.element_size()
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def reduce_(self, tensor: torch.Tensor, dst: int) -> torch.Tensor:
+        """Sum ``tensor`` over the ranks onto ``dst`` (other ranks' copies are left undefined)."""
+        if self.distributed:
+            self.bytes_sent += tensor.numel() * tensor.element_size()
+            dist.reduce(tensor, dst=dst, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def broadcast_object(self, obj: Any, src: int = 0, timeout_s: float | None = None) -> Any:
+        """``src``'s picklable object on every rank.
+
+        With ``timeout_s`` the broadcast goes through a CPU (gloo) group with that timeout instead of the job's
+        process group: for a wait of known, possibly long length (another job holding a cache lock), which the
+        training collectives' timeout must not bound.
+        """
+        if not self.distributed:
+            return obj
+        box = [obj if self.rank == src else None]
+        if timeout_s is None:
+            dist.broadcast_object_list(box, src=src, device=self._object_device())
+        else:
+            dist.broadcast_object_list(box, src=src, group=self._control_group(timeout_s))
+        return box[0]
+
+    def _control_group(self, timeout_s: float) -> Any:
+        """A gloo group over every rank with ``timeout_s`` (created once; every rank creates it at the same call)."""
+        key = max(1, int(timeout_s))
+        if key not in self._groups:
+            self._groups[key] = dist.new_group(backend="gloo", timeout=timedelta(seconds=key))
+        return self._groups[key]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's object, in rank order, on every rank."""
+        if not self.distributed:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj)
+        return out
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        if self.distributed:
+            dist.barrier()
+
+    def _object_device(self) -> torch.device | None:
+        return self.device if self.device.type == "cuda" else None

@@ -1,0 +1,91 @@
+"""Perplexity of a model that is not whole on any device, with its windows split over the ranks.
+
+The same protocol and the same number as :func:`spp.eval.perplexity.perplexity` (windows, batches, per-window
+NLL), computed the way the pruning engine runs calibration data: every rank takes the batches ``b`` with
+``b mod world == rank``, pushes them through the decoder blocks one onloaded block at a time
+(:class:`~spp.pruning.sequential.BlockRunner`), scores them with the model's own final norm and LM head, and the
+per-window NLL sums are added across ranks. So the dense and pruned perplexities of the pruning phase cost ≈ 1/N
+each and no rank waits while another evaluates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spp.atomic import write_json_atomic
+from spp.eval.config import EvalConfig
+from spp.eval.perplexity import PerplexityResult, eval_windows, nll_sums, result_from_sums
+from spp.eval.ppl_cache import ppl_cache_key, ppl_cache_parts, ppl_settings
+from spp.models.offload import OffloadedModel
+from spp.pruning.sequential import BlockRunner, buffers_on
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def offloaded_perplexity(off: OffloadedModel, tokenizer: Any, source: str = "wikitext2", seqlen: int = 2048,
+                         max_windows: int | None = None, batch_size: int = 1, data_dir: str | None = None,
+                         sampling: str = "first") -> PerplexityResult:
+    """Perplexity of ``off``'s model over every rank of ``off.ctx`` (arguments as ``perplexity``)."""
+    ctx, model = off.ctx, off.model
+    windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
+                           getattr(model.config, "max_position_embeddings", None))
+    batches = windows.batches(batch_size)
+    mine = ctx.mine(len(batches))
+    runner = BlockRunner(off)
+    sums = torch.zeros(windows.ids.size(0), dtype=torch.float64, device=ctx.device)
+    was_training = model.training
+    model.eval()
+    try:
+        with buffers_on(model, ctx.device):
+            hidden, kwargs = runner.head([batches[b] for b in mine])
+            for i in range(len(runner.layers)):
+                with runner.block(i) as block:
+                    hidden = runner.run(block, hidden, kwargs)
+            for b, logits in zip(mine, runner.logits(hidden, [batches[b] for b in mine]), strict=True):
+                sums[b * batch_size : b * batch_size + batches[b].size(0)] = nll_sums(logits, batches[b]).double()
+    finally:
+        model.train(was_training)
+    ctx.all_reduce_(sums)  # each window has one contributor
+    return result_from_sums(sums.cpu(), windows)
+
+
+def cached_offloaded_perplexity(off: OffloadedModel, tokenizer: Any, eval_cfg: EvalConfig, weights: str,
+                                cache_dir: str | None, data_dir: str | None = None) -> dict[str, Any]:
+    """:func:`offloaded_perplexity` through the perplexity cache: rank 0 reads and writes the entry, every rank
+    gets the same result (measured by all of them on a miss). Returns the entry plus ``seconds``, ``cache_hit``."""
+    ctx = off.ctx
+    path = None
+    cached = None
+    if ctx.is_main and cache_dir is not None:
+        path = Path(cache_dir).expanduser() / "ppl" / f"{ppl_cache_key(weights, eval_cfg, data_dir)}.json"
+        cached = _read(path)
+    cached = ctx.broadcast_object(cached)
+    if cached is not None:
+        return {**cached, "cache_hit": True}
+    start = time.perf_counter()
+    res = offloaded_perplexity(off, tokenizer, data_dir=data_dir, **ppl_settings(eval_cfg))
+    result = {**res.to_dict(), "seconds": round(time.perf_counter() - start, 2), "cache_hit": False,
+              "ranks": ctx.world}
+    if path is not None and math.isfinite(res.ppl):
+        write_json_atomic(path, {**result, "made_from": ppl_cache_parts(weights, eval_cfg, data_dir)})
+    return result
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        result = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as err:
+        log.warning("perplexity cache: unreadable entry %s (%s); measuring again", path, err)
+        return None
+    result.pop("made_from", None)
+    return result

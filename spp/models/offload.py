@@ -1,0 +1,164 @@
+"""A model whose weights stay off the compute device: the module is a ``meta`` skeleton, rank 0 keeps the weights.
+
+This is the placement of the pruning phase (llm-compressor's sequential pipeline is the model): every rank holds
+the module *structure* with its parameters on the ``meta`` device (buffers such as the rotary frequencies stay
+real); global rank 0 alone also holds every parameter in host memory, its *home*. A decoder block is *onloaded*
+when it is needed: rank 0 copies its home tensors to its device (or uses them in place when the device is the
+home's) and broadcasts them to the other ranks' devices; *offloading* writes the (pruned) tensors back to the
+home and returns the block to ``meta``. So a model is never whole on an accelerator, and the ranks other than 0
+never hold a copy of the weights. :meth:`OffloadedModel.restore` puts rank 0's home back into the module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from spp.distributed import DistContext
+
+
+def params_to_meta(model: nn.Module) -> None:
+    """Replace every parameter of ``model`` by a ``meta`` one of the same shape, dtype and ``requires_grad``
+    (tied parameters stay tied; buffers are left as they are)."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    replaced: dict[int, nn.Parameter] = {}
+    for name, param in list(model.named_parameters(remove_duplicate=False)):
+        owner, _, attr = name.rpartition(".")
+        if id(param) not in replaced:
+            replaced[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
+        modules[owner]._parameters[attr] = replaced[id(param)]
+
+
+class OffloadedModel:
+    """``model`` turned into a skeleton whose parameters rank 0 keeps at home (see the module docstring).
+
+    Tied parameters (an LM head sharing the embedding) stay one tensor: each unique parameter has one canonical
+    name (its first name in ``named_parameters(remove_duplicate=False)``) and every module holding it is updated
+    together.
+
+    Args:
+        model: A real model on rank 0 (its parameters become the home, not copied); any model, real or ``meta``,
+            on the other ranks (their parameters are dropped).
+        ctx: The job's processes.
+    """
+
+    def __init__(self, model: nn.Module, ctx: DistContext) -> None:
+        self.model = model
+        self.ctx = ctx
+        self.home: dict[str, torch.Tensor] = {}
+        self._slots: dict[str, list[tuple[nn.Module, str]]] = {}
+        self._meta: dict[str, nn.Parameter] = {}
+        self._names: dict[str, str] = {}
+        self._grad: dict[str, bool] = {}
+        first: dict[int, str] = {}
+        modules = dict(model.named_modules(remove_duplicate=False))
+        for name, param in model.named_parameters(remove_duplicate=False):
+            owner, _, attr = name.rpartition(".")
+            canonical = first.setdefault(id(param), name)
+            self._names[name] = canonical
+            self._slots.setdefault(canonical, []).append((modules[owner], attr))
+            if canonical == name:
+                if ctx.is_main:
+                    if param.is_meta:
+                        raise ValueError(f"rank 0 must hold the weights, but {name} is on the meta device")
+                    self.home[name] = param.detach()
+                self._meta[name] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=False)
+                self._grad[name] = param.requires_grad
+        for canonical in self._slots:
+            self._place(canonical, self._meta[canonical])
+        layouts = ctx.gather_objects([(n, tuple(p.shape), str(p.dtype)) for n, p in self._meta.items()])
+        if any(layout != layouts[0] for layout in layouts):
+            raise RuntimeError("the ranks built different models (parameter names, shapes, dtypes or tying differ); "
+                               "every rank must load the same model.* settings")
+        for buffer in model.buffers():  # rotary frequencies and the like: rank 0's values everywhere
+            if ctx.distributed and not buffer.is_meta:
+                buffer.data = ctx.broadcast_(buffer.data.to(ctx.device), src=0).to(buffer.device)
+
+    # ------------------------------------------------------------------ names
+    @property
+    def names(self) -> list[str]:
+        """Canonical parameter names, in module order."""
+        return list(self._slots)
+
+    def names_under(self, prefix: str) -> list[str]:
+        """Canonical names of the parameters inside module ``prefix`` (e.g. ``model.layers.3``)."""
+        return [n for n in self._slots if n.startswith(prefix + ".")]
+
+    def names_outside(self, prefix: str) -> list[str]:
+        """Canonical names of the parameters *not* inside module ``prefix`` (embeddings, final norm, LM head)."""
+        return [n for n in self._slots if not n.startswith(prefix + ".")]
+
+    def canonical(self, name: str) -> str:
+        """The canonical name of any (possibly tied) parameter name."""
+        return self._names[name]
+
+    def is_onloaded(self, name: str) -> bool:
+        """Whether parameter ``name`` currently holds real storage (not ``meta``)."""
+        module, attr = self._slots[self.canonical(name)][0]
+        return not module._parameters[attr].is_meta
+
+    # ------------------------------------------------------------------ moving
+    def _place(self, canonical: str, param: nn.Parameter) -> None:
+        for module, attr in self._slots[canonical]:
+            module._parameters[attr] = param
+
+    def _current(self, canonical: str) -> torch.Tensor:
+        module, attr = self._slots[canonical][0]
+        return module._parameters[attr]
+
+    def onload(self, names: Iterable[str], device: torch.device | None = None) -> None:
+        """Give parameters ``names`` real storage on ``device`` (rank 0's home, broadcast to the other ranks)."""
+        device = torch.device(device) if device is not None else self.ctx.device
+        for name in names:
+            meta = self._meta[name]
+            if self.ctx.is_main:
+                home = self.home[name]
+                tensor = home if home.device == device else home.to(device, copy=True)
+            else:
+                tensor = torch.empty(meta.shape, dtype=meta.dtype, device=device)
+            self.ctx.broadcast_(tensor, src=0)
+            self._place(name, nn.Parameter(tensor, requires_grad=False))
+
+    def offload(self, names: Iterable[str], write_back: bool = False) -> None:
+        """Return parameters ``names`` to ``meta``; with ``write_back`` rank 0 first copies them to its home."""
+        for name in names:
+            current = self._current(name)
+            if write_back and self.ctx.is_main and not current.is_meta:
+                home = self.home[name]
+                if current.data_ptr() != home.data_ptr():
+                    home.copy_(current.detach())
+            self._place(name, self._meta[name])
+
+    @contextmanager
+    def onloaded(self, names: list[str], write_back: bool = False) -> Iterator[None]:
+        """Parameters ``names`` on the device for the duration of the block (see :meth:`onload`)."""
+        self.onload(names)
+        try:
+            yield
+        finally:
+            self.offload(names, write_back=write_back)
+
+    def restore(self, everywhere: bool = False) -> nn.Module:
+        """Put rank 0's home back into the module (no copy) and return the module.
+
+        The other ranks stay ``meta``, or with ``everywhere`` receive a host copy of every parameter from rank 0.
+        """
+        for name, meta in self._meta.items():
+            if self.ctx.is_main:
+                tensor = self.home[name]
+            elif everywhere:
+                tensor = self._received(meta)
+            else:
+                continue
+            if self.ctx.is_main and everywhere and self.ctx.distributed:
+                self.ctx.broadcast_(tensor.to(self.ctx.device), src=0)
+            self._place(name, nn.Parameter(tensor, requires_grad=self._grad[name]))
+        return self.model
+
+    def _received(self, meta: torch.Tensor) -> torch.Tensor:
+        """Rank 0's tensor of ``meta``'s shape, broadcast to this rank (through its device), on the CPU."""
+        buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.ctx.device)
+        return self.ctx.broadcast_(buffer, src=0).cpu()

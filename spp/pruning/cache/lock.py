@@ -1,0 +1,87 @@
+"""The writer's lock of a pruning cache entry: exclusive, with a timeout, and refused where ``flock`` does not work.
+
+Only a job that is about to *write* an entry takes ``<entry>.lock`` (``fcntl.flock`` through ``filelock``); a
+finished entry is read without it. A second job that misses the same key waits for the lock (logging that it
+does) and then finds the entry written. Two failures end the job with one line: a lock still held after
+``cache_lock_timeout_s`` seconds, and a filesystem on which ``flock`` fails (Lustre mounted with ``localflock`` or
+without ``flock``, some NFS setups), where two nodes would otherwise both prune and write the same entry.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from spp.errors import UserError
+
+log = logging.getLogger(__name__)
+
+UNSUPPORTED = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
+"""``flock`` errors that mean the filesystem does not support locks (not that the lock is held)."""
+
+_probed: set[str] = set()
+
+
+def check_locks_work(directory: Path) -> None:
+    """Take and release an ``flock`` on a probe file in ``directory`` (once per directory and process).
+
+    Raises:
+        UserError: the filesystem of ``directory`` refuses ``flock`` (names the directory and the fix).
+    """
+    if str(directory) in _probed:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / ".flock-probe"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    except OSError as err:
+        if err.errno in UNSUPPORTED:
+            raise UserError(
+                f"the filesystem of the pruning cache {directory} does not support file locks (flock: "
+                f"{os.strerror(err.errno)}), so concurrent jobs could prune and write the same entry twice",
+                "put cache_dir= on a filesystem with flock (a local disk, or Lustre/NFS mounted with flock; see "
+                "docs/sweeps.md)", key="cache_dir") from err
+        if err.errno not in (errno.EAGAIN, errno.EACCES):
+            raise
+    finally:
+        os.close(fd)
+    _probed.add(str(directory))
+
+
+@contextmanager
+def entry_lock(entry: Path, timeout_s: float = 7200.0) -> Iterator[None]:
+    """Hold the exclusive writer's lock ``<entry>.lock``; log while waiting for it; give up after ``timeout_s``.
+
+    Raises:
+        UserError: the filesystem refuses locks, or another job held the lock for ``timeout_s`` seconds.
+    """
+    check_locks_work(entry.parent)
+    lock = FileLock(f"{entry}.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.info("pruning cache: another job holds %s.lock (pruning the same key); waiting for it (at most %.0f s)",
+                 entry, timeout_s)
+        start = time.perf_counter()
+        try:
+            lock.acquire(timeout=timeout_s)
+        except Timeout as err:
+            raise UserError(f"another job held the pruning cache lock {entry}.lock for more than {timeout_s:g} s "
+                            "(it is pruning the same model with the same settings)",
+                            "wait for that job and run again (its entry will then be read), or raise "
+                            "cache_lock_timeout_s=", key="cache_lock_timeout_s") from err
+        log.info("pruning cache: lock acquired after %.1f s", time.perf_counter() - start)
+    try:
+        yield
+    finally:
+        lock.release()

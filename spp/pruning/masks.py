@@ -1,0 +1,112 @@
+"""Pruning masks kept one bit per weight, off the accelerator, and the zero pattern they imply.
+
+A 70B model has 64 G prunable weights: as ``bool`` its masks take 64 GiB per process, packed 8 GiB. :class:`MaskSet`
+keeps every keep-mask row-packed in host memory (:func:`spp.adapters.bitmask.pack_rows`) and unpacks one matrix
+when it is read. :class:`ZeroPattern` is the exact-zero pattern of the pruned weights, stored as the masks plus
+the few *kept* weights that happen to be exactly zero (a quantised checkpoint has some), instead of a second
+bit per weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import torch
+
+from spp.adapters.bitmask import pack_rows, unpack_rows
+
+
+class MaskSet(Mapping[str, torch.Tensor]):
+    """Keep-masks (True = kept) by qualified linear name, stored packed on the CPU; ``masks[name]`` unpacks one."""
+
+    def __init__(self, masks: Mapping[str, torch.Tensor] | None = None) -> None:
+        self._packed: dict[str, torch.Tensor] = {}
+        self._cols: dict[str, int] = {}
+        for name, mask in (masks or {}).items():
+            self.set(name, mask)
+
+    def set(self, name: str, mask: torch.Tensor) -> None:
+        """Store ``mask`` (bool, out x in, any device) for ``name``."""
+        if mask.dim() != 2:
+            raise ValueError(f"mask for {name} must be 2-D (out x in), got shape {tuple(mask.shape)}")
+        self._packed[name] = pack_rows(mask.to(torch.bool)).cpu()
+        self._cols[name] = int(mask.shape[1])
+
+    def set_packed(self, name: str, packed: torch.Tensor, cols: int) -> None:
+        """Store an already row-packed mask (``uint8``, out x ceil(in / 8))."""
+        self._packed[name] = packed.to(torch.uint8).cpu()
+        self._cols[name] = int(cols)
+
+    def packed(self, name: str) -> torch.Tensor:
+        """The row-packed mask of ``name``."""
+        return self._packed[name]
+
+    def shape(self, name: str) -> tuple[int, int]:
+        """``(out, in)`` of ``name``'s mask."""
+        return int(self._packed[name].shape[0]), self._cols[name]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return unpack_rows(self._packed[name], self._cols[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._packed)
+
+    def __len__(self) -> int:
+        return len(self._packed)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the packed masks."""
+        return sum(p.numel() for p in self._packed.values())
+
+    def kept(self) -> int:
+        """Kept weights over every matrix (True bits)."""
+        return sum(int(self[name].sum()) for name in self)
+
+    def numel(self) -> int:
+        """Weights over every matrix."""
+        return sum(rows * cols for rows, cols in (self.shape(n) for n in self))
+
+
+class ZeroPattern(Mapping[str, torch.Tensor]):
+    """The exact-zero pattern (True = zero) of pruned weights: every pruned position plus the kept zeros.
+
+    Args:
+        masks: The keep-masks.
+        kept_zeros: Flat indices of kept weights that are exactly zero, by name (absent = none).
+    """
+
+    def __init__(self, masks: MaskSet, kept_zeros: Mapping[str, torch.Tensor] | None = None) -> None:
+        self.masks = masks
+        self.kept_zeros = {k: v.cpu() for k, v in (kept_zeros or {}).items() if v.numel()}
+
+    @classmethod
+    def record(cls, masks: MaskSet, weights: Mapping[str, torch.Tensor]) -> ZeroPattern:
+        """The pattern of the pruned ``weights`` (each checked against its mask: pruned weights must be zero)."""
+        return cls(masks, {name: kept_zero_indices(name, masks[name], w) for name, w in weights.items()})
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        zero = ~self.masks[name]
+        extra = self.kept_zeros.get(name)
+        if extra is not None:
+            zero.view(-1)[extra] = True
+        return zero
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.masks)
+
+    def __len__(self) -> int:
+        return len(self.masks)
+
+
+def kept_zero_indices(name: str, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Flat indices (int64, CPU) of kept weights that are exactly zero; checks every pruned weight is zero.
+
+    Raises:
+        RuntimeError: a pruned position holds a non-zero weight (the mask was not applied).
+    """
+    w = weight.detach()
+    mask = mask.to(w.device)
+    if bool((w[~mask] != 0).any()):
+        raise RuntimeError(f"{name}: a weight pruned by its mask is non-zero; the mask was not applied")
+    return torch.nonzero((w == 0).view(-1) & mask.view(-1)).view(-1).cpu()

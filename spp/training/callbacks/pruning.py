@@ -1,0 +1,206 @@
+"""``PruningCallback``: pruning as a Lightning setup callback, on every rank, before ``configure_model`` shards.
+
+In ``setup`` (the process group exists, nothing is sharded yet) the callback prunes the LightningModule's
+``model`` through the on-disk cache with every rank taking part (:func:`spp.pruning.cache.prune_cached`): the
+calibration batches and the perplexity windows are split over the ranks, statistics and NLL sums are added
+across them, and the model is never whole on a device — its skeleton is on ``meta`` while global rank 0 holds the
+weights in host memory and each decoder block visits the devices in turn. The dense and pruned perplexities are
+measured the same way (cached). Afterwards rank 0 holds the pruned model on the CPU; the other ranks hold either
+its ``meta`` skeleton (``everywhere=False``: ``spp.training.module.SPPModule.configure_model`` gives each rank its
+FSDP2 shards or its DDP replica from rank 0) or a full copy (``everywhere=True``, the default for a user's own
+LightningModule). When the module's ``model`` is ``None`` the callback loads it (rank 0 the weights, the others
+the skeleton).
+
+A user's own script (``docs/pruning.md`` shows one)::
+
+    trainer = L.Trainer(callbacks=[PruningCallback(PruningSettings(model_cfg, PrunerConfig("wanda"), NM_2_4))])
+    trainer.fit(my_module)  # my_module.model is pruned in place before training starts
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+from torch import nn
+
+from spp.distributed import DistContext
+from spp.eval.config import EvalConfig
+from spp.eval.offloaded import cached_offloaded_perplexity
+from spp.eval.ppl_cache import weights_key
+from spp.generation import generate_text
+from spp.models.config import ModelConfig
+from spp.models.loading import load_for_rank, load_tokenizer
+from spp.models.offload import OffloadedModel
+from spp.pruning.cache import DEFAULT_LOCK_TIMEOUT_S, prune_cached
+from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.engine import PruneResult
+from spp.pruning.masks import MaskSet, ZeroPattern
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PruningSettings:
+    """What the pruning phase needs of a job's config.
+
+    Attributes:
+        model: The model (identity for the caches; loaded when the module has none).
+        pruner: How to prune.
+        sparsity: Which pattern.
+        calibration: Calibration data.
+        cache_dir: Root of the pruning and perplexity caches (``None``: the pruning cache is still used under
+            ``~/.cache/spp``; perplexities are not cached).
+        data_dir: Data root override.
+        eval: Perplexity settings (``None``: no perplexity is measured).
+        dense_ppl: Measure the dense model's perplexity before pruning.
+        pruned_ppl: Measure the pruned model's perplexity.
+        sample: ``(prompt, max_new_tokens)`` of a greedy completion of the dense and pruned models (one process
+            only: a distributed run would keep the other ranks waiting while rank 0 generates).
+        lock_timeout_s: How long to wait for another job writing the same cache entry.
+        keep_masks: Keep the masks on every rank (rank 0 always keeps them).
+    """
+
+    model: ModelConfig
+    pruner: PrunerConfig
+    sparsity: SparsityConfig
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    cache_dir: str | None = None
+    data_dir: str | None = None
+    eval: EvalConfig | None = None
+    dense_ppl: bool = True
+    pruned_ppl: bool = True
+    sample: tuple[str, int] | None = None
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
+    keep_masks: bool = False
+
+
+@dataclass
+class PrunedModel:
+    """The pruning phase's result: the pruned (frozen, CPU) model and what the later phases need of pruning.
+
+    On ranks other than 0 ``model`` is the ``meta`` skeleton (unless restored everywhere) and ``masks``,
+    ``zeros``, ``result.report`` are empty.
+    """
+
+    model: nn.Module
+    tokenizer: Any
+    masks: MaskSet
+    zeros: ZeroPattern
+    result: PruneResult
+    ppl: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, dict[str, Any]] = field(default_factory=dict)
+    world: int = 1
+
+
+def ppl_text(entry: dict[str, Any] | None) -> str:
+    """``30.64 [27.1, 34.5] (wikitext2, seqlen 512, 8 windows; 41.2 s)`` — a perplexity entry in one log line."""
+    if not entry:
+        return "-"
+    interval = (f" [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
+                if entry.get("ci_low") is not None and entry.get("ci_high") is not None else "")
+    how = "cached" if entry.get("cache_hit") else f"{entry.get('seconds', 0):.1f} s"
+    return (f"{entry['ppl']:.2f}{interval} ({entry.get('source')}, seqlen {entry.get('seqlen')}, "
+            f"{entry.get('windows')} windows; {how})")
+
+
+def sample(prompt: str, max_new_tokens: int, model: nn.Module, tokenizer: Any) -> dict[str, Any]:
+    """A greedy completion of ``prompt`` (Alpaca template), logged as it is made."""
+    out = generate_text(model, tokenizer, prompt, max_new_tokens=max_new_tokens).to_dict()
+    for key in ("token_ids", "text", "prompt"):
+        out.pop(key, None)
+    log.info("completion: %r", out["completion"])
+    return out
+
+
+def _ppl(off: OffloadedModel, tokenizer: Any, settings: PruningSettings, which: str) -> dict[str, Any]:
+    """The dense or pruned perplexity over every rank, through the perplexity cache."""
+    weights = (weights_key(settings.model) if which == "dense" else
+               weights_key(settings.model, settings.pruner, settings.sparsity, settings.calibration, settings.data_dir))
+    entry = cached_offloaded_perplexity(off, tokenizer, settings.eval, weights, settings.cache_dir, settings.data_dir)
+    if off.ctx.is_main:
+        log.info("%s perplexity: %s", which, ppl_text(entry))
+    return entry
+
+
+def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: Any, ctx: DistContext,
+                everywhere: bool = True) -> PrunedModel:
+    """Load (when ``model`` is None), measure, prune through the cache and measure again, on every rank."""
+    seconds: dict[str, float] = {}
+    start = time.perf_counter()
+    if model is None:
+        if ctx.is_main:
+            log.info("prune phase: loading model %s", settings.model.name)
+        model = load_for_rank(settings.model, ctx.rank)
+        seconds["load_model"] = round(time.perf_counter() - start, 2)
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.model)
+    samples = {}
+    if settings.sample and not ctx.distributed:
+        samples["dense"] = sample(*settings.sample, model, tokenizer)
+    off = OffloadedModel(model, ctx)
+    measure = settings.eval is not None and settings.eval.ppl
+    ppl = {"dense": _ppl(off, tokenizer, settings, "dense")} if measure and settings.dense_ppl else {}
+    t0 = time.perf_counter()
+    if ctx.is_main:
+        log.info("pruning: %s %s on %d rank(s) (calibration: %d × %d tokens of %s)", settings.pruner.name,
+                 settings.sparsity.name, ctx.world, settings.calibration.nsamples, settings.calibration.seqlen,
+                 settings.calibration.source)
+    result = prune_cached(off, tokenizer, settings.model, settings.pruner, settings.sparsity, settings.calibration,
+                          settings.cache_dir or "~/.cache/spp", settings.data_dir, keep_masks=settings.keep_masks,
+                          lock_timeout_s=settings.lock_timeout_s)
+    seconds["prune_or_load"] = round(time.perf_counter() - t0, 2)
+    _log_result(result, settings, seconds["prune_or_load"], ctx)
+    if measure and settings.pruned_ppl:
+        ppl["pruned"] = _ppl(off, tokenizer, settings, "pruned")
+    model = off.restore(everywhere=everywhere)
+    if samples:
+        samples["pruned"] = sample(*settings.sample, model, tokenizer)
+    zeros = result.zeros if result.zeros is not None else ZeroPattern(result.masks)
+    return PrunedModel(model, tokenizer, result.masks, zeros, result, ppl, seconds, samples, ctx.world)
+
+
+def _log_result(result: PruneResult, settings: PruningSettings, seconds: float, ctx: DistContext) -> None:
+    if not ctx.is_main:
+        return
+    overall = result.report.overall
+    log.info("pruned: %s %s, sparsity %.4f over %d matrices%s; %s in %.1f s (%s)", settings.pruner.name,
+             settings.sparsity.name, overall.get("sparsity", float("nan")), overall.get("layers", 0),
+             f", N:M valid: {overall['nm_valid']}" if overall.get("nm_valid") is not None else "",
+             "cache hit" if result.cache_hit else "pruned", seconds, result.cache_path or "no cache")
+
+
+class PruningCallback(L.Callback):
+    """Prunes ``pl_module.model`` in ``setup`` on every rank (see the module docstring).
+
+    Args:
+        settings: What to prune and measure.
+        tokenizer: The model's tokenizer (loaded from ``settings.model`` when ``None``).
+        everywhere: After pruning, give every rank a full copy of the pruned model (``False``: only rank 0; the
+            others keep the ``meta`` skeleton for ``configure_model`` to fill).
+    """
+
+    def __init__(self, settings: PruningSettings, tokenizer: Any = None, everywhere: bool = True) -> None:
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.everywhere = everywhere
+        self.pruned: PrunedModel | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Prune once per job (a second ``fit``/``validate`` on the same trainer re-uses the result)."""
+        if self.pruned is not None:
+            return
+        ctx = DistContext.current(trainer.strategy.root_device)
+        self.pruned = prune_phase(self.settings, getattr(pl_module, "model", None), self.tokenizer, ctx,
+                                  self.everywhere)
+        pl_module.model = self.pruned.model
+        if hasattr(pl_module, "masks"):
+            pl_module.masks = self.pruned.masks
+
+    def run_alone(self, device: Any = None) -> PrunedModel:
+        """The same phase without a Trainer, in this process on ``device`` (``adapter=none``: nothing to train)."""
+        self.pruned = prune_phase(self.settings, None, self.tokenizer, DistContext.current(device), self.everywhere)
+        return self.pruned
