@@ -2,8 +2,9 @@
 
 Each run trains the same global batch as a single-process reference and must end with the same adapter; the
 zeros are audited during training, and the merged model reloads with ``AutoModelForCausalLM``. The DDP run also
-makes pruning and the final evaluation slower than the process-group timeout: nothing waits on a collective
-while rank 0 prunes or evaluates, so it still succeeds.
+makes pruning (on every rank, in the setup callback) and the final evaluation (rank 0 alone, after the process
+group is closed) slower than the process-group timeout: no rank waits on a collective while another works, so it
+still succeeds.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import os, time
 import spp.pruning.cache as cache
 import spp.training.phases as phases
 
-_prune, _ppl = cache.prune_model, phases.cached_perplexity
+_prune, _ppl = cache.prune_offloaded, phases.cached_perplexity
 
 def slow_prune(*args, **kwargs):
     time.sleep({SLOW_S})
@@ -48,7 +49,7 @@ def slow_ppl(*args, **kwargs):
     return _ppl(*args, **kwargs)
 
 if os.environ.get("SPP_TEST_SLOW"):
-    cache.prune_model, phases.cached_perplexity = slow_prune, slow_ppl
+    cache.prune_offloaded, phases.cached_perplexity = slow_prune, slow_ppl
 """
 
 
