@@ -62,12 +62,14 @@ def single(tmp_path_factory):
     return load_file(tmp / "run" / "adapter" / "adapter_model.safetensors")
 
 
-def _train_2_ranks(tmp: Path, strategy: str, *extra: str, env: dict[str, str] | None = None) -> dict:
-    run = tmp / strategy
+def _train_2_ranks(tmp: Path, strategy: str, *extra: str, env: dict[str, str] | None = None,
+                   torchrun: bool = False) -> dict:
+    run = tmp / (strategy + ("-torchrun" if torchrun else ""))
     args = [*COMMON, f"strategy={strategy}", "trainer.accelerator=cpu", "trainer.devices=2",
             "data.train_batch_size=2", f"run_dir={run}", f"cache_dir={tmp / 'cache'}", *extra]
-    proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] if torchrun else []
+    proc = subprocess.run([sys.executable, *launcher, "train.py", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=900, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads((run / "summary.json").read_text())
 
@@ -92,6 +94,22 @@ def _check(summary: dict, reference: dict[str, torch.Tensor]) -> None:
 
 def test_fsdp2_on_two_cpu_processes_matches_one_process(single, tmp_path):
     _check(_train_2_ranks(tmp_path, "fsdp"), single)
+
+
+def test_fsdp2_on_two_processes_started_by_torchrun_matches_one_process(single, tmp_path):
+    """As ``srun``/``torchrun`` start a job: both ranks run ``train.py`` from the start (no Lightning launcher),
+    prune together in the setup callback and train; the adapter is the single process's."""
+    summary = _train_2_ranks(tmp_path, "fsdp", torchrun=True)
+    assert summary["pruning"]["cache_hit"] is False
+    _check(summary, single)
+
+
+def test_masked_full_keeps_every_zero_under_fsdp2(tmp_path):
+    """FSDP2 writes sharded gradients past the weight's tensor hook; the module masks them before each step."""
+    summary = _train_2_ranks(tmp_path, "fsdp", "adapter=masked_full")
+    whens = [a["when"] for a in summary["sparsity"]["audits"]]
+    assert whens[0] == "fit_start" and "checkpoint@step2" in whens and whens[-1] == "merged", whens
+    assert summary["sparsity"]["before"] == summary["sparsity"]["after"] == 0.5
 
 
 def test_ddp_with_pruning_and_evaluation_slower_than_the_process_group_timeout(single, tmp_path):

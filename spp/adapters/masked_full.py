@@ -146,6 +146,38 @@ def _mask_grad(module: nn.Linear):
     return hook
 
 
+def mask_gradients(model: nn.Module) -> int:
+    """Zero the pruned entries of every masked layer's gradient; returns how many layers it masked.
+
+    The tensor hook of :func:`inject_masked_full` belongs to the weight object it was registered on. Sharding
+    (``fully_shard`` replaces each weight by a sharded ``DTensor`` and writes the reduce-scattered gradient there)
+    and materialising a replica from rank 0 (``to_empty``) make new weight objects, so the hook is lost there.
+    Called before every optimizer step (``SPPModule.on_before_optimizer_step``, before clipping), this masks the
+    gradient wherever it lives: a plain tensor whole, a ``DTensor`` in the rows of this rank's shard (FSDP2 shards
+    dim 0 in ``torch.chunk`` pieces). Masking is element-wise, so masking after the cross-rank average gives the
+    average of masked gradients.
+    """
+    from torch.distributed.tensor import DTensor
+
+    done = 0
+    for module in masked_full_layers(model).values():
+        grad = module.weight.grad
+        if grad is None:
+            continue
+        if not isinstance(grad, DTensor):
+            keep = unpack_rows(getattr(module, MASK_BUFFER), grad.shape[-1]).to(grad.device)
+            grad.masked_fill_(~keep, 0.0)
+            done += 1
+            continue
+        local = grad.to_local()
+        rows = module.weight.shape[0]
+        offset = min(grad.device_mesh.get_local_rank() * -(-rows // grad.device_mesh.size()), rows)
+        packed = getattr(module, MASK_BUFFER)[offset : offset + local.shape[0]]
+        local.masked_fill_(~unpack_rows(packed, module.weight.shape[1]).to(local.device), 0.0)
+        done += 1
+    return done
+
+
 def inject_masked_full(
     model: nn.Module,
     masks: Mapping[str, torch.Tensor] | None = None,

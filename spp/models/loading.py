@@ -166,7 +166,7 @@ def load_config(cfg: ModelConfig | Mapping[str, Any] | str) -> Any:
 
         return tiny_llama_config(**cfg.arch)
     try:
-        return AutoConfig.from_pretrained(where, gguf_file=gguf_file) if gguf_file else AutoConfig.from_pretrained(where)
+        return AutoConfig.from_pretrained(where, **({"gguf_file": gguf_file} if gguf_file else {}))
     except (OSError, ValueError, struct.error) as err:
         raise FileNotFoundError(f"could not read the config of model.path={cfg.path!r}: {err}") from err
 

@@ -28,7 +28,8 @@ def params_to_meta(model: nn.Module) -> None:
     for name, param in list(model.named_parameters(remove_duplicate=False)):
         owner, _, attr = name.rpartition(".")
         if id(param) not in replaced:
-            replaced[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
+            meta = torch.empty_like(param, device="meta")
+            replaced[id(param)] = nn.Parameter(meta, requires_grad=param.requires_grad)
         modules[owner]._parameters[attr] = replaced[id(param)]
 
 

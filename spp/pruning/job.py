@@ -1,4 +1,9 @@
-"""What ``prune.py`` does: load a model, prune it (through the cache), audit the zeros and save it."""
+"""What ``prune.py`` does: load a model, prune it (through the cache) on one or N ranks, audit the zeros, save it.
+
+The ranks come from Lightning Fabric: ``devices=N`` starts them on one machine, and processes started together by
+``torchrun`` or ``srun`` are taken as they are. Every rank runs its share of the calibration batches; global rank
+0 holds the weights and writes the outputs.
+"""
 
 from __future__ import annotations
 
@@ -10,31 +15,48 @@ import torch
 from omegaconf import OmegaConf
 
 from spp.atomic import write_dir_atomic, write_json_atomic, write_text_atomic
-from spp.models.loading import load_model
-from spp.pruning.cache import get_or_prune
+from spp.distributed import DistContext
+from spp.models.loading import load_for_rank, load_tokenizer
+from spp.models.offload import OffloadedModel
+from spp.pruning.cache import prune_cached
 from spp.pruning.config import PruneJobConfig
-from spp.pruning.engine import prune_model
+from spp.pruning.engine import prune_offloaded
 from spp.pruning.patterns import sparsity_summary
 from spp.pruning.targets import target_linears
 
 
-def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any]:
-    """Load, prune (through the cache unless ``use_cache=false``), audit and save; returns the timing record.
+def processes(job: PruneJobConfig) -> DistContext:
+    """Start (or join) the job's processes with Lightning Fabric; the context of this one."""
+    from lightning.fabric import Fabric
+
+    world = job.devices * job.num_nodes
+    fabric = Fabric(accelerator=job.accelerator if job.device is None else ("cpu" if job.device == "cpu" else "gpu"),
+                    devices=job.devices, num_nodes=job.num_nodes, strategy="ddp" if world > 1 else "auto")
+    fabric.launch()
+    return DistContext.current(job.device if job.device is not None and world == 1 else fabric.device)
+
+
+def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
+    """Load, prune (through the cache unless ``use_cache=false``), audit and save; returns the timing record
+    (``None`` on ranks other than 0).
 
     Writes ``mask_summary.json`` (per-layer and overall exact-zero sparsity, N:M audit), ``report.md``,
     ``timing.json`` (with ``cache_hit``) and, with ``save_model``, ``model/`` (``save_pretrained`` + tokenizer).
     """
+    ctx = processes(job)
     t_start = time.perf_counter()
     torch.manual_seed(job.seed)
-    model, tokenizer = load_model(job.model)
-    timing: dict[str, Any] = {"load_model": time.perf_counter() - t_start}
+    model, tokenizer = load_for_rank(job.model, ctx.rank), load_tokenizer(job.model)
+    timing: dict[str, Any] = {"load_model": time.perf_counter() - t_start, "ranks": ctx.world}
+    off = OffloadedModel(model, ctx)
     if job.use_cache:
-        result = get_or_prune(
-            model, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir, job.data_dir,
-            job.device,
-        )
+        result = prune_cached(off, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
+                              job.data_dir, lock_timeout_s=job.cache_lock_timeout_s)
     else:
-        result = prune_model(model, tokenizer, job.pruner, job.sparsity, job.calibration, job.data_dir, job.device)
+        result = prune_offloaded(off, tokenizer, job.pruner, job.sparsity, job.calibration, job.data_dir)
+    model = off.restore()
+    if not ctx.is_main:
+        return None
     timing.update(prune=result.timings, cache_hit=result.cache_hit, cache_path=result.cache_path)
     nm = (job.sparsity.n, job.sparsity.m) if job.sparsity.kind == "nm" else (None, None)
     summary = sparsity_summary({n: m.weight for n, m in target_linears(model, job.pruner.targets).items()}, *nm)

@@ -87,6 +87,17 @@ class BlockRunner:
         """Parameters outside the decoder blocks (embeddings, final norm, LM head)."""
         return self.off.names_outside(self.prefix)
 
+    @property
+    def before_blocks(self) -> list[str]:
+        """What the head needs: the parameters outside the blocks but the LM head's own (unless it is tied)."""
+        head = self.off.model.get_output_embeddings() if hasattr(self.off.model, "get_output_embeddings") else None
+        own = {id(p) for p in head.parameters()} if head is not None else set()
+        embeddings = self.off.model.get_input_embeddings() if hasattr(self.off.model, "get_input_embeddings") else None
+        shared = {id(p) for p in embeddings.parameters()} if embeddings is not None else set()
+        skip = own - shared
+        named = dict(self.off.model.named_parameters(remove_duplicate=False))
+        return [n for n in self.outside if id(named[n]) not in skip]
+
     @torch.no_grad()
     def head(self, batches: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
         """Hidden states entering block 0 and the keyword arguments the model passes its blocks, per batch."""
@@ -101,7 +112,7 @@ class BlockRunner:
 
         handle = self.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
         try:
-            with self.off.onloaded(self.outside):
+            with self.off.onloaded(self.before_blocks):
                 for ids in batches:
                     try:
                         self.off.model(input_ids=ids.to(self.device), use_cache=False)

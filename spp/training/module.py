@@ -14,6 +14,7 @@ from transformers import get_scheduler
 
 from spp.adapters.base import Masks, ParamCounts, count_parameters
 from spp.adapters.config import AdapterConfig
+from spp.adapters.masked_full import mask_gradients
 from spp.adapters.registry import apply_adapter
 from spp.distributed import DistContext
 from spp.training.config import StrategyConfig, TrainerConfig
@@ -151,6 +152,11 @@ class SPPModule(L.LightningModule):
     def train_losses(self) -> list[float]:
         """Per-micro-batch training losses (one host transfer, at the end)."""
         return torch.stack(self._losses).float().cpu().tolist() if self._losses else []
+
+    def on_before_optimizer_step(self, optimizer: Any) -> None:
+        """Masked full fine-tuning: zero the pruned entries of the (possibly sharded) gradients before clipping and
+        the step (:func:`~spp.adapters.masked_full.mask_gradients`)."""
+        mask_gradients(self.model)
 
     # ----------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict[str, Any]:

@@ -30,17 +30,18 @@ UNSUPPORTED = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 _probed: set[str] = set()
 
 
-def check_locks_work(directory: Path) -> None:
-    """Take and release an ``flock`` on a probe file in ``directory`` (once per directory and process).
+def check_locks_work(path: Path) -> None:
+    """Try an ``flock`` on the lock file ``path`` (once per directory and process): taken and released, or held
+    by another job, both mean locks work.
 
     Raises:
-        UserError: the filesystem of ``directory`` refuses ``flock`` (names the directory and the fix).
+        UserError: the filesystem refuses ``flock`` (names the directory and the fix).
     """
+    directory = path.parent
     if str(directory) in _probed:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    probe = directory / ".flock-probe"
-    fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
@@ -51,7 +52,7 @@ def check_locks_work(directory: Path) -> None:
                 f"{os.strerror(err.errno)}), so concurrent jobs could prune and write the same entry twice",
                 "put cache_dir= on a filesystem with flock (a local disk, or Lustre/NFS mounted with flock; see "
                 "docs/sweeps.md)", key="cache_dir") from err
-        if err.errno not in (errno.EAGAIN, errno.EACCES):
+        if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
             raise
     finally:
         os.close(fd)
@@ -65,7 +66,7 @@ def entry_lock(entry: Path, timeout_s: float = 7200.0) -> Iterator[None]:
     Raises:
         UserError: the filesystem refuses locks, or another job held the lock for ``timeout_s`` seconds.
     """
-    check_locks_work(entry.parent)
+    check_locks_work(Path(f"{entry}.lock"))
     lock = FileLock(f"{entry}.lock")
     try:
         lock.acquire(timeout=0)
