@@ -214,8 +214,7 @@ class _Run:
                 targets = block_linears(block, self.pruner.cfg.targets)
                 for group in sublayer_groups(targets, true_sequential):
                     stats = self.statistics(block, targets, group, hidden, kwargs)
-                    for name in group:
-                        self.decide(f"{self.runner.prefix}.{i}.{name}", name, targets[name], stats.get(name))
+                    self.decide(f"{self.runner.prefix}.{i}", group, targets, stats)
                 if self.pruner.needs_calibration:
                     t0 = time.perf_counter()
                     hidden = self.runner.run(block, hidden, kwargs)
@@ -251,20 +250,29 @@ class _Run:
                             "pruned or cached", "check the model's weights (model.path: a NaN in a norm or earlier "
                             "layer) and the calibration data (calibration.source)", key="model.path")
 
-    def decide(self, qualified: str, leaf_path: str, linear: nn.Linear, stats: InputStatistics | None) -> None:
-        """Prune one matrix on every rank (solved here, or by its owner and broadcast) and record the result."""
-        t0 = time.perf_counter()
-        leaf = leaf_path.rsplit(".", 1)[-1]
-        if self.pruner.uses_hessian:
-            out = self._solve_on_owner(leaf, linear, stats)
-        else:
-            out = self.pruner.solve(leaf, linear.weight, stats, self.sparsity)
-        weight = linear.weight
-        if out.weight is not None:
-            weight.copy_(out.weight.to(weight.device, weight.dtype))
-        weight.masked_fill_(~out.mask.to(weight.device), 0)
-        self.matrices += 1
-        seconds = time.perf_counter() - t0
+    def decide(self, prefix: str, group: list[str], targets: dict[str, nn.Linear],
+               stats: dict[str, InputStatistics]) -> None:
+        """Prune the matrices of ``group`` on every rank and record them.
+
+        Cheap rules are solved by every rank. Hessian rules are solved by each matrix's owner, all owners at once
+        (the matrices of a group are independent), then each result is broadcast from its owner in order.
+        """
+        owned = self._solve_owned(group, targets, stats) if self.pruner.uses_hessian else {}
+        for k, name in enumerate(group):
+            t0 = time.perf_counter()
+            linear, leaf = targets[name], name.rsplit(".", 1)[-1]
+            if self.pruner.uses_hessian:
+                out = self._share(self.ctx.owner(self.matrices + k), owned.get(k), linear)
+            else:
+                out = self.pruner.solve(leaf, linear.weight, stats.get(name), self.sparsity)
+            weight = linear.weight
+            if out.weight is not None:
+                weight.copy_(out.weight.to(weight.device, weight.dtype))
+            weight.masked_fill_(~out.mask.to(weight.device), 0)
+            self._record(f"{prefix}.{name}", out, weight, time.perf_counter() - t0 + out.info.pop("_seconds", 0.0))
+        self.matrices += len(group)
+
+    def _record(self, qualified: str, out: MatrixOutcome, weight: torch.Tensor, seconds: float) -> None:
         self.timings["pruning"] += seconds
         if self.keep:
             self.masks.set(qualified, out.mask)
@@ -273,25 +281,36 @@ class _Run:
             self.layers.update(sparsity_summary({qualified: weight}, *_nm(self.sparsity))["layers"])
             self.extras[qualified] = {"seconds": seconds, **out.info}
 
-    def _solve_on_owner(self, leaf: str, linear: nn.Linear, stats: InputStatistics | None) -> MatrixOutcome:
-        owner = self.ctx.owner(self.matrices)
-        out, status = None, None
-        if self.ctx.rank == owner:
+    def _solve_owned(self, group: list[str], targets: dict[str, nn.Linear],
+                     stats: dict[str, InputStatistics]) -> dict[int, MatrixOutcome | Exception]:
+        """The outcomes of the matrices this rank owns in ``group`` (an error is kept, to be broadcast)."""
+        owned: dict[int, MatrixOutcome | Exception] = {}
+        for k, name in enumerate(group):
+            if self.ctx.owner(self.matrices + k) != self.ctx.rank:
+                continue
+            t0 = time.perf_counter()
             try:
-                out = self.pruner.solve(leaf, linear.weight, stats, self.sparsity)
-                status = {"info": out.info}
+                owned[k] = self.pruner.solve(name.rsplit(".", 1)[-1], targets[name].weight, stats[name], self.sparsity)
+                owned[k].info["_seconds"] = time.perf_counter() - t0
             except (ValueError, RuntimeError) as err:  # every rank must learn of it, not wait for the tensors
-                status = {"error": err}
+                owned[k] = err
+        return owned
+
+    def _share(self, owner: int, out: MatrixOutcome | Exception | None, linear: nn.Linear) -> MatrixOutcome:
+        """The owner's outcome on every rank: its status first (an error ends every rank), then mask and weight."""
+        status = {"error": out} if isinstance(out, Exception) else ({"info": out.info} if out is not None else None)
         status = self.ctx.broadcast_object(status, src=owner)
         if "error" in status:
             raise status["error"]
         weight = linear.weight.detach()
-        new = out.weight.to(weight.device, weight.dtype) if out is not None else torch.empty_like(weight)
-        mask = out.mask.to(weight.device, torch.uint8) if out is not None else torch.empty(
+        mine = isinstance(out, MatrixOutcome)
+        new = out.weight.to(weight.device, weight.dtype) if mine else torch.empty_like(weight)
+        mask = out.mask.to(weight.device, torch.uint8) if mine else torch.empty(
             weight.shape, dtype=torch.uint8, device=weight.device)
         self.ctx.broadcast_(new, src=owner)
         self.ctx.broadcast_(mask, src=owner)
-        return MatrixOutcome(mask.bool(), new, status["info"])
+        info = dict(status["info"])
+        return MatrixOutcome(mask.bool(), new, info)
 
 
 def _nm(sparsity: SparsityConfig) -> tuple[int | None, int | None]:

@@ -1,0 +1,130 @@
+"""What pruning a model costs on N GPUs: host RAM per node, GPU memory per device and time, from the config alone.
+
+The placement is the engine's (``spp/pruning/engine.py``): global rank 0 holds the weights in host memory, every
+rank onloads one decoder block at a time and runs its share (1/N) of the calibration batches through it. Memory
+is counted from the tensors the engine keeps; time from FLOPs at the stated throughputs (:class:`Hardware`), so
+it is an estimate, not a measurement. SparseGPT's per-column loop is bounded by kernel launches and host syncs,
+counted per column (the issue-29 estimate: ≈ 10 min for 70B on one H100).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from spp.planning.shapes import ModelShape
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Throughputs and fixed costs the estimate assumes (an 8 x H100 80 GB SXM node by default).
+
+    Attributes:
+        gpu_gib: Memory of one GPU.
+        gpus_per_node: GPUs (ranks) per node.
+        bf16_tflops: Sustained bf16 matmul throughput of the calibration forward passes (H100 peak 989 dense).
+        fp32_tflops: Sustained fp32 throughput with TF32 off (SparseGPT's Hessians; H100 peak 67).
+        column_overhead_s: SparseGPT's per-column cost beyond FLOPs (launches and a host sync per column).
+        h2d_gbps: Host-to-device copy rate of rank 0 (pageable memory).
+        broadcast_gbps: NCCL broadcast rate between the node's GPUs (NVLink).
+        disk_gbps: Read rate of the checkpoint when rank 0 loads it.
+        process_host_gib: Host memory of one rank's process before any weight (Python, torch, CUDA context).
+        process_gpu_gib: GPU memory of the CUDA context and allocator slack.
+    """
+
+    gpu_gib: float = 80.0
+    gpus_per_node: int = 8
+    bf16_tflops: float = 300.0
+    fp32_tflops: float = 50.0
+    column_overhead_s: float = 100e-6
+    h2d_gbps: float = 10.0
+    broadcast_gbps: float = 100.0
+    disk_gbps: float = 2.0
+    process_host_gib: float = 3.0
+    process_gpu_gib: float = 1.0
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibration run: ``nsamples`` windows of ``seqlen`` tokens, ``batch_size`` windows per forward."""
+
+    nsamples: int = 128
+    seqlen: int = 2048
+    batch_size: int = 8
+
+
+def _hessian_bytes(shape: ModelShape, true_sequential: bool) -> int:
+    """fp32 X Xᵀ held at once: the group calibrated together (all linears, or the largest sublayer group)."""
+    sizes = {leaf: i * i * 4 for leaf, (_o, i) in shape.linears.items()}
+    if not true_sequential:
+        return sum(sizes.values())
+    groups = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
+    return max(sum(sizes.get(leaf, 0) for leaf in group) for group in groups)
+
+
+def _solve_bytes(shape: ModelShape) -> int:
+    """SparseGPT's temporaries for the largest matrix: W and H⁻¹'s factor in fp32, block buffers, masks."""
+    return max(o * i * 4 + 2 * i * i * 4 + 3 * o * 128 * 4 + o * i for o, i in shape.linears.values())
+
+
+def gpu_bytes(shape: ModelShape, world: int, cal: Calibration, pruner: str, true_sequential: bool = False) -> int:
+    """Peak GPU memory of one rank while it prunes (the largest of: a block being calibrated, the head)."""
+    local_windows = -(-cal.nsamples // world)
+    hidden = local_windows * cal.seqlen * shape.hidden * shape.bytes_per_param * 2  # inputs and outputs of a block
+    batch = cal.batch_size * cal.seqlen
+    activations = batch * (3 * shape.intermediate + 6 * shape.hidden) * shape.bytes_per_param
+    stats = _hessian_bytes(shape, true_sequential) if pruner == "sparsegpt" else 0
+    solve = _solve_bytes(shape) if pruner == "sparsegpt" else max(o * i * 13 for o, i in shape.linears.values())
+    block = shape.block_bytes + hidden + activations + stats + solve
+    head = (shape.outside_params * shape.bytes_per_param + hidden
+            + batch * shape.vocab * 4)  # the tail's logits of one batch (perplexity)
+    return max(block, head)
+
+
+def host_bytes_per_node(shape: ModelShape, world: int, hw: Hardware, cal: Calibration) -> dict[str, int]:
+    """Host memory of the node holding rank 0: the weights once, the packed masks, one block in flight, the
+    processes; and of any other node (no weights)."""
+    rank0 = shape.weight_bytes + shape.pruned_params // 8 + shape.block_bytes + cal.nsamples * cal.seqlen * 8
+    processes = int(min(world, hw.gpus_per_node) * hw.process_host_gib * GIB)
+    return {"rank0_node": rank0 + processes, "other_nodes": processes, "weights": shape.weight_bytes,
+            "masks": shape.pruned_params // 8}
+
+
+def seconds(shape: ModelShape, world: int, hw: Hardware, cal: Calibration, pruner: str,
+            true_sequential: bool = False) -> dict[str, float]:
+    """Estimated wall seconds of pruning on ``world`` GPUs, by part (see :class:`Hardware` for the rates)."""
+    tokens = cal.nsamples * cal.seqlen
+    groups = 4 if true_sequential else 1
+    forward_flops = 2 * shape.block_params * tokens * (groups + 1) * shape.blocks
+    attention_flops = 4 * cal.seqlen * shape.hidden * tokens * (groups + 1) * shape.blocks
+    out = {"load": shape.weight_bytes / (hw.disk_gbps * 1e9),
+           "onload": shape.weight_bytes / (hw.h2d_gbps * 1e9)
+           + (shape.weight_bytes / (hw.broadcast_gbps * 1e9) if world > 1 else 0.0),
+           "forward": (forward_flops + attention_flops) / world / (hw.bf16_tflops * 1e12)}
+    if pruner == "sparsegpt":
+        hessian_flops = sum(2 * tokens * i * i for _o, i in shape.linears.values()) * shape.blocks
+        out["hessians"] = hessian_flops / world / (hw.fp32_tflops * 1e12)
+        solves = sorted((i * hw.column_overhead_s + (2 * o * i * 128 + 2 * i**3) / (hw.fp32_tflops * 1e12)
+                         for o, i in shape.linears.values()), reverse=True)
+        per_rank = [sum(solves[r::world]) for r in range(min(world, len(solves)))]  # owners round robin
+        out["solve"] = max(per_rank) * shape.blocks
+        out["reduce_broadcast"] = (sum(i * i * 4 for _o, i in shape.linears.values()) + shape.block_bytes
+                                   ) * shape.blocks / (hw.broadcast_gbps * 1e9) if world > 1 else 0.0
+    else:
+        out["solve"] = sum(o * i for o, i in shape.linears.values()) * shape.blocks * 20 / (hw.bf16_tflops * 1e12)
+    out["total"] = sum(out.values())
+    return out
+
+
+def plan(shape: ModelShape, world: int, pruner: str = "sparsegpt", hw: Hardware | None = None,
+         cal: Calibration | None = None, true_sequential: bool = False) -> dict[str, Any]:
+    """The pruning plan of ``shape`` on ``world`` GPUs: memory per node and device, time, and the assumptions."""
+    hw, cal = hw or Hardware(), cal or Calibration()
+    gpu = gpu_bytes(shape, world, cal, pruner, true_sequential) + int(hw.process_gpu_gib * GIB)
+    host = host_bytes_per_node(shape, world, hw, cal)
+    return {"model": shape.name, "params": shape.params, "world": world, "pruner": pruner,
+            "gpu_bytes_per_device": gpu, "gpu_fits": gpu <= hw.gpu_gib * GIB, "host_bytes": host,
+            "seconds": seconds(shape, world, hw, cal, pruner, true_sequential),
+            "hardware": asdict(hw), "calibration": asdict(cal)}

@@ -1,0 +1,91 @@
+"""A model's sizes from its config alone: the skeleton is built on the ``meta`` device, no weight is read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from spp.pruning.targets import block_linears, decoder_layers
+
+
+@dataclass
+class ModelShape:
+    """Parameter counts of a decoder-only causal LM, per part.
+
+    Attributes:
+        name: The model's name.
+        blocks: Number of decoder blocks.
+        block_params: Parameters of one decoder block.
+        outside_params: Parameters outside the blocks (embeddings, final norm, LM head; a tied head once).
+        embedding_params: Parameters of the input embedding.
+        linears: ``(out_features, in_features)`` of each prunable linear of one block, by leaf name.
+        hidden: Hidden size.
+        intermediate: MLP width.
+        vocab: Vocabulary size.
+        bytes_per_param: Bytes per weight in the model's dtype.
+    """
+
+    name: str
+    blocks: int
+    block_params: int
+    outside_params: int
+    embedding_params: int
+    linears: dict[str, tuple[int, int]] = field(default_factory=dict)
+    hidden: int = 0
+    intermediate: int = 0
+    vocab: int = 0
+    bytes_per_param: int = 2
+
+    @property
+    def params(self) -> int:
+        """All parameters (tied ones once)."""
+        return self.blocks * self.block_params + self.outside_params
+
+    @property
+    def pruned_params(self) -> int:
+        """Weights of the prunable linears over every block."""
+        return self.blocks * sum(o * i for o, i in self.linears.values())
+
+    @property
+    def weight_bytes(self) -> int:
+        """The whole model in its dtype."""
+        return self.params * self.bytes_per_param
+
+    @property
+    def block_bytes(self) -> int:
+        """One decoder block in the model's dtype."""
+        return self.block_params * self.bytes_per_param
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, with the derived totals."""
+        return {**self.__dict__, "linears": {k: list(v) for k, v in self.linears.items()}, "params": self.params,
+                "pruned_params": self.pruned_params, "weight_bytes": self.weight_bytes}
+
+
+def shape_of(model: nn.Module, name: str, targets: list[str], bytes_per_param: int) -> ModelShape:
+    """The :class:`ModelShape` of ``model`` (any device, ``meta`` included)."""
+    _prefix, layers = decoder_layers(model)
+    block = layers[0]
+    block_params = sum(p.numel() for p in block.parameters())
+    total = sum(p.numel() for p in model.parameters())  # ``parameters()`` counts a tied head once
+    config = model.config
+    embedding = model.get_input_embeddings()
+    linears = {n.rsplit(".", 1)[-1]: (m.out_features, m.in_features) for n, m in block_linears(block, targets).items()}
+    return ModelShape(
+        name=name, blocks=len(layers), block_params=block_params, outside_params=total - len(layers) * block_params,
+        embedding_params=sum(p.numel() for p in embedding.parameters()),
+        linears=linears,
+        hidden=int(config.hidden_size), intermediate=int(getattr(config, "intermediate_size", 0) or 0),
+        vocab=int(config.vocab_size), bytes_per_param=bytes_per_param)
+
+
+def shape_from_arch(name: str, arch: dict[str, Any], targets: list[str], bytes_per_param: int = 2) -> ModelShape:
+    """The shape of the LLaMA described by a model group's ``arch`` block (``conf/model/*.yaml``), on ``meta``."""
+    from accelerate import init_empty_weights
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with init_empty_weights():
+        model = LlamaForCausalLM(LlamaConfig(**arch))
+    return shape_of(model, name, targets, bytes_per_param)
