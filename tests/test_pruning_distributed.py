@@ -268,8 +268,8 @@ result = prune_cached(off, tiny_tokenizer(), cfg, PrunerConfig(name="wanda"),
                       CalibrationConfig(nsamples=10, seqlen=64, batch_size=2), sys.argv[1], SAMPLE_DATA_DIR)
 ppl = offloaded_perplexity(off, tiny_tokenizer(), seqlen=64, max_windows=3, data_dir=SAMPLE_DATA_DIR)
 dist.barrier()
-print(json.dumps({{"rank": ctx.rank, "hit": result.cache_hit, "seconds": time.perf_counter() - start,
-                  "ppl": ppl.ppl}}))
+with open(f"{{sys.argv[4]}}.rank{{ctx.rank}}.json", "w") as fh:  # one file per rank: their stdout interleaves
+    json.dump({{"rank": ctx.rank, "hit": result.cache_hit, "seconds": time.perf_counter() - start, "ppl": ppl.ppl}}, fh)
 """
 
 
@@ -284,9 +284,9 @@ def test_three_ranks_survive_a_cache_read_slower_than_half_their_timeout(tmp_pat
     script.write_text(textwrap.dedent(SLOW_READ))
     read_s, timeout_s = 8.0, 12.0
     assert read_s < timeout_s < 2 * read_s
-    proc = torchrun(script, 3, str(tmp_path / "cache"), str(read_s), str(timeout_s))
+    proc = torchrun(script, 3, str(tmp_path / "cache"), str(read_s), str(timeout_s), str(tmp_path / "out"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) for r in range(3)]
     assert sorted(r["rank"] for r in rows) == [0, 1, 2]
     assert all(r["hit"] for r in rows) and len({r["ppl"] for r in rows}) == 1
     assert all(r["seconds"] >= read_s for r in rows)
@@ -318,7 +318,9 @@ prune_offloaded(off, None, PrunerConfig(name="magnitude"), SparsityConfig(name="
                 CalibrationConfig())
 off.restore()
 nbytes = sum(p.numel() * p.element_size() for p in model.parameters() if not p.is_meta)
-print(json.dumps({"rank": ctx.rank, "before": before, "loaded": loaded, "after": peak_mib(), "held_mib": nbytes / 2**20}))
+with open(f"{sys.argv[2]}.rank{ctx.rank}.json", "w") as fh:  # one file per rank: their stdout interleaves
+    row = {"rank": ctx.rank, "before": before, "loaded": loaded, "after": peak_mib(), "held_mib": nbytes / 2**20}
+    json.dump(row, fh)
 """
 
 
@@ -329,9 +331,9 @@ def test_the_other_rank_never_holds_a_copy_of_the_weights(tmp_path):
             "num_key_value_heads": 8, "vocab_size": 32000}
     script = tmp_path / "rss.py"
     script.write_text(RSS)
-    proc = torchrun(script, 2, json.dumps(arch))
+    proc = torchrun(script, 2, json.dumps(arch), str(tmp_path / "rss"))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    rows = {r["rank"]: r for r in (json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{"))}
+    rows = {r: json.loads((tmp_path / f"rss.rank{r}.json").read_text()) for r in range(2)}
     block_mib = (4 * 1024 * 1024 + 3 * 1024 * 2816) * 4 / 2**20
     model_mib = (2 * 32000 * 1024) * 4 / 2**20 + 8 * block_mib
     assert rows[0]["after"] - rows[0]["before"] >= 0.9 * model_mib  # the control: rank 0 does hold it
