@@ -93,10 +93,11 @@ class TrainerConfig:
         num_sanity_val_steps: Lightning ``num_sanity_val_steps``.
         log_every_n_steps: Logging interval in optimiser steps.
         checkpoint_every_n_steps: Adapter-only checkpoint every N optimiser steps (``None`` = each epoch end).
+            Ctrl-C always writes one of the step it finishes, and logs the command that resumes it.
         save_top_k: Adapter checkpoints kept (``-1`` = all); ``last.ckpt`` is always kept.
-        resume_from: Checkpoint to resume (adapter, optimizer, scheduler, loops, position in the epoch): a
-            ``.ckpt`` path, or ``last`` = ``<run_dir>/checkpoints/last.ckpt`` (pass the interrupted run's
-            ``run_dir=`` too, since every Hydra run gets a new directory).
+        resume_from: Checkpoint to resume (adapter, optimizer, scheduler, loops, position in the epoch, random
+            state: the run continues exactly): a ``.ckpt`` path, or ``last`` = ``<run_dir>/checkpoints/last.ckpt``
+            (pass the interrupted run's ``run_dir=`` too, since every Hydra run gets a new directory).
         progress_bar: ``rich``, ``tqdm``, ``log`` (one log line every ``progress_every_s`` seconds: step, loss,
             tokens/s, ETA; chosen automatically when stdout is not a terminal) or ``none``.
         progress_every_s: Seconds between two progress log lines (``progress_bar=log`` or stdout not a TTY).
