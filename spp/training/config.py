@@ -232,17 +232,35 @@ class GuardsConfig:
     Attributes:
         enabled: Check the run at all (the non-finite loss / gradient-norm stop is always on).
         max_ppl_ratio: ``diverged`` when the merged perplexity exceeds the pruned model's by more than this factor.
-        loss_must_fall: ``diverged`` when the mean of the last training losses exceeds the mean of the first
-            (a tenth of the steps each, at least 1, at most 10).
+        loss_must_fall: ``diverged`` when the training loss rose over the run: the mean of the last losses exceeds
+            the mean of the first (windows of a third of the steps, 2 to 10 each; 1 below 6 steps) by more than
+            twice the standard error of that difference *and* by more than 1 % of the first mean. Runs of fewer
+            than 4 steps are not judged (noise, not a trend).
+        loss_blowup_factor: Stop training early when the loss of ``loss_blowup_steps`` consecutive optimiser steps
+            is above ``loss_blowup_factor`` × the first step's loss, and above it by more than
+            ``loss_blowup_margin`` (nats). Defaults 3 × and 3 nats: a blown-up learning rate gives 4-20 × the
+            first loss within a few steps; normal runs of the shipped jobs stay under 2.1 × (their worst spike).
+        loss_blowup_margin: See ``loss_blowup_factor`` (keeps a run whose first batch happened to be easy going).
+        loss_blowup_steps: Consecutive optimiser steps above the bound before the run stops (``0`` = no early
+            stop; the finalize checks above still apply).
     """
 
     enabled: bool = True
     max_ppl_ratio: float = 2.0
     loss_must_fall: bool = True
+    loss_blowup_factor: float = 3.0
+    loss_blowup_margin: float = 3.0
+    loss_blowup_steps: int = 3
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.max_ppl_ratio) and self.max_ppl_ratio >= 1.0):
             raise ValueError(f"guards.max_ppl_ratio={self.max_ppl_ratio} must be a finite number >= 1")
+        if not (math.isfinite(self.loss_blowup_factor) and self.loss_blowup_factor > 1.0):
+            raise ValueError(f"guards.loss_blowup_factor={self.loss_blowup_factor} must be a finite number > 1")
+        if not (math.isfinite(self.loss_blowup_margin) and self.loss_blowup_margin >= 0.0):
+            raise ValueError(f"guards.loss_blowup_margin={self.loss_blowup_margin} must be a finite number >= 0")
+        if self.loss_blowup_steps < 0:
+            raise ValueError(f"guards.loss_blowup_steps={self.loss_blowup_steps} must be >= 0 (0 = off)")
 
 
 @dataclass

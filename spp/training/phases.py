@@ -178,7 +178,8 @@ def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[L
                                                                                        ProgressBar.tqdm))
     module = SPPModule(model, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls))
     auditor = SparsityAuditCallback(pruned.masks, pruned.zeros)
-    trainer = build_trainer(job, run_dir, loggers, [auditor, GuardsCallback(settings_of(job)), *(callbacks or [])])
+    guards = GuardsCallback(settings_of(job), job.guards)
+    trainer = build_trainer(job, run_dir, loggers, [auditor, guards, *(callbacks or [])])
     for logger in loggers:
         logger.log_metrics({f"params/{k}": float(v) for k, v in params.to_dict().items()}, step=0)
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
@@ -247,12 +248,46 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
     return result
 
 
+LOSS_MIN_STEPS = 4
+"""Fewer recorded training losses than this are not judged by ``guards.loss_must_fall`` (noise, not a trend)."""
+LOSS_RISE_Z = 2.0
+"""A rise counts only above this many standard errors of the difference of the two window means."""
+LOSS_RISE_RTOL = 0.01
+"""... and above this share of the first window's mean (5.504 -> 5.51 is not a rise)."""
+
+
+def loss_rise(losses: list[float]) -> str | None:
+    """Why the training loss rose over the run (``guards.loss_must_fall``), or ``None``.
+
+    Compares the mean of the first and of the last ``k`` losses (``k`` = a third of them, 2 to 10; 1 below 6
+    losses). Rose: the last mean is not finite, or exceeds the first by more than :data:`LOSS_RISE_Z` standard
+    errors of the difference *and* by more than :data:`LOSS_RISE_RTOL` of the first. Fewer than
+    :data:`LOSS_MIN_STEPS` losses are not judged.
+    """
+    n = len(losses)
+    if n < LOSS_MIN_STEPS:
+        return None
+    k = 1 if n < 6 else min(10, n // 3)
+    first, last = losses[:k], losses[-k:]
+    mean_first, mean_last = sum(first) / k, sum(last) / k
+    if not math.isfinite(mean_last):
+        return f"final training loss is {mean_last} (mean of the last {k})"
+    spread = 0.0
+    if k > 1:
+        var = (sum((x - mean_first) ** 2 for x in first) + sum((x - mean_last) ** 2 for x in last)) / (k - 1)
+        spread = math.sqrt(var / k)
+    margin = max(LOSS_RISE_Z * spread, LOSS_RISE_RTOL * abs(mean_first))
+    if mean_last - mean_first > margin:
+        return (f"final training loss {mean_last:.4g} exceeds the first {mean_first:.4g} (means of {k}) by more than "
+                f"{margin:.3g} (2 standard errors and 1 %)")
+    return None
+
+
 def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, result: FinalizeResult) -> list[str]:
     """Why the run must not be reported as a success (``guards.*``); empty when it may.
 
     Diverged: the merged perplexity is not finite or exceeds ``guards.max_ppl_ratio`` × the pruned model's, or
-    (``guards.loss_must_fall``) the mean of the last training losses exceeds the mean of the first (a tenth of
-    the recorded losses each, 1 to 10).
+    (``guards.loss_must_fall``) the training loss rose beyond its noise (:func:`loss_rise`).
     """
     if not job.guards.enabled:
         return []
@@ -264,12 +299,9 @@ def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, resu
         reasons.append(f"merged perplexity is {after}")
     elif after is not None and before is not None and math.isfinite(before) and after > ratio * before:
         reasons.append(f"merged perplexity {after:.4g} > guards.max_ppl_ratio={ratio:g} x pruned {before:.4g}")
-    losses = fitted.train_losses
-    if job.guards.loss_must_fall and get_method(job.adapter.name).trains and len(losses) >= 2:
-        k = max(1, min(10, len(losses) // 10))
-        first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-        if not math.isfinite(last) or last > first:
-            reasons.append(f"final training loss {last:.4g} exceeds the first {first:.4g} (mean of {k})")
+    rise = loss_rise(fitted.train_losses) if job.guards.loss_must_fall and get_method(job.adapter.name).trains else None
+    if rise:
+        reasons.append(rise)
     return reasons
 
 
