@@ -68,18 +68,23 @@ def test_a_normal_run_is_not_stopped():
     assert trainer.global_step == 20
 
 
+BLOWN_UP = {f"campaign16/lr_select/{m}" for m in ("lora/lr1e-1", "masked_full/lr1e-1", "sparse_lora/lr1e-1",
+                                                  "masked_full/lr1e-2")}
+"""The recorded runs whose loss blew up (learning-rate sweep trials: 4.3 -> 12 to 87 and still 7 to 10 at the end)."""
+
+
 def test_recorded_smollm2_runs():
     """Every training-loss history the repository ships (SmolLM2, ``experiments/results/runs``), replayed: the runs
-    at lr 0.1 that blew up (4.3 -> 32, 49, ...) stop within 3 steps of the blow-up; none of the others stops (the
-    README main job, the campaign, lr 1e-4 to 2e-2, including a LoRA run whose loss doubled once)."""
+    that blew up stop within 3 steps of it; none of the others does (the README main job, the campaign, lr 1e-4 to
+    2e-2, a LoRA run whose loss doubled for one step, a 75 %-sparse LoRA run swinging between 5.8 and 12.8)."""
     histories = {}
     for path in sorted(RUNS.rglob("summary.json")):
         summary = json.loads(path.read_text())
         losses = (summary.get("losses") or {}).get("train") or []
         if len(losses) >= 2 and summary["config"]["trainer"].get("accumulate_grad_batches", 1) == 1:
-            histories[str(path.parent.relative_to(RUNS))] = (summary["config"]["trainer"]["lr"], losses)
-    assert "main_job_timing/first_run" in histories and len(histories) > 40
-    for name, (lr, losses) in histories.items():
+            histories[str(path.parent.relative_to(RUNS))] = losses
+    assert "main_job_timing/first_run" in histories and BLOWN_UP <= set(histories) and len(histories) > 40
+    for name, losses in histories.items():
         guard = GuardsCallback(guards=GuardsConfig())
         stopped = None
         for step, loss in enumerate(losses, 1):
@@ -88,11 +93,11 @@ def test_recorded_smollm2_runs():
             except DivergedError:
                 stopped = step
                 break
-        if lr >= 0.1 and max(losses) > 5 * losses[0]:
-            first_above = next(i for i, v in enumerate(losses, 1) if v > 3 * losses[0])
+        if name in BLOWN_UP:
+            first_above = next(i for i, v in enumerate(losses, 1) if v > 2 * losses[0])
             assert stopped is not None and stopped - first_above <= 2, (name, stopped, first_above)
         else:
-            assert stopped is None, (name, lr, losses)
+            assert stopped is None, (name, losses)
 
 
 def test_blowup_decision_is_the_same_on_every_rank():

@@ -238,8 +238,9 @@ class GuardsConfig:
             than 4 steps are not judged (noise, not a trend).
         loss_blowup_factor: Stop training early when the loss of ``loss_blowup_steps`` consecutive optimiser steps
             is above ``loss_blowup_factor`` × the first step's loss, and above it by more than
-            ``loss_blowup_margin`` (nats). Defaults 3 × and 3 nats: a blown-up learning rate gives 4-20 × the
-            first loss within a few steps; normal runs of the shipped jobs stay under 2.1 × (their worst spike).
+            ``loss_blowup_margin`` (nats). Defaults 2 × and 3 nats: a blown-up learning rate gives 2.5 × (SPP on
+            SmolLM2 at lr 1e3: the loss of uniform guessing) to 20 × the first loss within a few steps; no recorded
+            run that converged spent even 2 steps in a row above it (worst spike: 2.04 ×, once).
         loss_blowup_margin: See ``loss_blowup_factor`` (keeps a run whose first batch happened to be easy going).
         loss_blowup_steps: Consecutive optimiser steps above the bound before the run stops (``0`` = no early
             stop; the finalize checks above still apply).
@@ -248,7 +249,7 @@ class GuardsConfig:
     enabled: bool = True
     max_ppl_ratio: float = 2.0
     loss_must_fall: bool = True
-    loss_blowup_factor: float = 3.0
+    loss_blowup_factor: float = 2.0
     loss_blowup_margin: float = 3.0
     loss_blowup_steps: int = 3
 

@@ -279,7 +279,7 @@ def loss_rise(losses: list[float]) -> str | None:
     margin = max(LOSS_RISE_Z * spread, LOSS_RISE_RTOL * abs(mean_first))
     if mean_last - mean_first > margin:
         return (f"final training loss {mean_last:.4g} exceeds the first {mean_first:.4g} (means of {k}) by more than "
-                f"{margin:.3g} (2 standard errors and 1 %)")
+                f"{margin:.3g} (the larger of 2 standard errors and 1 % of the first)")
     return None
 
 
