@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning as L
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -128,3 +130,54 @@ def test_resume_command_drops_the_old_run_dir_and_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(HydraConfig, "get", staticmethod(lambda: SimpleNamespace(overrides=SimpleNamespace(task=task))))
     words = shlex.split(resume_command(tmp_path))
     assert words == ["python", "train.py", "a=1", "b='c d'", f"run_dir={tmp_path}", "trainer.resume_from=last"]
+
+
+class _Regression(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self.linear(batch[0]), batch[1])
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class _CtrlC(L.Callback):
+    """Sends this process ``times`` SIGINTs at the start of micro-batch ``at`` (what a terminal's Ctrl-C does)."""
+
+    def __init__(self, at: int, times: int) -> None:
+        self.at, self.times = at, times
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.fit_loop.total_batch_idx == self.at:
+            for _ in range(self.times):
+                os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("times, accumulate, expected", [(1, 1, "adapter-step000005.ckpt"),
+                                                         (1, 2, "adapter-step000003.ckpt"), (2, 1, None)])
+def test_ctrl_c_in_process(times, accumulate, expected, tmp_path, caplog):
+    """One Ctrl-C during micro-batch 4 (0-based, step 5): the optimiser step it belongs to is finished and checkpointed
+    (with gradient accumulation 2, micro-batches 4-5 are step 3); a second Ctrl-C stops at once, without one."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from spp.training.callbacks.adapter_checkpoint import AdapterCheckpoint
+
+    data = DataLoader(TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), batch_size=4)
+    checkpoints = AdapterCheckpoint(tmp_path / "checkpoints")
+    trainer = L.Trainer(accelerator="cpu", max_steps=30, accumulate_grad_batches=accumulate, logger=False,
+                        enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[checkpoints, _CtrlC(at=4, times=times)])
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with caplog.at_level("WARNING"), pytest.raises(SystemExit):
+            trainer.fit(_Regression(), data)
+    finally:
+        signal.signal(signal.SIGINT, previous)  # Lightning ignores SIGINT from its shutdown on
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("adapter-step*.ckpt"))
+    if expected:
+        assert saved == [expected] and "resume with: python train.py" in caplog.text
+    else:
+        assert saved == [] and "interrupted at once (second Ctrl-C)" in caplog.text

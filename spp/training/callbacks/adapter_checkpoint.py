@@ -63,12 +63,14 @@ class AdapterCheckpoint(ModelCheckpoint):
         )
         self.stop_requested = False
         self._handler_installed = False
+        self._is_global_zero = True
         self._previous_handler: Any = None
         self._step_at_batch_start = 0
 
     # ------------------------------------------------------------------ Ctrl-C
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
+        self._is_global_zero = trainer.is_global_zero
         if threading.current_thread() is threading.main_thread() and not self._handler_installed:
             self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
             self._handler_installed = True
@@ -77,8 +79,9 @@ class AdapterCheckpoint(ModelCheckpoint):
         """First Ctrl-C: stop after this optimiser step with a checkpoint; the next one interrupts at once."""
         self.stop_requested = True
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        log.warning("Ctrl-C: finishing this optimiser step, then writing a resumable checkpoint and stopping "
-                    "(Ctrl-C again stops at once, without a checkpoint)")
+        if self._is_global_zero:
+            log.warning("Ctrl-C: finishing this optimiser step, then writing a resumable checkpoint and stopping "
+                        "(Ctrl-C again stops at once, without a checkpoint)")
 
     def _restore_handler(self) -> None:
         if self._handler_installed and threading.current_thread() is threading.main_thread():
