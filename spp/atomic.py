@@ -26,6 +26,23 @@ def publish(tmp: str | os.PathLike[str], path: str | os.PathLike[str], directory
     os.replace(tmp, path)
 
 
+def follow_umask(root: str | os.PathLike[str]) -> None:
+    """Give every file under ``root`` mode ``0666 & ~umask`` and every folder ``0777 & ~umask``.
+
+    What a library writes into an export folder may be owner-only (``save_pretrained`` writes its safetensors
+    through a 0600 temporary file); on a shared cluster the user's umask decides who may read a result.
+    Symbolic links are left alone.
+    """
+    mask = _umask()
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), 0o777 & ~mask)
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), 0o666 & ~mask)
+
+
 def write_file_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]) -> Path:
     """Let ``writer(tmp_path)`` write a temporary file beside ``path``, then rename it into place."""
     path = Path(path)
@@ -54,13 +71,15 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
 def write_dir_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]) -> Path:
     """Fill a temporary folder beside ``path`` with ``writer(tmp_dir)`` and move it into place.
 
-    An existing ``path`` is moved aside first and deleted only after the new folder is in place.
+    An existing ``path`` is moved aside first and deleted only after the new folder is in place. Everything in
+    the folder gets the permissions of the user's umask (:func:`follow_umask`), the folder itself too.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
         writer(tmp)
+        follow_umask(tmp)
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
