@@ -33,6 +33,7 @@ from spp.eval.tables import markdown_report  # noqa: E402
 from spp.loggers import save_and_print_config  # noqa: E402
 from spp.preflight import remove_stale_temporaries  # noqa: E402
 from spp.quiet import quiet_lightning  # noqa: E402
+from spp.run_lock import hold_run_dir  # noqa: E402
 
 register_configs()
 register_help()
@@ -46,14 +47,17 @@ def main(cfg: DictConfig) -> float | None:
         job: EvalJobConfig = to_job(cfg, EvalJobConfig)
         try:
             preflight(job)
+        except UserError:
+            raise
         except (ValueError, FileNotFoundError) as err:
             raise UserError.from_message(str(err)) from err
         out_dir = Path(job.output_dir or HydraConfig.get().runtime.output_dir)
-        remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
-        save_and_print_config(cfg, out_dir, show=job.print_config)
-        quiet_lightning()
-        seed_everything(job.seed, workers=True)
-        record = run_eval_job(job, out_dir)
+        with hold_run_dir(out_dir, "output_dir"):  # one job per output folder (spp.run_lock)
+            remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
+            save_and_print_config(cfg, out_dir, show=job.print_config)
+            quiet_lightning()
+            seed_everything(job.seed, workers=True)
+            record = run_eval_job(job, out_dir)
     print(markdown_report([record], title=f"Evaluation: {record.label}"))
     print(f"results: {out_dir / 'results.json'}  {out_dir / 'results.md'}")
     mean = zero_shot_mean(record.tasks)

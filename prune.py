@@ -19,6 +19,7 @@ from spp.errors import cli_errors, to_job
 from spp.preflight import preflight_prune, remove_stale_temporaries
 from spp.pruning.config import PruneJobConfig, register_prune_configs
 from spp.pruning.job import run
+from spp.run_lock import hold_run_dir
 
 register_prune_configs()
 register_help()
@@ -31,8 +32,9 @@ def main(cfg: DictConfig) -> None:
         job: PruneJobConfig = to_job(cfg, PruneJobConfig)
         preflight_prune(job)
         out_dir = Path(job.output_dir or HydraConfig.get().runtime.output_dir)
-        remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
-        run(job, out_dir)
+        with hold_run_dir(out_dir, "output_dir"):  # one job per output folder (spp.run_lock)
+            remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
+            run(job, out_dir)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spp.errors import UserError
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -90,4 +92,36 @@ def write_dir_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return path
+
+
+def check_writable_dir(path: str | os.PathLike[str], key: str, fix: str | None = None,
+                       value: str | os.PathLike[str] | None = None) -> Path:
+    """Create ``path`` if missing and prove it writable by creating and removing a temporary file in it.
+
+    Run before any model is loaded, so a read-only ``cache_dir`` or ``run_dir`` fails in one line instead of
+    with a traceback after minutes of work. Root ignores permission bits; the probe is a real write, so what it
+    accepts a later write accepts too.
+
+    Args:
+        path: The directory.
+        key: The config key that sets it, named in the error.
+        fix: How to fix it (default: point ``key`` at a writable directory).
+        value: ``key``'s value when ``path`` is a folder inside it (``<cache_dir>/pruning``).
+
+    Raises:
+        UserError: naming ``key``, the path and the operating system's reason.
+    """
+    path = Path(path).expanduser()
+    where = f"{key}={str(value if value is not None else path)!r}" + (f": {path}" if value is not None else "")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".spp-write-probe.", suffix=".tmp")
+        os.close(fd)
+        Path(probe).unlink(missing_ok=True)  # a rank racing the leader's clean-up may find it gone
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise UserError(f"{where} is not a writable directory ({reason})",
+                        fix or f"point {key}= at a directory you can write to, or make it writable",
+                        key=key, path=path) from err
     return path
