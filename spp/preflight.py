@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 import torch
 
 from spp.adapters.registry import get_method
+from spp.atomic import check_writable_dir
 from spp.data.config import HUB_PREFIX
 from spp.data.records import load_alpaca_records
 from spp.errors import UserError, user_file
@@ -316,6 +317,9 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str] | None, cache_dirs:
 # ------------------------------------------------------------------------------------------------------- commands
 
 
+CACHE_DIR_FIX = "point cache_dir= (or the SPP_CACHE_DIR environment variable) at a directory you can write to"
+
+
 def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
     """Everything ``train.py`` can check before loading a weight; returns the model's arch fields."""
     arch = model_arch(job.model)
@@ -334,6 +338,8 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
         check_ppl_sources([job.eval.ppl_source, *job.eval.extra_ppl_sources], job.data_dir)
     if resume:
         check_resume(job, resume)
+    caches = ["pruning"] if job.pruner.name != "none" and not job.sparsity.is_dense else []
+    check_cache_dirs(job.cache_dir, caches + (["ppl"] if job.eval.ppl and (job.dense_ppl or job.pruned_ppl) else []))
     return arch
 
 
@@ -344,7 +350,15 @@ def preflight_prune(job: Any) -> dict[str, Any]:
     check_shapes(arch, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
     if job.pruner.needs_calibration:
         check_calibration(job.calibration, job.data_dir)
+    if job.use_cache and job.pruner.name != "none" and not job.sparsity.is_dense:
+        check_cache_dirs(job.cache_dir, ["pruning"])
     return arch
+
+
+def check_cache_dirs(cache_dir: str, subdirs: list[str]) -> None:
+    """The caches the job will write (``<cache_dir>/pruning``, ``<cache_dir>/ppl``) are writable directories."""
+    for sub in subdirs:
+        check_writable_dir(Path(cache_dir).expanduser() / sub, "cache_dir", CACHE_DIR_FIX, value=cache_dir)
 
 
 def check_calibration(calibration: Any, data_dir: str | None) -> None:
