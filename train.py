@@ -90,6 +90,8 @@ def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | 
         finish_wandb()
     write_json_atomic(run_dir / "summary.json", summary)
     print_results(summary)
+    if final.export_error is not None:  # e.g. the disk is full: summary.json says "export_failed"
+        raise final.export_error
     if final.diverged:
         raise DivergedError(f"the run diverged: {'; '.join(final.diverged)} (summary.json status: diverged; merged "
                             f"model not exported; adapter and checkpoints kept in {run_dir})",

@@ -5,6 +5,7 @@ Readers never see a half-written file or folder, and an interrupted write leaves
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -125,3 +126,18 @@ def check_writable_dir(path: str | os.PathLike[str], key: str, fix: str | None =
                         fix or f"point {key}= at a directory you can write to, or make it writable",
                         key=key, path=path) from err
     return path
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether ``err`` (or an error it was raised from) says the disk or the user's quota is full: ``ENOSPC`` /
+    ``EDQUOT``, also as safetensors' writer words it (``SafetensorError: ... StorageFull ... No space left``)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(current) for text in ("No space left on device", "Disk quota exceeded", "StorageFull")):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
