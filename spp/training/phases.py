@@ -180,6 +180,7 @@ def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[L
     datamodule = AlpacaDataModule(pruned.tokenizer, job.data, data_dir=job.data_dir,
                                   progress=progress_mode(job.trainer.progress_bar) in (ProgressBar.rich,
                                                                                        ProgressBar.tqdm))
+    datamodule.setup("fit")  # bad data (e.g. every prompt longer than data.max_length) fails before the Trainer
     module = SPPModule(model, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls))
     auditor = SparsityAuditCallback(pruned.masks, pruned.zeros)
     trainer = build_trainer(job, run_dir, loggers, [auditor, GuardsCallback(settings_of(job)), *(callbacks or [])])
