@@ -58,8 +58,11 @@ def _holder(fd: int) -> str:
 def _claim(fd: int) -> None:
     """Record this process as the holder (pid, host, start time) in the lock file."""
     info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    except OSError:  # opened read-only (see hold_run_dir): the lock holds, only its holder goes unrecorded
+        pass
 
 
 @contextmanager
@@ -81,7 +84,10 @@ def hold_run_dir(run_dir: str | os.PathLike[str], key: str = "run_dir",
         yield run_dir
         return
     path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # another user's lock file in a shared run directory: a read-only flock works too
+        fd = os.open(path, os.O_RDONLY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -121,3 +121,23 @@ def test_only_the_jobs_leader_takes_the_lock(env, leader, monkeypatch):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert is_job_leader() is leader
+
+
+def test_lock_file_of_another_user_still_locks(tmp_path, monkeypatch):
+    """In a shared run directory the lock file may belong to someone else (0644): it is opened read-only, and
+    the flock still keeps a second job out."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LOCK_FILE).write_text("")
+    real_open = os.open
+
+    def not_ours(path, flags, *args):
+        if str(path).endswith(LOCK_FILE) and flags & os.O_RDWR:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", not_ours)
+    with hold_run_dir(tmp_path / "run"):
+        monkeypatch.setattr(os, "open", real_open)
+        with pytest.raises(UserError, match="in use by another job"):
+            with hold_run_dir(tmp_path / "run"):
+                pass
