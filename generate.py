@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from spp.atomic import write_json_atomic  # noqa: E402
 from spp.cli_help import register_help  # noqa: E402
+from spp.errors import cli_errors, to_job  # noqa: E402
 from spp.generation import (  # noqa: E402
     GenerateJobConfig,
     GenerationResult,
@@ -34,6 +35,7 @@ from spp.generation import (  # noqa: E402
 )
 from spp.models import load_model  # noqa: E402
 from spp.models.loading import DTYPES  # noqa: E402
+from spp.overrides import checked_overrides  # noqa: E402
 
 register_configs()
 register_help()
@@ -87,10 +89,12 @@ def run(job: GenerateJobConfig, output_file: Path | None) -> GenerationResult:
     return result
 
 
+@checked_overrides("generate.py", GenerateJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="generate")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns tokens/s (so ``-m`` sweeps can compare settings)."""
-    job: GenerateJobConfig = OmegaConf.to_object(cfg)
+    with cli_errors("generate.py"):
+        job: GenerateJobConfig = to_job(cfg, GenerateJobConfig)
     out = Path(job.output_file) if job.output_file else Path(HydraConfig.get().runtime.output_dir) / "generation.json"
     return run(job, out).tokens_per_s
 

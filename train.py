@@ -33,6 +33,7 @@ from spp.cli_help import register_help  # noqa: E402
 from spp.errors import DivergedError, cli_errors  # noqa: E402
 from spp.eval.tables import final_metrics  # noqa: E402
 from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags, save_and_print_config  # noqa: E402
+from spp.overrides import checked_overrides  # noqa: E402
 from spp.paths import data_provenance, forget_data_reads  # noqa: E402
 from spp.preflight import preflight_train, remove_stale_temporaries  # noqa: E402
 from spp.sweeps import require_validation_objective  # noqa: E402
@@ -89,6 +90,7 @@ def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dic
     return summary
 
 
+@checked_overrides("train.py", TrainJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Run one job; returns ``objective`` (by default the last validation loss) for Hydra sweepers."""
