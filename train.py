@@ -36,11 +36,12 @@ from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags
 from spp.overrides import checked_overrides  # noqa: E402
 from spp.paths import data_provenance, forget_data_reads  # noqa: E402
 from spp.preflight import preflight_train, remove_stale_temporaries  # noqa: E402
-from spp.sweeps import require_validation_objective  # noqa: E402
+from spp.sweeps import require_objective_recorded, require_validation_objective  # noqa: E402
 from spp.training.callbacks.adapter_checkpoint import resolve_resume  # noqa: E402
 from spp.training.config import TrainJobConfig, load_job, register_configs  # noqa: E402
 from spp.training.phases import finalize, fit, prune  # noqa: E402
 from spp.training.report import build_summary, objective, print_results  # noqa: E402
+from spp.training.val_schedule import no_validation_reason  # noqa: E402
 
 register_configs()
 register_help()
@@ -97,6 +98,7 @@ def main(cfg: DictConfig) -> float | None:
     with cli_errors("train.py"):
         job = load_job(cfg)
         require_validation_objective(str(job.objective))  # an Optuna sweep selects on validation data only
+        require_objective_recorded(str(job.objective), lambda: no_validation_reason(job))  # ... and needs one
         summary = run_job(job)
         return objective(summary, job.objective) if summary else None
 
