@@ -31,6 +31,7 @@ from spp.eval.run_name import register_eval_resolvers  # noqa: E402
 from spp.eval.runner import preflight, run_eval_job  # noqa: E402
 from spp.eval.tables import markdown_report  # noqa: E402
 from spp.loggers import save_and_print_config  # noqa: E402
+from spp.overrides import checked_overrides  # noqa: E402
 from spp.preflight import remove_stale_temporaries  # noqa: E402
 from spp.quiet import quiet_lightning  # noqa: E402
 from spp.run_lock import hold_run_dir  # noqa: E402
@@ -40,6 +41,7 @@ register_help()
 register_eval_resolvers()
 
 
+@checked_overrides("eval.py", EvalJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> float | None:
     """Run one evaluation; returns the 7-task mean accuracy, else the perplexity (the sweep objective)."""

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from spp.cli_help import register_help
 from spp.errors import cli_errors, to_job
+from spp.overrides import checked_overrides
 from spp.preflight import preflight_prune, remove_stale_temporaries
 from spp.pruning.config import PruneJobConfig, register_prune_configs
 from spp.pruning.job import run
@@ -25,6 +26,7 @@ register_prune_configs()
 register_help()
 
 
+@checked_overrides("prune.py", PruneJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="prune")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: convert the composed config once, then run the job."""

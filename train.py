@@ -32,14 +32,16 @@ from spp.cli_help import register_help  # noqa: E402
 from spp.errors import DivergedError, cli_errors  # noqa: E402
 from spp.eval.tables import final_metrics  # noqa: E402
 from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags, save_and_print_config  # noqa: E402
+from spp.overrides import checked_overrides  # noqa: E402
 from spp.paths import data_provenance, forget_data_reads  # noqa: E402
 from spp.preflight import preflight_train, remove_stale_temporaries  # noqa: E402
 from spp.run_lock import hold_run_dir, is_job_leader  # noqa: E402
-from spp.sweeps import require_validation_objective  # noqa: E402
+from spp.sweeps import require_objective_recorded, require_validation_objective  # noqa: E402
 from spp.training.callbacks.adapter_checkpoint import resolve_resume  # noqa: E402
 from spp.training.config import TrainJobConfig, load_job, register_configs  # noqa: E402
 from spp.training.phases import finalize, fit, prune  # noqa: E402
 from spp.training.report import build_summary, objective, print_results  # noqa: E402
+from spp.training.val_schedule import no_validation_reason  # noqa: E402
 
 register_configs()
 register_help()
@@ -100,12 +102,14 @@ def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | 
     return summary
 
 
+@checked_overrides("train.py", TrainJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Run one job; returns ``objective`` (by default the last validation loss) for Hydra sweepers."""
     with cli_errors("train.py"):
         job = load_job(cfg)
         require_validation_objective(str(job.objective))  # an Optuna sweep selects on validation data only
+        require_objective_recorded(str(job.objective), lambda: no_validation_reason(job))  # ... and needs one
         summary = run_job(job)
         return objective(summary, job.objective) if summary else None
 
