@@ -133,11 +133,13 @@ def test_unknown_key_added_with_plus_is_rejected(tmp_path, monkeypatch, capsys, 
     assert "adapter.r=" in line  # the suggestion
 
 
-def test_unknown_key_without_plus_keeps_hydras_message(tmp_path, monkeypatch, capsys, no_weights):
+def test_unknown_key_without_plus_gets_the_same_line(tmp_path, monkeypatch, capsys, no_weights):
+    """Issue 28: not Hydra's exit 1 advising ``+adapter.rr=16`` (spp.overrides checks sys.argv first)."""
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     code, err, _ = cli("train", [*TINY, "adapter.rr=16"], tmp_path, monkeypatch, capsys)
-    assert code == 1  # Hydra's own composition error
-    assert "adapter.rr" in err and "Traceback" not in err
+    assert code == 2
+    line = one_line(err, "train", "adapter.rr", "did you mean adapter.r=?")
+    assert "+adapter.rr" not in line
 
 
 @pytest.mark.parametrize("cmd", ["prune", "eval"])

@@ -25,6 +25,9 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "*.tiktoken")
+"""Files of which a model folder holds at least one when it has a tokenizer (fast, SentencePiece, BPE/WordPiece
+vocabularies, tiktoken)."""
 
 
 def _as_config(cfg: ModelConfig | Mapping[str, Any] | str) -> ModelConfig:
@@ -91,6 +94,11 @@ def resolve_source(cfg: ModelConfig) -> tuple[str, str, str | None]:
     if looks_local:
         raise FileNotFoundError(f"model.path={path!r} does not exist; give a local directory, a .gguf file or a hub id")
     return "hub", path, None
+
+
+def has_tokenizer_files(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` holds one of :data:`TOKENIZER_FILES`."""
+    return any(any(Path(folder).glob(pattern)) for pattern in TOKENIZER_FILES)
 
 
 def load_tokenizer(cfg: ModelConfig | Mapping[str, Any] | str) -> PreTrainedTokenizerBase:

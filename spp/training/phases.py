@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,8 +30,9 @@ from torch import nn
 
 from spp.adapters.base import Masks, ParamCounts, count_parameters
 from spp.adapters.registry import apply_adapter, get_method
-from spp.atomic import write_dir_atomic, write_json_atomic
+from spp.atomic import is_disk_full, write_dir_atomic, write_json_atomic
 from spp.data.alpaca import AlpacaDataModule
+from spp.errors import UserError
 from spp.eval.harness import run_eval_tasks
 from spp.eval.ppl_cache import cached_perplexity, weights_key
 from spp.generation import generate_text
@@ -105,6 +108,7 @@ class FinalizeResult:
     status: str = "ok"
     diverged: list[str] = field(default_factory=list)
     sample: dict[str, Any] | None = None
+    export_error: UserError | None = None
 
 
 def job_device(job: TrainJobConfig) -> torch.device:
@@ -176,6 +180,7 @@ def fit(job: TrainJobConfig, pruned: PrunedModel, run_dir: Path, loggers: list[L
     datamodule = AlpacaDataModule(pruned.tokenizer, job.data, data_dir=job.data_dir,
                                   progress=progress_mode(job.trainer.progress_bar) in (ProgressBar.rich,
                                                                                        ProgressBar.tqdm))
+    datamodule.setup("fit")  # bad data (e.g. every prompt longer than data.max_length) fails before the Trainer
     module = SPPModule(model, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls))
     auditor = SparsityAuditCallback(pruned.masks, pruned.zeros)
     guards = GuardsCallback(settings_of(job), job.guards)
@@ -223,7 +228,9 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
     adapter_dir = None
     if job.export.adapter and method.trains:
         start = time.perf_counter()
-        adapter_dir = str(write_dir_atomic(run_dir / "adapter", lambda tmp: method.save(model, tmp, _provenance(job))))
+        adapter_dir = str(export_dir(run_dir / "adapter", lambda tmp: method.save(model, tmp, _provenance(job)), 0,
+                                     "the adapter files", "free space there, or give this run another run_dir= on a "
+                                     "disk with room", key="export.adapter"))
         seconds["save_adapter"] = round(time.perf_counter() - start, 2)
         log.info("adapter files: %s", adapter_dir)
     start = time.perf_counter()
@@ -242,7 +249,12 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
                     "; ".join(result.diverged), run_dir)
     elif job.export.merged:
         start = time.perf_counter()
-        result.merged_dir = str(export_merged(job, merged.cpu(), pruned.tokenizer, run_dir / "merged"))
+        try:
+            result.merged_dir = str(export_merged(job, merged.cpu(), pruned.tokenizer, run_dir / "merged"))
+        except UserError as err:  # the disk is full: summary.json still says what happened
+            result.status, result.export_error = "export_failed", err
+            log.error("merged model not exported: %s", err)
+            return result
         seconds["save_merged"] = round(time.perf_counter() - start, 2)
         log.info("merged model: %s (%.1f s)", result.merged_dir, seconds["save_merged"])
     return result
@@ -330,8 +342,60 @@ def _provenance(job: TrainJobConfig) -> dict[str, Any]:
     return {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name}}
 
 
+EXPORT_SLACK_BYTES = 32 * 2**20
+"""Room an export needs beyond its tensors (tokenizer and JSON files), on top of 1 % of the tensors' bytes."""
+
+
+def tensor_bytes(model: nn.Module) -> int:
+    """Bytes of the model's distinct tensors (tied ones once): about what ``save_pretrained`` writes."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in model.state_dict().values():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _size(n: float) -> str:
+    """``1.2 GiB``, ``512.0 KiB``, ``12 B``."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def export_dir(path: Path, writer: Callable[[Path], Any], needed: int, what: str, fix: str,
+               key: str = "export.merged") -> Path:
+    """:func:`spp.atomic.write_dir_atomic` after checking that ``needed`` bytes are free beside ``path``.
+
+    Raises:
+        UserError: too little free space (before anything is written), or the disk filled up while writing
+            (the temporary folder is removed; an earlier ``path`` stays as it was).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path.parent).free
+    if free < needed:
+        raise UserError(f"not enough disk space to export {what} to {path}: it needs about {_size(needed)}, "
+                        f"{_size(free)} free there; nothing was written", fix, key=key, path=path)
+    try:
+        return write_dir_atomic(path, writer)
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        free = shutil.disk_usage(path.parent).free
+        raise UserError(f"the disk filled up while exporting {what} to {path} (needs about {_size(needed)}, "
+                        f"{_size(free)} free now; {type(err).__name__}: {err}); nothing half-written was kept",
+                        fix, key=key, path=path) from err
+
+
 def export_merged(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, path: Path) -> Path:
-    """``save_pretrained`` of the merged sparse model + tokenizer + ``spp_export.json``, atomically."""
+    """``save_pretrained`` of the merged sparse model + tokenizer + ``spp_export.json``, atomically.
+
+    Checks the free space first (the tensors' bytes + 1 % + :data:`EXPORT_SLACK_BYTES`); a full disk, before or
+    during the write, is a :class:`UserError` naming the path, the bytes needed and free, and the fix.
+    """
 
     def write(tmp: Path) -> None:
         merged.save_pretrained(tmp, max_shard_size=job.export.max_shard_size)
@@ -341,4 +405,7 @@ def export_merged(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, path: 
         write_json_atomic(tmp / "spp_export.json", {"adapter": adapter, "dtype": str(next(merged.parameters()).dtype),
                                                     **_provenance(job)})
 
-    return write_dir_atomic(path, write)
+    needed = tensor_bytes(merged) * 101 // 100 + EXPORT_SLACK_BYTES
+    return export_dir(path, write, needed, "the merged model", f"free space there, or give this run another run_dir= "
+                      f"on a disk with room, or set export.merged=false (adapter files and checkpoints stay in "
+                      f"{path.parent})")

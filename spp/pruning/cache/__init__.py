@@ -100,9 +100,21 @@ def cache_key(
     return key, digest
 
 
-def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str, pruner: str, sparsity: str) -> Path:
-    """Directory of the entry for ``key``."""
-    return Path(cache_dir).expanduser() / "pruning" / key["model"] / f"{pruner}-{sparsity}-{digest[:16]}"
+def pattern_label(pattern: dict[str, Any]) -> str:
+    """``unstructured50``, ``unstructured62.5`` or ``nm2_4``: the key's pattern (``cache_key(...)[0]["sparsity"]``)."""
+    if pattern["kind"] == "nm":
+        return f"nm{pattern['n']}_{pattern['m']}"
+    return f"{pattern['kind']}{100 * float(pattern['ratio']):g}"
+
+
+def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str) -> Path:
+    """Directory of the entry for ``key``: ``<model identity>/<pruner>-<pattern>-<digest[:16]>``.
+
+    Named from the key itself, not from display names, so ``sparsity=unstructured50`` and ``sparsity=unstructured
+    sparsity.ratio=0.5`` share one entry, and ``sparsity=unstructured50 sparsity.ratio=0.75`` is labelled 75.
+    """
+    label = f"{key['pruner']['name']}-{pattern_label(key['sparsity'])}-{digest[:16]}"
+    return Path(cache_dir).expanduser() / "pruning" / key["model"] / label
 
 
 def _apply_cached(
@@ -190,7 +202,7 @@ def get_or_prune(
     if sparsity.is_dense or pruner.name == "none":
         return prune_model(model, tokenizer, pruner, sparsity, calibration, data_dir, device)
     key, digest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
-    entry = cache_entry_dir(cache_dir, key, digest, pruner.name, sparsity.name)
+    entry = cache_entry_dir(cache_dir, key, digest)
     with entry_lock(entry):
         cached = _load_entry(model, entry, key, pruner, sparsity, linears)
         if cached is not None:

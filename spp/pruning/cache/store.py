@@ -1,6 +1,6 @@
 """On-disk pruning cache entries: packed masks (+ SparseGPT weights) in safetensors and a manifest with a checksum.
 
-An entry is a directory ``<cache_dir>/pruning/<model identity>/<pruner>-<sparsity>-<key hash>/`` holding
+An entry is a directory ``<cache_dir>/pruning/<model identity>/<pruner>-<pattern>-<key hash>/`` holding
 ``state.safetensors`` and ``manifest.json``. Both are written to a temporary file then renamed; the manifest is
 written last and records the state file's sha256, so a partial or corrupted entry is detected on read.
 """
