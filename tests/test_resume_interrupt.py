@@ -181,3 +181,25 @@ def test_ctrl_c_in_process(times, accumulate, expected, tmp_path, caplog):
         assert saved == [expected] and "resume with: python train.py" in caplog.text
     else:
         assert saved == [] and "interrupted at once (second Ctrl-C)" in caplog.text
+
+
+def test_resume_from_an_epoch_end_checkpoint_is_exact(tmp_path):
+    """``trainer.checkpoint_every_n_steps=null``: a checkpoint at each epoch end, written after that epoch's
+    validation (whose loader draws from the global generator). Resuming from the first one gives the adapter of the
+    uninterrupted 3-epoch run, bitwise, with dropout 0.05 (in process: same code path as ``train.py``)."""
+    from train_helpers import tiny_job
+
+    from train import run_job
+
+    args = ["experiment=tiny_smoke", "guards.loss_must_fall=false", "trainer.max_steps=-1", "trainer.max_epochs=3",
+            "adapter.dropout=0.05", "eval=none", "dense_ppl=false", "pruned_ppl=false", "sample.enabled=false",
+            "export.merged=false", "trainer.checkpoint_every_n_steps=null", "trainer.save_top_k=-1",
+            f"cache_dir={tmp_path / 'cache'}"]
+    full = run_job(tiny_job(tmp_path, *args, run="A"))
+    steps = full["losses"]["optimizer_steps"]
+    first = sorted((tmp_path / "A" / "checkpoints").glob("adapter-step*.ckpt"))[0]
+    assert full["losses"]["val"] and 0 < int(re.search(r"step(\d+)", first.name).group(1)) < steps
+    resumed = run_job(tiny_job(tmp_path, *args, f"trainer.resume_from={first}", run="B"))
+    assert resumed["losses"]["optimizer_steps"] == steps
+    a, b = _adapter(tmp_path / "A"), _adapter(tmp_path / "B")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -7,8 +7,9 @@ batches alone, and carries it through checkpoints:
 * after each training batch it notes the state, and it restores that state when the next training batch starts.
   What runs in between (validation, the next epoch's loader, which draws a seed from the global generator when
   its iterator is made) then leaves the stream as it found it;
-* each checkpoint stores the state after the batch it was written at (``checkpoint["rng_states"]``, one entry
-  per rank, gathered when several processes train);
+* each checkpoint stores the state after the last training batch before it (``checkpoint["rng_states"]``, one
+  entry per rank, gathered when several processes train): the state the next batch starts from, also when the
+  checkpoint is written at an epoch end, after validation;
 * on resume the state of this rank (or of rank 0 when the world size changed) is restored when the first
   training batch starts, after Lightning has rebuilt the loaders.
 """
@@ -51,9 +52,8 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def _gathered(trainer: L.Trainer) -> list[dict[str, Any]]:
-    """Every rank's states (rank order); this process's alone when no process group is up."""
-    states = rng_states()
+def _gathered(trainer: L.Trainer, states: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``states`` (rank order); this process's alone when no process group is up."""
     if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
         out: list[Any] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(out, states)
@@ -79,7 +79,9 @@ class RngState(Callback):
         self._after_batch = rng_states()
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
-        checkpoint[RNG_KEY] = _gathered(trainer)
+        # the state the next training batch starts from: the one after the last batch, not the current one (an
+        # epoch-end checkpoint is written after that epoch's validation, whose loader drew from the generator)
+        checkpoint[RNG_KEY] = _gathered(trainer, self._after_batch or rng_states())
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(RNG_KEY)
