@@ -96,18 +96,19 @@ class AdapterCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if trainer.global_step == self._step_at_batch_start:
-            return  # inside a gradient accumulation: only a finished optimiser step is checkpointed
-        stop = self.stop_requested
+        if trainer.global_step != self._step_at_batch_start and self._stop_everywhere(trainer):
+            self.save_and_stop(trainer)  # a finished optimiser step, not the middle of a gradient accumulation
+
+    def _stop_everywhere(self, trainer: L.Trainer) -> bool:
+        """Whether any rank got Ctrl-C (one small all-reduce with several ranks, so all stop at the same step)."""
         if trainer.world_size > 1:
-            stop = trainer.strategy.reduce_boolean_decision(stop, all=False)
-        if stop:
-            self.save_and_stop(trainer)
+            return bool(trainer.strategy.reduce_boolean_decision(self.stop_requested, all=False))
+        return self.stop_requested
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_end(trainer, pl_module)
         self._restore_handler()
-        if self.stop_requested:  # Ctrl-C during the last validation: the run stops before finalize all the same
+        if self._stop_everywhere(trainer):  # Ctrl-C during the last validation: stop before finalize all the same
             self.save_and_stop(trainer)
 
     def save_and_stop(self, trainer: L.Trainer) -> None:
