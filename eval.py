@@ -31,14 +31,17 @@ from spp.eval.run_name import register_eval_resolvers  # noqa: E402
 from spp.eval.runner import preflight, run_eval_job  # noqa: E402
 from spp.eval.tables import markdown_report  # noqa: E402
 from spp.loggers import save_and_print_config  # noqa: E402
+from spp.overrides import checked_overrides  # noqa: E402
 from spp.preflight import remove_stale_temporaries  # noqa: E402
 from spp.quiet import quiet_lightning  # noqa: E402
+from spp.run_lock import hold_run_dir  # noqa: E402
 
 register_configs()
 register_help()
 register_eval_resolvers()
 
 
+@checked_overrides("eval.py", EvalJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="evaluate")
 def main(cfg: DictConfig) -> float | None:
     """Run one evaluation; returns the 7-task mean accuracy, else the perplexity (the sweep objective)."""
@@ -46,14 +49,17 @@ def main(cfg: DictConfig) -> float | None:
         job: EvalJobConfig = to_job(cfg, EvalJobConfig)
         try:
             preflight(job)
+        except UserError:
+            raise
         except (ValueError, FileNotFoundError) as err:
             raise UserError.from_message(str(err)) from err
         out_dir = Path(job.output_dir or HydraConfig.get().runtime.output_dir)
-        remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
-        save_and_print_config(cfg, out_dir, show=job.print_config)
-        quiet_lightning()
-        seed_everything(job.seed, workers=True)
-        record = run_eval_job(job, out_dir)
+        with hold_run_dir(out_dir, "output_dir"):  # one job per output folder (spp.run_lock)
+            remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
+            save_and_print_config(cfg, out_dir, show=job.print_config)
+            quiet_lightning()
+            seed_everything(job.seed, workers=True)
+            record = run_eval_job(job, out_dir)
     print(markdown_report([record], title=f"Evaluation: {record.label}"))
     print(f"results: {out_dir / 'results.json'}  {out_dir / 'results.md'}")
     mean = zero_shot_mean(record.tasks)

@@ -21,9 +21,11 @@ import hydra  # noqa: E402
 import torch  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from transformers import AutoTokenizer, PreTrainedTokenizerBase  # noqa: E402
 
 from spp.atomic import write_json_atomic  # noqa: E402
 from spp.cli_help import register_help  # noqa: E402
+from spp.errors import cli_errors, to_job  # noqa: E402
 from spp.generation import (  # noqa: E402
     GenerateJobConfig,
     GenerationResult,
@@ -34,9 +36,23 @@ from spp.generation import (  # noqa: E402
 )
 from spp.models import load_model  # noqa: E402
 from spp.models.loading import DTYPES  # noqa: E402
+from spp.overrides import checked_overrides  # noqa: E402
+from spp.preflight import check_tokenizer_files  # noqa: E402
 
 register_configs()
 register_help()
+
+
+def load_tokenizer_from(source: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of ``tokenizer=<folder or hub id>`` (pad token set to EOS when it has none)."""
+    try:
+        tok = AutoTokenizer.from_pretrained(str(Path(source).expanduser()) if Path(source).expanduser().is_dir()
+                                            else source)
+    except (OSError, ValueError) as err:
+        raise FileNotFoundError(f"could not load the tokenizer of tokenizer={source!r}: {err}") from err
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
 
 
 def run(job: GenerateJobConfig, output_file: Path | None) -> GenerationResult:
@@ -53,7 +69,9 @@ def run(job: GenerateJobConfig, output_file: Path | None) -> GenerationResult:
             raise ValueError(f"dtype={dtype_name!r} is not one of {list(DTYPES)}")
         if job.sparse24 and dtype_name == "float32":
             dtype_name = "bfloat16"  # the semi-structured kernels take fp16/bf16 only
-        model, tokenizer = load_model(job.model, dtype=dtype_name)
+        model, tokenizer = load_model(job.model, dtype=dtype_name, with_tokenizer=not job.tokenizer)
+        if job.tokenizer:
+            tokenizer = load_tokenizer_from(job.tokenizer)
     except (ValueError, FileNotFoundError) as err:
         sys.exit(f"generate.py: error: {err}")
     device = job.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -87,10 +105,13 @@ def run(job: GenerateJobConfig, output_file: Path | None) -> GenerationResult:
     return result
 
 
+@checked_overrides("generate.py", GenerateJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="generate")
 def main(cfg: DictConfig) -> float:
     """Hydra entry point; returns tokens/s (so ``-m`` sweeps can compare settings)."""
-    job: GenerateJobConfig = OmegaConf.to_object(cfg)
+    with cli_errors("generate.py"):
+        job: GenerateJobConfig = to_job(cfg, GenerateJobConfig)
+        check_tokenizer_files(job.model, job.tokenizer)  # before the weights load
     out = Path(job.output_file) if job.output_file else Path(HydraConfig.get().runtime.output_dir) / "generation.json"
     return run(job, out).tokens_per_s
 

@@ -16,14 +16,17 @@ from omegaconf import DictConfig
 
 from spp.cli_help import register_help
 from spp.errors import cli_errors, to_job
+from spp.overrides import checked_overrides
 from spp.preflight import preflight_prune, remove_stale_temporaries
 from spp.pruning.config import PruneJobConfig, register_prune_configs
 from spp.pruning.job import run
+from spp.run_lock import hold_run_dir
 
 register_prune_configs()
 register_help()
 
 
+@checked_overrides("prune.py", PruneJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="prune")
 def main(cfg: DictConfig) -> None:
     """Hydra entry point: convert the composed config once, then run the job."""
@@ -31,8 +34,9 @@ def main(cfg: DictConfig) -> None:
         job: PruneJobConfig = to_job(cfg, PruneJobConfig)
         preflight_prune(job)
         out_dir = Path(job.output_dir or HydraConfig.get().runtime.output_dir)
-        remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
-        run(job, out_dir)
+        with hold_run_dir(out_dir, "output_dir"):  # one job per output folder (spp.run_lock)
+            remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
+            run(job, out_dir)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ if not os.isatty(2):  # stderr is a file or a pipe: no redrawn tqdm bars in it (
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
-from lightning.pytorch.utilities import rank_zero_only  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from spp.atomic import write_json_atomic  # noqa: E402
@@ -39,13 +38,16 @@ from spp.cli_help import register_help  # noqa: E402
 from spp.errors import DivergedError, cli_errors  # noqa: E402
 from spp.eval.tables import final_metrics  # noqa: E402
 from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags, save_and_print_config  # noqa: E402
+from spp.overrides import checked_overrides  # noqa: E402
 from spp.paths import data_provenance, forget_data_reads  # noqa: E402
 from spp.preflight import preflight_train, remove_stale_temporaries  # noqa: E402
-from spp.sweeps import require_validation_objective  # noqa: E402
+from spp.run_lock import hold_run_dir, is_job_leader  # noqa: E402
+from spp.sweeps import require_objective_recorded, require_validation_objective  # noqa: E402
 from spp.training.callbacks.adapter_checkpoint import resolve_resume  # noqa: E402
 from spp.training.config import TrainJobConfig, load_job, register_configs  # noqa: E402
 from spp.training.phases import finalize, fit  # noqa: E402
 from spp.training.report import build_summary, objective, print_results  # noqa: E402
+from spp.training.val_schedule import no_validation_reason  # noqa: E402
 
 register_configs()
 register_help()
@@ -60,13 +62,22 @@ def run_dir_of(job: TrainJobConfig) -> Path:
 
 def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dict | None:
     """Run ``fit`` (pruning in the Trainer's setup callback, then training) → ``finalize`` and report; returns the
-    summary on global rank 0 (``None`` elsewhere)."""
+    summary on global rank 0 (``None`` elsewhere).
+
+    After the preflight, the job's leader holds ``<run_dir>/.spp-run.lock`` until its last file is written: a
+    second job on the same ``run_dir`` is refused in one line (``spp.run_lock``), before any clean-up or load.
+    """
     start = time.perf_counter()
     run_dir = run_dir_of(job)
     forget_data_reads()
     preflight_train(job, resolve_resume(job.trainer.resume_from, run_dir / "checkpoints"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if rank_zero_only.rank == 0:
+    with hold_run_dir(run_dir, "run_dir"):
+        return _run_locked(job, run_dir, callbacks, start)
+
+
+def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | None, start: float) -> dict | None:
+    """The three phases and the report, inside the run directory's lock (:func:`run_job`)."""
+    if is_job_leader():
         remove_stale_temporaries(run_dir, [Path(job.cache_dir).expanduser() / "pruning",
                                            Path(job.cache_dir).expanduser() / "ppl"])
         save_and_print_config(OmegaConf.structured(job), run_dir, show=job.print_config)
@@ -87,6 +98,8 @@ def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dic
         finish_wandb()
     write_json_atomic(run_dir / "summary.json", summary)
     print_results(summary)
+    if final.export_error is not None:  # e.g. the disk is full: summary.json says "export_failed"
+        raise final.export_error
     if final.diverged:
         raise DivergedError(f"the run diverged: {'; '.join(final.diverged)} (summary.json status: diverged; merged "
                             f"model not exported; adapter and checkpoints kept in {run_dir})",
@@ -95,12 +108,14 @@ def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dic
     return summary
 
 
+@checked_overrides("train.py", TrainJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Run one job; returns ``objective`` (by default the last validation loss) for Hydra sweepers."""
     with cli_errors("train.py"):
         job = load_job(cfg)
         require_validation_objective(str(job.objective))  # an Optuna sweep selects on validation data only
+        require_objective_recorded(str(job.objective), lambda: no_validation_reason(job))  # ... and needs one
         summary = run_job(job)
         return objective(summary, job.objective) if summary else None
 

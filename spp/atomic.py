@@ -5,6 +5,7 @@ Readers never see a half-written file or folder, and an interrupted write leaves
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -12,6 +13,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from spp.errors import UserError
 
 
 def _umask() -> int:
@@ -24,6 +27,23 @@ def publish(tmp: str | os.PathLike[str], path: str | os.PathLike[str], directory
     """Give a temporary file or folder the usual permissions (mkstemp makes 0600) and rename it to ``path``."""
     os.chmod(tmp, (0o777 if directory else 0o666) & ~_umask())
     os.replace(tmp, path)
+
+
+def follow_umask(root: str | os.PathLike[str]) -> None:
+    """Give every file under ``root`` mode ``0666 & ~umask`` and every folder ``0777 & ~umask``.
+
+    What a library writes into an export folder may be owner-only (``save_pretrained`` writes its safetensors
+    through a 0600 temporary file); on a shared cluster the user's umask decides who may read a result.
+    Symbolic links are left alone.
+    """
+    mask = _umask()
+    for folder, dirs, files in os.walk(root):
+        for name in dirs:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), 0o777 & ~mask)
+        for name in files:
+            if not os.path.islink(os.path.join(folder, name)):
+                os.chmod(os.path.join(folder, name), 0o666 & ~mask)
 
 
 def write_file_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]) -> Path:
@@ -54,13 +74,15 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
 def write_dir_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]) -> Path:
     """Fill a temporary folder beside ``path`` with ``writer(tmp_dir)`` and move it into place.
 
-    An existing ``path`` is moved aside first and deleted only after the new folder is in place.
+    An existing ``path`` is moved aside first and deleted only after the new folder is in place. Everything in
+    the folder gets the permissions of the user's umask (:func:`follow_umask`), the folder itself too.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:
         writer(tmp)
+        follow_umask(tmp)
         old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
@@ -72,3 +94,50 @@ def write_dir_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def check_writable_dir(path: str | os.PathLike[str], key: str, fix: str | None = None,
+                       value: str | os.PathLike[str] | None = None) -> Path:
+    """Create ``path`` if missing and prove it writable by creating and removing a temporary file in it.
+
+    Run before any model is loaded, so a read-only ``cache_dir`` or ``run_dir`` fails in one line instead of
+    with a traceback after minutes of work. Root ignores permission bits; the probe is a real write, so what it
+    accepts a later write accepts too.
+
+    Args:
+        path: The directory.
+        key: The config key that sets it, named in the error.
+        fix: How to fix it (default: point ``key`` at a writable directory).
+        value: ``key``'s value when ``path`` is a folder inside it (``<cache_dir>/pruning``).
+
+    Raises:
+        UserError: naming ``key``, the path and the operating system's reason.
+    """
+    path = Path(path).expanduser()
+    where = f"{key}={str(value if value is not None else path)!r}" + (f": {path}" if value is not None else "")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".spp-write-probe.", suffix=".tmp")
+        os.close(fd)
+        Path(probe).unlink(missing_ok=True)  # a rank racing the leader's clean-up may find it gone
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise UserError(f"{where} is not a writable directory ({reason})",
+                        fix or f"point {key}= at a directory you can write to, or make it writable",
+                        key=key, path=path) from err
+    return path
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """Whether ``err`` (or an error it was raised from) says the disk or the user's quota is full: ``ENOSPC`` /
+    ``EDQUOT``, also as safetensors' writer words it (``SafetensorError: ... StorageFull ... No space left``)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(current) for text in ("No space left on device", "Disk quota exceeded", "StorageFull")):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

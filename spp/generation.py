@@ -183,6 +183,8 @@ class GenerateJobConfig:
             pruned ``sparsity=nm2_4``; runs in ``dtype`` or bfloat16).
         warmup: Untimed generations before the timed one (kernel selection, caches); 0 on CPU is fine.
         output_file: Where the JSON record goes; null = ``generation.json`` in Hydra's run directory.
+        tokenizer: Folder (or hub id) to load the tokenizer from; null = ``model.path``. For a merged model
+            copied without its tokenizer files, point it at the base model's folder.
         data_dir: Data root shared by every command (``conf/shared.yaml``; unused here).
         cache_dir: Cache root shared by every command (``conf/shared.yaml``; unused here).
     """
@@ -201,6 +203,7 @@ class GenerateJobConfig:
     sparse24: bool = False
     warmup: int = 0
     output_file: str | None = None
+    tokenizer: str | None = None
     data_dir: str | None = None
     cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
 

@@ -14,18 +14,20 @@ import os
 import shutil
 import struct
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
 
 from spp.adapters.registry import get_method
+from spp.atomic import check_writable_dir
 from spp.data.config import HUB_PREFIX
 from spp.data.records import load_alpaca_records
 from spp.errors import UserError, user_file
 from spp.eval.perplexity import source_file
 from spp.models.config import ModelConfig
-from spp.models.loading import resolve_source
+from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, resolve_source
 from spp.models.tiny import TINY_ARCH
 from spp.paths import find_data
 from spp.projections import DEFAULT_TARGETS, matches
@@ -142,7 +144,7 @@ def model_arch(cfg: ModelConfig) -> dict[str, Any]:
             meta = gguf_metadata(path)
         prefix = f"{meta.get('general.architecture', 'llama')}."
         arch = {name: meta[prefix + key] for key, name in _GGUF_ARCH_KEYS.items() if prefix + key in meta}
-        return {**dict(cfg.arch), **arch}
+        return {**dict(cfg.arch), **arch, "model_type": meta.get("general.architecture", "llama")}
     directory = Path(where)
     with user_file(directory / "config.json", "model.path", _fix_model_path(cfg)):
         arch = json.loads((directory / "config.json").read_text())
@@ -205,6 +207,116 @@ def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = N
                             "pruner.targets", key="sparsity.m")
 
 
+@dataclass(frozen=True)
+class ArchLayers:
+    """The weight layers of an architecture, read from a one-block copy built on the meta device.
+
+    Attributes:
+        linears: Qualified names of every ``nn.Linear`` of the model (``lm_head`` included).
+        block_linears: Leaf names of the ``nn.Linear`` layers of a decoder block (what ``pruner.targets`` names).
+        block_others: The block's other 2-D weight layers as ``"<leaf> (<class>)"`` (GPT-2's ``Conv1D``).
+    """
+
+    linears: list[str]
+    block_linears: list[str]
+    block_others: list[str]
+
+
+def arch_layers(arch: dict[str, Any]) -> ArchLayers | None:
+    """The layers of the architecture ``arch`` (its ``config.json`` fields, ``model_type`` included), from a copy
+    with one decoder block built on the meta device: no weight is read or allocated.
+
+    Returns ``None`` when ``arch`` names no ``model_type`` or transformers cannot build it (the layers are then
+    checked at load time).
+    """
+    model_type = arch.get("model_type")
+    if not model_type:
+        return None
+    try:
+        import transformers
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from spp.pruning.targets import decoder_layers
+
+        verbosity = transformers.logging.get_verbosity()
+        transformers.logging.set_verbosity_error()  # config warnings belong to load time, not to this check
+        try:
+            config = AutoConfig.for_model(model_type, **{k: v for k, v in arch.items() if k != "model_type"})
+            config.num_hidden_layers = 1
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config)
+        finally:
+            transformers.logging.set_verbosity(verbosity)
+        _, layers = decoder_layers(model)
+    except Exception as err:  # noqa: BLE001 - an architecture transformers cannot build fails at load time instead
+        log.info("preflight: cannot build model_type=%s on the meta device (%s); layer checks run after loading",
+                 model_type, err)
+        return None
+    block = list(layers[0].named_modules())
+    return ArchLayers(
+        linears=[n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)],
+        block_linears=sorted({n.rsplit(".", 1)[-1] for n, m in block if isinstance(m, torch.nn.Linear)}),
+        block_others=sorted({f"{n.rsplit('.', 1)[-1]} ({type(m).__name__})" for n, m in block
+                             if not isinstance(m, (torch.nn.Linear, torch.nn.Embedding))
+                             and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}),
+    )
+
+
+def check_targets(arch: dict[str, Any], path: str, *, pruner: Any = None, sparsity: Any = None,
+                  adapter: Any = None) -> None:
+    """``pruner.targets`` (leaf names in the decoder blocks) and ``adapter.targets`` (module-name suffixes) each
+    match at least one ``nn.Linear`` of the architecture; GPT-2's ``Conv1D`` projections match nothing."""
+    layers = arch_layers(arch)
+    if layers is None:
+        return
+    rules = []
+    if pruner is not None and pruner.name != "none" and sparsity is not None and not sparsity.is_dense:
+        rules.append(("pruner.targets", list(pruner.targets), set(pruner.targets) & set(layers.block_linears)))
+    if adapter is not None and get_method(adapter.name).trains:
+        rules.append(("adapter.targets", list(adapter.targets),
+                      [n for n in layers.linears if matches(n, adapter.targets)]))
+    kind = arch.get("model_type")
+    for key, targets, found in rules:
+        if found:
+            continue
+        if not layers.block_linears:
+            raise UserError(f"model.path={path}: a {kind} model, whose decoder blocks have no nn.Linear layer "
+                            f"({', '.join(layers.block_others) or 'no 2-D weight'}), so {key}={targets} matches "
+                            "nothing",
+                            "use a LLaMA-architecture model (LLaMA, Llama 2, Mistral, Qwen2, SmolLM2: q_proj ... "
+                            "down_proj as nn.Linear); GPT-2-style Conv1D models are not supported yet", key=key)
+        raise UserError(f"{key}={targets} matches no nn.Linear layer of the {kind} model at model.path={path}",
+                        f"set {key} to names among {layers.block_linears}", key=key)
+
+
+def check_tokenizer_files(cfg: ModelConfig, tokenizer: str | None = None) -> None:
+    """``generate.py``: the folder the tokenizer comes from (``tokenizer=``, else ``model.path``) holds tokenizer
+    files, checked before the weights load (a merged model copied without them would otherwise fail after
+    loading, in words about sentencepiece and tiktoken). GGUF files (the tokenizer is inside), ``tiny`` and hub
+    ids are not checked."""
+    if tokenizer:
+        key, where = "tokenizer", Path(tokenizer).expanduser()
+        if not where.is_dir():
+            if where.exists() or str(tokenizer).startswith((".", "/", "~")):
+                raise UserError(f"tokenizer={tokenizer!r} is not a folder", "point tokenizer= at the folder of the "
+                                "model's tokenizer files, or at a hub id", key=key)
+            return  # a hub id
+    else:
+        try:
+            kind, location, _ = resolve_source(cfg)
+        except FileNotFoundError:
+            return  # the model check names a missing model.path
+        if kind != "dir":
+            return
+        key, where = "model.path", Path(location)
+    if not has_tokenizer_files(where):
+        fix = (f"copy the tokenizer files of the model it was trained from into {where} (e.g. cp <base model>/"
+               "tokenizer* <folder>/), or pass tokenizer=<the base model's folder>") if key == "model.path" else \
+            "point tokenizer= at the folder of the model's tokenizer files (the base model's folder)"
+        raise UserError(f"{key}={str(where)!r} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)})",
+                        fix, key=key)
+
+
 def check_positive(values: dict[str, float]) -> None:
     """Each value finite and > 0 (scales, learning rates)."""
     for key, value in values.items():
@@ -248,31 +360,80 @@ def check_data_file(rel: str, data_dir: str | None, key: str) -> Path:
 # --------------------------------------------------------------------------------------------------------- resume
 
 
+RESUME_DATA_KEYS = ("source", "hub_split", "max_length", "add_eos", "train_on_inputs", "val_size", "max_val_fraction",
+                    "max_examples", "seed", "train_batch_size", "pad_to_multiple_of", "padding_side", "shuffle")
+"""``data.*`` keys that decide which examples a resumed run sees, in which order and batches."""
+RESUME_TRAINER_KEYS = ("lr", "weight_decay", "betas", "warmup_ratio", "scheduler", "global_batch_size",
+                       "accumulate_grad_batches", "gradient_clip_val")
+"""``trainer.*`` keys that decide the optimisation (``max_steps`` / ``max_epochs`` may change: a resume may extend a
+run, the schedule then follows the new length)."""
+
+
+def _plain(obj: Any, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
+    return {k: (v if isinstance(v, (bool, int, float, list, type(None))) else str(v)) for k, v in vars(obj).items()
+            if keys is None or k in keys}
+
+
+def pruning_settings(job: Any) -> dict[str, dict[str, Any]]:
+    """What decides the pruned weights, as ``settings_of`` groups: the model files' content identity
+    (``model.weights``), the pruning cache key's pruner and calibration fields (with the calibration file's sha256),
+    the pruning code version and the key's digest (``pruning.*``)."""
+    from spp.models.loading import model_identity
+    from spp.pruning.cache import cache_key
+
+    if job.pruner.name == "none" or job.sparsity.is_dense:
+        return {"model": {"weights": model_identity(job.model)}}
+    key, digest = cache_key(job.model, job.pruner, job.sparsity, job.calibration, job.data_dir)
+    groups = {"model": {"weights": key["model"]}, "pruner": dict(key["pruner"]),
+              "pruning": {"code_version": key["code_version"], "cache_key": digest[:16]}}
+    if "calibration" in key:
+        groups["calibration"] = dict(key["calibration"])
+    return groups
+
+
 def settings_of(job: Any) -> dict[str, Any]:
-    """The adapter and model settings a checkpoint must match to be resumed (stored as ``spp_settings``)."""
+    """The settings a checkpoint must match to be resumed (stored as ``spp_settings``): the adapter, the model (name,
+    path, content identity), everything that decides the pruned weights (:func:`pruning_settings`), the data and
+    the optimisation (:data:`RESUME_DATA_KEYS`, :data:`RESUME_TRAINER_KEYS`)."""
+    pruning = pruning_settings(job)
+    return {"adapter": _plain(job.adapter),
+            "model": {"name": job.model.name, "path": job.model.path, **pruning.pop("model")},
+            "pruner": {"name": job.pruner.name, **pruning.pop("pruner", {})}, "sparsity": _plain(job.sparsity),
+            **pruning, "data": _plain(job.data, RESUME_DATA_KEYS), "trainer": _plain(job.trainer, RESUME_TRAINER_KEYS)}
 
-    def plain(obj: Any) -> dict[str, Any]:
-        return {k: (v if isinstance(v, (bool, int, float, list, type(None))) else str(v)) for k, v in vars(obj).items()}
 
-    return {"adapter": plain(job.adapter), "model": {"name": job.model.name, "path": job.model.path},
-            "pruner": {"name": job.pruner.name}, "sparsity": plain(job.sparsity)}
+def compare_settings(saved: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """``(differences, not saved)``: ``key=value (checkpoint: value)`` for every key the checkpoint holds with
+    another value (or that the job no longer has), and the keys the checkpoint predates (``group.*`` for a group)."""
+    diffs: list[str] = []
+    unsaved: list[str] = []
+    for group, values in now.items():
+        old = saved.get(group)
+        if not isinstance(old, dict):
+            unsaved.append(f"{group}.*")
+            continue
+        unsaved += [f"{group}.{k}" for k in values if k not in old]
+        diffs += [f"{group}.{k}={values.get(k)!r} (checkpoint: {v!r})" for k, v in old.items() if values.get(k) != v]
+    return diffs, unsaved
 
 
 def check_resume(job: Any, checkpoint: str | os.PathLike[str]) -> None:
-    """Compare a resume checkpoint's ``spp_settings`` with the job; name every key that differs."""
+    """Compare a resume checkpoint's ``spp_settings`` with the job; name every key that differs. Settings the
+    checkpoint predates (written by an older version) are not compared: a warning names them."""
     with user_file(checkpoint, "trainer.resume_from"):
         ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
     saved = ckpt.get("spp_settings") if isinstance(ckpt, dict) else None
     if not saved:
         log.warning("preflight: %s holds no spp_settings (written before they were saved); not compared", checkpoint)
         return
-    now = settings_of(job)
-    diffs = [f"{group}.{k}={now[group].get(k)!r} (checkpoint: {v!r})" for group, values in saved.items()
-             for k, v in values.items() if group in now and now[group].get(k) != v]
+    diffs, unsaved = compare_settings(saved, settings_of(job))
     if diffs:
         raise UserError(f"trainer.resume_from={str(checkpoint)!r} was written with other settings: {', '.join(diffs)}",
                         "resume with the checkpoint's settings, or start a new run without trainer.resume_from",
                         key="trainer.resume_from")
+    if unsaved:
+        log.warning("preflight: %s was written before these settings were saved, so they are not compared: %s",
+                    checkpoint, ", ".join(unsaved))
 
 
 # --------------------------------------------------------------------------------------------------------- stale
@@ -316,6 +477,9 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str] | None, cache_dirs:
 # ------------------------------------------------------------------------------------------------------- commands
 
 
+CACHE_DIR_FIX = "point cache_dir= (or the SPP_CACHE_DIR environment variable) at a directory you can write to"
+
+
 def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
     """Everything ``train.py`` can check before loading a weight; returns the model's arch fields."""
     arch = model_arch(job.model)
@@ -326,6 +490,7 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
     if job.eval.ppl:
         seqlens["eval.seqlen"] = job.eval.seqlen
     check_shapes(arch, adapter=job.adapter, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
+    check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity, adapter=job.adapter)
     if get_method(job.adapter.name).trains:
         check_data_source(job.data.source, job.data_dir)
     if job.pruner.name != "none" and not job.sparsity.is_dense and job.pruner.needs_calibration:
@@ -334,6 +499,8 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
         check_ppl_sources([job.eval.ppl_source, *job.eval.extra_ppl_sources], job.data_dir)
     if resume:
         check_resume(job, resume)
+    caches = ["pruning"] if job.pruner.name != "none" and not job.sparsity.is_dense else []
+    check_cache_dirs(job.cache_dir, caches + (["ppl"] if job.eval.ppl and (job.dense_ppl or job.pruned_ppl) else []))
     return arch
 
 
@@ -342,9 +509,18 @@ def preflight_prune(job: Any) -> dict[str, Any]:
     arch = model_arch(job.model)
     seqlens = {"calibration.seqlen": job.calibration.seqlen} if job.pruner.needs_calibration else {}
     check_shapes(arch, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
+    check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity)
     if job.pruner.needs_calibration:
         check_calibration(job.calibration, job.data_dir)
+    if job.use_cache and job.pruner.name != "none" and not job.sparsity.is_dense:
+        check_cache_dirs(job.cache_dir, ["pruning"])
     return arch
+
+
+def check_cache_dirs(cache_dir: str, subdirs: list[str]) -> None:
+    """The caches the job will write (``<cache_dir>/pruning``, ``<cache_dir>/ppl``) are writable directories."""
+    for sub in subdirs:
+        check_writable_dir(Path(cache_dir).expanduser() / sub, "cache_dir", CACHE_DIR_FIX, value=cache_dir)
 
 
 def check_calibration(calibration: Any, data_dir: str | None) -> None:

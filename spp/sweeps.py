@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,20 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from spp.atomic import write_json_atomic
+from spp.errors import UserError
 
 OBJECTIVE_FILE = "objective.json"
 TRIALS_FILE = "trials.json"
 VALIDATION_OBJECTIVES: tuple[str, ...] = ("val_loss",)
 """Objectives a hyper-parameter search may optimise: ``val_loss`` = the Alpaca held-out loss (last ``val/loss``)."""
+
+
+def optuna_sweep() -> bool:
+    """Whether this job is a trial of a Hydra multirun under an Optuna sweeper (whose value it must return)."""
+    if not HydraConfig.initialized():
+        return False
+    hydra_cfg = HydraConfig.get()
+    return hydra_cfg.mode == RunMode.MULTIRUN and "optuna" in str(hydra_cfg.sweeper.get("_target_", "")).lower()
 
 
 def require_validation_objective(objective: str | None, allowed: Sequence[str] = VALIDATION_OBJECTIVES) -> None:
@@ -37,18 +46,34 @@ def require_validation_objective(objective: str | None, allowed: Sequence[str] =
     sweeper. Choosing a learning rate on the test split would leak the split into the numbers reported on it.
 
     Raises:
-        ValueError: naming the key, the allowed values and the fix.
+        UserError: naming the key, the allowed values and the fix (``cli_errors`` prints it as one line).
     """
-    if not HydraConfig.initialized():
-        return
-    hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode != RunMode.MULTIRUN or "optuna" not in str(hydra_cfg.sweeper.get("_target_", "")).lower():
-        return
-    if objective not in allowed:
-        raise ValueError(
+    if optuna_sweep() and objective not in allowed:
+        raise UserError(
             f"objective={objective}: an Optuna sweep selects hyper-parameters, so the job must return a validation "
-            f"metric ({', '.join(allowed)}), never a test-split number; set objective=val_loss"
+            f"metric ({', '.join(allowed)}), never a test-split number",
+            "set objective=val_loss (hydra/sweeper=optuna_lr sets it; drop objective= from the command line)",
+            key="objective",
         )
+
+
+def require_objective_recorded(objective: str | None, missing: Callable[[], str | None]) -> None:
+    """Refuse an Optuna sweep whose jobs cannot record their ``val_loss`` objective, before the first trial.
+
+    A trial that returns no value makes Optuna fail after every trial has trained, merged and evaluated ("No
+    trials are completed yet"). ``missing`` (called only for such a sweep) says why no validation loss will be
+    logged, as ``"<what> — <fix>"``, or returns ``None``.
+
+    Raises:
+        UserError: naming the keys that prevent validation and how to make it run.
+    """
+    if not optuna_sweep() or objective != "val_loss":
+        return
+    reason = missing()
+    if reason:
+        what, _, fix = reason.partition(" — ")
+        raise UserError(f"objective=val_loss: this Optuna sweep's jobs would record no validation loss: {what}",
+                        fix or "make validation run (trainer.val_check_interval, data.val_size)", key="objective")
 
 
 def _task_rank() -> int:

@@ -133,11 +133,13 @@ def test_unknown_key_added_with_plus_is_rejected(tmp_path, monkeypatch, capsys, 
     assert "adapter.r=" in line  # the suggestion
 
 
-def test_unknown_key_without_plus_keeps_hydras_message(tmp_path, monkeypatch, capsys, no_weights):
+def test_unknown_key_without_plus_gets_the_same_line(tmp_path, monkeypatch, capsys, no_weights):
+    """Issue 28: not Hydra's exit 1 advising ``+adapter.rr=16`` (spp.overrides checks sys.argv first)."""
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     code, err, _ = cli("train", [*TINY, "adapter.rr=16"], tmp_path, monkeypatch, capsys)
-    assert code == 1  # Hydra's own composition error
-    assert "adapter.rr" in err and "Traceback" not in err
+    assert code == 2
+    line = one_line(err, "train", "adapter.rr", "did you mean adapter.r=?")
+    assert "+adapter.rr" not in line
 
 
 @pytest.mark.parametrize("cmd", ["prune", "eval"])
@@ -256,6 +258,50 @@ def test_resume_with_other_adapter_r_names_the_key(tmp_path, monkeypatch, capsys
                        capsys)
     assert code == 2
     one_line(err, "train", "adapter.r=8", "16", "trainer.resume_from")
+
+
+@pytest.mark.parametrize("then, now, named", [
+    ("calibration.nsamples=4", "calibration.nsamples=2", ["calibration.nsamples=2", "(checkpoint: 4)",
+                                                           "pruning.cache_key"]),
+    ("pruner=sparsegpt", "pruner=sparsegpt pruner.percdamp=0.05", ["pruner.percdamp=0.05", "(checkpoint: 0.01)"]),
+    ("pruner=sparsegpt", "pruner=wanda", ["pruner.name='wanda'", "pruner.percdamp=None"]),
+    ("data.max_length=128", "data.max_length=96", ["data.max_length=96"]),
+    ("trainer.lr=0.01", "trainer.lr=0.02", ["trainer.lr=0.02", "(checkpoint: 0.01)"]),
+])
+def test_resume_after_other_pruning_data_or_training_names_every_key(then, now, named, tmp_path, monkeypatch, capsys,
+                                                                    no_weights):
+    """Issue 28 item 12: other masks (calibration, pruner settings), data or optimisation are refused in one line."""
+    ckpt = tmp_path / "old.ckpt"
+    torch.save({"state_dict": {}, "spp_settings": settings_of(tiny_job(tmp_path, then))}, ckpt)
+    code, err, _ = cli("train", [*TINY, *now.split(), f"trainer.resume_from={ckpt}"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", *named, "trainer.resume_from")
+
+
+def test_resume_from_a_checkpoint_older_than_the_settings_warns(tmp_path, caplog):
+    """A checkpoint holding only the first settings (adapter, model name/path, pruner name, sparsity) is resumed;
+    the settings it predates are named in a warning, not compared."""
+    from spp.preflight import check_resume
+
+    job = tiny_job(tmp_path)
+    now = settings_of(job)
+    old = {"adapter": now["adapter"], "model": {k: now["model"][k] for k in ("name", "path")},
+           "pruner": {"name": now["pruner"]["name"]}, "sparsity": now["sparsity"]}
+    ckpt = tmp_path / "old.ckpt"
+    torch.save({"state_dict": {}, "spp_settings": old}, ckpt)
+    with caplog.at_level("WARNING"):
+        check_resume(job, ckpt)
+    warning = caplog.text
+    for name in ("model.weights", "pruner.targets", "calibration.*", "pruning.*", "data.*", "trainer.*"):
+        assert name in warning, (name, warning)
+
+
+def test_resume_settings_hold_what_decides_the_pruned_weights(tmp_path):
+    settings = settings_of(tiny_job(tmp_path))
+    assert settings["model"]["weights"].startswith("tiny-") and settings["pruning"]["cache_key"]
+    assert settings["calibration"]["file_sha256"] and settings["calibration"]["nsamples"] == 4
+    assert {"targets", "true_sequential"} <= set(settings["pruner"])
+    assert settings["data"]["max_length"] == 128 and settings["trainer"]["lr"] > 0
 
 
 def test_missing_resume_checkpoint(tmp_path, monkeypatch, capsys, no_weights):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import random
 
@@ -11,7 +12,7 @@ import pytest
 from spp.eval.harness import TASK_DIR, ZERO_SHOT_TASKS, leaf_tasks, resolve_tasks, task_data_files, task_manager
 from spp.eval.mmlu_tasks import MMLU_SUBJECTS, MMLU_TASK_DIR, render_mmlu_yamls
 from spp.eval.tasks import local_data
-from spp.paths import SHARED_DATA_DIR
+from spp.paths import SAMPLE_DATA_DIR, SHARED_DATA_DIR
 
 # Documents in the samples shipped in data/ (data/README.md): a seeded random 200 (BoolQ, HellaSwag, WinoGrande,
 # ARC), all 277 RTE, all 500 OpenBookQA, a seeded random 10 test rows per MMLU subject.
@@ -157,13 +158,38 @@ def test_doc_seed_gives_a_seeded_random_order_that_limit_takes_a_prefix_of(sampl
     assert sorted(m0["test"]["question"]) == sorted(m1["test"]["question"]) != m1["test"]["question"]
 
 
+FULL_RECORDS = {"boolq/val.jsonl": 3270, "winogrande/winogrande.jsonl": 1267, "arc/ARC-Easy-Test.jsonl": 2376,
+                "arc/ARC-Challenge-Test.jsonl": 1172, "hellaswag/hellaswag_val_full.txt": 10042}
+"""Records of the full-size files the samples were drawn from (data/README.md)."""
+
+
+def _make_samples():
+    spec = importlib.util.spec_from_file_location("make_samples", SAMPLE_DATA_DIR / "make_samples.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_shipped_samples_are_seeded_random_records_of_the_full_files(sample_data_dir):
-    """data/make_samples.py: 200 whole records of the full copy, byte-identical, in file order, not its first 200."""
-    if not (SHARED_DATA_DIR / "boolq/val.jsonl").is_file():
-        pytest.skip("no full-size data directory")
-    for rel in ("boolq/val.jsonl", "winogrande/winogrande.jsonl", "arc/ARC-Easy-Test.jsonl"):
-        full = (SHARED_DATA_DIR / rel).read_bytes().split(b"\n")
-        shipped = (sample_data_dir / rel).read_bytes().split(b"\n")[:-1]
-        pos = {line: i for i, line in enumerate(full)}
-        idx = [pos[line] for line in shipped]
-        assert len(idx) == 200 and idx == sorted(idx) and idx != list(range(200))
+    """data/make_samples.py: 200 whole records of the full copy, in file order, not its first 200 — checked on the
+    shipped files alone: BoolQ's records carry their line number in the full file (``idx``), which must be exactly
+    the seeded draw; every sampled file splits into whole records only, as many as drawn."""
+    make = _make_samples()
+    readers = {"jsonl": make.jsonl_records, "hellaswag": make.hellaswag_records}
+    for rel, (kind, k) in make.SAMPLES.items():
+        text = (sample_data_dir / rel).read_bytes().decode("utf-8")
+        records = readers[kind](text)
+        assert len(records) == k == 200 and "".join(records) == text, rel
+        _, drawn = make.sample(list(range(FULL_RECORDS[rel])), k, rel)
+        assert drawn == sorted(set(drawn)) and drawn != list(range(k)) and drawn[-1] < FULL_RECORDS[rel], rel
+    _, boolq_draw = make.sample(list(range(FULL_RECORDS["boolq/val.jsonl"])), 200, "boolq/val.jsonl")
+    idx = [json.loads(line)["idx"] for line in (sample_data_dir / "boolq/val.jsonl").open()]
+    assert idx == boolq_draw
+    for path in sorted((sample_data_dir / "mmlu/test").glob("*_test.csv")):
+        text = path.read_bytes().decode("utf-8")
+        assert len(make.csv_records(text)) == make.MMLU_PER_SUBJECT and "".join(make.csv_records(text)) == text
+    if (SHARED_DATA_DIR / "boolq/val.jsonl").is_file():  # the project's machines: byte-identical to the full copy
+        for rel in make.SAMPLES:
+            full = readers[make.SAMPLES[rel][0]]((SHARED_DATA_DIR / rel).read_bytes().decode("utf-8"))
+            picked, _ = make.sample(full, 200, rel)
+            assert "".join(picked).encode() == (sample_data_dir / rel).read_bytes(), rel

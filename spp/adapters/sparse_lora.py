@@ -32,6 +32,7 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from peft.tuners.lora.layer import LoraVariant
 from peft.utils import load_peft_weights, set_peft_model_state_dict
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from spp.adapters.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.adapters.spp.functional import BACKWARD_CHUNK_ELEMENTS
@@ -142,6 +143,12 @@ def masked_lora(xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, pa
     return MaskedLoRAFunction.apply(xd, lora_a, lora_b, packed_mask, float(scale))
 
 
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, gathered whole when it is an FSDP2 shard (``DTensor``; a collective)."""
+    t = t.detach()
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
 def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
     return torch.promote_types(weight.dtype, torch.float32)
 
@@ -221,16 +228,20 @@ class SparseLoraLinear(LoraLinear):
 
     @torch.no_grad()
     def effective_weight(self) -> torch.Tensor:
-        """The weight the layer applies (detached, fp32 or wider): ``W~ + s·(B A) ⊙ M`` over the active adapters."""
-        weight = self.get_base_layer().weight.detach()
+        """The weight the layer applies (detached, fp32 or wider): ``W~ + s·(B A) ⊙ M`` over the active adapters.
+
+        FSDP2-sharded tensors (``DTensor``) are gathered whole first: a collective, so every rank must call it.
+        """
+        weight = _whole(self.get_base_layer().weight)
         cdt = _compute_dtype(weight)
         if self.merged or self.disable_adapters:
             return weight.to(cdt)
         delta = torch.zeros(weight.shape, dtype=cdt, device=weight.device)
         for adapter in self.active_adapters:
             if adapter in self.lora_A:
-                delta += self.get_delta_weight(adapter).to(cdt)
-        return torch.where(self.mask, weight.to(cdt) + delta, weight.to(cdt))
+                lora_a, lora_b = _whole(self.lora_A[adapter].weight), _whole(self.lora_B[adapter].weight)
+                delta += (lora_b.to(cdt) @ lora_a.to(cdt)) * self.scaling[adapter]
+        return torch.where(self.mask.to(weight.device), weight.to(cdt) + delta, weight.to(cdt))
 
     def __repr__(self) -> str:
         return "sparse_" + super().__repr__()

@@ -18,7 +18,8 @@ from spp.data.collate import PadCollator
 from spp.data.config import DataConfig, validation_split_size
 from spp.data.records import AlpacaRecord, RecordSet, SkippedRecord, load_alpaca_records
 from spp.data.resumable import ResumableLoader, trainer_position
-from spp.data.tokenization import IGNORE_INDEX, Feature, tokenize_records
+from spp.data.tokenization import IGNORE_INDEX, Feature, carries_loss, tokenize_records
+from spp.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class AlpacaDataModule(L.LightningDataModule):
         self.train_records: list[AlpacaRecord] = []
         self.val_records: list[AlpacaRecord] = []
         self._resume: dict[str, int] = {}  # loader position restored from a checkpoint (see spp.data.resumable)
+        self.dropped_no_loss: dict[str, int] = {"train": 0, "val": 0}  # records without a loss-carrying token
 
     def prepare_data(self) -> None:
         """Nothing to download for local sources; hub sources are fetched (and cached) in ``setup``."""
@@ -112,25 +114,12 @@ class AlpacaDataModule(L.LightningDataModule):
         order = torch.randperm(len(records), generator=generator).tolist()
         val_records = [records[i] for i in sorted(order[:n_val])]
         train_records = [records[i] for i in sorted(order[n_val:])]
-        kwargs = {
-            "tokenizer": self.tokenizer,
-            "max_length": cfg.max_length,
-            "add_eos": cfg.add_eos,
-            "train_on_inputs": cfg.train_on_inputs,
-            "progress": self.progress,
-        }
-        self.train_dataset = TokenizedDataset(tokenize_records(train_records, **kwargs))
-        self.val_dataset = TokenizedDataset(tokenize_records(val_records, **kwargs))
+        train_records, train_features = self._tokenize(train_records, "train")
+        val_records, val_features = self._tokenize(val_records, "val")
+        self._check_dropped(len(train_records))
+        self.train_dataset, self.val_dataset = TokenizedDataset(train_features), TokenizedDataset(val_features)
         self.record_set = record_set
         self.train_records, self.val_records = train_records, val_records
-        no_loss = sum(1 for f in self.train_dataset.features if all(t == IGNORE_INDEX for t in f["labels"]))
-        if no_loss:
-            log.warning(
-                "%d training example(s) have no loss-carrying token (prompt longer than data.max_length=%d "
-                "with data.train_on_inputs=false); raise data.max_length to use them",
-                no_loss,
-                cfg.max_length,
-            )
         log.info(
             "Alpaca data %s: %d valid records (%d skipped) from %d source(s); %d train / %d validation, "
             "%d train tokens",
@@ -142,6 +131,33 @@ class AlpacaDataModule(L.LightningDataModule):
             len(self.val_dataset),
             self.train_dataset.num_tokens,
         )
+
+    def _tokenize(self, records: list[AlpacaRecord], split: str) -> tuple[list[AlpacaRecord], list[Feature]]:
+        """Tokenise ``records`` and drop those without a loss-carrying token (counted in ``dropped_no_loss``).
+
+        With ``data.train_on_inputs=false`` a prompt that fills ``data.max_length`` leaves no response token: such
+        an example teaches nothing, and a batch made of them has a ``nan`` loss.
+        """
+        cfg = self.cfg
+        features = tokenize_records(records, self.tokenizer, max_length=cfg.max_length, add_eos=cfg.add_eos,
+                                    train_on_inputs=cfg.train_on_inputs, progress=self.progress)
+        keep = [i for i, feature in enumerate(features) if carries_loss(feature["labels"])]
+        self.dropped_no_loss[split] = len(features) - len(keep)
+        return [records[i] for i in keep], [features[i] for i in keep]
+
+    def _check_dropped(self, n_train: int) -> None:
+        """Log the records dropped for want of a loss-carrying token; refuse when no training record is left."""
+        dropped, cfg = self.dropped_no_loss, self.cfg
+        if not any(dropped.values()):
+            return
+        log.warning("dropped %d training and %d validation record(s) whose prompt fills data.max_length=%d: with "
+                    "data.train_on_inputs=false no response token is left to carry the loss; raise data.max_length "
+                    "to keep them", dropped["train"], dropped["val"], cfg.max_length)
+        if n_train == 0:
+            raise UserError(f"every training record was dropped ({dropped['train']}): each prompt fills "
+                            f"data.max_length={cfg.max_length}, so with data.train_on_inputs=false no response token "
+                            "is left to learn from", "raise data.max_length, or set data.train_on_inputs=true",
+                            key="data.max_length")
 
     def _require_setup(self) -> tuple[TokenizedDataset, TokenizedDataset]:
         if self.train_dataset is None or self.val_dataset is None:
@@ -226,7 +242,8 @@ class AlpacaDataModule(L.LightningDataModule):
         return self._require_setup()[0].num_tokens
 
     def summary(self) -> dict[str, Any]:
-        """Counts for logs and ``summary.json``: sources, valid/skipped records, split sizes, tokens."""
+        """Counts for logs and ``summary.json``: sources, valid/skipped records, split sizes, tokens, and the
+        records dropped for want of a loss-carrying token (``dropped_no_loss_records``, per split)."""
         train, val = self._require_setup()
         assert self.record_set is not None
         return {
@@ -242,4 +259,5 @@ class AlpacaDataModule(L.LightningDataModule):
             "val_tokens": val.num_tokens,
             "max_length": self.cfg.max_length,
             "train_on_inputs": self.cfg.train_on_inputs,
+            "dropped_no_loss_records": dict(self.dropped_no_loss),
         }

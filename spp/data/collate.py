@@ -14,6 +14,9 @@ from spp.data.tokenization import IGNORE_INDEX, Feature
 class PadCollator:
     """Pad a list of features to the longest one (rounded up to ``pad_to_multiple_of``).
 
+    A batch with no loss-carrying label (every label -100 after the causal shift) is refused: its loss would be
+    ``nan``, which the guards would then blame on the learning rate.
+
     Same result as ``transformers.DataCollatorForSeq2Seq(label_pad_token_id=-100)`` for these features, but it
     holds only the pad id (no tokenizer), so it neither reads nor changes the shared tokenizer's padding side
     and pickles cheaply into DataLoader workers.
@@ -46,4 +49,8 @@ class PadCollator:
                 else:
                     out[row, length - len(values) :] = values
             batch[key] = out
+        if not bool((batch["labels"][:, 1:] != IGNORE_INDEX).any()):
+            raise ValueError(f"a batch of {len(features)} example(s) has no token that carries loss (its causal-LM "
+                             "loss would be 0/0 = nan); such examples are dropped when the data is tokenised "
+                             "(spp.data.tokenization.carries_loss)")
         return batch

@@ -16,6 +16,15 @@ IGNORE_INDEX = -100
 Feature = dict[str, list[int]]
 
 
+def carries_loss(labels: list[int]) -> bool:
+    """Whether a feature has a token that counts in the causal-LM loss.
+
+    The loss compares position ``t``'s prediction with label ``t + 1`` (labels shift by one), so the first label
+    never counts. A batch of features without one would give ``0 / 0 = nan``.
+    """
+    return any(t != IGNORE_INDEX for t in labels[1:])
+
+
 def require_eos(tokenizer: PreTrainedTokenizerBase) -> int:
     """Return the tokenizer's EOS id.
 
@@ -44,7 +53,8 @@ def tokenize_records(
     The full prompt (template + output) is tokenised with truncation at ``max_length``; EOS is appended when
     the sequence is shorter than ``max_length`` and does not already end in EOS. ``labels`` copy the ids; with
     ``train_on_inputs=False`` the first ``len(tokenise(user prompt))`` labels become -100, so only the response
-    (and EOS) carries loss.
+    (and EOS) carries loss. A prompt that fills ``max_length`` leaves no such token (:func:`carries_loss`);
+    ``AlpacaDataModule`` drops those features and counts them.
     """
     eos_id = require_eos(tokenizer) if add_eos else None
     features: list[Feature] = []

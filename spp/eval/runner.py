@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.loggers import Logger
 
 from spp.adapters.spp.io import load_adapter, read_adapter_config
+from spp.atomic import check_writable_dir
 from spp.eval.harness import run_eval_tasks, task_data_files
 from spp.eval.job_config import EvalJobConfig
 from spp.eval.perplexity import check_seqlen, perplexity, source_file
@@ -73,6 +74,10 @@ def preflight(cfg: EvalJobConfig) -> None:
         task_data_files(list(cfg.eval.tasks), cfg.data_dir)
     if cfg.adapter_dir:
         read_adapter_config(cfg.adapter_dir)
+    if cfg.use_cache and wants_pruning(cfg):
+        check_writable_dir(Path(cfg.cache_dir).expanduser() / "pruning", "cache_dir",
+                           "point cache_dir= (or SPP_CACHE_DIR) at a directory you can write to, or use_cache=false",
+                           value=cfg.cache_dir)
 
 
 def default_label(cfg: EvalJobConfig) -> str:

@@ -25,6 +25,9 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "*.tiktoken")
+"""Files of which a model folder holds at least one when it has a tokenizer (fast, SentencePiece, BPE/WordPiece
+vocabularies, tiktoken)."""
 
 
 def _as_config(cfg: ModelConfig | Mapping[str, Any] | str) -> ModelConfig:
@@ -91,6 +94,11 @@ def resolve_source(cfg: ModelConfig) -> tuple[str, str, str | None]:
     if looks_local:
         raise FileNotFoundError(f"model.path={path!r} does not exist; give a local directory, a .gguf file or a hub id")
     return "hub", path, None
+
+
+def has_tokenizer_files(folder: str | os.PathLike[str]) -> bool:
+    """Whether ``folder`` holds one of :data:`TOKENIZER_FILES`."""
+    return any(any(Path(folder).glob(pattern)) for pattern in TOKENIZER_FILES)
 
 
 def load_tokenizer(cfg: ModelConfig | Mapping[str, Any] | str) -> PreTrainedTokenizerBase:
@@ -205,10 +213,73 @@ def _drop_gguf_quantizer(model: Any) -> None:
         del model.config.quantization_config
 
 
-def model_identity(cfg: ModelConfig | Mapping[str, Any] | str) -> str:
-    """A stable string that identifies the weights ``cfg`` loads (used in cache keys).
+WHOLE_FILE_BYTES = 16 * 2**20
+"""Model files up to this size (configs, tokenizers, tiny weights) are hashed whole."""
+SLICE_BYTES = 4096
+"""Bytes read at the start, middle and end of each safetensors tensor (and of each spread sample elsewhere)."""
 
-    Local files are identified by path, size and modification time; ``tiny`` by its architecture and seed.
+
+def _slices(fh: Any, start: int, end: int, digest: Any, count: int = 3) -> None:
+    """Hash ``count`` slices of ``SLICE_BYTES`` spread evenly over ``[start, end)`` (the whole range when short)."""
+    if end - start <= count * SLICE_BYTES:
+        fh.seek(start)
+        digest.update(fh.read(end - start))
+        return
+    for i in range(count):
+        fh.seek(start + (end - start - SLICE_BYTES) * i // max(1, count - 1))
+        digest.update(fh.read(SLICE_BYTES))
+
+
+def _safetensors_sample(fh: Any, size: int, digest: Any) -> bool:
+    """Hash a safetensors header and three slices of every tensor's bytes; ``False`` if the header is unreadable."""
+    head = fh.read(8)
+    n = struct.unpack("<Q", head)[0] if len(head) == 8 else size
+    if n > size - 8:
+        return False
+    header = fh.read(n)
+    try:
+        offsets = sorted(tuple(t["data_offsets"]) for k, t in json.loads(header).items() if k != "__metadata__")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    digest.update(header)
+    for begin, end in offsets:
+        _slices(fh, 8 + n + int(begin), min(size, 8 + n + int(end)), digest)
+    return True
+
+
+def file_fingerprint(path: str | os.PathLike[str]) -> str:
+    """A content fingerprint of one model file, cheap on any size: sha256 of its size and of
+
+    * the whole file up to :data:`WHOLE_FILE_BYTES` (configs, tokenizers, small weights);
+    * for a ``.safetensors`` file, its header (names, dtypes, shapes, offsets) and the first, middle and last
+      :data:`SLICE_BYTES` of every tensor (a few MB on a 70B model): new weights of the same shapes differ there;
+    * otherwise (GGUF, ``.bin``), the first 4 MiB (GGUF header and metadata), the last 1 MiB and 256 slices spread
+      over the rest.
+
+    A file replaced by one with other weights gets another fingerprint even with the same size and mtime (``cp -p``).
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    digest = hashlib.sha256(f"{size}:".encode())
+    with path.open("rb") as fh:
+        if size <= WHOLE_FILE_BYTES:
+            digest.update(fh.read())
+        elif not (path.suffix == ".safetensors" and _safetensors_sample(fh, size, digest)):
+            head = min(size, 4 * 2**20)
+            tail = min(size - head, 2**20)
+            _slices(fh, 0, head, digest, count=1024)
+            _slices(fh, head, size - tail, digest, count=256)
+            _slices(fh, size - tail, size, digest, count=256)
+    return digest.hexdigest()
+
+
+def model_identity(cfg: ModelConfig | Mapping[str, Any] | str) -> str:
+    """A stable string that identifies the weights ``cfg`` loads (used in the pruning and perplexity cache keys).
+
+    Local files are identified by content (:func:`file_fingerprint` of each file of the model directory, or of the
+    GGUF file, with its name), not by path or modification time: a model copied elsewhere keeps its identity, a
+    file replaced by another with the same size and mtime does not. ``tiny`` by its architecture and seed; a hub
+    id by its name.
     """
     cfg = _as_config(cfg)
     kind, where, gguf_file = resolve_source(cfg)
@@ -219,7 +290,7 @@ def model_identity(cfg: ModelConfig | Mapping[str, Any] | str) -> str:
     else:
         root = Path(where)
         files = [root / gguf_file] if gguf_file else sorted(p for p in root.iterdir() if p.is_file())
-        ident = {str(p.resolve()): [p.stat().st_size, int(p.stat().st_mtime)] for p in files}
+        ident = {"files": {p.name: file_fingerprint(p) for p in files}}
     ident["dtype"] = cfg.torch_dtype
     digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return f"{cfg.name}-{digest}"

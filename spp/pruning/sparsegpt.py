@@ -3,7 +3,8 @@
 H = (2/N) Σ X Xᵀ (fp32); dead inputs (H_jj = 0) get H_jj = 1 and W[:, j] = 0; damping λ = percdamp·mean(diag H);
 U = upper Cholesky factor of H⁻¹, whose diagonal is the OBS denominator. Columns are processed in blocks of
 ``blocksize``; each pruned weight's error err = w/U_jj is propagated to the later columns of the block through
-row U[j, j:], and the block's errors to all later columns at once (lazy update).
+row U[j, j:], and the block's errors to all later columns at once (lazy update). The arithmetic is fp32, or float64
+for a float64 weight (``tests/test_sparsegpt_reference.py`` compares it with a float64 port of the paper's algorithm).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ def _no_tf32() -> Iterator[None]:
 def inverse_hessian_factor(hessian: torch.Tensor, percdamp: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
     """Return (U, dead): U = upper Cholesky factor of (H + λI)⁻¹ with dead inputs set to H_jj = 1.
 
+    Computed in fp32, or in float64 when ``hessian`` is float64.
+
     Raises:
         ValueError: H is not positive definite even after damping (increase ``pruner.percdamp``).
     """
-    H = hessian.detach().clone().float()
+    H = hessian.detach().clone().to(_compute_dtype(hessian.dtype))
     dead = torch.diag(H) == 0
     H[dead, dead] = 1.0
     damp = percdamp * torch.mean(torch.diag(H))
@@ -49,6 +52,11 @@ def inverse_hessian_factor(hessian: torch.Tensor, percdamp: float = 0.01) -> tup
             f"(now {percdamp}) or use more calibration data"
         ) from err
     return U, dead
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32, or float64 for float64 inputs (a reference comparison in the tests)."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 @dataclass
@@ -70,6 +78,8 @@ def sparsegpt_prune(
 ) -> SparseGPTOutcome:
     """Prune one (out, in) matrix with SparseGPT; returns the updated weight in the input dtype.
 
+    The arithmetic is fp32 (TF32 off), or float64 when ``weight`` is float64 (``hessian`` is then used in float64).
+
     Unstructured: in each column block, the ``int(numel_block * ratio)`` weights with the smallest w²/U_jj²
     (scores from the already-updated weights) are pruned across all rows. N:M: at every M-th column, per
     row, the M - N smallest w²/U_jj² of the next M columns are pruned.
@@ -77,12 +87,12 @@ def sparsegpt_prune(
     if sparsity.kind == "nm" and blocksize % int(sparsity.m):
         raise ValueError(f"pruner.blocksize={blocksize} must be a multiple of sparsity.m={sparsity.m} for N:M")
     with _no_tf32(), one_cpu_thread(weight.device):
-        W = weight.detach().clone().float()
+        W = weight.detach().clone().to(_compute_dtype(weight.dtype))
         rows, cols = W.shape
-        U, dead = inverse_hessian_factor(hessian.to(W.device), percdamp)
+        U, dead = inverse_hessian_factor(hessian.to(W.device, W.dtype), percdamp)
         W[:, dead] = 0
         pruned = torch.zeros_like(W, dtype=torch.bool)
-        losses = torch.zeros(rows, dtype=torch.float32, device=W.device)
+        losses = torch.zeros(rows, dtype=W.dtype, device=W.device)
         for i1 in range(0, cols, blocksize):
             i2 = min(i1 + blocksize, cols)
             count = i2 - i1

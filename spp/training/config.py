@@ -93,10 +93,11 @@ class TrainerConfig:
         num_sanity_val_steps: Lightning ``num_sanity_val_steps``.
         log_every_n_steps: Logging interval in optimiser steps.
         checkpoint_every_n_steps: Adapter-only checkpoint every N optimiser steps (``None`` = each epoch end).
+            Ctrl-C always writes one of the step it finishes, and logs the command that resumes it.
         save_top_k: Adapter checkpoints kept (``-1`` = all); ``last.ckpt`` is always kept.
-        resume_from: Checkpoint to resume (adapter, optimizer, scheduler, loops, position in the epoch): a
-            ``.ckpt`` path, or ``last`` = ``<run_dir>/checkpoints/last.ckpt`` (pass the interrupted run's
-            ``run_dir=`` too, since every Hydra run gets a new directory).
+        resume_from: Checkpoint to resume (adapter, optimizer, scheduler, loops, position in the epoch, random
+            state: the run continues exactly): a ``.ckpt`` path, or ``last`` = ``<run_dir>/checkpoints/last.ckpt``
+            (pass the interrupted run's ``run_dir=`` too, since every Hydra run gets a new directory).
         progress_bar: ``rich``, ``tqdm``, ``log`` (one log line every ``progress_every_s`` seconds: step, loss,
             tokens/s, ETA; chosen automatically when stdout is not a terminal) or ``none``.
         progress_every_s: Seconds between two progress log lines (``progress_bar=log`` or stdout not a TTY).
@@ -231,17 +232,36 @@ class GuardsConfig:
     Attributes:
         enabled: Check the run at all (the non-finite loss / gradient-norm stop is always on).
         max_ppl_ratio: ``diverged`` when the merged perplexity exceeds the pruned model's by more than this factor.
-        loss_must_fall: ``diverged`` when the mean of the last training losses exceeds the mean of the first
-            (a tenth of the steps each, at least 1, at most 10).
+        loss_must_fall: ``diverged`` when the training loss rose over the run: the mean of the last losses exceeds
+            the mean of the first (windows of a third of the steps, 2 to 10 each; 1 below 6 steps) by more than
+            twice the standard error of that difference *and* by more than 1 % of the first mean. Runs of fewer
+            than 4 steps are not judged (noise, not a trend).
+        loss_blowup_factor: Stop training early when the loss of ``loss_blowup_steps`` consecutive optimiser steps
+            is above ``loss_blowup_factor`` × the first step's loss, and above it by more than
+            ``loss_blowup_margin`` (nats). Defaults 2 × and 3 nats: a blown-up learning rate gives 2.5 × (SPP on
+            SmolLM2 at lr 1e3: the loss of uniform guessing) to 20 × the first loss within a few steps; no recorded
+            run that converged spent even 2 steps in a row above it (worst spike: 2.04 ×, once).
+        loss_blowup_margin: See ``loss_blowup_factor`` (keeps a run whose first batch happened to be easy going).
+        loss_blowup_steps: Consecutive optimiser steps above the bound before the run stops (``0`` = no early
+            stop; the finalize checks above still apply).
     """
 
     enabled: bool = True
     max_ppl_ratio: float = 2.0
     loss_must_fall: bool = True
+    loss_blowup_factor: float = 2.0
+    loss_blowup_margin: float = 3.0
+    loss_blowup_steps: int = 3
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.max_ppl_ratio) and self.max_ppl_ratio >= 1.0):
             raise ValueError(f"guards.max_ppl_ratio={self.max_ppl_ratio} must be a finite number >= 1")
+        if not (math.isfinite(self.loss_blowup_factor) and self.loss_blowup_factor > 1.0):
+            raise ValueError(f"guards.loss_blowup_factor={self.loss_blowup_factor} must be a finite number > 1")
+        if not (math.isfinite(self.loss_blowup_margin) and self.loss_blowup_margin >= 0.0):
+            raise ValueError(f"guards.loss_blowup_margin={self.loss_blowup_margin} must be a finite number >= 0")
+        if self.loss_blowup_steps < 0:
+            raise ValueError(f"guards.loss_blowup_steps={self.loss_blowup_steps} must be >= 0 (0 = off)")
 
 
 @dataclass

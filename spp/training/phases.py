@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,9 +29,10 @@ from torch import nn
 
 from spp.adapters.base import ParamCounts, count_parameters
 from spp.adapters.registry import apply_adapter, get_method
-from spp.atomic import write_dir_atomic, write_json_atomic
+from spp.atomic import is_disk_full, write_dir_atomic, write_json_atomic
 from spp.data.alpaca import AlpacaDataModule
 from spp.distributed import local_device
+from spp.errors import UserError
 from spp.eval.harness import run_eval_tasks
 from spp.eval.ppl_cache import cached_perplexity
 from spp.models.loading import load_model, load_tokenizer
@@ -79,6 +82,7 @@ class FinalizeResult:
     status: str = "ok"
     diverged: list[str] = field(default_factory=list)
     sample: dict[str, Any] | None = None
+    export_error: UserError | None = None
 
 
 def job_device(job: TrainJobConfig) -> torch.device:
@@ -106,11 +110,12 @@ def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
     datamodule = AlpacaDataModule(tokenizer, job.data, data_dir=job.data_dir,
                                   progress=progress_mode(job.trainer.progress_bar) in (ProgressBar.rich,
                                                                                        ProgressBar.tqdm))
+    datamodule.setup("fit")  # bad data (e.g. every prompt longer than data.max_length) fails before the Trainer
     module = SPPModule(None, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls),
                        adapter=job.adapter, seed=job.seed)
     auditor = SparsityAuditCallback(source=pruning)
-    trainer = build_trainer(job, run_dir, loggers, [pruning, auditor, GuardsCallback(settings_of(job)),
-                                                    *(callbacks or [])])
+    guards = GuardsCallback(settings_of(job), job.guards)
+    trainer = build_trainer(job, run_dir, loggers, [pruning, auditor, guards, *(callbacks or [])])
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     losses = module.train_losses
@@ -160,7 +165,9 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
     adapter_dir = None
     if job.export.adapter and method.trains:
         start = time.perf_counter()
-        adapter_dir = str(write_dir_atomic(run_dir / "adapter", lambda tmp: method.save(model, tmp, _provenance(job))))
+        adapter_dir = str(export_dir(run_dir / "adapter", lambda tmp: method.save(model, tmp, _provenance(job)), 0,
+                                     "the adapter files", "free space there, or give this run another run_dir= on a "
+                                     "disk with room", key="export.adapter"))
         seconds["save_adapter"] = round(time.perf_counter() - start, 2)
         log.info("adapter files: %s", adapter_dir)
     start = time.perf_counter()
@@ -179,18 +186,57 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
                     "; ".join(result.diverged), run_dir)
     elif job.export.merged:
         start = time.perf_counter()
-        result.merged_dir = str(export_merged(job, merged.cpu(), pruned.tokenizer, run_dir / "merged"))
+        try:
+            result.merged_dir = str(export_merged(job, merged.cpu(), pruned.tokenizer, run_dir / "merged"))
+        except UserError as err:  # the disk is full: summary.json still says what happened
+            result.status, result.export_error = "export_failed", err
+            log.error("merged model not exported: %s", err)
+            return result
         seconds["save_merged"] = round(time.perf_counter() - start, 2)
         log.info("merged model: %s (%.1f s)", result.merged_dir, seconds["save_merged"])
     return result
+
+
+LOSS_MIN_STEPS = 4
+"""Fewer recorded training losses than this are not judged by ``guards.loss_must_fall`` (noise, not a trend)."""
+LOSS_RISE_Z = 2.0
+"""A rise counts only above this many standard errors of the difference of the two window means."""
+LOSS_RISE_RTOL = 0.01
+"""... and above this share of the first window's mean (5.504 -> 5.51 is not a rise)."""
+
+
+def loss_rise(losses: list[float]) -> str | None:
+    """Why the training loss rose over the run (``guards.loss_must_fall``), or ``None``.
+
+    Compares the mean of the first and of the last ``k`` losses (``k`` = a third of them, 2 to 10; 1 below 6
+    losses). Rose: the last mean is not finite, or exceeds the first by more than :data:`LOSS_RISE_Z` standard
+    errors of the difference *and* by more than :data:`LOSS_RISE_RTOL` of the first. Fewer than
+    :data:`LOSS_MIN_STEPS` losses are not judged.
+    """
+    n = len(losses)
+    if n < LOSS_MIN_STEPS:
+        return None
+    k = 1 if n < 6 else min(10, n // 3)
+    first, last = losses[:k], losses[-k:]
+    mean_first, mean_last = sum(first) / k, sum(last) / k
+    if not math.isfinite(mean_last):
+        return f"final training loss is {mean_last} (mean of the last {k})"
+    spread = 0.0
+    if k > 1:
+        var = (sum((x - mean_first) ** 2 for x in first) + sum((x - mean_last) ** 2 for x in last)) / (k - 1)
+        spread = math.sqrt(var / k)
+    margin = max(LOSS_RISE_Z * spread, LOSS_RISE_RTOL * abs(mean_first))
+    if mean_last - mean_first > margin:
+        return (f"final training loss {mean_last:.4g} exceeds the first {mean_first:.4g} (means of {k}) by more than "
+                f"{margin:.3g} (the larger of 2 standard errors and 1 % of the first)")
+    return None
 
 
 def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, result: FinalizeResult) -> list[str]:
     """Why the run must not be reported as a success (``guards.*``); empty when it may.
 
     Diverged: the merged perplexity is not finite or exceeds ``guards.max_ppl_ratio`` × the pruned model's, or
-    (``guards.loss_must_fall``) the mean of the last training losses exceeds the mean of the first (a tenth of
-    the recorded losses each, 1 to 10).
+    (``guards.loss_must_fall``) the training loss rose beyond its noise (:func:`loss_rise`).
     """
     if not job.guards.enabled:
         return []
@@ -202,12 +248,9 @@ def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, resu
         reasons.append(f"merged perplexity is {after}")
     elif after is not None and before is not None and math.isfinite(before) and after > ratio * before:
         reasons.append(f"merged perplexity {after:.4g} > guards.max_ppl_ratio={ratio:g} x pruned {before:.4g}")
-    losses = fitted.train_losses
-    if job.guards.loss_must_fall and get_method(job.adapter.name).trains and len(losses) >= 2:
-        k = max(1, min(10, len(losses) // 10))
-        first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
-        if not math.isfinite(last) or last > first:
-            reasons.append(f"final training loss {last:.4g} exceeds the first {first:.4g} (mean of {k})")
+    rise = loss_rise(fitted.train_losses) if job.guards.loss_must_fall and get_method(job.adapter.name).trains else None
+    if rise:
+        reasons.append(rise)
     return reasons
 
 
@@ -236,8 +279,60 @@ def _provenance(job: TrainJobConfig) -> dict[str, Any]:
     return {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name}}
 
 
+EXPORT_SLACK_BYTES = 32 * 2**20
+"""Room an export needs beyond its tensors (tokenizer and JSON files), on top of 1 % of the tensors' bytes."""
+
+
+def tensor_bytes(model: nn.Module) -> int:
+    """Bytes of the model's distinct tensors (tied ones once): about what ``save_pretrained`` writes."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in model.state_dict().values():
+        if tensor.data_ptr() not in seen:
+            seen.add(tensor.data_ptr())
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _size(n: float) -> str:
+    """``1.2 GiB``, ``512.0 KiB``, ``12 B``."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def export_dir(path: Path, writer: Callable[[Path], Any], needed: int, what: str, fix: str,
+               key: str = "export.merged") -> Path:
+    """:func:`spp.atomic.write_dir_atomic` after checking that ``needed`` bytes are free beside ``path``.
+
+    Raises:
+        UserError: too little free space (before anything is written), or the disk filled up while writing
+            (the temporary folder is removed; an earlier ``path`` stays as it was).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(path.parent).free
+    if free < needed:
+        raise UserError(f"not enough disk space to export {what} to {path}: it needs about {_size(needed)}, "
+                        f"{_size(free)} free there; nothing was written", fix, key=key, path=path)
+    try:
+        return write_dir_atomic(path, writer)
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        free = shutil.disk_usage(path.parent).free
+        raise UserError(f"the disk filled up while exporting {what} to {path} (needs about {_size(needed)}, "
+                        f"{_size(free)} free now; {type(err).__name__}: {err}); nothing half-written was kept",
+                        fix, key=key, path=path) from err
+
+
 def export_merged(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, path: Path) -> Path:
-    """``save_pretrained`` of the merged sparse model + tokenizer + ``spp_export.json``, atomically."""
+    """``save_pretrained`` of the merged sparse model + tokenizer + ``spp_export.json``, atomically.
+
+    Checks the free space first (the tensors' bytes + 1 % + :data:`EXPORT_SLACK_BYTES`); a full disk, before or
+    during the write, is a :class:`UserError` naming the path, the bytes needed and free, and the fix.
+    """
 
     def write(tmp: Path) -> None:
         merged.save_pretrained(tmp, max_shard_size=job.export.max_shard_size)
@@ -247,4 +342,7 @@ def export_merged(job: TrainJobConfig, merged: nn.Module, tokenizer: Any, path: 
         write_json_atomic(tmp / "spp_export.json", {"adapter": adapter, "dtype": str(next(merged.parameters()).dtype),
                                                     **_provenance(job)})
 
-    return write_dir_atomic(path, write)
+    needed = tensor_bytes(merged) * 101 // 100 + EXPORT_SLACK_BYTES
+    return export_dir(path, write, needed, "the merged model", f"free space there, or give this run another run_dir= "
+                      f"on a disk with room, or set export.merged=false (adapter files and checkpoints stay in "
+                      f"{path.parent})")

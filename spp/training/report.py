@@ -83,6 +83,7 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
         "merge": final.merge,
         "timings": timings,
         "outputs": {"merged_dir": final.merged_dir, "adapter_dir": final.adapter_dir,
+                    "export_error": str(final.export_error) if final.export_error is not None else None,
                     "checkpoints": str(run_dir / "checkpoints"), "summary": str(run_dir / "summary.json"),
                     "resolved_config": str(run_dir / "resolved_config.yaml")},
         "config": OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True),
@@ -155,6 +156,8 @@ def output_lines(summary: dict[str, Any]) -> list[str]:
     lines = [f"{label}: {outputs[key]}" for label, key in names if outputs.get(key)]
     lines += [f"data: {f['path']} (sha256 {f['sha256'][:12]}{', truncated sample' if f['truncated_sample'] else ''})"
               for f in summary.get("data_files") or []]
+    if summary.get("status") == "export_failed":
+        lines.append(f"status: export failed ({outputs.get('export_error')})")
     if summary.get("status") == "diverged":
         lines.append(f"status: diverged ({'; '.join(summary.get('diverged') or [])}); merged model not exported")
     return lines

@@ -20,6 +20,7 @@ from lightning.pytorch.loggers import Logger
 
 from spp.training.callbacks.adapter_checkpoint import AdapterCheckpoint
 from spp.training.callbacks.progress import LogProgress
+from spp.training.callbacks.rng_state import RngState
 from spp.training.config import ProgressBar, TrainerConfig, TrainJobConfig
 from spp.training.strategies import build_strategy
 
@@ -66,10 +67,12 @@ def accumulation(job: TrainJobConfig) -> int:
 
 
 def loop_callbacks(job: TrainJobConfig, run_dir: Path, steps_hint: int) -> list[Callback]:
-    """What runs during training: adapter checkpoints, learning rate, throughput, clock and progress."""
+    """What runs during training: adapter checkpoints (with the random state), learning rate, throughput, clock and
+    progress."""
     tcfg = job.trainer
     callbacks: list[Callback] = [
         AdapterCheckpoint(run_dir / "checkpoints", tcfg.checkpoint_every_n_steps, tcfg.save_top_k),
+        RngState(),
         LearningRateMonitor("step"),
         ThroughputMonitor(batch_size_fn=lambda b: b["input_ids"].size(0),
                           length_fn=lambda b: int(b["attention_mask"].sum()),

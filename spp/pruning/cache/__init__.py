@@ -112,9 +112,21 @@ def cache_key(
     return key, digest
 
 
-def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str, pruner: str, sparsity: str) -> Path:
-    """Directory of the entry for ``key``."""
-    return Path(cache_dir).expanduser() / "pruning" / key["model"] / f"{pruner}-{sparsity}-{digest[:16]}"
+def pattern_label(pattern: dict[str, Any]) -> str:
+    """``unstructured50``, ``unstructured62.5`` or ``nm2_4``: the key's pattern (``cache_key(...)[0]["sparsity"]``)."""
+    if pattern["kind"] == "nm":
+        return f"nm{pattern['n']}_{pattern['m']}"
+    return f"{pattern['kind']}{100 * float(pattern['ratio']):g}"
+
+
+def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str) -> Path:
+    """Directory of the entry for ``key``: ``<model identity>/<pruner>-<pattern>-<digest[:16]>``.
+
+    Named from the key itself, not from display names, so ``sparsity=unstructured50`` and ``sparsity=unstructured
+    sparsity.ratio=0.5`` share one entry, and ``sparsity=unstructured50 sparsity.ratio=0.75`` is labelled 75.
+    """
+    label = f"{key['pruner']['name']}-{pattern_label(key['sparsity'])}-{digest[:16]}"
+    return Path(cache_dir).expanduser() / "pruning" / key["model"] / label
 
 
 def _check_shapes(reader: EntryReader, linears: dict[str, nn.Linear]) -> None:
@@ -206,7 +218,7 @@ def prune_cached(
         error: UserError | None = None
         if ctx.is_main:
             key, digest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
-            entry = cache_entry_dir(cache_dir, key, digest, pruner.name, sparsity.name)
+            entry = cache_entry_dir(cache_dir, key, digest)
             try:
                 hit = _decide(off, entry, key, sparsity, linears, stack, lock_timeout_s)
             except UserError as err:

@@ -1,6 +1,6 @@
 """On-disk pruning cache entries: packed masks (+ SparseGPT weights) in safetensors and a manifest with checksums.
 
-An entry is a directory ``<cache_dir>/pruning/<model identity>/<pruner>-<sparsity>-<key hash>/`` holding
+An entry is a directory ``<cache_dir>/pruning/<model identity>/<pruner>-<pattern>-<key hash>/`` holding
 ``state.safetensors`` (the bit-packed masks), for SparseGPT one ``weights-<k>.safetensors`` per decoder block, and
 ``manifest.json``. Every file is written to a temporary file then renamed; the manifest is written last and records
 each file's sha256, so a partial or corrupted entry is detected by its reader (:class:`EntryReader`).

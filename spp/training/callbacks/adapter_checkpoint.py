@@ -1,23 +1,50 @@
-"""``AdapterCheckpoint``: small resumable checkpoints holding only the adapter tensors.
+"""``AdapterCheckpoint``: small resumable checkpoints holding only the adapter tensors, and one on Ctrl-C.
 
 ``SPPModule.on_save_checkpoint`` drops the frozen pruned weights from ``state_dict`` (they come back from the
 pruning cache on resume) and ``strict_loading = False`` lets Lightning load the partial state; optimizer,
-scheduler and loop states are kept, so ``trainer.resume_from=...`` continues exactly.
+scheduler, loop, data-position and random states are kept (``RngState``), so ``trainer.resume_from=...``
+continues exactly.
+
+Ctrl-C (SIGINT) during training finishes the optimiser step under way, writes a checkpoint of it (also with
+``trainer.checkpoint_every_n_steps=null``), logs where it is and the command that resumes it, and stops the run
+(Lightning's graceful shutdown, exit status 1). A second Ctrl-C stops at once, without a checkpoint. With several
+processes every rank stops after the same step (the request is reduced across ranks at each step).
 """
 
 from __future__ import annotations
 
+import logging
+import shlex
+import signal
+import threading
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
+
+log = logging.getLogger(__name__)
+
+
+def resume_command(run_dir: Path) -> str:
+    """``python train.py <this run's overrides> run_dir=<run_dir> trainer.resume_from=last``."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+    except (ImportError, ValueError):
+        overrides = None
+    keep = ["<the run's overrides>"] if overrides is None else [
+        shlex.quote(o) for o in overrides if o.lstrip("+~").split("=", 1)[0] not in ("run_dir", "trainer.resume_from")]
+    return " ".join(["python train.py", *keep, shlex.quote(f"run_dir={run_dir}"), "trainer.resume_from=last"])
 
 
 class AdapterCheckpoint(ModelCheckpoint):
     """A ``ModelCheckpoint`` writing ``adapter-stepNNNNNN.ckpt`` under ``<run_dir>/checkpoints`` and ``last.ckpt``
-    as a symbolic link to the newest of them (one file per saved step).
+    as a symbolic link to the newest of them (one file per saved step); on Ctrl-C, one of the step just finished.
 
     Args:
-        dirpath: Checkpoint directory.
+        dirpath: Checkpoint directory (``<run_dir>/checkpoints``).
         every_n_train_steps: Save every N optimiser steps; ``None`` saves at each epoch end.
         save_top_k: How many step checkpoints to keep (``-1`` = all).
     """
@@ -34,6 +61,81 @@ class AdapterCheckpoint(ModelCheckpoint):
             save_last="link",  # last.ckpt is a link to the newest step file, never a second copy of it
             save_on_train_epoch_end=True,
         )
+        self.stop_requested = False
+        self._handler_installed = False
+        self._is_global_zero = True
+        self._previous_handler: Any = None
+        self._step_at_batch_start = 0
+
+    # ------------------------------------------------------------------ Ctrl-C
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._is_global_zero = trainer.is_global_zero
+        if threading.current_thread() is threading.main_thread() and not self._handler_installed:
+            self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
+            self._handler_installed = True
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        """First Ctrl-C: stop after this optimiser step with a checkpoint; the next one interrupts at once."""
+        self.stop_requested = True
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self._is_global_zero:
+            log.warning("Ctrl-C: finishing this optimiser step, then writing a resumable checkpoint and stopping "
+                        "(Ctrl-C again stops at once, without a checkpoint)")
+
+    def _restore_handler(self) -> None:
+        if self._handler_installed and threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGINT) in (self._on_sigint, signal.default_int_handler):
+                signal.signal(signal.SIGINT, self._previous_handler or signal.default_int_handler)
+            self._handler_installed = False
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._step_at_batch_start = trainer.global_step
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if trainer.global_step != self._step_at_batch_start and self._stop_everywhere(trainer):
+            self.save_and_stop(trainer)  # a finished optimiser step, not the middle of a gradient accumulation
+
+    def _stop_everywhere(self, trainer: L.Trainer) -> bool:
+        """Whether any rank got Ctrl-C (one small all-reduce with several ranks, so all stop at the same step)."""
+        if trainer.world_size > 1:
+            return bool(trainer.strategy.reduce_boolean_decision(self.stop_requested, all=False))
+        return self.stop_requested
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._restore_handler()
+        if self._stop_everywhere(trainer):  # Ctrl-C during the last validation: stop before finalize all the same
+            self.save_and_stop(trainer)
+
+    def save_and_stop(self, trainer: L.Trainer) -> None:
+        """Write a checkpoint of the last finished optimiser step (unless one exists), log how to resume, stop."""
+        if not self._should_skip_saving_checkpoint(trainer):
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+        self.stop_requested = False
+        if trainer.is_global_zero:
+            path = Path(self._last_checkpoint_saved or Path(self.dirpath or ".") / "last.ckpt")
+            log.warning("interrupted: training stopped after optimiser step %d; resumable checkpoint: %s "
+                        "(last.ckpt links to it)", trainer.global_step, path)
+            log.warning("resume with: %s", resume_command(Path(self.dirpath or ".").resolve().parent))
+        raise KeyboardInterrupt
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        self._restore_handler()
+        if isinstance(exception, KeyboardInterrupt) and self.stop_requested and trainer.is_global_zero:
+            last = self._last_checkpoint_saved
+            log.warning("interrupted at once (second Ctrl-C): no checkpoint of the step under way; %s",
+                        f"the newest checkpoint is {last}" if last else "no checkpoint was written")
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        self._restore_handler()
 
 
 def resolve_resume(resume_from: str | None, checkpoint_dir: Path) -> str | None:

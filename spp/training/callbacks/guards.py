@@ -1,5 +1,6 @@
-"""Run guards: stop training at the first non-finite loss or gradient norm, naming the step and learning rate, and
-stamp every checkpoint with the settings it was written with (checked by ``spp.preflight.check_resume``)."""
+"""Run guards: stop training at the first non-finite loss or gradient norm, or when the loss has blown up far above
+its starting value for several steps, naming the step and learning rate; and stamp every checkpoint with the
+settings it was written with (checked by ``spp.preflight.check_resume``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from spp.errors import DivergedError
+from spp.training.config import GuardsConfig
 
 
 def _lr(trainer: L.Trainer) -> float | None:
@@ -25,19 +27,30 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class GuardsCallback(Callback):
-    """Raise :class:`spp.errors.DivergedError` at the first non-finite training loss or gradient norm.
+    """Raise :class:`spp.errors.DivergedError` at the first non-finite training loss or gradient norm, or when the
+    training loss has blown up (``guards.loss_blowup_*``).
 
     The gradient norm is read after the gradients are reduced across ranks (``on_before_optimizer_step``), so every
     rank sees the same non-finite value and stops together; the per-micro-batch loss is checked in a single process
     only (with several ranks a local check could leave the others waiting in a collective). fp16 mixed precision
     skips the gradient check: its loss scaler expects and skips overflowing steps itself.
 
+    The blow-up check runs once per optimiser step on the step's mean loss, averaged across ranks first (one small
+    all-reduce), so every rank takes the same decision at the same step. Its reference (the first step's loss) and
+    count travel in checkpoints (``state_dict``), so a resumed run keeps them.
+
     Args:
         settings: Stored as ``checkpoint["spp_settings"]`` (``spp.preflight.settings_of``).
+        guards: The ``guards`` group; ``None`` = its defaults.
     """
 
-    def __init__(self, settings: dict[str, Any] | None = None) -> None:
+    def __init__(self, settings: dict[str, Any] | None = None, guards: GuardsConfig | None = None) -> None:
         self.settings = settings or {}
+        self.guards = guards or GuardsConfig()
+        self.first_loss: float | None = None
+        self.steps_above = 0
+        self._step_losses: list[torch.Tensor] = []
+        self._step_at_batch_start = 0
 
     def _stop(self, trainer: L.Trainer, what: str, value: float) -> None:
         lr = _lr(trainer)
@@ -48,15 +61,60 @@ class GuardsCallback(Callback):
             key="trainer.lr",
         )
 
+    @property
+    def _watch_blowup(self) -> bool:
+        return self.guards.enabled and self.guards.loss_blowup_steps > 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._step_at_batch_start = trainer.global_step
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if trainer.world_size > 1:
-            return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor):
+        if isinstance(loss, torch.Tensor) and trainer.world_size == 1:
             value = float(loss.detach().float())
             if not math.isfinite(value):
                 self._stop(trainer, "the training loss", value)
+        if not self._watch_blowup:
+            return
+        if isinstance(loss, torch.Tensor):
+            self._step_losses.append(loss.detach().float())
+        if trainer.global_step != self._step_at_batch_start and self._step_losses:  # an optimiser step just ended
+            mean = torch.stack(self._step_losses).mean()
+            self._step_losses = []
+            if trainer.world_size > 1:
+                mean = trainer.strategy.reduce(mean, reduce_op="mean")
+            self.check_blowup(trainer, float(mean))
+
+    def check_blowup(self, trainer: L.Trainer, loss: float) -> None:
+        """Count the optimiser steps in a row whose loss is above the bound; stop the run at ``loss_blowup_steps``."""
+        if self.first_loss is None:
+            self.first_loss = loss if math.isfinite(loss) else None
+            return
+        g = self.guards
+        bound = max(g.loss_blowup_factor * self.first_loss, self.first_loss + g.loss_blowup_margin)
+        self.steps_above = self.steps_above + 1 if not loss <= bound else 0
+        if self.steps_above < g.loss_blowup_steps:
+            return
+        lr = _lr(trainer)
+        raise DivergedError(
+            f"training stopped: the training loss blew up: {loss:.4g} at step {trainer.global_step}"
+            f"{f' (learning rate {lr:g})' if lr is not None else ''}, above {bound:.4g} "
+            f"(guards.loss_blowup_factor={g.loss_blowup_factor:g} x the first step's {self.first_loss:.4g}, and "
+            f"more than guards.loss_blowup_margin={g.loss_blowup_margin:g} above it) for {self.steps_above} "
+            "consecutive optimiser steps",
+            "lower trainer.lr (e.g. 10 times), or set trainer.gradient_clip_val; guards.loss_blowup_steps=0 turns "
+            "this stop off; the checkpoints written so far are kept",
+            key="trainer.lr",
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first_loss": self.first_loss, "steps_above": self.steps_above}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.first_loss = state_dict.get("first_loss")
+        self.steps_above = int(state_dict.get("steps_above", 0))
 
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         if "16-mixed" in str(trainer.precision) and "bf16" not in str(trainer.precision):

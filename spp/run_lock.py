@@ -1,0 +1,104 @@
+"""One job per run directory: an exclusive, non-blocking lock on ``<run_dir>/.spp-run.lock`` for the whole job.
+
+Two jobs writing one run directory interleave: the CSV logger crashes, or ``summary.json`` and ``merged/`` of one
+job end up beside the other's ``resolved_config.yaml``, and the second job's clean-up of temporaries
+(:func:`spp.preflight.remove_stale_temporaries`) deletes the first one's export in progress. The job's leader
+takes the lock before that clean-up and keeps it until its last file is written; a second job is refused in one
+line naming the holder.
+
+Only the job's leader (global rank 0) takes it. Lightning starts the other ranks of a job by running the same
+script again with ``LOCAL_RANK`` set (``torchrun`` and SLURM set ``RANK`` / ``SLURM_PROCID`` for every rank, a
+multi-node launch ``NODE_RANK``): those processes belong to the job that holds the lock and skip it. The lock is an
+``fcntl.flock`` on an open file, so the kernel releases it when the process ends, however it ends (``kill -9``
+leaves no stale lock).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from spp.atomic import check_writable_dir
+from spp.errors import UserError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: no lock (the project runs on Linux)
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_FILE = ".spp-run.lock"
+"""The lock's file name inside the run directory (it stays there; only a held ``flock`` on it counts)."""
+
+_RANK_KEYS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+"""Where a launcher puts a process's rank (the order Lightning's ``rank_zero_only`` reads them in)."""
+
+
+def is_job_leader() -> bool:
+    """Whether this process speaks for its job: global rank 0 on node 0 (also a plain single-process run)."""
+    rank = next((os.environ[key] for key in _RANK_KEYS if os.environ.get(key)), "0")
+    node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
+    return int(rank) == 0 and int(node) == 0
+
+
+def _holder(fd: int) -> str:
+    """``pid 123 on host h since <time>`` from the lock file (written by the holder), or a generic phrase."""
+    try:
+        info = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return f"pid {info['pid']} on host {info['host']} since {info['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "another process"
+
+
+def _claim(fd: int) -> None:
+    """Record this process as the holder (pid, host, start time) in the lock file."""
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    except OSError:  # opened read-only (see hold_run_dir): the lock holds, only its holder goes unrecorded
+        pass
+
+
+@contextmanager
+def hold_run_dir(run_dir: str | os.PathLike[str], key: str = "run_dir",
+                 leader: bool | None = None) -> Iterator[Path]:
+    """Create ``run_dir`` (it must be writable) and, in the job's leader, hold its lock until the block ends.
+
+    Args:
+        run_dir: The job's output directory.
+        key: The config key that sets it (``run_dir`` for ``train.py``, ``output_dir`` for the others), named in
+            the error.
+        leader: Whether this process takes the lock; ``None``: :func:`is_job_leader`.
+
+    Raises:
+        UserError: ``run_dir`` is not writable, or another job holds its lock (naming its pid and host).
+    """
+    run_dir = check_writable_dir(run_dir, key)
+    if not (is_job_leader() if leader is None else leader) or fcntl is None:
+        yield run_dir
+        return
+    path = run_dir / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # another user's lock file in a shared run directory: a read-only flock works too
+        fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise UserError(f"{key}={str(run_dir)!r} is in use by another job ({_holder(fd)}; lock {path}); two "
+                            "jobs in one run directory would mix their outputs",
+                            f"wait for that job to end, or give this job another {key}=", key=key,
+                            path=run_dir) from None
+        _claim(fd)
+        yield run_dir
+    finally:
+        os.close(fd)  # releases the flock

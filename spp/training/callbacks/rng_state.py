@@ -1,0 +1,93 @@
+"""``RngState``: the random state (torch CPU and CUDA, numpy, Python) in every checkpoint, for exact resume.
+
+Adapter dropout draws from the global generators, so a resumed run repeats the uninterrupted one only if it
+starts each training batch from the same random state. This callback makes that state depend on the training
+batches alone, and carries it through checkpoints:
+
+* after each training batch it notes the state, and it restores that state when the next training batch starts.
+  What runs in between (validation, the next epoch's loader, which draws a seed from the global generator when
+  its iterator is made) then leaves the stream as it found it;
+* each checkpoint stores the state after the last training batch before it (``checkpoint["rng_states"]``, one
+  entry per rank, gathered when several processes train): the state the next batch starts from, also when the
+  checkpoint is written at an epoch end, after validation;
+* on resume the state of this rank (or of rank 0 when the world size changed) is restored when the first
+  training batch starts, after Lightning has rebuilt the loaders.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback
+
+log = logging.getLogger(__name__)
+
+RNG_KEY = "rng_states"
+"""Checkpoint key of the per-rank random states."""
+
+
+def rng_states() -> dict[str, Any]:
+    """The global random states of this process: torch CPU, the current CUDA device (if in use), numpy, Python."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()  # plain types: checkpoints load with weights_only
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                              "numpy": (kind, keys.tolist(), int(pos), int(has_gauss), float(gauss))}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore what :func:`rng_states` returned (a CUDA state only when this process uses CUDA)."""
+    torch.set_rng_state(states["torch"])
+    kind, keys, pos, has_gauss, gauss = states["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in states and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(states["cuda"])
+
+
+def _gathered(trainer: L.Trainer, states: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rank's ``states`` (rank order); this process's alone when no process group is up."""
+    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+        out: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(out, states)
+        return out
+    return [states]
+
+
+class RngState(Callback):
+    """Keep the random stream a function of the training batches, and save / restore it with checkpoints."""
+
+    def __init__(self) -> None:
+        self._after_batch: dict[str, Any] | None = None
+        self._pending: dict[str, Any] | None = None
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        states, self._pending = self._pending or self._after_batch, None
+        if states is not None:
+            set_rng_states(states)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self._after_batch = rng_states()
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        # the state the next training batch starts from: the one after the last batch, not the current one (an
+        # epoch-end checkpoint is written after that epoch's validation, whose loader drew from the generator)
+        checkpoint[RNG_KEY] = _gathered(trainer, self._after_batch or rng_states())
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get(RNG_KEY)
+        if not saved:
+            log.warning("the checkpoint holds no random state (written before it was saved): adapter dropout after "
+                        "the resume draws other masks than the interrupted run would have")
+            return
+        rank = trainer.global_rank
+        self._pending = saved[rank] if len(saved) == trainer.world_size else saved[0]

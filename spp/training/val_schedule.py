@@ -1,0 +1,79 @@
+"""Whether a training job will log a validation loss, known before anything is loaded.
+
+An Optuna sweep (``hydra/sweeper=optuna_lr``) returns each job's last ``val/loss``; a job that never validates
+returns nothing, and Optuna only says so after every trial has run. Lightning validates every
+``val_check_batch`` training batches of an epoch (``trainer.val_check_interval``: an int is that many batches, a
+float that share of the epoch's batches), so a run that stops (``trainer.max_steps``) before the first of them
+never validates. :func:`no_validation_reason` works this out from the config and the number of training records.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from spp.adapters.registry import get_method
+from spp.data.config import HUB_PREFIX, validation_split_size
+from spp.data.records import load_alpaca_records
+from spp.training.config import TrainJobConfig
+from spp.training.trainer import accumulation, world_size
+
+
+def first_validation_batch(val_check_interval: Any, batches_per_epoch: int) -> int | None:
+    """Lightning's ``val_check_batch``: the training batch of each epoch after which validation first runs.
+
+    ``None`` for a time-based interval (or anything else Lightning decides at run time).
+    """
+    if isinstance(val_check_interval, bool):
+        return None
+    if isinstance(val_check_interval, int):
+        return val_check_interval
+    if isinstance(val_check_interval, float) and 0.0 < val_check_interval <= 1.0:
+        return max(1, int(batches_per_epoch * val_check_interval))
+    return None
+
+
+def training_batches_per_epoch(job: TrainJobConfig) -> int | None:
+    """Training batches per epoch on each rank, from the records of ``data.source`` as the data module splits them.
+
+    ``None`` when that cannot be known before tokenising: a hub source, an unreadable file (preflight names it),
+    or ``data.train_on_inputs=false`` (records whose prompt fills ``data.max_length`` may be dropped then).
+    """
+    data = job.data
+    if data.source.startswith(HUB_PREFIX) or not data.train_on_inputs:
+        return None
+    try:
+        n = len(load_alpaca_records(data.source, job.data_dir).records)
+    except (OSError, ValueError):
+        return None
+    n = min(n, data.max_examples) if data.max_examples is not None else n
+    n_train = n - validation_split_size(n, data.val_size, data.max_val_fraction)
+    per_rank = math.ceil(n_train / world_size(job.trainer))
+    return math.ceil(per_rank / data.train_batch_size)
+
+
+def no_validation_reason(job: TrainJobConfig) -> str | None:
+    """Why ``job`` will log no validation loss, as ``"<what> — <fix>"``; ``None`` when it will (or may)."""
+    tcfg, data = job.trainer, job.data
+    if not get_method(job.adapter.name).trains:
+        return f"adapter={job.adapter.name} trains nothing, so nothing is validated — choose a trained adapter"
+    if isinstance(tcfg.limit_val_batches, (int, float)) and float(tcfg.limit_val_batches) == 0.0:
+        return (f"trainer.limit_val_batches={tcfg.limit_val_batches} runs no validation batch — "
+                "set trainer.limit_val_batches>0")
+    if data.val_size == 0:
+        return "data.val_size=0 holds out no validation record — set data.val_size>0 (e.g. data.val_size=4)"
+    batches = training_batches_per_epoch(job)
+    if batches is None or tcfg.max_steps == -1:
+        return None
+    try:
+        accumulate = accumulation(job)
+    except ValueError:
+        return None  # preflight names the batch sizes
+    first = first_validation_batch(tcfg.val_check_interval, batches)
+    trained = tcfg.max_steps * accumulate
+    if first is None or first > batches or tcfg.max_steps >= math.ceil(batches / accumulate) or trained >= first:
+        return None
+    return (f"trainer.max_steps={tcfg.max_steps} stops after {trained} of the epoch's {batches} training batches, "
+            f"before the first validation (trainer.val_check_interval={tcfg.val_check_interval}: after batch "
+            f"{first}) — validate within the run with trainer.val_check_interval={max(1, trained // 2)} (an int: "
+            f"every that many batches), or raise trainer.max_steps to {math.ceil(first / accumulate)} or more")
