@@ -92,6 +92,11 @@ def hold_run_dir(run_dir: str | os.PathLike[str], key: str = "run_dir",
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
+            if err.errno in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise UserError(f"the filesystem of {key}={str(run_dir)!r} does not support file locks (flock: "
+                                f"{os.strerror(err.errno)}), so two jobs could write into it at once",
+                                f"give {key}= a directory on a filesystem with flock (a local disk, or Lustre/NFS "
+                                "mounted with flock)", key=key, path=run_dir) from None
             if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
             raise UserError(f"{key}={str(run_dir)!r} is in use by another job ({_holder(fd)}; lock {path}); two "

@@ -26,9 +26,9 @@ from spp.run_lock import LOCK_FILE, hold_run_dir, is_job_leader
 
 HOLD = """
 import os, time
-import spp.training.phases as phases
+import spp.models.loading as loading
 
-_load = phases.load_model
+_load = loading.load_model
 
 def held_load(*args, **kwargs):
     # keep the job alive (holding its run directory) until the test creates the release file
@@ -40,7 +40,7 @@ def held_load(*args, **kwargs):
     return _load(*args, **kwargs)
 
 if os.environ.get("SPP_TEST_RELEASE"):
-    phases.load_model = held_load
+    loading.load_model = held_load
 """
 
 

@@ -38,8 +38,10 @@ def no_weights(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("a model was loaded before the error")
 
-    for module in ("spp.training.phases", "spp.pruning.job", "spp.eval.runner"):
+    for module in ("spp.models.loading", "spp.training.phases", "spp.eval.runner"):
         monkeypatch.setattr(importlib.import_module(module), "load_model", refuse)
+    for module in ("spp.models.loading", "spp.pruning.job", "spp.training.callbacks.pruning"):
+        monkeypatch.setattr(importlib.import_module(module), "load_for_rank", refuse)
 
 
 def run_cli(cmd: str, args: list[str], tmp_path: Path, monkeypatch, capsys, cache: Path, out: Path) -> tuple[int, str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from spp.atomic import write_json_atomic
 from spp.eval.config import EvalConfig
@@ -46,7 +47,8 @@ def offloaded_perplexity(off: OffloadedModel, tokenizer: Any, source: str = "wik
     try:
         with buffers_on(model, ctx.device):
             hidden, kwargs = runner.head([batches[b] for b in mine])
-            for i in range(len(runner.layers)):
+            quiet = {} if ctx.is_main else {"disable": True}
+            for i in tqdm(range(len(runner.layers)), desc=f"ppl {windows.label}@{seqlen}", unit="block", **quiet):
                 with runner.block(i) as block:
                     hidden = runner.run(block, hidden, kwargs)
             for b, logits in zip(mine, runner.logits(hidden, [batches[b] for b in mine]), strict=True):

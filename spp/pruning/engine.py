@@ -209,7 +209,7 @@ class _Run:
             self.timings["capture"] = time.perf_counter() - t0
         desc = f"{self.pruner.name} {self.sparsity.name}"
         show = self.ctx.is_main
-        for i in tqdm(range(len(self.runner.layers)), desc=desc, unit="block", disable=not show):
+        for i in tqdm(range(len(self.runner.layers)), desc=desc, unit="block", **({} if show else {"disable": True})):
             with self.runner.block(i, write_back=True) as block:
                 targets = block_linears(block, self.pruner.cfg.targets)
                 for group in sublayer_groups(targets, true_sequential):
@@ -304,13 +304,14 @@ class _Run:
             raise status["error"]
         weight = linear.weight.detach()
         mine = isinstance(out, MatrixOutcome)
-        new = out.weight.to(weight.device, weight.dtype) if mine else torch.empty_like(weight)
         mask = out.mask.to(weight.device, torch.uint8) if mine else torch.empty(
             weight.shape, dtype=torch.uint8, device=weight.device)
-        self.ctx.broadcast_(new, src=owner)
         self.ctx.broadcast_(mask, src=owner)
-        info = dict(status["info"])
-        return MatrixOutcome(mask.bool(), new, info)
+        new = None
+        if self.pruner.updates_weights:
+            new = out.weight.to(weight.device, weight.dtype) if mine else torch.empty_like(weight)
+            self.ctx.broadcast_(new, src=owner)
+        return MatrixOutcome(mask.bool(), new, dict(status["info"]))
 
 
 def _nm(sparsity: SparsityConfig) -> tuple[int | None, int | None]:
