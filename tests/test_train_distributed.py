@@ -112,6 +112,7 @@ def test_masked_full_keeps_every_zero_under_fsdp2(tmp_path):
     assert summary["sparsity"]["before"] == summary["sparsity"]["after"] == 0.5
 
 
+@pytest.mark.slow  # sleeps 2 x 50 s by design (pruning and evaluation longer than the timeout); CI runs it
 def test_ddp_with_pruning_and_evaluation_slower_than_the_process_group_timeout(single, tmp_path):
     """Pruning (cache miss) and the final perplexity each sleep longer than ``strategy.timeout_s``."""
     hooks = tmp_path / "hooks"
