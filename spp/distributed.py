@@ -59,13 +59,15 @@ class DistContext:
         world: Number of processes.
         device: Where this rank computes (its GPU, or the CPU).
         bytes_sent: Bytes this rank broadcast or reduced so far (a progress/diagnostic count).
+        wait_s: Timeout of the *wait group* (:meth:`allow_long_waits`); ``None`` until one is made.
     """
 
     rank: int = 0
     world: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     bytes_sent: int = 0
-    _groups: dict[int, Any] = field(default_factory=dict, repr=False)
+    wait_s: float | None = None
+    _wait_group: Any = field(default=None, repr=False)
 
     @classmethod
     def current(cls, device: torch.device | str | None = None) -> DistContext:
@@ -114,35 +116,42 @@ class DistContext:
             dist.reduce(tensor, dst=dst, op=dist.ReduceOp.SUM)
         return tensor
 
-    def broadcast_object(self, obj: Any, src: int = 0, timeout_s: float | None = None) -> Any:
-        """``src``'s picklable object on every rank.
+    def allow_long_waits(self, timeout_s: float) -> None:
+        """Make the *wait group*: a CPU (gloo) group over every rank whose timeout is ``timeout_s`` (kept when the
+        existing one is at least as long).
 
-        With ``timeout_s`` the broadcast goes through a CPU (gloo) group with that timeout instead of the job's
-        process group: for a wait of known, possibly long length (another job holding a cache lock), which the
-        training collectives' timeout must not bound.
+        Collectives with ``long_wait=True`` go through it: the ones where the other ranks wait, idle by design,
+        while global rank 0 does something of known but possibly long length alone (reads the weights, waits for
+        another job's cache lock, applies or finishes a cache entry). The training process group's timeout
+        (``strategy.timeout_s``) must not bound those. Every rank must call this at the same point, *before* the
+        long work starts: creating a group is itself a collective under the job's own timeout.
         """
+        if not self.distributed or (self.wait_s is not None and self.wait_s >= timeout_s):
+            return
+        self._wait_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(1, int(timeout_s))))
+        self.wait_s = float(timeout_s)
+
+    def _group(self, long_wait: bool) -> Any:
+        return self._wait_group if long_wait and self._wait_group is not None else None
+
+    def broadcast_object(self, obj: Any, src: int = 0, long_wait: bool = False) -> Any:
+        """``src``'s picklable object on every rank (through the wait group with ``long_wait``)."""
         if not self.distributed:
             return obj
         box = [obj if self.rank == src else None]
-        if timeout_s is None:
+        group = self._group(long_wait)
+        if group is None:
             dist.broadcast_object_list(box, src=src, device=self._object_device())
         else:
-            dist.broadcast_object_list(box, src=src, group=self._control_group(timeout_s))
+            dist.broadcast_object_list(box, src=src, group=group)
         return box[0]
 
-    def _control_group(self, timeout_s: float) -> Any:
-        """A gloo group over every rank with ``timeout_s`` (created once; every rank creates it at the same call)."""
-        key = max(1, int(timeout_s))
-        if key not in self._groups:
-            self._groups[key] = dist.new_group(backend="gloo", timeout=timedelta(seconds=key))
-        return self._groups[key]
-
-    def gather_objects(self, obj: Any) -> list[Any]:
-        """Every rank's object, in rank order, on every rank."""
+    def gather_objects(self, obj: Any, long_wait: bool = False) -> list[Any]:
+        """Every rank's object, in rank order, on every rank (through the wait group with ``long_wait``)."""
         if not self.distributed:
             return [obj]
         out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self._group(long_wait))
         return out
 
     def barrier(self) -> None:

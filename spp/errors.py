@@ -47,6 +47,10 @@ class UserError(ValueError):
         self.path = str(path) if path is not None else None
         super().__init__(f"{self.what} — {self.fix}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with every field (an error of rank 0 is broadcast to the other ranks, which raise it too)."""
+        return _rebuild_user_error, (type(self), self.what, self.fix, self.key, self.path)
+
     @classmethod
     def from_message(cls, message: str, fix: str | None = None) -> UserError:
         """Split a project message ``"<what>; <fix>"`` (or name its key in a generic fix when there is none)."""
@@ -64,6 +68,10 @@ class UserError(ValueError):
 
 class DivergedError(UserError):
     """A guard refused a run's result (non-finite loss, merged perplexity far worse than the pruned model)."""
+
+
+def _rebuild_user_error(cls: type[UserError], what: str, fix: str, key: str | None, path: str | None) -> UserError:
+    return cls(what, fix, key=key, path=path)
 
 
 def _one_line(text: str) -> str:

@@ -458,3 +458,17 @@ def test_internal_errors_keep_their_traceback():
     assert as_user_error(RuntimeError("bug")) is None
     assert as_user_error(ValueError("shape mismatch in a kernel")) is None
     assert as_user_error(FileNotFoundError("model.path='/x' does not exist")).key == "model.path"
+
+
+def test_a_user_error_survives_pickling_as_ranks_broadcast_it():
+    """Rank 0's error reaches the other ranks through ``broadcast_object`` (pickle): every field must survive
+    (before, unpickling raised TypeError on the other ranks instead of the one line)."""
+    import pickle
+
+    from spp.errors import DivergedError
+
+    for err in (UserError("the lock is held", "wait", key="cache_lock_timeout_s", path="/c/x.lock"),
+                DivergedError("loss blew up", "lower trainer.lr", key="guards")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err)
+        assert (back.what, back.fix, back.key, back.path) == (err.what, err.fix, err.key, err.path)

@@ -43,7 +43,8 @@ class OffloadedModel:
     Args:
         model: A real model on rank 0 (its parameters become the home, not copied); any model, real or ``meta``,
             on the other ranks (their parameters are dropped).
-        ctx: The job's processes.
+        ctx: The job's processes. The first collective (the layout check) goes through its wait group when one
+            was made (:meth:`~spp.distributed.DistContext.allow_long_waits`) before rank 0 started loading.
     """
 
     def __init__(self, model: nn.Module, ctx: DistContext) -> None:
@@ -70,7 +71,9 @@ class OffloadedModel:
                 self._grad[name] = param.requires_grad
         for canonical in self._slots:
             self._place(canonical, self._meta[canonical])
-        layouts = ctx.gather_objects([(n, tuple(p.shape), str(p.dtype)) for n, p in self._meta.items()])
+        # the first collective after loading: the other ranks waited here while rank 0 read the weights
+        layouts = ctx.gather_objects([(n, tuple(p.shape), str(p.dtype)) for n, p in self._meta.items()],
+                                     long_wait=True)
         if any(layout != layouts[0] for layout in layouts):
             raise RuntimeError("the ranks built different models (parameter names, shapes, dtypes or tying differ); "
                                "every rank must load the same model.* settings")

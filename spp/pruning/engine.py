@@ -19,6 +19,7 @@ whole on a device. Rank 0 keeps the masks (packed, :class:`~spp.pruning.masks.Ma
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,9 +143,12 @@ def prune_offloaded(
     calibration: CalibrationConfig,
     data_dir: str | None = None,
     keep_masks: bool = False,
+    on_block: Callable[[str], None] | None = None,
 ) -> PruneResult:
     """Prune ``off`` block by block on every rank of ``off.ctx`` (see the module docstring); rank 0's home ends
-    pruned. ``keep_masks`` keeps the masks on every rank (rank 0 always keeps them)."""
+    pruned. ``keep_masks`` keeps the masks on every rank (rank 0 always keeps them). ``on_block(prefix)`` is
+    called with each block's module name (``model.layers.3``) once the block is final and written home (the cache
+    streams its weights to disk from there)."""
     t_start = time.perf_counter()
     model = off.model
     linears = validate_for_model(model, pruner, sparsity, calibration)
@@ -154,7 +158,7 @@ def prune_offloaded(
     model.eval()  # no dropout in the calibration forward passes
     try:
         with buffers_on(model, off.ctx.device):
-            run = _Run(off, get_pruner(pruner), sparsity, keep_masks or off.ctx.is_main)
+            run = _Run(off, get_pruner(pruner), sparsity, keep_masks or off.ctx.is_main, on_block)
             run.prune(tokenizer, calibration, data_dir, pruner.true_sequential)
     finally:
         model.train(was_training)
@@ -179,8 +183,10 @@ def _unpruned(off: OffloadedModel, linears: dict[str, nn.Linear], sparsity: Spar
 class _Run:
     """One pruning pass: the state the blocks fill in (masks, report rows, timings) and the per-block steps."""
 
-    def __init__(self, off: OffloadedModel, pruner: Pruner, sparsity: SparsityConfig, keep: bool) -> None:
+    def __init__(self, off: OffloadedModel, pruner: Pruner, sparsity: SparsityConfig, keep: bool,
+                 on_block: Callable[[str], None] | None = None) -> None:
         self.off, self.ctx, self.pruner, self.sparsity, self.keep = off, off.ctx, pruner, sparsity, keep
+        self.on_block = on_block
         self.runner = BlockRunner(off)
         self.masks = MaskSet()
         self.kept_zeros: dict[str, torch.Tensor] = {}
@@ -219,6 +225,8 @@ class _Run:
                     t0 = time.perf_counter()
                     hidden = self.runner.run(block, hidden, kwargs)
                     self.timings["propagate"] += time.perf_counter() - t0
+            if self.on_block is not None:
+                self.on_block(f"{self.runner.prefix}.{i}")
 
     def statistics(self, block: nn.Module, targets: dict[str, nn.Linear], group: list[str],
                    hidden: list[torch.Tensor], kwargs: list[dict[str, Any]]) -> dict[str, InputStatistics]:

@@ -18,7 +18,7 @@ from spp.atomic import write_dir_atomic, write_json_atomic, write_text_atomic
 from spp.distributed import DistContext
 from spp.models.loading import load_for_rank, load_tokenizer
 from spp.models.offload import OffloadedModel
-from spp.pruning.cache import prune_cached
+from spp.pruning.cache import READ_MARGIN_S, prune_cached
 from spp.pruning.config import PruneJobConfig
 from spp.pruning.engine import prune_offloaded
 from spp.pruning.patterns import sparsity_summary
@@ -44,6 +44,7 @@ def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
     ``timing.json`` (with ``cache_hit``) and, with ``save_model``, ``model/`` (``save_pretrained`` + tokenizer).
     """
     ctx = processes(job)
+    ctx.allow_long_waits(job.cache_lock_timeout_s + READ_MARGIN_S)  # the others wait while rank 0 loads alone
     t_start = time.perf_counter()
     torch.manual_seed(job.seed)
     model, tokenizer = load_for_rank(job.model, ctx.rank), load_tokenizer(job.model)

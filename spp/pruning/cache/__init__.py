@@ -1,10 +1,14 @@
 """The pruning cache: prune once per (model, pruner, sparsity, calibration, code version), re-use afterwards.
 
 A finished entry is read without any lock, by one process per job (global rank 0), which applies it to the
-weights it holds. Only a writer locks: a job that misses takes the exclusive file lock ``<entry>.lock``
-(:mod:`spp.pruning.cache.lock`), checks again, prunes (on every rank of the job) and writes; a second job with the
-same key waits for that lock (logging that it does, for at most ``cache_lock_timeout_s``), then reads the entry the
-first one wrote. ``python -m spp.pruning.cache list|clear`` lists or deletes entries.
+weights it holds, reading every file once (:class:`~spp.pruning.cache.store.EntryReader`). Only a writer locks: a
+job that misses takes the exclusive file lock ``<entry>.lock`` (:mod:`spp.pruning.cache.lock`), checks again,
+prunes (on every rank of the job) while rank 0 writes each finished block's weights in the background
+(:class:`~spp.pruning.cache.store.EntryWriter`), and finishes the entry with its masks and manifest; a second job
+with the same key waits for that lock (logging that it does, for at most ``cache_lock_timeout_s``), then reads the
+entry the first one wrote. While rank 0 decides, applies or finishes an entry alone, the other ranks wait on the
+job's *wait group* (:meth:`spp.distributed.DistContext.allow_long_waits`), never on the training process group.
+``python -m spp.pruning.cache list|clear`` lists or deletes entries.
 """
 
 from __future__ import annotations
@@ -22,20 +26,21 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from spp.atomic import is_disk_full
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.models.config import ModelConfig
 from spp.models.loading import model_identity
 from spp.models.offload import OffloadedModel
-from spp.pruning.cache.lock import entry_lock
+from spp.pruning.cache.lock import check_locks_span_nodes, entry_lock
 from spp.pruning.cache.store import (
     MANIFEST_FILE,
     CorruptEntryError,
     EntryReader,
+    EntryWriter,
     list_entries,
     remove_entry,
     sha256_file,
-    write_entry,
 )
 from spp.pruning.calibration_data import resolve_calibration_file
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
@@ -51,10 +56,14 @@ PRUNING_CODE_VERSION = "1"
 DEFAULT_LOCK_TIMEOUT_S = 7200.0
 """How long a job waits for another job writing the same entry before it gives up (``cache_lock_timeout_s``)."""
 
+READ_MARGIN_S = 3600.0
+"""Beyond ``cache_lock_timeout_s``: how long rank 0 may take alone to read the weights, apply or finish an entry."""
+
 log = logging.getLogger(__name__)
 
 __all__ = [
     "PRUNING_CODE_VERSION",
+    "READ_MARGIN_S",
     "cache_entry_dir",
     "cache_key",
     "entry_lock",
@@ -153,6 +162,22 @@ def _load_entry(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity:
     except CorruptEntryError as err:
         log.warning("pruning cache: %s; pruning again", err)
         return None
+    try:
+        masks, kept, layers = _apply(off, reader, linears, sparsity)
+    except CorruptEntryError as err:  # a weights file, found bad after earlier blocks were applied
+        remove_entry(entry)
+        raise UserError(f"pruning cache: {err}, found after part of the entry was applied to the weights; the entry "
+                        "was removed", "run the job again: it prunes afresh and rewrites the entry",
+                        key="cache_dir") from err
+    timings = {"cache_load": time.perf_counter() - t0, "total": time.perf_counter() - t0}
+    report = report_from_layers(layers, sparsity)
+    report.overall["timings"] = {"original": reader.manifest.get("timings", {}), **timings}
+    return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry), zeros=ZeroPattern(masks, kept))
+
+
+def _apply(off: OffloadedModel, reader: EntryReader, linears: dict[str, nn.Linear],
+           sparsity: SparsityConfig) -> tuple[MaskSet, dict[str, torch.Tensor], dict[str, Any]]:
+    """Apply the entry to rank 0's home weights, one matrix at a time: masks, kept zeros and report rows."""
     masks, kept, layers = MaskSet(), {}, {}
     nm = (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
     with torch.no_grad():
@@ -165,10 +190,7 @@ def _load_entry(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity:
             masks.set(name, mask)
             kept[name] = kept_zero_indices(name, mask, weight)
             layers.update(sparsity_summary({name: weight}, *nm)["layers"])
-    timings = {"cache_load": time.perf_counter() - t0, "total": time.perf_counter() - t0}
-    report = report_from_layers(layers, sparsity)
-    report.overall["timings"] = {"original": reader.manifest.get("timings", {}), **timings}
-    return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry), zeros=ZeroPattern(masks, kept))
+    return masks, kept, layers
 
 
 def _decide(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity: SparsityConfig,
@@ -202,17 +224,22 @@ def prune_cached(
 ) -> PruneResult:
     """Prune ``off`` on every rank of ``off.ctx``, or apply the cache entry for these settings.
 
-    Rank 0 reads a finished entry without any lock (one reader per job; every file's checksum verified once) and
-    applies it to its home weights; the others only learn that it was a hit. On a miss rank 0 takes the entry's
-    writer lock, every rank prunes its share (:func:`~spp.pruning.engine.prune_offloaded`) and rank 0 writes the
-    entry. The decision travels over a CPU group whose timeout covers ``lock_timeout_s``, so a rank waiting for
-    another job's lock never hits the training process group's timeout. ``pruner=none`` or ``sparsity=dense`` is
-    a no-op with all-True masks and no cache entry.
+    Rank 0 reads a finished entry without any lock (one reader per job, every file read once) and applies it to
+    its home weights; the others only learn that it was a hit. On a miss rank 0 takes the entry's writer lock,
+    every rank prunes its share (:func:`~spp.pruning.engine.prune_offloaded`) while rank 0 writes each finished
+    block in the background, and rank 0 finishes the entry. The decision and the write's outcome travel over the
+    job's wait group (timeout ``lock_timeout_s`` + :data:`READ_MARGIN_S`), so a rank waiting for another job's lock
+    or for rank 0's disk never hits the training process group's timeout; an error on rank 0 ends every rank. A job
+    on several nodes first checks that the cache's locks hold across them
+    (:func:`~spp.pruning.cache.lock.check_locks_span_nodes`). ``pruner=none`` or ``sparsity=dense`` is a no-op
+    with all-True masks and no cache entry.
     """
     ctx = off.ctx
     linears = validate_for_model(off.model, pruner, sparsity, calibration)
     if sparsity.is_dense or pruner.name == "none":
         return prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks)
+    ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
+    check_locks_span_nodes(ctx, Path(cache_dir).expanduser() / "pruning")
     with ExitStack() as stack:
         hit: PruneResult | None = None
         error: UserError | None = None
@@ -223,39 +250,70 @@ def prune_cached(
                 hit = _decide(off, entry, key, sparsity, linears, stack, lock_timeout_s)
             except UserError as err:
                 error = err
-        decision = ctx.broadcast_object(error or ("hit" if hit is not None else "prune"),
-                                        timeout_s=lock_timeout_s + 600)
+        decision = ctx.broadcast_object(error or ("hit" if hit is not None else "prune"), long_wait=True)
         if isinstance(decision, UserError):
             raise decision
         if decision == "hit":  # rank 0 holds the result, the others need nothing more
             return _hit_result(off, hit, sparsity, keep_masks)
-        result = prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks)
-        if ctx.is_main:
-            _write(off, entry, key, result, pruner)
-            result.cache_path = str(entry)
+        writer = EntryWriter(entry) if ctx.is_main else None
+        result = _prune_writing(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks, writer, linears)
+        _finish(off, writer, result, key if ctx.is_main else {})
+        result.cache_path = str(entry) if ctx.is_main else None
     return result
+
+
+def _prune_writing(off: OffloadedModel, tokenizer: PreTrainedTokenizerBase | None, pruner: PrunerConfig,
+                   sparsity: SparsityConfig, calibration: CalibrationConfig, data_dir: str | None, keep_masks: bool,
+                   writer: EntryWriter | None, linears: dict[str, nn.Linear]) -> PruneResult:
+    """:func:`prune_offloaded`, with rank 0 handing each finished block's weights to ``writer`` (pruners that
+    update weights); on an error the unfinished entry is removed."""
+    on_block = None
+    if writer is not None and get_pruner(pruner).updates_weights:
+        def on_block(prefix: str) -> None:
+            writer.add_weights({n: off.home[off.canonical(f"{n}.weight")] for n in linears
+                                if n.startswith(prefix + ".")})
+    try:
+        return prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks, on_block=on_block)
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+            remove_entry(writer.entry)
+        raise
+
+
+def _finish(off: OffloadedModel, writer: EntryWriter | None, result: PruneResult, key: dict[str, Any]) -> None:
+    """Rank 0 finishes the entry (masks, manifest); every rank learns the outcome over the wait group.
+
+    Raises:
+        UserError: the disk filled up (the unfinished entry is removed), on every rank.
+        RuntimeError: another write error on rank 0, on every rank.
+    """
+    error: Exception | None = None
+    if writer is not None:
+        try:
+            writer.finish(result.masks, {
+                "key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "timings": result.timings,
+                "overall": {k: v for k, v in result.report.overall.items() if k != "timings"}})
+        except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
+            writer.abort()
+            remove_entry(writer.entry)
+            error = (UserError(f"the disk filled up while writing the pruning cache entry {writer.entry} ({err}); "
+                               "nothing half-written was kept", "free space under cache_dir, or point cache_dir= "
+                               "at a disk with room", key="cache_dir")
+                     if is_disk_full(err) else RuntimeError(f"writing the pruning cache entry {writer.entry} "
+                                                            f"failed: {type(err).__name__}: {err}"))
+    error = off.ctx.broadcast_object(error, long_wait=True)
+    if error is not None:
+        raise error
 
 
 def _hit_result(off: OffloadedModel, result: PruneResult | None, sparsity: SparsityConfig,
                 keep_masks: bool) -> PruneResult:
     """Rank 0's hit result on rank 0; elsewhere an empty one (or rank 0's masks, with ``keep_masks``)."""
     if keep_masks:
-        masks = off.ctx.broadcast_object(result.masks if result is not None else None)
+        masks = off.ctx.broadcast_object(result.masks if result is not None else None, long_wait=True)
         result = result or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
     return result or PruneResult(MaskSet(), report_from_layers({}, sparsity), cache_hit=True)
-
-
-def _write(off: OffloadedModel, entry: Path, key: dict[str, Any], result: PruneResult, pruner: PrunerConfig) -> None:
-    """Rank 0: write the entry (the pruned weights too, one file per block, when the pruner updates them)."""
-    weights = None
-    if get_pruner(pruner).updates_weights:
-        blocks: dict[str, dict[str, torch.Tensor]] = {}
-        for name in result.masks:
-            blocks.setdefault(name.rsplit(".", 2)[0], {})[name] = off.home[off.canonical(f"{name}.weight")]
-        weights = list(blocks.values())
-    write_entry(entry, result.masks, weights,
-                {"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "timings": result.timings,
-                 "overall": {k: v for k, v in result.report.overall.items() if k != "timings"}})
 
 
 def get_or_prune(

@@ -2,9 +2,13 @@
 
 Only a job that is about to *write* an entry takes ``<entry>.lock`` (``fcntl.flock`` through ``filelock``); a
 finished entry is read without it. A second job that misses the same key waits for the lock (logging that it
-does) and then finds the entry written. Two failures end the job with one line: a lock still held after
-``cache_lock_timeout_s`` seconds, and a filesystem on which ``flock`` fails (Lustre mounted with ``localflock`` or
-without ``flock``, some NFS setups), where two nodes would otherwise both prune and write the same entry.
+does) and then finds the entry written. Three failures end the job with one line:
+
+* a lock still held after ``cache_lock_timeout_s`` seconds;
+* a filesystem on which ``flock`` fails (Lustre mounted without ``flock``, some NFS setups): :func:`check_locks_work`;
+* a filesystem on which ``flock`` succeeds but only within one node (Lustre mounted with ``localflock``), where
+  two jobs on different nodes would both prune and write the same entry. One process cannot see that, so a job
+  spanning several nodes tests it across them: :func:`check_locks_span_nodes`.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import errno
 import fcntl
 import logging
 import os
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +25,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from spp.distributed import DistContext
 from spp.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -28,6 +34,7 @@ UNSUPPORTED = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 """``flock`` errors that mean the filesystem does not support locks (not that the lock is held)."""
 
 _probed: set[str] = set()
+_spanned: set[str] = set()
 
 
 def check_locks_work(path: Path) -> None:
@@ -57,6 +64,61 @@ def check_locks_work(path: Path) -> None:
     finally:
         os.close(fd)
     _probed.add(str(directory))
+
+
+def _try_lock(path: Path) -> bool | None:
+    """Whether a non-blocking exclusive ``flock`` on ``path`` is granted (released at once); ``None`` when the
+    file is not visible here (the cache is not shared with this node: nothing to collide with)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return False
+        raise
+    finally:
+        os.close(fd)  # closing releases a lock this process was granted
+    return True
+
+
+def check_locks_span_nodes(ctx: DistContext, directory: Path) -> None:
+    """In a job spanning several nodes: check that a lock taken on rank 0's node excludes the other nodes.
+
+    Rank 0 holds an exclusive ``flock`` on a probe file in ``directory``; the first rank of every other node
+    tries to take it without waiting. Granted means the locks are local to each node (Lustre ``localflock``).
+    Every rank takes part (once per directory and process); a job on one node returns at once.
+
+    Raises:
+        UserError: on every rank, when another node was granted the lock (names the nodes and the fix).
+    """
+    if not ctx.distributed or str(directory) in _spanned:
+        return
+    hosts = ctx.gather_objects(socket.gethostname(), long_wait=True)
+    if len(set(hosts)) == 1:
+        _spanned.add(str(directory))
+        return
+    probe, fd = directory / f".spp-lock-probe-{hosts[0]}-{os.getpid()}", None
+    if ctx.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o666)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    probe = Path(ctx.broadcast_object(str(probe), long_wait=True))
+    granted = _try_lock(probe) if hosts.index(hosts[ctx.rank]) == ctx.rank and ctx.rank != 0 else None
+    results = ctx.gather_objects(granted, long_wait=True)
+    if fd is not None:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+    leaky = sorted({hosts[r] for r, g in enumerate(results) if g})
+    if leaky:
+        raise UserError(f"the pruning cache {directory} is on a filesystem whose file locks do not reach across "
+                        f"nodes: a lock held on {hosts[0]} was also granted on {', '.join(leaky)} (Lustre mounted "
+                        "with localflock?), so two jobs on different nodes could prune and write the same entry",
+                        "point cache_dir= at a node-local disk (only global rank 0 reads and writes it) or at a "
+                        "filesystem mounted with flock (docs/sweeps.md)", key="cache_dir")
+    _spanned.add(str(directory))
 
 
 @contextmanager

@@ -3,7 +3,11 @@
 An entry is a directory ``<cache_dir>/pruning/<model identity>/<pruner>-<pattern>-<key hash>/`` holding
 ``state.safetensors`` (the bit-packed masks), for SparseGPT one ``weights-<k>.safetensors`` per decoder block, and
 ``manifest.json``. Every file is written to a temporary file then renamed; the manifest is written last and records
-each file's sha256, so a partial or corrupted entry is detected by its reader (:class:`EntryReader`).
+each file's sha256, computed once from the bytes written, so a partial or corrupted entry is detected by its reader
+(:class:`EntryReader`), which reads every file once: the checksum and the tensors come from the same bytes.
+
+:class:`EntryWriter` writes while pruning runs: each decoder block's weights file is written by a background thread
+as soon as the block is final, so at the end only the masks and the manifest remain.
 """
 
 from __future__ import annotations
@@ -14,13 +18,15 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save as save_bytes
 
 from spp.atomic import publish
 
@@ -67,17 +73,64 @@ def unpack_mask(packed: torch.Tensor, shape: list[int]) -> torch.Tensor:
     return torch.from_numpy(np.unpackbits(packed.numpy(), count=numel).astype(bool).reshape(shape))
 
 
-def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> str:
-    """``save_file`` to a temporary file, rename it to ``path``; returns the file's sha256."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return sha256_file(path)
+def _write_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> str:
+    """Serialise ``tensors`` (safetensors), write them atomically to ``path``; the sha256 of the bytes written."""
+    data = save_bytes(tensors, metadata=metadata)
+    _atomic_write_bytes(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+class EntryWriter:
+    """Writes one entry while pruning runs (rank 0, under the entry's writer lock).
+
+    :meth:`add_weights` hands one group of final weights (a decoder block) to a background thread that serialises,
+    hashes and writes it while the next block is pruned (the tensors are read, not copied: a finished block's
+    weights do not change again). :meth:`finish` waits for it, writes the packed masks and then the manifest with
+    every file's sha256; until then the entry has no manifest and counts as absent. :meth:`abort` stops writing.
+
+    Args:
+        entry: The entry directory (created; an older manifest in it is removed first).
+    """
+
+    def __init__(self, entry: Path) -> None:
+        entry.mkdir(parents=True, exist_ok=True)
+        (entry / MANIFEST_FILE).unlink(missing_ok=True)
+        self.entry = entry
+        self.files: dict[str, str] = {}
+        self.weight_files: dict[str, str] = {}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spp-cache-writer")
+        self._pending: list[Future[None]] = []
+
+    def add_weights(self, group: Mapping[str, torch.Tensor]) -> None:
+        """Write ``group`` (qualified name -> weight) as the next ``weights-<k>.safetensors``, in the background."""
+        name = f"weights-{len(self._pending):05d}.safetensors"
+        tensors = {WEIGHT_PREFIX + n: w.detach().cpu().contiguous() for n, w in group.items()}
+        self.weight_files.update({n: name for n in group})
+        self._pending.append(self._pool.submit(self._write, name, tensors))
+
+    def _write(self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+        self.files[name] = _write_tensors(tensors, self.entry / name, metadata)
+
+    def finish(self, masks: Mapping[str, torch.Tensor], manifest: dict[str, Any]) -> None:
+        """Wait for the weights files, write the packed masks, then the manifest (the entry is then finished).
+
+        Raises:
+            OSError: a write failed (the disk is full, ...); the entry stays without a manifest.
+        """
+        try:
+            for future in self._pending:
+                future.result()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        shapes = {n: list(masks[n].shape) for n in masks}
+        self._write(STATE_FILE, {MASK_PREFIX + n: pack_mask(masks[n]) for n in masks}, {"shapes": json.dumps(shapes)})
+        manifest = {**manifest, "state_sha256": self.files[STATE_FILE], "files": self.files,
+                    "weight_files": self.weight_files, "shapes": shapes}
+        _atomic_write_bytes(self.entry / MANIFEST_FILE, json.dumps(manifest, indent=2, default=str).encode())
+
+    def abort(self) -> None:
+        """Stop the background writes (the caller removes the unfinished entry)."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def write_entry(
@@ -86,30 +139,16 @@ def write_entry(
     weights: Iterable[dict[str, torch.Tensor]] | None,
     manifest: dict[str, Any],
 ) -> None:
-    """Write an entry atomically: the packed masks, the weights one file per group (one decoder block: never the
-    whole model serialised at once), then the manifest with every file's sha256.
-
-    Args:
-        entry: The entry directory.
-        masks: Keep-masks by name (read one at a time; a :class:`~spp.pruning.masks.MaskSet` is never unpacked
-            whole).
-        weights: Groups of updated weights (SparseGPT), each written to its own ``weights-<k>.safetensors``.
-        manifest: What the entry was made from (its key, timings, report).
-    """
-    entry.mkdir(parents=True, exist_ok=True)
-    (entry / MANIFEST_FILE).unlink(missing_ok=True)
-    shapes = {n: list(masks[n].shape) for n in masks}
-    tensors = {MASK_PREFIX + n: pack_mask(masks[n]) for n in masks}
-    files = {STATE_FILE: _save_atomic(tensors, entry / STATE_FILE, {"shapes": json.dumps(shapes)})}
-    weight_files: dict[str, str] = {}
-    for k, group in enumerate(weights or []):
-        name = f"weights-{k:05d}.safetensors"
-        files[name] = _save_atomic({WEIGHT_PREFIX + n: w.detach().cpu().contiguous() for n, w in group.items()},
-                                   entry / name)
-        weight_files.update({n: name for n in group})
-    manifest = {**manifest, "state_sha256": files[STATE_FILE], "files": files, "weight_files": weight_files,
-                "shapes": shapes}
-    _atomic_write_bytes(entry / MANIFEST_FILE, json.dumps(manifest, indent=2, default=str).encode())
+    """Write a whole entry at once through an :class:`EntryWriter`: the weights one file per group (one decoder
+    block: never the whole model serialised at once), the packed masks, then the manifest."""
+    writer = EntryWriter(entry)
+    try:
+        for group in weights or []:
+            writer.add_weights(group)
+        writer.finish(masks, manifest)
+    except BaseException:
+        writer.abort()
+        raise
 
 
 def read_manifest(entry: Path) -> dict[str, Any]:
@@ -127,35 +166,45 @@ def read_manifest(entry: Path) -> dict[str, Any]:
 class EntryReader:
     """A finished entry, opened for reading one matrix at a time (no lock: a finished entry never changes).
 
-    Opening checks the manifest and every file's sha256 against the one recorded when the entry was written
-    (one reader per job: rank 0). :meth:`mask` and :meth:`weight` then read single tensors, so a 70B entry is
-    never unpacked whole.
+    Opening checks that every file the manifest names exists and the masks file's sha256 (it is small: one bit per
+    weight), so the masks and the entry's shapes are sound before anything is applied. A weights file is read
+    once, when its first tensor is asked for: its bytes are hashed and decoded together (one block in memory at a
+    time), so the entry is read once from disk and a 70B entry is never held whole.
 
     Raises:
-        CorruptEntryError: no manifest, a missing file, a checksum mismatch or an undecodable file.
+        CorruptEntryError: no manifest, a missing file, a checksum mismatch or an undecodable file (for a weights
+            file, from :meth:`weight`).
     """
 
     def __init__(self, entry: Path) -> None:
         self.entry = entry
         self.manifest = read_manifest(entry)
-        files = self.manifest.get("files") or {STATE_FILE: self.manifest.get("state_sha256")}
-        for name, digest in files.items():
+        self.files: dict[str, str] = self.manifest.get("files") or {STATE_FILE: self.manifest.get("state_sha256")}
+        for name in self.files:
             if not (entry / name).is_file():
                 raise CorruptEntryError(f"cache entry {entry} has no {name}")
-            if sha256_file(entry / name) != digest:
-                raise CorruptEntryError(f"cache entry {entry}: {name} fails its sha256 checksum")
-        self._open: dict[str, Any] = {}
-        self._state = self._file(STATE_FILE)
+        if sha256_file(entry / STATE_FILE) != self.files[STATE_FILE]:
+            raise CorruptEntryError(f"cache entry {entry}: {STATE_FILE} fails its sha256 checksum")
+        try:
+            self._state = safe_open(str(entry / STATE_FILE), framework="pt")
+        except Exception as err:  # noqa: BLE001 - any decoding error means a corrupt file
+            raise CorruptEntryError(f"cache entry {entry}: cannot decode {STATE_FILE}: {err}") from err
         self.weight_files: dict[str, str] = self.manifest.get("weight_files", {})
         self.shapes: dict[str, list[int]] = self.manifest.get("shapes", {})
+        self._loaded: tuple[str, dict[str, torch.Tensor]] | None = None
 
-    def _file(self, name: str) -> Any:
-        if name not in self._open:
+    def _weights_file(self, name: str) -> dict[str, torch.Tensor]:
+        """The tensors of weights file ``name``, read once, checked against its sha256 (the last one is kept)."""
+        if self._loaded is None or self._loaded[0] != name:
+            self._loaded = None
+            data = (self.entry / name).read_bytes()
+            if hashlib.sha256(data).hexdigest() != self.files.get(name):
+                raise CorruptEntryError(f"cache entry {self.entry}: {name} fails its sha256 checksum")
             try:
-                self._open[name] = safe_open(str(self.entry / name), framework="pt")
+                self._loaded = (name, load_bytes(data))
             except Exception as err:  # noqa: BLE001 - any decoding error means a corrupt file
                 raise CorruptEntryError(f"cache entry {self.entry}: cannot decode {name}: {err}") from err
-        return self._open[name]
+        return self._loaded[1]
 
     def mask(self, name: str) -> torch.Tensor:
         """The bool keep-mask of ``name``."""
@@ -170,7 +219,7 @@ class EntryReader:
         if key in self._state.keys():  # entries written before the weights had files of their own
             return self._state.get_tensor(key)
         if name in self.weight_files:
-            return self._file(self.weight_files[name]).get_tensor(key)
+            return self._weights_file(self.weight_files[name])[key]
         return None
 
 

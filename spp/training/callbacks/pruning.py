@@ -35,7 +35,7 @@ from spp.generation import generate_text
 from spp.models.config import ModelConfig
 from spp.models.loading import load_for_rank, load_tokenizer
 from spp.models.offload import OffloadedModel
-from spp.pruning.cache import DEFAULT_LOCK_TIMEOUT_S, prune_cached
+from spp.pruning.cache import DEFAULT_LOCK_TIMEOUT_S, READ_MARGIN_S, prune_cached
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult
 from spp.pruning.masks import MaskSet, ZeroPattern
@@ -132,6 +132,7 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     """Load (when ``model`` is None), measure, prune through the cache and measure again, on every rank."""
     seconds: dict[str, float] = {}
     start = time.perf_counter()
+    ctx.allow_long_waits(settings.lock_timeout_s + READ_MARGIN_S)  # before rank 0 reads, decides or writes alone
     if model is None:
         if ctx.is_main:
             log.info("prune phase: loading model %s", settings.model.name)
