@@ -1,7 +1,7 @@
 """Pruning on N ranks as ``torchrun``/``srun`` start them (issue 29), on CPU processes with gloo.
 
-Every rank runs its share of the calibration batches; Wanda and magnitude masks are the same bits as one process
-(per-batch sums added in global batch order), SparseGPT's differ only where the Hessian's cross-rank sum order
+Every rank runs its share of the calibration batches; Wanda, DS⊘T and magnitude masks are the same bits as one
+process (per-batch sums added in global batch order), SparseGPT's differ only where the Hessian's cross-rank sum order
 flips a near-tie; every rank ends with the same masks. The model is never whole anywhere but rank 0's host
 memory: at most one decoder block has storage at any time, and rank 1's peak memory never grows by a copy of the
 weights. The cache is read by rank 0 alone (a slow read is no collective timeout), and a lock that cannot be taken
@@ -39,7 +39,7 @@ CAL = CalibrationConfig(nsamples=10, seqlen=64, batch_size=2)
 PATTERNS = {"nm2_4": SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
             "unstructured50": SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)}
 CASES = [("wanda", "nm2_4"), ("wanda", "unstructured50"), ("sparsegpt", "nm2_4"), ("sparsegpt", "unstructured50"),
-         ("magnitude", "unstructured50")]
+         ("magnitude", "unstructured50"), ("dsnot", "nm2_4")]
 PPL = {"seqlen": 64, "max_windows": 7, "batch_size": 2, "sampling": "systematic"}
 
 DRIVER = f"""
@@ -140,6 +140,8 @@ def test_ranks_started_together_prune_like_one_process(world, one_process, tmp_p
             assert all(bits), f"{pruner} {pattern}: masks differ from one process"
             for k in (k for k in one_process if k.startswith(f"{pruner}/{pattern}/weight/")):
                 assert torch.equal(ranks[0][k], one_process[k]), k
+    refined = [k for k in masks if k.startswith("dsnot/nm2_4/")]  # DS⊘T moved Wanda's bits: the case is not Wanda's
+    assert any(not torch.equal(one_process[k], one_process[k.replace("dsnot/", "wanda/", 1)]) for k in refined)
     for r in range(world):  # at most one decoder block had storage while a block ran, on every rank
         assert int(ranks[r]["spy/max_onloaded"]) == 1
     nll = ranks[0]["ppl/window_nll"]
