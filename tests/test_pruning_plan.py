@@ -27,10 +27,9 @@ def rows() -> list[dict[str, Any]]:
 
 def test_the_committed_plan_and_its_table_are_what_the_code_computes(rows):
     assert JSON_PATH.read_text() == as_json(rows), "run: python benchmarks/pruning_plan.py"
-    doc = DOC_PATH.read_text()
+    doc, table = DOC_PATH.read_text(), markdown(rows)
     assert doc.count(BEGIN) == 1 and doc.count(END) == 1
-    assert with_table(doc, markdown(rows)) == doc, "run: python benchmarks/pruning_plan.py"
-    table = markdown(rows)
+    assert with_table(doc, table) == doc, "run: python benchmarks/pruning_plan.py"
     assert table.count("\n| `") == len(MODELS) * 2 * 2  # 5 models x {wanda, sparsegpt} x {1, 8 GPUs}
 
 
