@@ -1,7 +1,7 @@
 """Pruning on N ranks as ``torchrun``/``srun`` start them (issue 29), on CPU processes with gloo.
 
-Every rank runs its share of the calibration batches; Wanda and magnitude masks are the same bits as one process
-(per-batch sums added in global batch order), SparseGPT's differ only where the Hessian's cross-rank sum order
+Every rank runs its share of the calibration batches; Wanda, DS⊘T and magnitude masks are the same bits as one
+process (per-batch sums added in global batch order), SparseGPT's differ only where the Hessian's cross-rank sum order
 flips a near-tie; every rank ends with the same masks. The model is never whole anywhere but rank 0's host
 memory: at most one decoder block has storage at any time, and rank 1's peak memory never grows by a copy of the
 weights. The cache is read by rank 0 alone (a slow read is no collective timeout), and a lock that cannot be taken
@@ -12,18 +12,25 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import gc
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import weakref
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from torch import nn
 
 import spp.pruning.cache.lock as lock_module
+import spp.pruning.engine as engine_module
 from spp.distributed import DistContext, cluster_environment, global_rank, local_device
 from spp.errors import UserError
 from spp.eval.perplexity import perplexity
@@ -33,13 +40,14 @@ from spp.models.tiny import tiny_llama, tiny_tokenizer
 from spp.paths import REPO_ROOT, SAMPLE_DATA_DIR
 from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig, get_or_prune
 from spp.pruning.engine import prune_offloaded
+from spp.training.callbacks.pruning import PrunedModel, PruningSettings, prune_phase
 
 ARCH = {"num_hidden_layers": 3, "tie_word_embeddings": True}
 CAL = CalibrationConfig(nsamples=10, seqlen=64, batch_size=2)
 PATTERNS = {"nm2_4": SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
             "unstructured50": SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)}
 CASES = [("wanda", "nm2_4"), ("wanda", "unstructured50"), ("sparsegpt", "nm2_4"), ("sparsegpt", "unstructured50"),
-         ("magnitude", "unstructured50")]
+         ("magnitude", "unstructured50"), ("dsnot", "nm2_4")]
 PPL = {"seqlen": 64, "max_windows": 7, "batch_size": 2, "sampling": "systematic"}
 
 DRIVER = f"""
@@ -140,6 +148,8 @@ def test_ranks_started_together_prune_like_one_process(world, one_process, tmp_p
             assert all(bits), f"{pruner} {pattern}: masks differ from one process"
             for k in (k for k in one_process if k.startswith(f"{pruner}/{pattern}/weight/")):
                 assert torch.equal(ranks[0][k], one_process[k]), k
+    refined = [k for k in masks if k.startswith("dsnot/nm2_4/")]  # DS⊘T moved Wanda's bits: the case is not Wanda's
+    assert any(not torch.equal(one_process[k], one_process[k.replace("dsnot/", "wanda/", 1)]) for k in refined)
     for r in range(world):  # at most one decoder block had storage while a block ran, on every rank
         assert int(ranks[r]["spy/max_onloaded"]) == 1
     nll = ranks[0]["ppl/window_nll"]
@@ -147,26 +157,149 @@ def test_ranks_started_together_prune_like_one_process(world, one_process, tmp_p
     assert abs(nll.mean().exp() / one_process["ppl/window_nll"].mean().exp() - 1) < 1e-6
 
 
-def test_one_block_at_a_time_and_nothing_left_on_the_device():
-    """A spy on parameter storage: while any block runs, exactly one block is onloaded; afterwards the handle
-    holds host tensors only and the masks take one bit per weight."""
+class OnloadSpy:
+    """Emulates a pruning device distinct from rank 0's home and follows every onloaded tensor's storage.
+
+    On the CPU, rank 0's home tensors are onloaded in place, so "nothing is left on the device" cannot fail there.
+    The spy makes every onload a copy (as ``home.to("cuda")`` is) and keeps a weakref to each copy's storage: a
+    storage is alive while any tensor at all uses it (a module, a view, a list a buggy engine keeps), not merely
+    while a module references it. ``most_blocks`` is the largest number of decoder blocks whose onloaded storage
+    was alive at once, checked after every onload and offload and whenever a block starts its forward pass.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.refs: list[tuple[str, weakref.ref]] = []  # (decoder block prefix, or "" outside them; storage)
+        self.most_blocks = 0
+        self.onloaded_blocks: set[str] = set()
+        self.not_meta: list[int] = []  # blocks whose parameters are not ``meta``, as each block starts
+        onload, offload = OffloadedModel.onload, OffloadedModel.offload
+
+        def copying_onload(off: OffloadedModel, names: Iterable[str], device: torch.device | None = None) -> None:
+            names = list(names)
+            onload(off, names, device)
+            for name in names:
+                tensor = off._current(name).detach()
+                if tensor.data_ptr() == off.home[name].data_ptr():  # in place: copy, as to another device
+                    tensor = tensor.clone()
+                    off._place(name, nn.Parameter(tensor, requires_grad=False))
+                block = (re.match(r"model\.layers\.\d+\.", name) or [""])[0]
+                self.onloaded_blocks.add(block)
+                self.refs.append((block, weakref.ref(tensor.untyped_storage())))
+            self.check()
+
+        def checked_offload(off: OffloadedModel, names: Iterable[str], write_back: bool = False) -> None:
+            offload(off, names, write_back)
+            self.check()
+
+        monkeypatch.setattr(OffloadedModel, "onload", copying_onload)
+        monkeypatch.setattr(OffloadedModel, "offload", checked_offload)
+
+    def alive(self) -> list[tuple[str, torch.UntypedStorage]]:
+        """The onloaded storages still in use, with their block."""
+        return [(block, s) for block, ref in self.refs if (s := ref()) is not None]
+
+    def check(self, *_args: object) -> None:
+        """Record how many decoder blocks have onloaded storage alive now (garbage cycles are collected before a
+        new peak above one is recorded)."""
+        blocks = {b for b, _s in self.alive() if b}
+        if len(blocks) > max(self.most_blocks, 1):
+            gc.collect()
+            blocks = {b for b, _s in self.alive() if b}
+        self.most_blocks = max(self.most_blocks, len(blocks))
+
+
+def reachable_tensors(root: object) -> list[torch.Tensor]:
+    """Every tensor reachable from ``root`` through attributes, mappings and sequences (each object once)."""
+    seen: set[int] = set()
+    stack, found = [root], []
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            found.append(obj)
+        elif isinstance(obj, dict):
+            stack += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack += list(obj)
+        elif hasattr(obj, "__dict__"):
+            stack += list(vars(obj).values())
+    return found
+
+
+def _spied_prune(pruner: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[OnloadSpy, PrunedModel]:
+    """Prune the tiny model in one process through the pruning phase (cache included) under an :class:`OnloadSpy`;
+    the block pre-hooks also count the blocks whose parameters are not ``meta``."""
+    spy = OnloadSpy(monkeypatch)
     model = tiny_llama(seed=0, **ARCH)
-    seen: list[int] = []
     for block in model.model.layers:
-        block.register_forward_pre_hook(lambda *_: seen.append(
+        block.register_forward_pre_hook(lambda *_: spy.not_meta.append(
             sum(any(not p.is_meta for p in b.parameters()) for b in model.model.layers)))
-    off = OffloadedModel(model, DistContext())
-    assert all(p.is_meta for p in model.parameters())  # the skeleton holds no weight
-    result = prune_offloaded(off, tiny_tokenizer(), PrunerConfig(name="wanda"), PATTERNS["nm2_4"], CAL,
-                             SAMPLE_DATA_DIR)
-    assert max(seen) == 1  # 0 while block 0's inputs are caught (nothing onloaded), else exactly the block that runs
-    restored = off.restore()
-    assert all(p.device.type == "cpu" and not p.is_meta for p in restored.parameters())
-    numel = sum(rows * cols for rows, cols in (result.masks.shape(n) for n in result.masks))
-    assert result.masks.nbytes <= numel / 8
-    assert all(result.masks.packed(n).dtype == torch.uint8 and result.masks.packed(n).device.type == "cpu"
-               for n in result.masks)
-    assert sum(v.numel() for v in result.zeros.kept_zeros.values()) == 0  # random weights: no kept zero
+        block.register_forward_pre_hook(spy.check)
+    settings = PruningSettings(ModelConfig(name="tiny", path="tiny", arch=ARCH), PrunerConfig(name=pruner),
+                               PATTERNS["nm2_4"], CAL, cache_dir=str(tmp_path / "cache"), data_dir=SAMPLE_DATA_DIR)
+    pruned = prune_phase(settings, model, tiny_tokenizer(), DistContext(), everywhere=False)
+    return spy, pruned
+
+
+def _left_on_device(spy: OnloadSpy, pruned: PrunedModel) -> list[str]:
+    """What the handle or anything else still holds of the onloaded tensors (empty when nothing)."""
+    gc.collect()
+    alive = spy.alive()
+    held = {id(s) for _b, s in alive}
+    shared = [t for t in reachable_tensors(pruned) if not t.is_meta and id(t.untyped_storage()) in held]
+    return ([f"{len(alive)} onloaded storages alive after pruning"] if alive else []) + (
+        [f"{len(shared)} tensors of the pruned-model handle share an onloaded storage"] if shared else [])
+
+
+@pytest.mark.parametrize("pruner", ["wanda", "sparsegpt"])
+def test_one_block_at_a_time_and_nothing_left_on_the_device(pruner, monkeypatch, tmp_path):
+    """While any block runs, at most one block's onloaded storage is alive anywhere; afterwards none is, the
+    handle (model, masks, zeros, result, report) holds only host tensors of its own, and the masks take one bit
+    per weight. The onloads copy (a distinct device), so the pruned weights also prove the write-back."""
+    spy, pruned = _spied_prune(pruner, monkeypatch, tmp_path)
+    assert max(spy.not_meta) == 1  # 0 while block 0's inputs are caught (nothing onloaded), else the block that runs
+    assert spy.most_blocks == 1 and len(spy.onloaded_blocks - {""}) == ARCH["num_hidden_layers"]
+    assert _left_on_device(spy, pruned) == []
+    walked = {id(t) for t in reachable_tensors(pruned)}  # the walk does reach the weights and the masks
+    assert all(id(p) in walked for p in pruned.model.parameters())
+    assert all(id(pruned.masks.packed(n)) in walked for n in pruned.masks)
+    assert all(p.device.type == "cpu" and not p.is_meta for p in pruned.model.parameters())
+    for name in pruned.masks:  # written home from the onloaded copy: pruned 2:4
+        weight = pruned.model.get_submodule(name).weight
+        assert torch.equal(weight != 0, pruned.masks[name]) and float(pruned.masks[name].float().mean()) == 0.5
+    numel = sum(rows * cols for rows, cols in (pruned.masks.shape(n) for n in pruned.masks))
+    assert pruned.masks.nbytes <= numel / 8
+    assert all(pruned.masks.packed(n).dtype == torch.uint8 and pruned.masks.packed(n).device.type == "cpu"
+               for n in pruned.masks)
+    assert sum(v.numel() for v in pruned.zeros.kept_zeros.values()) == 0  # random weights: no kept zero
+
+
+@pytest.mark.parametrize("bug", ["engine_keeps_blocks", "zeros_alias_a_block"])
+def test_the_device_spy_catches_a_leaking_engine(bug, monkeypatch, tmp_path):
+    """Negative controls of the spy: an engine that keeps a reference to every onloaded block, and one whose
+    kept-zero record is a view of the onloaded weight (``.cpu()`` is no copy on the CPU) both fail its checks."""
+    kept: list[torch.Tensor] = []
+    if bug == "engine_keeps_blocks":
+        offload = OffloadedModel.offload
+
+        def keeping_offload(off: OffloadedModel, names: Iterable[str], write_back: bool = False) -> None:
+            names = list(names)
+            kept.extend(off._current(n) for n in names)
+            offload(off, names, write_back)
+
+        monkeypatch.setattr(OffloadedModel, "offload", keeping_offload)
+    else:
+        monkeypatch.setattr(engine_module, "kept_zero_indices", lambda _n, _m, weight: weight.detach().reshape(-1))
+    spy, pruned = _spied_prune("wanda", monkeypatch, tmp_path)
+    left = _left_on_device(spy, pruned)
+    assert spy.most_blocks == ARCH["num_hidden_layers"]  # every block stays alive
+    assert "onloaded storages alive after pruning" in left[0], left
+    if bug == "zeros_alias_a_block":  # and the handle itself holds them
+        assert len(left) == 2 and "tensors of the pruned-model handle share an onloaded storage" in left[1], left
+    else:
+        assert len(left) == 1, left
 
 
 @pytest.mark.parametrize("local", [0, 3, 7])
@@ -193,6 +326,48 @@ def _prune_cli(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -
             "save_model=false", f"output_dir={tmp_path / 'out'}", *extra]
     return subprocess.run([sys.executable, "prune.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+
+
+PRUNE_PY = ["model=tiny", "pruner=sparsegpt", "sparsity=nm2_4", "calibration=quick", "calibration.nsamples=8",
+            "calibration.seqlen=64", "calibration.batch_size=2", f"data_dir={SAMPLE_DATA_DIR}", "accelerator=cpu"]
+PROJECTION = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight")
+
+
+def _prune_py(tmp_path: Path, nproc: int) -> Path:
+    """``prune.py`` on ``nproc`` processes (``torchrun`` for 2 or more), each run with its own cache; its outputs."""
+    out = tmp_path / f"world{nproc}"
+    args = [*PRUNE_PY, f"devices={nproc}", f"cache_dir={out / 'cache'}", f"output_dir={out / 'run'}"]
+    if nproc > 1:
+        proc = torchrun(REPO_ROOT / "prune.py", nproc, *args)
+    else:
+        proc = subprocess.run([sys.executable, "prune.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return out / "run"
+
+
+def test_prune_py_on_two_ranks_saves_the_one_process_model(tmp_path):
+    """``torchrun --nproc_per_node=2 prune.py ... devices=2`` (SparseGPT 2:4) saves the model a 1-process
+    ``prune.py`` saves: the same zeros, the same weights to float tolerance (the Hessian's cross-rank sum is
+    added in another order), every other parameter bit for bit."""
+    runs = {world: _prune_py(tmp_path, world) for world in (2, 1)}
+    for world, run in runs.items():
+        assert json.loads((run / "timing.json").read_text())["ranks"] == world
+        overall = json.loads((run / "mask_summary.json").read_text())["overall"]
+        assert overall["sparsity"] == 0.5 and overall["nm_valid"] and overall["nm_violations"] == 0, overall
+    two, one = (load_file(runs[w] / "model" / "model.safetensors") for w in (2, 1))
+    assert two.keys() == one.keys()
+    pruned = [k for k in two if PROJECTION.fullmatch(k)]
+    assert len(pruned) == 7 * 2  # 7 projections in each of the tiny model's 2 blocks
+    for k in pruned:
+        kept = two[k] != 0
+        assert int(kept.sum()) == kept.numel() // 2, k
+        assert bool((kept.reshape(kept.shape[0], -1, 4).sum(-1) <= 2).all()), k  # 2:4: ≤ 2 kept in each group of 4
+        assert torch.equal(kept, one[k] != 0), k  # the same masks
+        gap = float((two[k] - one[k]).norm() / one[k].norm())
+        assert gap < 1e-4, (k, gap)  # measured ≤ 1.3e-5
+    for k in (k for k in two if k not in pruned):
+        assert torch.equal(two[k], one[k]), k
 
 
 def test_a_lock_held_past_its_timeout_ends_with_one_line(tmp_path):
