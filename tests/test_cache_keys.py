@@ -201,6 +201,18 @@ def test_target_order_does_not_matter() -> None:
     assert _hits(Setting(TINY, dsnot, U50, CAL), Setting(TINY, swapped, U50, CAL))
 
 
+def _two_gguf_files_in_one_folder(tmp_path: Path) -> tuple[ModelConfig, ModelConfig]:
+    """``model.path=<folder> model.gguf_file=…`` for two GGUF files of other weights side by side (a folder holding
+    a model's Q8_0 and F16 files): only ``gguf_file`` tells them apart, so it must reach the identity (the model
+    identity reads the bytes only; they need not be a loadable GGUF)."""
+    folder = tmp_path / "gguf"
+    folder.mkdir(exist_ok=True)
+    (folder / "model-q8_0.gguf").write_bytes(b"GGUF" + bytes(range(200)))
+    (folder / "model-f16.gguf").write_bytes(b"GGUF" + bytes(range(200, 0, -1)))
+    model = ModelConfig(name="gguf", path=str(folder))
+    return replace(model, gguf_file="model-q8_0.gguf"), replace(model, gguf_file="model-f16.gguf")
+
+
 @pytest.mark.parametrize("pruner", list(PRUNERS))
 def test_calibration_file_content_model_identity_and_code_version_change_the_key(pruner, tmp_path, monkeypatch):
     base = Setting(TINY, PRUNERS[pruner], NM24, CAL)
@@ -213,17 +225,23 @@ def test_calibration_file_content_model_identity_and_code_version_change_the_key
     assert _hits(base, base._replace(data_dir=str(copy))) == (pruner not in CALIBRATED)
     assert not _hits(base, base._replace(model=replace(TINY, seed=1)))
     assert not _hits(base, base._replace(model=replace(TINY, torch_dtype="bfloat16")))
+    assert not _hits(base, base._replace(model=replace(TINY, arch={"num_hidden_layers": 3})))
+    q8, f16 = _two_gguf_files_in_one_folder(tmp_path)
+    assert not _hits(base._replace(model=q8), base._replace(model=f16))
     key_before = cache_key(*base)[1]
     monkeypatch.setattr(pruning_cache, "PRUNING_CODE_VERSION", "changed")
     assert cache_key(*base)[1] != key_before
 
 
-def test_dense_weights_key_is_the_model_identity_whatever_the_pruner() -> None:
+def test_dense_weights_key_is_the_model_identity_whatever_the_pruner(tmp_path: Path) -> None:
     dense = weights_key(TINY)
     assert weights_key(TINY, PrunerConfig(name="none", targets=["q_proj"]), U50, CAL) == dense
     assert weights_key(TINY, PRUNERS["wanda"], SparsityConfig(), CAL) == dense
     assert weights_key(replace(TINY, seed=1)) != dense
     assert weights_key(replace(TINY, torch_dtype="bfloat16")) != dense
+    assert weights_key(replace(TINY, arch={"num_hidden_layers": 3})) != dense
+    q8, f16 = _two_gguf_files_in_one_folder(tmp_path)
+    assert weights_key(q8) != weights_key(f16)
 
 
 @pytest.mark.parametrize("field", list(EVAL_CASES))

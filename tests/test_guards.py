@@ -4,6 +4,9 @@ steps; the finalize check ``loss_must_fall`` judges a rise against the noise of 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from train_helpers import tiny_job
 
 from spp.errors import DivergedError, UserError
+from spp.paths import REPO_ROOT, SAMPLE_DATA_DIR
 from spp.training.callbacks.guards import GuardsCallback
 from spp.training.config import GuardsConfig
 from spp.training.phases import divergence, loss_rise
@@ -126,6 +130,45 @@ def test_blowup_state_travels_in_checkpoints():
     again.load_state_dict(guard.state_dict())
     assert (again.first_loss, again.steps_above) == (4.2, 2)
 
+
+
+BLOWUP_RUN = ["experiment=tiny_smoke", "trainer.accelerator=cpu", "adapter=lora", "trainer.lr=1e3",
+              "trainer.max_steps=20", "trainer.max_epochs=10", "trainer.progress_bar=none",
+              "guards.loss_must_fall=false", "guards.loss_blowup_factor=1.005", "guards.loss_blowup_margin=0",
+              "eval=none", "dense_ppl=false", "pruned_ppl=false", "sample.enabled=false"]
+"""A run whose loss blows up, on the tiny random model. It starts at 5.50 nats, just under uniform guessing over
+its 260 tokens (ln 260 = 5.56), and its frozen final norm and output layer keep every logit within +-1.6, so its
+loss cannot reach the default bound (2 x the first loss and 3 nats above it). LoRA at lr 1e3 throws it to uniform
+guessing from step 3 on (SmolLM2 at lr 1e3 does the same from 4.3 nats): the bound is scaled to the tiny model,
+1.005 x the first loss (5.53), which the losses of a sane run (5.50 to 5.52) stay under."""
+
+
+def _train(tmp_path: Path, name: str, *extra: str) -> subprocess.Popen:
+    """``python train.py BLOWUP_RUN extra`` as a user runs it, from ``tmp_path`` (everything it writes is there)."""
+    argv = [sys.executable, str(REPO_ROOT / "train.py"), *BLOWUP_RUN, f"data_dir={SAMPLE_DATA_DIR}",
+            f"run_dir={tmp_path / name}", f"cache_dir={tmp_path / f'cache_{name}'}",
+            f"hydra.run.dir={tmp_path / f'hydra_{name}'}", *extra]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_train_py_stops_within_a_few_steps_of_a_blowup(tmp_path):
+    """Item 6, end to end: the real job stops at step 6 of 20 (3 steps after the loss blew up), exit 2, one line
+    naming the blow-up and the fix, no merged model; with ``guards.loss_blowup_steps=0`` (the negative control)
+    the same run trains all 20 steps and exports."""
+    runs = {"stopped": _train(tmp_path, "stopped"), "off": _train(tmp_path, "off", "guards.loss_blowup_steps=0")}
+    (out, err), (out_off, err_off) = (run.communicate(timeout=300) for run in runs.values())
+    assert runs["stopped"].returncode == 2, out[-2000:] + err[-3000:]
+    errors = [line for line in err.splitlines() if line.startswith("train.py: error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].startswith("train.py: error: training stopped: the training loss blew up: "), errors[0]
+    assert " at step 6 (learning rate " in errors[0] and "for 3 consecutive optimiser steps" in errors[0]
+    assert "lower trainer.lr" in errors[0] and "guards.loss_blowup_steps=0 turns this stop off" in errors[0]
+    assert not (tmp_path / "stopped" / "merged").exists() and not (tmp_path / "stopped" / "summary.json").exists()
+    assert runs["off"].returncode == 0, out_off[-2000:] + err_off[-3000:]
+    summary = json.loads((tmp_path / "off" / "summary.json").read_text())
+    assert summary["losses"]["optimizer_steps"] == 20 and (tmp_path / "off" / "merged" / "model.safetensors").is_file()
+    assert min(summary["losses"]["train"][5:]) > 5.55  # it did blow up: uniform guessing to the end
 
 @pytest.mark.parametrize("override", ["guards.loss_blowup_factor=1", "guards.loss_blowup_margin=-1",
                                       "guards.loss_blowup_steps=-1"])
