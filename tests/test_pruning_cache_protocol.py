@@ -6,7 +6,8 @@ left waiting on the training process group while rank 0 works alone.
 * A hit reads every weights file once (checksum and tensors from the same bytes); only the small masks file is
   hashed before anything is applied. A weights file found corrupt after earlier blocks were applied ends the job
   in one line and removes the entry; the re-run prunes afresh.
-* A full disk while writing removes the unfinished entry and ends *every* rank with one line.
+* A full disk while writing removes the unfinished entry and ends *every* rank with one line; a SparseGPT solve
+  that fails on the rank owning the matrix ends every rank with its message.
 * Rank 0 loading the weights and finishing the entry for longer than the process-group timeout: the other ranks
   wait on the job's wait group and the job finishes (negative control: without the wait group it times out).
 * A job spanning nodes whose file locks are node-local (Lustre ``localflock``) is refused in one line on every
@@ -205,6 +206,18 @@ elif mode == "disk-and-locks":
         row["localflock"] = "passed"
     except UserError as err:
         row["localflock"] = str(err)
+    import spp.pruning.methods as methods
+    solve = methods.sparsegpt_prune
+    def failing(weight, *args, **kwargs):  # a Hessian that is not positive definite, on the owner of one matrix
+        if ctx.rank == 1 and weight.shape[0] == weight.shape[1]:
+            raise ValueError("Hessian is not positive definite; increase pruner.percdamp")
+        return solve(weight, *args, **kwargs)
+    methods.sparsegpt_prune = failing
+    try:
+        phase.prune_phase(settings, None, tiny_tokenizer(), ctx)
+        row["owner"] = "finished"
+    except ValueError as err:
+        row["owner"] = str(err)
 dist.barrier()
 with open(f"{out}.rank{ctx.rank}.json", "w") as fh:
     json.dump(row, fh)
@@ -233,7 +246,7 @@ def test_rank_zero_loading_and_writing_past_the_process_group_timeout(tmp_path):
     assert "timed out" in (control.stdout + control.stderr).lower() or "timeout" in control.stderr.lower()
 
 
-def test_a_full_disk_ends_every_rank_and_node_local_locks_are_refused_on_every_rank(tmp_path):
+def test_a_full_disk_a_failed_owner_solve_and_node_local_locks_end_every_rank(tmp_path):
     proc, rows = _ranks(tmp_path, "disk-and-locks")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert len(rows) == 2
@@ -242,5 +255,6 @@ def test_a_full_disk_ends_every_rank_and_node_local_locks_are_refused_on_every_r
         assert row["coherent"] == "passed"
         assert "file locks do not reach across nodes" in row["localflock"] and "node-b" in row["localflock"]
         assert "\n" not in row["localflock"]
+        assert "not positive definite" in row["owner"], row  # rank 1 owns the failing matrix; rank 0 learns of it
     assert not [p for p in (tmp_path / "cache-disk-and-locks" / "pruning").rglob("*")
                 if p.is_dir() and "sparsegpt" in p.name]
