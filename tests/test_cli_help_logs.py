@@ -39,7 +39,8 @@ def _groups_section(text: str) -> dict[str, str]:
     return {m.group(1): m.group(2).strip() for m in re.finditer(r"^  (\w+) +(\S.*)$", section, re.M)}
 
 
-@pytest.mark.parametrize("script", sorted(USED))
+@pytest.mark.parametrize("script", [pytest.param(s, marks=[] if s == "train.py" else pytest.mark.slow)
+                                    for s in sorted(USED)])  # train.py in the default suite, the others slow
 def test_help_lists_own_groups_with_descriptions(script: str) -> None:
     proc = _run([script, "--help"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -426,11 +426,11 @@ def test_killed_prune_write_leaves_no_loadable_entry(tmp_path, tiny_tok, monkeyp
             SparsityConfig(name="nm2_4", kind="nm", n=2, m=4), CalibrationConfig(nsamples=2, seqlen=32),
             tmp_path / "cache", str(SAMPLE_DATA_DIR))
 
-    def killed(tensors, path, metadata=None):
-        Path(path).write_bytes(b"partial")
+    def killed(path, data):  # the process dies half-way through writing a cache file
+        Path(path).write_bytes(data[: len(data) // 2])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(store, "save_file", killed)
+    monkeypatch.setattr(store, "_atomic_write_bytes", killed)
     with pytest.raises(KeyboardInterrupt):
         cache_mod.get_or_prune(tiny_llama(seed=0), tiny_tok, *args)
     monkeypatch.undo()

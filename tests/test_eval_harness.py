@@ -51,6 +51,7 @@ def test_group_aggregates(run):
     assert run.to_dict()["zero_shot_mean_acc"] == pytest.approx(mean)
 
 
+@pytest.mark.slow  # a second lm-eval run through its command line (17 s)
 def test_command_line_equals_in_memory(tmp_path, tiny_model, tiny_tok, sample_data_dir):
     model_dir = tmp_path / "tiny"
     tiny_model.save_pretrained(model_dir)

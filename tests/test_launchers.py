@@ -96,6 +96,7 @@ def test_trainer_devices_follow_slurm_gpus(override, monkeypatch):
     if override == "trainer=slurm":
         assert (cfg.trainer.accelerator, cfg.trainer.precision) == ("gpu", "bf16-mixed")  # the GPU recipe
 
+@pytest.mark.slow  # two train.py jobs through submitit (19 s)
 def test_submitit_local_two_jobs_one_pruning(tmp_path):
     """Two jobs of one sweep run at once as two submitit processes; the pruning cache's lock makes one prune and
     the other wait and hit; each job writes its own run and merged model. (csv logger only, to stay under a minute

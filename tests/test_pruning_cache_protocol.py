@@ -234,6 +234,7 @@ def _ranks(tmp_path: Path, mode: str, slow_s: float = 0.0, timeout_s: float = 60
     return proc, rows
 
 
+@pytest.mark.slow  # two torchrun jobs that sleep past their timeout by design (43 s)
 def test_rank_zero_loading_and_writing_past_the_process_group_timeout(tmp_path):
     slow_s, timeout_s = 8.0, 5.0
     proc, rows = _ranks(tmp_path, "slow", slow_s, timeout_s)

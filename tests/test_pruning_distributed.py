@@ -346,6 +346,7 @@ def _prune_py(tmp_path: Path, nproc: int) -> Path:
     return out / "run"
 
 
+@pytest.mark.slow  # two prune.py jobs, one on 2 ranks (19 s)
 def test_prune_py_on_two_ranks_saves_the_one_process_model(tmp_path):
     """``torchrun --nproc_per_node=2 prune.py ... devices=2`` (SparseGPT 2:4) saves the model a 1-process
     ``prune.py`` saves: the same zeros, the same weights to float tolerance (the Hessian's cross-rank sum is
