@@ -76,6 +76,24 @@ class AdapterMethod(ABC):
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         """Write the adapter files into ``directory`` (which exists and is empty)."""
 
+    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """``module``'s weights as :meth:`merge` writes them (``{"weight", "bias"?}``), when ``module`` is one of this
+        method's adapted layers; else ``None``.
+
+        The streamed export (``spp.export.merged``) calls it one layer at a time on whole (unsharded) layers, so a
+        model is never merged whole; ``module`` itself is left as it is. ``mask`` is the layer's pruning mask
+        (True = kept). The default: the method adapts no layer.
+        """
+        return None
+
+
+def linear_tensors(linear: nn.Module) -> dict[str, torch.Tensor]:
+    """``{"weight", "bias"}`` of a plain linear layer (detached; no bias key without a bias)."""
+    out = {"weight": linear.weight.detach()}
+    if getattr(linear, "bias", None) is not None:
+        out["bias"] = linear.bias.detach()
+    return out
+
 
 def freeze_all(model: nn.Module) -> None:
     """Set ``requires_grad=False`` on every parameter of ``model``."""

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
+import torch
+from peft.tuners.lora import LoraLayer
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, Masks
+from spp.adapters.base import AdapterMethod, Masks, linear_tensors
 from spp.adapters.config import AdapterConfig
 from spp.adapters.lora_star import inject_lora, merge_and_remask
 
@@ -27,6 +30,18 @@ class LoRAStar(AdapterMethod):
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         model.save_pretrained(directory)
+
+    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """A LoRA layer merged by peft (on a copy), then re-masked: ``(W~ + s·B A) ⊙ M`` (``merge_and_remask``)."""
+        if not isinstance(module, LoraLayer):
+            return None
+        if mask is None:
+            raise ValueError("LoRA* re-masks the merged weight: the layer's pruning mask is needed")
+        layer = copy.deepcopy(module)
+        layer.merge()
+        out = linear_tensors(layer.get_base_layer())
+        out["weight"] = out["weight"].masked_fill(~mask.to(out["weight"].device), 0.0)
+        return out
 
 
 METHOD = LoRAStar()

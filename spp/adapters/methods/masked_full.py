@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, Masks
+from spp.adapters.base import AdapterMethod, Masks, linear_tensors
 from spp.adapters.config import AdapterConfig
 from spp.adapters.masked_full import (
+    MASK_BUFFER,
     estimate_training_memory,
     inject_masked_full,
     kept_parameters,
@@ -36,6 +38,10 @@ class MaskedFull(AdapterMethod):
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         save_masked_full(model, directory, extra)
+
+    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """A trained layer's own weights (the merge is the identity)."""
+        return linear_tensors(module) if isinstance(module, nn.Linear) and hasattr(module, MASK_BUFFER) else None
 
     def trained_parameters(self, model: nn.Module) -> int:
         """The weights that move (kept entries of the adapted layers); ``count_parameters`` counts whole tensors."""

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from spp.adapters.base import DTYPES, AdapterMethod, Masks
+from spp.adapters.base import DTYPES, AdapterMethod, Masks, linear_tensors
 from spp.adapters.config import AdapterConfig
-from spp.adapters.sparse_lora import inject_sparse_lora, merge_sparse_lora, save_sparse_lora
+from spp.adapters.sparse_lora import SparseLoraLinear, inject_sparse_lora, merge_sparse_lora, save_sparse_lora
 
 
 class SparseLoRA(AdapterMethod):
@@ -26,6 +28,14 @@ class SparseLoRA(AdapterMethod):
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         save_sparse_lora(model, directory, extra)
+
+    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+        """A SparsePEFT layer merged by its own variant (on a copy): ``W~ + s·(B A) ⊙ M``."""
+        if not isinstance(module, SparseLoraLinear):
+            return None
+        layer = copy.deepcopy(module)
+        layer.merge()
+        return linear_tensors(layer.get_base_layer())
 
 
 METHOD = SparseLoRA()

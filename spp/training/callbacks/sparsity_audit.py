@@ -12,14 +12,11 @@ from torch import nn
 from spp.adapters.spp.functional import adapted_weight, merge_factor
 from spp.adapters.spp.layer import SPPLinear
 from spp.distributed import DistContext
+from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
 from spp.training.strategies import full_tensor
 
 WRAPPER_PREFIXES = ("base_model.model.",)
 WRAPPER_SUFFIXES = (".base_layer", ".base")
-
-
-class SparsityViolation(RuntimeError):
-    """Raised when a weight that the pruning mask zeroed is non-zero, or the zero pattern moved."""
 
 
 def original_name(name: str) -> str:
@@ -105,7 +102,7 @@ def audit(
             continue
         expected = reference_zeros[name] if reference_zeros is not None else None
         try:
-            zeros, numel, moved = _check_layer(name, w, masks[name], expected, kept_zeros_may_change, when)
+            zeros, numel, moved = check_layer_zeros(name, w, masks[name], expected, kept_zeros_may_change, when)
         except SparsityViolation as err:
             first = err
             continue
@@ -122,28 +119,6 @@ def audit(
         "sparsity": zeros_total / max(total, 1),
         "kept_zeros_changed": kept_changed,
     }
-
-
-def _check_layer(name: str, w: torch.Tensor, mask: torch.Tensor, expected: torch.Tensor | None,
-                 kept_zeros_may_change: bool, when: str) -> tuple[int, int, int]:
-    """``(zeros, numel, kept zeros that changed)`` of one layer's effective weight; raises on a violation."""
-    zero = (w == 0).cpu()
-    mask = mask.to(torch.bool).cpu()
-    if zero.shape != mask.shape:
-        raise SparsityViolation(f"[{when}] {name}: weight shape {tuple(zero.shape)} != mask {tuple(mask.shape)}")
-    revived = int((~mask & ~zero).sum())
-    if revived:
-        raise SparsityViolation(
-            f"[{when}] {name}: {revived} weight(s) pruned by the mask are non-zero; the sparsity pattern "
-            "was not preserved (stopping the run)"
-        )
-    moved = int((zero != (expected if expected is not None else ~mask)).sum())
-    if moved and not kept_zeros_may_change:
-        raise SparsityViolation(
-            f"[{when}] {name}: the zero pattern differs from the pruning-time pattern at {moved} position(s) "
-            "(stopping the run)"
-        )
-    return int(zero.sum()), zero.numel(), moved
 
 
 class SparsityAuditCallback(L.Callback):
