@@ -61,6 +61,17 @@ def inputs(cfg: AdapterConfig, result, tokenizer=None) -> ExportInputs:
     return ExportInputs(method, result.zeros, tokenizer, manifest, method.kept_zeros_may_change)
 
 
+def close(a, b) -> bool:
+    """Nested dicts / lists of numbers equal to 1e-9 (relative)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return sorted(a) == sorted(b) and all(close(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) or isinstance(b, float):
+        return a == pytest.approx(b, rel=1e-9)
+    return a == b
+
+
 def tensors_of(directory: Path) -> dict[str, torch.Tensor]:
     out = {}
     for file in sorted(directory.glob("*.safetensors")):
@@ -73,9 +84,10 @@ def tensors_of(directory: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_streamed_export_equals_save_pretrained_of_the_merged_model(case, tie, tmp_path):
     model, cfg, result = trained(case, tie)
-    reference, _ = get_method(cfg.name).merge(copy.deepcopy(model), cfg, result.masks)
+    reference, stats = get_method(cfg.name).merge(copy.deepcopy(model), cfg, result.masks)
     reference.save_pretrained(tmp_path / "reference")
     out = export_streamed(model, inputs(cfg, result, tiny_tokenizer()), tmp_path / "merged", DistContext())
+    assert close(out.merge, dict(stats))  # the report of the whole-model merge, from the per-layer merges
     ours, theirs = tensors_of(tmp_path / "merged"), tensors_of(tmp_path / "reference")
     assert sorted(ours) == sorted(theirs)  # the same names, tied weights once
     differ = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
@@ -100,7 +112,7 @@ def test_at_most_one_block_is_materialised_while_exporting(tmp_path, monkeypatch
     def spy(*args, **kwargs):
         most.append(sum(r() is not None for r in alive))  # earlier blocks' merged tensors still alive
         out = real(*args, **kwargs)
-        alive.extend(weakref.ref(t) for t in out.values())
+        alive.extend(weakref.ref(t) for t in out[0].values())
         return out
 
     monkeypatch.setattr(merged_module, "merged_block_tensors", spy)

@@ -76,15 +76,26 @@ class AdapterMethod(ABC):
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         """Write the adapter files into ``directory`` (which exists and is empty)."""
 
-    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
-        """``module``'s weights as :meth:`merge` writes them (``{"weight", "bias"?}``), when ``module`` is one of this
-        method's adapted layers; else ``None``.
+    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:
+        """``module``'s weights as :meth:`merge` writes them, with what the merge reports of this layer, when
+        ``module`` is one of this method's adapted layers; else ``None``.
 
         The streamed export (``spp.export.merged``) calls it one layer at a time on whole (unsharded) layers, so a
         model is never merged whole; ``module`` itself is left as it is. ``mask`` is the layer's pruning mask
         (True = kept). The default: the method adapts no layer.
         """
         return None
+
+    def merge_summary(self, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """What :meth:`merge` reports, from every layer's :attr:`MergedLayer.stats` by layer name (default: ``{}``)."""
+        return {}
+
+
+class MergedLayer(NamedTuple):
+    """One adapted layer merged: its plain tensors (``weight``, ``bias``) and what the merge reports of it."""
+
+    tensors: dict[str, torch.Tensor]
+    stats: dict[str, Any] = {}
 
 
 def linear_tensors(linear: nn.Module) -> dict[str, torch.Tensor]:

@@ -75,13 +75,15 @@ class ExportInputs:
 
 @dataclass
 class ExportResult:
-    """The published folder, the zero audit of its weights, its shards and the seconds it took."""
+    """The published folder, the zero audit of its weights, its shards, the seconds it took, how it was written and
+    what the merge reports (the method's :meth:`~spp.adapters.base.AdapterMethod.merge_summary`)."""
 
     path: Path
     audit: dict[str, Any]
     shards: int
     seconds: float
     layout: dict[str, Any] = field(default_factory=dict)
+    merge: dict[str, Any] = field(default_factory=dict)
 
 
 def hf_model(model: nn.Module) -> nn.Module:
@@ -134,14 +136,16 @@ def _tensors(module: nn.Module, prefix: str, skip: list[str]) -> dict[str, torch
     return out
 
 
-def merged_block_tensors(block: nn.Module, prefix: str, method: AdapterMethod,
-                         masks: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The plain tensors of one (whole) decoder block as the merged model holds them, by plain name.
+def merged_block_tensors(block: nn.Module, prefix: str, method: AdapterMethod, masks: Mapping[str, torch.Tensor]
+                         ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+    """The plain tensors of one (whole) decoder block as the merged model holds them, by plain name, and what the
+    merge reports of each adapted layer.
 
     Each adapted layer is merged by ``method`` (:meth:`~spp.adapters.base.AdapterMethod.merged_layer`); every other
     tensor of the block is taken as it is. ``prefix`` is the block's name in ``model`` (``model.layers.3``).
     """
     out: dict[str, torch.Tensor] = {}
+    stats: dict[str, dict[str, Any]] = {}
     adapted: list[str] = []
     for name, module in block.named_modules():
         if not name or any(name.startswith(a + ".") for a in adapted):
@@ -150,9 +154,10 @@ def merged_block_tensors(block: nn.Module, prefix: str, method: AdapterMethod,
         merged = method.merged_layer(module, masks.get(qualified))
         if merged is not None:
             adapted.append(name)
-            out.update({f"{qualified}.{k}": v for k, v in merged.items()})
+            out.update({f"{qualified}.{k}": v for k, v in merged.tensors.items()})
+            stats[qualified] = merged.stats
     out.update(_tensors(block, prefix, adapted))
-    return {k: v.to("cpu", copy=True).contiguous() for k, v in out.items()}
+    return {k: v.to("cpu", copy=True).contiguous() for k, v in out.items()}, stats
 
 
 def _zero_refs(ctx: DistContext, zeros: ZeroPattern | None, block: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -202,6 +207,7 @@ class _Writer:
         self.weight_map: dict[str, str] = {}
         self.bytes = self.params = 0
         self.audit = [0, 0, 0, 0]
+        self.merge: dict[str, dict[str, Any]] = {}
         self.error: Exception | None = None
 
     def add(self, written: dict[str, Any], counts: list[int]) -> None:
@@ -212,7 +218,7 @@ class _Writer:
 
     def record(self, path: Path) -> dict[str, Any]:
         return {"weight_map": self.weight_map, "bytes": self.bytes, "params": self.params, "audit": self.audit,
-                "error": None if self.error is None else _portable(self.error, path)}
+                "merge": self.merge, "error": None if self.error is None else _portable(self.error, path)}
 
 
 def _portable(err: Exception, path: Path) -> Exception:
@@ -264,10 +270,11 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
             if ctx.owner(i) != ctx.rank or writer.error is not None:
                 continue
             try:
-                tensors = merged_block_tensors(block, f"{prefix}.{i}", inputs.method, {k: m for k, (m, _e) in
-                                                                                        refs.items()})
+                masks = {k: m for k, (m, _e) in refs.items()}
+                tensors, stats = merged_block_tensors(block, f"{prefix}.{i}", inputs.method, masks)
                 counts = _audit(tensors, refs, inputs.kept_zeros_may_change)
                 writer.add(_write_shard(tmp, i + 1, count, tensors), counts)
+                writer.merge.update(stats)
                 del tensors
             except (SparsityViolation, OSError, ValueError, RuntimeError) as err:
                 writer.error = err
@@ -279,6 +286,13 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
             except (OSError, ValueError, RuntimeError) as err:
                 writer.error = err
     return count
+
+
+def _in_model_order(records: list[dict[str, Any]], prefix: str) -> dict[str, dict[str, Any]]:
+    """Every rank's per-layer merge reports in model order (block, then the layer's place in its block)."""
+    rows = [(int(name[len(prefix) + 1:].split(".")[0]), k, name, stats)
+            for rec in records for k, (name, stats) in enumerate(rec["merge"].items())]
+    return {name: stats for _b, _k, name, stats in sorted(rows, key=lambda row: row[:2])}
 
 
 def _finish(model: nn.Module, inputs: ExportInputs, tmp: Path, path: Path, records: list[dict[str, Any]],
@@ -303,12 +317,13 @@ def _finish(model: nn.Module, inputs: ExportInputs, tmp: Path, path: Path, recor
     if inputs.tokenizer is not None:
         inputs.tokenizer.save_pretrained(tmp)
     layout = {"shards": count, "writers": len(records), "per_block": True}
+    merge = inputs.method.merge_summary(_in_model_order(records, plain_name(decoder_layers(model)[0])))
     replace(inputs.manifest, audit=audit, layout=layout).write(tmp)
     follow_umask(tmp)
     if path.exists():
         shutil.rmtree(path)
     publish(tmp, path, directory=True)
-    return {"audit": audit, "layout": layout}
+    return {"audit": audit, "layout": layout, "merge": merge}
 
 
 def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ctx: DistContext) -> ExportResult:
@@ -339,7 +354,8 @@ def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ct
     outcome = ctx.broadcast_object(outcome) if ctx.distributed else outcome
     if isinstance(outcome, Exception):
         raise outcome
-    return ExportResult(path, outcome["audit"], count, round(time.perf_counter() - start, 2), outcome["layout"])
+    return ExportResult(path, outcome["audit"], count, round(time.perf_counter() - start, 2), outcome["layout"],
+                        outcome["merge"])
 
 
 def _disk_full(err: Exception, path: Path) -> UserError:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spp.adapters.base import DTYPES, AdapterMethod, Masks, linear_tensors
+from spp.adapters.base import DTYPES, AdapterMethod, Masks, MergedLayer, linear_tensors
 from spp.adapters.config import AdapterConfig
 from spp.adapters.spp.io import save_adapter
 from spp.adapters.spp.layer import SPPLinear
@@ -37,14 +37,15 @@ class SPP(AdapterMethod):
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         save_adapter(model, directory, extra_config=extra)
 
-    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> dict[str, torch.Tensor] | None:
+    @torch.no_grad()
+    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:
         """An ``SPPLinear``'s merged weight ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (its own ``merge``, on a copy)."""
         if not isinstance(module, SPPLinear):
             return None
         layer = copy.deepcopy(module)
         if not layer.merged:
             layer.merge(keep_original=False)
-        return linear_tensors(layer.base)
+        return MergedLayer(linear_tensors(layer.base))
 
 
 METHOD = SPP()
