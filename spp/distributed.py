@@ -161,3 +161,9 @@ class DistContext:
 
     def _object_device(self) -> torch.device | None:
         return self.device if self.device.type == "cuda" else None
+
+
+def close_process_group() -> None:
+    """Destroy the job's process group, if any (after the last collective of the job)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
