@@ -208,6 +208,8 @@ def test_replica_layout_on_two_nodes_of_eight_gpus():
     assert ReplicaLayout(5, 8, 8, 8).local_gpus == list(range(8)) and ReplicaLayout(5, 8, 8, 8).leaders == [0]
     assert replica_devices(ReplicaLayout(9, 16, 8, 2), device_count=8) == [0, 1]
     assert replica_devices(ReplicaLayout(9, 16, 8, 2), device_count=0) == []
+    assert replica_devices(ReplicaLayout(9, 16, 8, 1), device_count=8) == [1]
+    assert replica_devices(ReplicaLayout(9, 16, 8, 1), device_count=1) == [0]  # srun --gpus-per-task=1
     with pytest.raises(UserError, match="sees 1"):  # srun --gpus-per-task=1: a task cannot reach its replica's GPUs
         replica_devices(ReplicaLayout(2, 8, 8, 4), device_count=1)
     with pytest.raises(UserError, match="does not divide"):

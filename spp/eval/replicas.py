@@ -131,7 +131,8 @@ def replica_layout(ctx: DistContext, gpus_per_replica: int = 1, local_world: int
 
 
 def replica_devices(layout: ReplicaLayout, device_count: int | None = None) -> list[int]:
-    """CUDA device indices of this replica's ``device_map`` (``[]`` on a machine without CUDA).
+    """CUDA device indices of this replica's ``device_map`` (``[]`` on a machine without CUDA). A one-GPU replica
+    takes the process's own GPU, ``cuda:<local rank mod visible GPUs>`` as :func:`spp.distributed.local_device`.
 
     Raises:
         UserError: the process sees fewer GPUs than its replica spans (e.g. srun ``--gpus-per-task=1``).
@@ -139,6 +140,8 @@ def replica_devices(layout: ReplicaLayout, device_count: int | None = None) -> l
     count = torch.cuda.device_count() if device_count is None else device_count
     if count == 0:
         return []
+    if layout.gpus_per_replica == 1:
+        return [layout.local_rank % count]
     gpus = layout.local_gpus
     if gpus[-1] >= count:
         raise UserError(f"eval.gpus_per_replica={layout.gpus_per_replica} needs GPUs {gpus} on the node, but this "
