@@ -250,10 +250,6 @@ def evaluate_tasks(
 ) -> HarnessResult:
     """Evaluate with lm-eval's ``HFLM`` + ``simple_evaluate`` (0-shot tasks; MMLU 5-shot from its YAML).
 
-    With ``replicas`` (called by every replica leader) the documents of each task are split over the replicas
-    (:class:`spp.eval.distributed_lm.DistributedHFLM`), replica 0 aggregates, and every leader returns replica 0's
-    result, whose ``raw["placement"]`` records how it ran (:class:`spp.eval.replicas.EvalPlacement`).
-
     Args:
         model: An in-memory causal LM (pruned, SPP-wrapped or merged) or a saved model directory.
         tokenizer: Its tokenizer (required for an in-memory model).
@@ -269,7 +265,9 @@ def evaluate_tasks(
         log_samples: Keep lm-eval's per-document records (``raw["samples"]``: prompts, log-likelihoods).
         doc_seed: Seed of the random document order of the local tasks (``limit`` then takes a seeded random
             sample); ``None`` = file order. Ignored (with a warning) for ``online`` hub tasks.
-        replicas: The job's replicas (:meth:`spp.eval.replicas.ReplicaGroup.create`); ``None`` = this process alone.
+        replicas: Split every task's documents over these replicas (every leader calls this; see
+            :mod:`spp.eval.distributed_lm`); every leader returns replica 0's result, ``raw["placement"]`` = how it
+            ran (:class:`spp.eval.replicas.EvalPlacement`). ``None`` = this process alone.
         max_memory_per_gpu: With ``replicas`` and a directory ``model`` spread over several GPUs per replica: the
             most each GPU takes (accelerate ``max_memory``); ``None`` = their free memory.
 
