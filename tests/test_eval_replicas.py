@@ -229,3 +229,15 @@ def test_the_smallest_replica_that_holds_the_model():
     assert choose_gpus_per_replica(int(bf16["13b"]), 24 * GIB, 8) == 2
     with pytest.raises(UserError, match="does not fit"):
         choose_gpus_per_replica(int(bf16["70b"]), 24 * GIB, 4)
+
+
+def test_an_in_memory_model_on_a_single_replica_scores_as_plain_lm_eval(tiny_tok, sample_data_dir):
+    model = tiny_llama(seed=0)
+    args = {"tasks": ["spp_boolq"], "limit": 3, "data_dir": sample_data_dir, "log_samples": True}
+    got = evaluate_tasks(model, tiny_tok, replicas=ReplicaGroup.create(DistContext()), **args)
+    ref = evaluate_tasks(model, tiny_tok, **args)
+    assert got.metrics == ref.metrics and _records(got.raw["samples"]) == _records(ref.raw["samples"])
+    assert got.to_dict()["placement"] == {"replicas": 1, "gpus_per_replica": 1, "how": "single", "world": 1,
+                                          "lm_eval_model_args": {"pretrained": "<in-memory model>", "device": "cpu",
+                                                                 "batch_size": 1}}
+    assert "placement" not in ref.to_dict()
