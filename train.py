@@ -96,7 +96,7 @@ def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | 
         close_process_group()
         if not fitted.is_global_zero:
             return None
-        timings = {**pruned.seconds, "train": fitted.seconds, **{f"export_{k}": v for k, v in final.seconds.items()},
+        timings = {**pruned.seconds, "train": fitted.seconds, **{f"finalize_{k}": v for k, v in final.seconds.items()},
                    "total": round(time.perf_counter() - start, 2)}
         summary = build_summary(job, run_dir, ids, pruned, fitted, final, timings)
         summary.update(status=final.status, diverged=final.diverged, data_files=data_provenance())

@@ -117,7 +117,7 @@ on a loaded 2-core machine; one W&B run per job is checked by tests/test_train_m
     assert sorted(s["pruning"]["cache_hit"] for s in summaries) == [False, True], "exactly one job pruned"
     assert len(list((tmp_path / "cache" / "pruning").glob("*/*[!.lock]"))) == 1
     for run, summary in zip(runs, summaries, strict=True):
-        assert (run / "merged" / "model.safetensors").is_file()
+        assert (run / "merged" / "model.safetensors.index.json").is_file()
         assert summary["sparsity"]["after"] == summary["sparsity"]["before"] == 0.5
 
 

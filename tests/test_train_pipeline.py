@@ -199,7 +199,7 @@ def test_adapter_none_exports_the_pruned_model(tiny_run, tmp_path, monkeypatch):
     assert summary["params"]["trainable"] == 0 and summary["losses"]["optimizer_steps"] == 0
     assert summary["perplexity"]["merged"]["ppl"] == pytest.approx(summary["perplexity"]["pruned"]["ppl"], rel=1e-9)
     assert summary["sparsity"]["after"] == 0.5
-    assert (tmp_path / "run" / "merged" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "merged" / "model.safetensors.index.json").is_file()
     # no training loop, yet the pruned-only row is a W&B run of the table's group with its perplexity
     assert summary["run"]["group"] == "table4_lora_star"
     assert seen["group"] == "table4_lora_star" and "none" in seen["tags"]

@@ -38,7 +38,7 @@ from torch import nn
 
 from spp.adapters.base import AdapterMethod
 from spp.adapters.bitmask import unpack_rows
-from spp.atomic import follow_umask, is_disk_full, publish
+from spp.atomic import follow_umask, human_bytes, is_disk_full, publish
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.export.manifest import ExportManifest
@@ -229,7 +229,7 @@ def _portable(err: Exception, path: Path) -> Exception:
     return err if isinstance(err, (UserError, SparsityViolation)) else RuntimeError(f"{type(err).__name__}: {err}")
 
 
-def _needed_bytes(model: nn.Module) -> int:
+def needed_bytes(model: nn.Module) -> int:
     """About what the export writes: the model's tensors (adapter tensors included: a slight overestimate)."""
     seen: set[int] = set()
     total = 0
@@ -248,7 +248,7 @@ def _begin(path: Path, ctx: DistContext, needed: int) -> Path:
         free = shutil.disk_usage(path.parent).free
         if free < needed:
             outcome = UserError(f"not enough disk space to export the merged model to {path}: it needs about "
-                                f"{needed / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free there; nothing was written",
+                                f"{human_bytes(needed)}, {human_bytes(free)} free there; nothing was written",
                                 "free space there, or give this run another run_dir= on a disk with room, or set "
                                 "export.merged=false", key="export.merged", path=path)
         else:
@@ -276,14 +276,14 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
                 writer.add(_write_shard(tmp, i + 1, count, tensors), counts)
                 writer.merge.update(stats)
                 del tensors
-            except (SparsityViolation, OSError, ValueError, RuntimeError) as err:
+            except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
                 writer.error = err
     with materialized(model):
         if ctx.is_main and writer.error is None:
             try:
                 outside = {k: v.to("cpu", copy=True).contiguous() for k, v in _tensors(model, "", [prefix]).items()}
                 writer.add(_write_shard(tmp, count, count, outside), [0, 0, 0, 0])
-            except (OSError, ValueError, RuntimeError) as err:
+            except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
                 writer.error = err
     return count
 
@@ -338,7 +338,7 @@ def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ct
     """
     start = time.perf_counter()
     path = Path(path)
-    tmp = _begin(path, ctx, _needed_bytes(model))
+    tmp = _begin(path, ctx, needed_bytes(model))
     writer = _Writer()
     count = _write_blocks(model, inputs, tmp, ctx, writer)
     records = ctx.gather_objects(writer.record(path))
@@ -347,7 +347,7 @@ def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ct
         if outcome is None:
             try:
                 outcome = _finish(model, inputs, tmp, path, records, count)
-            except (OSError, ValueError, RuntimeError) as err:
+            except Exception as err:  # noqa: BLE001 - every rank must learn of it
                 outcome = _portable(err, path)
         if not isinstance(outcome, dict):
             shutil.rmtree(tmp, ignore_errors=True)
@@ -359,6 +359,8 @@ def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ct
 
 
 def _disk_full(err: Exception, path: Path) -> UserError:
-    return UserError(f"the disk filled up while exporting the merged model to {path} ({err}); nothing half-written "
-                     "was kept", "free space there, or give this run another run_dir= on a disk with room, or set "
-                     "export.merged=false", key="export.merged", path=path)
+    free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
+    return UserError(f"the disk filled up while exporting the merged model to {path} ({human_bytes(free)} free now; "
+                     f"{type(err).__name__}: {err}); nothing half-written was kept", "free space there, or give this "
+                     "run another run_dir= on a disk with room, or set export.merged=false", key="export.merged",
+                     path=path)

@@ -14,8 +14,8 @@ from rich.table import Table
 
 from spp.atomic import write_json_atomic
 from spp.eval.perplexity import gap_closed
-from spp.training.config import Objective, TrainJobConfig
 from spp.training.callbacks.pruning import PrunedModel
+from spp.training.config import Objective, TrainJobConfig
 from spp.training.finalize import FinalizeResult
 from spp.training.phases import FitResult
 
