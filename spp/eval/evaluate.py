@@ -23,11 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from spp.distributed import DistContext
+from spp.distributed import DistContext, local_world_size
 from spp.eval.config import EvalConfig
 from spp.eval.distributed_lm import IN_MEMORY, load_replica_model
 from spp.eval.harness import run_eval_tasks
-from spp.eval.replicas import ReplicaGroup, choose_gpus_per_replica, local_world_size, replica_devices
+from spp.eval.replicas import ReplicaGroup, choose_gpus_per_replica, replica_devices
 from spp.generation import generate_text
 
 log = logging.getLogger(__name__)

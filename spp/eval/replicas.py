@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from spp.distributed import DistContext, cluster_environment
+from spp.distributed import DistContext, cluster_environment, local_world_size
 from spp.errors import UserError
 from spp.eval.perplexity import PerplexityResult, eval_windows, result_from_sums, score_windows
 
@@ -38,15 +38,6 @@ EVAL_RESERVE_BYTES = 8 * 2**30
 """GPU memory kept free of weights per device in :func:`choose_gpus_per_replica`: a batch's activations and
 logits (8 x 2048 x 32000 fp32 logits = 2.1 GB, plus lm-eval's log-softmax of them), the CUDA context, allocator
 slack."""
-
-
-def local_world_size(world: int) -> int:
-    """Processes per node: ``LOCAL_WORLD_SIZE`` (torchrun), else ``SLURM_NTASKS_PER_NODE`` (srun), else ``world``."""
-    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        value = os.environ.get(key, "").split("(")[0].split(",")[0]  # Slurm may write "8(x2)"
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return world
 
 
 @dataclass(frozen=True)
