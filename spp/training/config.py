@@ -199,14 +199,14 @@ class ExportConfig:
     """What is written at fit end (``export.*``).
 
     Attributes:
-        merged: Write the merged sparse model + tokenizer with ``save_pretrained`` to ``<run_dir>/merged``.
+        merged: Keep the merged sparse model + tokenizer in ``<run_dir>/merged`` (Hugging Face layout, one
+            safetensors shard per decoder block, written block by block on every rank: ``spp.export.merged``).
+            ``false``: it is still written to a temporary folder when something evaluates it, then removed.
         adapter: Write the adapter files (``adapter_config.json`` + ``adapter_model.safetensors``).
-        max_shard_size: ``save_pretrained`` shard size.
     """
 
     merged: bool = True
     adapter: bool = True
-    max_shard_size: str = "5GB"
 
 
 @dataclass
