@@ -7,9 +7,9 @@ from typing import Any
 
 from torch import nn
 
-from spp.adapters.base import DTYPES, AdapterMethod, Masks
+from spp.adapters.base import DTYPES, AdapterMethod, ExternalParameters, Masks
 from spp.adapters.config import AdapterConfig
-from spp.adapters.sparse_lora import inject_sparse_lora, merge_sparse_lora, save_sparse_lora
+from spp.adapters.sparse_lora import external_parameters, inject_sparse_lora, merge_sparse_lora, save_sparse_lora
 
 
 class SparseLoRA(AdapterMethod):
@@ -26,6 +26,10 @@ class SparseLoRA(AdapterMethod):
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         save_sparse_lora(model, directory, extra)
+
+    def external_parameters(self, model: nn.Module) -> ExternalParameters:
+        """The masked branch reads ``lora_A`` / ``lora_B`` weights without calling those modules."""
+        return external_parameters(model)
 
 
 METHOD = SparseLoRA()

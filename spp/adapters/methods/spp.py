@@ -7,10 +7,10 @@ from typing import Any
 
 from torch import nn
 
-from spp.adapters.base import DTYPES, AdapterMethod, Masks
+from spp.adapters.base import DTYPES, AdapterMethod, ExternalParameters, Masks
 from spp.adapters.config import AdapterConfig
 from spp.adapters.spp.io import save_adapter
-from spp.adapters.spp.model import inject, merge_and_unload
+from spp.adapters.spp.model import external_parameters, inject, merge_and_unload
 
 
 def layer_kwargs(cfg: AdapterConfig) -> dict[str, Any]:
@@ -33,6 +33,10 @@ class SPP(AdapterMethod):
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         save_adapter(model, directory, extra_config=extra)
+
+    def external_parameters(self, model: nn.Module) -> ExternalParameters:
+        """Each ``SPPLinear`` reads ``base.weight`` / ``base.bias`` without calling ``base``."""
+        return external_parameters(model)
 
 
 METHOD = SPP()
