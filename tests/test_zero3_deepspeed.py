@@ -116,6 +116,15 @@ def test_the_deepspeed_directory_holds_the_adapter_only_and_resumes_exactly(root
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)  # bitwise
 
 
+def test_under_bf16_the_adapter_is_gathered_from_the_fp32_masters(root: str) -> None:
+    """DeepSpeed casts the module to bf16 and keeps fp32 masters in its optimizer; the adapter comes from those."""
+    code, out, summary = _run(Path(root) / "bf16", "strategy=deepspeed_stage3", "trainer.precision=bf16-mixed")
+    assert code == 0 and summary, out[-3000:]
+    tensors = _adapter(summary)
+    assert all(t.dtype == torch.float32 for t in tensors.values())
+    assert not all(torch.equal(t.bfloat16().float(), t) for t in tensors.values())  # not the bf16 module copies
+
+
 def test_without_the_buffer_broadcast_zero2_departs_from_ddp(root: str) -> None:
     code, out, summary = _run(Path(root) / "no_buffers", "strategy=deepspeed_stage2", patch="no_buffers")
     assert code == 0 and summary, out[-3000:]

@@ -39,7 +39,7 @@ from spp.models.tiny import tiny_llama
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
 from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, original_name, zero_patterns
-from spp.training.gathering import Gatherer, gather_trainable_tensors, register_external_parameters
+from spp.training.gathering import Gatherer, register_external_parameters
 
 CASES = {
     "spp_fused": AdapterConfig(name="spp", r=4, dropout=0.1, dtype="float64"),
@@ -161,10 +161,10 @@ class Zero3Emulation(Gatherer):
         self._close_backward()
 
     @contextmanager
-    def gathered(self, module: nn.Module, recurse: bool = True) -> Iterator[None]:
-        """``deepspeed.zero.GatheredParameters(module.parameters(recurse))`` (what the audit uses)."""
+    def gathered(self, module: nn.Module) -> Iterator[None]:
+        """``deepspeed.zero.GatheredParameters(module.parameters())`` (what the audit uses)."""
         key = ("gathered", object())
-        params = list(module.parameters(recurse=recurse))
+        params = list(module.parameters())
         self._open(key, params)
         try:
             yield
@@ -298,14 +298,3 @@ def test_audit_through_the_emulation_sees_the_zeros_and_catches_a_revived_weight
                 weight[row, col] = 0.0
         assert emu.empty() == [n for n, _ in model.named_parameters()]
 
-
-@pytest.mark.parametrize("case", ["spp_fused", "sparse_lora", "masked_full"])
-def test_trainable_tensors_are_gathered_whole_through_the_emulation(case: str) -> None:
-    """What ``fit`` hands to finalize under ZeRO-3 (``gather_trainable``: one module's own parameters at a time)."""
-    model = _adapted(case)
-    expected = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    with Zero3Emulation(model) as emu:
-        gathered = gather_trainable_tensors(model, emu)
-        assert emu.empty() == [n for n, _ in model.named_parameters()]
-    assert gathered.keys() == expected.keys()
-    assert all(torch.equal(gathered[n], t) for n, t in expected.items())

@@ -13,7 +13,8 @@ Each is a collective where the parameters are sharded: every rank must gather th
 The CPU emulation of ZeRO-3's contract in ``tests/test_zero3_emulation.py`` is a fourth implementation.
 
 ZeRO-3 also needs to know which parameters a module reads without calling their owner
-(:meth:`spp.adapters.base.AdapterMethod.external_parameters`): :func:`register_external_parameters`.
+(:meth:`spp.adapters.base.AdapterMethod.external_parameters`): :func:`register_external_parameters`. After training
+under DeepSpeed the trained values are the optimizer's fp32 masters: :func:`deepspeed_master_tensors`.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ class Gatherer:
     """Parameters held whole on every rank: nothing to gather (one process, DDP, ZeRO-2)."""
 
     @contextmanager
-    def gathered(self, module: nn.Module, recurse: bool = True) -> Iterator[None]:
-        """Inside the block every parameter of ``module`` (its children's too, unless ``recurse=False``) can be read
-        whole through :meth:`full`."""
+    def gathered(self, module: nn.Module) -> Iterator[None]:
+        """Inside the block every parameter of ``module`` (its children's too) can be read whole through
+        :meth:`full`."""
         yield
 
     def full(self, t: torch.Tensor) -> torch.Tensor:
@@ -54,10 +55,10 @@ class ZeroGatherer(Gatherer):
     """DeepSpeed ZeRO-3: ``GatheredParameters`` over one module's parameters (read-only: nothing is written back)."""
 
     @contextmanager
-    def gathered(self, module: nn.Module, recurse: bool = True) -> Iterator[None]:
+    def gathered(self, module: nn.Module) -> Iterator[None]:
         import deepspeed
 
-        with deepspeed.zero.GatheredParameters(list(module.parameters(recurse=recurse)), modifier_rank=None):
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
             yield
 
 
@@ -89,15 +90,19 @@ def register_external_parameters(pairs: ExternalParameters, register: Any = None
 
 
 @torch.no_grad()
-def gather_trainable_tensors(model: nn.Module, gatherer: Gatherer) -> dict[str, torch.Tensor]:
-    """The trainable parameters of ``model`` whole, on CPU, by name, gathered one module at a time (a collective
-    where they are sharded: every rank calls it)."""
+def deepspeed_master_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Under DeepSpeed (ZeRO-2 or ZeRO-3): the trainable parameters' fp32 master values, whole, on CPU, by name.
+
+    With ``precision=bf16-mixed`` DeepSpeed casts the whole module to bf16 and keeps the fp32 values in its
+    optimizer, so the module's own copies are rounded; ``safe_get_full_fp32_param`` assembles the optimizer's
+    (a collective: every rank calls it, parameter by parameter in the same order). A parameter DeepSpeed keeps no
+    master for (fp32 ZeRO-2) is its own master.
+    """
+    from deepspeed.utils import safe_get_full_fp32_param
+
     out: dict[str, torch.Tensor] = {}
-    for prefix, module in model.named_modules():
-        own = [(n, p) for n, p in module.named_parameters(recurse=False) if p.requires_grad]
-        if not own:
-            continue
-        with gatherer.gathered(module, recurse=False):
-            for name, param in own:
-                out[f"{prefix}.{name}" if prefix else name] = gatherer.full(param).detach().cpu().clone()
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            master = safe_get_full_fp32_param(param)
+            out[name] = (master if master is not None else param).detach().cpu().clone()
     return out

@@ -20,7 +20,7 @@ from spp.deepspeed_support import check_deepspeed
 from spp.distributed import DistContext
 from spp.models.offload import params_to_meta
 from spp.training.config import StrategyConfig, StrategyName
-from spp.training.gathering import gather_trainable_tensors, gatherer_for, register_external_parameters
+from spp.training.gathering import deepspeed_master_tensors, register_external_parameters
 
 
 def decoder_layer_class(name: str) -> type[nn.Module]:
@@ -229,6 +229,6 @@ def gather_trainable(strategy: Strategy | str, model: nn.Module) -> dict[str, to
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
         return dict(get_model_state_dict(model, options=options))
-    if is_sharded(strategy):  # ZeRO-3: one module's own parameters at a time
-        return gather_trainable_tensors(model, gatherer_for(model))
+    if isinstance(strategy, DeepSpeedStrategy):  # the optimizer's fp32 masters (ZeRO-3: gathered)
+        return deepspeed_master_tensors(model)
     return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
