@@ -186,3 +186,22 @@ def test_two_processes_write_the_one_process_export(placement, tmp_path):
         assert all(n == 1 for r in rows for n in r["whole_blocks"])
     manifest = json.loads((tmp_path / "two" / "spp_export.json").read_text())
     assert manifest["layout"]["writers"] == 2 and manifest["audit"]["layers"] == len(result.masks)
+
+
+def test_deepspeed_fp32_masters_override_the_rounded_module_copies(tmp_path):
+    """Under DeepSpeed ``bf16-mixed`` the module's copies of the trained tensors are bf16; the fp32 masters, given as
+    overrides, are what is merged: the export equals the fp32 model's (and without them it would not)."""
+    model, cfg, result = trained("spp")
+    masters = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    export_streamed(model, inputs(cfg, result), tmp_path / "fp32", DistContext())
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.copy_(p.to(torch.bfloat16).float())  # what the module holds after bf16-mixed
+    overridden = inputs(cfg, result)
+    overridden.overrides = masters
+    export_streamed(model, overridden, tmp_path / "masters", DistContext())
+    export_streamed(model, inputs(cfg, result), tmp_path / "rounded", DistContext())
+    fp32, masters_out, rounded = (tensors_of(tmp_path / d) for d in ("fp32", "masters", "rounded"))
+    assert all(torch.equal(fp32[k], masters_out[k]) for k in fp32)
+    assert any(not torch.equal(fp32[k], rounded[k]) for k in fp32)  # the negative control: rounding shows

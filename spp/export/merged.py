@@ -4,8 +4,8 @@
 replica under DDP or one process; 1/N shards under FSDP2 or ZeRO-3). Decoder block ``i`` is written by rank
 ``i mod N``:
 
-1. under a sharding strategy every rank takes part in materialising the block (FSDP2 ``unshard``, ZeRO-3
-   ``GatheredParameters``), which is the only time the block is whole, and only one block is;
+1. under a sharding strategy every rank takes part in materialising the block (:mod:`spp.gathering`: FSDP2
+   ``unshard``, ZeRO-3 ``GatheredParameters``), which is the only time the block is whole, and only one block is;
 2. the writer asks the adapter method for each adapted layer's merged weight (``AdapterMethod.merged_layer``: the
    method's own merge, on a copy of one layer), takes the block's other tensors as they are, audits every merged
    weight against the pruning mask and the pruned model's zero pattern (``check_layer_zeros``, with the block's
@@ -26,8 +26,7 @@ import json
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from spp.atomic import follow_umask, human_bytes, is_disk_full, publish
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.export.manifest import ExportManifest
+from spp.gathering import gatherer_for
 from spp.pruning.masks import ZeroPattern
 from spp.pruning.targets import decoder_layers
 from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
@@ -64,6 +64,8 @@ class ExportInputs:
         tokenizer: Saved beside the weights (rank 0).
         manifest: ``spp_export.json``'s contents; the audit and layout are filled in.
         kept_zeros_may_change: The method's merge may fill kept weights that were exactly zero (LoRA*).
+        overrides: Values to merge instead of the module's own, by parameter name in ``model`` (DeepSpeed's fp32
+            masters of the trained tensors, whose module copies ``bf16-mixed`` rounded to bf16).
     """
 
     method: AdapterMethod
@@ -71,6 +73,7 @@ class ExportInputs:
     tokenizer: Any
     manifest: ExportManifest
     kept_zeros_may_change: bool = False
+    overrides: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -100,29 +103,6 @@ def plain_name(name: str) -> str:
     return name
 
 
-@contextmanager
-def materialized(module: nn.Module) -> Iterator[None]:
-    """``module``'s parameters whole in this process for the duration: FSDP2's ``unshard``/``reshard`` or ZeRO-3's
-    ``GatheredParameters`` (collectives: every rank must enter), nothing for a replica."""
-    from torch.distributed.fsdp import FSDPModule
-
-    if isinstance(module, FSDPModule):
-        module.unshard()
-        try:
-            yield
-        finally:
-            module.reshard()
-        return
-    partitioned = [p for p in module.parameters() if hasattr(p, "ds_id")]
-    if partitioned:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None):
-            yield
-        return
-    yield
-
-
 def _tensors(module: nn.Module, prefix: str, skip: list[str]) -> dict[str, torch.Tensor]:
     """``module``'s parameters and persistent buffers by plain name, except those inside the modules ``skip``."""
     out: dict[str, torch.Tensor] = {}
@@ -136,13 +116,27 @@ def _tensors(module: nn.Module, prefix: str, skip: list[str]) -> dict[str, torch
     return out
 
 
-def merged_block_tensors(block: nn.Module, prefix: str, method: AdapterMethod, masks: Mapping[str, torch.Tensor]
+def _overridden(module: nn.Module, name: str, overrides: Mapping[str, torch.Tensor]) -> nn.Module:
+    """``module`` itself, or a copy whose parameters named in ``overrides`` (full names: ``name.<param>``) hold
+    those values."""
+    if not any(f"{name}.{n}" in overrides for n, _ in module.named_parameters()):
+        return module
+    layer = copy.deepcopy(module)
+    for n, param in layer.named_parameters():
+        if f"{name}.{n}" in overrides:
+            param.data = overrides[f"{name}.{n}"].to(param.device)
+    return layer
+
+
+def merged_block_tensors(block: nn.Module, prefix: str, method: AdapterMethod, masks: Mapping[str, torch.Tensor],
+                         overrides: Mapping[str, torch.Tensor] | None = None
                          ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
     """The plain tensors of one (whole) decoder block as the merged model holds them, by plain name, and what the
     merge reports of each adapted layer.
 
     Each adapted layer is merged by ``method`` (:meth:`~spp.adapters.base.AdapterMethod.merged_layer`); every other
-    tensor of the block is taken as it is. ``prefix`` is the block's name in ``model`` (``model.layers.3``).
+    tensor of the block is taken as it is. ``prefix`` is the block's name in ``model`` (``model.layers.3``);
+    ``overrides`` replace parameter values by full name before the merge (:attr:`ExportInputs.overrides`).
     """
     out: dict[str, torch.Tensor] = {}
     stats: dict[str, dict[str, Any]] = {}
@@ -151,7 +145,7 @@ def merged_block_tensors(block: nn.Module, prefix: str, method: AdapterMethod, m
         if not name or any(name.startswith(a + ".") for a in adapted):
             continue
         qualified = plain_name(f"{prefix}.{name}")
-        merged = method.merged_layer(module, masks.get(qualified))
+        merged = method.merged_layer(_overridden(module, f"{prefix}.{name}", overrides or {}), masks.get(qualified))
         if merged is not None:
             adapted.append(name)
             out.update({f"{qualified}.{k}": v for k, v in merged.tensors.items()})
@@ -264,21 +258,22 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
     """Every block through :func:`merged_block_tensors` on its writing rank; returns the number of shards."""
     prefix, layers = decoder_layers(model)
     count = len(layers) + 1
+    gather = gatherer_for(model)
     for i, block in enumerate(layers):
         refs = _zero_refs(ctx, inputs.zeros, plain_name(f"{prefix}.{i}"))
-        with materialized(block):
+        with gather.gathered(block):
             if ctx.owner(i) != ctx.rank or writer.error is not None:
                 continue
             try:
                 masks = {k: m for k, (m, _e) in refs.items()}
-                tensors, stats = merged_block_tensors(block, f"{prefix}.{i}", inputs.method, masks)
+                tensors, stats = merged_block_tensors(block, f"{prefix}.{i}", inputs.method, masks, inputs.overrides)
                 counts = _audit(tensors, refs, inputs.kept_zeros_may_change)
                 writer.add(_write_shard(tmp, i + 1, count, tensors), counts)
                 writer.merge.update(stats)
                 del tensors
             except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
                 writer.error = err
-    with materialized(model):
+    with gather.gathered(model):
         if ctx.is_main and writer.error is None:
             try:
                 outside = {k: v.to("cpu", copy=True).contiguous() for k, v in _tensors(model, "", [prefix]).items()}

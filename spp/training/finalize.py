@@ -103,7 +103,8 @@ def rebuild(job: TrainJobConfig, pruned: PrunedModel, state: dict[str, torch.Ten
 def save_adapter_files(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path) -> str:
     """Rank 0: the adapter files in ``<run_dir>/adapter`` (atomic; a full disk is one :class:`UserError`)."""
     method = get_method(job.adapter.name)
-    model = fitted.model if not fitted.sharded else rebuild(job, pruned, fitted.state)
+    # sharded (FSDP2, ZeRO-3), or DeepSpeed's module copies rounded to bf16: rebuild with the gathered fp32 tensors
+    model = fitted.model if not (fitted.sharded or fitted.deepspeed) else rebuild(job, pruned, fitted.state)
     path = run_dir / "adapter"
     try:
         write_dir_atomic(path, lambda tmp: method.save(model, tmp, provenance(job)))
@@ -128,7 +129,7 @@ def export(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir:
     method = get_method(job.adapter.name)
     target = run_dir / ("merged" if job.export.merged else ".merged.evaluate")
     inputs = ExportInputs(method, pruned.zeros if ctx.is_main else None, pruned.tokenizer, _manifest(job, fitted),
-                          method.kept_zeros_may_change)
+                          method.kept_zeros_may_change, fitted.state if fitted.deepspeed else {})
     try:
         exported = export_streamed(fitted.model, inputs, target, ctx)
     except UserError as err:

@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
+from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import nn
 
 from spp.adapters.base import ParamCounts, count_parameters
@@ -59,6 +60,7 @@ class FitResult:
     is_global_zero: bool = True
     memory: dict[str, Any] = field(default_factory=dict)
     sharded: bool = False
+    deepspeed: bool = False
 
 
 @dataclass
@@ -123,7 +125,7 @@ def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
     return pruning.pruned, FitResult(module.model, state, module.params, trainer.global_step, module.train_losses,
                                      module.val_losses, auditor.reports, datamodule.summary(),
                                      round(train_seconds(trainer), 2), trainer.is_global_zero, memory,
-                                     is_sharded(trainer.strategy))
+                                     is_sharded(trainer.strategy), isinstance(trainer.strategy, DeepSpeedStrategy))
 
 
 def _untrained(job: TrainJobConfig, pruning: PruningCallback) -> tuple[PrunedModel, FitResult]:

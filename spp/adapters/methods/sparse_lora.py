@@ -9,9 +9,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from spp.adapters.base import DTYPES, AdapterMethod, Masks, MergedLayer, linear_tensors
+from spp.adapters.base import DTYPES, AdapterMethod, ExternalParameters, Masks, MergedLayer, linear_tensors
 from spp.adapters.config import AdapterConfig
-from spp.adapters.sparse_lora import SparseLoraLinear, inject_sparse_lora, merge_sparse_lora, save_sparse_lora
+from spp.adapters.sparse_lora import (
+    SparseLoraLinear,
+    external_parameters,
+    inject_sparse_lora,
+    merge_sparse_lora,
+    save_sparse_lora,
+)
 
 
 class SparseLoRA(AdapterMethod):
@@ -28,6 +34,10 @@ class SparseLoRA(AdapterMethod):
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         save_sparse_lora(model, directory, extra)
+
+    def external_parameters(self, model: nn.Module) -> ExternalParameters:
+        """The masked branch reads ``lora_A`` / ``lora_B`` weights without calling those modules."""
+        return external_parameters(model)
 
     @torch.no_grad()
     def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:

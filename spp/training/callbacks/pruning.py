@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import nn
 
 from spp.distributed import DistContext
@@ -84,7 +85,8 @@ class PrunedModel:
     """The pruning phase's result: the pruned (frozen, CPU) model and what the later phases need of pruning.
 
     On ranks other than 0 ``model`` is the ``meta`` skeleton (unless restored everywhere) and ``masks``,
-    ``zeros``, ``result.report`` are empty. ``home`` (rank 0, when the training strategy shards the model): the
+    ``zeros``, ``result.report`` are empty. ``home`` (rank 0, when the training strategy shards the model, or is
+    DeepSpeed, whose module copies of the trained tensors ``bf16-mixed`` rounds): the
     pruned weights by name, the same tensors the model held before sharding (no copy), kept so the finalize
     phase can rebuild the adapted model on the CPU for the adapter files.
     """
@@ -204,7 +206,8 @@ class PruningCallback(L.Callback):
         pl_module.model = self.pruned.model
         if hasattr(pl_module, "masks"):
             pl_module.masks = self.pruned.masks
-        if ctx.is_main and not self.everywhere and is_sharded(trainer.strategy):
+        if ctx.is_main and not self.everywhere and (is_sharded(trainer.strategy)
+                                                    or isinstance(trainer.strategy, DeepSpeedStrategy)):
             self.pruned.home = dict(self.pruned.model.state_dict())  # references: sharding drops the module's own
 
     def run_alone(self, device: Any = None) -> PrunedModel:
