@@ -35,13 +35,26 @@ class Problem:
 
 def problems(plan: RunPlan) -> list[Problem]:
     """Every phase whose GPU or host peak exceeds the plan's hardware figures (unknown figures are not checked)."""
-    hw, out = plan.hardware, []
+    hw, spec, out = plan.hardware, plan.spec, []
     for p in plan.phases:
-        if plan.spec.kind == "gpu" and hw.device_bytes and p.device_bytes > hw.device_bytes:
+        if spec.kind == "gpu" and hw.device_bytes and p.device_bytes > hw.device_bytes:
             out.append(Problem(p.name, "GPU", p.device_bytes, hw.device_bytes, p.device))
+        if spec.kind == "gpu" and hw.device_bytes and p.name == "evaluate" and plan.placement.how == "cpu":
+            out.append(_no_replica(plan, hw.device_bytes))
         if hw.host_bytes and p.host_rank0_node > hw.host_bytes:
             out.append(Problem(p.name, "host", p.host_rank0_node, hw.host_bytes, p.rank0))
     return out
+
+
+def _no_replica(plan: RunPlan, device: int) -> Problem:
+    """A GPU job whose merged model fits no group of its node's GPUs (with the evaluation batch): evaluating it on
+    the CPU would take days, so it counts as not fitting; ``need`` is a GPU's part with every GPU of a node."""
+    from spp.planning.run import eval_forward
+
+    spec = plan.spec
+    share = spec.shape.weight_bytes // spec.devices + (spec.shape.block_bytes if spec.devices > 1 else 0)
+    terms = {"weights": share, **eval_forward(spec), "cuda_context": plan.hardware.process_device_bytes}
+    return Problem("evaluate", "GPU", sum(terms.values()), device, terms)
 
 
 def _batches(b: int, whole: int | None) -> list[int]:
@@ -143,6 +156,7 @@ def describe(found: list[Problem]) -> list[str]:
             for p in found]
 
 
-def as_dicts(found: list[Problem]) -> list[dict[str, Any]]:
-    """JSON-ready problems."""
-    return [{"phase": p.phase, "memory": p.memory, "need_bytes": p.need, "have_bytes": p.have} for p in found]
+def as_dicts(plan: RunPlan, found: list[Problem]) -> list[dict[str, Any]]:
+    """JSON-ready problems, each with the fix :func:`fix` offers."""
+    return [{"phase": p.phase, "memory": p.memory, "need_bytes": p.need, "have_bytes": p.have,
+             "fix": fix(plan, p)[0]} for p in found]

@@ -6,7 +6,9 @@ GPUs). Perplexity windows and lm-eval requests are split over the replicas. The 
 (:data:`WEIGHT_SHARE`): a GPU holds at most 80 % of its memory in weights, which leaves the rest for the CUDA
 context, the logits of a batch (``batch x seqlen x vocab`` in fp32: 1 GiB for 8 x 1024 x 32000) and the KV cache
 of lm-eval's requests. A ``device_map`` split is uneven by up to one decoder block, so each of the ``k`` GPUs is
-charged ``weights / k`` plus one block (the caller passes the block's bytes; 0 when unknown).
+charged ``weights / k`` plus one block (the caller passes the block's bytes; 0 when unknown). A caller that knows
+the evaluation batch passes its bytes too (``activation_bytes``: logits, KV cache, CUDA context): the share and
+those bytes must then fit the whole GPU as well.
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ def _gib(n: float) -> str:
 
 
 def eval_placement(weight_bytes: int, device_bytes: int | None, devices_per_node: int, nodes: int,
-                   block_bytes: int = 0) -> EvalPlacement:
+                   block_bytes: int = 0, activation_bytes: int = 0) -> EvalPlacement:
     """The replicas that evaluate a model of ``weight_bytes`` on ``nodes`` nodes of ``devices_per_node`` GPUs of
     ``device_bytes`` each (``None``: no GPU).
 
     ``k`` is the fewest GPUs whose share (``weight_bytes / k + block_bytes`` when ``k > 1``) is at most
-    :data:`WEIGHT_SHARE` of one GPU; the node then holds ``devices_per_node // k`` replicas, and each replica
+    :data:`WEIGHT_SHARE` of one GPU, and at most the GPU's memory with ``activation_bytes`` added; the node then
+    holds ``devices_per_node // k`` replicas, and each replica
     spreads over ``devices_per_node // replicas`` GPUs (the same number of replicas with more headroom: a
     ``parallelize`` replica computes on one GPU at a time, so its speed does not depend on ``k``).
     """
@@ -58,15 +61,21 @@ def eval_placement(weight_bytes: int, device_bytes: int | None, devices_per_node
         return EvalPlacement(1, 0, "cpu", f"no GPU: the {_gib(weight_bytes)} merged model is evaluated on the CPU "
                                           "of global rank 0")
     budget = WEIGHT_SHARE * device_bytes
-    if weight_bytes <= budget:
+
+    def fits(share: float) -> bool:
+        return share <= budget and share + activation_bytes <= device_bytes
+
+    if fits(weight_bytes):
         replicas = devices_per_node * nodes
         return EvalPlacement(replicas, 1, "data_parallel", f"the {_gib(weight_bytes)} merged model fits one GPU "
-                             f"(<= {WEIGHT_SHARE:.0%} of {_gib(device_bytes)}): {replicas} replica(s) of 1 GPU")
-    k = next((k for k in range(2, devices_per_node + 1) if weight_bytes / k + block_bytes <= budget), None)
+                             f"(<= {WEIGHT_SHARE:.0%} of {_gib(device_bytes)}, {_gib(activation_bytes)} of batch and "
+                             f"context beside it): {replicas} replica(s) of 1 GPU")
+    k = next((k for k in range(2, devices_per_node + 1) if fits(weight_bytes / k + block_bytes)), None)
     if k is None:
         return EvalPlacement(1, 0, "cpu", f"the {_gib(weight_bytes)} merged model does not fit the "
                              f"{devices_per_node} GPU(s) of a node at {WEIGHT_SHARE:.0%} of {_gib(device_bytes)} "
-                             "each: evaluated on the CPU of global rank 0")
+                             f"each (with {_gib(activation_bytes)} of batch and context): evaluated on the CPU of "
+                             "global rank 0")
     per_node = devices_per_node // k
     k = devices_per_node // per_node
     return EvalPlacement(per_node * nodes, k, "parallelize", f"the {_gib(weight_bytes)} merged model needs "

@@ -15,10 +15,12 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.1f}"
 
 
-def _time(seconds: float) -> str:
+def time_text(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h" if seconds < 2 * 86400 else f"{seconds / 86400:.0f} days"
 
 
 def rows(plan: RunPlan) -> list[tuple[str, ...]]:
@@ -28,7 +30,7 @@ def rows(plan: RunPlan) -> list[tuple[str, ...]]:
         gpu = _gib(p.device_bytes) if p.device else "-"
         other = _gib(p.host_other_node) if plan.spec.nodes > 1 and p.host_other_node else "-"
         disk = _gib(sum(p.disk.values())) if p.disk else "-"
-        out.append((p.name, p.where, gpu, _gib(p.host_rank0_node), other, disk, _time(sum(p.seconds.values()))))
+        out.append((p.name, p.where, gpu, _gib(p.host_rank0_node), other, disk, time_text(sum(p.seconds.values()))))
     return out
 
 
@@ -57,7 +59,7 @@ def text(plan: RunPlan, sources: dict[str, str] | None = None) -> str:
     lines.append(f"peak: {_gib(plan.peak_device_bytes)} GiB per GPU, {_gib(plan.peak_host_node_bytes)} GiB host on "
                  f"global rank 0's node ({peak_phase}); per process {_gib(plan.peak_process_bytes(True))} GiB "
                  f"(rank 0), {_gib(plan.peak_process_bytes(False))} GiB (any other)")
-    lines.append(f"estimated time: {_time(plan.seconds)} (FLOPs at the stated throughput: an estimate)")
+    lines.append(f"estimated time: {time_text(plan.seconds)} (FLOPs at the stated throughput: an estimate)")
     found = problems(plan)
     lines += describe(found) or ["fits: every phase within the stated memory"]
     return "\n".join(lines) + "\n"
@@ -78,4 +80,4 @@ def _machine(plan: RunPlan, sources: dict[str, str]) -> str:
 
 def as_json(plan: RunPlan) -> dict[str, Any]:
     """The plan as JSON (every term of every phase) with its problems."""
-    return {**plan.to_dict(), "problems": as_dicts(problems(plan))}
+    return {**plan.to_dict(), "problems": as_dicts(plan, problems(plan))}

@@ -21,7 +21,7 @@ from typing import Any
 
 from spp.planning import pruning
 from spp.planning.flops import forward_flops, train_flops, train_tokens
-from spp.planning.hardware import GIB, Hardware
+from spp.planning.hardware import CPU_HOST, GIB, Hardware
 from spp.planning.memory import fit_device_bytes, forward_bytes, optimizer_terms
 from spp.planning.placement import EvalPlacement, eval_placement
 from spp.planning.spec import RunSpec
@@ -207,8 +207,7 @@ def export_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
 def evaluate_phase(spec: RunSpec, hw: Hardware, placement: EvalPlacement) -> PhasePlan:
     """Each replica loads the merged model from the export and evaluates its share of windows and requests."""
     shape, ev = spec.shape, spec.eval
-    forward = max(forward_bytes(spec, ev.batch, ev.seqlen), forward_bytes(spec, ev.lm_eval_batch, ev.seqlen),
-                  key=lambda d: sum(d.values()))
+    forward = eval_forward(spec)
     proc = {**_process(hw), "lm_eval": hw.lm_eval_host_bytes if ev.lm_eval_tokens else 0,
             "tokenize": ev.text_tokens * hw.tokenize_bytes_per_token if ev.ppl_windows else 0}
     if placement.how == "cpu":  # rank 0 alone, after the other ranks have ended
@@ -219,11 +218,12 @@ def evaluate_phase(spec: RunSpec, hw: Hardware, placement: EvalPlacement) -> Pha
     k = placement.gpus_per_replica
     device = {"weights": shape.weight_bytes // k + (shape.block_bytes if k > 1 else 0), **forward,
               "cuda_context": hw.process_device_bytes}
-    proc["load_shard"] = min(shape.weight_bytes, SHARD_BYTES)
     proc = {name: v for name, v in proc.items() if v}
+    per_node = placement.replicas // spec.nodes
+    # the export's shards mapped while the replicas load them: page cache the node's processes share, counted once
+    rank0 = {**proc, "mapped_shards": min(shape.weight_bytes, per_node * SHARD_BYTES)}
     where = f"{placement.replicas} x {k} GPU" + ("s" if k > 1 else "")
-    return PhasePlan("evaluate", where, device, proc, proc, placement.replicas // spec.nodes, {},
-                     _eval_seconds(spec, hw, placement))
+    return PhasePlan("evaluate", where, device, rank0, proc, per_node, {}, _eval_seconds(spec, hw, placement))
 
 
 def _eval_seconds(spec: RunSpec, hw: Hardware, placement: EvalPlacement) -> dict[str, float]:
@@ -231,8 +231,9 @@ def _eval_seconds(spec: RunSpec, hw: Hardware, placement: EvalPlacement) -> dict
     computes on one GPU at a time)."""
     shape, ev = spec.shape, spec.eval
     tokens = ev.ppl_windows * ev.ppl_sources * ev.seqlen + ev.lm_eval_tokens
+    rate = CPU_HOST.eval_tflops if placement.how == "cpu" else hw.eval_tflops  # a GPU job's fallback too
     return {"load": shape.weight_bytes / (hw.disk_gbps * 1e9),
-            "forward": tokens * forward_flops(shape, ev.seqlen) / placement.replicas / (hw.eval_tflops * 1e12)}
+            "forward": tokens * forward_flops(shape, ev.seqlen) / placement.replicas / (rate * 1e12)}
 
 
 @dataclass
@@ -280,11 +281,19 @@ class RunPlan:
                 "optimizer": optimizer_terms(s) if s.adapter.trains else {}}
 
 
+def eval_forward(spec: RunSpec) -> dict[str, int]:
+    """The larger of a perplexity batch and an lm-eval batch (``eval.seqlen`` tokens each, the bound of both)."""
+    ev = spec.eval
+    return max(forward_bytes(spec, ev.batch, ev.seqlen), forward_bytes(spec, ev.lm_eval_batch, ev.seqlen),
+               key=lambda d: sum(d.values()))
+
+
 def plan_run(spec: RunSpec, hw: Hardware) -> RunPlan:
     """The phases of ``spec`` on ``hw`` (``adapter=none`` has no fit phase; a job without perplexity or tasks no
     evaluate phase)."""
+    beside = sum(eval_forward(spec).values()) + hw.process_device_bytes
     placement = eval_placement(spec.shape.weight_bytes, hw.device_bytes if spec.kind == "gpu" else None,
-                               spec.devices, spec.nodes, spec.shape.block_bytes)
+                               spec.devices, spec.nodes, spec.shape.block_bytes, beside)
     phases = [load_phase(spec, hw), prune_phase(spec, hw)]
     if spec.adapter.trains:
         phases.append(fit_phase(spec, hw))
