@@ -111,9 +111,37 @@ def main() -> None:
 
     meta = {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count()}
     if names == list(CASES):
-        JSON_PATH.write_text(json.dumps({"machine": meta, "cases": rows}, indent=1) + "\n")
-        print(f"written: {JSON_PATH.relative_to(ROOT)}", file=sys.stderr)
+        data = {"machine": meta, "cases": rows}
+        JSON_PATH.write_text(json.dumps(data, indent=1) + "\n")
+        write_table(data)
+        print(f"written: {JSON_PATH.relative_to(ROOT)}, the table in docs/plan.md", file=sys.stderr)
+
+
+def write_table(data: dict[str, Any]) -> None:
+    """Put :func:`markdown` between the markers of ``docs/plan.md``."""
+    doc = ROOT / "docs" / "plan.md"
+    head, rest = doc.read_text().split(BEGIN, 1)
+    _old, tail = rest.split(END, 1)
+    doc.write_text(head + BEGIN + markdown(data) + END + tail)
 
 
 if __name__ == "__main__":
     main()
+
+
+BEGIN, END = "<!-- plan-rss:begin -->\n", "<!-- plan-rss:end -->\n"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The measured-against-planned table of ``docs/plan.md`` (from ``docs/results/plan_rss.json``)."""
+    lines = ["| case | rank | measured peak RSS MiB | plan MiB | measured / plan | run s "
+             "| load avg (1 min) before, after |", "|---|---|---|---|---|---|---|"]
+    for case in data["cases"]:
+        for rank, r in case["ranks"].items():
+            lines.append(f"| {case['case']} | {rank} | {r['measured_mib']:.0f} | {r['plan_mib']:.0f} | "
+                         f"{r['ratio']:.2f} | {case['seconds']:.0f} | {case['load_before'][0]:.1f}, "
+                         f"{case['load_after'][0]:.1f} |")
+    m = data["machine"]
+    lines += ["", f"Python {m['python']}, torch {m['torch']}, {m['cpus']} CPU cores; commands in "
+              "`docs/results/plan_rss.json`."]
+    return "\n".join(lines) + "\n"

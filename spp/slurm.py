@@ -1,8 +1,9 @@
-"""Hydra's Slurm launcher whose memory request comes from the run plan (``hydra/launcher=slurm``, ``docs/plan.md``).
+"""The Slurm request of a sweep from the run plan (``hydra/launcher=slurm``, ``docs/plan.md``).
 
 A Slurm array shares one resource request, and the sweep's base config lacks the swept values (``model=a,b``), so
-the request is made where every job's own config is known: in :meth:`PlannedSlurmLauncher.launch`, in the
-submitting process, before ``sbatch``. For each job it composes the config as the compute node will, plans it on
+the request is made where every job's own config is known: in the launcher's ``launch``
+(``hydra_plugins.spp_slurm_launcher.PlannedSlurmLauncher``, which calls :func:`plan_array`), in the submitting
+process, before ``sbatch``. For each job it composes the config as the compute node will, plans it on
 ``hydra.launcher.gpus_per_node`` GPUs x ``hydra.launcher.nodes`` nodes (what ``trainer=slurm`` reads there), and:
 
 * ``mem_gb: null`` (the default) becomes the largest host memory per node of the array's plans, plus
@@ -27,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from spp.errors import EXIT_USER_ERROR, UserError, report, to_job
@@ -137,18 +137,13 @@ def requested(cfgs: Sequence[DictConfig], params: dict[str, Any]) -> dict[str, A
     return {}
 
 
-class PlannedSlurmLauncher(SlurmLauncher):
-    """``SlurmLauncher`` that sets or checks ``mem_gb`` (and the GPU and task counts) from every job's run plan
-    before submitting the array (module docstring)."""
-
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-        """Plan every job, set ``mem_gb`` (or refuse in one line, exit 2), then submit as ``SlurmLauncher``."""
-        assert self.config is not None and self.hydra_context is not None
-        loader = self.hydra_context.config_loader
-        try:
-            cfgs = [loader.load_sweep_config(self.config, list(o)) for o in job_overrides]
-            self.params.update(requested(cfgs, self.params))
-        except UserError as err:
-            report(os.path.basename(sys.argv[0]) or "spp", err)
-            raise SystemExit(EXIT_USER_ERROR) from err
-        return super().launch(job_overrides, initial_job_idx)
+def plan_array(loader: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]],
+               params: dict[str, Any]) -> dict[str, Any]:
+    """The launcher parameters to set for the array ``job_overrides`` (:func:`requested`, every job's config
+    composed by Hydra's ``loader`` as the node will); a :class:`UserError` is one line on stderr and exit 2."""
+    try:
+        cfgs = [loader.load_sweep_config(config, list(o)) for o in job_overrides]
+        return requested(cfgs, params)
+    except UserError as err:
+        report(os.path.basename(sys.argv[0]) or "spp", err)
+        raise SystemExit(EXIT_USER_ERROR) from err

@@ -76,9 +76,11 @@ def remedies(spec: RunSpec, phase: str) -> list[tuple[str, RunSpec]]:
             out.append(("trainer.gradient_checkpointing=true", replace(spec, train=replace(train, checkpointing=True))))
         out += [(f"data.train_batch_size={b}", replace(spec, train=replace(train, micro_batch=b)))
                 for b in _batches(train.micro_batch, train.global_batch)]
+        fsdp = replace(train, checkpointing=True)  # conf/strategy/fsdp.yaml checkpoints every block
         if not spec.sharded:
-            out.append(("strategy=fsdp", replace(spec, strategy="fsdp")))
-        out += [(f"strategy=fsdp trainer.devices={n}", replace(spec, strategy="fsdp", devices=n)) for n in more]
+            out.append(("strategy=fsdp", replace(spec, strategy="fsdp", train=fsdp)))
+        out += [(f"strategy=fsdp trainer.devices={n}", replace(spec, strategy="fsdp", devices=n, train=fsdp))
+                for n in more]
     elif phase == "prune":
         cal = spec.calibration
         out += [(f"calibration.batch_size={b}", replace(spec, calibration=replace(cal, batch_size=b)))
@@ -105,8 +107,8 @@ def fix(plan: RunPlan, problem: Problem) -> tuple[str, str]:
         for _overrides, spec in tried:
             combined = _merge(combined, spec)
         if solved(combined):
-            keys = " ".join(dict.fromkeys(word for o, _ in tried for word in o.split()))
-            return f"set all of {keys} (planned to fit)", tried[0][0].split("=")[0]
+            changes = _changes(plan.spec, combined)
+            return f"set {' '.join(changes)} (planned to fit)", changes[0].split("=")[0]
     if problem.memory == "GPU":
         return (f"use GPUs with more than {problem.need / GIB:.0f} GiB or more GPUs (trainer.devices, "
                 "trainer.num_nodes); trainer.device_memory_gib states the GPU's memory"), "trainer.device_memory_gib"
@@ -124,6 +126,24 @@ def _merge(base: RunSpec, other: RunSpec) -> RunSpec:
                  lm_eval_batch=min(base.eval.lm_eval_batch, other.eval.lm_eval_batch))
     return replace(base, train=train, calibration=cal, strategy=strategy, eval=ev,
                    devices=max(base.devices, other.devices))
+
+
+def _changes(old: RunSpec, new: RunSpec) -> list[str]:
+    """The overrides that turn ``old`` into ``new`` (the fields :func:`remedies` changes)."""
+    out = []
+    if new.train.checkpointing != old.train.checkpointing and new.strategy == old.strategy:
+        out.append("trainer.gradient_checkpointing=true")
+    if new.train.micro_batch != old.train.micro_batch:
+        out.append(f"data.train_batch_size={new.train.micro_batch}")
+    if new.strategy != old.strategy:
+        out.append(f"strategy={new.strategy}")
+    if new.devices != old.devices:
+        out.append(f"trainer.devices={new.devices}")
+    if new.calibration.batch_size != old.calibration.batch_size:
+        out.append(f"calibration.batch_size={new.calibration.batch_size}")
+    if (new.eval.batch, new.eval.lm_eval_batch) != (old.eval.batch, old.eval.lm_eval_batch):
+        out.append(f"eval.batch_size={new.eval.batch} eval.lm_eval_batch_size={new.eval.lm_eval_batch}")
+    return out
 
 
 def _terms(terms: dict[str, int], n: int = 3) -> str:
