@@ -15,6 +15,8 @@ loss adds ``(a + 12) x vocab`` per token: the logits, their fp32 copy, log-softm
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from spp.planning.hardware import Hardware
 from spp.planning.spec import RunSpec
 
@@ -56,6 +58,12 @@ def training_activations(spec: RunSpec) -> dict[str, int]:
     if spec.adapter.keeps_weight:  # fused_cached: one merged weight per adapted linear, every block
         out["cached_weights"] = spec.adapter.adapted_weights(shape) * a
     return out
+
+
+def activation_choices(spec: RunSpec) -> tuple[int, int]:
+    """Activations and logits of one micro-batch ``(with, without)`` activation checkpointing."""
+    return tuple(sum(training_activations(replace(spec, train=replace(spec.train, checkpointing=c))).values())
+                 for c in (True, False))
 
 
 def _trainable(spec: RunSpec) -> tuple[int, int]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from spp.planning.check import as_dicts, describe, problems
+from spp.planning.memory import activation_choices
 from spp.planning.run import RunPlan
 
 GIB = 2**30
-COLUMNS = ("phase", "where", "GPU GiB/device", "host GiB rank-0 node", "host GiB other node", "disk GiB", "time")
+COLUMNS = ("phase", "where", "GPU GiB/device", "host GiB rank 0", "host GiB other rank", "host GiB rank-0 node",
+           "host GiB other node", "disk GiB", "time")
 
 
 def _gib(n: float) -> str:
@@ -30,7 +32,9 @@ def rows(plan: RunPlan) -> list[tuple[str, ...]]:
         gpu = _gib(p.device_bytes) if p.device else "-"
         other = _gib(p.host_other_node) if plan.spec.nodes > 1 and p.host_other_node else "-"
         disk = _gib(sum(p.disk.values())) if p.disk else "-"
-        out.append((p.name, p.where, gpu, _gib(p.host_rank0_node), other, disk, time_text(sum(p.seconds.values()))))
+        rank = _gib(sum(p.rank.values())) if p.rank and plan.spec.world > 1 else "-"
+        out.append((p.name, p.where, gpu, _gib(sum(p.rank0.values())), rank, _gib(p.host_rank0_node), other, disk,
+                    time_text(sum(p.seconds.values()))))
     return out
 
 
@@ -53,6 +57,11 @@ def text(plan: RunPlan, sources: dict[str, str] | None = None) -> str:
              f" {s.strategy_label} on {s.devices} {'GPU' if s.kind == 'gpu' else 'CPU process'}(s) x {s.nodes} "
              f"node(s); adapter {s.adapter.name} ({trainable / 1e6:.1f} M trainable); pruner {s.pruner}",
              _machine(plan, sources), "", *table(COLUMNS, rows(plan)), ""]
+    if s.adapter.trains:
+        with_ckpt, without = activation_choices(s)
+        lines.append(f"training activations per micro-batch ({s.train.micro_batch} x {s.train.seqlen} tokens): "
+                     f"{_gib(with_ckpt)} GiB with activation checkpointing, {_gib(without)} GiB without (this job: "
+                     f"{'with' if s.train.checkpointing else 'without'})")
     if any(p.name == "evaluate" for p in plan.phases):
         lines.append(f"evaluation: {plan.placement.how}: {plan.placement.reason}")
     peak_phase = max(plan.phases, key=lambda p: p.host_rank0_node).name

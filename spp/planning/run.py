@@ -22,7 +22,7 @@ from typing import Any
 from spp.planning import pruning
 from spp.planning.flops import forward_flops, train_flops, train_tokens
 from spp.planning.hardware import CPU_HOST, GIB, Hardware
-from spp.planning.memory import fit_device_bytes, forward_bytes, optimizer_terms
+from spp.planning.memory import activation_choices, fit_device_bytes, forward_bytes, optimizer_terms
 from spp.planning.placement import EvalPlacement, eval_placement
 from spp.planning.spec import RunSpec
 
@@ -278,7 +278,8 @@ class RunPlan:
                 "peak_rank0_bytes": self.peak_process_bytes(True), "peak_rank_bytes": self.peak_process_bytes(False),
                 "seconds": round(self.seconds, 1), "phases": [p.to_dict() for p in self.phases],
                 "eval_placement": self.placement.to_dict(), "hardware": self.hardware.to_dict(),
-                "optimizer": optimizer_terms(s) if s.adapter.trains else {}}
+                "optimizer": optimizer_terms(s) if s.adapter.trains else {},
+                "activations_with_and_without_checkpointing": list(activation_choices(s)) if s.adapter.trains else []}
 
 
 def eval_forward(spec: RunSpec) -> dict[str, int]:
