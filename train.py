@@ -14,7 +14,8 @@ The whole job (``spp/training/phases.py``), on every rank that the launcher (Lig
    ``adapter=none`` prunes without a Trainer), then the trainable tensors are gathered once;
 3. ``finalize``: on rank 0 alone, write the adapter files, merge, audit every zero, evaluate and export.
 
-``python train.py -m adapter.r=4,8,16`` sweeps with one pruning. Composes ``conf/train.yaml``, converted once
+``python train.py -m adapter.r=4,8,16`` sweeps with one pruning; ``plan=true`` prints the memory and time plan
+of the job (``docs/plan.md``) and exits without reading a weight. Composes ``conf/train.yaml``, converted once
 into :class:`spp.training.config.TrainJobConfig` (every value checked there).
 """
 

@@ -144,3 +144,15 @@ def test_cpu_runs_count_device_terms_in_the_processes(shape7):
     fit = plan.phase("fit")
     assert fit.device == {} and fit.rank["weights"] == shape7.weight_bytes  # a DDP replica in every process
     assert fit.rank["heap_retention"] > 0 and plan.placement.how == "cpu"
+
+
+def test_a_run_whose_model_cannot_be_planned_is_not_refused(tmp_path):
+    from train_helpers import tiny_job
+
+    from spp.planning.job import check_job
+    from spp.preflight import model_arch
+
+    job = tiny_job(tmp_path)
+    assert check_job(job, model_arch(job.model)) is not None  # the tiny CPU run is planned and fits
+    arch = {**model_arch(job.model), "model_type": "no_such_model"}
+    assert check_job(job, arch) is None  # transformers cannot build it: logged, not checked
