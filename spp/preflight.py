@@ -31,6 +31,7 @@ from spp.models.config import ModelConfig
 from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, resolve_source
 from spp.models.tiny import TINY_ARCH
 from spp.paths import find_data
+from spp.planning.job import check_job
 from spp.projections import DEFAULT_TARGETS, matches
 from spp.pruning.calibration_data import resolve_calibration_file
 
@@ -495,6 +496,7 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
         seqlens["eval.seqlen"] = job.eval.seqlen
     check_shapes(arch, adapter=job.adapter, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
     check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity, adapter=job.adapter)
+    check_job(job, arch)  # the memory plan: every phase fits this machine's GPUs and host memory (docs/plan.md)
     if get_method(job.adapter.name).trains:
         check_data_source(job.data.source, job.data_dir)
     if job.pruner.name != "none" and not job.sparsity.is_dense and job.pruner.needs_calibration:

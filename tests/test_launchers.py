@@ -63,7 +63,7 @@ def test_slurm_launcher_composes_for_every_command(config_name, tmp_path, monkey
                                  "hydra.launcher.timeout_min=600", "hydra.job.name=spp",
                                  "hydra.launcher.setup=['module load cuda','export SPP_CACHE_DIR=/shared/spp-cache']"])
     launcher = cfg.hydra.launcher
-    assert launcher._target_ == "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
+    assert launcher._target_ == "hydra_plugins.spp_slurm_launcher.PlannedSlurmLauncher"  # planned (docs/plan.md)
     assert launcher.tasks_per_node == 4, "one process per GPU, as Lightning's SLURM environment expects"
     script = _sbatch_script(cfg, tmp_path, monkeypatch)
     for flag in ("--partition=gpu", "--gpus-per-node=4", "--ntasks-per-node=4", "--mem=120GB", "--time=600",
