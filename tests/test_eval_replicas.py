@@ -23,10 +23,9 @@ from spp.errors import UserError
 from spp.eval.harness import evaluate_tasks
 from spp.eval.perplexity import load_eval_text, perplexity
 from spp.eval.replicas import (
-    EvalPlacement,
     ReplicaGroup,
     ReplicaLayout,
-    choose_gpus_per_replica,
+    ReplicaPlacement,
     replica_devices,
     replica_perplexity,
 )
@@ -216,19 +215,22 @@ def test_replica_layout_on_two_nodes_of_eight_gpus():
         ReplicaLayout(0, 8, 8, 3)
     with pytest.raises(UserError, match=">= 1"):
         ReplicaLayout(0, 8, 8, 0)
-    how = [EvalPlacement.of(ReplicaLayout(0, w, w, k)).how for w, k in ((1, 1), (8, 1), (2, 2), (8, 2))]
+    how = [ReplicaPlacement.of(ReplicaLayout(0, w, w, k)).how for w, k in ((1, 1), (8, 1), (2, 2), (8, 2))]
     assert how == ["single", "data_parallel", "parallelize", "data_parallel+parallelize"]
 
 
-def test_the_smallest_replica_that_holds_the_model():
-    h100 = 80 * 10**9
-    bf16 = {"7b": 6.74e9 * 2, "13b": 13.0e9 * 2, "70b": 68.98e9 * 2}
-    assert [choose_gpus_per_replica(int(b), h100, 8) for b in bf16.values()] == [1, 1, 2]
-    assert choose_gpus_per_replica(int(bf16["70b"]), h100, 8, reserve_bytes=20 * GIB) == 4
-    assert choose_gpus_per_replica(int(bf16["70b"]), 141 * 10**9, 8) == 2  # H200: 132 GB usable < 138 GB
-    assert choose_gpus_per_replica(int(bf16["13b"]), 24 * GIB, 8) == 2
-    with pytest.raises(UserError, match="does not fit"):
-        choose_gpus_per_replica(int(bf16["70b"]), 24 * GIB, 4)
+def test_the_replicas_of_a_saved_folder_are_the_plans(tmp_path):
+    """``evaluate`` places a folder as the run plan does (``placement_of_folder``): one GPU per replica when the
+    weights and the evaluation batch fit, else the fewest GPUs that hold them, else refused (``cpu``)."""
+    from spp.models.tiny import tiny_llama
+    from spp.planning.folder import placement_of_folder
+
+    tiny_llama(seed=0).save_pretrained(tmp_path / "m")
+    roomy = placement_of_folder(tmp_path / "m", 64, 1, 1, 80 * GIB, 8, 2)
+    assert (roomy.replicas, roomy.gpus_per_replica, roomy.how) == (16, 1, "data_parallel")
+    weights = sum(f.stat().st_size for f in (tmp_path / "m").glob("*.safetensors"))
+    nothing = placement_of_folder(tmp_path / "m", 64, 1, 1, weights // 100, 2, 1)  # (the split itself: test_plan)
+    assert nothing.how == "cpu"
 
 
 def test_an_in_memory_model_on_a_single_replica_scores_as_plain_lm_eval(tiny_tok, sample_data_dir):

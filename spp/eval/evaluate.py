@@ -5,9 +5,10 @@ The processes form *replicas* (:mod:`spp.eval.replicas`): each replica's leader 
 GPU or spread over ``eval.gpus_per_replica`` GPUs of its node (accelerate ``device_map``, lm-eval's
 ``parallelize=True``); the leaders split the perplexity batches (batch ``b`` on replica ``b mod R``, the numbers
 of one process) and lm-eval's documents (:class:`~spp.eval.distributed_lm.DistributedHFLM`); replica 0's results
-reach every process. By default a replica is the fewest GPUs that hold the model (7B and 13B in bf16: one 80 GB
-GPU, so 8 replicas on 8 GPUs; 70B: two, so 4 replicas), because a model spread with ``device_map`` runs its GPUs
-one after the other while replicas run side by side. One process is one replica. What ran is recorded in
+reach every process. By default a replica is the fewest GPUs that hold the model beside its evaluation batch, as
+the run's plan decides it (:func:`spp.planning.placement.placement_of_folder`; ``docs/plan.md``: 7B and 13B in bf16
+one 80 GB GPU each, so 8 replicas on 8 GPUs), because a model spread with ``device_map`` runs its GPUs one after
+the other while replicas run side by side. One process is one replica. What ran is recorded in
 :attr:`Evaluation.placement` (``summary.json`` → ``evaluation``).
 """
 
@@ -24,11 +25,13 @@ import torch
 from torch import nn
 
 from spp.distributed import DistContext, local_world_size
+from spp.errors import UserError
 from spp.eval.config import EvalConfig
 from spp.eval.distributed_lm import IN_MEMORY, load_replica_model
 from spp.eval.harness import run_eval_tasks
-from spp.eval.replicas import ReplicaGroup, choose_gpus_per_replica, replica_devices
+from spp.eval.replicas import ReplicaGroup, replica_devices
 from spp.generation import generate_text
+from spp.planning.folder import placement_of_folder
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +73,23 @@ def model_bytes(source: str | Path | nn.Module) -> int:
 
 
 def gpus_per_replica(eval_cfg: EvalConfig, source: str | Path | nn.Module, ctx: DistContext) -> int:
-    """``eval.gpus_per_replica``, else the fewest GPUs of a node that hold the model (1 on CPUs)."""
+    """``eval.gpus_per_replica``, else the plan's placement of the folder on this node's GPUs
+    (:func:`spp.planning.placement.placement_of_folder`: the fewest GPUs that hold the model with its evaluation
+    batch); 1 on CPUs and for an in-memory model."""
     if eval_cfg.gpus_per_replica is not None:
         return int(eval_cfg.gpus_per_replica)
     device = torch.device(eval_cfg.device) if eval_cfg.device else ctx.device
     if device.type != "cuda" or isinstance(source, nn.Module):
         return 1
+    per_node = local_world_size(ctx.world)
     memory = torch.cuda.get_device_properties(device).total_memory
-    return choose_gpus_per_replica(model_bytes(source), memory, local_world_size(ctx.world))
+    placement = placement_of_folder(source, int(eval_cfg.seqlen), int(eval_cfg.batch_size),
+                                    int(eval_cfg.lm_eval_batch_size), memory, per_node, max(1, ctx.world // per_node))
+    if placement.how == "cpu":
+        raise UserError(f"evaluation cannot place the model on this node's GPUs: {placement.reason}",
+                        "set eval.gpus_per_replica= (and eval.max_memory_per_gpu=) by hand, or evaluate on a node with "
+                        "more GPU memory", key="eval.gpus_per_replica")
+    return placement.gpus_per_replica
 
 
 def evaluate(source: str | os.PathLike[str] | nn.Module, eval_cfg: EvalConfig, ctx: DistContext | None = None, *,

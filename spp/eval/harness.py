@@ -267,7 +267,7 @@ def evaluate_tasks(
             sample); ``None`` = file order. Ignored (with a warning) for ``online`` hub tasks.
         replicas: Split every task's documents over these replicas (every leader calls this; see
             :mod:`spp.eval.distributed_lm`); every leader returns replica 0's result, ``raw["placement"]`` = how it
-            ran (:class:`spp.eval.replicas.EvalPlacement`). ``None`` = this process alone.
+            ran (:class:`spp.eval.replicas.ReplicaPlacement`). ``None`` = this process alone.
         max_memory_per_gpu: With ``replicas`` and a directory ``model`` spread over several GPUs per replica: the
             most each GPU takes (accelerate ``max_memory``); ``None`` = their free memory.
 

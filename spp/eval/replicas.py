@@ -8,10 +8,11 @@ end (:meth:`ReplicaGroup.share`). The leaders split the work data-parallel over 
 lm-eval's documents (:class:`spp.eval.distributed_lm.DistributedHFLM`) and the perplexity batches
 (:func:`replica_perplexity`, batch ``b`` on replica ``b % R``, the same numbers as one process).
 
-Why the smallest ``k`` that fits (:func:`choose_gpus_per_replica`): a model split with ``device_map`` runs its
-GPUs one after the other (naive pipeline), so ``k`` GPUs of a replica give about one GPU's throughput, while
-``R`` replicas give ``R`` times it. 7B and 13B in bf16 fit one 80 GB GPU (``k = 1``, 8 replicas on 8 GPUs);
-70B (128.5 GiB) needs ``k = 2`` (4 replicas; 64 GiB of weights per 80 GB GPU).
+Why the smallest ``k`` that holds the model beside its evaluation batch (the run's plan decides it:
+:func:`spp.planning.placement.eval_placement`): a model split with ``device_map`` runs its GPUs one after the other
+(naive pipeline), so ``k`` GPUs of a replica give about one GPU's throughput, while ``R`` replicas give ``R`` times
+it. ``docs/plan.md`` lists the placement of the paper's models (7B and 13B in bf16: ``k = 1``, 8 replicas on 8
+GPUs of 80 GB).
 """
 
 from __future__ import annotations
@@ -34,10 +35,6 @@ log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT_S = 6 * 3600
 """How long a replica (or a waiting non-leader) may wait for the others: a whole evaluation at 70B."""
 
-EVAL_RESERVE_BYTES = 8 * 2**30
-"""GPU memory kept free of weights per device in :func:`choose_gpus_per_replica`: a batch's activations and
-logits (8 x 2048 x 32000 fp32 logits = 2.1 GB, plus lm-eval's log-softmax of them), the CUDA context, allocator
-slack."""
 
 
 @dataclass(frozen=True)
@@ -152,23 +149,6 @@ def max_memory_map(devices: list[int], per_gpu: int | str | None) -> dict[int, i
     return dict.fromkeys(devices, per_gpu)
 
 
-def choose_gpus_per_replica(model_bytes: int, device_bytes: int, gpus_per_node: int,
-                            reserve_bytes: int = EVAL_RESERVE_BYTES) -> int:
-    """The smallest divisor ``k`` of ``gpus_per_node`` whose ``k`` GPUs hold the weights with ``reserve_bytes``
-    left free on each (fewest GPUs per replica = most replicas = fastest).
-
-    Raises:
-        UserError: even the whole node cannot hold the model.
-    """
-    usable = device_bytes - reserve_bytes
-    for k in range(1, gpus_per_node + 1):
-        if gpus_per_node % k == 0 and model_bytes <= k * usable:
-            return k
-    raise UserError(f"the model ({model_bytes / 2**30:.1f} GiB) does not fit the {gpus_per_node} GPUs of a node "
-                    f"({device_bytes / 2**30:.1f} GiB each, {reserve_bytes / 2**30:.0f} GiB kept free) for "
-                    "evaluation", "evaluate on GPUs with more memory, or more GPUs per node")
-
-
 class ReplicaGroup:
     """The replicas of a job and the gloo process group over their leaders (``None`` with one replica).
 
@@ -259,13 +239,13 @@ class ReplicaGroup:
         end of an evaluation, where the non-leaders have waited."""
         return self.ctx.broadcast_object(obj, src=0, long_wait=True)
 
-    def placement(self, lm_eval_model_args: dict[str, Any] | None = None) -> EvalPlacement:
+    def placement(self, lm_eval_model_args: dict[str, Any] | None = None) -> ReplicaPlacement:
         """What ran, for ``summary.json``."""
-        return EvalPlacement.of(self.layout, lm_eval_model_args)
+        return ReplicaPlacement.of(self.layout, lm_eval_model_args)
 
 
 @dataclass
-class EvalPlacement:
+class ReplicaPlacement:
     """How an evaluation was spread (recorded in ``summary.json``).
 
     Attributes:
@@ -284,7 +264,7 @@ class EvalPlacement:
     lm_eval_model_args: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, layout: ReplicaLayout, lm_eval_model_args: dict[str, Any] | None = None) -> EvalPlacement:
+    def of(cls, layout: ReplicaLayout, lm_eval_model_args: dict[str, Any] | None = None) -> ReplicaPlacement:
         """The placement of ``layout``."""
         modes = [m for m, on in (("data_parallel", layout.count > 1), ("parallelize", layout.gpus_per_replica > 1))
                  if on]

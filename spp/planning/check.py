@@ -7,6 +7,7 @@ GPUs / a larger node:
 
 * fit: activation checkpointing, a smaller per-device batch (a divisor of the global batch), FSDP2, more GPUs;
 * prune: a smaller calibration batch, more GPUs (the hidden states are split over the ranks);
+* place (DeepSpeed: the whole model on every GPU before partitioning): FSDP2;
 * evaluate: batches of one window / request.
 """
 
@@ -86,6 +87,9 @@ def remedies(spec: RunSpec, phase: str) -> list[tuple[str, RunSpec]]:
         out += [(f"calibration.batch_size={b}", replace(spec, calibration=replace(cal, batch_size=b)))
                 for b in _batches(cal.batch_size, None)]
         out += [(f"trainer.devices={n}", replace(spec, devices=n)) for n in more]
+    elif phase == "place":  # DeepSpeed materialises the whole model on every GPU first; FSDP2 does not
+        fsdp = replace(spec.train, checkpointing=True)
+        out.append(("strategy=fsdp", replace(spec, strategy="fsdp", train=fsdp)))
     elif phase == "evaluate":
         out.append(("eval.batch_size=1 eval.lm_eval_batch_size=1",
                     replace(spec, eval=replace(spec.eval, batch=1, lm_eval_batch=1))))

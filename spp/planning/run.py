@@ -185,22 +185,45 @@ def fit_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
     return PhasePlan("fit", where, device, rank0, {**base, **on_host}, spec.devices, disk, seconds)
 
 
+def deepspeed_place_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
+    """DeepSpeed's placement before training: every rank materialises the whole pruned model on its GPU
+    (``replicate_from_rank0``: rank 0's weights broadcast into it) before ``deepspeed.initialize`` keeps its
+    partition (ZeRO-3) or its replica (ZeRO-2); ``deepspeed.zero.Init`` is not used, because the pruned weights
+    exist before the strategy (``spp.training.strategies.AdapterDeepSpeedStrategy``). So a model larger than one
+    GPU does not start under ZeRO-3 here; FSDP2 (``strategy=fsdp``) shards from rank 0 without it."""
+    shape = spec.shape
+    device = {"weights_before_partitioning": shape.weight_bytes, "cuda_context": hw.process_device_bytes}
+    rank0 = {**_process(hw), "masks": shape.pruned_params // 8 if spec.prunes else 0,
+             "placement_weights": shape.weight_bytes}
+    return PhasePlan("place", "GPU, whole model per rank", device, rank0, _process(hw), spec.devices, {}, {})
+
+
 def export_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
-    """The merged model written block by block: each rank holds one block, its fp32 merge temporaries (the
-    largest adapted weight and its factor) and the block's serialised bytes."""
+    """The merged model written block by block (``spp.export.merged``): block ``i`` merged and written by rank
+    ``i mod N``. Sharded (FSDP2, ZeRO-3): the training shards stay on the GPUs and each block is materialised
+    whole there in turn, merged on the writing rank's GPU and copied to its host to be written. Otherwise every
+    rank's replica is in its host memory (Lightning's teardown moved it there) and the merge runs on the CPU."""
     shape = spec.shape
     largest = max((o * i for o, i in spec.adapter.dims(shape)), default=0)
-    block = {"block": shape.block_bytes, "merge_fp32": 2 * 4 * largest, "serialised_block": shape.block_bytes}
+    merge = {"block": shape.block_bytes, "merge_fp32": 2 * 4 * largest}
     n = spec.adapter.params(shape)
     gathered = 0 if spec.adapter.name == "masked_full" else n * spec.adapter.param_bytes
-    rank0 = {**_process(hw), "masks": shape.pruned_params // 8 if spec.prunes else 0, "adapter": gathered, **block}
+    host = {"serialised_block": shape.block_bytes}
+    device: dict[str, int] = {}
+    if spec.sharded and spec.kind == "gpu":
+        device = {"shards": shape.weight_bytes // spec.world, **merge, "cuda_context": hw.process_device_bytes}
+        where = "GPU, a block at a time"
+    else:
+        host.update(replica=shape.weight_bytes, **merge)
+        where = "host, a block at a time"
+    rank0 = {**_process(hw), "masks": shape.pruned_params // 8 if spec.prunes else 0, "adapter": gathered, **host}
     disk = {}
     if spec.export_merged:
         disk["merged_model"] = shape.weight_bytes
     if spec.export_adapter and gathered:
         disk["adapter_files"] = gathered
     moved = shape.weight_bytes * (2 if spec.export_merged else 0)
-    return PhasePlan("export", "host, a block at a time", {}, rank0, {**_process(hw), **block}, spec.devices, disk,
+    return PhasePlan("export", where, device, rank0, {**_process(hw), **host}, spec.devices, disk,
                      {"read_and_write": moved / (hw.disk_gbps * 1e9)})
 
 
@@ -297,6 +320,8 @@ def plan_run(spec: RunSpec, hw: Hardware) -> RunPlan:
                                spec.devices, spec.nodes, spec.shape.block_bytes, beside)
     phases = [load_phase(spec, hw), prune_phase(spec, hw)]
     if spec.adapter.trains:
+        if spec.strategy == "deepspeed" and spec.kind == "gpu":
+            phases.append(deepspeed_place_phase(spec, hw))
         phases.append(fit_phase(spec, hw))
     if spec.export_merged or spec.export_adapter:
         phases.append(export_phase(spec, hw))
