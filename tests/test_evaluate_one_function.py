@@ -70,6 +70,7 @@ def test_eval_py_scores_train_py_export_with_the_same_numbers(trained):
     assert record["info"]["linear_sparsity"] == pytest.approx(0.5, abs=1e-3)  # from its spp_export.json audit
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_eval_py_on_two_processes_gives_the_one_process_numbers(trained):
     tmp, summary, _ = trained
     merged = Path(summary["outputs"]["merged_dir"])

@@ -167,7 +167,7 @@ dist.destroy_process_group()
 """
 
 
-@pytest.mark.parametrize("placement", ["fsdp", "replicas"])
+@pytest.mark.parametrize("placement", ["fsdp", pytest.param("replicas", marks=pytest.mark.slow)])
 def test_two_processes_write_the_one_process_export(placement, tmp_path):
     case = "spp" if placement == "fsdp" else "lora"
     model, cfg, result = trained(case)

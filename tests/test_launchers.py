@@ -176,6 +176,7 @@ def _last_val_loss(metrics_csv: Path) -> float:
     return float(rows[-1]["val/loss"])
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_optuna_three_trials_on_validation_loss_without_test_split(tmp_path):
     assert "objective" in _compose("train", []), "train.py returns the `objective` key's value to the sweeper"
     sweep, opened = tmp_path / "sweep", tmp_path / "opened.txt"

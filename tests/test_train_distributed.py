@@ -105,6 +105,7 @@ def test_fsdp2_on_two_processes_started_by_torchrun_matches_one_process(single, 
     _check(summary, single)
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_masked_full_keeps_every_zero_under_fsdp2(tmp_path):
     """FSDP2 writes sharded gradients past the weight's tensor hook; the module masks them before each step."""
     summary = _train_2_ranks(tmp_path, "fsdp", "adapter=masked_full")

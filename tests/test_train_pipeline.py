@@ -44,7 +44,7 @@ def test_loss_falls_and_files_are_written(tiny_run):
     assert losses["train_last"] < losses["train_first"] - 0.05
     run = tmp / "run"
     for rel in ("summary.json", "resolved_config.yaml", "csv/metrics.csv", "adapter/adapter_config.json",
-                "adapter/adapter_model.safetensors", "merged/config.json", "merged/model.safetensors",
+                "adapter/adapter_model.safetensors", "merged/config.json", "merged/model.safetensors.index.json",
                 "merged/tokenizer.json", "checkpoints/last.ckpt"):
         assert (run / rel).is_file(), rel
     on_disk = json.loads((run / "summary.json").read_text())
