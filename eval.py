@@ -60,6 +60,8 @@ def main(cfg: DictConfig) -> float | None:
             quiet_lightning()
             seed_everything(job.seed, workers=True)
             record = run_eval_job(job, out_dir)
+    if record is None:  # not global rank 0: rank 0 writes and prints
+        return None
     print(markdown_report([record], title=f"Evaluation: {record.label}"))
     print(f"results: {out_dir / 'results.json'}  {out_dir / 'results.md'}")
     mean = zero_shot_mean(record.tasks)

@@ -12,14 +12,20 @@ The whole job (``spp/training/phases.py``), on every rank that the launcher (Lig
 2. ``SPPModule.configure_model`` attaches the adapter (``adapter=spp|lora|...``) and gives every rank its part of
    the model from rank 0 (FSDP2 shards, or a DDP replica); Lightning trains it (DDP, FSDP2 or DeepSpeed;
    ``adapter=none`` prunes without a Trainer), then the trainable tensors are gathered once;
-3. ``finalize``: on rank 0 alone, write the adapter files, merge, audit every zero, evaluate and export.
+3. ``finalize`` (``spp/training/finalize.py``), on every rank: rank 0 writes the adapter files; the merged model is
+   exported block by block (block ``i`` merged, audited and written by rank ``i mod N``); every rank then takes
+   part in evaluating the export (perplexity windows and lm-eval documents split over the ranks, the same
+   ``evaluate`` as ``eval.py``); the guards move a diverged run's export to ``merged.diverged``. The process group
+   closes after it.
 
-``python train.py -m adapter.r=4,8,16`` sweeps with one pruning. Composes ``conf/train.yaml``, converted once
+``python train.py -m adapter.r=4,8,16`` sweeps with one pruning; ``plan=true`` prints the memory and time plan
+of the job (``docs/plan.md``) and exits without reading a weight. Composes ``conf/train.yaml``, converted once
 into :class:`spp.training.config.TrainJobConfig` (every value checked there).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -35,17 +41,20 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from spp.atomic import write_json_atomic  # noqa: E402
 from spp.cli_help import register_help  # noqa: E402
+from spp.distributed import DistContext, close_process_group  # noqa: E402
 from spp.errors import DivergedError, cli_errors  # noqa: E402
 from spp.eval.tables import final_metrics  # noqa: E402
 from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags, save_and_print_config  # noqa: E402
 from spp.overrides import checked_overrides  # noqa: E402
 from spp.paths import data_provenance, forget_data_reads  # noqa: E402
-from spp.preflight import preflight_train, remove_stale_temporaries  # noqa: E402
+from spp.planning.job import plan_output  # noqa: E402
+from spp.preflight import model_arch, preflight_train, remove_stale_temporaries  # noqa: E402
 from spp.run_lock import hold_run_dir, is_job_leader  # noqa: E402
 from spp.sweeps import require_objective_recorded, require_validation_objective  # noqa: E402
 from spp.training.callbacks.adapter_checkpoint import resolve_resume  # noqa: E402
 from spp.training.config import TrainJobConfig, load_job, register_configs  # noqa: E402
-from spp.training.phases import finalize, fit  # noqa: E402
+from spp.training.finalize import finalize  # noqa: E402
+from spp.training.phases import fit, job_device  # noqa: E402
 from spp.training.report import build_summary, objective, print_results  # noqa: E402
 from spp.training.val_schedule import no_validation_reason  # noqa: E402
 
@@ -86,10 +95,11 @@ def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | 
     loggers = build_loggers(job.logger, run_dir, ids)
     try:
         pruned, fitted = fit(job, run_dir, loggers, callbacks)
+        final = finalize(job, pruned, fitted, run_dir, DistContext.current(job_device(job)))
+        close_process_group()
         if not fitted.is_global_zero:
             return None
-        final = finalize(job, pruned, fitted, run_dir)
-        timings = {**pruned.seconds, "train": fitted.seconds, **{f"export_{k}": v for k, v in final.seconds.items()},
+        timings = {**pruned.seconds, "train": fitted.seconds, **{f"finalize_{k}": v for k, v in final.seconds.items()},
                    "total": round(time.perf_counter() - start, 2)}
         summary = build_summary(job, run_dir, ids, pruned, fitted, final, timings)
         summary.update(status=final.status, diverged=final.diverged, data_files=data_provenance())
@@ -108,12 +118,27 @@ def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | 
     return summary
 
 
+def show_plan(job: TrainJobConfig) -> None:
+    """``plan=true``: print the memory and time plan (``docs/plan.md``) from the model's config alone, write it as
+    JSON to ``plan_json`` when given (``-``: stdout, instead of the table); nothing else runs."""
+    text, data = plan_output(job, model_arch(job.model))
+    if job.plan_json == "-":
+        print(json.dumps(data, indent=1))
+        return
+    print(text, end="")
+    if job.plan_json:
+        write_json_atomic(Path(job.plan_json).expanduser(), data)
+        print(f"plan written: {job.plan_json}")
+
+
 @checked_overrides("train.py", TrainJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     """Run one job; returns ``objective`` (by default the last validation loss) for Hydra sweepers."""
     with cli_errors("train.py"):
         job = load_job(cfg)
+        if job.plan:
+            return show_plan(job)
         require_validation_objective(str(job.objective))  # an Optuna sweep selects on validation data only
         require_objective_recorded(str(job.objective), lambda: no_validation_reason(job))  # ... and needs one
         summary = run_job(job)

@@ -141,3 +141,12 @@ def is_disk_full(err: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def human_bytes(n: float) -> str:
+    """``1.2 GiB``, ``512.0 KiB``, ``12 B``."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

@@ -9,6 +9,8 @@ Lightning's launcher), so :func:`local_device` gives task *k* of a node ``cuda:k
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -23,6 +25,15 @@ from lightning.fabric.plugins.environments import (
     SLURMEnvironment,
     TorchElasticEnvironment,
 )
+
+
+def local_world_size(world: int) -> int:
+    """Processes per node: ``LOCAL_WORLD_SIZE`` (torchrun), else ``SLURM_NTASKS_PER_NODE`` (srun), else ``world``."""
+    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(key, "").split("(")[0].split(",")[0]  # Slurm may write "8(x2)"
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return world
 
 
 def cluster_environment() -> ClusterEnvironment:
@@ -161,3 +172,33 @@ class DistContext:
 
     def _object_device(self) -> torch.device | None:
         return self.device if self.device.type == "cuda" else None
+
+
+def close_process_group() -> None:
+    """Destroy the job's process group, if any (after the last collective of the job)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def launch_processes(accelerator: str = "auto", devices: int = 1, num_nodes: int = 1,
+                     device: str | None = None) -> DistContext:
+    """Start (or join) a command's processes with Lightning Fabric and return this one's context.
+
+    ``devices=N`` starts N processes on this machine; processes already started together by ``torchrun`` or
+    ``srun`` are taken as they are, however many ``devices`` says. ``device`` (``cpu``, ``cuda:1``) overrides where
+    a single process computes. ``prune.py`` and ``eval.py`` run on N ranks this way.
+    """
+    from lightning.fabric import Fabric
+
+    env = cluster_environment()
+    if env.creates_processes_externally and env.world_size() > 1 and env.world_size() != devices * num_nodes:
+        local = local_world_size(env.world_size())
+        logging.getLogger(__name__).info("%s started %d processes (%d per node): running on all of them (devices=%d "
+                                         "num_nodes=%d were given)", type(env).__name__, env.world_size(), local,
+                                         devices, num_nodes)
+        devices, num_nodes = local, env.world_size() // local
+    world = devices * num_nodes
+    fabric = Fabric(accelerator=accelerator if device is None else ("cpu" if device == "cpu" else "gpu"),
+                    devices=devices, num_nodes=num_nodes, strategy="ddp" if world > 1 else "auto")
+    fabric.launch()
+    return DistContext.current(device if device is not None and world == 1 else fabric.device)

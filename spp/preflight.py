@@ -24,12 +24,14 @@ from spp.adapters.registry import get_method
 from spp.atomic import check_writable_dir
 from spp.data.config import HUB_PREFIX
 from spp.data.records import load_alpaca_records
+from spp.deepspeed_support import check_deepspeed, check_resume_format
 from spp.errors import UserError, user_file
 from spp.eval.perplexity import source_file
 from spp.models.config import ModelConfig
 from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, resolve_source
 from spp.models.tiny import TINY_ARCH
 from spp.paths import find_data
+from spp.planning.job import check_job
 from spp.projections import DEFAULT_TARGETS, matches
 from spp.pruning.calibration_data import resolve_calibration_file
 
@@ -420,8 +422,9 @@ def compare_settings(saved: dict[str, Any], now: dict[str, Any]) -> tuple[list[s
 def check_resume(job: Any, checkpoint: str | os.PathLike[str]) -> None:
     """Compare a resume checkpoint's ``spp_settings`` with the job; name every key that differs. Settings the
     checkpoint predates (written by an older version) are not compared: a warning names them."""
+    state_file = check_resume_format(job.strategy, checkpoint)  # a DeepSpeed directory: the file of its client state
     with user_file(checkpoint, "trainer.resume_from"):
-        ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)
+        ckpt = torch.load(state_file, map_location="cpu", weights_only=False, mmap=True)
     saved = ckpt.get("spp_settings") if isinstance(ckpt, dict) else None
     if not saved:
         log.warning("preflight: %s holds no spp_settings (written before they were saved); not compared", checkpoint)
@@ -482,6 +485,8 @@ CACHE_DIR_FIX = "point cache_dir= (or the SPP_CACHE_DIR environment variable) at
 
 def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
     """Everything ``train.py`` can check before loading a weight; returns the model's arch fields."""
+    if get_method(job.adapter.name).trains:
+        check_deepspeed(job.strategy, job.trainer.accelerator, get_method(job.adapter.name))
     arch = model_arch(job.model)
     check_positive({"adapter.scale": job.adapter.scale, "trainer.lr": job.trainer.lr})
     seqlens = {"data.max_length": job.data.max_length}
@@ -491,6 +496,7 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
         seqlens["eval.seqlen"] = job.eval.seqlen
     check_shapes(arch, adapter=job.adapter, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
     check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity, adapter=job.adapter)
+    check_job(job, arch)  # the memory plan: every phase fits this machine's GPUs and host memory (docs/plan.md)
     if get_method(job.adapter.name).trains:
         check_data_source(job.data.source, job.data_dir)
     if job.pruner.name != "none" and not job.sparsity.is_dense and job.pruner.needs_calibration:

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from spp.paths import REPO_ROOT
 
 CHILD = """
@@ -24,6 +26,7 @@ print(json.dumps(res))
 """
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_memory_pass_sees_a_step_allocation_the_default_heap_hides():
     out = subprocess.run([sys.executable, "-c", CHILD], cwd=REPO_ROOT, capture_output=True, text=True, check=True,
                          timeout=120)

@@ -122,6 +122,8 @@ EVAL_CASES: dict[str, tuple[Any, bool]] = {
     "lm_eval_batch_size": (4, False),
     "online": (True, False),
     "device": ("cpu", False),  # where it runs, like the pruning job's device: rounding only
+    "gpus_per_replica": (2, False),  # how the evaluation is spread: the same windows, NLL sums to 1e-6
+    "max_memory_per_gpu": ("20GiB", False),  # ... and where a replica's weights sit
 }
 
 

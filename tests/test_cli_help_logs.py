@@ -88,7 +88,7 @@ def test_redirected_run_logs_progress_during_training(logged_run) -> None:
     assert re.search(r"step 6/6 \(100%\)  loss \d+\.\d{4}  [\d,]+ tokens/s  elapsed \S+  ETA 0s", text)
     # each phase says what it measured as it happens, in order
     order = ["dense perplexity:", "pruned: wanda nm2_4", "pruned perplexity:", "fit phase:", "training done:",
-             "merged in", "merged perplexity:", "phases][INFO] - merged model: "]
+             "finalize][INFO] - merged model exported to", "merged perplexity (wikitext2):"]
     where = [next(i for i, line in enumerate(lines) if key in line) for key in order]
     assert where == sorted(where), dict(zip(order, where, strict=True))
     # no config tree by default, no Lightning boilerplate, no redrawn bars

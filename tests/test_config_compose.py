@@ -142,6 +142,7 @@ def test_the_budget_never_overrides_an_explicit_choice():
     assert (full.eval.seqlen, full.data.max_examples, full.trainer.lr) == (2048, None, 4e-3)
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_train_cfg_job_shows_the_chosen_eval():
     """``python train.py eval=paper --cfg job`` on the default model prints eval = paper (composition only)."""
     import subprocess

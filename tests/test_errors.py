@@ -30,9 +30,9 @@ from spp.preflight import check_data_source, remove_stale_temporaries, settings_
 from spp.pruning import cache as cache_mod
 from spp.pruning.cache import get_or_prune, store
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.training import phases
+from spp.training import finalize as finalize_module
 from spp.training.callbacks.guards import GuardsCallback
-from spp.training.phases import divergence
+from spp.training.finalize import divergence
 from train import run_job
 
 FAST = 20.0
@@ -46,7 +46,7 @@ def no_weights(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("model weights were loaded before the error")
 
-    for target in ("spp.training.phases.load_model", "spp.pruning.job.load_model", "spp.eval.runner.load_model",
+    for target in ("spp.training.finalize.load_skeleton", "spp.pruning.job.load_model", "spp.eval.runner.load_model",
                    "spp.models.loading.AutoModelForCausalLM.from_pretrained", "spp.models.loading.tiny_llama"):
         module, _, name = target.rpartition(".")
         try:
@@ -356,20 +356,24 @@ def test_divergence_rules():
 
 def test_diverged_run_is_not_exported_as_success(tmp_path, monkeypatch, capsys):
     """The merged model scores far worse than the pruned one (here: its measured perplexity x 1000): summary.json
-    says diverged, the run raises (train.py: one line, exit 2), adapter and checkpoints stay, no merged model."""
-    measure = phases._evaluate
+    says diverged, the run raises (train.py: one line, exit 2), adapter and checkpoints stay, nothing at merged/:
+    the export is at merged.diverged/ with status diverged."""
+    measure = finalize_module.evaluate
 
-    def worse(job, merged, tokenizer, result):
-        measure(job, merged, tokenizer, result)
-        result.ppl = {**result.ppl, "ppl": result.ppl["ppl"] * 1000}
+    def worse(*args, **kwargs):
+        out = measure(*args, **kwargs)
+        out.ppl = {**out.ppl, "ppl": out.ppl["ppl"] * 1000}
+        return out
 
-    monkeypatch.setattr(phases, "_evaluate", worse)
+    monkeypatch.setattr(finalize_module, "evaluate", worse)
     job = tiny_job(tmp_path)
     with pytest.raises(DivergedError, match="max_ppl_ratio"):
         run_job(job)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["status"] == "diverged" and summary["diverged"]
+    assert summary["status"] == "diverged" and summary["diverged"] and summary["outputs"]["merged_dir"] is None
     assert not (tmp_path / "run" / "merged").exists() and not list((tmp_path / "run").glob(".merged.*"))
+    moved = tmp_path / "run" / finalize_module.DIVERGED_DIR
+    assert json.loads((moved / "spp_export.json").read_text())["status"] == "diverged"
     assert (tmp_path / "run" / "adapter").is_dir() and list((tmp_path / "run" / "checkpoints").glob("*.ckpt"))
     assert summary["data_files"]
     printed = capsys.readouterr().out

@@ -50,6 +50,7 @@ def test_llama7b_sweeps_compose_with_paper_settings(table):
         assert list(cfg.eval.tasks) == (["spp_mmlu"] if table == "table5_mmlu" else ["spp_zeroshot"])
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_table_specific_settings_on_the_cpu_model():
     t3 = Counter((c.pruner.name, c.sparsity.name, c.adapter.name) for c in jobs("table3_75pct", "smollm2_135m"))
     assert t3 == Counter({(p, s, a): 1 for s in ("unstructured75", "nm2_8")

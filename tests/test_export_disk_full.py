@@ -1,10 +1,10 @@
 """Issue 28, item 4: a full disk at export time is one line (exit 2) naming the path, the bytes needed and free and
 the fix, and ``summary.json`` is still written, with ``"status": "export_failed"``; nothing half-written is left,
-the adapter files stay.
+the adapter files stay. The merged model is then not evaluated: evaluation reads the export (issue 30).
 
 Two ways the disk is full: too little free space before the export (refused before anything is written), and
-the disk filling up while ``save_pretrained`` writes (safetensors raises ``SafetensorError ... No space left on
-device``, the error the issue saw).
+the disk filling up while a shard is written (safetensors raises ``SafetensorError ... No space left on device``,
+the error the issue saw).
 """
 
 from __future__ import annotations
@@ -20,13 +20,15 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 from train_helpers import tiny_job
-from transformers import PreTrainedModel
 
+import spp.export.merged as merged_module
+from spp.adapters.registry import apply_adapter, get_method
 from spp.atomic import is_disk_full
+from spp.distributed import DistContext
 from spp.errors import UserError
+from spp.export.manifest import ExportManifest
 from spp.models.tiny import tiny_llama
 from spp.paths import CONF_DIR, SAMPLE_DATA_DIR
-from spp.training import phases
 from train import run_job
 
 Usage = namedtuple("Usage", "total used free")
@@ -71,18 +73,19 @@ def test_too_little_space_is_refused_before_writing_in_one_line(tmp_path, monkey
 
 
 def test_disk_filling_up_while_writing_keeps_nothing_half_written(tmp_path, monkeypatch):
-    def full(self, save_directory, *args, **kwargs):
-        (Path(save_directory) / "model.safetensors").write_bytes(b"\0" * 1000)  # what was written before it filled
+    def full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\0" * 1000)  # what was written before it filled
         raise SafetensorError(ENOSPC_TEXT)
 
-    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full)
+    monkeypatch.setattr(merged_module, "save_file", full)
     with pytest.raises(UserError) as exc:
         run_job(tiny_job(tmp_path))
     assert exc.value.key == "export.merged" and exc.value.path == str(tmp_path / "run" / "merged")
     assert "the disk filled up while exporting the merged model" in str(exc.value)
     assert "No space left on device" in str(exc.value) and "free now" in str(exc.value)
     summary = assert_export_failed(tmp_path / "run")
-    assert summary["perplexity"]["merged"] is not None  # what was measured is reported
+    assert summary["perplexity"]["pruned"] is not None  # what was measured is reported
+    assert summary["perplexity"]["merged"] is None  # evaluation reads the export: nothing to read
 
 
 def test_disk_full_errors_are_recognised():
@@ -102,7 +105,12 @@ def test_disk_full_errors_are_recognised():
 
 def test_free_space_estimate_covers_the_written_model(tmp_path, tiny_tok):
     """The estimate (tensors + 1 % + slack) is at least what the export really writes."""
-    merged = tiny_llama(seed=0)
-    written = phases.export_merged(tiny_job(tmp_path), merged, tiny_tok, tmp_path / "merged")
+    job = tiny_job(tmp_path)
+    model, _ = apply_adapter(tiny_llama(seed=0), job.adapter, None)
+    manifest = ExportManifest(adapter={"name": job.adapter.name}, dtype="torch.float32", pruning={})
+    inputs = merged_module.ExportInputs(get_method(job.adapter.name), None, tiny_tok, manifest)
+    written = merged_module.export_streamed(model, inputs, tmp_path / "merged", DistContext()).path
     size = sum(f.stat().st_size for f in written.rglob("*") if f.is_file())
-    assert phases.tensor_bytes(merged) <= size <= phases.tensor_bytes(merged) + phases.EXPORT_SLACK_BYTES
+    weights = sum(f.stat().st_size for f in written.glob("*.safetensors"))
+    needed = merged_module.needed_bytes(model)
+    assert size <= needed <= weights * 1.2 + merged_module.EXPORT_SLACK_BYTES

@@ -60,6 +60,7 @@ def _argmax_decode(model: torch.nn.Module, ids: torch.Tensor, n: int, eos: int) 
     return out
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_greedy_cli_equals_in_memory_model(tmp_path):
     model_dir = _save(tiny_llama(seed=0), tmp_path / "tiny")
     out = tmp_path / "gen.json"
@@ -106,6 +107,7 @@ def test_bad_settings_name_the_key(tiny_model, tiny_tok):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_sparse24_refused_on_cpu(tmp_path):
     with pytest.raises(RuntimeError, match="CUDA"):
         to_sparse24(_prune_2_4(tiny_llama(seed=0)))

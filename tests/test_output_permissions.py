@@ -17,8 +17,10 @@ from train_helpers import tiny_job
 
 from spp.adapters.registry import apply_adapter, get_method
 from spp.atomic import write_dir_atomic
+from spp.distributed import DistContext
+from spp.export.manifest import ExportManifest
+from spp.export.merged import ExportInputs, export_streamed
 from spp.models.tiny import tiny_llama
-from spp.training.phases import export_merged
 from train import run_job
 
 
@@ -56,8 +58,10 @@ def test_merged_and_adapter_exports_follow_the_umask(mask, umask, tmp_path, tiny
     umask(mask)
     job = tiny_job(tmp_path)
     model, _ = apply_adapter(tiny_llama(seed=0), job.adapter, None)
-    merged_dir = export_merged(job, tiny_llama(seed=0), tiny_tok, tmp_path / "merged")
-    assert (merged_dir / "model.safetensors").is_file() and (merged_dir / "spp_export.json").is_file()
+    manifest = ExportManifest(adapter={"name": "spp"}, dtype="torch.float32", pruning={})
+    merged_dir = export_streamed(model, ExportInputs(get_method("spp"), None, tiny_tok, manifest), tmp_path / "merged",
+                                 DistContext()).path
+    assert (merged_dir / "model.safetensors.index.json").is_file() and (merged_dir / "spp_export.json").is_file()
     assert_follow(merged_dir, mask)
     adapter_dir = write_dir_atomic(tmp_path / "adapter", lambda tmp: get_method("spp").save(model, tmp, {}))
     assert (adapter_dir / "adapter_model.safetensors").is_file()
@@ -69,7 +73,7 @@ def test_every_file_of_a_run_follows_the_umask(umask, tmp_path):
     and the pruning / perplexity caches are 0644 files in 0755 folders."""
     umask(0o022)
     run_job(tiny_job(tmp_path, "trainer.checkpoint_every_n_steps=3"))
-    assert (tmp_path / "run" / "merged" / "model.safetensors").is_file()
+    assert list((tmp_path / "run" / "merged").glob("model-*.safetensors"))
     assert list((tmp_path / "cache" / "pruning").rglob("manifest.json"))
     assert_follow(tmp_path / "run", 0o022)
     assert_follow(tmp_path / "cache", 0o022)

@@ -91,7 +91,7 @@ def test_second_job_on_the_same_run_dir_is_refused_and_the_first_is_untouched(tm
     summary = json.loads((run / "summary.json").read_text())
     assert summary["config"]["seed"] == 1
     assert yaml.safe_load((run / "resolved_config.yaml").read_text())["seed"] == 1
-    assert (run / "merged" / "model.safetensors").is_file()
+    assert (run / "merged" / "model.safetensors.index.json").is_file()
     with (run / "csv" / "metrics.csv").open() as fh:  # one job's logger wrote it: its steps, once each
         losses = [float(row["train/loss"]) for row in csv.DictReader(fh) if row.get("train/loss")]
     assert losses == pytest.approx(summary["losses"]["train"], rel=1e-5)

@@ -180,6 +180,7 @@ def test_fsdp_is_fsdp2_and_builds_on_cpu_processes():
     assert strategy._process_group_backend == "gloo" and strategy._data_parallel_size == 2
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_compiled_training_forward_matches_eager_and_keeps_state_dict_keys():
     torch.manual_seed(0)
     eager = _module()

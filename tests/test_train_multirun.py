@@ -37,7 +37,7 @@ def test_multirun_two_jobs_prune_once(tmp_path):
     entries = [p for p in (tmp_path / "cache" / "pruning").glob("*/*") if p.is_dir()]
     assert len(entries) == 1, entries
     for run, summary in zip(runs, summaries, strict=True):
-        assert (run / "merged" / "model.safetensors").is_file()
+        assert (run / "merged" / "model.safetensors.index.json").is_file()
         assert summary["sparsity"]["after"] == summary["sparsity"]["before"] == 0.5
         offline = list((run / "wandb").glob("offline-run-*"))
         assert len(offline) == 1, "each job is its own (offline) W&B run under its run dir"

@@ -44,7 +44,7 @@ def test_loss_falls_and_files_are_written(tiny_run):
     assert losses["train_last"] < losses["train_first"] - 0.05
     run = tmp / "run"
     for rel in ("summary.json", "resolved_config.yaml", "csv/metrics.csv", "adapter/adapter_config.json",
-                "adapter/adapter_model.safetensors", "merged/config.json", "merged/model.safetensors",
+                "adapter/adapter_model.safetensors", "merged/config.json", "merged/model.safetensors.index.json",
                 "merged/tokenizer.json", "checkpoints/last.ckpt"):
         assert (run / rel).is_file(), rel
     on_disk = json.loads((run / "summary.json").read_text())
@@ -199,7 +199,7 @@ def test_adapter_none_exports_the_pruned_model(tiny_run, tmp_path, monkeypatch):
     assert summary["params"]["trainable"] == 0 and summary["losses"]["optimizer_steps"] == 0
     assert summary["perplexity"]["merged"]["ppl"] == pytest.approx(summary["perplexity"]["pruned"]["ppl"], rel=1e-9)
     assert summary["sparsity"]["after"] == 0.5
-    assert (tmp_path / "run" / "merged" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "merged" / "model.safetensors.index.json").is_file()
     # no training loop, yet the pruned-only row is a W&B run of the table's group with its perplexity
     assert summary["run"]["group"] == "table4_lora_star"
     assert seen["group"] == "table4_lora_star" and "none" in seen["tags"]

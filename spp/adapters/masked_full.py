@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ MASK_BUFFERS = (MASK_BUFFER, "sparse_mask_packed")
 """Suffixes of the packed-mask buffers counted by :func:`estimate_training_memory` (masked full, SparsePEFT)."""
 
 HOOK_ATTR = "_masked_full_hook"
+HOOKED_ATTR = "_masked_full_hooked"
+"""A weak reference to the weight object that holds the hook (placement may replace it)."""
 META_NAME = "masked_full.json"
 ADAMW_STATES = 2
 """AdamW keeps two moments (``exp_avg``, ``exp_avg_sq``) per trainable weight, in the weight's dtype."""
@@ -178,6 +181,34 @@ def mask_gradients(model: nn.Module) -> int:
     return done
 
 
+def _hook(module: nn.Linear) -> None:
+    """Register the gradient-mask hook on ``module.weight`` and remember which weight object holds it."""
+    setattr(module, HOOK_ATTR, module.weight.register_hook(_mask_grad(module)))
+    setattr(module, HOOKED_ATTR, weakref.ref(module.weight))
+
+
+def restore_gradient_hooks(model: nn.Module) -> int:
+    """Put the gradient-mask hook back on each masked layer's *current* weight object; returns how many it moved.
+
+    Materialising a replica from rank 0 (``to_empty``) replaces the weight objects, and with them the hook of
+    :func:`inject_masked_full`. Under DDP :func:`mask_gradients` still masks before the step, but DeepSpeed moves
+    each gradient into its own (partitioned) buffers as soon as it is computed, so ``weight.grad`` is empty by then:
+    the mask must be applied by the hook, before DeepSpeed reduces the gradient. Not for FSDP2 (the sharded
+    ``DTensor`` weight is not the tensor autograd sees; :func:`mask_gradients` masks its shard).
+    """
+    moved = 0
+    for module in masked_full_layers(model).values():
+        handle = getattr(module, HOOK_ATTR, None)
+        hooked = getattr(module, HOOKED_ATTR, None)
+        if hooked is not None and hooked() is module.weight:
+            continue
+        if handle is not None:
+            handle.remove()
+        _hook(module)
+        moved += 1
+    return moved
+
+
 def inject_masked_full(
     model: nn.Module,
     masks: Mapping[str, torch.Tensor] | None = None,
@@ -234,7 +265,7 @@ def inject_masked_full(
     for name, module in found.items():
         module.register_buffer(MASK_BUFFER, keep[name], persistent=False)
         module.weight.requires_grad_(True)
-        setattr(module, HOOK_ATTR, module.weight.register_hook(_mask_grad(module)))
+        _hook(module)
     return model
 
 
@@ -262,6 +293,7 @@ def merge_masked_full(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
         pruned_nonzero += int(((module.weight != 0) & ~keep).sum())
         getattr(module, HOOK_ATTR).remove()
         delattr(module, HOOK_ATTR)
+        delattr(module, HOOKED_ATTR)
         delattr(module, MASK_BUFFER)
     freeze_all(model)
     return model, {"layers": len(layers), "kept_params": kept, "trainable_params": trainable,

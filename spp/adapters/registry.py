@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, Masks, count_parameters
+from spp.adapters.base import AdapterMethod, ExternalParameters, Masks, count_parameters
 from spp.adapters.config import AdapterConfig, method_names
 
 
@@ -49,4 +49,18 @@ def merge_adapter(model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[n
     return get_method(cfg.name).merge(model, cfg, masks)
 
 
-__all__ = ["AdapterMethod", "apply_adapter", "count_parameters", "get_method", "merge_adapter"]
+def external_parameters(model: nn.Module, name: str | None = None) -> ExternalParameters:
+    """The ``(reader, parameter)`` pairs of method ``name`` (:meth:`AdapterMethod.external_parameters`), or of every
+    registered method when ``None`` (each finds only its own layers), without duplicates."""
+    names = [name] if name is not None else list(method_names())
+    pairs: ExternalParameters = []
+    seen: set[tuple[int, int]] = set()
+    for method in names:
+        for reader, param in get_method(method).external_parameters(model):
+            if (id(reader), id(param)) not in seen:
+                seen.add((id(reader), id(param)))
+                pairs.append((reader, param))
+    return pairs
+
+
+__all__ = ["AdapterMethod", "apply_adapter", "count_parameters", "external_parameters", "get_method", "merge_adapter"]

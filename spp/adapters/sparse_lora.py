@@ -255,6 +255,17 @@ def sparse_lora_layers(model: nn.Module) -> Iterator[tuple[str, SparseLoraLinear
             yield name, module
 
 
+def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
+    """``(layer, lora_A[a].weight)`` and ``(layer, lora_B[a].weight)`` of every SparsePEFT layer and adapter: the
+    masked branch (:meth:`SparseLoraVariant.forward`) reads both weights without calling ``lora_A`` / ``lora_B``.
+    The base weight is read through ``base_layer(x)``, its owner's own forward."""
+    pairs: list[tuple[nn.Module, nn.Parameter]] = []
+    for _, layer in sparse_lora_layers(model):
+        for adapter in layer.lora_A:
+            pairs += [(layer, layer.lora_A[adapter].weight), (layer, layer.lora_B[adapter].weight)]
+    return pairs
+
+
 def _check_targets(model: nn.Module, targets: Sequence[str], r: int, dropout: float) -> None:
     if r < 1:
         raise ValueError(f"adapter.r must be >= 1, got {r}")

@@ -36,6 +36,11 @@ class EvalConfig:
         lm_eval_batch_size: lm-eval batch size.
         online: Use lm-eval's standard hub tasks instead of the local copies.
         device: Where to evaluate; null = where the model is (``eval.py``: cuda when available).
+        gpus_per_replica: GPUs one evaluation replica spreads the model over (lm-eval ``parallelize=True``);
+            the job's processes form replicas that split the perplexity windows and lm-eval documents. null = the
+            fewest that hold the model (1 for 7B and 13B in bf16 on 80 GB GPUs, 2 for 70B); 1 on CPUs.
+        max_memory_per_gpu: Weights per GPU of a replica spread over several (accelerate ``max_memory``, e.g.
+            ``70GiB``); null = their free memory.
     """
 
     name: str = "default"
@@ -53,6 +58,8 @@ class EvalConfig:
     lm_eval_batch_size: int = 1
     online: bool = False
     device: str | None = None
+    gpus_per_replica: int | None = None
+    max_memory_per_gpu: str | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -71,5 +78,8 @@ class EvalConfig:
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ValueError(f"eval.{key}={value} must be >= 1 or null (all documents)")
+        if self.gpus_per_replica is not None and self.gpus_per_replica < 1:
+            raise ValueError(f"eval.gpus_per_replica={self.gpus_per_replica} must be >= 1 or null (the fewest that "
+                             "hold the model)")
         resolve_tasks(self.tasks)
         return self

@@ -13,13 +13,16 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from spp.eval.mmlu_tasks import CATEGORIES, MMLU_SUBJECTS
 from spp.eval.tasks.local_data import LOCAL_FILES
 from spp.paths import SAMPLE_DATA_DIR, find_data
+
+if TYPE_CHECKING:
+    from spp.eval.replicas import ReplicaGroup
 
 TASK_DIR: Path = Path(__file__).resolve().parent / "tasks"
 """Directory to pass as lm-eval ``include_path`` (also for the ``lm_eval`` command line)."""
@@ -89,6 +92,7 @@ class HarnessResult:
             "doc_seed": self.raw.get("doc_seed"),
             "num_fewshot": self.num_fewshot,
             "versions": self.raw.get("versions", {}),
+            **({"placement": self.raw["placement"]} if "placement" in self.raw else {}),
         }
 
 
@@ -241,6 +245,8 @@ def evaluate_tasks(
     seed: int | None = None,
     log_samples: bool = False,
     doc_seed: int | None = None,
+    replicas: ReplicaGroup | None = None,
+    max_memory_per_gpu: int | str | None = None,
 ) -> HarnessResult:
     """Evaluate with lm-eval's ``HFLM`` + ``simple_evaluate`` (0-shot tasks; MMLU 5-shot from its YAML).
 
@@ -259,12 +265,16 @@ def evaluate_tasks(
         log_samples: Keep lm-eval's per-document records (``raw["samples"]``: prompts, log-likelihoods).
         doc_seed: Seed of the random document order of the local tasks (``limit`` then takes a seeded random
             sample); ``None`` = file order. Ignored (with a warning) for ``online`` hub tasks.
+        replicas: Split every task's documents over these replicas (every leader calls this; see
+            :mod:`spp.eval.distributed_lm`); every leader returns replica 0's result, ``raw["placement"]`` = how it
+            ran (:class:`spp.eval.replicas.ReplicaPlacement`). ``None`` = this process alone.
+        max_memory_per_gpu: With ``replicas`` and a directory ``model`` spread over several GPUs per replica: the
+            most each GPU takes (accelerate ``max_memory``); ``None`` = their free memory.
 
     Raises:
         ValueError: an unknown task or a missing tokenizer; FileNotFoundError: a missing data file.
     """
     import lm_eval
-    from lm_eval.models.huggingface import HFLM
 
     names = resolve_tasks(tasks)
     if not online:
@@ -273,9 +283,7 @@ def evaluate_tasks(
         log.warning("eval.doc_seed is ignored for online hub tasks: eval.limit takes their first documents")
     if not isinstance(model, (str, Path)) and tokenizer is None:
         raise ValueError("evaluate_tasks: an in-memory model needs its tokenizer (tokenizer=...)")
-    kwargs = {"device": device or "cpu"} if isinstance(model, (str, Path)) else {}
-    lm = HFLM(pretrained=str(model) if isinstance(model, (str, Path)) else model, tokenizer=tokenizer,
-              batch_size=batch_size, **kwargs)
+    lm, model_args = _make_lm(model, tokenizer, batch_size, device, replicas, max_memory_per_gpu)
     run_names = _run_names(names, online)
     seed_keys = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
     seeds = {} if seed is None else dict.fromkeys(seed_keys, seed)
@@ -287,11 +295,37 @@ def evaluate_tasks(
     finally:
         if isinstance(model, torch.nn.Module):
             model.train(was_training)
-    if out is None:
+    if replicas is None and out is None:
         raise RuntimeError("lm-eval returned no results (non-zero rank of a distributed run)")
+    result = None if out is None else _harness_result(out, limit, online, doc_seed)
+    if replicas is not None:
+        result = replicas.broadcast_object(result, src=0)
+        result.raw["placement"] = replicas.placement(model_args).to_dict()
+    log.info("lm-eval finished: %s", ", ".join(run_names))
+    return result
+
+
+def _make_lm(model: torch.nn.Module | str | Path, tokenizer: Any, batch_size: int | str, device: str | None,
+             replicas: ReplicaGroup | None, max_memory_per_gpu: int | str | None) -> tuple[Any, dict[str, Any]]:
+    """lm-eval's model object (over ``replicas`` when given) and the ``--model_args`` it stands for."""
+    if replicas is not None:
+        from spp.eval.distributed_lm import replica_lm
+
+        return replica_lm(model, tokenizer, replicas, batch_size, device, max_memory_per_gpu)
+    from lm_eval.models.huggingface import HFLM
+
+    kwargs = {"device": device or "cpu"} if isinstance(model, (str, Path)) else {}
+    lm = HFLM(pretrained=str(model) if isinstance(model, (str, Path)) else model, tokenizer=tokenizer,
+              batch_size=batch_size, **kwargs)
+    return lm, {"pretrained": str(model) if isinstance(model, (str, Path)) else "<in-memory model>",
+                "batch_size": batch_size, **kwargs}
+
+
+def _harness_result(out: dict[str, Any], limit: int | float | None, online: bool,
+                    doc_seed: int | None) -> HarnessResult:
+    """The :class:`HarnessResult` of lm-eval's ``simple_evaluate`` output."""
     raw = {k: out[k] for k in ("results", "groups", "n-samples", "n-shot", "versions", "samples") if k in out}
     shots = {k: int(v) for k, v in out.get("n-shot", {}).items()}
-    log.info("lm-eval finished: %s", ", ".join(run_names))
     raw["doc_seed"] = doc_seed
     return HarnessResult(metrics=summarize(out, online), limit=limit, num_fewshot=shots, raw=raw)
 
@@ -302,10 +336,12 @@ def is_mmlu(task: str) -> bool:
 
 
 def run_eval_tasks(
-    model: torch.nn.Module, tokenizer: Any, eval_cfg: Any, data_dir: str | os.PathLike[str] | None = None,
+    model: torch.nn.Module | str | Path, tokenizer: Any, eval_cfg: Any,
+    data_dir: str | os.PathLike[str] | None = None,
     seed: int | None = None,
+    replicas: ReplicaGroup | None = None,
 ) -> HarnessResult:
-    """Run ``eval_cfg.tasks`` (the ``eval`` group) on an in-memory model.
+    """Run ``eval_cfg.tasks`` (the ``eval`` group) on an in-memory model (or a model directory).
 
     MMLU tasks run with ``eval_cfg.mmlu_limit`` (when set and different from ``eval_cfg.limit``) in a second
     lm-eval call; the metrics of both calls are merged.
@@ -317,6 +353,7 @@ def run_eval_tasks(
             ``online``); a limited run evaluates a seeded random sample of ``limit`` documents (``doc_seed``).
         data_dir: Data root override.
         seed: lm-eval seeds (``None`` = lm-eval's defaults).
+        replicas: Split the documents over these replicas (see :func:`evaluate_tasks`); every leader calls this.
     """
     names = resolve_tasks(list(eval_cfg.tasks))
     mmlu_limit = getattr(eval_cfg, "mmlu_limit", None)
@@ -332,7 +369,7 @@ def run_eval_tasks(
         if not tasks:
             continue
         res = evaluate_tasks(model, tokenizer, tasks=tasks, limit=limit, batch_size=int(eval_cfg.lm_eval_batch_size),
-                             data_dir=data_dir, online=bool(eval_cfg.online), seed=seed,
+                             data_dir=data_dir, online=bool(eval_cfg.online), seed=seed, replicas=replicas,
                              doc_seed=getattr(eval_cfg, "doc_seed", None) if limit is not None else None)
         if merged is None:
             merged = res

@@ -34,6 +34,10 @@ class EvalJobConfig:
         output_dir: Where ``results.json`` / ``results.md`` go; null = Hydra's run directory.
         print_config: Print the resolved config as a Rich tree (always saved as
             ``<output_dir>/resolved_config.yaml``).
+        accelerator: ``auto``, ``cpu`` or ``gpu``: where the processes evaluate (``eval.device`` wins when set).
+        devices: Processes per node (Lightning Fabric starts them, or takes those ``torchrun``/``srun`` started):
+            they share the perplexity windows and lm-eval documents of a saved model folder (``model.path``).
+        num_nodes: Nodes.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -50,6 +54,15 @@ class EvalJobConfig:
     use_cache: bool = True
     output_dir: str | None = None
     print_config: bool = False
+    accelerator: str = "auto"
+    devices: int = 1
+    num_nodes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.devices < 1 or self.num_nodes < 1:
+            raise ValueError(f"devices={self.devices} and num_nodes={self.num_nodes} must be >= 1")
+        if self.accelerator not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"accelerator={self.accelerator!r} must be auto, cpu or gpu")
 
 
 def register_configs() -> None:

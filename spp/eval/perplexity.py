@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -344,6 +345,24 @@ def result_from_sums(per_window: torch.Tensor, windows: Windows) -> PerplexityRe
     )
 
 
+@torch.no_grad()
+def score_windows(model: torch.nn.Module, windows: Windows, batch_size: int, batches: Iterable[int],
+                  device: torch.device | str, quiet: bool = False) -> torch.Tensor:
+    """Summed next-token NLL (float64, CPU) of every window; only the windows of ``batches`` are scored, the
+    others are left 0."""
+    sums = torch.zeros(windows.ids.size(0), dtype=torch.float64)
+    chunks = windows.batches(batch_size)
+    was_training = model.training
+    model.eval()
+    try:
+        for b in tqdm(batches, desc=f"ppl {windows.label}@{windows.seqlen}", unit="batch", disable=quiet):
+            start = b * batch_size
+            sums[start : start + chunks[b].size(0)] = window_nll_sum(model, chunks[b].to(device)).double().cpu()
+    finally:
+        model.train(was_training)
+    return sums
+
+
 def perplexity(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -382,12 +401,5 @@ def perplexity(
                            getattr(config, "max_position_embeddings", None))
     if device is None:
         device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    sums: list[torch.Tensor] = []
-    try:
-        for batch in tqdm(windows.batches(batch_size), desc=f"ppl {windows.label}@{seqlen}", unit="batch"):
-            sums.append(window_nll_sum(model, batch.to(device)).double().cpu())
-    finally:
-        model.train(was_training)
-    return result_from_sums(torch.cat(sums), windows)
+    return result_from_sums(score_windows(model, windows, batch_size, range(len(windows.batches(batch_size))),
+                                          device), windows)

@@ -16,6 +16,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from spp.export.manifest import ExportManifest
+
 
 def _read(path: Path) -> dict[str, Any] | None:
     try:
@@ -25,10 +27,11 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def export_info(model_path: str | None) -> dict[str, Any] | None:
-    """``spp_export.json`` of a model directory written by ``train.py`` (``None`` for anything else)."""
-    if not model_path:
-        return None
-    return _read(Path(str(model_path)).expanduser() / "spp_export.json")
+    """``spp_export.json`` of a model directory written by ``train.py`` (``None`` for anything else), read through
+    its schema (:class:`spp.export.manifest.ExportManifest`)."""
+    manifest = ExportManifest.read(model_path)
+    return None if manifest is None else {"adapter": manifest.adapter, "pruning": manifest.pruning,
+                                          "status": manifest.status}
 
 
 def eval_run_name(model_path: str | None, model_name: str, pruner: str, sparsity: str,

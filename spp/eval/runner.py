@@ -14,10 +14,14 @@ from lightning.pytorch.loggers import Logger
 
 from spp.adapters.spp.io import load_adapter, read_adapter_config
 from spp.atomic import check_writable_dir
-from spp.eval.harness import run_eval_tasks, task_data_files
+from spp.distributed import launch_processes
+from spp.errors import UserError
+from spp.eval.evaluate import Evaluation, evaluate
+from spp.eval.harness import task_data_files
 from spp.eval.job_config import EvalJobConfig
-from spp.eval.perplexity import check_seqlen, perplexity, source_file
+from spp.eval.perplexity import check_seqlen, source_file
 from spp.eval.tables import EvalRecord, log_to_loggers, write_results
+from spp.export.manifest import ExportManifest
 from spp.loggers import build_loggers, run_tags
 from spp.models.config import ModelConfig
 from spp.models.loading import load_model, resolve_source
@@ -105,24 +109,38 @@ def _device(cfg: EvalJobConfig) -> torch.device:
     return torch.device(cfg.eval.device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord:
-    """Evaluate the model ``cfg`` describes and write ``results.json`` / ``results.md`` into ``output_dir``.
+def is_folder(cfg: EvalJobConfig) -> bool:
+    """Whether the job evaluates a saved model folder as it is (``model.path=<dir>``, no pruning, no adapter): the
+    case that runs on N processes (each replica loads the folder)."""
+    if wants_pruning(cfg) or cfg.adapter_dir:
+        return False
+    kind, _where, gguf_file = resolve_source(cfg.model)
+    return kind == "dir" and not gguf_file
 
-    Args:
-        cfg: The typed job (``OmegaConf.to_object`` of the composed ``conf/evaluate.yaml``).
-        output_dir: Run directory.
 
-    Returns:
-        The record written (one table row).
-    """
-    preflight(cfg)
-    info: dict[str, Any] = {"model_path": cfg.model.path, "pruner": cfg.pruner.name, "sparsity": cfg.sparsity.name,
-                            "adapter_dir": cfg.adapter_dir, "timings": {}}
+def folder_sparsity(path: Path) -> float:
+    """Exact-zero share of the decoder blocks' 2-D weights of a saved folder: its ``spp_export.json`` audit when it
+    has one, else read one tensor at a time."""
+    manifest = ExportManifest.read(path)
+    if manifest is not None and manifest.audit.get("sparsity") is not None:
+        return float(manifest.audit["sparsity"])
+    from safetensors import safe_open
+
+    zeros = total = 0
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as fh:
+            for key in fh.keys():
+                if ".layers." in f".{key}" and key.endswith(".weight") and len(fh.get_slice(key).get_shape()) == 2:
+                    weight = fh.get_tensor(key)
+                    zeros, total = zeros + int((weight == 0).sum()), total + weight.numel()
+    return zeros / total if total else 0.0
+
+
+def _in_memory(cfg: EvalJobConfig, info: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
+    """Load, prune (through the cache) and adapt the model in this process, for a job that is not a folder."""
     device = _device(cfg)
-    start = time.perf_counter()
     model, tokenizer = load_model(cfg.model)
     model.to(device)
-    info["timings"]["load"] = round(time.perf_counter() - start, 2)
     if wants_pruning(cfg):
         start = time.perf_counter()
         if cfg.use_cache:
@@ -137,28 +155,54 @@ def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord:
     if cfg.adapter_dir:
         model = load_adapter(model, cfg.adapter_dir).to(device)
     info["linear_sparsity"] = linear_sparsity(model)
+    return model, tokenizer
+
+
+def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord | None:
+    """Evaluate the model ``cfg`` describes and write ``results.json`` / ``results.md`` into ``output_dir``.
+
+    A saved folder is evaluated by every process the job runs (``devices``, ``torchrun``, ``srun``) through
+    :func:`spp.eval.evaluate.evaluate`, the same function ``train.py`` evaluates its export with; a model pruned
+    or adapted here is evaluated in this process.
+
+    Returns:
+        The record written (one table row), on global rank 0; ``None`` elsewhere.
+    """
+    preflight(cfg)
+    ctx = launch_processes(cfg.accelerator, cfg.devices, cfg.num_nodes, cfg.eval.device)
+    folder = is_folder(cfg)
+    if ctx.distributed and not folder:
+        raise UserError(f"eval.py on {ctx.world} processes evaluates a saved model folder (model.path=<dir>), not a "
+                        "model pruned or adapted here", "run it on one process (devices=1), or evaluate the folder "
+                        "train.py or prune.py wrote", key="devices")
+    info: dict[str, Any] = {"model_path": cfg.model.path, "pruner": cfg.pruner.name, "sparsity": cfg.sparsity.name,
+                            "adapter_dir": cfg.adapter_dir, "timings": {}}
+    start = time.perf_counter()
+    if folder:
+        source, tokenizer = Path(cfg.model.path).expanduser(), None
+        info["linear_sparsity"] = folder_sparsity(source) if ctx.is_main else None
+    else:
+        source, tokenizer = _in_memory(cfg, info)
+    info["timings"]["load"] = round(time.perf_counter() - start, 2)
     if cfg.eval.tasks:
         task_data_files(list(cfg.eval.tasks), cfg.data_dir)  # recorded for data_files (the harness resolves them too)
-    record = EvalRecord(label=cfg.label or default_label(cfg), limit=cfg.eval.limit, info=info)
-    if cfg.eval.ppl:
-        for source in [cfg.eval.ppl_source, *cfg.eval.extra_ppl_sources]:
-            start = time.perf_counter()
-            res = perplexity(
-                model, tokenizer, source=source, seqlen=int(cfg.eval.seqlen), max_windows=cfg.eval.max_windows,
-                batch_size=int(cfg.eval.batch_size), data_dir=cfg.data_dir, device=device,
-                sampling=cfg.eval.window_sampling,
-            )
-            record.ppl[source] = res.to_dict()
-            info["timings"][f"ppl_{source}"] = round(time.perf_counter() - start, 2)
-            log.info("%s perplexity %.3f (seqlen %d, %d windows)", source, res.ppl, res.seqlen, res.windows)
-    if cfg.eval.tasks:
-        start = time.perf_counter()
-        harness = run_eval_tasks(model, tokenizer, cfg.eval, data_dir=cfg.data_dir)
-        record.tasks = harness.metrics
+    label = cfg.label or default_label(cfg)
+    ev = evaluate(source, cfg.eval, ctx, tokenizer=tokenizer, data_dir=cfg.data_dir, label=label)
+    return _write(cfg, output_dir, label, info, ev) if ctx.is_main else None
+
+
+def _write(cfg: EvalJobConfig, output_dir: str | Path, label: str, info: dict[str, Any], ev: Evaluation) -> EvalRecord:
+    """Rank 0: the record of ``ev``, written to ``results.json`` / ``results.md`` and the loggers."""
+    record = EvalRecord(label=label, limit=cfg.eval.limit, info=info)
+    record.ppl = {src: {k: v for k, v in entry.items() if k not in ("seconds", "cache_hit")}
+                  for src, entry in ev.ppl_by_source.items()}
+    info["timings"].update({k if k != "zero_shot" else "lm_eval": v for k, v in ev.seconds.items() if k != "load"})
+    info["evaluation"] = ev.record()
+    if ev.zero_shot is not None:
+        record.tasks = ev.zero_shot["metrics"]
         info["mmlu_limit"] = cfg.eval.mmlu_limit if cfg.eval.mmlu_limit is not None else cfg.eval.limit
-        info["num_fewshot"] = harness.num_fewshot
-        info["task_versions"] = harness.raw.get("versions", {})
-        info["timings"]["lm_eval"] = round(time.perf_counter() - start, 2)
+        info["num_fewshot"] = ev.zero_shot["num_fewshot"]
+        info["task_versions"] = ev.task_versions
     info["data_files"] = data_provenance()
     meta = {"config": dataclasses.asdict(cfg), "data_files": info["data_files"]}
     write_results(output_dir, [record], meta, title=f"Evaluation: {record.label}")

@@ -25,6 +25,8 @@ class ModelShape:
         intermediate: MLP width.
         vocab: Vocabulary size.
         bytes_per_param: Bytes per weight in the model's dtype.
+        block_linears: ``(out_features, in_features)`` of every ``nn.Linear`` of one block, by its name inside the
+            block (``self_attn.q_proj``): what adapter targets are matched against, and the block's matmul FLOPs.
     """
 
     name: str
@@ -37,6 +39,7 @@ class ModelShape:
     intermediate: int = 0
     vocab: int = 0
     bytes_per_param: int = 2
+    block_linears: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def params(self) -> int:
@@ -60,12 +63,18 @@ class ModelShape:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with the derived totals."""
-        return {**self.__dict__, "linears": {k: list(v) for k, v in self.linears.items()}, "params": self.params,
+        return {**self.__dict__, "linears": {k: list(v) for k, v in self.linears.items()},
+                "block_linears": {k: list(v) for k, v in self.block_linears.items()}, "params": self.params,
                 "pruned_params": self.pruned_params, "weight_bytes": self.weight_bytes}
 
 
-def shape_of(model: nn.Module, name: str, targets: list[str], bytes_per_param: int) -> ModelShape:
-    """The :class:`ModelShape` of ``model`` (any device, ``meta`` included)."""
+def shape_of(model: nn.Module, name: str, targets: list[str], bytes_per_param: int,
+             blocks: int | None = None) -> ModelShape:
+    """The :class:`ModelShape` of ``model`` (any device, ``meta`` included).
+
+    ``blocks``: the real number of decoder blocks when ``model`` was built with fewer identical ones (every block
+    of a LLaMA-style stack has the same parameters, so one built block stands for all of them).
+    """
     _prefix, layers = decoder_layers(model)
     block = layers[0]
     block_params = sum(p.numel() for p in block.parameters())
@@ -73,19 +82,36 @@ def shape_of(model: nn.Module, name: str, targets: list[str], bytes_per_param: i
     config = model.config
     embedding = model.get_input_embeddings()
     linears = {n.rsplit(".", 1)[-1]: (m.out_features, m.in_features) for n, m in block_linears(block, targets).items()}
+    every = {n: (m.out_features, m.in_features) for n, m in block.named_modules() if isinstance(m, nn.Linear)}
     return ModelShape(
-        name=name, blocks=len(layers), block_params=block_params, outside_params=total - len(layers) * block_params,
+        name=name, blocks=blocks or len(layers), block_params=block_params,
+        outside_params=total - len(layers) * block_params,
         embedding_params=sum(p.numel() for p in embedding.parameters()),
         linears=linears,
         hidden=int(config.hidden_size), intermediate=int(getattr(config, "intermediate_size", 0) or 0),
-        vocab=int(config.vocab_size), bytes_per_param=bytes_per_param)
+        vocab=int(config.vocab_size), bytes_per_param=bytes_per_param, block_linears=every)
+
+
+BUILT_BLOCKS = 2
+"""Decoder blocks :func:`shape_from_arch` builds on ``meta`` (two, to check that blocks are alike; the counts are
+scaled to ``num_hidden_layers``): a 70B skeleton of 80 blocks takes seconds to build, two take milliseconds."""
 
 
 def shape_from_arch(name: str, arch: dict[str, Any], targets: list[str], bytes_per_param: int = 2) -> ModelShape:
-    """The shape of the LLaMA described by a model group's ``arch`` block (``conf/model/*.yaml``), on ``meta``."""
+    """The shape of the causal LM described by ``arch`` (a model group's ``arch`` block, ``config.json``'s fields or
+    a GGUF header's), built on ``meta`` with :data:`BUILT_BLOCKS` blocks; ``model_type`` defaults to ``llama``."""
     from accelerate import init_empty_weights
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    fields = {k: v for k, v in arch.items() if k not in ("model_type", "architectures", "transformers_version")}
+    layers = int(fields.get("num_hidden_layers", 32))
+    fields["num_hidden_layers"] = min(layers, BUILT_BLOCKS)
+    config = AutoConfig.for_model(str(arch.get("model_type") or "llama"), **fields)
     with init_empty_weights():
-        model = LlamaForCausalLM(LlamaConfig(**arch))
-    return shape_of(model, name, targets, bytes_per_param)
+        model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()  # as loading does: a tied LM head is the embedding, counted once
+    _prefix, built = decoder_layers(model)
+    sizes = {sum(p.numel() for p in block.parameters()) for block in built}
+    if len(sizes) != 1:
+        raise ValueError(f"{name}: decoder blocks of different sizes {sorted(sizes)}; the plan assumes alike blocks")
+    return shape_of(model, name, targets, bytes_per_param, blocks=layers)

@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 from spp.atomic import write_dir_atomic, write_json_atomic, write_text_atomic
-from spp.distributed import DistContext
+from spp.distributed import launch_processes
 from spp.models.loading import load_for_rank, load_tokenizer
 from spp.models.offload import OffloadedModel
 from spp.pruning.cache import READ_MARGIN_S, prune_cached
@@ -25,17 +25,6 @@ from spp.pruning.patterns import sparsity_summary
 from spp.pruning.targets import target_linears
 
 
-def processes(job: PruneJobConfig) -> DistContext:
-    """Start (or join) the job's processes with Lightning Fabric; the context of this one."""
-    from lightning.fabric import Fabric
-
-    world = job.devices * job.num_nodes
-    fabric = Fabric(accelerator=job.accelerator if job.device is None else ("cpu" if job.device == "cpu" else "gpu"),
-                    devices=job.devices, num_nodes=job.num_nodes, strategy="ddp" if world > 1 else "auto")
-    fabric.launch()
-    return DistContext.current(job.device if job.device is not None and world == 1 else fabric.device)
-
-
 def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
     """Load, prune (through the cache unless ``use_cache=false``), audit and save; returns the timing record
     (``None`` on ranks other than 0).
@@ -43,7 +32,7 @@ def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
     Writes ``mask_summary.json`` (per-layer and overall exact-zero sparsity, N:M audit), ``report.md``,
     ``timing.json`` (with ``cache_hit``) and, with ``save_model``, ``model/`` (``save_pretrained`` + tokenizer).
     """
-    ctx = processes(job)
+    ctx = launch_processes(job.accelerator, job.devices, job.num_nodes, job.device)
     ctx.allow_long_waits(job.cache_lock_timeout_s + READ_MARGIN_S)  # the others wait while rank 0 loads alone
     t_start = time.perf_counter()
     torch.manual_seed(job.seed)

@@ -102,6 +102,10 @@ class TrainerConfig:
             tokens/s, ETA; chosen automatically when stdout is not a terminal) or ``none``.
         progress_every_s: Seconds between two progress log lines (``progress_bar=log`` or stdout not a TTY).
         deterministic: Lightning ``deterministic``.
+        device_memory_gib: Memory of one GPU, in GiB, for the memory plan (``docs/plan.md``); ``None`` = the real
+            GPU's when CUDA is available (no GPU check otherwise), and 80 for ``plan=true``.
+        host_memory_gib: Host memory of one node, in GiB, for the memory plan; ``None`` = this machine's (or its
+            cgroup limit, e.g. a Slurm job's ``--mem``); not checked by ``plan=true``.
     """
 
     accelerator: str = "auto"
@@ -130,9 +134,15 @@ class TrainerConfig:
     progress_bar: ProgressBar = ProgressBar.rich
     progress_every_s: float = 30.0
     deterministic: bool = False
+    device_memory_gib: float | None = None
+    host_memory_gib: float | None = None
 
     def __post_init__(self) -> None:
         checks = [
+            (self.device_memory_gib is None or self.device_memory_gib > 0,
+             f"trainer.device_memory_gib={self.device_memory_gib} must be > 0 or null (the real GPU's)"),
+            (self.host_memory_gib is None or self.host_memory_gib > 0,
+             f"trainer.host_memory_gib={self.host_memory_gib} must be > 0 or null (this machine's)"),
             (math.isfinite(self.lr) and self.lr > 0, f"trainer.lr={self.lr} must be a finite number > 0"),
             (0.0 <= self.warmup_ratio < 1.0, f"trainer.warmup_ratio={self.warmup_ratio} must be in [0, 1)"),
             (self.weight_decay >= 0, f"trainer.weight_decay={self.weight_decay} must be >= 0"),
@@ -199,14 +209,14 @@ class ExportConfig:
     """What is written at fit end (``export.*``).
 
     Attributes:
-        merged: Write the merged sparse model + tokenizer with ``save_pretrained`` to ``<run_dir>/merged``.
+        merged: Keep the merged sparse model + tokenizer in ``<run_dir>/merged`` (Hugging Face layout, one
+            safetensors shard per decoder block, written block by block on every rank: ``spp.export.merged``).
+            ``false``: it is still written to a temporary folder when something evaluates it, then removed.
         adapter: Write the adapter files (``adapter_config.json`` + ``adapter_model.safetensors``).
-        max_shard_size: ``save_pretrained`` shard size.
     """
 
     merged: bool = True
     adapter: bool = True
-    max_shard_size: str = "5GB"
 
 
 @dataclass
@@ -282,6 +292,10 @@ class TrainJobConfig:
             perplexity: for reporting, never for selection) or ``none``.
         cache_lock_timeout_s: Seconds to wait for another job that is writing the same pruning cache entry
             (then one line and exit 2).
+        plan: Print the job's memory and time plan (per phase: device, GPU GiB per device, host GiB per node,
+            disk, time; ``docs/plan.md``) from the model's config alone and exit, reading no weight or data file.
+        plan_json: With ``plan=true``, also write the plan as JSON to this file (``-`` = stdout, instead of the
+            table).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -306,6 +320,8 @@ class TrainJobConfig:
     print_config: bool = False
     objective: Objective = Objective.val_loss
     cache_lock_timeout_s: float = 7200.0
+    plan: bool = False
+    plan_json: str | None = None
 
     def __post_init__(self) -> None:
         if not self.cache_lock_timeout_s > 0:

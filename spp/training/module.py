@@ -14,7 +14,7 @@ from transformers import get_scheduler
 
 from spp.adapters.base import Masks, ParamCounts, count_parameters
 from spp.adapters.config import AdapterConfig
-from spp.adapters.masked_full import mask_gradients
+from spp.adapters.masked_full import mask_gradients, restore_gradient_hooks
 from spp.adapters.registry import apply_adapter
 from spp.distributed import DistContext
 from spp.training.config import StrategyConfig, TrainerConfig
@@ -92,8 +92,10 @@ class SPPModule(L.LightningModule):
                 shard_from_rank0(self.model, mesh, self.decoder_layer_cls, ctx, self.strategy_cfg.reshard_after_forward)
             else:
                 shard_model(self.model, mesh, self.decoder_layer_cls, self.strategy_cfg.reshard_after_forward)
-        elif from_rank0:
-            replicate_from_rank0(self.model, ctx)
+        else:
+            if from_rank0:
+                replicate_from_rank0(self.model, ctx, strategy)
+            restore_gradient_hooks(self.model)  # masked_full: the mask hook on the weight objects now trained
         if self.cfg.compile:
             # a compiled view of the same module, kept out of the module tree so state_dict keys do not change
             self._compiled.append(torch.compile(self.model))
@@ -180,8 +182,13 @@ class SPPModule(L.LightningModule):
         checkpoint["adapter_keys"] = sorted(keep)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Check that an adapter checkpoint holds every adapter tensor of this model (names the missing)."""
-        keys = set(checkpoint.get("state_dict", {}))
+        """Check that an adapter checkpoint holds every adapter tensor of this model (names the missing).
+
+        A DeepSpeed checkpoint's client state has no ``state_dict`` (the engine loaded the module's tensors from its
+        own files already); the ``adapter_keys`` recorded when it was written say what it holds.
+        """
+        saved = checkpoint.get("state_dict")
+        keys = set(saved if saved is not None else checkpoint.get("adapter_keys", []))
         missing = sorted({f"model.{n}" for n in self.trainable_names} - keys)
         if self.trainable_names and missing:
             raise ValueError(

@@ -14,8 +14,10 @@ from rich.table import Table
 
 from spp.atomic import write_json_atomic
 from spp.eval.perplexity import gap_closed
+from spp.training.callbacks.pruning import PrunedModel
 from spp.training.config import Objective, TrainJobConfig
-from spp.training.phases import FinalizeResult, FitResult, PrunedModel
+from spp.training.finalize import FinalizeResult
+from spp.training.phases import FitResult
 
 VERSIONED = ("spp", "torch", "lightning", "transformers", "peft", "hydra-core", "lm_eval", "datasets", "wandb")
 
@@ -81,6 +83,7 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
         "pruning": {"cache_hit": pruned.result.cache_hit, "timings": pruned.result.timings,
                     "report": pruned.result.report.overall},
         "merge": final.merge,
+        "evaluation": final.evaluation,
         "timings": timings,
         "outputs": {"merged_dir": final.merged_dir, "adapter_dir": final.adapter_dir,
                     "export_error": str(final.export_error) if final.export_error is not None else None,

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
+from collections.abc import Generator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +15,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
+from spp.adapters.registry import external_parameters
+from spp.deepspeed_support import check_deepspeed
 from spp.distributed import DistContext
+from spp.gathering import deepspeed_master_tensors, register_external_parameters
 from spp.models.offload import params_to_meta
 from spp.training.config import StrategyConfig, StrategyName
 
@@ -69,6 +73,38 @@ class AdapterFSDPStrategy(ModelParallelStrategy):
         return get_model_state_dict(self.model, options=options)
 
 
+class AdapterDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's DeepSpeed strategy (ZeRO-2 / ZeRO-3) for an adapter on a pruned model.
+
+    - Checkpoints hold no frozen weight (``exclude_frozen_parameters``): DeepSpeed writes a *directory*
+      (``spp.deepspeed_support``) with the adapter tensors, its optimizer partitions and Lightning's client state;
+      the frozen pruned weights come back from the pruning cache on resume (``strict_loading=False``).
+    - ``configure_model`` runs without ``deepspeed.zero.Init``: the pruned model exists before it (rank 0's
+      weights, ``meta`` skeletons elsewhere, materialised by ``replicate_from_rank0``), and
+      ``deepspeed.initialize`` partitions every parameter, broadcasting rank 0's values as it goes.
+    - ZeRO-3 gathers a module's own parameters around its forward and backward only; in ``setup`` every
+      parameter an adapter layer reads without calling its owner (SPP's base weight, SparsePEFT's LoRA factors:
+      :meth:`spp.adapters.base.AdapterMethod.external_parameters`) is registered for that layer.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("exclude_frozen_parameters", True)
+        super().__init__(*args, **kwargs)
+
+    @contextmanager
+    def model_sharded_context(self) -> Generator[None, None, None]:
+        """No ``zero.Init`` around ``configure_model`` (see the class docstring)."""
+        self._init_config_if_needed()
+        yield
+
+    def setup(self, trainer: Any) -> None:
+        """Register the adapter's external parameters (ZeRO-3), then Lightning's setup (``deepspeed.initialize``)."""
+        self._init_config_if_needed()
+        if self.zero_stage_3:
+            register_external_parameters(external_parameters(self.lightning_module))
+        super().setup(trainer)
+
+
 def _backend(cfg: StrategyConfig, accelerator: str) -> str | None:
     if cfg.process_group_backend:
         return cfg.process_group_backend
@@ -90,7 +126,8 @@ def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: i
         world_size: Processes over all nodes (the FSDP2 data-parallel size).
 
     Raises:
-        ImportError / ValueError: DeepSpeed requested but not installed, or without CUDA (with the fix).
+        UserError: DeepSpeed requested but not installed, or without CUDA (``spp.deepspeed_support``; the
+            preflight makes the same check before any weight is read).
     """
     timeout = timedelta(seconds=cfg.timeout_s)
     backend = _backend(cfg, accelerator)
@@ -102,14 +139,8 @@ def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: i
     if cfg.name is StrategyName.fsdp:
         return AdapterFSDPStrategy(data_parallel_size=world_size, tensor_parallel_size=1,
                                    save_distributed_checkpoint=False, process_group_backend=backend, timeout=timeout)
-    if importlib.util.find_spec("deepspeed") is None:
-        raise ImportError(
-            f"strategy={cfg.name} (ZeRO stage {cfg.stage}) needs DeepSpeed, which is not installed; run "
-            "`pip install deepspeed` on a GPU machine, or choose strategy=ddp / strategy=fsdp"
-        )
-    if accelerator == "cpu" or not torch.cuda.is_available():
-        raise ValueError("strategy=deepspeed needs CUDA GPUs; use strategy=fsdp or strategy=ddp on CPU processes")
-    return DeepSpeedStrategy(stage=cfg.stage, offload_optimizer=cfg.offload_optimizer,
+    check_deepspeed(cfg, accelerator)
+    return AdapterDeepSpeedStrategy(stage=cfg.stage, offload_optimizer=cfg.offload_optimizer,
                              offload_parameters=cfg.offload_parameters, process_group_backend=backend, timeout=timeout)
 
 
@@ -150,16 +181,28 @@ def shard_from_rank0(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Modu
             ctx.broadcast_(buffer, src=0)
 
 
-def replicate_from_rank0(model: nn.Module, ctx: DistContext) -> None:
+def replicate_from_rank0(model: nn.Module, ctx: DistContext, strategy: Strategy | str | None = None) -> None:
     """DDP / DeepSpeed with the weights on rank 0 alone: the other ranks allocate their replica (``to_empty``,
-    ties restored); the strategy's wrapper broadcasts rank 0's parameters and buffers into it when it is built."""
-    if ctx.is_main:
-        return
-    model.to_empty(device=ctx.device)
-    for module in model.modules():
-        if isinstance(module, PreTrainedModel):
-            module.tie_weights()  # ``to_empty`` gives a tied LM head a tensor of its own
-            break
+    ties restored), into which the strategy's wrapper broadcasts rank 0's parameters when it is built. DDP
+    broadcasts the buffers too; DeepSpeed does not, so under it rank 0's buffers (pruning masks, rotary
+    frequencies) are broadcast here (a collective: every rank calls it)."""
+    if not ctx.is_main:
+        model.to_empty(device=ctx.device)
+        for module in model.modules():
+            if isinstance(module, PreTrainedModel):
+                module.tie_weights()  # ``to_empty`` gives a tied LM head a tensor of its own
+                break
+    if isinstance(strategy, DeepSpeedStrategy):
+        broadcast_buffers(model, ctx)
+
+
+@torch.no_grad()
+def broadcast_buffers(model: nn.Module, ctx: DistContext) -> None:
+    """Overwrite every buffer of ``model`` with rank 0's, one at a time through this rank's device."""
+    for _, buffer in model.named_buffers():
+        staged = ctx.broadcast_(buffer.to(ctx.device))
+        if staged is not buffer:
+            buffer.copy_(staged)
 
 
 def has_meta_parameters(model: nn.Module) -> bool:
@@ -186,8 +229,6 @@ def gather_trainable(strategy: Strategy | str, model: nn.Module) -> dict[str, to
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
         return dict(get_model_state_dict(model, options=options))
-    if is_sharded(strategy):
-        state = strategy.lightning_module_state_dict()
-        names = {f"model.{n}" for n, p in model.named_parameters() if p.requires_grad}
-        return {k[len("model."):]: v.cpu() for k, v in state.items() if k in names}
+    if isinstance(strategy, DeepSpeedStrategy):  # the optimizer's fp32 masters (ZeRO-3: gathered)
+        return deepspeed_master_tensors(model)
     return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
-from spp.adapters.base import DTYPES, AdapterMethod, Masks
+from spp.adapters.base import DTYPES, AdapterMethod, ExternalParameters, Masks, MergedLayer, linear_tensors
 from spp.adapters.config import AdapterConfig
 from spp.adapters.spp.io import save_adapter
-from spp.adapters.spp.model import inject, merge_and_unload
+from spp.adapters.spp.layer import SPPLinear
+from spp.adapters.spp.model import external_parameters, inject, merge_and_unload
 
 
 def layer_kwargs(cfg: AdapterConfig) -> dict[str, Any]:
@@ -33,6 +36,20 @@ class SPP(AdapterMethod):
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         save_adapter(model, directory, extra_config=extra)
+
+    def external_parameters(self, model: nn.Module) -> ExternalParameters:
+        """Each ``SPPLinear`` reads ``base.weight`` / ``base.bias`` without calling ``base``."""
+        return external_parameters(model)
+
+    @torch.no_grad()
+    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:
+        """An ``SPPLinear``'s merged weight ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (its own ``merge``, on a copy)."""
+        if not isinstance(module, SPPLinear):
+            return None
+        layer = copy.deepcopy(module)
+        if not layer.merged:
+            layer.merge(keep_original=False)
+        return MergedLayer(linear_tensors(layer.base))
 
 
 METHOD = SPP()

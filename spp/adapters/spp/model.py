@@ -82,6 +82,15 @@ def adapter_state_dict(model: nn.Module) -> dict[str, Any]:
     return out
 
 
+def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
+    """``(layer, base.weight)`` and ``(layer, base.bias)`` of every ``SPPLinear``: its Eq. 6 reads the frozen weight
+    (fused path, and the adapter term of the naive / blocked paths) without calling ``base``."""
+    pairs: list[tuple[nn.Module, nn.Parameter]] = []
+    for layer in spp_layers(model).values():
+        pairs += [(layer, p) for p in (layer.base.weight, layer.base.bias) if p is not None]
+    return pairs
+
+
 def set_impl(model: nn.Module, impl: str) -> None:
     """Switch every SPP layer of ``model`` to another exact implementation (``fused``/``naive``/``blocked``)."""
     if impl not in IMPLS:

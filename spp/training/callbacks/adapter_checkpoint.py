@@ -23,6 +23,8 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from spp.deepspeed_support import client_state_file
+
 log = logging.getLogger(__name__)
 
 
@@ -141,15 +143,35 @@ class AdapterCheckpoint(ModelCheckpoint):
 def resolve_resume(resume_from: str | None, checkpoint_dir: Path) -> str | None:
     """Turn ``trainer.resume_from`` into a checkpoint path (``last`` = ``<run_dir>/checkpoints/last.ckpt``).
 
+    A checkpoint is a ``.ckpt`` file, or under DeepSpeed a directory of that name holding DeepSpeed's own layout
+    (``latest`` + ``<tag>/*model_states.pt``, see ``spp.deepspeed_support``); ``last.ckpt`` links to either.
+
     Raises:
-        FileNotFoundError: the named checkpoint does not exist (names the key).
+        FileNotFoundError: the named checkpoint does not exist, or is a directory that is not a DeepSpeed
+            checkpoint (names the key; a path inside a DeepSpeed checkpoint names the directory to give instead).
     """
     if not resume_from:
         return None
     path = checkpoint_dir / "last.ckpt" if resume_from == "last" else Path(resume_from).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"trainer.resume_from={resume_from!r}: no checkpoint at {path}; give a .ckpt path written by a run "
-            "(<run_dir>/checkpoints/*.ckpt)"
-        )
-    return str(path)
+    if (path.is_file() and _inside_deepspeed_checkpoint(path) is None) or client_state_file(path) is not None:
+        return str(path)
+    key = f"trainer.resume_from={resume_from!r}"
+    outer = _inside_deepspeed_checkpoint(path)
+    if outer is not None:
+        raise FileNotFoundError(f"{key}: {path} is inside the DeepSpeed checkpoint {outer}; give "
+                                f"trainer.resume_from={outer}")
+    if path.is_dir():
+        raise FileNotFoundError(f"{key}: {path} is a directory but not a DeepSpeed checkpoint (no latest file and "
+                                "<tag>/*model_states.pt); give a checkpoint written by a run "
+                                "(<run_dir>/checkpoints/*.ckpt)")
+    raise FileNotFoundError(
+        f"{key}: no checkpoint at {path}; give a .ckpt path written by a run (<run_dir>/checkpoints/*.ckpt)"
+    )
+
+
+def _inside_deepspeed_checkpoint(path: Path) -> Path | None:
+    """The DeepSpeed checkpoint directory that ``path`` (its tag directory, or a file in it) lies inside."""
+    for outer in (path.parent, path.parent.parent):
+        if outer != path and client_state_file(outer) is not None:
+            return outer
+    return None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import nn
 
 from spp.distributed import DistContext
@@ -39,6 +40,7 @@ from spp.pruning.cache import DEFAULT_LOCK_TIMEOUT_S, READ_MARGIN_S, prune_cache
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult
 from spp.pruning.masks import MaskSet, ZeroPattern
+from spp.training.strategies import is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +85,10 @@ class PrunedModel:
     """The pruning phase's result: the pruned (frozen, CPU) model and what the later phases need of pruning.
 
     On ranks other than 0 ``model`` is the ``meta`` skeleton (unless restored everywhere) and ``masks``,
-    ``zeros``, ``result.report`` are empty.
+    ``zeros``, ``result.report`` are empty. ``home`` (rank 0, when the training strategy shards the model, or is
+    DeepSpeed, whose module copies of the trained tensors ``bf16-mixed`` rounds): the
+    pruned weights by name, the same tensors the model held before sharding (no copy), kept so the finalize
+    phase can rebuild the adapted model on the CPU for the adapter files.
     """
 
     model: nn.Module
@@ -95,6 +100,7 @@ class PrunedModel:
     seconds: dict[str, float] = field(default_factory=dict)
     samples: dict[str, dict[str, Any]] = field(default_factory=dict)
     world: int = 1
+    home: dict[str, Any] = field(default_factory=dict)
 
 
 def ppl_text(entry: dict[str, Any] | None) -> str:
@@ -200,6 +206,9 @@ class PruningCallback(L.Callback):
         pl_module.model = self.pruned.model
         if hasattr(pl_module, "masks"):
             pl_module.masks = self.pruned.masks
+        if ctx.is_main and not self.everywhere and (is_sharded(trainer.strategy)
+                                                    or isinstance(trainer.strategy, DeepSpeedStrategy)):
+            self.pruned.home = dict(self.pruned.model.state_dict())  # references: sharding drops the module's own
 
     def run_alone(self, device: Any = None) -> PrunedModel:
         """The same phase without a Trainer, in this process on ``device`` (``adapter=none``: nothing to train)."""

@@ -12,14 +12,11 @@ from torch import nn
 from spp.adapters.spp.functional import adapted_weight, merge_factor
 from spp.adapters.spp.layer import SPPLinear
 from spp.distributed import DistContext
-from spp.training.strategies import full_tensor
+from spp.gathering import Gatherer, gatherer_for
+from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
 
 WRAPPER_PREFIXES = ("base_model.model.",)
 WRAPPER_SUFFIXES = (".base_layer", ".base")
-
-
-class SparsityViolation(RuntimeError):
-    """Raised when a weight that the pruning mask zeroed is non-zero, or the zero pattern moved."""
 
 
 def original_name(name: str) -> str:
@@ -34,43 +31,53 @@ def original_name(name: str) -> str:
 
 
 @torch.no_grad()
-def effective_weights(model: nn.Module, names: set[str]) -> Iterator[tuple[str, torch.Tensor]]:
+def effective_weights(model: nn.Module, names: set[str],
+                      gatherer: Gatherer | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(original_name, weight the layer applies)`` for every pruned linear layer in ``names``.
 
     A module with an ``effective_weight()`` method (an adapter layer such as SparsePEFT's) reports that. For an
     unmerged ``SPPLinear`` it is the merged weight ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (Eq. 5/6; or
     ``W ⊙ Repeat0(alpha)⊙beta`` without the residual); for any other linear layer its own weight (a LoRA
-    baseline is audited on its frozen base weight during training and after ``merge_and_remask``). FSDP2-sharded
-    tensors are gathered one layer at a time (a collective: every rank must walk the same layers).
+    baseline is audited on its frozen base weight during training and after ``merge_and_remask``).
+
+    Sharded parameters (FSDP2 ``DTensor`` s, ZeRO-3 partitions) are gathered one layer at a time by ``gatherer``
+    (default: :func:`~spp.gathering.gatherer_for` the model), a collective: every rank must walk the same
+    layers. A yielded tensor is valid until the next one is asked for.
     """
+    gatherer = gatherer or gatherer_for(model)
     done: set[str] = set()
     for name, module in model.named_modules():
         key = original_name(name)
         if key not in names or key in done:  # a wrapper comes before its base layer: report the wrapper only
             continue
-        if hasattr(module, "effective_weight"):
-            done.add(key)
-            yield key, full_tensor(module.effective_weight())
-        elif isinstance(module, SPPLinear):
-            done.add(key)
-            w = full_tensor(module.base.weight)
-            if module.merged:
-                yield key, w
-                continue
-            alpha = full_tensor(module.spp_alpha.detach()).float()
-            beta = full_tensor(module.spp_beta.detach()).float() if module.spp_beta is not None else None
-            if module.residual:
-                yield key, w.float() * merge_factor(alpha, beta, module.out_features, module.scale)
-            else:
-                yield key, adapted_weight(w.float(), alpha, beta)
-        elif isinstance(module, nn.Linear) and not name.endswith(".base"):
-            done.add(key)
-            yield key, full_tensor(module.weight)
+        if not (hasattr(module, "effective_weight") or isinstance(module, SPPLinear)
+                or (isinstance(module, nn.Linear) and not name.endswith(".base"))):
+            continue
+        done.add(key)
+        with gatherer.gathered(module):
+            yield key, _effective_weight(module, gatherer)
 
 
-def zero_patterns(model: nn.Module, names: set[str]) -> dict[str, torch.Tensor]:
+def _effective_weight(module: nn.Module, gatherer: Gatherer) -> torch.Tensor:
+    """The weight ``module`` applies, from its gathered parameters (see :func:`effective_weights`)."""
+    full = gatherer.full
+    if hasattr(module, "effective_weight"):
+        return full(module.effective_weight())
+    if not isinstance(module, SPPLinear):
+        return full(module.weight)
+    w = full(module.base.weight)
+    if module.merged:
+        return w
+    alpha = full(module.spp_alpha.detach()).float()
+    beta = full(module.spp_beta.detach()).float() if module.spp_beta is not None else None
+    if module.residual:
+        return w.float() * merge_factor(alpha, beta, module.out_features, module.scale)
+    return adapted_weight(w.float(), alpha, beta)
+
+
+def zero_patterns(model: nn.Module, names: set[str], gatherer: Gatherer | None = None) -> dict[str, torch.Tensor]:
     """Exact-zero masks (True = zero) of the effective weights of ``names``."""
-    return {k: (w == 0).cpu() for k, w in effective_weights(model, names)}
+    return {k: (w == 0).cpu() for k, w in effective_weights(model, names, gatherer)}
 
 
 def audit(
@@ -79,6 +86,7 @@ def audit(
     reference_zeros: Mapping[str, torch.Tensor] | None = None,
     when: str = "",
     kept_zeros_may_change: bool = False,
+    gatherer: Gatherer | None = None,
 ) -> dict[str, Any]:
     """Check that every pruned weight is exactly zero and that the zero pattern equals ``reference_zeros``.
 
@@ -89,6 +97,7 @@ def audit(
         when: Label for messages (``fit_start``, ``checkpoint@step 20``, ``merged``).
         kept_zeros_may_change: Count, instead of raising on, kept weights whose zero-ness changed (LoRA*
             re-masking fills kept weights that were exactly zero before training); pruned weights must still be 0.
+        gatherer: How sharded parameters are gathered (default: :func:`~spp.gathering.gatherer_for`).
 
     Returns:
         ``{"layers", "zeros", "total", "sparsity", "kept_zeros_changed"}`` over the audited matrices.
@@ -99,13 +108,13 @@ def audit(
     zeros_total = total = kept_changed = 0
     seen = set()
     first: SparsityViolation | None = None
-    for name, w in effective_weights(model, set(masks)):  # walk every layer: sharded ones are gathered by all ranks
+    for name, w in effective_weights(model, set(masks), gatherer):  # every layer: all ranks gather sharded ones
         seen.add(name)
         if first is not None:
             continue
         expected = reference_zeros[name] if reference_zeros is not None else None
         try:
-            zeros, numel, moved = _check_layer(name, w, masks[name], expected, kept_zeros_may_change, when)
+            zeros, numel, moved = check_layer_zeros(name, w, masks[name], expected, kept_zeros_may_change, when)
         except SparsityViolation as err:
             first = err
             continue
@@ -122,28 +131,6 @@ def audit(
         "sparsity": zeros_total / max(total, 1),
         "kept_zeros_changed": kept_changed,
     }
-
-
-def _check_layer(name: str, w: torch.Tensor, mask: torch.Tensor, expected: torch.Tensor | None,
-                 kept_zeros_may_change: bool, when: str) -> tuple[int, int, int]:
-    """``(zeros, numel, kept zeros that changed)`` of one layer's effective weight; raises on a violation."""
-    zero = (w == 0).cpu()
-    mask = mask.to(torch.bool).cpu()
-    if zero.shape != mask.shape:
-        raise SparsityViolation(f"[{when}] {name}: weight shape {tuple(zero.shape)} != mask {tuple(mask.shape)}")
-    revived = int((~mask & ~zero).sum())
-    if revived:
-        raise SparsityViolation(
-            f"[{when}] {name}: {revived} weight(s) pruned by the mask are non-zero; the sparsity pattern "
-            "was not preserved (stopping the run)"
-        )
-    moved = int((zero != (expected if expected is not None else ~mask)).sum())
-    if moved and not kept_zeros_may_change:
-        raise SparsityViolation(
-            f"[{when}] {name}: the zero pattern differs from the pruning-time pattern at {moved} position(s) "
-            "(stopping the run)"
-        )
-    return int(zero.sum()), zero.numel(), moved
 
 
 class SparsityAuditCallback(L.Callback):
@@ -175,13 +162,14 @@ class SparsityAuditCallback(L.Callback):
         if self._names is None:
             self._names = set(ctx.broadcast_object(sorted(masks) if ctx.is_main else None))
         verdict: Any = None
+        gatherer = gatherer_for(pl_module.model)
         if ctx.is_main:
             try:
-                verdict = audit(pl_module.model, masks, reference, when=when)
+                verdict = audit(pl_module.model, masks, reference, when=when, gatherer=gatherer)
             except SparsityViolation as err:
                 verdict = err
         else:
-            for _ in effective_weights(pl_module.model, self._names):  # the same gathers as rank 0's
+            for _ in effective_weights(pl_module.model, self._names, gatherer):  # the same gathers as rank 0's
                 pass
         verdict = ctx.broadcast_object(verdict)
         if isinstance(verdict, SparsityViolation):

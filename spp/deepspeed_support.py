@@ -1,0 +1,127 @@
+"""What ``strategy=deepspeed_stage2|3`` needs before any weight is read, and DeepSpeed's checkpoint directory.
+
+Lightning's ``DeepSpeedStrategy`` (``spp.training.strategies.AdapterDeepSpeedStrategy``) saves a checkpoint as a
+*directory* (``DeepSpeedEngine.save_checkpoint(path, tag="checkpoint")``)::
+
+    adapter-step000200.ckpt/            <- the path Lightning names (and ``last.ckpt`` links to)
+    ├── latest                          <- text: the tag, "checkpoint"
+    ├── zero_to_fp32.py
+    └── checkpoint/
+        ├── mp_rank_00_model_states.pt                       (ZeRO-2: module tensors + Lightning's client state)
+        ├── zero_pp_rank_<r>_mp_rank_00_model_states.pt      (ZeRO-3: one per rank, each with the client state)
+        └── [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt   (each rank's optimizer partition)
+
+This module sits below ``spp.training`` so that ``spp.preflight`` can use it too.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spp.errors import UserError
+
+LATEST_FILE = "latest"
+"""DeepSpeed's file naming the newest tag of a checkpoint directory."""
+CLIENT_STATE_FILES = ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt")
+"""The file of a tag directory holding Lightning's client state (``spp_settings``, loops, callbacks): ZeRO-2's,
+then ZeRO-3's rank-0 file."""
+
+
+def is_deepspeed(strategy: Any) -> bool:
+    """Whether the ``strategy`` group (``StrategyConfig``) selects DeepSpeed."""
+    return str(getattr(strategy.name, "value", strategy.name)) == "deepspeed"
+
+
+def check_deepspeed(strategy: Any, accelerator: str, adapter: Any = None) -> None:
+    """Refuse, before any weight is read, a DeepSpeed job that cannot run here.
+
+    Args:
+        strategy: The ``strategy`` group (``name``, ``stage``).
+        accelerator: ``trainer.accelerator``.
+        adapter: The adapter method (:class:`spp.adapters.base.AdapterMethod`: ``name``, ``zero3_refusal``);
+            ``None`` skips that check.
+
+    Raises:
+        UserError: DeepSpeed is not installed or does not import, there is no CUDA GPU (Lightning's DeepSpeed
+            strategy runs on CUDA only), or the adapter method cannot train under ZeRO-3.
+    """
+    if not is_deepspeed(strategy):
+        return
+    label = f"strategy=deepspeed_stage{strategy.stage}"
+    if strategy.stage == 3 and adapter is not None and adapter.zero3_refusal:
+        raise UserError(f"{label}: adapter.name={adapter.name} cannot train under ZeRO-3: {adapter.zero3_refusal}",
+                        "use strategy=deepspeed_stage2 or strategy=fsdp, or another adapter.name", key="strategy")
+    if importlib.util.find_spec("deepspeed") is None:
+        raise UserError(f"{label} needs DeepSpeed, which is not installed",
+                        "`pip install deepspeed` on a GPU machine, or choose strategy=fsdp / strategy=ddp",
+                        key="strategy")
+    if accelerator == "cpu" or not torch.cuda.is_available():
+        raise UserError(f"{label} needs CUDA GPUs (Lightning's DeepSpeed strategy runs on CUDA only), and "
+                        f"{'trainer.accelerator=cpu' if accelerator == 'cpu' else 'no CUDA GPU is visible'}",
+                        "run on GPUs (trainer=gpu), or use strategy=fsdp / strategy=ddp (they run on CPU with gloo)",
+                        key="strategy")
+    try:
+        importlib.import_module("deepspeed")
+    except Exception as err:  # noqa: BLE001 - any import failure is the installation's problem
+        raise UserError(f"{label}: `import deepspeed` fails: {type(err).__name__}: {err}",
+                        "repair the DeepSpeed installation (`pip install -U deepspeed`), or choose strategy=fsdp",
+                        key="strategy") from err
+
+
+def checkpoint_tag_dir(path: str | Path) -> Path | None:
+    """The tag directory (``<path>/<tag>``) of a DeepSpeed checkpoint directory, or ``None`` if ``path`` is not one.
+
+    The tag is read from ``<path>/latest``; without that file, the only sub-directory holding a model-states file.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        return None
+    latest = root / LATEST_FILE
+    if latest.is_file():
+        tag = latest.read_text().strip()
+        candidates = [root / tag] if tag else []
+    else:
+        candidates = sorted(p for p in root.iterdir() if p.is_dir())
+    found = [c for c in candidates if any((c / name).is_file() for name in CLIENT_STATE_FILES)]
+    return found[0] if len(found) == 1 else None
+
+
+def client_state_file(path: str | Path) -> Path | None:
+    """The file of a DeepSpeed checkpoint directory that holds Lightning's client state, or ``None``."""
+    tag = checkpoint_tag_dir(path)
+    if tag is None:
+        return None
+    return next(tag / name for name in CLIENT_STATE_FILES if (tag / name).is_file())
+
+
+def check_resume_format(strategy: Any, checkpoint: str | Path) -> Path:
+    """The file holding ``checkpoint``'s client state (itself, or the one inside a DeepSpeed directory), after
+    checking that the strategy can load it: DeepSpeed resumes from its own directories only, the other strategies
+    from a ``.ckpt`` file.
+
+    Raises:
+        UserError: a DeepSpeed directory under another strategy or another ZeRO stage, or a file under DeepSpeed
+            (names the key).
+    """
+    state = client_state_file(checkpoint)
+    if is_deepspeed(strategy) and state is None:
+        raise UserError(f"trainer.resume_from={str(checkpoint)!r} is not a DeepSpeed checkpoint directory, and "
+                        f"strategy=deepspeed_stage{strategy.stage} resumes from those only",
+                        "resume with the strategy that wrote it, or give a checkpoint written under DeepSpeed",
+                        key="trainer.resume_from")
+    if is_deepspeed(strategy) and (strategy.stage == 3) != state.name.startswith("zero_pp_rank_"):
+        written = 3 if state.name.startswith("zero_pp_rank_") else 2
+        raise UserError(f"trainer.resume_from={str(checkpoint)!r} was written under ZeRO stage {written}, and "
+                        f"strategy=deepspeed_stage{strategy.stage} cannot load it",
+                        f"resume with strategy=deepspeed_stage{written}", key="trainer.resume_from")
+    if not is_deepspeed(strategy) and state is not None:
+        raise UserError(f"trainer.resume_from={str(checkpoint)!r} is a DeepSpeed checkpoint directory, which "
+                        f"strategy={getattr(strategy.name, 'value', strategy.name)} cannot load",
+                        "resume with the DeepSpeed strategy that wrote it (strategy=deepspeed_stage2|3)",
+                        key="trainer.resume_from")
+    return state if state is not None else Path(checkpoint)

@@ -1,0 +1,107 @@
+"""lm-eval's ``HFLM`` over replicas: its documents split across the leaders of a :class:`ReplicaGroup`.
+
+lm-eval 0.4 does everything distributed through the model object: ``lm.rank`` / ``lm.world_size`` pick the
+documents of a process (document ``i`` on rank ``i % world``, padded with repeated requests to equal counts) and
+``lm.all_gather`` / ``lm.gather_object`` / ``lm.barrier`` bring the per-document metrics (and logged samples) to
+rank 0, which aggregates them. :class:`DistributedHFLM` answers those with the replica index and count and the
+leaders' gloo group, so the evaluator runs unchanged.
+
+The model is always handed to ``HFLM`` as an object, also from a directory (:func:`load_replica_model`): given a
+path, ``HFLM`` would make an ``accelerate.Accelerator`` of its own, which under ``torchrun`` takes every process
+of the job as a data-parallel rank and, with ``parallelize=True``, gives each process every ``LOCAL_WORLD_SIZE``-th
+GPU, not its replica's consecutive GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lm_eval.models.huggingface import HFLM
+
+from spp.eval.replicas import ReplicaGroup, max_memory_map, replica_devices
+
+IN_MEMORY = "<in-memory model>"
+"""``pretrained`` in the recorded model arguments of a model handed over as an object."""
+
+
+class DistributedHFLM(HFLM):
+    """An ``HFLM`` whose rank and world size are the replica index and count (``replicas=None``: one process).
+
+    Args:
+        pretrained: The causal LM (whole on this replica: one device, or spread with a ``device_map``).
+        tokenizer: Its tokenizer (object, or a directory to load it from).
+        replicas: The job's replicas; this process must be a leader.
+        **kwargs: ``HFLM`` arguments (``batch_size``, ``max_length``, ...).
+    """
+
+    def __init__(self, pretrained: torch.nn.Module, tokenizer: Any, replicas: ReplicaGroup | None = None,
+                 **kwargs: Any) -> None:
+        if replicas is not None and not replicas.is_leader:
+            raise RuntimeError("DistributedHFLM runs on replica leaders only (the others hold no model)")
+        super().__init__(pretrained=pretrained, tokenizer=tokenizer, **kwargs)
+        self.replicas = replicas
+        if replicas is not None:
+            self._rank, self._world_size = replicas.index, replicas.count
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every replica's tensor, concatenated in replica order."""
+        return tensor if self.replicas is None else self.replicas.all_gather(tensor)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every replica's object on replica ``dst`` (``None`` elsewhere)."""
+        return [obj] if self.replicas is None else self.replicas.gather_object(obj, dst)
+
+    def barrier(self) -> None:
+        """Wait for every replica."""
+        if self.replicas is not None:
+            self.replicas.barrier()
+
+
+def load_replica_model(path: str | os.PathLike[str], devices: list[int], device: str | None = None,
+                       dtype: str | torch.dtype = "auto",
+                       max_memory_per_gpu: int | str | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Load a saved causal LM for one replica: whole on ``device`` (the CPU, or one GPU of ``devices``) or spread
+    over the replica's GPUs ``devices`` with accelerate's ``device_map="auto"`` (at most ``max_memory_per_gpu``
+    each; ``None`` = their free memory).
+
+    Returns:
+        ``(model, model_args)``: the model in eval mode, and the lm-eval ``--model_args`` placing it the same way.
+    """
+    from transformers import AutoModelForCausalLM
+
+    args: dict[str, Any] = {"pretrained": str(path), "dtype": str(dtype)}
+    if device == "cpu" or not devices:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device or "cpu")
+        args["device"] = device or "cpu"
+    elif len(devices) == 1:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map={"": f"cuda:{devices[0]}"})
+        args["device"] = f"cuda:{devices[0]}"
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map="auto",
+                                                     max_memory=max_memory_map(devices, max_memory_per_gpu))
+        args |= {"parallelize": True, "max_memory_per_gpu": max_memory_per_gpu, "devices": devices}
+    return model.eval(), args
+
+
+def replica_lm(model: torch.nn.Module | str | os.PathLike[str], tokenizer: Any, replicas: ReplicaGroup,
+               batch_size: int | str = 1, device: str | None = None,
+               max_memory_per_gpu: int | str | None = None) -> tuple[DistributedHFLM, dict[str, Any]]:
+    """This leader's :class:`DistributedHFLM` for an in-memory ``model`` (used where it is) or a model directory
+    (loaded over this replica's GPUs, see :func:`load_replica_model`; ``tokenizer=None`` reads the directory's).
+
+    Returns:
+        ``(lm, model_args)``: the lm-eval model and the ``--model_args`` it corresponds to (for the record).
+    """
+    if isinstance(model, (str, Path)):
+        gpus = [] if device == "cpu" else replica_devices(replicas.layout)
+        module, args = load_replica_model(model, gpus, device, max_memory_per_gpu=max_memory_per_gpu)
+        tokenizer = tokenizer if tokenizer is not None else str(model)
+    else:
+        if tokenizer is None:
+            raise ValueError("replica_lm: an in-memory model needs its tokenizer (tokenizer=...)")
+        module, args = model, {"pretrained": IN_MEMORY, "device": str(next(model.parameters()).device)}
+    lm = DistributedHFLM(module, tokenizer, replicas, batch_size=batch_size)
+    return lm, {**args, "batch_size": batch_size}

@@ -1,0 +1,294 @@
+"""Evaluation spread over *replicas*: processes that each hold a whole model and share the evaluation's work.
+
+A job runs one process per GPU (``torchrun``/``srun``). For evaluation the processes of a node form replicas of
+``k = gpus_per_replica`` consecutive local ranks: the first of them (local rank ``r`` with ``r % k == 0``) is the
+replica's *leader*, loads the whole model over the replica's ``k`` GPUs (accelerate ``device_map``, see
+:func:`replica_devices`) and evaluates; the other ``k - 1`` processes of the replica hold nothing and wait at the
+end (:meth:`ReplicaGroup.share`). The leaders split the work data-parallel over a gloo process group of their own:
+lm-eval's documents (:class:`spp.eval.distributed_lm.DistributedHFLM`) and the perplexity batches
+(:func:`replica_perplexity`, batch ``b`` on replica ``b % R``, the same numbers as one process).
+
+Why the smallest ``k`` that holds the model beside its evaluation batch (the run's plan decides it:
+:func:`spp.planning.placement.eval_placement`): a model split with ``device_map`` runs its GPUs one after the other
+(naive pipeline), so ``k`` GPUs of a replica give about one GPU's throughput, while ``R`` replicas give ``R`` times
+it. ``docs/plan.md`` lists the placement of the paper's models (7B and 13B in bf16: ``k = 1``, 8 replicas on 8
+GPUs of 80 GB).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from spp.distributed import DistContext, cluster_environment, local_world_size
+from spp.errors import UserError
+from spp.eval.perplexity import PerplexityResult, eval_windows, result_from_sums, score_windows
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 6 * 3600
+"""How long a replica (or a waiting non-leader) may wait for the others: a whole evaluation at 70B."""
+
+
+
+@dataclass(frozen=True)
+class ReplicaLayout:
+    """Which replica this process belongs to, for ``world`` processes with ``local_world`` per node (global rank =
+    ``node * local_world + local_rank``, as torchrun and srun number them) and ``gpus_per_replica`` GPUs each.
+
+    Raises:
+        UserError: ``gpus_per_replica`` < 1 or not dividing the processes per node, or uneven nodes.
+    """
+
+    rank: int = 0
+    world: int = 1
+    local_world: int = 1
+    gpus_per_replica: int = 1
+
+    def __post_init__(self) -> None:
+        k, per_node = self.gpus_per_replica, self.local_world
+        if k < 1:
+            raise UserError(f"eval.gpus_per_replica={k} must be >= 1", "set eval.gpus_per_replica=1 or more",
+                            key="eval.gpus_per_replica")
+        if per_node < 1 or self.world % per_node:
+            raise UserError(f"{self.world} processes cannot be split into nodes of {per_node} (LOCAL_WORLD_SIZE)",
+                            "start the same number of processes on every node")
+        if per_node % k:
+            raise UserError(f"eval.gpus_per_replica={k} does not divide the {per_node} processes (GPUs) of a node",
+                            f"use a divisor of {per_node}", key="eval.gpus_per_replica")
+
+    @property
+    def local_rank(self) -> int:
+        """Rank within the node."""
+        return self.rank % self.local_world
+
+    @property
+    def count(self) -> int:
+        """Number of replicas ``R``."""
+        return self.world // self.gpus_per_replica
+
+    @property
+    def index(self) -> int:
+        """This process's replica (0 .. R-1)."""
+        return self.rank // self.gpus_per_replica
+
+    @property
+    def leader(self) -> int:
+        """Global rank of this replica's leader (the process that holds the model)."""
+        return self.rank - self.local_rank % self.gpus_per_replica
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process holds a replica's model and evaluates."""
+        return self.rank == self.leader
+
+    @property
+    def leaders(self) -> list[int]:
+        """Global ranks of every replica's leader, in replica order."""
+        return list(range(0, self.world, self.gpus_per_replica))
+
+    @property
+    def members(self) -> list[int]:
+        """Global ranks of this replica's processes (its leader first)."""
+        return list(range(self.leader, self.leader + self.gpus_per_replica))
+
+    @property
+    def local_gpus(self) -> list[int]:
+        """Local GPU indices of this replica: the GPUs of its processes (``cuda:<local rank>`` each)."""
+        first = self.leader % self.local_world
+        return list(range(first, first + self.gpus_per_replica))
+
+
+def replica_layout(ctx: DistContext, gpus_per_replica: int = 1, local_world: int | None = None) -> ReplicaLayout:
+    """The layout of ``ctx``'s processes into replicas of ``gpus_per_replica`` GPUs."""
+    per_node = local_world if local_world is not None else local_world_size(ctx.world)
+    if ctx.world == 1:
+        per_node = 1
+    layout = ReplicaLayout(ctx.rank, ctx.world, per_node, gpus_per_replica)
+    if ctx.distributed and layout.local_rank != cluster_environment().local_rank():
+        raise UserError(f"rank {ctx.rank} has local rank {cluster_environment().local_rank()}, not "
+                        f"{layout.local_rank}: ranks are not numbered node by node ({per_node} per node)",
+                        "start the job with torchrun or srun (consecutive ranks per node)")
+    return layout
+
+
+def replica_devices(layout: ReplicaLayout, device_count: int | None = None) -> list[int]:
+    """CUDA device indices of this replica's ``device_map`` (``[]`` on a machine without CUDA). A one-GPU replica
+    takes the process's own GPU, ``cuda:<local rank mod visible GPUs>`` as :func:`spp.distributed.local_device`.
+
+    Raises:
+        UserError: the process sees fewer GPUs than its replica spans (e.g. srun ``--gpus-per-task=1``).
+    """
+    count = torch.cuda.device_count() if device_count is None else device_count
+    if count == 0:
+        return []
+    if layout.gpus_per_replica == 1:
+        return [layout.local_rank % count]
+    gpus = layout.local_gpus
+    if gpus[-1] >= count:
+        raise UserError(f"eval.gpus_per_replica={layout.gpus_per_replica} needs GPUs {gpus} on the node, but this "
+                        f"process sees {count}", "make every GPU of the node visible to every task, or lower "
+                        "eval.gpus_per_replica", key="eval.gpus_per_replica")
+    return gpus
+
+
+def max_memory_map(devices: list[int], per_gpu: int | str | None) -> dict[int, int | str] | None:
+    """accelerate's ``max_memory`` restricted to ``devices`` (``None`` = accelerate's own estimate per device)."""
+    if not devices:
+        return None
+    if per_gpu is None:
+        from accelerate.utils import get_max_memory
+
+        return {d: v for d, v in get_max_memory().items() if d in devices}
+    return dict.fromkeys(devices, per_gpu)
+
+
+class ReplicaGroup:
+    """The replicas of a job and the gloo process group over their leaders (``None`` with one replica).
+
+    Made by every process at the same point (:meth:`create`: creating a group is a collective over all ranks).
+    The collectives below are called by the leaders only, except :meth:`share`, which every process calls.
+    """
+
+    def __init__(self, ctx: DistContext, layout: ReplicaLayout, group: Any = None) -> None:
+        self.ctx, self.layout, self.group = ctx, layout, group
+
+    @classmethod
+    def create(cls, ctx: DistContext | None = None, gpus_per_replica: int = 1, local_world: int | None = None,
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplicaGroup:
+        """The replicas of ``ctx`` (default: the current process group) with ``gpus_per_replica`` GPUs each.
+
+        Every rank must call it; leaders and the others may then wait ``timeout_s`` for one another.
+        """
+        ctx = ctx if ctx is not None else DistContext.current()
+        layout = replica_layout(ctx, gpus_per_replica, local_world)
+        group = None
+        if ctx.distributed:
+            ctx.allow_long_waits(timeout_s)
+            if layout.count > 1:
+                group = dist.new_group(ranks=layout.leaders, backend="gloo",
+                                       timeout=timedelta(seconds=max(1, int(timeout_s))))
+        return cls(ctx, layout, group)
+
+    @property
+    def index(self) -> int:
+        """This process's replica."""
+        return self.layout.index
+
+    @property
+    def count(self) -> int:
+        """Number of replicas."""
+        return self.layout.count
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process holds a model and evaluates."""
+        return self.layout.is_leader
+
+    def mine(self, count: int) -> list[int]:
+        """Items ``0..count-1`` this replica takes in a round-robin split (``b % R == index``)."""
+        return list(range(self.index, count, self.count))
+
+    def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over the replicas, in place (through the CPU: the group is gloo)."""
+        if self.group is not None:
+            host = tensor.detach().cpu()
+            dist.all_reduce(host, op=dist.ReduceOp.SUM, group=self.group)
+            tensor.copy_(host)
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every replica's ``tensor`` concatenated along dim 0 in replica order (a scalar counts as shape ``(1,)``)."""
+        if self.group is None:
+            return tensor
+        host = tensor.detach().cpu()
+        host = host[None] if host.ndim == 0 else host.contiguous()
+        out = [torch.empty_like(host) for _ in range(self.count)]
+        dist.all_gather(out, host, group=self.group)
+        return torch.cat(out).to(tensor.device)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every replica's object in replica order on replica ``dst``; ``None`` on the others."""
+        if self.group is None:
+            return [obj]
+        out: list[Any] | None = [None] * self.count if self.index == dst else None
+        dist.gather_object(obj, out, group=self.group, group_dst=dst)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Replica ``src``'s object on every replica (leaders only)."""
+        if self.group is None:
+            return obj
+        box = [obj if self.index == src else None]
+        dist.broadcast_object_list(box, group=self.group, group_src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        """Wait for every replica (leaders only)."""
+        if self.group is not None:
+            dist.barrier(group=self.group)
+
+    def share(self, obj: Any) -> Any:
+        """Global rank 0's (replica 0's leader's) object on every process, waiting up to the group's timeout: the
+        end of an evaluation, where the non-leaders have waited."""
+        return self.ctx.broadcast_object(obj, src=0, long_wait=True)
+
+    def placement(self, lm_eval_model_args: dict[str, Any] | None = None) -> ReplicaPlacement:
+        """What ran, for ``summary.json``."""
+        return ReplicaPlacement.of(self.layout, lm_eval_model_args)
+
+
+@dataclass
+class ReplicaPlacement:
+    """How an evaluation was spread (recorded in ``summary.json``).
+
+    Attributes:
+        replicas: Number of replicas ``R`` (processes holding a whole model).
+        gpus_per_replica: GPUs each replica's model is spread over (``k``).
+        how: ``single`` (R = k = 1), ``data_parallel`` (R > 1, k = 1), ``parallelize`` (R = 1, k > 1),
+            ``data_parallel+parallelize`` (both).
+        world: Processes of the job.
+        lm_eval_model_args: lm-eval's ``--model_args`` that give the same model placement from its command line.
+    """
+
+    replicas: int = 1
+    gpus_per_replica: int = 1
+    how: str = "single"
+    world: int = 1
+    lm_eval_model_args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, layout: ReplicaLayout, lm_eval_model_args: dict[str, Any] | None = None) -> ReplicaPlacement:
+        """The placement of ``layout``."""
+        modes = [m for m, on in (("data_parallel", layout.count > 1), ("parallelize", layout.gpus_per_replica > 1))
+                 if on]
+        return cls(layout.count, layout.gpus_per_replica, "+".join(modes) or "single", layout.world,
+                   dict(lm_eval_model_args or {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (JSON-serialisable)."""
+        return asdict(self)
+
+
+def replica_perplexity(model: torch.nn.Module, tokenizer: Any, replicas: ReplicaGroup, source: str = "wikitext2",
+                       seqlen: int = 2048, max_windows: int | None = None, batch_size: int = 1,
+                       data_dir: str | os.PathLike[str] | None = None, device: str | torch.device | None = None,
+                       sampling: str = "first") -> PerplexityResult:
+    """:func:`spp.eval.perplexity.perplexity` (same windows, batches and numbers) with batch ``b`` scored by
+    replica ``b % R`` and the per-window NLL sums added over the replicas (float64). Called by every leader;
+    every leader returns the result."""
+    if not replicas.is_leader:
+        raise RuntimeError("replica_perplexity runs on replica leaders only (the others hold no model)")
+    config = getattr(model, "config", None)
+    windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
+                           getattr(config, "max_position_embeddings", None))
+    device = device if device is not None else next(model.parameters()).device
+    mine = replicas.mine(len(windows.batches(batch_size)))
+    sums = score_windows(model, windows, batch_size, mine, device, quiet=replicas.index != 0)
+    return result_from_sums(replicas.all_reduce_(sums), windows)

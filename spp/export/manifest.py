@@ -1,0 +1,79 @@
+"""``spp_export.json``: what a merged model exported by ``train.py`` is. The one schema, written and read here.
+
+It sits beside the weights of every export (``<run>/merged``): the adapter it was trained with, the weights' dtype,
+the pruning it was trained on top of (model, pruner, sparsity), the zero audit made while the weights were written,
+how they were laid out, and a ``status``: ``ok``, or ``diverged`` when the run's guards refused the result (the
+export is then renamed ``merged.diverged``; see ``spp.training.phases.finalize``). ``eval.py`` names its output
+folder from it (``spp.eval.run_name``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spp.atomic import write_json_atomic
+
+EXPORT_FILE = "spp_export.json"
+FORMAT = 2
+"""2: ``status``, ``audit`` and ``layout`` added (format 1, before issue 30, had adapter, dtype and pruning)."""
+
+STATUSES = ("ok", "diverged")
+
+
+@dataclass
+class ExportManifest:
+    """The contents of ``spp_export.json``.
+
+    Attributes:
+        adapter: The ``adapter`` config the model was trained with (``name``, ``r``, ...), JSON values.
+        dtype: dtype of the exported weights (``torch.float32``).
+        pruning: ``{"model", "pruner", "sparsity"}`` it was trained on top of.
+        status: ``ok`` or ``diverged`` (the guards refused the run; the folder is ``merged.diverged``).
+        audit: The zero audit of the merged weights made on the way out (``layers``, ``zeros``, ``total``,
+            ``sparsity``, ``kept_zeros_changed``).
+        layout: How the weights were written (``shards``, ``writers``: ranks that wrote blocks).
+        format: Schema version (:data:`FORMAT`).
+    """
+
+    adapter: dict[str, Any]
+    dtype: str
+    pruning: dict[str, Any]
+    status: str = "ok"
+    audit: dict[str, Any] = field(default_factory=dict)
+    layout: dict[str, Any] = field(default_factory=dict)
+    format: int = FORMAT
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"spp_export.json status={self.status!r}: must be one of {list(STATUSES)}")
+
+    def write(self, directory: str | Path) -> Path:
+        """Write ``<directory>/spp_export.json`` atomically."""
+        return write_json_atomic(Path(directory) / EXPORT_FILE, asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExportManifest:
+        """From a parsed file, older formats included (format 1 had no status: ``ok``)."""
+        return cls(adapter=dict(data.get("adapter") or {}), dtype=str(data.get("dtype", "")),
+                   pruning=dict(data.get("pruning") or {}), status=str(data.get("status", "ok")),
+                   audit=dict(data.get("audit") or {}), layout=dict(data.get("layout") or {}),
+                   format=int(data.get("format", 1)))
+
+    @classmethod
+    def read(cls, directory: str | Path | None) -> ExportManifest | None:
+        """The manifest of a model folder, or ``None`` when it has none (not an ``spp`` export) or it is unreadable."""
+        if not directory:
+            return None
+        try:
+            return cls.from_dict(json.loads((Path(str(directory)).expanduser() / EXPORT_FILE).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+def adapter_record(adapter_cfg: Any) -> dict[str, Any]:
+    """The adapter config as JSON values (enums and other objects as strings)."""
+    return {k: v if isinstance(v, (bool, int, float, list, type(None))) else str(v)
+            for k, v in vars(adapter_cfg).items()}

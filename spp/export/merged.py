@@ -1,0 +1,361 @@
+"""The merged sparse model, written block by block: never merged whole, never whole on one device.
+
+``export_streamed`` runs on every rank of the job once training is over, on the model as each rank holds it (a
+replica under DDP or one process; 1/N shards under FSDP2 or ZeRO-3). Decoder block ``i`` is written by rank
+``i mod N``:
+
+1. under a sharding strategy every rank takes part in materialising the block (:mod:`spp.gathering`: FSDP2
+   ``unshard``, ZeRO-3 ``GatheredParameters``), which is the only time the block is whole, and only one block is;
+2. the writer asks the adapter method for each adapted layer's merged weight (``AdapterMethod.merged_layer``: the
+   method's own merge, on a copy of one layer), takes the block's other tensors as they are, audits every merged
+   weight against the pruning mask and the pruned model's zero pattern (``check_layer_zeros``, with the block's
+   masks sent by rank 0), and writes the block as its own safetensors shard;
+3. rank 0 writes what sits outside the blocks (embeddings, final norm, an untied LM head) as the last shard, then
+   the index (``model.safetensors.index.json``), ``config.json``, the generation config, the tokenizer and
+   ``spp_export.json`` (:class:`~spp.export.manifest.ExportManifest`), and publishes the folder by renaming it.
+
+The tensors are the ones ``save_pretrained`` of the whole merged model writes, under the same names (tied weights
+once), in a different sharding; ``AutoModelForCausalLM.from_pretrained`` loads the folder. Nothing half-written
+is ever at ``path``: the shards go to a temporary folder beside it (on a filesystem every rank sees).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from spp.adapters.base import AdapterMethod
+from spp.adapters.bitmask import unpack_rows
+from spp.atomic import follow_umask, human_bytes, is_disk_full, publish
+from spp.distributed import DistContext
+from spp.errors import UserError
+from spp.export.manifest import ExportManifest
+from spp.gathering import gatherer_for
+from spp.pruning.masks import ZeroPattern
+from spp.pruning.targets import decoder_layers
+from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
+
+SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+WRAPPER_PREFIXES = ("base_model.model.",)
+"""Prefixes an adapter wrapper adds to the plain model's names (peft's ``PeftModel``)."""
+EXPORT_SLACK_BYTES = 32 * 2**20
+"""Room an export needs beyond its tensors (tokenizer and JSON files), on top of 1 % of the tensors' bytes."""
+
+
+@dataclass
+class ExportInputs:
+    """What the export needs besides the model.
+
+    Attributes:
+        method: The adapter method the model was trained with.
+        zeros: The pruned model's exact-zero pattern (masks + kept zeros), on rank 0 (``None`` elsewhere).
+        tokenizer: Saved beside the weights (rank 0).
+        manifest: ``spp_export.json``'s contents; the audit and layout are filled in.
+        kept_zeros_may_change: The method's merge may fill kept weights that were exactly zero (LoRA*).
+        overrides: Values to merge instead of the module's own, by parameter name in ``model`` (DeepSpeed's fp32
+            masters of the trained tensors, whose module copies ``bf16-mixed`` rounded to bf16).
+    """
+
+    method: AdapterMethod
+    zeros: ZeroPattern | None
+    tokenizer: Any
+    manifest: ExportManifest
+    kept_zeros_may_change: bool = False
+    overrides: Mapping[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class ExportResult:
+    """The published folder, the zero audit of its weights, its shards, the seconds it took, how it was written and
+    what the merge reports (the method's :meth:`~spp.adapters.base.AdapterMethod.merge_summary`)."""
+
+    path: Path
+    audit: dict[str, Any]
+    shards: int
+    seconds: float
+    layout: dict[str, Any] = field(default_factory=dict)
+    merge: dict[str, Any] = field(default_factory=dict)
+
+
+def hf_model(model: nn.Module) -> nn.Module:
+    """The plain Hugging Face model inside an adapter wrapper (peft's ``PeftModel``), or ``model`` itself."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def plain_name(name: str) -> str:
+    """``name`` without the adapter wrapper's prefix (``base_model.model.model.layers.0`` -> ``model.layers.0``)."""
+    for prefix in WRAPPER_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _tensors(module: nn.Module, prefix: str, skip: list[str]) -> dict[str, torch.Tensor]:
+    """``module``'s parameters and persistent buffers by plain name, except those inside the modules ``skip``."""
+    out: dict[str, torch.Tensor] = {}
+    items = list(module.named_parameters()) + [
+        (n, b) for n, b in module.named_buffers()
+        if n.rsplit(".", 1)[-1] not in module.get_submodule(n.rpartition(".")[0])._non_persistent_buffers_set]
+    for name, tensor in items:
+        if any(name.startswith(s + ".") for s in skip):
+            continue
+        out[plain_name(f"{prefix}.{name}" if prefix else name)] = tensor.detach()
+    return out
+
+
+def _overridden(module: nn.Module, name: str, overrides: Mapping[str, torch.Tensor]) -> nn.Module:
+    """``module`` itself, or a copy whose parameters named in ``overrides`` (full names: ``name.<param>``) hold
+    those values."""
+    if not any(f"{name}.{n}" in overrides for n, _ in module.named_parameters()):
+        return module
+    layer = copy.deepcopy(module)
+    for n, param in layer.named_parameters():
+        if f"{name}.{n}" in overrides:
+            param.data = overrides[f"{name}.{n}"].to(param.device)
+    return layer
+
+
+def merged_block_tensors(block: nn.Module, prefix: str, method: AdapterMethod, masks: Mapping[str, torch.Tensor],
+                         overrides: Mapping[str, torch.Tensor] | None = None
+                         ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
+    """The plain tensors of one (whole) decoder block as the merged model holds them, by plain name, and what the
+    merge reports of each adapted layer.
+
+    Each adapted layer is merged by ``method`` (:meth:`~spp.adapters.base.AdapterMethod.merged_layer`); every other
+    tensor of the block is taken as it is. ``prefix`` is the block's name in ``model`` (``model.layers.3``);
+    ``overrides`` replace parameter values by full name before the merge (:attr:`ExportInputs.overrides`).
+    """
+    out: dict[str, torch.Tensor] = {}
+    stats: dict[str, dict[str, Any]] = {}
+    adapted: list[str] = []
+    for name, module in block.named_modules():
+        if not name or any(name.startswith(a + ".") for a in adapted):
+            continue
+        qualified = plain_name(f"{prefix}.{name}")
+        merged = method.merged_layer(_overridden(module, f"{prefix}.{name}", overrides or {}), masks.get(qualified))
+        if merged is not None:
+            adapted.append(name)
+            out.update({f"{qualified}.{k}": v for k, v in merged.tensors.items()})
+            stats[qualified] = merged.stats
+    out.update(_tensors(block, prefix, adapted))
+    return {k: v.to("cpu", copy=True).contiguous() for k, v in out.items()}, stats
+
+
+def _zero_refs(ctx: DistContext, zeros: ZeroPattern | None, block: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """``{layer: (keep-mask, expected zeros)}`` of the layers of ``block`` (plain prefix), sent by rank 0."""
+    payload = None
+    if ctx.is_main and zeros is not None:
+        masks = zeros.masks
+        payload = {n: (masks.packed(n), masks.shape(n)[1], zeros.kept_zeros.get(n)) for n in masks
+                   if n.startswith(block + ".")}
+    payload = ctx.broadcast_object(payload) if ctx.distributed else payload
+    refs = {}
+    for name, (packed, cols, kept) in (payload or {}).items():
+        mask = unpack_rows(packed, cols)
+        expected = ~mask
+        if kept is not None:
+            expected.view(-1)[kept] = True
+        refs[name] = (mask, expected)
+    return refs
+
+
+def _audit(tensors: dict[str, torch.Tensor], refs: dict[str, tuple[torch.Tensor, torch.Tensor]],
+           kept_may_change: bool) -> list[int]:
+    """``[layers, zeros, total, kept zeros changed]`` over the merged weights of one block (raises on a violation)."""
+    counts = [0, 0, 0, 0]
+    for name, (mask, expected) in refs.items():
+        weight = tensors.get(f"{name}.weight")
+        if weight is None:
+            raise SparsityViolation(f"[export] {name}: a pruned layer is missing from the merged block")
+        zeros, total, moved = check_layer_zeros(name, weight, mask, expected, kept_may_change, "export")
+        counts = [counts[0] + 1, counts[1] + zeros, counts[2] + total, counts[3] + moved]
+    return counts
+
+
+def _write_shard(directory: Path, index: int, count: int, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """One shard file; returns its weight map, bytes and parameter count."""
+    name = SHARD_NAME.format(index, count)
+    save_file(tensors, str(directory / name), metadata={"format": "pt"})
+    return {"weight_map": dict.fromkeys(tensors, name),
+            "bytes": sum(t.numel() * t.element_size() for t in tensors.values()),
+            "params": sum(t.numel() for t in tensors.values())}
+
+
+class _Writer:
+    """What one rank wrote (weight map, bytes, parameters, audit counts) and the first error it met."""
+
+    def __init__(self) -> None:
+        self.weight_map: dict[str, str] = {}
+        self.bytes = self.params = 0
+        self.audit = [0, 0, 0, 0]
+        self.merge: dict[str, dict[str, Any]] = {}
+        self.error: Exception | None = None
+
+    def add(self, written: dict[str, Any], counts: list[int]) -> None:
+        self.weight_map.update(written["weight_map"])
+        self.bytes += written["bytes"]
+        self.params += written["params"]
+        self.audit = [a + b for a, b in zip(self.audit, counts, strict=True)]
+
+    def record(self, path: Path) -> dict[str, Any]:
+        return {"weight_map": self.weight_map, "bytes": self.bytes, "params": self.params, "audit": self.audit,
+                "merge": self.merge, "error": None if self.error is None else _portable(self.error, path)}
+
+
+def _portable(err: Exception, path: Path) -> Exception:
+    """An error every rank can unpickle and raise: a full disk as its one line, the project's own errors as they
+    are, anything else as a RuntimeError with its text."""
+    if is_disk_full(err):
+        return _disk_full(err, path)
+    return err if isinstance(err, (UserError, SparsityViolation)) else RuntimeError(f"{type(err).__name__}: {err}")
+
+
+def needed_bytes(model: nn.Module) -> int:
+    """About what the export writes: the model's tensors (adapter tensors included: a slight overestimate)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += p.numel() * p.element_size()
+    return total * 101 // 100 + EXPORT_SLACK_BYTES
+
+
+def _begin(path: Path, ctx: DistContext, needed: int) -> Path:
+    """Rank 0 checks the free space and makes the temporary folder beside ``path``; every rank gets its name."""
+    outcome: Any = None
+    if ctx.is_main:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(path.parent).free
+        if free < needed:
+            outcome = UserError(f"not enough disk space to export the merged model to {path}: it needs about "
+                                f"{human_bytes(needed)}, {human_bytes(free)} free there; nothing was written",
+                                "free space there, or give this run another run_dir= on a disk with room, or set "
+                                "export.merged=false", key="export.merged", path=path)
+        else:
+            outcome = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}"
+            outcome.mkdir()
+    outcome = ctx.broadcast_object(outcome) if ctx.distributed else outcome
+    if isinstance(outcome, UserError):
+        raise outcome
+    return Path(outcome)
+
+
+def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistContext, writer: _Writer) -> int:
+    """Every block through :func:`merged_block_tensors` on its writing rank; returns the number of shards."""
+    prefix, layers = decoder_layers(model)
+    count = len(layers) + 1
+    gather = gatherer_for(model)
+    for i, block in enumerate(layers):
+        refs = _zero_refs(ctx, inputs.zeros, plain_name(f"{prefix}.{i}"))
+        with gather.gathered(block):
+            if ctx.owner(i) != ctx.rank or writer.error is not None:
+                continue
+            try:
+                masks = {k: m for k, (m, _e) in refs.items()}
+                tensors, stats = merged_block_tensors(block, f"{prefix}.{i}", inputs.method, masks, inputs.overrides)
+                counts = _audit(tensors, refs, inputs.kept_zeros_may_change)
+                writer.add(_write_shard(tmp, i + 1, count, tensors), counts)
+                writer.merge.update(stats)
+                del tensors
+            except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
+                writer.error = err
+    with gather.gathered(model):
+        if ctx.is_main and writer.error is None:
+            try:
+                outside = {k: v.to("cpu", copy=True).contiguous() for k, v in _tensors(model, "", [prefix]).items()}
+                writer.add(_write_shard(tmp, count, count, outside), [0, 0, 0, 0])
+            except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
+                writer.error = err
+    return count
+
+
+def _in_model_order(records: list[dict[str, Any]], prefix: str) -> dict[str, dict[str, Any]]:
+    """Every rank's per-layer merge reports in model order (block, then the layer's place in its block)."""
+    rows = [(int(name[len(prefix) + 1:].split(".")[0]), k, name, stats)
+            for rec in records for k, (name, stats) in enumerate(rec["merge"].items())]
+    return {name: stats for _b, _k, name, stats in sorted(rows, key=lambda row: row[:2])}
+
+
+def _finish(model: nn.Module, inputs: ExportInputs, tmp: Path, path: Path, records: list[dict[str, Any]],
+            count: int) -> dict[str, Any]:
+    """Rank 0: the index, config, generation config, tokenizer and ``spp_export.json``; then publish ``tmp``."""
+    weight_map: dict[str, str] = {}
+    for rec in records:
+        weight_map.update(rec["weight_map"])
+    layers, zeros, total, moved = (sum(rec["audit"][k] for rec in records) for k in range(4))
+    audit = {"layers": layers, "zeros": zeros, "total": total, "sparsity": zeros / max(total, 1),
+             "kept_zeros_changed": moved}
+    index = {"metadata": {"total_parameters": sum(r["params"] for r in records),
+                          "total_size": sum(r["bytes"] for r in records)},
+             "weight_map": dict(sorted(weight_map.items()))}
+    (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+    hf = hf_model(model)
+    config = copy.deepcopy(hf.config)
+    config.dtype = inputs.manifest.dtype.removeprefix("torch.")
+    config.save_pretrained(tmp)
+    if getattr(hf, "generation_config", None) is not None and hf.can_generate():
+        hf.generation_config.save_pretrained(tmp)
+    if inputs.tokenizer is not None:
+        inputs.tokenizer.save_pretrained(tmp)
+    layout = {"shards": count, "writers": len(records), "per_block": True}
+    merge = inputs.method.merge_summary(_in_model_order(records, plain_name(decoder_layers(model)[0])))
+    replace(inputs.manifest, audit=audit, layout=layout).write(tmp)
+    follow_umask(tmp)
+    if path.exists():
+        shutil.rmtree(path)
+    publish(tmp, path, directory=True)
+    return {"audit": audit, "layout": layout, "merge": merge}
+
+
+def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ctx: DistContext) -> ExportResult:
+    """Write the merged model of ``model`` to ``path`` block by block on every rank (see the module docstring).
+
+    Every rank must call it. Returns the same result on every rank.
+
+    Raises:
+        UserError: too little disk space (before anything is written) or the disk filled up (nothing kept), on
+            every rank.
+        SparsityViolation: a merged weight revived a pruned position, on every rank (nothing kept).
+    """
+    start = time.perf_counter()
+    path = Path(path)
+    tmp = _begin(path, ctx, needed_bytes(model))
+    writer = _Writer()
+    count = _write_blocks(model, inputs, tmp, ctx, writer)
+    records = ctx.gather_objects(writer.record(path))
+    outcome: Any = next((r["error"] for r in records if r["error"] is not None), None)
+    if ctx.is_main:
+        if outcome is None:
+            try:
+                outcome = _finish(model, inputs, tmp, path, records, count)
+            except Exception as err:  # noqa: BLE001 - every rank must learn of it
+                outcome = _portable(err, path)
+        if not isinstance(outcome, dict):
+            shutil.rmtree(tmp, ignore_errors=True)
+    outcome = ctx.broadcast_object(outcome) if ctx.distributed else outcome
+    if isinstance(outcome, Exception):
+        raise outcome
+    return ExportResult(path, outcome["audit"], count, round(time.perf_counter() - start, 2), outcome["layout"],
+                        outcome["merge"])
+
+
+def _disk_full(err: Exception, path: Path) -> UserError:
+    free = shutil.disk_usage(path.parent).free if path.parent.exists() else 0
+    return UserError(f"the disk filled up while exporting the merged model to {path} ({human_bytes(free)} free now; "
+                     f"{type(err).__name__}: {err}); nothing half-written was kept", "free space there, or give this "
+                     "run another run_dir= on a disk with room, or set export.merged=false", key="export.merged",
+                     path=path)

@@ -1,0 +1,186 @@
+"""Which phases of a run plan do not fit the machine, and the one-line refusal with a setting that makes them fit.
+
+A phase does not fit when its peak on one GPU exceeds the GPU's memory, or its peak on global rank 0's node
+exceeds the node's host memory. The fix offered is the first single change (in the order below) whose plan has
+no problem left of that phase and memory, found by planning again; else all of them together; else larger or more
+GPUs / a larger node:
+
+* fit: activation checkpointing, a smaller per-device batch (a divisor of the global batch), FSDP2, more GPUs;
+* prune: a smaller calibration batch, more GPUs (the hidden states are split over the ranks);
+* place (DeepSpeed: the whole model on every GPU before partitioning): FSDP2;
+* evaluate: batches of one window / request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from spp.errors import UserError
+from spp.planning.run import RunPlan, plan_run
+from spp.planning.spec import RunSpec
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A phase that does not fit: ``memory`` is ``GPU`` (per device) or ``host`` (rank 0's node)."""
+
+    phase: str
+    memory: str
+    need: int
+    have: int
+    terms: dict[str, int]
+
+
+def problems(plan: RunPlan) -> list[Problem]:
+    """Every phase whose GPU or host peak exceeds the plan's hardware figures (unknown figures are not checked)."""
+    hw, spec, out = plan.hardware, plan.spec, []
+    for p in plan.phases:
+        if spec.kind == "gpu" and hw.device_bytes and p.device_bytes > hw.device_bytes:
+            out.append(Problem(p.name, "GPU", p.device_bytes, hw.device_bytes, p.device))
+        if spec.kind == "gpu" and hw.device_bytes and p.name == "evaluate" and plan.placement.how == "cpu":
+            out.append(_no_replica(plan, hw.device_bytes))
+        if hw.host_bytes and p.host_rank0_node > hw.host_bytes:
+            out.append(Problem(p.name, "host", p.host_rank0_node, hw.host_bytes, p.rank0))
+    return out
+
+
+def _no_replica(plan: RunPlan, device: int) -> Problem:
+    """A GPU job whose merged model fits no group of its node's GPUs (with the evaluation batch): evaluating it on
+    the CPU would take days, so it counts as not fitting; ``need`` is a GPU's part with every GPU of a node."""
+    from spp.planning.run import eval_forward
+
+    spec = plan.spec
+    share = spec.shape.weight_bytes // spec.devices + (spec.shape.block_bytes if spec.devices > 1 else 0)
+    terms = {"weights": share, **eval_forward(spec), "cuda_context": plan.hardware.process_device_bytes}
+    return Problem("evaluate", "GPU", sum(terms.values()), device, terms)
+
+
+def _batches(b: int, whole: int | None) -> list[int]:
+    """Smaller batches than ``b`` (halving down to 1) that divide ``whole`` (when given)."""
+    out = []
+    while b > 1:
+        b //= 2
+        if whole is None or whole % max(b, 1) == 0:
+            out.append(max(b, 1))
+    return out
+
+
+def remedies(spec: RunSpec, phase: str) -> list[tuple[str, RunSpec]]:
+    """``(overrides, changed spec)`` to try for a phase that does not fit (module docstring)."""
+    out: list[tuple[str, RunSpec]] = []
+    train, more = spec.train, [n for n in (2, 4, 8) if n > spec.devices]
+    if phase == "fit":
+        if not train.checkpointing:
+            out.append(("trainer.gradient_checkpointing=true", replace(spec, train=replace(train, checkpointing=True))))
+        out += [(f"data.train_batch_size={b}", replace(spec, train=replace(train, micro_batch=b)))
+                for b in _batches(train.micro_batch, train.global_batch)]
+        fsdp = replace(train, checkpointing=True)  # conf/strategy/fsdp.yaml checkpoints every block
+        if not spec.sharded:
+            out.append(("strategy=fsdp", replace(spec, strategy="fsdp", train=fsdp)))
+        out += [(f"strategy=fsdp trainer.devices={n}", replace(spec, strategy="fsdp", devices=n, train=fsdp))
+                for n in more]
+    elif phase == "prune":
+        cal = spec.calibration
+        out += [(f"calibration.batch_size={b}", replace(spec, calibration=replace(cal, batch_size=b)))
+                for b in _batches(cal.batch_size, None)]
+        out += [(f"trainer.devices={n}", replace(spec, devices=n)) for n in more]
+    elif phase == "place":  # DeepSpeed materialises the whole model on every GPU first; FSDP2 does not
+        fsdp = replace(spec.train, checkpointing=True)
+        out.append(("strategy=fsdp", replace(spec, strategy="fsdp", train=fsdp)))
+    elif phase == "evaluate":
+        out.append(("eval.batch_size=1 eval.lm_eval_batch_size=1",
+                    replace(spec, eval=replace(spec.eval, batch=1, lm_eval_batch=1))))
+    return out
+
+
+def fix(plan: RunPlan, problem: Problem) -> tuple[str, str]:
+    """``(fix text, config key)`` for ``problem`` (module docstring)."""
+    def solved(spec: RunSpec) -> bool:
+        left = problems(plan_run(spec, plan.hardware))
+        return not any(p.phase == problem.phase and p.memory == problem.memory for p in left)
+
+    tried = remedies(plan.spec, problem.phase)
+    for overrides, spec in tried:
+        if solved(spec):
+            return f"set {overrides} (planned to fit)", overrides.split("=")[0]
+    if len(tried) > 1:
+        combined = plan.spec
+        for _overrides, spec in tried:
+            combined = _merge(combined, spec)
+        if solved(combined):
+            changes = _changes(plan.spec, combined)
+            return f"set {' '.join(changes)} (planned to fit)", changes[0].split("=")[0]
+    if problem.memory == "GPU":
+        return (f"use GPUs with more than {problem.need / GIB:.0f} GiB or more GPUs (trainer.devices, "
+                "trainer.num_nodes); trainer.device_memory_gib states the GPU's memory"), "trainer.device_memory_gib"
+    return (f"run on a node with at least {problem.need / GIB:.0f} GiB of host memory (global rank 0 holds the "
+            "whole model while pruning); trainer.host_memory_gib states a node's memory"), "trainer.host_memory_gib"
+
+
+def _merge(base: RunSpec, other: RunSpec) -> RunSpec:
+    """``base`` with every remedy field ``other`` changed (the largest device count, the smallest batches)."""
+    train = replace(base.train, checkpointing=base.train.checkpointing or other.train.checkpointing,
+                    micro_batch=min(base.train.micro_batch, other.train.micro_batch))
+    cal = replace(base.calibration, batch_size=min(base.calibration.batch_size, other.calibration.batch_size))
+    strategy = "fsdp" if "fsdp" in (base.strategy, other.strategy) else base.strategy
+    ev = replace(base.eval, batch=min(base.eval.batch, other.eval.batch),
+                 lm_eval_batch=min(base.eval.lm_eval_batch, other.eval.lm_eval_batch))
+    return replace(base, train=train, calibration=cal, strategy=strategy, eval=ev,
+                   devices=max(base.devices, other.devices))
+
+
+def _changes(old: RunSpec, new: RunSpec) -> list[str]:
+    """The overrides that turn ``old`` into ``new`` (the fields :func:`remedies` changes)."""
+    out = []
+    if new.train.checkpointing != old.train.checkpointing and new.strategy == old.strategy:
+        out.append("trainer.gradient_checkpointing=true")
+    if new.train.micro_batch != old.train.micro_batch:
+        out.append(f"data.train_batch_size={new.train.micro_batch}")
+    if new.strategy != old.strategy:
+        out.append(f"strategy={new.strategy}")
+    if new.devices != old.devices:
+        out.append(f"trainer.devices={new.devices}")
+    if new.calibration.batch_size != old.calibration.batch_size:
+        out.append(f"calibration.batch_size={new.calibration.batch_size}")
+    if (new.eval.batch, new.eval.lm_eval_batch) != (old.eval.batch, old.eval.lm_eval_batch):
+        out.append(f"eval.batch_size={new.eval.batch} eval.lm_eval_batch_size={new.eval.lm_eval_batch}")
+    return out
+
+
+def _terms(terms: dict[str, int], n: int = 3) -> str:
+    top = sorted(terms.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in top)
+
+
+def refusal(plan: RunPlan, problem: Problem, source: str) -> UserError:
+    """The one-line :class:`UserError` for ``problem``; ``source`` says where the machine figure came from."""
+    s = plan.spec
+    text, key = fix(plan, problem)
+    where = "per GPU" if problem.memory == "GPU" else "of host memory on global rank 0's node"
+    what = (f"the {problem.phase} phase of {s.shape.name} ({s.shape.params / 1e9:.1f} B parameters, {s.strategy_label} "
+            f"on {s.devices} device(s) x {s.nodes} node(s)) needs {problem.need / GIB:.1f} GiB {where} "
+            f"({_terms(problem.terms)} GiB, ...) but has {problem.have / GIB:.1f} GiB ({source})")
+    return UserError(what, f"{text}; add plan=true to see every phase", key=key)
+
+
+def check(plan: RunPlan, sources: dict[str, str]) -> None:
+    """Raise the :func:`refusal` of the first problem of ``plan`` (``sources``: ``GPU``/``host`` -> where the
+    figure came from)."""
+    found = problems(plan)
+    if found:
+        raise refusal(plan, found[0], sources.get(found[0].memory, ""))
+
+
+def describe(found: list[Problem]) -> list[str]:
+    """One line per problem, for the plan's printout."""
+    return [f"does not fit: {p.phase} needs {p.need / GIB:.1f} GiB {p.memory}, has {p.have / GIB:.1f} GiB"
+            for p in found]
+
+
+def as_dicts(plan: RunPlan, found: list[Problem]) -> list[dict[str, Any]]:
+    """JSON-ready problems, each with the fix :func:`fix` offers."""
+    return [{"phase": p.phase, "memory": p.memory, "need_bytes": p.need, "have_bytes": p.have,
+             "fix": fix(plan, p)[0]} for p in found]

@@ -1,0 +1,58 @@
+"""FLOPs per token of training and evaluation, by part (the time estimate is FLOPs / stated throughput).
+
+The model (``N`` = weights of the matrix products: every linear of the blocks plus the LM head; embedding
+lookups cost nothing; ``s`` tokens of context):
+
+* forward: ``2 N`` plus causal attention, ``2 s h`` per block (QKᵀ and AV, ``4 s h``, half of it masked);
+* backward of a **frozen** base: only the activation gradients, ``2 N`` plus twice the attention forward. The
+  frozen weights get no weight gradient, so the ``6 N`` rule of full training does not hold;
+* the adapter's own work per token: SPP (``spp.adapters.spp.functional``) forms ``G = gᵀx`` for every adapted
+  linear (``2 N_a``, ``N_a`` = adapted weights), and with dropout on it runs a second full-size product forward
+  and backward (``+2 N_a`` each); masked full fine-tuning computes the weight gradients (``2 N_a``); LoRA and
+  SparsePEFT run their ``r x (in + out)`` factors forward (``2 r (in + out)``) and backward (twice that);
+* activation checkpointing recomputes every block's forward once more.
+"""
+
+from __future__ import annotations
+
+from spp.planning.shapes import ModelShape
+from spp.planning.spec import RunSpec
+
+
+def matmul_params(shape: ModelShape) -> int:
+    """``N``: weights that take part in matrix products per token (block linears and the LM head)."""
+    return shape.blocks * sum(o * i for o, i in shape.block_linears.values()) + shape.vocab * shape.hidden
+
+
+def forward_flops(shape: ModelShape, context: int) -> int:
+    """FLOPs of one token's forward with ``context`` tokens before it (module docstring)."""
+    return 2 * matmul_params(shape) + 2 * context * shape.hidden * shape.blocks
+
+
+def train_flops(spec: RunSpec) -> dict[str, int]:
+    """FLOPs per training token, by part (module docstring)."""
+    shape, adapter = spec.shape, spec.adapter
+    s = spec.train.tokens_per_example
+    attention = 2 * s * shape.hidden * shape.blocks
+    n = matmul_params(shape)
+    adapted = adapter.adapted_weights(shape)
+    parts = {"forward": 2 * n + attention, "backward": 2 * n + 2 * attention}
+    if adapter.name == "spp":
+        parts["adapter"] = 2 * adapted + (4 * adapted if adapter.dropout > 0 else 0)
+    elif adapter.name == "masked_full":
+        parts["adapter"] = 2 * adapted
+    elif adapter.trains:
+        parts["adapter"] = 6 * adapter.params(shape)
+    if spec.train.checkpointing:
+        parts["recompute"] = 2 * (n - shape.vocab * shape.hidden) + attention
+    return parts
+
+
+def train_tokens(spec: RunSpec) -> int:
+    """Tokens the training runs through: the examples of every epoch (or ``max_steps x global_batch`` when that is
+    fewer) times the tokens per example."""
+    train = spec.train
+    examples = train.examples * train.epochs
+    if train.max_steps > 0:
+        examples = min(examples, train.max_steps * train.global_batch)
+    return examples * train.tokens_per_example

@@ -1,0 +1,292 @@
+"""A training job's run plan from its typed config and its model's arch fields, and the check that refuses what
+cannot fit, in one line, before any weight is read.
+
+The job is read duck-typed (``spp.training.config.TrainJobConfig``'s fields) so that ``spp.planning`` imports
+nothing of ``spp.training``; the arch dict comes from the caller (``spp.preflight.model_arch``: a model group's
+``arch`` block, ``config.json`` or a GGUF header). What a plan cannot know without reading data is taken from the
+constants below, each with its source.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import replace
+from typing import Any
+
+from spp.planning.hardware import GIB, Hardware, for_accelerator
+from spp.planning.pruning import Calibration
+from spp.planning.run import RunPlan, plan_run
+from spp.planning.shapes import shape_from_arch
+from spp.planning.spec import AdapterSpec, EvalSpec, RunSpec, TrainSpec
+from spp.projections import DEFAULT_TARGETS
+
+RECORDS = {"alpaca/cleaned_partial/alpaca_data_cleaned_0.json": 1551, "alpaca/cleaned_partial": 50921,
+           "hub:yahma/alpaca-cleaned": 51760}
+"""Valid Alpaca records of the known sources (``conf/data/*.yaml``; the hub copy's card: 51,760)."""
+
+DEFAULT_RECORDS = 50921
+"""Records assumed for another source without ``data.max_examples``."""
+
+EXAMPLE_TOKENS, PADDED_TOKENS = 106, 192
+"""Mean tokens of an Alpaca example (template, response and EOS) and mean padded length of a shuffled batch of 8,
+with SmolLM2's tokenizer on the shipped 1551-record sample (cut at 512); a byte-level tokenizer gives
+1 / :data:`BPE_TOKENS_PER_CHAR` times more."""
+
+TEXT_CHARS = {"wikitext2": 1_294_336, "c4": 2_190_456}
+"""Characters of the perplexity texts as ``spp.eval.perplexity.load_eval_text`` joins them (WikiText-2 test;
+the first 1,100 documents of the C4 sample); another source is counted as WikiText-2."""
+
+BPE_TOKENS_PER_CHAR = 0.236
+"""SmolLM2's tokenizer: 304,986 tokens for WikiText-2 test's 1,294,336 characters (LLaMA's gives about as many)."""
+
+TASK_TOKENS: dict[str, tuple[int, int]] = {
+    "boolq": (3270, 150), "rte": (277, 80), "hellaswag": (10042, 440), "winogrande": (1267, 60),
+    "arc_easy": (2376, 160), "arc_challenge": (1172, 180), "openbookqa": (500, 120), "mmlu": (14042, 620)}
+"""``(documents, tokens per document)`` lm-eval feeds the model per task: the full split's size, times the
+requests per document (continuations of one token share one forward: BoolQ, RTE, MMLU; HellaSwag and ARC run
+one per choice) and an assumed request length (MMLU: a 5-shot prompt). The paper's protocol (``eval=paper``)
+sums to 14.4 M tokens; issue 30 estimated 15.5 M."""
+
+log = logging.getLogger(__name__)
+
+ZERO_SHOT = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
+MMLU_SUBJECTS = 57
+
+
+def tokens_per_char(vocab: int) -> float:
+    """Tokens per character: 1 for a byte-level vocabulary (at most 512 entries), else :data:`BPE_TOKENS_PER_CHAR`."""
+    return 1.0 if vocab <= 512 else BPE_TOKENS_PER_CHAR
+
+
+def lm_eval_tokens(tasks: list[str], limit: int | None, mmlu_limit: int | None) -> int:
+    """Tokens of ``eval.tasks`` (:data:`TASK_TOKENS`; ``limit`` documents per task, ``mmlu_limit`` per MMLU
+    subject; a subject or category task is counted as one subject)."""
+    total = 0
+    for task in tasks:
+        name = task.removeprefix("spp_")
+        names = ZERO_SHOT if name in ("zeroshot", "zero_shot") else [name]
+        for leaf in names:
+            if leaf == "mmlu" or leaf.startswith("mmlu_"):
+                subjects = MMLU_SUBJECTS if leaf == "mmlu" else 1
+                per_subject = TASK_TOKENS["mmlu"][0] // MMLU_SUBJECTS
+                cap = mmlu_limit or limit
+                total += subjects * min(per_subject, cap or per_subject) * TASK_TOKENS["mmlu"][1]
+            else:
+                docs, per_doc = TASK_TOKENS.get(leaf, (1000, 200))
+                total += min(docs, limit or docs) * per_doc
+    return total
+
+
+def precision_bytes(precision: str, kind: str) -> int:
+    """Bytes per activation value: ``auto`` is bf16-mixed on a GPU and 32-true on a CPU (``spp.training``)."""
+    if precision == "auto":
+        return 2 if kind == "gpu" else 4
+    return 8 if precision.startswith("64") else 2 if "16" in precision else 4
+
+
+def device_count(devices: Any, kind: str) -> int:
+    """``trainer.devices`` as a count (a list: its length; ``auto``/-1: the visible GPUs, else 1)."""
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if str(devices) in ("auto", "-1"):
+        import torch
+
+        return max(1, torch.cuda.device_count()) if kind == "gpu" else 1
+    return int(devices)
+
+
+def _strategy(job: Any, world: int) -> tuple[str, int]:
+    name = str(getattr(job.strategy.name, "value", job.strategy.name))
+    if name == "auto":
+        name = "ddp" if world > 1 else "single"
+    return name, int(job.strategy.stage)
+
+
+def _train_spec(job: Any, world: int, bpe: float) -> TrainSpec:
+    """What :class:`TrainSpec` needs of ``data.*`` and ``trainer.*`` (records from :data:`RECORDS`)."""
+    data, trainer = job.data, job.trainer
+    records = data.max_examples or RECORDS.get(str(data.source), DEFAULT_RECORDS)
+    val = min(data.val_size, math.floor(data.max_val_fraction * records)) if data.val_size else 0
+    scale = BPE_TOKENS_PER_CHAR / bpe  # a byte-level tokenizer makes an example this many times longer
+    per_example = min(data.max_length, round(PADDED_TOKENS * scale))
+    global_batch = trainer.global_batch_size or data.train_batch_size * world * trainer.accumulate_grad_batches
+    examples = records - val
+    steps = max(1, -(-examples * trainer.max_epochs // global_batch))
+    if trainer.max_steps > 0:
+        steps = min(steps, trainer.max_steps)
+    every = trainer.checkpoint_every_n_steps
+    saved = steps // every if every else trainer.max_epochs
+    kept = (saved if trainer.save_top_k < 0 else min(trainer.save_top_k, saved)) + 1
+    checkpointing = bool(trainer.gradient_checkpointing or job.strategy.activation_checkpointing)
+    return TrainSpec(micro_batch=data.train_batch_size, seqlen=data.max_length, tokens_per_example=per_example,
+                     checkpointing=checkpointing, examples=examples, epochs=trainer.max_epochs,
+                     max_steps=trainer.max_steps, global_batch=global_batch, checkpoints_kept=kept)
+
+
+def _eval_spec(job: Any, prunes: bool, per_char: float) -> EvalSpec:
+    """What :class:`EvalSpec` needs of ``eval.*``, ``dense_ppl`` and ``pruned_ppl``."""
+    ev = job.eval
+    text_tokens = int(TEXT_CHARS.get(str(ev.ppl_source).removeprefix("hf:"), TEXT_CHARS["wikitext2"]) * per_char)
+    windows = (ev.max_windows or text_tokens // ev.seqlen) if ev.ppl else 0
+    before = (int(job.dense_ppl) + int(job.pruned_ppl and prunes)) if ev.ppl else 0
+    return EvalSpec(ppl_windows=windows, ppl_sources=1, seqlen=ev.seqlen, batch=ev.batch_size, before=before,
+                    text_tokens=text_tokens if ev.ppl else 0,
+                    lm_eval_tokens=lm_eval_tokens(list(ev.tasks), ev.limit, ev.mmlu_limit),
+                    lm_eval_batch=ev.lm_eval_batch_size)
+
+
+def _adapter_spec(job: Any) -> AdapterSpec:
+    a = job.adapter
+    dtype = str(getattr(a.dtype, "value", a.dtype))
+    return AdapterSpec(name=a.name, r=a.r, use_beta=a.use_beta, param_bytes={"float64": 8, "float32": 4}.get(dtype, 2),
+                       targets=tuple(a.targets), dropout=float(a.dropout),
+                       keeps_weight=str(getattr(a.impl, "value", a.impl)) == "fused_cached")
+
+
+def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: int | None = None,
+             nodes: int | None = None) -> RunSpec:
+    """The :class:`RunSpec` of ``job`` on ``kind`` (``gpu``/``cpu``) with its model ``arch``; ``devices`` and
+    ``nodes`` replace ``trainer.devices`` / ``trainer.num_nodes`` (the Slurm launcher's request)."""
+    from spp.pruning.methods import PRUNERS
+
+    dtype_bytes = {"float32": 4, "float64": 8}.get(str(job.model.torch_dtype), 2)
+    shape = shape_from_arch(job.model.name, arch, list(job.pruner.targets) or list(DEFAULT_TARGETS), dtype_bytes)
+    devices = devices or device_count(job.trainer.devices, kind)
+    nodes = nodes or int(job.trainer.num_nodes)
+    strategy, stage = _strategy(job, devices * nodes)
+    prunes = job.pruner.name != "none" and not job.sparsity.is_dense
+    per_char = tokens_per_char(shape.vocab)
+    cal = job.calibration
+    updates = prunes and job.pruner.name in PRUNERS and PRUNERS[job.pruner.name].updates_weights
+    return RunSpec(shape=shape, kind=kind, devices=devices, nodes=nodes, strategy=strategy, zero_stage=stage,
+                   act_bytes=precision_bytes(str(job.trainer.precision), kind), source=source,
+                   adapter=_adapter_spec(job), train=_train_spec(job, devices * nodes, per_char),
+                   eval=_eval_spec(job, prunes, per_char), pruner=job.pruner.name, prunes=prunes,
+                   updates_weights=bool(updates),
+                   calibration=Calibration(cal.nsamples, cal.seqlen, cal.batch_size),
+                   true_sequential=bool(job.pruner.true_sequential), export_merged=bool(job.export.merged),
+                   export_adapter=bool(job.export.adapter))
+
+
+def job_hardware(job: Any, kind: str, detect: bool) -> Hardware:
+    """The machine of ``job``: the preset of ``kind`` with ``trainer.device_memory_gib`` and
+    ``trainer.host_memory_gib`` when set; else, with ``detect`` (a real run), this machine's GPU memory (none
+    without CUDA: the GPU is then not checked) and host memory (:func:`host_memory_gib`); else the preset's GPU and
+    no host figure."""
+    hw = for_accelerator(kind)
+    device, host = job.trainer.device_memory_gib, job.trainer.host_memory_gib
+    if device is None and detect and kind == "gpu":
+        hw = replace(hw, device_gib=cuda_memory_gib())
+    elif device is not None:
+        hw = replace(hw, device_gib=float(device))
+    if host is None and detect:
+        host = host_memory_gib()
+    return replace(hw, host_gib=None if host is None else float(host))
+
+
+def cuda_memory_gib() -> float | None:
+    """Memory of this machine's first GPU (``None`` without CUDA)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(0).total_memory / GIB
+
+
+def host_memory_gib() -> float:
+    """Memory this process may use: the machine's (psutil), or a smaller cgroup limit (a Slurm job's ``--mem``)."""
+    import psutil
+
+    total = psutil.virtual_memory().total
+    try:
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            limit = fh.read().strip()
+        total = min(total, int(limit)) if limit.isdigit() else total
+    except OSError:
+        pass
+    return total / GIB
+
+
+def plan_job(job: Any, arch: dict[str, Any], kind: str, source: str, hw: Hardware | None = None,
+             devices: int | None = None, nodes: int | None = None) -> RunPlan:
+    """The run plan of ``job`` (see :func:`job_spec`) on ``hw`` (default: the preset of ``kind``)."""
+    spec = job_spec(job, arch, kind, source, devices, nodes)
+    return plan_run(spec, hw or for_accelerator(kind))
+
+
+def with_changes(plan: RunPlan, **changes: Any) -> RunPlan:
+    """``plan`` recomputed with spec fields changed (``train=...`` etc.)."""
+    return plan_run(replace(plan.spec, **changes), plan.hardware)
+
+
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+"""Arch fields a plan needs (a hub id without ``model.arch`` has none: no plan, no check)."""
+
+
+def accelerator_kind(accelerator: str, plan_only: bool) -> str:
+    """``gpu`` or ``cpu``. ``auto`` is what Lightning picks here (a GPU when CUDA is available); for ``plan=true``
+    it is a GPU: a plan is made for the machine the job will run on, usually not the one planning it."""
+    if accelerator == "cpu":
+        return "cpu"
+    if accelerator in ("gpu", "cuda") or plan_only:
+        return "gpu"
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def model_source(job: Any) -> str:
+    """Where the weights come from: ``tiny``, ``gguf``, ``dir`` or ``hub`` (no file is read)."""
+    from spp.models.loading import resolve_source
+
+    try:
+        return resolve_source(job.model)[0]
+    except FileNotFoundError:
+        return "dir"
+
+
+def _sources(job: Any) -> dict[str, str]:
+    gpu = f"trainer.device_memory_gib={job.trainer.device_memory_gib:g}" if job.trainer.device_memory_gib else \
+        "this machine's GPU"
+    host = f"trainer.host_memory_gib={job.trainer.host_memory_gib:g}" if job.trainer.host_memory_gib else \
+        "this machine's memory"
+    return {"GPU": gpu, "host": host}
+
+
+def check_job(job: Any, arch: dict[str, Any]) -> RunPlan | None:
+    """The preflight check of a run (``spp.preflight.preflight_train``): plan the job on this machine (its GPU and
+    host memory, or the ``trainer.*_memory_gib`` keys) and raise the one-line :class:`~spp.errors.UserError` of
+    the first phase that does not fit. ``None`` when the arch is unknown (a hub id without ``model.arch``)."""
+    from spp.planning.check import check
+
+    if not set(SHAPE_KEYS) <= set(arch):
+        return None
+    kind = accelerator_kind(str(job.trainer.accelerator), plan_only=False)
+    try:
+        plan = plan_job(job, arch, kind, model_source(job), job_hardware(job, kind, detect=True))
+    except (ValueError, KeyError, TypeError) as err:  # an architecture transformers cannot build on meta
+        log.warning("preflight: no memory plan for model %s (%s: %s); not checked", job.model.name,
+                    type(err).__name__, err)
+        return None
+    check(plan, _sources(job))
+    return plan
+
+
+def plan_output(job: Any, arch: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``plan=true``: the plan's text and JSON (GPU memory: ``trainer.device_memory_gib`` or 80 GiB; host memory
+    checked only when ``trainer.host_memory_gib`` is given)."""
+    from spp.errors import UserError
+    from spp.planning.report import as_json, text
+
+    missing = [k for k in SHAPE_KEYS if k not in arch]
+    if missing:
+        raise UserError(f"plan=true needs the model's shape, but model.path={job.model.path!r} gives no "
+                        f"{', '.join(missing)} without loading it", "add the fields under model.arch (see "
+                        "conf/model/llama7b.yaml) or point model.path at a local directory", key="model.arch")
+    kind = accelerator_kind(str(job.trainer.accelerator), plan_only=True)
+    plan = plan_job(job, arch, kind, model_source(job), job_hardware(job, kind, detect=False))
+    sources = _sources(job)
+    if not job.trainer.device_memory_gib:
+        sources["GPU"] = "assumed; trainer.device_memory_gib states it"
+    return text(plan, sources), as_json(plan)

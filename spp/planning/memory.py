@@ -1,0 +1,145 @@
+"""Bytes of the training and evaluation phases, by term, from the shapes (the sources of each term are cited).
+
+Activations of one LLaMA decoder block, per token, kept for backward (``a`` = bytes per activation value, ``h``
+hidden, ``i`` MLP width; what autograd saves in ``transformers``' ``LlamaDecoderLayer`` with SDPA attention):
+
+* the two RMSNorms keep their fp32 input (``2 x 4h``);
+* ``7 a h``: the normed input of q/k/v, SDPA's q, k, v (k and v repeated to every head) and output, the output's
+  contiguous copy that ``o_proj`` reads, the normed input of gate/up;
+* ``4 a i``: SwiGLU's gate output, its SiLU, the up output and their product (``down_proj``'s input);
+* with adapter dropout, each adapted linear keeps its dropped-out input and the dropout mask (``(a + 1) x in``).
+
+With activation checkpointing a block keeps only its input (``a h``) and one block is recomputed at a time. The
+loss adds ``(a + 12) x vocab`` per token: the logits, their fp32 copy, log-softmax and its gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from spp.planning.hardware import Hardware
+from spp.planning.spec import RunSpec
+
+CHUNK_ELEMENTS = 1 << 24
+"""SPP's fused backward works on row chunks of at most this many values (a chunk of the adapted weight and one of
+its gradient, fp32; ``spp.adapters.spp.functional.BACKWARD_CHUNK_ELEMENTS``)."""
+
+CPU_HEAP_RETENTION = {True: 0.99, False: 0.17}
+"""On a CPU run glibc keeps freed heap memory resident (its mmap threshold rises to the largest freed block, up to
+32 MiB, so a step's many smaller tensors come from the heap and stay there), which RSS counts. Measured on one SPP
+training step of SmolLM2-135M's shape (8 x 128 tokens, fp32): the peak RSS exceeded the live tensors
+(the same step with ``MALLOC_MMAP_THRESHOLD_=131072``) by 0.99 x the step's activations, logits and transients
+with activation checkpointing (+1706 vs +859 MiB) and 0.17 x without (+3420 vs +2911 MiB). Keyed by
+checkpointing."""
+
+DEEPSPEED_BUCKET = 200_000_000
+"""Lightning's DeepSpeed ``reduce_bucket_size`` (elements)."""
+
+MASKED_BUFFER_METHODS = ("masked_full", "sparse_lora")
+"""Methods that keep a bit-packed mask buffer on every adapted layer (not sharded: every device holds them all)."""
+
+
+def block_activation_bytes(spec: RunSpec) -> int:
+    """Activation bytes one decoder block keeps for backward, per token (module docstring)."""
+    h, i, a = spec.shape.hidden, spec.shape.intermediate, spec.act_bytes
+    kept = 8 * h + 7 * a * h + 4 * a * i
+    if spec.adapter.trains and spec.adapter.dropout > 0:
+        kept += sum(inp for _out, inp in spec.adapter.dims(spec.shape)) * (a + 1)
+    return kept
+
+
+def training_activations(spec: RunSpec) -> dict[str, int]:
+    """Activations of one micro-batch (``micro_batch x seqlen`` tokens) at the peak of backward."""
+    shape, a = spec.shape, spec.act_bytes
+    tokens = spec.train.micro_batch * spec.train.seqlen
+    block = block_activation_bytes(spec) * tokens
+    kept = shape.blocks * tokens * shape.hidden * a + block if spec.train.checkpointing else shape.blocks * block
+    out = {"activations": kept, "logits": tokens * shape.vocab * (a + 12)}
+    if spec.adapter.keeps_weight:  # fused_cached: one merged weight per adapted linear, every block
+        out["cached_weights"] = spec.adapter.adapted_weights(shape) * a
+    return out
+
+
+def activation_choices(spec: RunSpec) -> tuple[int, int]:
+    """Activations and logits of one micro-batch ``(with, without)`` activation checkpointing."""
+    return tuple(sum(training_activations(replace(spec, train=replace(spec.train, checkpointing=c))).values())
+                 for c in (True, False))
+
+
+def _trainable(spec: RunSpec) -> tuple[int, int]:
+    """``(trainable parameters, bytes each)``."""
+    pb = spec.shape.bytes_per_param if spec.adapter.name == "masked_full" else spec.adapter.param_bytes
+    return spec.adapter.params(spec.shape), pb
+
+
+def optimizer_terms(spec: RunSpec) -> dict[str, int]:
+    """Adapter, gradients and AdamW state on one device.
+
+    Lightning's precisions keep no master copy: AdamW's two moments are in each parameter's dtype (fp32 adapters
+    by default; masked full in the weights' dtype). DDP adds its gradient buckets (a second copy of the
+    gradients). FSDP2 shards all three over the ranks; the gradients of one block are whole while they are
+    reduce-scattered. DeepSpeed (ZeRO-2 and 3) keeps an fp32 master copy and the two fp32 moments of its 1/N
+    partition (12 bytes per parameter / N), fp32 gradient partitions and one reduce bucket.
+    """
+    n, pb = _trainable(spec)
+    world, shape = spec.world, spec.shape
+    masked_full = spec.adapter.name == "masked_full"
+    params = 0 if masked_full else (n * pb // world if spec.sharded else n * pb)
+    if spec.strategy == "deepspeed":
+        return {"adapter": params, "gradients": 4 * n // world + min(n, DEEPSPEED_BUCKET) * pb,
+                "optimizer": 12 * n // world}
+    if spec.strategy == "fsdp":
+        return {"adapter": params, "gradients": n * pb // world + n * pb // shape.blocks,
+                "optimizer": 2 * n * pb // world}
+    buckets = 2 if spec.strategy == "ddp" else 1
+    return {"adapter": params, "gradients": buckets * n * pb, "optimizer": 2 * n * pb}
+
+
+def resident_weights(spec: RunSpec) -> dict[str, int]:
+    """The frozen (pruned) weights on one device while training.
+
+    Replicated under single-device, DDP and ZeRO-2; under FSDP2 each rank holds its 1/N shard plus, while it
+    computes, the gathered current and next block (``reshard_after_forward`` prefetches one) and the root's
+    unsharded embeddings, norm and LM head (FSDP2 does not reshard the root after forward). ZeRO-3 is counted the
+    same way (its live-parameter limit, 1e9 values, is about one 70B block).
+    """
+    shape = spec.shape
+    if not spec.sharded:
+        weights = {"weights": shape.weight_bytes}
+    else:
+        gathered = 2 * shape.block_bytes + shape.outside_params * shape.bytes_per_param
+        weights = {"weights": shape.weight_bytes // spec.world, "gathered": gathered}
+    if spec.adapter.name in MASKED_BUFFER_METHODS:
+        weights["mask_buffers"] = spec.adapter.adapted_weights(shape) // 8
+    return weights
+
+
+def adapter_transients(spec: RunSpec) -> dict[str, int]:
+    """What the adapter's forward and backward build for one linear at a time: SPP's merged weight of the largest
+    adapted linear and its backward chunks."""
+    if spec.adapter.name != "spp":
+        return {}
+    largest = max((o * i for o, i in spec.adapter.dims(spec.shape)), default=0)
+    return {"adapter_transients": largest * spec.act_bytes + 2 * 4 * min(largest, CHUNK_ELEMENTS)}
+
+
+def fit_device_bytes(spec: RunSpec, hw: Hardware) -> dict[str, int]:
+    """Every term of one training device (GPU, or the CPU process under ``kind=cpu``)."""
+    step = {**training_activations(spec), **adapter_transients(spec)}
+    terms = {**resident_weights(spec), **optimizer_terms(spec), **step}
+    if spec.kind == "gpu":
+        terms["cuda_context"] = hw.process_device_bytes
+    else:
+        terms["heap_retention"] = int(CPU_HEAP_RETENTION[spec.train.checkpointing] * sum(step.values()))
+    return {k: int(v) for k, v in terms.items() if v}
+
+
+def forward_bytes(spec: RunSpec, batch: int, seqlen: int) -> dict[str, int]:
+    """One no-grad forward of ``batch x seqlen`` tokens: the hidden state in and out of a block, one block's
+    intermediates, the logits (with their fp32 copy and log-softmax) and the KV cache ``transformers`` returns by
+    default (``use_cache``; every block's k and v)."""
+    shape, a = spec.shape, spec.act_bytes
+    tokens = batch * seqlen
+    kv = shape.block_linears.get("self_attn.k_proj", (shape.hidden, shape.hidden))[0]
+    return {"hidden": 2 * tokens * shape.hidden * a, "block": tokens * (4 * shape.hidden + 3 * shape.intermediate) * a,
+            "logits": tokens * shape.vocab * (a + 8), "kv_cache": 2 * shape.blocks * tokens * kv * a}

@@ -1,0 +1,176 @@
+"""The inputs of a run plan, as plain values: the model's shape and what the job asks (no config types here, so
+``spp.planning`` imports nothing of ``spp.training`` or ``spp.eval``; ``spp.planning.job`` builds these from a job).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from spp.planning.pruning import Calibration
+from spp.planning.shapes import ModelShape
+from spp.projections import matches
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """The adapter that trains (``adapter.*``).
+
+    Attributes:
+        name: ``spp``, ``lora``, ``sparse_lora``, ``masked_full`` or ``none`` (another name is counted as LoRA).
+        r: SPP rows of alpha / LoRA rank.
+        use_beta: SPP's beta column.
+        param_bytes: Bytes per trainable value (``adapter.dtype``; masked full trains the weights in their dtype).
+        targets: Module-name suffixes that are adapted.
+        dropout: Dropout on the adapter branch (> 0 keeps a dropped-out copy of each adapted input).
+        keeps_weight: SPP's ``fused_cached`` impl keeps each adapted weight's merged copy between forward and
+            backward.
+    """
+
+    name: str = "spp"
+    r: int = 16
+    use_beta: bool = True
+    param_bytes: int = 4
+    targets: tuple[str, ...] = ()
+    dropout: float = 0.0
+    keeps_weight: bool = False
+
+    @property
+    def trains(self) -> bool:
+        """Whether there is a training phase."""
+        return self.name != "none"
+
+    def dims(self, shape: ModelShape) -> list[tuple[int, int]]:
+        """``(out, in)`` of each adapted linear of one block."""
+        return [d for n, d in shape.block_linears.items() if matches(f"model.layers.0.{n}", self.targets)]
+
+    def params(self, shape: ModelShape) -> int:
+        """Trainable parameters over the model: SPP ``r x in`` (alpha) + ``out x 1`` (beta) per adapted linear;
+        LoRA / SparsePEFT ``r x (in + out)``; masked full ``out x in`` (every adapted weight); none 0."""
+        dims = self.dims(shape)
+        if self.name == "none":
+            return 0
+        if self.name == "spp":
+            per_block = sum(self.r * i + (o if self.use_beta else 0) for o, i in dims)
+        elif self.name == "masked_full":
+            per_block = sum(o * i for o, i in dims)
+        else:
+            per_block = sum(self.r * (i + o) for o, i in dims)
+        return per_block * shape.blocks
+
+    def adapted_weights(self, shape: ModelShape) -> int:
+        """Weights of the adapted linears over the model."""
+        return sum(o * i for o, i in self.dims(shape)) * shape.blocks
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """The training phase (``data.*``, ``trainer.*``, ``strategy.*``).
+
+    Attributes:
+        micro_batch: Examples per device per forward (``data.train_batch_size``).
+        seqlen: Tokens per example at most (``data.max_length``): the activation bound.
+        tokens_per_example: Tokens per example the time estimate assumes (padded to the longest of its batch).
+        checkpointing: Activation checkpointing per decoder block (HF gradient checkpointing or FSDP's).
+        examples: Training examples per epoch.
+        epochs: Epochs.
+        max_steps: Optimiser steps at most (-1: the epochs decide).
+        global_batch: Examples per optimiser step over every device.
+        checkpoints_kept: Adapter checkpoints on disk at once (``save_top_k`` + ``last.ckpt``).
+    """
+
+    micro_batch: int = 8
+    seqlen: int = 512
+    tokens_per_example: int = 512
+    checkpointing: bool = False
+    examples: int = 0
+    epochs: int = 1
+    max_steps: int = -1
+    global_batch: int = 8
+    checkpoints_kept: int = 2
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    """Perplexities and lm-eval tasks (``eval.*``, ``dense_ppl``, ``pruned_ppl``).
+
+    Attributes:
+        ppl_windows: Perplexity windows of one measurement (per source).
+        ppl_sources: Sources measured on the merged model.
+        seqlen: Perplexity window.
+        batch: Windows per forward.
+        before: Measurements before training (dense and/or pruned, main source only).
+        text_tokens: Tokens of the main perplexity text, tokenized whole by every rank that measures.
+        lm_eval_tokens: Tokens lm-eval feeds the model (0: no task).
+        lm_eval_batch: lm-eval batch size.
+    """
+
+    ppl_windows: int = 0
+    ppl_sources: int = 1
+    seqlen: int = 2048
+    batch: int = 1
+    before: int = 0
+    text_tokens: int = 0
+    lm_eval_tokens: int = 0
+    lm_eval_batch: int = 1
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything a run plan needs (see the module docstring).
+
+    Attributes:
+        shape: The model.
+        kind: ``gpu`` or ``cpu``.
+        devices: Processes (devices) per node.
+        nodes: Nodes.
+        strategy: ``single``, ``ddp``, ``fsdp`` (FSDP2) or ``deepspeed``.
+        zero_stage: DeepSpeed ZeRO stage (2 or 3).
+        act_bytes: Bytes per activation value (2 under bf16/fp16 precision, 4 under fp32).
+        source: Where the weights come from: ``dir``/``hub`` (safetensors), ``gguf`` or ``tiny`` (built in code).
+        adapter: The adapter.
+        train: The training phase.
+        eval: The evaluation.
+        pruner: Pruner name (``none``: nothing pruned).
+        prunes: Whether a pruning runs (a pruner and a sparsity that is not dense).
+        updates_weights: The pruner changes kept weights (SparseGPT): the cache entry holds the pruned weights.
+        calibration: The calibration run.
+        true_sequential: SparseGPT's sublayer-sequential calibration.
+        export_merged: The merged model is written.
+        export_adapter: The adapter files are written.
+    """
+
+    shape: ModelShape
+    kind: str = "gpu"
+    devices: int = 1
+    nodes: int = 1
+    strategy: str = "single"
+    zero_stage: int = 2
+    act_bytes: int = 2
+    source: str = "dir"
+    adapter: AdapterSpec = field(default_factory=AdapterSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)
+    pruner: str = "none"
+    prunes: bool = False
+    updates_weights: bool = False
+    calibration: Calibration = field(default_factory=Calibration)
+    true_sequential: bool = False
+    export_merged: bool = True
+    export_adapter: bool = True
+
+    @property
+    def world(self) -> int:
+        """Processes over every node."""
+        return self.devices * self.nodes
+
+    @property
+    def sharded(self) -> bool:
+        """Frozen weights sharded over the ranks (FSDP2, ZeRO-3)."""
+        return self.strategy == "fsdp" or (self.strategy == "deepspeed" and self.zero_stage == 3)
+
+    @property
+    def strategy_label(self) -> str:
+        """``FSDP2``, ``ZeRO-3``, ``DDP`` ... for tables."""
+        if self.strategy == "deepspeed":
+            return f"ZeRO-{self.zero_stage}"
+        return {"fsdp": "FSDP2", "ddp": "DDP", "single": "single"}.get(self.strategy, self.strategy)

@@ -1,0 +1,149 @@
+"""The Slurm request of a sweep from the run plan (``hydra/launcher=slurm``, ``docs/plan.md``).
+
+A Slurm array shares one resource request, and the sweep's base config lacks the swept values (``model=a,b``), so
+the request is made where every job's own config is known: in the launcher's ``launch``
+(``hydra_plugins.spp_slurm_launcher.PlannedSlurmLauncher``, which calls :func:`plan_array`), in the submitting
+process, before ``sbatch``. For each job it composes the config as the compute node will, plans it on
+``hydra.launcher.gpus_per_node`` GPUs x ``hydra.launcher.nodes`` nodes (what ``trainer=slurm`` reads there), and:
+
+* ``mem_gb: null`` (the default) becomes the largest host memory per node of the array's plans, plus
+  :data:`MARGIN` and :data:`SLACK_GIB` (the Slurm step and the page cache of the files read, which the job's cgroup
+  counts), rounded up to a whole GB;
+* a ``mem_gb`` given is checked against it, and so is ``trainer.device_memory_gib`` (when given) against every
+  phase's GPU peak; ``tasks_per_node`` must equal ``gpus_per_node`` (one process per GPU, as Lightning's SLURM
+  environment expects) and a fixed ``trainer.devices`` must equal it too.
+
+A failed check is one line on stderr and exit status 2, before anything is queued. This module sits above
+``spp.preflight`` and ``spp.training`` in the import graph (it reads the model's arch with the preflight's reader),
+which ``spp.planning`` may not.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from spp.errors import EXIT_USER_ERROR, UserError, report, to_job
+from spp.planning.check import problems
+from spp.planning.hardware import GIB, for_accelerator
+from spp.planning.job import SHAPE_KEYS, job_hardware, model_source, plan_job
+from spp.planning.pruning import Calibration
+from spp.planning.pruning import plan as pruning_plan
+from spp.planning.shapes import shape_from_arch
+
+MARGIN = 1.10
+"""Memory requested per node = the plan's peak x this + :data:`SLACK_GIB`."""
+
+SLACK_GIB = 2
+"""GiB added to every request (the Slurm step's own processes)."""
+
+
+def task_config(cfg: DictConfig) -> DictConfig:
+    """``cfg`` without its ``hydra`` node, as Hydra hands it to the task function."""
+    task = copy.deepcopy(cfg)
+    with read_write(task), open_dict(task):
+        task.pop("hydra", None)
+    return task
+
+
+def _arch(model: Any) -> dict[str, Any]:
+    from spp.preflight import model_arch
+
+    arch = model_arch(model)
+    if not set(SHAPE_KEYS) <= set(arch):
+        raise UserError(f"hydra.launcher.mem_gb=null asks the plan for the memory, but model.path={model.path!r} gives "
+                        "no shape without loading it", "set hydra.launcher.mem_gb=<GB per node>, or the model's "
+                        "fields under model.arch", key="hydra.launcher.mem_gb")
+    return arch
+
+
+def follows_slurm(cfg: DictConfig) -> bool:
+    """Whether ``trainer.devices`` is read from Slurm's environment on the node (``trainer=slurm``)."""
+    raw = OmegaConf.to_container(cfg.trainer, resolve=False).get("devices") if "trainer" in cfg else None
+    return "SLURM_GPUS_ON_NODE" in str(raw)
+
+
+def train_need(cfg: DictConfig, gpus: int, nodes: int) -> tuple[int, list[str]]:
+    """``(host bytes per node, problems)`` of a ``train.py`` job on ``gpus`` GPUs (0: CPU) x ``nodes``."""
+    from spp.training.config import TrainJobConfig
+
+    job = to_job(task_config(cfg), TrainJobConfig)
+    kind = "gpu" if gpus else "cpu"
+    if not follows_slurm(cfg) and str(job.trainer.devices).isdigit() and int(job.trainer.devices) != max(gpus, 1):
+        raise UserError(f"trainer.devices={job.trainer.devices} but the Slurm job asks hydra.launcher.gpus_per_node="
+                        f"{gpus}: Lightning runs one process per device and per Slurm task",
+                        f"use trainer=slurm (devices from Slurm) or hydra.launcher.gpus_per_node="
+                        f"{job.trainer.devices}", key="hydra.launcher.gpus_per_node")
+    hw = job_hardware(job, kind, detect=False)
+    if not job.trainer.device_memory_gib:
+        hw = replace(hw, device_gib=None)  # the node's GPU, unknown here: the job's preflight checks it
+    plan = plan_job(job, _arch(job.model), kind, model_source(job), hw, devices=max(gpus, 1), nodes=nodes)
+    found = [f"the {p.phase} phase needs {p.need / GIB:.1f} GiB per GPU, more than trainer.device_memory_gib="
+             f"{p.have / GIB:g}" for p in problems(plan) if p.memory == "GPU"]
+    return plan.peak_host_node_bytes, found
+
+
+def other_need(cfg: DictConfig, gpus: int, nodes: int) -> int:
+    """Host bytes per node of ``prune.py`` (the pruning plan) or ``eval.py`` / ``generate.py`` (the weights once,
+    a safetensors shard in flight and one process per GPU)."""
+    model = OmegaConf.to_object(cfg.model)
+    arch = _arch(model)
+    dtype = {"float32": 4, "float64": 8}.get(str(model.torch_dtype), 2)
+    shape = shape_from_arch(model.name, arch, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                               "down_proj"], dtype)
+    hw = for_accelerator("gpu" if gpus else "cpu")
+    if "calibration" in cfg and "pruner" in cfg:
+        cal = cfg.calibration
+        world = max(gpus, 1) * nodes
+        out = pruning_plan(shape, world, str(cfg.pruner.name), hw.pruning(max(gpus, 1)),
+                           Calibration(int(cal.nsamples), int(cal.seqlen), int(cal.batch_size)))
+        return int(out["host_bytes"]["rank0_node"])
+    return shape.weight_bytes + min(shape.weight_bytes, 5 * 10**9) + max(gpus, 1) * hw.process_host_bytes
+
+
+def requested(cfgs: Sequence[DictConfig], params: dict[str, Any]) -> dict[str, Any]:
+    """The launcher parameters to set for the jobs ``cfgs`` (module docstring), or a :class:`UserError`."""
+    gpus, nodes, tasks = int(params.get("gpus_per_node") or 0), int(params.get("nodes") or 1), params["tasks_per_node"]
+    if gpus and int(tasks) != gpus:
+        raise UserError(f"hydra.launcher.tasks_per_node={tasks} but gpus_per_node={gpus}: Lightning's SLURM "
+                        "environment runs one task per GPU", f"set hydra.launcher.tasks_per_node={gpus}",
+                        key="hydra.launcher.tasks_per_node")
+    need, found = 0, []
+    for cfg in cfgs:
+        if "adapter" in cfg and "trainer" in cfg:
+            bytes_, issues = train_need(cfg, gpus, nodes)
+            found += issues
+        else:
+            bytes_ = other_need(cfg, gpus, nodes)
+        need = max(need, bytes_)
+    if found:
+        raise UserError(found[0], "ask more GPUs (hydra.launcher.gpus_per_node, nodes) or see plan=true",
+                        key="hydra.launcher.gpus_per_node")
+    want = math.ceil(need / GIB * MARGIN + SLACK_GIB)
+    given = params.get("mem_gb")
+    if given is None:
+        return {"mem_gb": want}
+    if int(given) < want:
+        raise UserError(f"hydra.launcher.mem_gb={given} is below the plan's {need / GIB:.1f} GiB of host memory per "
+                        f"node (with margin: {want} GB)", f"set hydra.launcher.mem_gb={want}, or null to take it "
+                        "from the plan", key="hydra.launcher.mem_gb")
+    return {}
+
+
+def plan_array(loader: Any, config: DictConfig, job_overrides: Sequence[Sequence[str]],
+               params: dict[str, Any]) -> dict[str, Any]:
+    """The launcher parameters to set for the array ``job_overrides`` (:func:`requested`, every job's config
+    composed by Hydra's ``loader`` as the node will); a :class:`UserError` is one line on stderr and exit 2."""
+    try:
+        cfgs = [loader.load_sweep_config(config, list(o)) for o in job_overrides]
+        return requested(cfgs, params)
+    except UserError as err:
+        report(os.path.basename(sys.argv[0]) or "spp", err)
+        raise SystemExit(EXIT_USER_ERROR) from err

@@ -1,0 +1,260 @@
+"""The finalize phase, on every rank once training is over: adapter files, the merged model's streamed export, its
+evaluation spread over the ranks, and the guards' verdict.
+
+1. Adapter files (global rank 0): from the trained model when it is whole on rank 0 (one process, DDP), else from
+   the model rebuilt on the CPU from the pruned weights rank 0 kept and the gathered adapter tensors (FSDP2,
+   ZeRO-3) — no weight is read from disk again.
+2. Export (every rank): :func:`spp.export.merged.export_streamed` writes ``<run_dir>/merged`` block by block, each
+   block merged on one rank and audited on the way out. With ``export.merged=false`` it goes to a temporary folder
+   that evaluation reads and that is removed afterwards.
+3. The trained model is released; evaluation (every rank) reads the export: :func:`spp.eval.evaluate.evaluate`
+   (the same function ``eval.py`` runs), perplexity windows and lm-eval documents split over replicas.
+4. Guards (``guards.*``): a run whose merged perplexity or training loss says it diverged is not reported as a
+   success; its export is renamed ``<run_dir>/merged.diverged`` with ``status: diverged`` in its
+   ``spp_export.json``, so nothing at ``merged/`` is ever a diverged model.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+
+from spp.adapters.registry import apply_adapter, get_method
+from spp.atomic import is_disk_full, write_dir_atomic
+from spp.distributed import DistContext
+from spp.errors import UserError
+from spp.eval.evaluate import evaluate
+from spp.export.manifest import ExportManifest, adapter_record
+from spp.export.merged import ExportInputs, export_streamed
+from spp.models.loading import load_skeleton
+from spp.training.callbacks.pruning import PrunedModel
+from spp.training.config import TrainJobConfig
+from spp.training.phases import FitResult
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+DIVERGED_DIR = "merged.diverged"
+"""Where the export of a run the guards refused is moved (beside the adapter files and checkpoints)."""
+
+
+@dataclass
+class FinalizeResult:
+    """The finalize phase's result: merge statistics, the merged model's audit and scores, and output paths."""
+
+    merge: dict[str, Any]
+    audit: dict[str, Any]
+    ppl: dict[str, Any] | None = None
+    zero_shot: dict[str, Any] | None = None
+    merged_dir: str | None = None
+    adapter_dir: str | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    status: str = "ok"
+    diverged: list[str] = field(default_factory=list)
+    sample: dict[str, Any] | None = None
+    export_error: UserError | None = None
+    evaluation: dict[str, Any] = field(default_factory=dict)
+
+
+def on_rank0(ctx: DistContext, work: Callable[[], T]) -> T:
+    """``work()`` on global rank 0; its result, or its :class:`UserError`, reaches every rank (raised there too)."""
+    outcome: Any = None
+    if ctx.is_main:
+        try:
+            outcome = work()
+        except UserError as err:
+            outcome = err
+    outcome = ctx.broadcast_object(outcome) if ctx.distributed else outcome
+    if isinstance(outcome, UserError):
+        raise outcome
+    return outcome
+
+
+def provenance(job: TrainJobConfig) -> dict[str, Any]:
+    """What the adapter was trained on top of (stored in ``adapter_config.json`` and ``spp_export.json``)."""
+    return {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name}}
+
+
+def rebuild(job: TrainJobConfig, pruned: PrunedModel, state: dict[str, torch.Tensor]) -> nn.Module:
+    """The adapted model, whole on rank 0's CPU, from the pruned weights it kept (``pruned.home``, no copy) and the
+    gathered trainable tensors: what a sharded run writes its adapter files from."""
+    if not pruned.home:
+        raise RuntimeError("rebuilding the adapted model needs the pruned weights rank 0 keeps under sharding")
+    model = load_skeleton(job.model)
+    model.load_state_dict(pruned.home, assign=True)
+    model, _ = apply_adapter(model, job.adapter, pruned.masks)
+    missing = set(state) - set(model.state_dict())
+    if missing:
+        raise RuntimeError(f"gathered adapter tensors {sorted(missing)[:3]} do not exist in the rebuilt model")
+    model.load_state_dict(state, strict=False)
+    return model
+
+
+def save_adapter_files(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path) -> str:
+    """Rank 0: the adapter files in ``<run_dir>/adapter`` (atomic; a full disk is one :class:`UserError`)."""
+    method = get_method(job.adapter.name)
+    # sharded (FSDP2, ZeRO-3), or DeepSpeed's module copies rounded to bf16: rebuild with the gathered fp32 tensors
+    model = fitted.model if not (fitted.sharded or fitted.deepspeed) else rebuild(job, pruned, fitted.state)
+    path = run_dir / "adapter"
+    try:
+        write_dir_atomic(path, lambda tmp: method.save(model, tmp, provenance(job)))
+    except Exception as err:
+        if not is_disk_full(err):
+            raise
+        raise UserError(f"the disk filled up while writing the adapter files to {path} ({err}); nothing half-written "
+                        "was kept", "free space there, or give this run another run_dir= on a disk with room",
+                        key="export.adapter", path=path) from err
+    return str(path)
+
+
+def _manifest(job: TrainJobConfig, fitted: FitResult) -> ExportManifest:
+    dtype = next((str(p.dtype) for n, p in fitted.model.named_parameters() if "layers" in n and p.dim() == 2), "")
+    return ExportManifest(adapter=adapter_record(job.adapter), dtype=dtype, **provenance(job))
+
+
+def export(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path, ctx: DistContext,
+           result: FinalizeResult) -> Path | None:
+    """Every rank: the streamed export (``merged/``, or a temporary folder for evaluation only); ``None`` when the
+    disk filled up (``result`` then says ``export_failed``)."""
+    method = get_method(job.adapter.name)
+    target = run_dir / ("merged" if job.export.merged else ".merged.evaluate")
+    inputs = ExportInputs(method, pruned.zeros if ctx.is_main else None, pruned.tokenizer, _manifest(job, fitted),
+                          method.kept_zeros_may_change, fitted.state if fitted.deepspeed else {})
+    try:
+        exported = export_streamed(fitted.model, inputs, target, ctx)
+    except UserError as err:
+        result.status, result.export_error = "export_failed", err
+        log.error("merged model not exported: %s", err)
+        return None
+    result.audit, result.merge = exported.audit, exported.merge
+    result.seconds["export"] = exported.seconds
+    if ctx.is_main:
+        log.info("merged model exported to %s in %.1f s (%d shards, %d writer ranks); audit: sparsity %.4f, %d zeros "
+                 "of %d, every pruned weight still zero", target, exported.seconds, exported.shards,
+                 exported.layout.get("writers", 1), exported.audit["sparsity"], exported.audit["zeros"],
+                 exported.audit["total"])
+    return target
+
+
+def release(fitted: FitResult) -> None:
+    """Drop the trained model (evaluation reads the export) and return its memory."""
+    fitted.model = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path,
+             ctx: DistContext | None = None) -> FinalizeResult:
+    """Adapter files, export, evaluation and guards, on every rank (see the module docstring)."""
+    ctx = ctx or DistContext()
+    method = get_method(job.adapter.name)
+    result = FinalizeResult(merge={}, audit={})
+    start = time.perf_counter()
+    if job.export.adapter and method.trains:
+        result.adapter_dir = on_rank0(ctx, lambda: save_adapter_files(job, pruned, fitted, run_dir))
+        result.seconds["save_adapter"] = round(time.perf_counter() - start, 2)
+    needed = job.export.merged or job.eval.ppl or bool(job.eval.tasks) or job.sample.enabled
+    target = export(job, pruned, fitted, run_dir, ctx, result) if needed else None
+    release(fitted)
+    if target is None:
+        return result
+    sample = (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None
+    evaluation = evaluate(target, job.eval, ctx, data_dir=job.data_dir, sample=sample, label="merged")
+    result.ppl, result.zero_shot, result.sample = evaluation.ppl, evaluation.zero_shot, evaluation.sample
+    result.evaluation = evaluation.record()
+    result.seconds.update(evaluation.seconds)
+    result.diverged = divergence(job, pruned, fitted, result)
+    result.status, result.merged_dir = on_rank0(ctx, lambda: _place(job, run_dir, target, result.diverged))
+    return result
+
+
+def _place(job: TrainJobConfig, run_dir: Path, target: Path, diverged: list[str]) -> tuple[str, str | None]:
+    """Rank 0: keep the export as ``merged/``, move a diverged one to ``merged.diverged/``, or remove a temporary;
+    returns the run's status and the merged model's folder."""
+    status, merged_dir = "ok", None
+    if diverged:
+        status = "diverged"
+        moved = run_dir / DIVERGED_DIR
+        if job.export.merged:
+            manifest = ExportManifest.read(target)
+            if manifest is not None:
+                manifest.status = "diverged"
+                manifest.write(target)
+            if moved.exists():
+                shutil.rmtree(moved)
+            target.rename(moved)
+        log.warning("run diverged (%s): the merged model is at %s, not at merged/; adapter and checkpoints kept in "
+                    "%s", "; ".join(diverged), moved if job.export.merged else "(not kept)", run_dir)
+    elif job.export.merged:
+        merged_dir = str(target)
+    if not job.export.merged:
+        shutil.rmtree(target, ignore_errors=True)
+    return status, merged_dir
+
+
+LOSS_MIN_STEPS = 4
+"""Fewer recorded training losses than this are not judged by ``guards.loss_must_fall`` (noise, not a trend)."""
+LOSS_RISE_Z = 2.0
+"""A rise counts only above this many standard errors of the difference of the two window means."""
+LOSS_RISE_RTOL = 0.01
+"""... and above this share of the first window's mean (5.504 -> 5.51 is not a rise)."""
+
+
+def loss_rise(losses: list[float]) -> str | None:
+    """Why the training loss rose over the run (``guards.loss_must_fall``), or ``None``.
+
+    Compares the mean of the first and of the last ``k`` losses (``k`` = a third of them, 2 to 10; 1 below 6
+    losses). Rose: the last mean is not finite, or exceeds the first by more than :data:`LOSS_RISE_Z` standard
+    errors of the difference *and* by more than :data:`LOSS_RISE_RTOL` of the first. Fewer than
+    :data:`LOSS_MIN_STEPS` losses are not judged.
+    """
+    n = len(losses)
+    if n < LOSS_MIN_STEPS:
+        return None
+    k = 1 if n < 6 else min(10, n // 3)
+    first, last = losses[:k], losses[-k:]
+    mean_first, mean_last = sum(first) / k, sum(last) / k
+    if not math.isfinite(mean_last):
+        return f"final training loss is {mean_last} (mean of the last {k})"
+    spread = 0.0
+    if k > 1:
+        var = (sum((x - mean_first) ** 2 for x in first) + sum((x - mean_last) ** 2 for x in last)) / (k - 1)
+        spread = math.sqrt(var / k)
+    margin = max(LOSS_RISE_Z * spread, LOSS_RISE_RTOL * abs(mean_first))
+    if mean_last - mean_first > margin:
+        return (f"final training loss {mean_last:.4g} exceeds the first {mean_first:.4g} (means of {k}) by more than "
+                f"{margin:.3g} (the larger of 2 standard errors and 1 % of the first)")
+    return None
+
+
+def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, result: FinalizeResult) -> list[str]:
+    """Why the run must not be reported as a success (``guards.*``); empty when it may.
+
+    Diverged: the merged perplexity is not finite or exceeds ``guards.max_ppl_ratio`` × the pruned model's, or
+    (``guards.loss_must_fall``) the training loss rose beyond its noise (:func:`loss_rise`).
+    """
+    if not job.guards.enabled:
+        return []
+    reasons = []
+    before = (pruned.ppl.get("pruned") or {}).get("ppl")
+    after = (result.ppl or {}).get("ppl")
+    ratio = job.guards.max_ppl_ratio
+    if after is not None and not math.isfinite(after):
+        reasons.append(f"merged perplexity is {after}")
+    elif after is not None and before is not None and math.isfinite(before) and after > ratio * before:
+        reasons.append(f"merged perplexity {after:.4g} > guards.max_ppl_ratio={ratio:g} x pruned {before:.4g}")
+    rise = loss_rise(fitted.train_losses) if job.guards.loss_must_fall and get_method(job.adapter.name).trains else None
+    if rise:
+        reasons.append(rise)
+    return reasons

@@ -1,0 +1,158 @@
+"""The run plan's terms (``spp.planning``) against formulas written out independently: trainable parameters per
+adapter method, sharded and replicated weights, AdamW and DeepSpeed states, activations with and without
+checkpointing, the FLOP model of a frozen base, the evaluation placement, and the refusal's fix."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from spp.planning.check import fix, problems
+from spp.planning.flops import matmul_params, train_flops
+from spp.planning.hardware import CPU_HOST, GPU_NODE
+from spp.planning.memory import block_activation_bytes, fit_device_bytes, optimizer_terms, training_activations
+from spp.planning.placement import WEIGHT_SHARE, eval_placement
+from spp.planning.run import plan_run
+from spp.planning.shapes import shape_from_arch
+from spp.planning.spec import AdapterSpec, EvalSpec, RunSpec, TrainSpec
+from spp.projections import DEFAULT_TARGETS
+
+GIB = 2**30
+LLAMA2_70B = {"hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80, "num_attention_heads": 64,
+              "num_key_value_heads": 8, "vocab_size": 32000}
+LLAMA_7B = {"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 32, "vocab_size": 32000}
+TARGETS = tuple(DEFAULT_TARGETS)
+
+
+@pytest.fixture(scope="module")
+def shape70():
+    return shape_from_arch("llama2_70b", LLAMA2_70B, list(DEFAULT_TARGETS))
+
+
+@pytest.fixture(scope="module")
+def shape7():
+    return shape_from_arch("llama7b", LLAMA_7B, list(DEFAULT_TARGETS))
+
+
+def _spec(shape, **kw) -> RunSpec:
+    adapter = kw.pop("adapter", AdapterSpec("spp", r=16, targets=TARGETS))
+    train = kw.pop("train", TrainSpec(micro_batch=8, seqlen=512, tokens_per_example=192, checkpointing=True,
+                                      examples=1000, global_batch=128))
+    return RunSpec(shape=shape, adapter=adapter, train=train, prunes=True, pruner="wanda", **kw)
+
+
+def test_shape_counts_every_block_from_two_built_ones(shape70):
+    assert shape70.params == 68_976_648_192 and shape70.blocks == 80
+    tied = shape_from_arch("t", {**LLAMA_7B, "num_hidden_layers": 3, "tie_word_embeddings": True}, ["q_proj"])
+    untied = shape_from_arch("u", {**LLAMA_7B, "num_hidden_layers": 3}, ["q_proj"])
+    assert untied.params - tied.params == 32000 * 4096  # a tied LM head is the embedding, counted once
+
+
+@pytest.mark.parametrize("name", ["spp", "lora", "sparse_lora", "masked_full", "none"])
+def test_trainable_parameters_per_adapter_method(shape70, name):
+    h, i, kv, layers = 8192, 28672, 1024, 80
+    dims = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)]  # (out, in): q k v o gate up down
+    expected = {"spp": sum(16 * n + m for m, n in dims), "lora": sum(16 * (n + m) for m, n in dims),
+                "sparse_lora": sum(16 * (n + m) for m, n in dims), "masked_full": sum(m * n for m, n in dims),
+                "none": 0}[name] * layers
+    assert AdapterSpec(name, r=16, targets=TARGETS).params(shape70) == expected
+    assert AdapterSpec("spp", r=16, use_beta=False, targets=("q_proj",)).params(shape70) == 16 * h * layers
+
+
+def test_weights_are_sharded_under_fsdp2_and_zero3_and_replicated_otherwise(shape70):
+    w = shape70.weight_bytes
+    for strategy, stage, sharded in (("fsdp", 2, True), ("deepspeed", 3, True), ("deepspeed", 2, False),
+                                     ("ddp", 2, False), ("single", 2, False)):
+        terms = fit_device_bytes(_spec(shape70, strategy=strategy, zero_stage=stage, devices=8), GPU_NODE)
+        assert terms["weights"] == (w // 8 if sharded else w), strategy
+        assert ("gathered" in terms) == sharded  # two blocks and the unsharded root while computing
+        if sharded:
+            assert terms["gathered"] == 2 * shape70.block_bytes + 2 * 32000 * 8192 * 2 + 8192 * 2
+
+
+def test_optimizer_state_follows_the_strategy(shape70):
+    n = AdapterSpec("spp", r=16, targets=TARGETS).params(shape70)
+    ddp = optimizer_terms(_spec(shape70, strategy="ddp", devices=8))
+    assert ddp == {"adapter": 4 * n, "gradients": 2 * 4 * n, "optimizer": 2 * 4 * n}  # fp32, DDP buckets
+    fsdp = optimizer_terms(_spec(shape70, strategy="fsdp", devices=8))
+    assert fsdp["optimizer"] == 2 * 4 * n // 8 and fsdp["adapter"] == 4 * n // 8
+    zero = optimizer_terms(_spec(shape70, strategy="deepspeed", zero_stage=3, devices=8))
+    assert zero["optimizer"] == 12 * n // 8  # fp32 master + two fp32 moments of the 1/8 partition
+    full = optimizer_terms(_spec(shape70, strategy="fsdp", devices=8,
+                                 adapter=AdapterSpec("masked_full", targets=TARGETS)))
+    assert full["adapter"] == 0 and full["optimizer"] == 2 * 2 * shape70.pruned_params // 8  # bf16 moments
+
+
+def test_checkpointing_keeps_one_block_input_per_block(shape7):
+    on, off = (_spec(shape7, train=TrainSpec(micro_batch=8, seqlen=512, checkpointing=c)) for c in (True, False))
+    tokens = 8 * 512
+    per_block = block_activation_bytes(on)
+    assert per_block == 8 * 4096 + 7 * 2 * 4096 + 4 * 2 * 11008  # no dropout: norms, attention, SwiGLU
+    assert training_activations(off)["activations"] == 32 * per_block * tokens
+    assert training_activations(on)["activations"] == 32 * tokens * 4096 * 2 + per_block * tokens
+    assert training_activations(on)["logits"] == tokens * 32000 * (2 + 12)
+    dropped = replace(on, adapter=AdapterSpec("spp", targets=TARGETS, dropout=0.05))
+    assert block_activation_bytes(dropped) - per_block == (6 * 4096 + 11008) * 3  # inputs of the 7 linears + masks
+
+
+def test_a_frozen_base_has_no_weight_gradient(shape7):
+    n = matmul_params(shape7)
+    lora = train_flops(_spec(shape7, train=TrainSpec(tokens_per_example=0),
+                             adapter=AdapterSpec("lora", r=16, targets=TARGETS)))
+    assert lora["forward"] + lora["backward"] == 4 * n  # no attention at 0 tokens of context
+    assert lora["adapter"] == 6 * AdapterSpec("lora", r=16, targets=TARGETS).params(shape7)
+    spp = train_flops(_spec(shape7, train=TrainSpec(tokens_per_example=0)))
+    adapted = shape7.pruned_params
+    assert spp["adapter"] == 2 * adapted  # G = gᵀx for every adapted linear: SPP costs like a weight gradient
+    assert train_flops(_spec(shape7, train=TrainSpec(tokens_per_example=0),
+                             adapter=AdapterSpec("spp", targets=TARGETS, dropout=0.1)))["adapter"] == 6 * adapted
+
+
+def test_eval_placement_rule():
+    gib = GIB
+    assert eval_placement(13 * gib, 80 * gib, 8, 1).how == "data_parallel"
+    seven = eval_placement(13 * gib, 80 * gib, 8, 2)
+    assert (seven.replicas, seven.gpus_per_replica) == (16, 1)
+    seventy = eval_placement(int(128.5 * gib), 80 * gib, 8, 1, block_bytes=int(1.6 * gib))
+    assert (seventy.how, seventy.replicas, seventy.gpus_per_replica) == ("parallelize", 2, 4)
+    assert "4 GPUs" in seventy.reason
+    assert eval_placement(int(128.5 * gib), 80 * gib, 1, 1).how == "cpu"  # one GPU cannot hold it
+    assert eval_placement(10 * gib, None, 8, 1).how == "cpu"
+    at_edge = int(WEIGHT_SHARE * 80 * gib)
+    assert eval_placement(at_edge, 80 * gib, 8, 1).how == "data_parallel"
+    assert eval_placement(at_edge + 1, 80 * gib, 8, 1).how == "parallelize"
+    assert eval_placement(30 * gib, 80 * gib, 8, 1, activation_bytes=60 * gib).gpus_per_replica == 2  # the batch
+
+
+def test_plan_of_70b_on_8_gpus_fits_and_one_gpu_is_refused_with_a_fix(shape70):
+    spec = _spec(shape70, strategy="fsdp", devices=8, eval=EvalSpec(ppl_windows=160, seqlen=2048, lm_eval_batch=8,
+                                                                   lm_eval_tokens=10**6))
+    plan = plan_run(spec, GPU_NODE)
+    assert [p.name for p in plan.phases] == ["load", "prune", "fit", "export", "evaluate"]
+    assert not problems(plan) and plan.peak_device_bytes <= 72 * GIB
+    one = plan_run(replace(spec, strategy="single", devices=1), GPU_NODE)
+    found = problems(one)
+    assert [(p.phase, p.memory) for p in found] == [("fit", "GPU"), ("evaluate", "GPU")]  # 128 GiB on one GPU
+    text, key = fix(one, found[0])
+    assert text.startswith("set strategy=fsdp trainer.devices=2") and key == "strategy"
+
+
+def test_cpu_runs_count_device_terms_in_the_processes(shape7):
+    plan = plan_run(_spec(shape7, kind="cpu", act_bytes=4, devices=2, strategy="ddp"), CPU_HOST)
+    fit = plan.phase("fit")
+    assert fit.device == {} and fit.rank["weights"] == shape7.weight_bytes  # a DDP replica in every process
+    assert fit.rank["heap_retention"] > 0 and plan.placement.how == "cpu"
+
+
+def test_a_run_whose_model_cannot_be_planned_is_not_refused(tmp_path):
+    from train_helpers import tiny_job
+
+    from spp.planning.job import check_job
+    from spp.preflight import model_arch
+
+    job = tiny_job(tmp_path)
+    assert check_job(job, model_arch(job.model)) is not None  # the tiny CPU run is planned and fits
+    arch = {**model_arch(job.model), "model_type": "no_such_model"}
+    assert check_job(job, arch) is None  # transformers cannot build it: logged, not checked

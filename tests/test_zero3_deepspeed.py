@@ -1,0 +1,172 @@
+"""Real DeepSpeed where it imports: ZeRO-2 and ZeRO-3 through ``train.py``'s job on 2 CPU processes (gloo).
+
+Skipped where ``deepspeed`` is not importable (the project does not depend on it). DeepSpeed itself runs on CPU
+(``DS_ACCELERATOR=cpu``); Lightning's ``DeepSpeedStrategy`` refuses anything but CUDA, so each run is a child
+process (this file as a script) that lifts only those device checks (and the preflight's CUDA refusal) before
+calling ``train.run_job`` on the tiny model: prune → adapter → ``AdapterDeepSpeedStrategy`` → audit → checkpoints
+→ finalize. Checked against DDP on the same 2 processes:
+
+- every training adapter trains alike under ZeRO-2 (bitwise) and ZeRO-3 (fp32 partitions: to 5e-5), and the audit
+  (ZeRO-3 partitions gathered one layer at a time) passes at fit start, at every checkpoint and after the merge;
+- DeepSpeed's checkpoint directory holds the adapter tensors only, and resuming from it continues exactly;
+- negative controls: without the buffers broadcast from rank 0 the run departs from DDP; without masked full's
+  gradient hook on the weight objects rank 1 trains, ZeRO-3 revives pruned weights and the audit stops the run.
+
+Run: ``PYTHONPATH=.:<dir holding deepspeed> pytest -m slow tests/test_zero3_deepspeed.py`` (about 5 minutes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not importable")]
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMON = ["trainer.accelerator=cpu", "trainer.devices=2", "trainer.max_epochs=2", "trainer.precision=32-true",
+          "eval=none", "export.merged=false", "adapter.dropout=0.05"]
+
+
+def _run(run_dir: Path, *overrides: str, patch: str = "") -> tuple[int, str, dict | None]:
+    """``run_job`` of the tiny job in ``run_dir`` as a child process; (exit status, output, summary.json)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline",
+           "SPP_TEST_PATCH": patch}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    proc = subprocess.run([sys.executable, __file__, str(run_dir), *COMMON, *overrides], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    summary = run_dir / "run" / "summary.json"
+    return proc.returncode, proc.stdout + proc.stderr, json.loads(summary.read_text()) if summary.exists() else None
+
+
+@cache
+def _ddp(adapter: str, root: str) -> dict:
+    code, out, summary = _run(Path(root) / f"ddp_{adapter}", "strategy=ddp", f"adapter={adapter}")
+    assert code == 0 and summary, out[-3000:]
+    return summary
+
+
+def _adapter(summary: dict) -> dict[str, torch.Tensor]:
+    path = Path(summary["outputs"]["adapter_dir"]) / "adapter_model.safetensors"
+    return load_file(path) if path.exists() else {}
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(tmp_path_factory.mktemp("zero"))
+
+
+@pytest.mark.parametrize(("adapter", "stage"), [("spp", 2), ("spp", 3), ("sparse_lora", 3), ("lora", 3),
+                                                ("masked_full", 3)])
+def test_deepspeed_trains_every_adapter_like_ddp_and_audits_the_partitions(root: str, adapter: str,
+                                                                           stage: int) -> None:
+    code, out, summary = _run(Path(root) / f"z{stage}_{adapter}", f"strategy=deepspeed_stage{stage}",
+                              f"adapter={adapter}")
+    assert code == 0 and summary, out[-3000:]
+    reference = _ddp(adapter, root)
+    tol = {"rtol": 0, "atol": 0} if stage == 2 else {"rtol": 1e-5, "atol": 5e-5}
+    torch.testing.assert_close(torch.tensor(summary["losses"]["train"]), torch.tensor(reference["losses"]["train"]),
+                               **tol)
+    ours, theirs = _adapter(summary), _adapter(reference)
+    assert ours.keys() == theirs.keys() and (ours or adapter == "masked_full")
+    for key, value in theirs.items():
+        torch.testing.assert_close(ours[key], value, **tol, msg=key)
+    audits = summary["sparsity"]["audits"]
+    whens = [a["when"] for a in audits]
+    assert whens[0] == "fit_start" and whens[-1] == "merged" and "checkpoint@step6" in whens, whens
+    assert all(a["layers"] == 14 and a["sparsity"] == 0.5 for a in audits)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_deepspeed_directory_holds_the_adapter_only_and_resumes_exactly(root: str, stage: int) -> None:
+    first = Path(root) / f"resume_a{stage}"
+    code, out, full = _run(first, f"strategy=deepspeed_stage{stage}", "trainer.checkpoint_every_n_steps=3",
+                           "trainer.save_top_k=-1")
+    assert code == 0 and full, out[-3000:]
+    ckpts = first / "run" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["adapter-step000003.ckpt", "adapter-step000006.ckpt",
+                                                       "last.ckpt"]
+    step3 = ckpts / "adapter-step000003.ckpt"
+    names = sorted(p.name for p in (step3 / "checkpoint").iterdir())
+    assert (step3 / "latest").read_text() == "checkpoint"
+    if stage == 2:
+        assert names == ["mp_rank_00_model_states.pt", *(f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+                                                          for r in (0, 1))]
+    else:
+        assert names == [f"zero_pp_rank_{r}_mp_rank_00_{kind}_states.pt" for r in (0, 1) for kind in ("model", "optim")]
+    state = torch.load(step3 / "checkpoint" / names[0], map_location="cpu", weights_only=False)
+    assert sorted(state["module"]) == state["adapter_keys"] and len(state["adapter_keys"]) == 28  # no frozen weight
+    if stage == 2:
+        assert sum(t.numel() for t in state["module"].values()) == full["params"]["trainable"]
+    resumed_dir = Path(root) / f"resume_b{stage}"
+    code, out, resumed = _run(resumed_dir, f"strategy=deepspeed_stage{stage}", f"trainer.resume_from={step3}")
+    assert code == 0 and resumed, out[-3000:]
+    assert len(resumed["losses"]["train"]) == 3 and resumed["losses"]["train"] == full["losses"]["train"][3:]
+    ours, theirs = _adapter(resumed), _adapter(full)
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)  # bitwise
+
+
+def test_under_bf16_the_adapter_is_gathered_from_the_fp32_masters(root: str) -> None:
+    """DeepSpeed casts the module to bf16 and keeps fp32 masters in its optimizer; the adapter comes from those."""
+    code, out, summary = _run(Path(root) / "bf16", "strategy=deepspeed_stage3", "trainer.precision=bf16-mixed")
+    assert code == 0 and summary, out[-3000:]
+    tensors = _adapter(summary)
+    assert all(t.dtype == torch.float32 for t in tensors.values())
+    assert not all(torch.equal(t.bfloat16().float(), t) for t in tensors.values())  # not the bf16 module copies
+
+
+def test_without_the_buffer_broadcast_zero2_departs_from_ddp(root: str) -> None:
+    code, out, summary = _run(Path(root) / "no_buffers", "strategy=deepspeed_stage2", patch="no_buffers")
+    assert code == 0 and summary, out[-3000:]
+    ours, theirs = _adapter(summary), _adapter(_ddp("spp", root))
+    assert max(float((ours[k] - theirs[k]).abs().max()) for k in theirs) > 1e-3  # rank 1's masks/rotary: garbage
+
+
+def test_without_the_gradient_hook_masked_full_revives_pruned_weights_and_the_audit_stops_it(root: str) -> None:
+    code, out, _ = _run(Path(root) / "no_hooks", "strategy=deepspeed_stage3", "adapter=masked_full",
+                        patch="no_grad_hooks")
+    assert code != 0 and "SparsityViolation" in out and "pruned by the mask are non-zero" in out, out[-3000:]
+
+
+def _main(run_dir: str, *overrides: str) -> None:
+    """Child process: lift Lightning's and the preflight's CUDA-only checks, then run the job."""
+    import argparse
+    import types
+
+    import lightning.pytorch.strategies.deepspeed as lightning_deepspeed
+    from lightning.pytorch.strategies import DDPStrategy
+    from train_helpers import tiny_job
+
+    import spp.preflight
+    import spp.training.module
+    import spp.training.strategies
+    from train import run_job
+
+    strategy = lightning_deepspeed.DeepSpeedStrategy
+    strategy.setup_environment = lambda self: DDPStrategy.setup_environment(self)
+    lightning_deepspeed._validate_device_index_selection = lambda devices: None
+    lightning_deepspeed.argparse = types.SimpleNamespace(  # a CPU device has no index: DeepSpeed wants an int
+        Namespace=lambda device_rank=None, **kw: argparse.Namespace(device_rank=-1 if device_rank is None
+                                                                    else device_rank, **kw))
+    spp.preflight.check_deepspeed = spp.training.strategies.check_deepspeed = lambda *a, **k: None
+    patch = os.environ.get("SPP_TEST_PATCH", "")
+    if patch == "no_buffers":
+        spp.training.strategies.broadcast_buffers = lambda model, ctx: None
+    if patch == "no_grad_hooks":
+        spp.training.module.restore_gradient_hooks = lambda model: 0
+    run_job(tiny_job(Path(run_dir), *overrides))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    _main(*sys.argv[1:])
