@@ -25,6 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 JSON_PATH = ROOT / "docs" / "results" / "plan_rss.json"
 MIB = 2**20
+BEGIN, END = "<!-- plan-rss:begin -->\n", "<!-- plan-rss:end -->\n"
 
 PROBE = """
 import atexit, json, os, resource
@@ -125,11 +126,8 @@ def write_table(data: dict[str, Any]) -> None:
     doc.write_text(head + BEGIN + markdown(data) + END + tail)
 
 
-if __name__ == "__main__":
-    main()
 
 
-BEGIN, END = "<!-- plan-rss:begin -->\n", "<!-- plan-rss:end -->\n"
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -145,3 +143,7 @@ def markdown(data: dict[str, Any]) -> str:
     lines += ["", f"Python {m['python']}, torch {m['torch']}, {m['cpus']} CPU cores; commands in "
               "`docs/results/plan_rss.json`."]
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -164,17 +164,20 @@ def _checkpoint_bytes(spec: RunSpec) -> int:
 
 
 def fit_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
-    """Placement from rank 0, then training; rank 0's host also holds the packed masks and, at a checkpoint, the
-    gathered trainable tensors and optimizer state."""
+    """Placement from rank 0, then training; rank 0's host also holds the packed masks, under sharding (or
+    DeepSpeed) the pruned weights it keeps for the adapter files and, at a checkpoint, the gathered trainable
+    tensors and optimizer state."""
     shape = spec.shape
     device, on_host = _on_host(spec, fit_device_bytes(spec, hw))
     base = {**_process(hw), "dataset": _dataset_bytes(spec)}
     gather = _checkpoint_bytes(spec)
-    if spec.kind == "gpu":
+    if spec.sharded or spec.strategy == "deepspeed":
+        # rank 0 keeps the pruned weights through training: the adapter files are written from the model rebuilt
+        # with them (spp.training.finalize.rebuild); at a checkpoint it also gathers the trained state
+        transient = {"kept_pruned_weights": shape.weight_bytes, "checkpoint_gather": gather}
+    elif spec.kind == "gpu":  # rank 0's weights while its replica is placed, or a checkpoint's gathered state
         transient = {"placement_weights": shape.weight_bytes} if shape.weight_bytes >= gather else \
             {"checkpoint_gather": gather}
-    elif spec.sharded:  # rank 0 keeps its full state dict until the shards are filled
-        transient = {"placement_weights": max(0, shape.weight_bytes - sum(on_host.values()))}
     else:
         transient = {}
     rank0 = {**base, "masks": shape.pruned_params // 8 if spec.prunes else 0, **on_host, **transient}
@@ -233,11 +236,14 @@ def evaluate_phase(spec: RunSpec, hw: Hardware, placement: EvalPlacement) -> Pha
     forward = eval_forward(spec)
     proc = {**_process(hw), "lm_eval": hw.lm_eval_host_bytes if ev.lm_eval_tokens else 0,
             "tokenize": ev.text_tokens * hw.tokenize_bytes_per_token if ev.ppl_windows else 0}
-    if placement.how == "cpu":  # rank 0 alone, after the other ranks have ended
+    if placement.how == "cpu":
         proc.update(weights=shape.weight_bytes, forward=sum(forward.values()))
         proc = {k: v for k, v in proc.items() if v}
         seconds = _eval_seconds(spec, hw, placement)
-        return PhasePlan("evaluate", "CPU (rank 0)", {}, proc, {}, 1, {}, seconds)
+        if spec.kind == "cpu":  # every process a replica of its own (spp.eval.evaluate)
+            where = f"CPU, {placement.replicas} replica" + ("s" if placement.replicas > 1 else "")
+            return PhasePlan("evaluate", where, {}, proc, proc, spec.devices, {}, seconds)
+        return PhasePlan("evaluate", "CPU (rank 0)", {}, proc, {}, 1, {}, seconds)  # a GPU job: does not fit
     k = placement.gpus_per_replica
     device = {"weights": shape.weight_bytes // k + (shape.block_bytes if k > 1 else 0), **forward,
               "cuda_context": hw.process_device_bytes}
@@ -316,8 +322,10 @@ def plan_run(spec: RunSpec, hw: Hardware) -> RunPlan:
     """The phases of ``spec`` on ``hw`` (``adapter=none`` has no fit phase; a job without perplexity or tasks no
     evaluate phase)."""
     beside = sum(eval_forward(spec).values()) + hw.process_device_bytes
-    placement = eval_placement(spec.shape.weight_bytes, hw.device_bytes if spec.kind == "gpu" else None,
-                               spec.devices, spec.nodes, spec.shape.block_bytes, beside)
+    placement = (eval_placement(spec.shape.weight_bytes, hw.device_bytes, spec.devices, spec.nodes,
+                                spec.shape.block_bytes, beside) if spec.kind == "gpu" else
+                 EvalPlacement(spec.world, 0, "cpu", f"on CPUs each of the {spec.world} process(es) evaluates as a "
+                                                     "replica of its own (spp.eval.evaluate)"))
     phases = [load_phase(spec, hw), prune_phase(spec, hw)]
     if spec.adapter.trains:
         if spec.strategy == "deepspeed" and spec.kind == "gpu":

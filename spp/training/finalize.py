@@ -164,6 +164,7 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
     if job.export.adapter and method.trains:
         result.adapter_dir = on_rank0(ctx, lambda: save_adapter_files(job, pruned, fitted, run_dir))
         result.seconds["save_adapter"] = round(time.perf_counter() - start, 2)
+    pruned.home = {}  # the pruned weights rank 0 kept for the adapter files: evaluation loads the export instead
     needed = job.export.merged or job.eval.ppl or bool(job.eval.tasks) or job.sample.enabled
     target = export(job, pruned, fitted, run_dir, ctx, result) if needed else None
     release(fitted)
