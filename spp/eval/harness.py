@@ -276,6 +276,25 @@ def evaluate_tasks(
     """
     import lm_eval
 
+    names = _checked(tasks, model, tokenizer, data_dir, online, doc_seed, limit)
+    lm, model_args = _make_lm(model, tokenizer, batch_size, device, replicas, max_memory_per_gpu)
+    run_names = _run_names(names, online)
+    was_training = getattr(model, "training", False)
+    try:
+        out = lm_eval.simple_evaluate(model=lm, tasks=run_names, num_fewshot=num_fewshot, limit=limit,
+                                      log_samples=log_samples, task_manager=task_manager(data_dir, online, doc_seed),
+                                      **_seeds(seed))
+    finally:
+        if isinstance(model, torch.nn.Module):
+            model.train(was_training)
+    result = _shared(out, replicas, model_args, limit, online, doc_seed)
+    log.info("lm-eval finished: %s", ", ".join(run_names))
+    return result
+
+
+def _checked(tasks: str | Sequence[str], model: Any, tokenizer: Any, data_dir: Any, online: bool,
+             doc_seed: int | None, limit: int | float | None) -> list[str]:
+    """The resolved task names, after checking the data files (offline) and that a model object has a tokenizer."""
     names = resolve_tasks(tasks)
     if not online:
         task_data_files(names, data_dir)
@@ -283,25 +302,25 @@ def evaluate_tasks(
         log.warning("eval.doc_seed is ignored for online hub tasks: eval.limit takes their first documents")
     if not isinstance(model, (str, Path)) and tokenizer is None:
         raise ValueError("evaluate_tasks: an in-memory model needs its tokenizer (tokenizer=...)")
-    lm, model_args = _make_lm(model, tokenizer, batch_size, device, replicas, max_memory_per_gpu)
-    run_names = _run_names(names, online)
-    seed_keys = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
-    seeds = {} if seed is None else dict.fromkeys(seed_keys, seed)
-    was_training = getattr(model, "training", False)
-    try:
-        out = lm_eval.simple_evaluate(model=lm, tasks=run_names, num_fewshot=num_fewshot, limit=limit,
-                                      log_samples=log_samples, task_manager=task_manager(data_dir, online, doc_seed),
-                                      **seeds)
-    finally:
-        if isinstance(model, torch.nn.Module):
-            model.train(was_training)
+    return names
+
+
+def _seeds(seed: int | None) -> dict[str, int]:
+    """lm-eval's four seeds set to ``seed`` (``None``: its own defaults)."""
+    keys = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
+    return {} if seed is None else dict.fromkeys(keys, seed)
+
+
+def _shared(out: dict[str, Any] | None, replicas: ReplicaGroup | None, model_args: dict[str, Any],
+            limit: int | float | None, online: bool, doc_seed: int | None) -> HarnessResult:
+    """lm-eval's output as a :class:`HarnessResult`; with ``replicas``, replica 0's on every leader, with how it
+    ran in ``raw["placement"]``."""
     if replicas is None and out is None:
         raise RuntimeError("lm-eval returned no results (non-zero rank of a distributed run)")
     result = None if out is None else _harness_result(out, limit, online, doc_seed)
     if replicas is not None:
         result = replicas.broadcast_object(result, src=0)
         result.raw["placement"] = replicas.placement(model_args).to_dict()
-    log.info("lm-eval finished: %s", ", ".join(run_names))
     return result
 
 

@@ -131,6 +131,23 @@ def _regrow_order(c: torch.Tensor, keep: torch.Tensor, var: torch.Tensor, n_prun
     return pruned_idx.gather(1, torch.sort(regrow_key, dim=1, stable=True).indices)
 
 
+def _prune_pointers(c: torch.Tensor, keep: torch.Tensor, wanda_metric: torch.Tensor,
+                    n_kept: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unstructured: every row's kept weights in pruning order, and per-row pointers to its two ends."""
+    rows = c.shape[0]
+    prune_list = _prune_order(c, keep, wanda_metric, n_kept)
+    pr_lo = torch.zeros(rows, dtype=torch.long, device=c.device)
+    pr_hi = torch.full((rows,), prune_list.shape[1] - 1, dtype=torch.long, device=c.device)
+    return prune_list, pr_lo, pr_hi
+
+
+def _group_state(metric: torch.Tensor, keep: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """N:M: the kept weights' metric (pruned positions at infinity, never chosen) and the offsets of a group."""
+    prunable = metric.clone()
+    prunable[~keep] = float("inf")
+    return prunable, torch.arange(m, device=metric.device)
+
+
 def _refine(
     weight: torch.Tensor,
     initial_metric: torch.Tensor,
@@ -157,14 +174,9 @@ def _refine(
 
     regrow_list = _regrow_order(c, keep, var, n_pruned, pow_of_var_regrowing)
     if not nm:
-        prune_list = _prune_order(c, keep, wanda_metric, cols - n_pruned)
-        pr_lo = torch.zeros(rows, dtype=torch.long, device=c.device)
-        pr_hi = torch.full((rows,), prune_list.shape[1] - 1, dtype=torch.long, device=c.device)
+        prune_list, pr_lo, pr_hi = _prune_pointers(c, keep, wanda_metric, cols - n_pruned)
     else:
-        m = int(sparsity.m)
-        prunable = metric.clone()
-        prunable[~keep] = float("inf")
-        offsets = torch.arange(m, device=c.device)
+        prunable, offsets = _group_state(metric, keep, m := int(sparsity.m))
 
     rg_lo = torch.zeros(rows, dtype=torch.long, device=c.device)
     rg_hi = torch.full((rows,), n_pruned - 1, dtype=torch.long, device=c.device)
