@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from spp.errors import EXIT_USER_ERROR, UserError, reject_unknown_keys, report
 from spp.paths import CONF_DIR
+from spp.plugins import load_plugins
 
 
 def config_groups() -> set[str]:
@@ -81,12 +82,18 @@ def checked_overrides(cmd: str, schema: type) -> Callable[[Callable[..., Any]], 
     """Decorate a ``@hydra.main`` function: unknown plain keys of ``sys.argv`` exit 2 with one line first.
 
     Use it above ``@hydra.main`` (``cmd`` is the script name the message starts with, ``schema`` the command's
-    typed job). A call with a config (Hydra's ``cfg_passthrough``) is passed through unchecked.
+    typed job). A call with a config (Hydra's ``cfg_passthrough``) is passed through unchecked. The plug-ins of
+    ``SPP_PLUGINS`` are imported first (:func:`spp.plugins.load_plugins`), so their options compose.
     """
 
     def decorate(hydra_main: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(hydra_main)
         def main(*args: Any, **kwargs: Any) -> Any:
+            try:  # a user's plug-ins register their methods and schemas before Hydra composes (spp.plugins)
+                load_plugins()
+            except UserError as err:
+                report(cmd, err)
+                raise SystemExit(EXIT_USER_ERROR) from None
             if not args and not kwargs:
                 err = unknown_override(plain_override_keys(sys.argv[1:]), schema)
                 if err is not None:

@@ -1,0 +1,80 @@
+"""Plug-ins: pruners, adapter methods and training objectives found by name, the project's own and a user's.
+
+A method is one folder (a Python package whose ``__init__`` registers it: ``spp.pruning.registry``,
+``spp.adapters.registry``, ``spp.training.objectives``) and one YAML (its Hydra option, ``<group>/<name>.yaml``):
+
+- the project's own live in ``spp/pruning/pruners/<name>/``, ``spp/adapters/methods/<name>/`` and
+  ``spp/training/objectives/<name>/``, their YAML in ``conf/<group>/``;
+- a user's own live anywhere: ``SPP_PLUGINS=/path/to/my_pruner:/path/to/my_adapter`` names the folders. Each folder
+  is imported as a package (its parent put on ``sys.path``) before Hydra composes the config, by
+  :func:`load_plugins` (every command calls it), and its ``conf/`` is added to Hydra's config search path by
+  ``hydra_plugins/spp_plugins`` (a ``SearchPathPlugin``). So ``pruner=my_pruner`` works without editing any file of
+  ``spp/``. Child processes (``torchrun``, Lightning's launcher) inherit the variable and load the same plug-ins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+from spp.errors import UserError
+
+PLUGINS_ENV = "SPP_PLUGINS"
+"""Environment variable naming plug-in folders, separated by ``os.pathsep`` (``:`` on Linux)."""
+
+log = logging.getLogger(__name__)
+_loaded: dict[str, str] = {}
+
+
+def plugin_dirs() -> list[Path]:
+    """The folders ``SPP_PLUGINS`` names, in order (empty entries ignored).
+
+    Raises:
+        UserError: a named folder does not exist or is not a Python package (no ``__init__.py``).
+    """
+    out = []
+    for entry in os.environ.get(PLUGINS_ENV, "").split(os.pathsep):
+        if not entry.strip():
+            continue
+        path = Path(entry).expanduser().resolve()
+        if not (path / "__init__.py").is_file():
+            raise UserError(f"{PLUGINS_ENV} names {path}, which is not a plug-in folder (a Python package with an "
+                            "__init__.py that registers the method)", f"fix {PLUGINS_ENV} (folders separated by "
+                            f"'{os.pathsep}'), or add {path / '__init__.py'}", key=PLUGINS_ENV, path=path)
+        out.append(path)
+    return out
+
+
+def load_plugins() -> list[str]:
+    """Import every plug-in folder of ``SPP_PLUGINS`` once (its registrations run); returns the module names.
+
+    Raises:
+        UserError: a folder is missing, or two folders have the same name (they would be one module).
+    """
+    names = []
+    for path in plugin_dirs():
+        name = path.name
+        if _loaded.get(name, str(path)) != str(path):
+            raise UserError(f"{PLUGINS_ENV} names two plug-in folders called {name!r} ({_loaded[name]} and {path})",
+                            "rename one of them (a plug-in's folder name is its module name)", key=PLUGINS_ENV)
+        if name not in _loaded:
+            if str(path.parent) not in sys.path:
+                sys.path.insert(0, str(path.parent))
+            importlib.import_module(name)
+            _loaded[name] = str(path)
+            log.debug("plug-in %s loaded from %s", name, path)
+        names.append(name)
+    return names
+
+
+def plugin_conf_dirs() -> list[Path]:
+    """The ``conf/`` folders of the plug-ins (what the Hydra search path plug-in adds); no import happens."""
+    dirs = []
+    for entry in os.environ.get(PLUGINS_ENV, "").split(os.pathsep):
+        conf = Path(entry).expanduser().resolve() / "conf" if entry.strip() else None
+        if conf is not None and conf.is_dir():
+            dirs.append(conf)
+    return dirs
