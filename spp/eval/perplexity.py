@@ -355,7 +355,8 @@ def score_windows(model: torch.nn.Module, windows: Windows, batch_size: int, bat
     was_training = model.training
     model.eval()
     try:
-        for b in tqdm(batches, desc=f"ppl {windows.label}@{windows.seqlen}", unit="batch", disable=quiet):
+        for b in tqdm(batches, desc=f"ppl {windows.label}@{windows.seqlen}", unit="batch",
+                      **({"disable": True} if quiet else {})):  # else TQDM_DISABLE decides (a log file: no bar)
             start = b * batch_size
             sums[start : start + chunks[b].size(0)] = window_nll_sum(model, chunks[b].to(device)).double().cpu()
     finally:
