@@ -83,7 +83,9 @@ def torchrun(script: Path, nproc: int, *args: str, timeout: int = 300) -> subpro
     """Start ``nproc`` processes together as ``torchrun`` does (no Lightning launcher)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
            *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    path = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])  # the script is in a temporary folder
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": path}
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 

@@ -102,7 +102,9 @@ def torchrun(script: Path, nproc: int, *args: str, env: dict[str, str] | None = 
     """Start ``nproc`` processes together as ``torchrun`` (and ``srun``) do: no Lightning launcher."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
            *args]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    # the script lives in a temporary folder: the repository goes on the path so it can import ``spp`` and ``tests``
+    path = os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path, **(env or {})}
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
