@@ -11,7 +11,15 @@ from spp.projections import ATTENTION_TARGETS, DEFAULT_TARGETS
 from spp.pruning import pruners as _pruners  # noqa: F401 - registers the project's pruners
 from spp.pruning.base import MatrixOutcome, Pruner
 from spp.pruning.cache import get_or_prune
-from spp.pruning.config import CalibrationConfig, PruneJobConfig, PrunerConfig, SparsityConfig
+from spp.pruning.config import (
+    CACHE_KEY,
+    KEY_REASON,
+    UNORDERED,
+    CalibrationConfig,
+    PruneJobConfig,
+    PrunerConfig,
+    SparsityConfig,
+)
 from spp.pruning.engine import PruneResult, prune_model
 from spp.pruning.patterns import NMCheck, check_nm, sparsity_summary
 from spp.pruning.registry import get_pruner, pruner_config, pruner_names, register_pruner
@@ -20,7 +28,9 @@ from spp.pruning.targets import current_masks, target_linears
 
 __all__ = [
     "ATTENTION_TARGETS",
+    "CACHE_KEY",
     "DEFAULT_TARGETS",
+    "KEY_REASON",
     "CalibrationConfig",
     "MatrixOutcome",
     "NMCheck",
@@ -30,6 +40,7 @@ __all__ = [
     "Pruner",
     "PrunerConfig",
     "SparsityConfig",
+    "UNORDERED",
     "check_nm",
     "current_masks",
     "get_or_prune",
