@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from spp.eval.job_config import EvalJobConfig
 from spp.generation import GenerateJobConfig
+from spp.plugins import plugin_conf_dirs
 from spp.pruning.config import PruneJobConfig
 from spp.training.config import TrainJobConfig
 
@@ -175,8 +176,25 @@ def groups_of(config: str) -> list[str]:
 
 
 def options_of(group: str) -> list[str]:
-    """The option names of a group (its YAML files)."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    """The option names of a group (its YAML files, a plug-in's of ``SPP_PLUGINS`` included)."""
+    return sorted({p.stem for conf in [CONF_DIR, *plugin_conf_dirs()] for p in (conf / group).glob("*.yaml")})
+
+
+def option_rows(job: type, root: DictConfig | None) -> list[tuple[str, str, str]]:
+    """``(key, doc, "")`` for every key a chosen group option adds to its group's schema (``pruner=sparsegpt``:
+    ``pruner.blocksize``, ``pruner.percdamp``; a plug-in pruner's own keys), from the composed node's type."""
+    rows: list[tuple[str, str, str]] = []
+    for f in dataclasses.fields(job) if root is not None else []:
+        declared = _field_type(job, f.name)
+        node = OmegaConf.select(root, f.name, throw_on_resolution_failure=False) if declared else None
+        own = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        if declared is None or not (isinstance(own, type) and issubclass(own, declared) and own is not declared):
+            continue
+        shared = {g.name for g in dataclasses.fields(declared)}
+        docs = attribute_docs(own)
+        rows += [(f"{f.name}.{g.name}", docs.get(g.name, ""), "") for g in dataclasses.fields(own)
+                 if g.name not in shared]
+    return rows
 
 
 def option_line(group: str, option: str) -> str:
@@ -261,6 +279,7 @@ def render(name: str, root: DictConfig | None = None) -> str:
     top = attribute_docs(job)
     rows = [(f.name, top.get(f.name, ""), "") for f in dataclasses.fields(job) if _field_type(job, f.name) is None]
     rows += [(key, key_doc(job, key), example) for key, example in cmd.keys]
+    rows += option_rows(job, root)
     for key, doc, example in rows:
         text = first_sentence(doc, at_least=60) + (f" e.g. {key}={example}" if example else "")
         value = _value(root, key)

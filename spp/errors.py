@@ -155,6 +155,13 @@ def to_job(cfg: DictConfig, schema: type) -> Any:
                                      else str(err)) from err
 
 
+def _own_schema(node: DictConfig, declared: type) -> type:
+    """The dataclass a composed group node is typed by: a group option's own schema (``pruner=sparsegpt`` merges
+    ``SparseGPTConfig`` over the declared ``PrunerConfig``) when it extends the declared one, else the declared."""
+    own = OmegaConf.get_type(node)
+    return own if isinstance(own, type) and dataclasses.is_dataclass(own) and issubclass(own, declared) else declared
+
+
 def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None:
     """Raise UserError for a key of ``cfg`` that no field of the dataclass ``schema`` declares.
 
@@ -174,5 +181,5 @@ def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None
         if dataclasses.is_dataclass(sub) and isinstance(cfg._get_node(key), DictConfig):
             node = cfg._get_node(key)
             if not node._is_none() and not node._is_missing():
-                reject_unknown_keys(node, sub, prefix=f"{name}.")
+                reject_unknown_keys(node, _own_schema(node, sub), prefix=f"{name}.")
 

@@ -4,8 +4,10 @@ Hydra answers an unknown key given without ``+`` (``adapter.rr=16``) with its ow
 advises ``+adapter.rr=16``: wrong, the key does not exist. :func:`checked_overrides` wraps a command's
 ``@hydra.main`` function and, before Hydra runs, rejects such a key with the message the project gives for
 ``+adapter.rr=16`` (:func:`spp.errors.reject_unknown_keys`: the key and the closest valid one), as one line and
-exit status 2. Everything it is not sure about (config groups, ``hydra.*``, ``+``/``++``/``~`` overrides, keys
-below ``Any``/``dict`` fields, unparsable arguments) is left to Hydra and to the check after composition.
+exit status 2. A key below a group whose options carry their own schema (``pruner.blocksize``, a key of
+``pruner=sparsegpt`` only) is judged against the option chosen (:func:`option_key_error`). Everything it is not
+sure about (config groups, ``hydra.*``, ``+``/``++``/``~`` overrides, keys below ``Any``/``dict`` fields,
+unparsable arguments, options that do not compose) is left to Hydra and to the check after composition.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import contextlib
 import dataclasses
 import difflib
 import functools
+import inspect
 import io
 import sys
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import OmegaConf
 
 from spp.errors import EXIT_USER_ERROR, UserError, reject_unknown_keys, report
@@ -31,6 +36,20 @@ def config_groups() -> set[str]:
     return {p.name for p in CONF_DIR.iterdir() if p.is_dir()} | {"hydra"}
 
 
+def parsed_overrides(argv: Sequence[str]) -> list[Override]:
+    """The overrides of a command line as Hydra parses them (``[]`` when Hydra's argument or override parser cannot
+    read the line: Hydra then reports the problem itself)."""
+    try:
+        from hydra._internal.utils import get_args_parser
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse prints its own errors; Hydra will too
+            args, _ = get_args_parser().parse_known_args(list(argv))
+        return OverridesParser.create().parse_overrides(list(args.overrides or []))
+    except (Exception, SystemExit):  # noqa: BLE001 - any parse problem is Hydra's to report, in its own words
+        return []
+
+
 def plain_override_keys(argv: Sequence[str]) -> list[str]:
     """The keys of the plain ``key=value`` overrides in a command line (not ``+``/``++``/``~``, no ``@package``).
 
@@ -38,55 +57,147 @@ def plain_override_keys(argv: Sequence[str]) -> list[str]:
     override parser reads them (sweeps such as ``a=1,2`` included). Returns ``[]`` when either cannot parse the
     line: Hydra then reports the problem itself.
     """
-    try:
-        from hydra._internal.utils import get_args_parser
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-        from hydra.core.override_parser.types import OverrideType
+    return plain_keys(parsed_overrides(argv))
 
-        with contextlib.redirect_stderr(io.StringIO()):  # argparse prints its own errors; Hydra will too
-            args, _ = get_args_parser().parse_known_args(list(argv))
-        overrides = OverridesParser.create().parse_overrides(list(args.overrides or []))
-    except (Exception, SystemExit):  # noqa: BLE001 - any parse problem is Hydra's to report, in its own words
-        return []
+
+def plain_keys(overrides: Sequence[Override]) -> list[str]:
+    """The keys of the plain ``key=value`` overrides among ``overrides`` (see :func:`plain_override_keys`)."""
     return [o.key_or_group for o in overrides if o.type == OverrideType.CHANGE and not o.package]
 
 
-def unknown_override(keys: Sequence[str], schema: type) -> UserError | None:
+def _schema_error(parts: Sequence[str], schema: type, prefix: str = "") -> UserError | None:
+    """:func:`spp.errors.reject_unknown_keys` for the one dotted key ``parts`` below ``schema``."""
+    tree: dict[str, Any] = {}
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = None
+    try:
+        reject_unknown_keys(OmegaConf.create(tree), schema, prefix=prefix)
+    except UserError as err:
+        return err
+    return None
+
+
+def unknown_override(keys: Sequence[str], schema: type, config_name: str | None = None,
+                     overrides: Sequence[Override] = ()) -> UserError | None:
     """The :class:`UserError` for the first key that no field of ``schema`` declares, else ``None``.
 
-    A key naming a config group (``model=tiny``, ``hydra/launcher=local``) or under ``hydra.`` is skipped.
+    A key naming a config group (``model=tiny``, ``hydra/launcher=local``) or under ``hydra.`` is skipped. A key
+    below a group whose options carry their own schema (``pruner.blocksize``: ``pruner=sparsegpt`` types the node
+    as ``SparseGPTConfig``) is judged against the option the command line chooses (:func:`option_key_error`, with
+    the primary config ``config_name`` and the line's ``overrides``).
     """
     groups = config_groups()
+    fields = typing.get_type_hints(schema)
     for key in keys:
         parts = key.split(".")
         if "/" in key or (parts[0] in groups and len(parts) == 1) or parts[0] == "hydra" or not all(parts):
             continue
-        tree: dict[str, Any] = {}
-        node = tree
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = None
-        try:
-            reject_unknown_keys(OmegaConf.create(tree), schema)
-        except UserError as err:
-            if len(parts) == 1:  # a top-level key may also be a misspelled group (experimnt=tiny_smoke)
-                names = {f.name for f in dataclasses.fields(schema)} | groups - {"hydra"}
-                close = difflib.get_close_matches(key, sorted(names), n=1)
-                if close:
-                    return UserError(err.what, f"remove it; did you mean {close[0]}=?", key=key)
+        err = _schema_error(parts, schema)
+        if err is None:
+            continue
+        if len(parts) > 1 and dataclasses.is_dataclass(fields.get(parts[0])) and config_name is not None:
+            err = option_key_error(config_name, parts[0], parts[1:], overrides)
+        elif len(parts) == 1:  # a top-level key may also be a misspelled group (experimnt=tiny_smoke)
+            names = set(fields) | groups - {"hydra"}
+            close = difflib.get_close_matches(key, sorted(names), n=1)
+            if close:
+                return UserError(err.what, f"remove it; did you mean {close[0]}=?", key=key)
+        if err is not None:
             return err
     return None
+
+
+def option_key_error(config_name: str, group: str, rest: Sequence[str],
+                     overrides: Sequence[Override] = ()) -> UserError | None:
+    """Whether key ``<group>.<rest>`` exists for every option of ``group`` that the command line chooses (each value
+    of a sweep ``pruner=wanda,sparsegpt``; else the primary config's default): the error for the first option that
+    lacks it, else ``None`` (also when the options cannot be composed: Hydra then names the problem).
+
+    Generic over groups: an option's schema is the dataclass its composed node is typed by (the YAML's ``defaults:
+    [<name>_schema, _self_]``). A key another option of the group has gets ``pruner=wanda has no key
+    pruner.blocksize (its keys: ...)``; a misspelling ``did you mean pruner.blocksize=?``.
+    """
+    for option, own in chosen_options(config_name, group, overrides) or []:
+        err = _schema_error(rest, own, prefix=f"{group}.")
+        if err is None:
+            continue
+        mine = [f.name for f in dataclasses.fields(own)]
+        if difflib.get_close_matches(rest[0], mine, n=1):
+            return err  # a misspelling: "did you mean <group>.<key>=?"
+        theirs = {name: [f.name for f in dataclasses.fields(schema)] for name, schema in group_schemas(group).items()}
+        others = [name for name, keys in theirs.items() if rest[0] in keys]
+        close = [(k, name) for name, keys in theirs.items() for k in difflib.get_close_matches(rest[0], keys, n=1)]
+        if not others and not close:
+            return err
+        key = f"{group}.{rest[0]}"
+        fix = (f"remove {key}, or choose {' / '.join(f'{group}={o}' for o in others)}, which "
+               f"{'has' if len(others) == 1 else 'have'} it" if others
+               else f"remove it; did you mean {group}.{close[0][0]} (a key of {group}={close[0][1]})?")
+        return UserError(f"{group}={option} has no key {key} (its keys: {', '.join(mine)})", fix, key=key)
+    return None
+
+
+def group_schemas(group: str) -> dict[str, type]:
+    """The schemas the options of ``group`` may be typed by: ConfigStore's ``<group>/<name>_schema`` entries
+    (``register_pruner`` stores them), as ``{name: dataclass}``."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    found: dict[str, type] = {}
+    for entry in store.list(group) if group in store.repo else []:
+        name = entry.removesuffix(".yaml")
+        schema = OmegaConf.get_type(store.load(f"{group}/{entry}").node)
+        if name.endswith("_schema") and isinstance(schema, type) and dataclasses.is_dataclass(schema):
+            found[name.removesuffix("_schema")] = schema
+    return found
+
+
+def chosen_options(config_name: str, group: str, overrides: Sequence[Override]) -> list[tuple[str, type]] | None:
+    """``(option, schema)`` for each option of ``group`` the command line chooses, each composed (group selections
+    only, other sweeps at their first value) to read the type of its node; ``None`` when one does not compose."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+    from hydra.types import RunMode
+
+    selections = [o for o in overrides if "." not in o.key_or_group and o.key_or_group != "hydra"]
+    mine = next((o for o in selections if o.key_or_group == group), None)
+    values = list(mine.sweep_string_iterator()) if mine is not None and mine.is_sweep_override() else [None]
+    out = []
+    try:
+        loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
+        for value in values:
+            lines = [_first_value(o, value if o is mine else None) for o in selections]
+            with contextlib.redirect_stderr(io.StringIO()):
+                cfg = loader.load_configuration(config_name, lines, run_mode=RunMode.RUN)
+            out.append((str(cfg.hydra.runtime.choices.get(group)), OmegaConf.get_type(cfg, group)))
+    except Exception:  # noqa: BLE001 - an option that does not compose is Hydra's to report
+        return None
+    return out
+
+
+def _first_value(override: Override, value: str | None) -> str:
+    """The override as one command-line item, with ``value`` (or a sweep's first value) as its value."""
+    prefix = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++", OverrideType.DEL: "~"}.get(override.type, "")
+    if value is None:
+        value = (next(iter(override.sweep_string_iterator())) if override.is_sweep_override()
+                 else override.get_value_element_as_str())
+    return f"{prefix}{override.get_key_element()}={value}"
 
 
 def checked_overrides(cmd: str, schema: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a ``@hydra.main`` function: unknown plain keys of ``sys.argv`` exit 2 with one line first.
 
     Use it above ``@hydra.main`` (``cmd`` is the script name the message starts with, ``schema`` the command's
-    typed job). A call with a config (Hydra's ``cfg_passthrough``) is passed through unchecked. The plug-ins of
-    ``SPP_PLUGINS`` are imported first (:func:`spp.plugins.load_plugins`), so their options compose.
+    typed job; the primary config's name is read from ``@hydra.main``'s ``config_name``). A call with a config
+    (Hydra's ``cfg_passthrough``) is passed through unchecked. The plug-ins of ``SPP_PLUGINS`` are imported first
+    (:func:`spp.plugins.load_plugins`), so their options compose and their schemas judge their keys.
     """
 
     def decorate(hydra_main: Callable[..., Any]) -> Callable[..., Any]:
+        config_name = inspect.getclosurevars(hydra_main).nonlocals.get("config_name")
+
         @functools.wraps(hydra_main)
         def main(*args: Any, **kwargs: Any) -> Any:
             try:  # a user's plug-ins register their methods and schemas before Hydra composes (spp.plugins)
@@ -95,7 +206,8 @@ def checked_overrides(cmd: str, schema: type) -> Callable[[Callable[..., Any]], 
                 report(cmd, err)
                 raise SystemExit(EXIT_USER_ERROR) from None
             if not args and not kwargs:
-                err = unknown_override(plain_override_keys(sys.argv[1:]), schema)
+                overrides = parsed_overrides(sys.argv[1:])
+                err = unknown_override(plain_keys(overrides), schema, config_name, overrides)
                 if err is not None:
                     report(cmd, err)
                     raise SystemExit(EXIT_USER_ERROR)

@@ -34,6 +34,7 @@ from spp.paths import find_data
 from spp.planning.job import check_job
 from spp.projections import DEFAULT_TARGETS, matches
 from spp.pruning.calibration_data import resolve_calibration_file
+from spp.pruning.registry import get_pruner, needs_calibration
 
 log = logging.getLogger(__name__)
 
@@ -487,6 +488,7 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
     """Everything ``train.py`` can check before loading a weight; returns the model's arch fields."""
     if get_method(job.adapter.name).trains:
         check_deepspeed(job.strategy, job.trainer.accelerator, get_method(job.adapter.name))
+    check_pruner(job.pruner, job.sparsity)
     arch = model_arch(job.model)
     check_positive({"adapter.scale": job.adapter.scale, "trainer.lr": job.trainer.lr})
     seqlens = {"data.max_length": job.data.max_length}
@@ -499,7 +501,7 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
     check_job(job, arch)  # the memory plan: every phase fits this machine's GPUs and host memory (docs/plan.md)
     if get_method(job.adapter.name).trains:
         check_data_source(job.data.source, job.data_dir)
-    if job.pruner.name != "none" and not job.sparsity.is_dense and job.pruner.needs_calibration:
+    if job.pruner.name != "none" and not job.sparsity.is_dense and needs_calibration(job.pruner):
         check_calibration(job.calibration, job.data_dir)
     if job.eval.ppl:
         check_ppl_sources([job.eval.ppl_source, *job.eval.extra_ppl_sources], job.data_dir)
@@ -513,14 +515,27 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
 def preflight_prune(job: Any) -> dict[str, Any]:
     """Everything ``prune.py`` can check before loading a weight."""
     arch = model_arch(job.model)
-    seqlens = {"calibration.seqlen": job.calibration.seqlen} if job.pruner.needs_calibration else {}
+    check_pruner(job.pruner, job.sparsity)
+    calibrates = needs_calibration(job.pruner)
+    seqlens = {"calibration.seqlen": job.calibration.seqlen} if calibrates else {}
     check_shapes(arch, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
     check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity)
-    if job.pruner.needs_calibration:
+    if calibrates:
         check_calibration(job.calibration, job.data_dir)
     if job.use_cache and job.pruner.name != "none" and not job.sparsity.is_dense:
         check_cache_dirs(job.cache_dir, ["pruning"])
     return arch
+
+
+def check_pruner(pruner: Any, sparsity: Any) -> None:
+    """The pruner exists (a plug-in's only when ``SPP_PLUGINS`` names its folder) and accepts the pattern
+    (:meth:`spp.pruning.base.Pruner.check`: SparseGPT's ``blocksize`` vs ``sparsity.m``)."""
+    if pruner.name == "none" or sparsity.is_dense:
+        return
+    try:
+        get_pruner(pruner).check(sparsity)
+    except ValueError as err:
+        raise UserError.from_message(str(err)) from err
 
 
 def check_cache_dirs(cache_dir: str, subdirs: list[str]) -> None:

@@ -1,10 +1,12 @@
 """Every field of the pruning and perplexity cache keys, changed in turn: what changes the result must miss, what
 does not must hit (same digest and same entry directory).
 
-The field lists come from ``dataclasses.fields``: a field added to ``PrunerConfig``, ``SparsityConfig``,
-``CalibrationConfig`` or ``EvalConfig`` fails ``test_every_config_field_is_classified`` until it is listed below as
-changing the result (for which pruners) or not. The "does not" classifications of the pruner settings are also
-checked on a real tiny model: pruning with the other value gives the same masks and weights.
+The pruner's part of the key is derived from its own config dataclass (``spp.pruning.cache.pruner_key``): every
+field of every registered pruner's config (``spp.pruning.registry``) is changed in turn and must miss, unless its
+metadata leaves it out of the key (``cache_key``: ``False`` or a predicate, with a ``reason``): then it must hit,
+and pruning a real tiny model with the other value must give the same masks and weights. A field of a new type
+fails ``test_every_pruner_field_has_another_value`` until :func:`_other_value` can change it. The fields of
+``SparsityConfig``, ``CalibrationConfig`` and ``EvalConfig`` are classified by hand below.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from spp.eval.ppl_cache import ppl_cache_key, ppl_settings, weights_key
 from spp.models.config import ModelConfig
 from spp.models.tiny import tiny_llama, tiny_tokenizer
 from spp.paths import SAMPLE_DATA_DIR
-from spp.pruning.cache import cache_entry_dir, cache_key
-from spp.pruning.config import DSNOT_INITIAL_METHODS, CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.cache import cache_entry_dir, cache_key, pruner_key
+from spp.pruning.config import CACHE_KEY, CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
+from spp.pruning.pruners.dsnot import INITIAL_METHODS
+from spp.pruning.registry import needs_calibration, pruner_config, pruner_names
 
 TINY = ModelConfig(name="tiny", path="tiny")
 U50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)
@@ -37,49 +41,41 @@ NM24 = SparsityConfig(name="nm2_4", kind="nm", n=2, m=4)
 CAL = CalibrationConfig(source="c4", nsamples=4, seqlen=32, seed=0, batch_size=2)
 ROOT = Path("/cache-root")
 
-DSNOT = ("dsnot", "dsnot_sparsegpt")
-CALIBRATED = ("wanda", "sparsegpt", *DSNOT)
-PRUNERS = {
-    "magnitude": PrunerConfig(name="magnitude"),
-    "wanda": PrunerConfig(name="wanda"),
-    "sparsegpt": PrunerConfig(name="sparsegpt"),
-    "dsnot": PrunerConfig(name="dsnot", max_cycles=5),
-    "dsnot_sparsegpt": PrunerConfig(name="dsnot", initial_method="sparsegpt", max_cycles=5),
+PRUNERS: dict[str, PrunerConfig] = {
+    **{name: pruner_config(name) for name in pruner_names()},  # every registered pruner at its defaults
+    "dsnot": pruner_config("dsnot", max_cycles=5),
+    "dsnot_sparsegpt": pruner_config("dsnot", initial_method="sparsegpt", max_cycles=5),  # percdamp in the key
 }
+CALIBRATED = tuple(p for p, cfg in PRUNERS.items() if needs_calibration(cfg))
 
-# PrunerConfig field -> the pruners (keys of PRUNERS) whose result it changes; () = none.
-PRUNER_AFFECTS: dict[str, tuple[str, ...]] = {
-    "name": tuple(PRUNERS),
-    "targets": tuple(PRUNERS),
-    "true_sequential": CALIBRATED,  # the later sublayer groups see the pruned earlier ones
-    "blocksize": ("sparsegpt",),  # DS⊘T's SparseGPT initial metric is the whole-matrix w²/U_jj²
-    "percdamp": ("sparsegpt", "dsnot_sparsegpt"),
-    "initial_method": DSNOT,
-    "max_cycles": DSNOT,
-    "update_threshold": DSNOT,
-    "pow_of_var_regrowing": DSNOT,
-    "same_sign_check": DSNOT,
-    "refine_targets": DSNOT,
-}
-OTHER_PRUNER = {"magnitude": "wanda", "wanda": "sparsegpt", "sparsegpt": "dsnot", "dsnot": "wanda"}
+CHOICES: dict[str, tuple[str, ...]] = {"initial_method": INITIAL_METHODS}
+"""String fields with a fixed set of values: another value is the next one."""
 
 
-def _other_pruner_value(base: PrunerConfig, name: str) -> Any:
-    """A valid value of PrunerConfig field ``name`` different from ``base``'s."""
-    others: dict[str, Any] = {
-        "name": OTHER_PRUNER[base.name],
-        "targets": ["q_proj", "up_proj"],
-        "true_sequential": not base.true_sequential,
-        "blocksize": 64,
-        "percdamp": 0.05,
-        "initial_method": next(m for m in DSNOT_INITIAL_METHODS if m != base.initial_method),
-        "max_cycles": 7,
-        "update_threshold": 0.5,
-        "pow_of_var_regrowing": 2.0,
-        "same_sign_check": not base.same_sign_check,
-        "refine_targets": ["q_proj"],
-    }
-    return others[name]
+def _other_value(base: PrunerConfig, name: str) -> Any:
+    """A valid value of ``base``'s field ``name`` other than its own (by type; choices from :data:`CHOICES`)."""
+    value = getattr(base, name)
+    if name in CHOICES:
+        return next(v for v in CHOICES[name] if v != value)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value * 2 if value else 1
+    if isinstance(value, float):
+        return value * 2 + 0.01
+    if isinstance(value, list):
+        return value[:1] if len(value) > 1 else ["q_proj", "up_proj"]
+    raise AssertionError(f"{type(base).__name__}.{name}: teach _other_value another value of {value!r}")
+
+
+def _in_key(cfg: PrunerConfig, name: str) -> bool:
+    """What the field's metadata says: the field is in ``cfg``'s cache key."""
+    rule = next(f for f in dataclasses.fields(cfg) if f.name == name).metadata.get(CACHE_KEY, True)
+    return rule(cfg) if callable(rule) else bool(rule)
+
+
+FIELD_CASES = [(p, f.name) for p, cfg in PRUNERS.items() for f in dataclasses.fields(cfg) if f.name != "name"]
+HIT_FIELDS = [(p, f) for p, f in FIELD_CASES if not _in_key(PRUNERS[p], f)]
 
 
 # SparsityConfig field -> (base, the same with only that field changed, changes the result).
@@ -149,22 +145,48 @@ def _hits(a: Setting, b: Setting) -> bool:
 
 
 def test_every_config_field_is_classified() -> None:
-    names = {cls: {f.name for f in dataclasses.fields(cls)}
-             for cls in (PrunerConfig, SparsityConfig, CalibrationConfig, EvalConfig)}
-    assert names[PrunerConfig] == set(PRUNER_AFFECTS), "classify the new PrunerConfig field in PRUNER_AFFECTS"
+    names = {cls: {f.name for f in dataclasses.fields(cls)} for cls in (SparsityConfig, CalibrationConfig, EvalConfig)}
     assert names[SparsityConfig] == set(SPARSITY_CASES), "classify the new SparsityConfig field in SPARSITY_CASES"
     assert names[CalibrationConfig] == set(CALIBRATION_CASES), "classify the new field in CALIBRATION_CASES"
     assert names[EvalConfig] == set(EVAL_CASES), "classify the new EvalConfig field in EVAL_CASES"
-    for pruner in PRUNERS.values():
-        assert {_other_pruner_value(pruner, f) != getattr(pruner, f) for f in PRUNER_AFFECTS} == {True}
 
 
-@pytest.mark.parametrize("field", list(PRUNER_AFFECTS))
-@pytest.mark.parametrize("pruner", list(PRUNERS))
-def test_pruner_field_changes_the_key_exactly_when_it_changes_the_result(pruner: str, field: str) -> None:
+@pytest.mark.parametrize(("pruner", "field"), FIELD_CASES)
+def test_every_pruner_field_has_another_value(pruner: str, field: str) -> None:
     base = PRUNERS[pruner]
-    other = replace(base, **{field: _other_pruner_value(base, field)})
-    assert _hits(Setting(TINY, base, U50, CAL), Setting(TINY, other, U50, CAL)) == (pruner not in PRUNER_AFFECTS[field])
+    assert _other_value(base, field) != getattr(base, field)
+    replace(base, **{field: _other_value(base, field)})  # valid
+
+
+@pytest.mark.parametrize(("pruner", "field"), FIELD_CASES)
+def test_a_pruner_field_misses_unless_its_metadata_leaves_it_out(pruner: str, field: str) -> None:
+    base = PRUNERS[pruner]
+    other = replace(base, **{field: _other_value(base, field)})
+    assert _hits(Setting(TINY, base, U50, CAL), Setting(TINY, other, U50, CAL)) == (not _in_key(base, field))
+
+
+def test_every_pruner_has_its_own_key_and_the_base_config_means_the_defaults() -> None:
+    digests = {cache_key(TINY, cfg, U50, CAL, str(SAMPLE_DATA_DIR))[1] for cfg in PRUNERS.values()}
+    assert len(digests) == len(PRUNERS)
+    for name in pruner_names():  # PrunerConfig(name="wanda"), as code writes it, is pruner=wanda's defaults
+        assert _hits(Setting(TINY, PrunerConfig(name=name), U50, CAL), Setting(TINY, pruner_config(name), U50, CAL))
+
+
+def test_the_keys_of_existing_settings_did_not_change() -> None:
+    """The keys the hand-written list gave before the pruners became plug-ins (PRUNING_CODE_VERSION "1"): entries
+    written before still hit."""
+    targets = sorted(PrunerConfig().targets)
+    dsnot = {"name": "dsnot", "targets": targets, "true_sequential": False, "initial_method": "wanda",
+             "max_cycles": 50, "update_threshold": 0.1, "pow_of_var_regrowing": 1.0, "same_sign_check": False,
+             "refine_targets": ["k_proj", "o_proj", "q_proj", "v_proj"]}
+    assert pruning_cache.PRUNING_CODE_VERSION == "1"
+    assert pruner_key(pruner_config("magnitude", true_sequential=True)) == {"name": "magnitude", "targets": targets}
+    assert pruner_key(pruner_config("wanda")) == {"name": "wanda", "targets": targets, "true_sequential": False}
+    assert pruner_key(pruner_config("sparsegpt", blocksize=64)) == {
+        "name": "sparsegpt", "targets": targets, "true_sequential": False, "blocksize": 64, "percdamp": 0.01}
+    assert pruner_key(pruner_config("dsnot", percdamp=0.5)) == dsnot
+    assert pruner_key(pruner_config("dsnot", initial_method="sparsegpt")) == {
+        **dsnot, "initial_method": "sparsegpt", "percdamp": 0.01}
 
 
 @pytest.mark.parametrize("field", list(SPARSITY_CASES))
@@ -198,7 +220,7 @@ def test_a_sparsity_name_with_another_ratio_misses_and_its_entry_is_labelled_by_
 
 
 def test_target_order_does_not_matter() -> None:
-    dsnot = PRUNERS["dsnot"]
+    dsnot = PRUNERS["dsnot"]  # fields marked unordered
     swapped = replace(dsnot, targets=dsnot.targets[::-1], refine_targets=dsnot.refine_targets[::-1])
     assert _hits(Setting(TINY, dsnot, U50, CAL), Setting(TINY, swapped, U50, CAL))
 
@@ -282,13 +304,10 @@ def _pruned(pruner: str, field: str = "", value: Any = None, batch_size: int = C
     return result.masks, {k: v.clone() for k, v in model.state_dict().items()}
 
 
-HIT_FIELDS = [(p, f) for p in PRUNERS for f in PRUNER_AFFECTS if p not in PRUNER_AFFECTS[f]]
-
-
 @pytest.mark.parametrize(("pruner", "field"), HIT_FIELDS)
 def test_a_field_classified_as_not_changing_the_result_does_not_change_it(pruner: str, field: str) -> None:
-    """Guards the table itself: if a pruner starts using a field, this fails and the key must take the field."""
-    value = _other_pruner_value(PRUNERS[pruner], field)
+    """Guards the metadata: if a pruner starts using a field left out of its key, this fails."""
+    value = _other_value(PRUNERS[pruner], field)
     masks, weights = _pruned(pruner)
     other_masks, other_weights = _pruned(pruner, field, tuple(value) if isinstance(value, list) else value)
     assert all(torch.equal(masks[k], other_masks[k]) for k in masks)

@@ -79,6 +79,9 @@ def _cases(tmp: Path) -> dict[str, list[str]]:
         "prune": ["prune.py", "model=tiny", "calibration.nsampels=3", f"hydra.run.dir={tmp / 'h3'}"],
         "eval": ["eval.py", "model=tiny", "eval.seqln=64", f"hydra.run.dir={tmp / 'h4'}"],
         "generate": ["generate.py", "model=tiny", "promt=hi", f"hydra.run.dir={tmp / 'h5'}"],
+        "pruner_other": ["train.py", "model=tiny", "pruner=wanda", "pruner.blocksize=64", f"hydra.run.dir={tmp / 'h6'}",
+                         *train],
+        "pruner_typo": ["prune.py", "model=tiny", "pruner=sparsegpt", "pruner.blocksz=64", f"hydra.run.dir={tmp / 'h7'}"],
         "train_plus": ["train.py", "model=tiny", "+adapter.rr=16", f"hydra.run.dir={tmp / 'h0'}", *train],
         "gpt2": ["train.py", f"model.path={gpt2}", "model.name=gpt2", "debug=fast", f"run_dir={tmp / 'gpt2_run'}",
                  *train],
@@ -223,9 +226,16 @@ def test_no_validation_reason_follows_lightnings_schedule(tmp_path):
     ("prune", "prune.py", "calibration.nsampels", "calibration.nsamples="),
     ("eval", "eval.py", "eval.seqln", "eval.seqlen="),
     ("generate", "generate.py", "promt", "prompt="),
+    ("pruner_typo", "prune.py", "pruner.blocksz", "pruner.blocksize="),  # judged by pruner=sparsegpt's own schema
 ])
 def test_misspelled_key_without_plus_gets_the_projects_message(outcomes, case, cmd, key, suggestion):
     line = refusal(outcomes[case], cmd, f"unknown config key {key} ", f"did you mean {suggestion}?")
     assert "+" + key not in line  # not Hydra's advice to add the key
     if case == "train":
         assert line == refusal(outcomes["train_plus"], cmd)  # the same line as for +adapter.rr=16
+
+
+def test_a_key_of_another_pruner_names_the_pruner_chosen_and_its_keys(outcomes):
+    line = refusal(outcomes["pruner_other"], "train.py", "pruner=wanda has no key pruner.blocksize",
+                   "its keys: name, targets, true_sequential", "pruner=sparsegpt")
+    assert "+pruner" not in line

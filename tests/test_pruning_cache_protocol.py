@@ -206,7 +206,7 @@ elif mode == "disk-and-locks":
         row["localflock"] = "passed"
     except UserError as err:
         row["localflock"] = str(err)
-    import spp.pruning.methods as methods
+    import spp.pruning.pruners.sparsegpt.rule as methods
     solve = methods.sparsegpt_prune
     def failing(weight, *args, **kwargs):  # a Hessian that is not positive definite, on the owner of one matrix
         if ctx.rank == 1 and weight.shape[0] == weight.shape[1]:

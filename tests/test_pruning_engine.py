@@ -16,6 +16,7 @@ from spp.paths import SAMPLE_DATA_DIR
 from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig, check_nm, current_masks, prune_model
 from spp.pruning.calibration_data import calibration_windows
 from spp.pruning.patterns import prune_lowest_per_row
+from spp.pruning.registry import pruner_config
 
 CAL = CalibrationConfig(nsamples=4, seqlen=64, batch_size=2)
 U50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)
@@ -26,7 +27,7 @@ BLOCK1 = [n.replace("layers.0", "layers.1") for n in BLOCK0]
 
 def _prune(model: nn.Module, tok, pruner: str | dict, sparsity: SparsityConfig | dict, cal: CalibrationConfig = CAL):
     """``prune_model`` with the configs built here (a dict is built inside the test, where its error is expected)."""
-    cfg = PrunerConfig(name=pruner) if isinstance(pruner, str) else PrunerConfig(**pruner)
+    cfg = PrunerConfig(name=pruner) if isinstance(pruner, str) else pruner_config(**pruner)
     sparsity = SparsityConfig(**sparsity) if isinstance(sparsity, dict) else sparsity
     return prune_model(model, tok, cfg, sparsity, cal, data_dir=SAMPLE_DATA_DIR, device="cpu")
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from spp.pruning import SparsityConfig, check_nm
-from spp.pruning.dsnot import dsnot_refine, expected_error
-from spp.pruning.magnitude import magnitude_mask
-from spp.pruning.sparsegpt import sparsegpt_prune
+from spp.pruning.pruners.dsnot import dsnot_refine, expected_error
+from spp.pruning.pruners.magnitude import magnitude_mask
+from spp.pruning.pruners.sparsegpt import sparsegpt_prune
+from spp.pruning.pruners.wanda import wanda_mask, wanda_scores
 from spp.pruning.statistics import InputStatistics
-from spp.pruning.wanda import wanda_mask, wanda_scores
 
 U50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)
 NM24 = SparsityConfig(name="nm2_4", kind="nm", n=2, m=4)

@@ -7,9 +7,11 @@ import torch
 
 from spp.pruning import SparsityConfig, check_nm, sparsity_summary
 from spp.pruning.config import CalibrationConfig, PrunerConfig
-from spp.pruning.magnitude import magnitude_mask
 from spp.pruning.patterns import keep_top_n_of_m, prune_lowest_per_row
-from spp.pruning.wanda import wanda_mask
+from spp.pruning.pruners.dsnot import DSnoTConfig
+from spp.pruning.pruners.magnitude import magnitude_mask
+from spp.pruning.pruners.wanda import wanda_mask
+from spp.pruning.registry import get_pruner, pruner_config
 
 U50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)
 
@@ -101,10 +103,14 @@ def test_nm_ratio_and_convention() -> None:
 
 
 def test_pruner_and_calibration_settings_are_validated() -> None:
-    with pytest.raises(ValueError, match="pruner.name='obs'"):
-        PrunerConfig(name="obs").validate()
+    with pytest.raises(ValueError, match="pruner.name='obs' is not a pruner"):
+        get_pruner(PrunerConfig(name="obs").validate())
     with pytest.raises(ValueError, match="pruner.initial_method"):
-        PrunerConfig(name="dsnot", initial_method="random").validate()
+        pruner_config("dsnot", initial_method="random")
+    with pytest.raises(ValueError, match="pruner.name='wanda' in the config of pruner=dsnot"):
+        DSnoTConfig(name="wanda")
+    with pytest.raises(TypeError, match="blocksize"):
+        pruner_config("wanda", blocksize=64)  # Wanda has no such setting
     with pytest.raises(ValueError, match="calibration.nsamples"):
         CalibrationConfig(nsamples=0).validate()
     with pytest.raises(ValueError, match="calibration.sampling"):

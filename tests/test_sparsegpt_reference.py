@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from spp.pruning.config import SparsityConfig
-from spp.pruning.sparsegpt import sparsegpt_prune
+from spp.pruning.pruners.sparsegpt import sparsegpt_prune
 
 F64 = torch.float64
 U50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)

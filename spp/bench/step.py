@@ -6,7 +6,7 @@ AdamW wd 0.001, fp32 on CPU); ``StepSetting.from_resolved_config`` reads them fr
 ``resolved_config.yaml`` with omegaconf alone (no Hydra composition, no ``spp.training`` import), so the timed
 step is the one that run executed.
 
-The zero pattern is applied by magnitude (``spp.pruning.magnitude``) whatever pruner the run used: Wanda and
+The zero pattern is applied by magnitude (``spp.pruning.pruners.magnitude``) whatever pruner the run used: Wanda and
 magnitude give the same pattern *shape* (2:4, or the same unstructured ratio), and a dense fp32 product costs
 the same whichever entries are zero.
 """
@@ -29,7 +29,7 @@ from spp.models.config import ModelConfig
 from spp.models.loading import load_model
 from spp.projections import DEFAULT_TARGETS, matches
 from spp.pruning.config import SparsityConfig
-from spp.pruning.magnitude import magnitude_mask
+from spp.pruning.pruners.magnitude import magnitude_mask
 
 MAIN_JOB_DATA = {"max_examples": 120, "max_length": 128, "train_batch_size": 8}
 """The data keys that ``conf/budget/smollm2_135m.yaml`` sets for the main job (the rest are DataConfig defaults)."""

@@ -17,7 +17,7 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,39 @@ from typing import Any
 from spp.atomic import write_text_atomic
 from spp.eval.harness import MMLU_GROUP, zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.tables import PAPER_COLUMNS
+from spp.pruning.base import Pruner
+from spp.pruning.registry import NO_PRUNING, pruner_class, pruner_names
 
 TABLE_IDS = ("table2", "table3", "table4", "table5", "table6")
-PRUNER_LABELS = {"none": "None", "wanda": "Wanda", "sparsegpt": "SparseGPT", "magnitude": "Magnitude"}
-PRUNER_RANK = {"none": 0, "sparsegpt": 1, "wanda": 2, "magnitude": 3, "dsnot": 4}
+
+
+class _PrunerTable(Mapping[str, Any]):
+    """A read-only view of what each registered pruner says about its table rows (``spp.pruning.base.Pruner``'s
+    ``label``, ``table_rank``), plus ``none``'s; a pruner that is not registered here (a plug-in not loaded) is
+    missing, so ``.get(name, default)`` falls back."""
+
+    def __init__(self, none: Any, read: Callable[[type[Pruner]], Any]) -> None:
+        self._none, self._read = none, read
+
+    def __getitem__(self, name: str) -> Any:
+        if name == NO_PRUNING:
+            return self._none
+        try:
+            return self._read(pruner_class(name))
+        except ValueError:
+            raise KeyError(name) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([NO_PRUNING, *pruner_names()])
+
+    def __len__(self) -> int:
+        return 1 + len(pruner_names())
+
+
+PRUNER_LABELS: Mapping[str, str] = _PrunerTable("None", lambda cls: cls.label or cls.name)
+"""Pruner name -> its label in the tables (``Wanda``)."""
+PRUNER_RANK: Mapping[str, int] = _PrunerTable(0, lambda cls: cls.table_rank)
+"""Pruner name -> its row order in the tables."""
 ADAPTER_SUFFIX = {"none": "", "spp": "+SPP", "lora": "+LoRA*"}
 ADAPTER_RANK = {"none": 0, "lora": 1, "spp": 2}
 SPP_DEFAULT = {"use_beta": True, "alpha_init": "kaiming", "beta_init": "zeros", "residual": True}
@@ -98,7 +127,7 @@ def load_run(path: Path) -> Run:
     key = RunKey(
         model=cfg["model"]["name"],
         pruner=pr["name"],
-        initial=pr.get("initial_method") if pr["name"] == "dsnot" else None,
+        initial=_table_variant(pr),
         sparsity_kind=sp["kind"],
         ratio=float(ratio or 0.0),
         n=sp.get("n"),
@@ -133,6 +162,14 @@ def load_run(path: Path) -> Run:
     )
 
 
+def _table_variant(settings: dict[str, Any]) -> str | None:
+    """What else tells a pruner's rows apart (DS⊘T: its initial method; :meth:`Pruner.table_variant`)."""
+    try:
+        return pruner_class(settings["name"]).table_variant(settings)
+    except ValueError:
+        return None
+
+
 def find_summaries(roots: Iterable[str | Path]) -> list[Path]:
     """Every ``summary.json`` below ``roots`` (sorted).
 
@@ -151,9 +188,9 @@ def find_summaries(roots: Iterable[str | Path]) -> list[Path]:
 
 def method_label(key: RunKey) -> str:
     """``Wanda``, ``Wanda+DS⊘T``, ``Wanda+SPP``, ``Wanda+LoRA*``, ``None`` (dense) as in the paper."""
-    if key.pruner == "dsnot":
-        base = f"{PRUNER_LABELS.get(key.initial or 'wanda', str(key.initial))}+DS⊘T"
-    else:
+    try:
+        base = pruner_class(key.pruner).table_label(key.initial)
+    except ValueError:
         base = PRUNER_LABELS.get(key.pruner, key.pruner)
     return base + ADAPTER_SUFFIX.get(key.adapter, f"+{key.adapter}")
 

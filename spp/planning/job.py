@@ -148,7 +148,7 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
              nodes: int | None = None) -> RunSpec:
     """The :class:`RunSpec` of ``job`` on ``kind`` (``gpu``/``cpu``) with its model ``arch``; ``devices`` and
     ``nodes`` replace ``trainer.devices`` / ``trainer.num_nodes`` (the Slurm launcher's request)."""
-    from spp.pruning.methods import PRUNERS
+    from spp.pruning.registry import get_pruner
 
     dtype_bytes = {"float32": 4, "float64": 8}.get(str(job.model.torch_dtype), 2)
     shape = shape_from_arch(job.model.name, arch, list(job.pruner.targets) or list(DEFAULT_TARGETS), dtype_bytes)
@@ -158,7 +158,7 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
     prunes = job.pruner.name != "none" and not job.sparsity.is_dense
     per_char = tokens_per_char(shape.vocab)
     cal = job.calibration
-    updates = prunes and job.pruner.name in PRUNERS and PRUNERS[job.pruner.name].updates_weights
+    updates = prunes and get_pruner(job.pruner).updates_weights
     return RunSpec(shape=shape, kind=kind, devices=devices, nodes=nodes, strategy=strategy, zero_stage=stage,
                    act_bytes=precision_bytes(str(job.trainer.precision), kind), source=source,
                    adapter=_adapter_spec(job), train=_train_spec(job, devices * nodes, per_char),

@@ -69,14 +69,26 @@ def _solve_bytes(shape: ModelShape) -> int:
     return max(o * i * 4 + 2 * i * i * 4 + 3 * o * 128 * 4 + o * i for o, i in shape.linears.values())
 
 
+def uses_hessian(pruner: str) -> bool:
+    """Whether pruner ``pruner`` (at its default settings) accumulates Hessians and solves them on owner ranks, as
+    SparseGPT does: its memory and time are then counted as SparseGPT's, else as a cheap per-matrix rule's."""
+    from spp.pruning.registry import NO_PRUNING, get_pruner, pruner_config
+
+    try:
+        return pruner != NO_PRUNING and get_pruner(pruner_config(pruner)).uses_hessian
+    except ValueError:  # a plug-in not loaded here: counted as a cheap rule
+        return False
+
+
 def gpu_bytes(shape: ModelShape, world: int, cal: Calibration, pruner: str, true_sequential: bool = False) -> int:
     """Peak GPU memory of one rank while it prunes (the largest of: a block being calibrated, the head)."""
     local_windows = -(-cal.nsamples // world)
     hidden = local_windows * cal.seqlen * shape.hidden * shape.bytes_per_param * 2  # inputs and outputs of a block
     batch = cal.batch_size * cal.seqlen
     activations = batch * (3 * shape.intermediate + 6 * shape.hidden) * shape.bytes_per_param
-    stats = _hessian_bytes(shape, true_sequential) if pruner == "sparsegpt" else 0
-    solve = _solve_bytes(shape) if pruner == "sparsegpt" else max(o * i * 13 for o, i in shape.linears.values())
+    hessian = uses_hessian(pruner)
+    stats = _hessian_bytes(shape, true_sequential) if hessian else 0
+    solve = _solve_bytes(shape) if hessian else max(o * i * 13 for o, i in shape.linears.values())
     block = shape.block_bytes + hidden + activations + stats + solve
     head = (shape.outside_params * shape.bytes_per_param + hidden
             + batch * shape.vocab * 4)  # the tail's logits of one batch (perplexity)
@@ -103,7 +115,7 @@ def seconds(shape: ModelShape, world: int, hw: Hardware, cal: Calibration, prune
            "onload": shape.weight_bytes / (hw.h2d_gbps * 1e9)
            + (shape.weight_bytes / (hw.broadcast_gbps * 1e9) if world > 1 else 0.0),
            "forward": (forward_flops + attention_flops) / world / (hw.bf16_tflops * 1e12)}
-    if pruner == "sparsegpt":
+    if uses_hessian(pruner):
         hessian_flops = sum(2 * tokens * i * i for _o, i in shape.linears.values()) * shape.blocks
         out["hessians"] = hessian_flops / world / (hw.fp32_tflops * 1e12)
         solves = sorted((i * hw.column_overhead_s + (2 * o * i * 128 + 2 * i**3) / (hw.fp32_tflops * 1e12)

@@ -11,18 +11,15 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from spp.models.config import ModelConfig
-from spp.projections import ATTENTION_TARGETS, DEFAULT_TARGETS
+from spp.projections import DEFAULT_TARGETS
 
 SPARSITY_KINDS: tuple[str, ...] = ("dense", "unstructured", "nm")
-PRUNER_NAMES: tuple[str, ...] = ("none", "magnitude", "wanda", "sparsegpt", "dsnot")
-DSNOT_INITIAL_METHODS: tuple[str, ...] = ("wanda", "sparsegpt", "magnitude")
 CALIBRATION_SOURCES: dict[str, str] = {
     "c4": "c4/c4_sample.jsonl",
     "wikitext2": "wikitext2/validation.json",
     "alpaca": "alpaca/cleaned_partial/alpaca_data_cleaned_0.json",
 }
 """Named calibration sources and the data file each reads (relative to a data root, see ``spp.paths``)."""
-
 
 
 @dataclass
@@ -88,66 +85,46 @@ class SparsityConfig:
         return self.kind == "dense"
 
 
+CACHE_KEY = "cache_key"
+"""Field metadata of a pruner config: whether the field enters the pruning cache key (default ``True``): ``False``,
+or a predicate of the config (``lambda cfg: cfg.initial_method == "sparsegpt"``); a field left out must say why
+under :data:`KEY_REASON`. ``register_pruner`` checks it; ``tests/test_cache_keys.py`` proves it."""
+KEY_REASON = "reason"
+"""Field metadata: why a field is (sometimes) left out of the cache key."""
+UNORDERED = "unordered"
+"""Field metadata: the field is a set written as a list (``targets``); the key holds it sorted."""
+
+
 @dataclass
 class PrunerConfig:
-    """How to choose the zeros (``conf/pruner/*.yaml``); fields a pruner does not use are ignored by it.
+    """How to choose the zeros (``conf/pruner/*.yaml``): what every pruner shares. Each pruner extends it with its
+    own fields (``spp/pruning/pruners/<name>/``, registered as the Hydra schema ``pruner/<name>_schema``).
 
     Attributes:
-        name: ``none``, ``magnitude``, ``wanda``, ``sparsegpt`` or ``dsnot``.
+        name: The pruner (``none``, ``magnitude``, ``wanda``, ``sparsegpt``, ``dsnot`` or a plug-in's); choose it
+            with ``pruner=<name>``.
         targets: Leaf names of the linear layers inside each decoder block that are pruned (embeddings and
             ``lm_head`` are never pruned).
         true_sequential: Calibrate the sublayer groups {q,k,v} -> {o} -> {gate,up} -> {down} one after another
             inside each block (SparseGPT's ``--true-sequential``); off = all sublayers see the dense block's inputs.
-        blocksize: SparseGPT column block width (must be a multiple of ``sparsity.m`` for N:M).
-        percdamp: SparseGPT damping, as a fraction of mean(diag H).
-        initial_method: DS⊘T's initial mask (``wanda``, ``sparsegpt`` or ``magnitude``).
-        max_cycles: DS⊘T's maximum number of swap cycles.
-        update_threshold: DS⊘T stops refining a row once |expected reconstruction error| <= this.
-        pow_of_var_regrowing: DS⊘T regrowth score = contribution / var^this.
-        same_sign_check: DS⊘T unstructured: also stop a row when a swap would flip the sign of its error
-            (the reference's ``--without_same_sign False``; N:M always checks).
-        refine_targets: Sublayers DS⊘T refines; the rest keep their initial mask. Default: attention only,
-            as the reference's default ``--skip_layer mlp``.
     """
 
     name: str = "none"
-    targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
+    targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS), metadata={UNORDERED: True})
     true_sequential: bool = False
-    blocksize: int = 128
-    percdamp: float = 0.01
-    initial_method: str = "wanda"
-    max_cycles: int = 50
-    update_threshold: float = 0.1
-    pow_of_var_regrowing: float = 1.0
-    same_sign_check: bool = False
-    refine_targets: list[str] = field(default_factory=lambda: list(ATTENTION_TARGETS))
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> PrunerConfig:
         """Raise ``ValueError`` naming the config key when a setting is invalid; return ``self``."""
-        if self.name not in PRUNER_NAMES:
-            raise ValueError(f"pruner.name={self.name!r} is not one of {PRUNER_NAMES}")
+        own = type(self).__dataclass_fields__["name"].default
+        if type(self) is not PrunerConfig and self.name != own:
+            raise ValueError(f"pruner.name={self.name!r} in the config of pruner={own}; choose the pruner with "
+                             f"pruner={self.name}, not pruner.name")
         if not self.targets:
             raise ValueError("pruner.targets is empty; list the linear layer names to prune (e.g. [q_proj, ...])")
-        if self.blocksize < 1:
-            raise ValueError(f"pruner.blocksize={self.blocksize} must be a positive integer")
-        if not self.percdamp > 0:
-            raise ValueError(f"pruner.percdamp={self.percdamp} must be > 0")
-        if self.name == "dsnot":
-            if self.initial_method not in DSNOT_INITIAL_METHODS:
-                raise ValueError(
-                    f"pruner.initial_method={self.initial_method!r} is not one of {DSNOT_INITIAL_METHODS}"
-                )
-            if self.max_cycles < 0:
-                raise ValueError(f"pruner.max_cycles={self.max_cycles} must be >= 0")
         return self
-
-    @property
-    def needs_calibration(self) -> bool:
-        """Whether this pruner needs activations (everything except ``none`` and ``magnitude``)."""
-        return self.name in ("wanda", "sparsegpt", "dsnot")
 
 
 @dataclass

@@ -7,9 +7,10 @@ rank 0's host memory. The calibration batches are split round-robin over the ran
 2. every rank runs its batches through it with input hooks on the block's target linears (all of them, or the
    sublayer groups {q,k,v} -> {o} -> {gate,up} -> {down} in turn with ``true_sequential``); the statistics are
    summed across ranks (:meth:`~spp.pruning.statistics.InputStatistics.reduce`);
-3. each matrix is decided by the pruner (:mod:`spp.pruning.methods`): by every rank when the rule is cheap and
-   deterministic (Wanda, magnitude, DS⊘T), by one owner rank per matrix that broadcasts mask and weights when it
-   needs the Hessian (SparseGPT), so every rank ends with bit-identical weights;
+3. each matrix is decided by the pruner (the interface :class:`spp.pruning.base.Pruner`; each pruner's folder
+   under ``spp/pruning/pruners/``): by every rank when the rule is cheap and deterministic (Wanda, magnitude,
+   DS⊘T), by one owner rank per matrix that broadcasts mask and weights when it needs the Hessian (SparseGPT), so
+   every rank ends with bit-identical weights;
 4. the pruned block produces the next block's inputs on every rank, and rank 0 writes it home (DESIGN §2).
 
 So the calibration forward passes cost 1/N each, no rank waits while another calibrates, and the model is never
@@ -31,11 +32,12 @@ from transformers import PreTrainedTokenizerBase
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.models.offload import OffloadedModel
+from spp.pruning.base import MatrixOutcome, Pruner
 from spp.pruning.calibration_data import calibration_windows
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
-from spp.pruning.methods import MatrixOutcome, Pruner, get_pruner
 from spp.pruning.patterns import check_layer_fits, sparsity_summary
+from spp.pruning.registry import NO_PRUNING, get_pruner
 from spp.pruning.report import PruneReport, build_report, report_from_layers
 from spp.pruning.sequential import BlockRunner, buffers_on
 from spp.pruning.statistics import InputStatistics
@@ -85,16 +87,17 @@ def validate_for_model(
     """Check every setting against the model before any work (shapes only: a ``meta`` skeleton will do).
 
     Raises:
-        ValueError: bad ratio / N:M / blocksize / targets / seqlen, naming the config key or the layer.
+        ValueError: bad ratio / N:M / targets / seqlen, a pruner's own refusal (:meth:`Pruner.check`: SparseGPT's
+            blocksize) or an unknown pruner, naming the config key or the layer.
     """
     pruner, sparsity, calibration = pruner.validate(), sparsity.validate(), calibration.validate()
     linears = target_linears(model, pruner.targets)
-    if not sparsity.is_dense and pruner.name != "none":
+    if not sparsity.is_dense and pruner.name != NO_PRUNING:
         for name, linear in linears.items():
             check_layer_fits(name, linear.weight.shape, sparsity)
-        if pruner.name == "sparsegpt" and sparsity.kind == "nm" and pruner.blocksize % int(sparsity.m):
-            raise ValueError(f"pruner.blocksize={pruner.blocksize} must be a multiple of sparsity.m={sparsity.m}")
-        if pruner.needs_calibration:
+        method = get_pruner(pruner)
+        method.check(sparsity)
+        if method.needs_calibration:
             max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
             if max_pos is not None and calibration.seqlen > max_pos:
                 raise ValueError(
@@ -152,7 +155,7 @@ def prune_offloaded(
     t_start = time.perf_counter()
     model = off.model
     linears = validate_for_model(model, pruner, sparsity, calibration)
-    if sparsity.is_dense or pruner.name == "none":
+    if sparsity.is_dense or pruner.name == NO_PRUNING:
         return _unpruned(off, linears, sparsity, t_start)
     was_training = model.training
     model.eval()  # no dropout in the calibration forward passes

@@ -19,6 +19,7 @@ import json
 import logging
 import time
 from contextlib import ExitStack
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,11 @@ from spp.pruning.cache.store import (
     sha256_file,
 )
 from spp.pruning.calibration_data import resolve_calibration_file
-from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.config import CACHE_KEY, UNORDERED, CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult, prune_offloaded, resolve_device, validate_for_model
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
-from spp.pruning.methods import get_pruner
 from spp.pruning.patterns import sparsity_summary
+from spp.pruning.registry import NO_PRUNING, get_pruner, needs_calibration, resolve_config
 from spp.pruning.report import report_from_layers
 
 PRUNING_CODE_VERSION = "1"
@@ -69,29 +70,37 @@ __all__ = [
     "entry_lock",
     "get_or_prune",
     "prune_cached",
+    "pruner_key",
     "list_entries",
     "remove_entry",
 ]
 
 
-def _pruner_key(pruner: PrunerConfig) -> dict[str, Any]:
-    key: dict[str, Any] = {"name": pruner.name, "targets": sorted(pruner.targets)}
-    if pruner.needs_calibration:
-        key["true_sequential"] = pruner.true_sequential
-    if pruner.name == "sparsegpt":
-        key.update(blocksize=pruner.blocksize, percdamp=pruner.percdamp)
-    if pruner.name == "dsnot":
-        key.update(
-            initial_method=pruner.initial_method,
-            max_cycles=pruner.max_cycles,
-            update_threshold=pruner.update_threshold,
-            pow_of_var_regrowing=pruner.pow_of_var_regrowing,
-            same_sign_check=pruner.same_sign_check,
-            refine_targets=sorted(pruner.refine_targets),
-        )
-        if pruner.initial_method == "sparsegpt":
-            key["percdamp"] = pruner.percdamp
+def pruner_key(pruner: PrunerConfig) -> dict[str, Any]:
+    """The pruner's part of the cache key, derived from its own config dataclass (``spp.pruning.registry``): every
+    field, unless its metadata leaves it out (``cache_key``: ``False``, or a predicate of the config that is false
+    here; each with its ``reason``). A field added to a pruner's config is thus in the key until someone says why
+    it need not be; ``tests/test_cache_keys.py`` changes every field of every registered pruner in turn."""
+    cfg = resolve_config(pruner)
+    key: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        rule = f.metadata.get(CACHE_KEY, True)
+        if rule is False or (callable(rule) and not rule(cfg)):
+            continue
+        value = _plain(getattr(cfg, f.name))
+        key[f.name] = sorted(value) if f.metadata.get(UNORDERED) else value
     return key
+
+
+def _plain(value: Any) -> Any:
+    """A config value as JSON writes it the same way every time (Enums by value, tuples as lists)."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
 
 
 def cache_key(
@@ -109,10 +118,10 @@ def cache_key(
     key: dict[str, Any] = {
         "code_version": PRUNING_CODE_VERSION,
         "model": model_identity(model_cfg),
-        "pruner": _pruner_key(pruner),
+        "pruner": pruner_key(pruner),
         "sparsity": {"kind": sparsity.kind, "ratio": sparsity.target_ratio, "n": sparsity.n, "m": sparsity.m},
     }
-    if pruner.needs_calibration:
+    if needs_calibration(pruner):
         calib = dataclasses.asdict(calibration)
         calib.pop("batch_size")
         calib["file_sha256"] = sha256_file(resolve_calibration_file(calibration, data_dir))
@@ -236,7 +245,7 @@ def prune_cached(
     """
     ctx = off.ctx
     linears = validate_for_model(off.model, pruner, sparsity, calibration)
-    if sparsity.is_dense or pruner.name == "none":
+    if sparsity.is_dense or pruner.name == NO_PRUNING:
         return prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks)
     ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
     check_locks_span_nodes(ctx, Path(cache_dir).expanduser() / "pruning")

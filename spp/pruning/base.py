@@ -1,0 +1,106 @@
+"""The one interface of every pruner: what it needs of the calibration data, and how it decides one matrix.
+
+A :class:`Pruner` states
+
+- ``needs_calibration``: whether activations are needed at all (magnitude: no);
+- which input statistics it accumulates (:meth:`Pruner.statistics`, by default from ``uses_hessian`` and
+  ``needs_moments``: the flags of :class:`~spp.pruning.statistics.InputStatistics`), over a rank's share of the
+  batches; the engine sums them across ranks;
+- ``updates_weights``: whether it rewrites the kept weights (SparseGPT), so the cache stores the pruned weights;
+- ``uses_hessian``: its rule needs X Xᵀ, so one *owner* rank per matrix solves it and broadcasts the result; the
+  other rules are cheap and deterministic, so every rank solves every matrix and nothing is sent;
+- :meth:`Pruner.check`: what it refuses of a pattern before any work (SparseGPT's ``blocksize`` vs ``m``);
+- :meth:`Pruner.solve`: the per-matrix rule.
+
+A pruner is one folder, ``spp/pruning/pruners/<name>/`` or a plug-in's (``SPP_PLUGINS``), whose ``__init__`` calls
+:func:`spp.pruning.registry.register_pruner` with its config dataclass (a subclass of
+:class:`~spp.pruning.config.PrunerConfig`) and this class's subclass. The engine (``spp/pruning/engine.py``) only
+talks to this interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from spp.pruning.config import PrunerConfig, SparsityConfig
+from spp.pruning.statistics import InputStatistics
+
+
+@dataclass
+class MatrixOutcome:
+    """Pruning decision for one matrix: the keep-mask (True = kept); ``weight`` is the rewritten matrix of a pruner
+    that updates weights (``None``: only the mask is applied); ``info`` goes to the report's per-layer row."""
+
+    mask: torch.Tensor
+    weight: torch.Tensor | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Pruner(ABC):
+    """A pruning method (see the module docstring), built from its config (``self.cfg``).
+
+    Attributes:
+        name: The ``pruner=`` name (set by ``register_pruner``).
+        config_class: Its config dataclass (set by ``register_pruner``).
+        needs_calibration: Whether it needs calibration activations.
+        updates_weights: Whether :meth:`solve` returns new values for the kept weights.
+        label: Its name in the paper-shaped tables (``spp.experiments.collect``); default: ``name``.
+        table_rank: Its row order in those tables (lower first).
+    """
+
+    name: ClassVar[str] = ""
+    config_class: ClassVar[type[PrunerConfig]] = PrunerConfig
+    needs_calibration: ClassVar[bool] = True
+    updates_weights: ClassVar[bool] = False
+    label: ClassVar[str] = ""
+    table_rank: ClassVar[int] = 9
+
+    def __init__(self, cfg: PrunerConfig) -> None:
+        self.cfg = cfg
+
+    @property
+    def uses_hessian(self) -> bool:
+        """The rule needs X Xᵀ: it is accumulated, and one owner rank per matrix solves and broadcasts."""
+        return False
+
+    @property
+    def needs_moments(self) -> bool:
+        """The rule needs the per-feature input sums (mean, variance, per-sequence sums: DS⊘T)."""
+        return False
+
+    def statistics(self, in_features: int, device: torch.device | str) -> InputStatistics | None:
+        """A fresh accumulator of what :meth:`solve` needs about one layer's inputs (``None``: nothing)."""
+        if not self.needs_calibration:
+            return None
+        return InputStatistics(in_features, device, hessian=self.uses_hessian, moments=self.needs_moments)
+
+    def check(self, sparsity: SparsityConfig) -> None:  # noqa: B027 - optional hook: most pruners take any pattern
+        """Raise ``ValueError`` (naming the key) for a pattern this pruner cannot produce; called before any work."""
+
+    @abstractmethod
+    def solve(self, leaf: str, weight: torch.Tensor, stats: InputStatistics | None,
+              sparsity: SparsityConfig) -> MatrixOutcome:
+        """The decision for one (out, in) matrix named ``leaf`` inside its block (``q_proj``)."""
+
+    @classmethod
+    def table_variant(cls, settings: Mapping[str, Any]) -> str | None:
+        """What else tells this pruner's table rows apart, from a run's ``pruner`` settings (DS⊘T: its initial
+        method); ``None`` by default."""
+        return None
+
+    @classmethod
+    def table_label(cls, variant: str | None = None) -> str:
+        """The method's name in a table row (``Wanda``; DS⊘T: ``Wanda+DS⊘T``)."""
+        return cls.label or cls.name
+
+
+def required(stats: InputStatistics | None, name: str) -> InputStatistics:
+    """``stats``, or ``ValueError`` when a calibrating pruner got none."""
+    if stats is None:
+        raise ValueError(f"pruner {name} needs calibration statistics")
+    return stats

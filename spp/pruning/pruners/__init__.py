@@ -1,0 +1,13 @@
+"""The project's own pruners, one folder each (``<name>/``: its config, its :class:`~spp.pruning.base.Pruner`, its
+rule), imported here so that each folder's ``__init__`` registers it (``spp.pruning.registry``). A new folder is
+found without editing this file; a user's pruner lives outside ``spp/`` (``SPP_PLUGINS``, ``docs/pruning.md``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+for _found in pkgutil.iter_modules(__path__):
+    if _found.ispkg:
+        importlib.import_module(f"{__name__}.{_found.name}")
