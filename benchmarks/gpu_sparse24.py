@@ -37,8 +37,8 @@ from torch import nn
 
 from benchmarks.gpu_step_bench import SHAPES, cut_model, profile_kernels, share_copy
 from benchmarks.layer_bench import pruned_base
-from spp.adapters.spp.layer import SPPLinear
-from spp.adapters.spp.model import inject, merge_and_unload, spp_layers
+from spp.adapters.methods.spp.layer import SPPLinear
+from spp.adapters.methods.spp.model import inject, merge_and_unload, spp_layers
 from spp.bench.common import cuda_time, environment, write_json
 from spp.export.semi_structured import count_2_4_violations, export_semi_structured
 

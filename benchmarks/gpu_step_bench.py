@@ -39,8 +39,8 @@ import torch
 from torch import nn
 
 from benchmarks.layer_bench import pruned_base
-from spp.adapters.spp.layer import IMPLS
-from spp.adapters.spp.model import inject
+from spp.adapters.methods.spp.layer import IMPLS
+from spp.adapters.methods.spp.model import inject
 from spp.bench.common import add_ratios, environment, interleaved, write_json
 from spp.bench.variants import LORA_ALPHA, LORA_R, layer_variants, lora_model
 from spp.projections import DEFAULT_TARGETS
@@ -175,9 +175,9 @@ def share_copy(model: nn.Module) -> nn.Module:
 
 
 def sparse_lora_module() -> Any | None:
-    """``spp.adapters.sparse_lora`` (SparsePEFT) where it exists in this checkout, else None."""
+    """``spp.adapters.methods.sparse_lora.layer`` (SparsePEFT) where it exists in this checkout, else None."""
     try:
-        return importlib.import_module("spp.adapters.sparse_lora")
+        return importlib.import_module("spp.adapters.methods.sparse_lora.layer")
     except ImportError:
         return None
 
@@ -493,8 +493,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "repeats": args.repeats, "warmup": args.warmup, "pruning": "2:4 magnitude on random weights",
         "memory": "peak_mib = max_memory_allocated during the step minus memory_allocated before it "
                   "(activations, gradients, transients; frozen weights and optimizer states are outside it)",
-        "sparse_peft": ("included (spp.adapters.sparse_lora, r=8, alpha 16) in the model step; not in the layer "
-                        "level" if use_sl else "not measured (spp.adapters.sparse_lora absent or --no-sparse-lora)"),
+        "sparse_peft": ("included (spp.adapters.methods.sparse_lora.layer, r=8, alpha 16) in the model step; not in "
+                        "the layer level" if use_sl else "not measured (spp.adapters.methods.sparse_lora.layer absent "
+                        "or --no-sparse-lora)"),
         "env": environment(device)}
     if device.type == "cuda":
         payload["env"]["cuda"] = torch.version.cuda

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from spp.adapters.spp.functional import _blocked_scale
+from spp.adapters.methods.spp.functional import _blocked_scale
 from spp.bench.common import cpu_seconds, environment, write_json
 
 SMOLLM2_SHAPES = ((1536, 576), (576, 1536), (576, 576), (192, 576))  # gate/up, down, q/o, k/v
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                "compiled_ms": 1e3 * statistics.median(times["compiled"]),
                                "load_avg_1m": os.getloadavg()[0]}
         print(f"{m}x{n}: {results[f'{m}x{n}']}", flush=True)
-    payload = {"benchmark": "layer_compile", "function": "spp.adapters.spp.functional._blocked_scale",
+    payload = {"benchmark": "layer_compile", "function": "spp.adapters.methods.spp.functional._blocked_scale",
                "threads": 1, "results": results, "env": environment(torch.device("cpu"))}
     path = write_json(payload, args.out)
     print(f"wrote {path}")

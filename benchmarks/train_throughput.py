@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spp.adapters.spp.model import inject
+from spp.adapters.methods.spp.model import inject
 from spp.bench.common import add_malloc_option, apply_malloc, environment, interleaved, write_json
 from spp.bench.step import StepSetting, batch_tokens, load_pruned, make_step, training_batches
 from spp.bench.variants import LORA_ALPHA, lora_model

@@ -1,7 +1,7 @@
 """spp: sparsity-preserved parameter-efficient fine-tuning of pruned LLMs (SPP, ICML 2024)."""
 
 from spp.adapters.base import count_parameters
-from spp.adapters.spp import (
+from spp.adapters.methods.spp import (
     DEFAULT_IMPL,
     IMPLS,
     SPPLinear,

@@ -180,6 +180,9 @@ def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None
         sub = hints.get(str(key))
         if dataclasses.is_dataclass(sub) and isinstance(cfg._get_node(key), DictConfig):
             node = cfg._get_node(key)
+            typed = OmegaConf.get_type(node)  # an option's schema subclassing the field's (adapter=spp: SPPConfig)
+            if isinstance(typed, type) and dataclasses.is_dataclass(typed) and issubclass(typed, sub):
+                sub = typed
             if not node._is_none() and not node._is_missing():
                 reject_unknown_keys(node, _own_schema(node, sub), prefix=f"{name}.")
 

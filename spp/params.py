@@ -3,15 +3,17 @@
 Each architecture is built on the meta device (no memory, nothing downloaded) from the ``arch`` block of
 ``conf/model/<name>.yaml`` and injected with SPP; a layer with an m x n weight adds ``m + r n`` parameters.
 
-A second table compares the adapter methods on the same models (``--methods``, ``--lora-r``, ``--sparsity``):
-``spp`` (``m + r n`` per layer), ``lora`` = LoRA* and ``sparse_lora`` = SparsePEFT (the same peft factors,
-``r (m + n)`` per layer) and ``masked_full`` (the kept weights of the adapted projections, ``(1 - sparsity) m n``
-per layer; every adapted weight gets a gradient, the mask zeroes the pruned ones).
+A second table compares every registered adapter method that trains on the same models (``--methods``,
+``--lora-r``, ``--sparsity``): each is injected by its own code and asked what it trains
+(:meth:`~spp.adapters.base.AdapterMethod.trained_parameters`): ``spp`` ``m + r n`` per layer; ``lora`` = LoRA*,
+``sparse_lora`` = SparsePEFT and ``scale_lora`` = ScaleLoRA ``r (m + n)``; ``masked_full`` the kept weights of the
+adapted projections, ``(1 - sparsity) m n`` per layer; ``norms`` the normalisation weights (and biases).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +22,7 @@ from omegaconf import OmegaConf
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from spp.adapters.base import count_parameters
-from spp.adapters.lora_star import inject_lora
-from spp.adapters.masked_full import inject_masked_full
-from spp.adapters.sparse_lora import inject_sparse_lora
-from spp.adapters.spp.model import inject
+from spp.adapters.registry import get_method, make_config, methods_in_table_order
 from spp.paths import CONF_DIR
 from spp.projections import DEFAULT_TARGETS
 
@@ -31,8 +30,9 @@ TABLE1_MODELS: tuple[str, ...] = ("llama7b", "llama13b", "llama30b", "llama65b",
                                   "llama2_70b")
 
 
-METHODS: tuple[str, ...] = ("spp", "sparse_lora", "lora", "masked_full")
-"""The adapter methods of the comparison table (``adapter.name`` values)."""
+def trained_methods() -> tuple[str, ...]:
+    """The adapter methods of the comparison table: every registered one that trains, in table order."""
+    return tuple(m.name for m in methods_in_table_order() if m.trains)
 
 
 @dataclass(frozen=True)
@@ -68,44 +68,32 @@ def model_arch(name: str, conf_dir: Path = CONF_DIR) -> LlamaConfig:
 
 def count_spp_parameters(name: str, r: int = 16, targets: tuple[str, ...] = DEFAULT_TARGETS) -> ParamCount:
     """Build ``name`` on the meta device, inject SPP with rank ``r`` and count parameters."""
-    config = model_arch(name)
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-        inject(model, targets=targets, r=r)
-    counts = count_parameters(model)
-    return ParamCount(model=name, r=r, trainable=counts.trainable, total=counts.total)
+    return count_method_parameters(name, "spp", r=r, targets=targets)
 
 
-def count_method_parameters(name: str, method: str, r: int = 16, sparsity: float = 0.5,
+def count_method_parameters(name: str, method: str, r: int | None = 16, sparsity: float = 0.5,
                             targets: tuple[str, ...] = DEFAULT_TARGETS) -> ParamCount:
     """Trainable parameters of ``method`` on ``name`` (built on the meta device and injected by the method's code).
 
     Args:
         name: ``conf/model/<name>.yaml``.
-        method: One of :data:`METHODS`.
-        r: SPP rows of alpha, or the LoRA / SparsePEFT rank; unused by ``masked_full`` (reported as 0).
+        method: A registered adapter method that trains.
+        r: The method's ``r`` (SPP rows of alpha, the LoRA / SparsePEFT / ScaleLoRA rank); ignored by a method
+            without one (reported as 0).
         sparsity: Pruned fraction of the adapted projections (``masked_full`` trains the rest); 0.5 for 2:4.
     """
-    if method == "spp":
-        return count_spp_parameters(name, r=r, targets=targets)
-    if method not in METHODS:
-        raise ValueError(f"method {method!r}: use one of {list(METHODS)}")
+    if method not in trained_methods():
+        raise ValueError(f"method {method!r}: use one of {list(trained_methods())}")
     if not 0.0 <= sparsity < 1.0:
         raise ValueError(f"sparsity={sparsity} must be in [0, 1)")
-    config = model_arch(name)
+    impl = get_method(method)
+    has_r = "r" in {f.name for f in dataclasses.fields(impl.config_class)}
+    cfg = make_config(method, targets=list(targets), **({"r": r} if has_r and r is not None else {}))
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-        if method == "lora":
-            model = inject_lora(model, targets, r=r)
-        elif method == "sparse_lora":
-            model = inject_sparse_lora(model, None, targets, r=r)
-        else:
-            model = inject_masked_full(model, None, targets, check_memory=False)
-    counts = count_parameters(model)
-    if method != "masked_full":
-        return ParamCount(model=name, r=r, trainable=counts.trainable, total=counts.total, method=method)
-    kept = sum(round(p.numel() * (1.0 - sparsity)) for p in model.parameters() if p.requires_grad)
-    return ParamCount(model=name, r=0, trainable=kept, total=counts.total, method=method)
+        model = impl.inject(LlamaForCausalLM(model_arch(name)), cfg, {})
+    trained = impl.trained_parameters(model, sparsity)
+    total = count_parameters(model).total
+    return ParamCount(model=name, r=impl.rank(cfg) or 0, trainable=trained, total=total, method=method)
 
 
 def methods_table(rows: list[ParamCount]) -> str:
@@ -131,15 +119,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--r", type=int, default=16, help="SPP rank r (rows of alpha); default 16")
     parser.add_argument("--models", nargs="+", default=list(TABLE1_MODELS), help="conf/model/<name>.yaml names")
-    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS,
+    parser.add_argument("--methods", nargs="*", default=list(trained_methods()), choices=trained_methods(),
                         help="methods of the second table (none: Table 1 only)")
-    parser.add_argument("--lora-r", type=int, default=8, help="LoRA* / SparsePEFT rank; default 8 (paper LoRA*)")
+    parser.add_argument("--lora-r", type=int, default=8,
+                        help="rank of the other methods with an r (LoRA*, SparsePEFT, ScaleLoRA); default 8")
     parser.add_argument("--sparsity", type=float, default=0.5, help="pruned fraction for masked_full; default 0.5")
     args = parser.parse_args(argv)
     print(markdown_table([count_spp_parameters(m, r=args.r) for m in args.models]))
     if args.methods:
-        ranks = {"spp": args.r, "lora": args.lora_r, "sparse_lora": args.lora_r, "masked_full": 0}
-        rows = [count_method_parameters(m, meth, r=ranks[meth], sparsity=args.sparsity)
+        rows = [count_method_parameters(m, meth, r=args.r if meth == "spp" else args.lora_r, sparsity=args.sparsity)
                 for m in args.models for meth in args.methods]
         print()
         print(methods_table(rows))

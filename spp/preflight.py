@@ -180,26 +180,23 @@ def _targets(targets: list[str]) -> list[str]:
 
 def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = None, pruner: Any = None,
                  seqlens: dict[str, int] | None = None) -> None:
-    """Every shape rule of the run against the arch: SPP's ``r | out_features``, N:M's ``m | in_features``, the
-    sequence lengths within ``max_position_embeddings``."""
+    """Every shape rule of the run against the arch: the adapter method's own (:meth:`~spp.adapters.base.
+    AdapterMethod.preflight`, e.g. SPP's ``r | out_features``), N:M's ``m | in_features``, the sequence lengths
+    within ``max_position_embeddings``."""
     max_pos = arch.get("max_position_embeddings")
     for key, value in (seqlens or {}).items():
         if max_pos is not None and value > int(max_pos):
             raise UserError(f"{key}={value} exceeds the model's max_position_embeddings={max_pos}",
                             f"set {key}<={max_pos}", key=key)
     if not {"hidden_size", "intermediate_size", "num_attention_heads"} <= set(arch):
+        if adapter is not None:
+            get_method(adapter.name).preflight(adapter, None)
         log.info("preflight: the model's shapes are unknown before loading (hub id without model.arch); "
                  "shape checks run after loading")
         return
     shapes = linear_shapes(arch)
-    if adapter is not None and adapter.name == "spp":
-        bad = {p: shapes[p][1] for p in _targets(list(adapter.targets)) if shapes[p][1] % int(adapter.r)}
-        if bad:
-            outs = [shapes[p][1] for p in _targets(list(adapter.targets))]
-            ok = [d for d in range(1, 65) if all(o % d == 0 for o in outs)]
-            name, out = next(iter(bad.items()))
-            raise UserError(f"adapter.r={adapter.r} does not divide out_features={out} of {name} (SPP repeats each "
-                            "row of alpha out_features/r times, Eq. 6)", f"use adapter.r in {ok}", key="adapter.r")
+    if adapter is not None:  # the method's own rules (SPP: r divides every out_features)
+        get_method(adapter.name).preflight(adapter, {p: shapes[p] for p in _targets(list(adapter.targets))})
     if sparsity is not None and pruner is not None and sparsity.kind == "nm" and pruner.name != "none":
         m = int(sparsity.m)
         bad = {p: shapes[p][0] for p in _targets(list(pruner.targets)) if shapes[p][0] % m}
@@ -490,7 +487,7 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
         check_deepspeed(job.strategy, job.trainer.accelerator, get_method(job.adapter.name))
     check_pruner(job.pruner, job.sparsity)
     arch = model_arch(job.model)
-    check_positive({"adapter.scale": job.adapter.scale, "trainer.lr": job.trainer.lr})
+    check_positive({"trainer.lr": job.trainer.lr})
     seqlens = {"data.max_length": job.data.max_length}
     if job.pruner.name != "none" and not job.sparsity.is_dense:
         seqlens["calibration.seqlen"] = job.calibration.seqlen

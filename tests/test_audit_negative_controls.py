@@ -10,6 +10,8 @@ What each method's regression looks like:
 - ``masked_full``: the trained weight itself moves there (its gradient mask failed).
 - ``lora`` (LoRA*): before the merge it is audited on its frozen base weight (which moves); after the merge the
   re-masking misses a pruned position, where the dense ``s·B A`` then stays.
+- ``scale_lora`` (ScaleLoRA): the frozen base weight moves (``W ⊙ (B A)`` only scales it, as SPP).
+- ``norms``: a linear weight moves (it was left trainable, or a merge touched it); only norm weights may.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ import pytest
 import torch
 from torch import nn
 
-from spp.adapters import AdapterConfig, apply_adapter, get_method
+from spp.adapters import apply_adapter, get_method, make_config
 from spp.adapters.bitmask import pack_rows
-from spp.adapters.config import method_names
+from spp.adapters.registry import method_names
 from spp.models.tiny import tiny_llama
 from spp.paths import REPO_ROOT
 from spp.pruning.config import PrunerConfig, SparsityConfig
@@ -40,13 +42,15 @@ from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, orig
 
 Position = tuple[int, int]
 CASES = {
-    "spp": AdapterConfig(name="spp", r=4, dropout=0.0),
-    "spp_no_residual": AdapterConfig(name="spp", r=4, dropout=0.0, residual=False, beta_init="ones"),
-    "sparse_lora": AdapterConfig(name="sparse_lora", r=4, dropout=0.0),
-    "masked_full": AdapterConfig(name="masked_full", dropout=0.0),
-    "lora": AdapterConfig(name="lora", r=4, dropout=0.0),
+    "spp": make_config("spp", r=4, dropout=0.0),
+    "spp_no_residual": make_config("spp", r=4, dropout=0.0, residual=False, beta_init="ones"),
+    "sparse_lora": make_config("sparse_lora", r=4, dropout=0.0),
+    "masked_full": make_config("masked_full"),
+    "lora": make_config("lora", r=4, dropout=0.0),
+    "scale_lora": make_config("scale_lora", r=4),
+    "norms": make_config("norms"),
 }
-FSDP_CASES = ("spp", "sparse_lora", "masked_full", "lora")
+FSDP_CASES = ("spp", "sparse_lora", "masked_full", "lora", "scale_lora")
 
 
 @cache
@@ -150,7 +154,12 @@ def test_audit_names_every_matrix_with_a_revived_weight_after_the_merge(case: st
     merged, _ = method.merge(copy.deepcopy(trained), cfg, masks)
     report = audit(merged, masks, zeros, when="merged", kept_zeros_may_change=method.kept_zeros_may_change)
     assert report["layers"] == 14 and report["sparsity"] == 0.5  # the positive control
-    assert any(not torch.equal(_audited_weight(merged, n), _audited_weight(_pruned()[0], n)) for n in masks)
+    if case == "norms":  # what trained is the norm weights; no linear weight moved
+        before = dict(_pruned()[0].named_parameters())
+        assert any(not torch.equal(p, before[n]) for n, p in merged.named_parameters() if n.endswith("norm.weight"))
+        assert all(torch.equal(_audited_weight(merged, n), _audited_weight(_pruned()[0], n)) for n in masks)
+    else:
+        assert any(not torch.equal(_audited_weight(merged, n), _audited_weight(_pruned()[0], n)) for n in masks)
     for index, (name, mask) in enumerate(masks.items()):
         model, merge_masks = copy.deepcopy(trained), masks
         pos = _pruned_position(mask, index)

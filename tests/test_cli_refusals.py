@@ -149,7 +149,7 @@ def test_gpt2_model_is_refused_before_loading(outcomes):
 def test_targets_matching_no_linear_layer():
     from transformers import GPT2Config, LlamaConfig
 
-    from spp.adapters.config import AdapterConfig
+    from spp.adapters.registry import make_config
     from spp.pruning.config import PrunerConfig, SparsityConfig
 
     gpt2 = {**GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=256).to_dict(), "model_type": "gpt2"}
@@ -159,10 +159,10 @@ def test_targets_matching_no_linear_layer():
     with pytest.raises(UserError, match=r"a gpt2 model, whose decoder blocks have no nn.Linear layer .*Conv1D"):
         check_targets(gpt2, "/m", pruner=pruner, sparsity=sparsity)
     with pytest.raises(UserError, match=r"a gpt2 model.*adapter.targets"):
-        check_targets(gpt2, "/m", adapter=AdapterConfig())
-    check_targets(llama, "/m", pruner=pruner, sparsity=sparsity, adapter=AdapterConfig())
+        check_targets(gpt2, "/m", adapter=make_config("spp"))
+    check_targets(llama, "/m", pruner=pruner, sparsity=sparsity, adapter=make_config("spp"))
     with pytest.raises(UserError, match=r"adapter.targets=\['qproj'\] matches no nn.Linear .* names among \["):
-        check_targets(llama, "/m", adapter=AdapterConfig(targets=["qproj"]))
+        check_targets(llama, "/m", adapter=make_config("spp", targets=["qproj"]))
     with pytest.raises(UserError, match=r"pruner.targets=\['c_attn'\]"):
         check_targets(llama, "/m", pruner=PrunerConfig(name="wanda", targets=["c_attn"]), sparsity=sparsity)
     check_targets({"hidden_size": 64}, "/m", pruner=pruner, sparsity=sparsity)  # no model_type: left to load time

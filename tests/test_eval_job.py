@@ -13,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from spp.errors import UserError
 from spp.eval.job_config import register_configs
 from spp.eval.perplexity import perplexity
 from spp.eval.runner import preflight, run_eval_job
@@ -105,7 +106,7 @@ def test_bad_inputs_fail_before_loading(tmp_path, monkeypatch):
     (tmp_path / "noweights" / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="has no weights"):
         run_eval_job(_compose(f"model.path={tmp_path / 'noweights'}"), tmp_path)
-    with pytest.raises(FileNotFoundError, match="adapter_config.json"):
+    with pytest.raises(UserError, match="is not an adapter directory"):
         run_eval_job(_compose(f"adapter_dir={tmp_path}"), tmp_path)
     with pytest.raises(ValueError, match="sparsity=nm2_4 needs a pruner"):
         run_eval_job(_compose("sparsity=nm2_4"), tmp_path)

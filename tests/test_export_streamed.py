@@ -17,7 +17,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 import spp.export.merged as merged_module
-from spp.adapters import AdapterConfig, apply_adapter, get_method
+from spp.adapters import AdapterConfig, apply_adapter, get_method, make_config
 from spp.distributed import DistContext
 from spp.export.manifest import ExportManifest, adapter_record
 from spp.export.merged import ExportInputs, export_streamed
@@ -28,11 +28,13 @@ from spp.pruning.zero_audit import SparsityViolation
 from tests.test_pruning_distributed import torchrun
 
 CASES = {
-    "spp": AdapterConfig(name="spp", r=4, dropout=0.0),
-    "sparse_lora": AdapterConfig(name="sparse_lora", r=4, dropout=0.0),
-    "masked_full": AdapterConfig(name="masked_full", dropout=0.0),
-    "lora": AdapterConfig(name="lora", r=4, dropout=0.0),
-    "none": AdapterConfig(name="none"),
+    "spp": make_config("spp", r=4, dropout=0.0),
+    "sparse_lora": make_config("sparse_lora", r=4, dropout=0.0),
+    "masked_full": make_config("masked_full"),
+    "lora": make_config("lora", r=4, dropout=0.0),
+    "scale_lora": make_config("scale_lora", r=4),
+    "norms": make_config("norms"),
+    "none": make_config("none"),
 }
 
 

@@ -25,8 +25,8 @@ from benchmarks.gpu_step_bench import (
     step_macs,
     summarize_kernels,
 )
-from spp.adapters.spp.layer import SPPLinear
-from spp.adapters.spp.model import inject
+from spp.adapters.methods.spp.layer import SPPLinear
+from spp.adapters.methods.spp.model import inject
 from spp.export.semi_structured import count_2_4_violations
 from spp.models.tiny import tiny_llama
 

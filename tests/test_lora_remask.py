@@ -8,7 +8,13 @@ import pytest
 import torch
 from peft import PeftModel
 
-from spp.adapters.lora_star import LORA_TARGETS, inject_lora, lora_layers, masks_from_weights, merge_and_remask
+from spp.adapters.methods.lora.lora_star import (
+    LORA_TARGETS,
+    inject_lora,
+    lora_layers,
+    masks_from_weights,
+    merge_and_remask,
+)
 from spp.models import tiny_llama
 
 Q0 = "model.layers.0.self_attn.q_proj"

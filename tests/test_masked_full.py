@@ -8,11 +8,10 @@ import json
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-import spp.adapters.masked_full as mf
+import spp.adapters.methods.masked_full.masked_full as mf
 from spp.adapters.config import AdapterConfig
-from spp.adapters.masked_full import (
+from spp.adapters.methods.masked_full.masked_full import (
     MASK_BUFFER,
     estimate_training_memory,
     inject_masked_full,
@@ -20,9 +19,8 @@ from spp.adapters.masked_full import (
     masked_full_layers,
     merge_masked_full,
 )
-from spp.adapters.registry import apply_adapter, get_method, merge_adapter
+from spp.adapters.registry import apply_adapter, get_method, merge_adapter, option_config
 from spp.models import tiny_llama
-from spp.paths import CONF_DIR
 from spp.projections import DEFAULT_TARGETS
 
 Q0 = "model.layers.0.self_attn.q_proj"
@@ -44,8 +42,7 @@ def pruned_tiny(seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[torc
 
 def adapter_cfg() -> AdapterConfig:
     """The shipped ``conf/adapter/masked_full.yaml`` as the typed config."""
-    node = OmegaConf.merge(OmegaConf.structured(AdapterConfig), OmegaConf.load(CONF_DIR / "adapter/masked_full.yaml"))
-    return OmegaConf.to_object(node)
+    return option_config("masked_full")
 
 
 def test_only_projection_weights_train_and_adamw_holds_states_only_for_them():
@@ -165,7 +162,7 @@ def test_save_writes_the_layer_summary(tmp_path):
     method = get_method("masked_full")
     assert method.trains and not method.kept_zeros_may_change
     assert method.trained_parameters(model) == sum(int(m.sum()) for m in masks.values())
-    assert method.memory_estimate(model)["trainable_params"] == sum(m.numel() for m in masks.values())
+    assert estimate_training_memory(model).trainable_params == sum(m.numel() for m in masks.values())
     method.save(model, tmp_path, {"pruner": "test"})
     meta = json.loads((tmp_path / "masked_full.json").read_text())
     assert meta["format"] == "masked_full" and meta["extra"] == {"pruner": "test"}

@@ -8,14 +8,12 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 from peft import PeftModel
 
-import spp.adapters.sparse_lora as sl
+import spp.adapters.methods.sparse_lora.layer as sl
 from spp.adapters.bitmask import pack_rows, unpack_rows
 from spp.adapters.config import AdapterConfig
-from spp.adapters.registry import apply_adapter, get_method, merge_adapter
-from spp.adapters.sparse_lora import (
+from spp.adapters.methods.sparse_lora.layer import (
     SparseLoraLinear,
     inject_sparse_lora,
     load_sparse_lora,
@@ -23,8 +21,8 @@ from spp.adapters.sparse_lora import (
     merge_sparse_lora,
     sparse_lora_layers,
 )
+from spp.adapters.registry import apply_adapter, get_method, merge_adapter, option_config
 from spp.models import tiny_llama
-from spp.paths import CONF_DIR
 from spp.projections import DEFAULT_TARGETS
 
 Q0 = "model.layers.0.self_attn.q_proj"
@@ -56,9 +54,7 @@ def randomize_b(model: PeftModel, seed: int = 0, std: float = 0.1) -> None:
 
 def adapter_cfg(**overrides) -> AdapterConfig:
     """The shipped ``conf/adapter/sparse_lora.yaml`` as the typed config."""
-    node = OmegaConf.merge(OmegaConf.structured(AdapterConfig), OmegaConf.load(CONF_DIR / "adapter/sparse_lora.yaml"),
-                           overrides)
-    return OmegaConf.to_object(node)
+    return option_config("sparse_lora", **overrides)
 
 
 def reference(x, w, a, b, mask, s, xd=None):

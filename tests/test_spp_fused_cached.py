@@ -14,7 +14,7 @@ from spp_helpers import nm_mask
 from torch import nn
 
 from spp import IMPLS, SPPLinear
-from spp.adapters.spp.functional import adapted_weight, merge_factor
+from spp.adapters.methods.spp.functional import adapted_weight, merge_factor
 
 TOL = 1e-10
 
@@ -89,7 +89,7 @@ def test_keeps_exactly_one_out_by_in_tensor_and_it_is_eq5(p):
 
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_reductions_still_chunked(monkeypatch, p):
-    import spp.adapters.spp.functional as fn
+    import spp.adapters.methods.spp.functional as fn
 
     lin = _pruned(64, 20)
     ref = _run("fused", lin, p)

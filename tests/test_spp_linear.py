@@ -10,7 +10,7 @@ from spp_helpers import nm_mask
 from torch import nn
 
 from spp import IMPLS, SPPLinear
-from spp.adapters.spp.functional import BACKWARD_CHUNK_ELEMENTS
+from spp.adapters.methods.spp.functional import BACKWARD_CHUNK_ELEMENTS
 
 TOL = 1e-10
 
@@ -121,7 +121,7 @@ def test_no_beta_and_no_residual_variants(impl):
 @pytest.mark.parametrize("p", [0.0, 0.3])
 def test_fused_backward_chunks_rows(monkeypatch, p):
     """A chunk smaller than the weight splits the backward into several row ranges and stays exact."""
-    import spp.adapters.spp.functional as fn
+    import spp.adapters.methods.spp.functional as fn
 
     monkeypatch.setattr(fn, "BACKWARD_CHUNK_ELEMENTS", 3 * 8 * 20)  # 3 blocks of 8 rows x 20 inputs
     assert fn._row_chunks(64, 20, 8) == [(0, 24), (24, 48), (48, 64)]

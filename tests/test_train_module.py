@@ -8,7 +8,7 @@ import pytest
 import torch
 from train_helpers import compose_train
 
-from spp.adapters import AdapterConfig, apply_adapter
+from spp.adapters import apply_adapter, make_config
 from spp.loggers import build_loggers, run_tags
 from spp.models import tiny_llama
 from spp.pruning import current_masks
@@ -18,7 +18,7 @@ from spp.training.module import SPPModule
 from spp.training.trainer import accumulation, resolve_precision
 
 ADAPTER = {"name": "spp", "r": 4, "scale": 2.0, "dropout": 0.0, "alpha_init": "kaiming", "beta_init": "zeros",
-           "use_beta": True, "impl": "fused", "residual": True, "lora_alpha": 16.0,
+           "use_beta": True, "impl": "fused", "residual": True,
            "targets": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
@@ -33,7 +33,7 @@ def _module(lr: float = 4e-3, weight_decay: float = 0.001, warmup_ratio: float =
         for name, mod in model.named_modules():
             if name.endswith(tuple(ADAPTER["targets"])):
                 mod.weight[:, ::2] = 0
-    model, _ = apply_adapter(model, AdapterConfig(**ADAPTER), {})
+    model, _ = apply_adapter(model, make_config(**ADAPTER), {})
     trainer = TrainerConfig(lr=lr, weight_decay=weight_decay, warmup_ratio=warmup_ratio, scheduler=Scheduler(scheduler),
                             gradient_checkpointing=gradient_checkpointing, compile=compile_model)
     module = SPPModule(model, trainer)

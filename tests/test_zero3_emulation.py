@@ -32,9 +32,9 @@ import pytest
 import torch
 from torch import nn
 
-from spp.adapters import AdapterConfig, apply_adapter, get_method
+from spp.adapters import apply_adapter, get_method, make_config
 from spp.adapters.base import ExternalParameters
-from spp.adapters.config import method_names
+from spp.adapters.registry import method_names
 from spp.gathering import Gatherer, register_external_parameters
 from spp.models.tiny import tiny_llama
 from spp.pruning.config import PrunerConfig, SparsityConfig
@@ -42,13 +42,15 @@ from spp.pruning.engine import prune_model
 from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, original_name, zero_patterns
 
 CASES = {
-    "spp_fused": AdapterConfig(name="spp", r=4, dropout=0.1, dtype="float64"),
-    "spp_naive": AdapterConfig(name="spp", r=4, dropout=0.1, impl="naive", dtype="float64"),
-    "spp_blocked_no_residual": AdapterConfig(name="spp", r=4, impl="blocked", residual=False, beta_init="ones",
+    "spp_fused": make_config("spp", r=4, dropout=0.1, dtype="float64"),
+    "spp_naive": make_config("spp", r=4, dropout=0.1, impl="naive", dtype="float64"),
+    "spp_blocked_no_residual": make_config("spp", r=4, impl="blocked", residual=False, beta_init="ones",
                                              dtype="float64"),
-    "sparse_lora": AdapterConfig(name="sparse_lora", r=4, dropout=0.1, dtype="float64"),
-    "lora": AdapterConfig(name="lora", r=4, dropout=0.1),
-    "masked_full": AdapterConfig(name="masked_full"),
+    "sparse_lora": make_config("sparse_lora", r=4, dropout=0.1, dtype="float64"),
+    "lora": make_config("lora", r=4, dropout=0.1),
+    "masked_full": make_config("masked_full"),
+    "scale_lora": make_config("scale_lora", r=4, dtype="float64"),
+    "norms": make_config("norms"),
 }
 
 
@@ -225,7 +227,7 @@ def _emulated_step(model: nn.Module, externals: ExternalParameters,
 
 def test_every_training_method_is_emulated() -> None:
     assert {c.name for c in CASES.values()} == {n for n in method_names() if get_method(n).trains}
-    assert all(get_method(n).zero3_refusal is None for n in method_names())  # all four train under ZeRO-3
+    assert all(get_method(n).zero3_refusal is None for n in method_names())  # every method trains under ZeRO-3
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -243,9 +245,10 @@ def test_zero3_emulation_gives_the_same_loss_and_gradients(case: str) -> None:
 
 
 def test_external_parameters_per_method() -> None:
-    """SPP: each layer's frozen base weight; SparsePEFT: each layer's LoRA factors; LoRA* and masked full: none."""
+    """SPP and ScaleLoRA: each layer's frozen base weight; SparsePEFT: each layer's LoRA factors; LoRA*, masked full
+    and norms: none."""
     read = {}
-    for case in ("spp_fused", "sparse_lora", "lora", "masked_full"):
+    for case in ("spp_fused", "sparse_lora", "lora", "masked_full", "scale_lora", "norms"):
         model = _adapted(case)
         pairs = get_method(CASES[case].name).external_parameters(model)
         owners = {id(p): n for n, p in model.named_parameters()}
@@ -256,17 +259,17 @@ def test_external_parameters_per_method() -> None:
         read[case] = (len(pairs), sorted({owners[id(p)][len(readers[id(r)]) + 1:] for r, p in pairs}))
     assert read == {"spp_fused": (14, ["base.weight"]),
                     "sparse_lora": (28, ["lora_A.default.weight", "lora_B.default.weight"]),
-                    "lora": (0, []), "masked_full": (0, [])}
+                    "lora": (0, []), "masked_full": (0, []), "scale_lora": (14, ["base.weight"]), "norms": (0, [])}
 
 
-@pytest.mark.parametrize("case", ["spp_fused", "spp_naive", "sparse_lora"])
+@pytest.mark.parametrize("case", ["spp_fused", "spp_naive", "sparse_lora", "scale_lora"])
 def test_without_its_external_parameters_the_method_fails_under_the_emulation(case: str) -> None:
     model = _adapted(case)
     with pytest.raises((RuntimeError, ValueError, IndexError)):
         _emulated_step(model, [])
 
 
-@pytest.mark.parametrize("case", ["spp_fused", "sparse_lora", "lora", "masked_full"])
+@pytest.mark.parametrize("case", ["spp_fused", "sparse_lora", "lora", "masked_full", "scale_lora", "norms"])
 def test_the_emulation_bites_in_backward_too(case: str) -> None:
     """Without the backward re-gather, what a backward reads (SPP's and SparsePEFT's saved weights, the frozen
     weight behind LoRA's input gradient, masked full's own weight) is an empty partition: the backward fails."""
@@ -275,7 +278,7 @@ def test_the_emulation_bites_in_backward_too(case: str) -> None:
         _emulated_step(model, get_method(CASES[case].name).external_parameters(model), backward_gathers=False)
 
 
-@pytest.mark.parametrize("case", ["spp_fused", "sparse_lora", "lora", "masked_full"])
+@pytest.mark.parametrize("case", ["spp_fused", "sparse_lora", "lora", "masked_full", "scale_lora", "norms"])
 def test_audit_through_the_emulation_sees_the_zeros_and_catches_a_revived_weight(case: str) -> None:
     _, masks, zeros = _pruned()
     model = _adapted(case)

@@ -1,10 +1,24 @@
-"""Adapters on a pruned model, laid out as peft's tuners: the config, one package per method's layers and equations
-(``spp/``, ``lora_star.py``), and one registry (``methods/<name>.py`` modules, see ``registry``)."""
+"""Adapters on a pruned model, laid out as peft's tuners: the interface (``base``), the shared config keys
+(``config``), the registry (``registry``) and one package per method (``methods/<name>/``: its config, layers,
+equations and the registered :class:`AdapterMethod`).
+
+Importing the package registers the built-in methods, so Hydra can compose ``adapter=<name>`` for any of them; a
+plug-in registers when :func:`spp.plugins.load_plugins` imports its folder."""
 
 from spp.adapters.base import AdapterMethod, ParamCounts, count_parameters
-from spp.adapters.config import AdapterConfig, method_names
-from spp.adapters.registry import apply_adapter, get_method, merge_adapter
+from spp.adapters.config import AdapterConfig
+from spp.adapters.registry import (
+    apply_adapter,
+    get_method,
+    load_builtin,
+    make_config,
+    merge_adapter,
+    method_names,
+    register,
+)
 from spp.projections import DEFAULT_TARGETS
+
+load_builtin()  # every built-in method registers itself and its Hydra schema (adapter/<name>_schema) on import
 
 __all__ = [
     "DEFAULT_TARGETS",
@@ -14,6 +28,8 @@ __all__ = [
     "apply_adapter",
     "count_parameters",
     "get_method",
+    "make_config",
     "merge_adapter",
     "method_names",
+    "register",
 ]

@@ -1,15 +1,23 @@
-"""What every adapter method provides (the registry's interface), and the helpers they share."""
+"""What every adapter method provides (the registry's interface), and the helpers they share.
+
+A method is one folder (``spp/adapters/methods/<name>/``, or a plug-in's folder named in ``SPP_PLUGINS``) whose
+``__init__`` calls :func:`spp.adapters.registry.register` with an :class:`AdapterMethod`, plus one YAML
+(``conf/adapter/<name>.yaml``). Everything else in the project (training, the sparsity audit, the streamed export,
+``eval.py adapter_dir=``, the preflight, Table 1, the campaign tables) asks the method through this interface.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
 
-from spp.adapters.config import AdapterConfig
+from spp.adapters.config import DTYPES, AdapterConfig
+from spp.projections import matches
 
 Masks = dict[str, torch.Tensor]
 """Pruning masks (True = kept) keyed by the original linear names (``model.layers.0.self_attn.q_proj``)."""
@@ -18,9 +26,14 @@ ExternalParameters = list[tuple[nn.Module, nn.Parameter]]
 """``(reader, parameter)`` pairs: ``reader``'s forward (and so its backward) reads ``parameter`` of another module
 without calling that module (what DeepSpeed ZeRO-3 must gather for it: ``register_external_parameter``)."""
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
-}
+Full = Callable[[torch.Tensor], torch.Tensor]
+"""Turns a (possibly sharded) tensor of a gathered layer into the whole tensor (``spp.gathering.Gatherer.full``)."""
+
+Shapes = dict[str, tuple[int, int]]
+"""``(in_features, out_features)`` of the adapted projections of one decoder block, by leaf name (``q_proj``)."""
+
+__all__ = ["DTYPES", "AdapterMethod", "ExternalParameters", "Full", "Masks", "MergedLayer", "ParamCounts", "Shapes",
+           "count_parameters", "freeze_all", "linear_tensors", "set_submodule", "target_linears"]
 
 
 class ParamCounts(NamedTuple):
@@ -54,11 +67,22 @@ def count_parameters(model: nn.Module) -> ParamCounts:
     return ParamCounts(trainable, frozen)
 
 
+class MergedLayer(NamedTuple):
+    """One adapted layer merged: its plain tensors (``weight``, ``bias``) and what the merge reports of it."""
+
+    tensors: dict[str, torch.Tensor]
+    stats: dict[str, Any] = {}
+
+
 class AdapterMethod(ABC):
-    """One way to fine-tune a pruned model; a module of ``spp/adapters/methods/`` exposes one as ``METHOD``.
+    """One way to fine-tune a pruned model, registered by its folder's ``__init__``.
 
     Attributes:
-        name: The ``adapter.name`` value.
+        name: The ``adapter.name`` value (and ``conf/adapter/<name>.yaml``).
+        config_class: Its config dataclass (a subclass of :class:`~spp.adapters.config.AdapterConfig`), stored in
+            Hydra's ConfigStore as ``adapter/<name>_schema``.
+        label: The method's name in tables (``SPP``, ``LoRA*``).
+        table_order: Its place among the methods in tables (smaller first).
         trains: Whether the method has a training loop (``none`` has not).
         kept_zeros_may_change: The merge may fill kept weights that happened to be exactly zero (LoRA*
             re-masking); pruned positions must stay zero for every method.
@@ -67,13 +91,18 @@ class AdapterMethod(ABC):
     """
 
     name: ClassVar[str] = ""
+    config_class: ClassVar[type[AdapterConfig]] = AdapterConfig
+    label: ClassVar[str] = ""
+    table_order: ClassVar[int] = 100
     trains: ClassVar[bool] = True
     kept_zeros_may_change: ClassVar[bool] = False
     zero3_refusal: ClassVar[str | None] = None
 
+    # ----------------------------------------------------------------------------------------- the life cycle
     @abstractmethod
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
-        """Attach the adapter; afterwards exactly the adapter's parameters require grad."""
+        """Attach the adapter; afterwards exactly the adapter's parameters require grad. ``masks`` may be empty
+        (the pruned weights' non-zeros then stand for them); ``model`` may live on the ``meta`` device (Table 1)."""
 
     @abstractmethod
     def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
@@ -83,12 +112,21 @@ class AdapterMethod(ABC):
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         """Write the adapter files into ``directory`` (which exists and is empty)."""
 
-    def external_parameters(self, model: nn.Module) -> ExternalParameters:
-        """Every parameter a module of the injected ``model`` reads without calling the module that owns it, with
-        that reader (:data:`ExternalParameters`). ZeRO-3 gathers a module's own parameters around its forward and
-        backward only, so these must be registered for their reader. Default: none (every read goes through the
-        owner's own forward, as peft LoRA's ``lora_A(x)`` does)."""
-        return []
+    @abstractmethod
+    def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
+        """The pruned base ``model`` with the adapter :meth:`save` wrote into ``directory`` (unmerged), and the
+        config it was trained with (as far as :meth:`merge` needs it).
+
+        Raises:
+            spp.errors.UserError: the files do not belong to this method or to this model (naming ``adapter_dir``).
+        """
+
+    # ----------------------------------------------------------------------------------------- views of a layer
+    def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
+        """The weight ``module`` applies (what the sparsity audit checks), when it is one of this method's adapted
+        layers, from its gathered parameters (``full`` turns a shard into the whole tensor); else ``None`` (a plain
+        ``nn.Linear`` is audited on its own weight)."""
+        return None
 
     def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:
         """``module``'s weights as :meth:`merge` writes them, with what the merge reports of this layer, when
@@ -104,12 +142,46 @@ class AdapterMethod(ABC):
         """What :meth:`merge` reports, from every layer's :attr:`MergedLayer.stats` by layer name (default: ``{}``)."""
         return {}
 
+    # ----------------------------------------------------------------------------------------- what it trains
+    def trained_parameters(self, model: nn.Module, sparsity: float | None = None) -> int:
+        """Parameters training changes in the injected ``model`` (Table 1's "trainable"); default: every parameter
+        that requires grad. ``sparsity`` (the pruned fraction) is for methods that train only the kept weights of
+        a model on the ``meta`` device, where the masks are unknown."""
+        return count_parameters(model).trainable
 
-class MergedLayer(NamedTuple):
-    """One adapted layer merged: its plain tensors (``weight``, ``bias``) and what the merge reports of it."""
+    def trained_from_summary(self, summary: dict[str, Any]) -> int:
+        """The same count read back from a run's ``summary.json`` (the campaign tables); default its
+        ``params.trainable``."""
+        return int((summary.get("params") or {}).get("trainable") or 0)
 
-    tensors: dict[str, torch.Tensor]
-    stats: dict[str, Any] = {}
+    def preflight(self, cfg: AdapterConfig, shapes: Shapes | None) -> None:
+        """Refuse (:class:`~spp.errors.UserError` naming the key and the fix) a config that cannot work, before any
+        weight is loaded: its values against each other and against the adapted projections' ``shapes`` (``None``
+        when the model's shape is unknown before loading). Default: nothing to check."""
+        return
+
+    def rank(self, cfg: AdapterConfig) -> int | None:
+        """The method's size knob for run names and tables (``r``), ``None`` when it has none."""
+        value = getattr(cfg, "r", None)
+        return int(value) if value is not None else None
+
+    # ----------------------------------------------------------------------------------------- training hooks
+    def external_parameters(self, model: nn.Module) -> ExternalParameters:
+        """Every parameter a module of the injected ``model`` reads without calling the module that owns it, with
+        that reader (:data:`ExternalParameters`). ZeRO-3 gathers a module's own parameters around its forward and
+        backward only, so these must be registered for their reader. Default: none (every read goes through the
+        owner's own forward, as peft LoRA's ``lora_A(x)`` does)."""
+        return []
+
+    def after_placement(self, model: nn.Module) -> None:
+        """Called once every rank holds its replica (one process, DDP, DeepSpeed; not FSDP2, whose sharded weights
+        autograd does not see): what the method attached to parameter objects that materialising a replica replaced
+        is put back (masked full's gradient hooks). Default: nothing."""
+        return
+
+    def before_optimizer_step(self, model: nn.Module) -> None:
+        """Called before every optimizer step (and gradient clipping). Default: nothing."""
+        return
 
 
 def linear_tensors(linear: nn.Module) -> dict[str, torch.Tensor]:
@@ -124,3 +196,27 @@ def freeze_all(model: nn.Module) -> None:
     """Set ``requires_grad=False`` on every parameter of ``model``."""
     for p in model.parameters():
         p.requires_grad_(False)
+
+
+def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put ``module`` at the path ``name`` of ``model`` (replacing what is there)."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def target_linears(model: nn.Module, targets: tuple[str, ...] | list[str]) -> dict[str, nn.Linear]:
+    """The ``nn.Linear`` layers of ``model`` whose path ends with a target, by path.
+
+    Raises:
+        ValueError: ``targets`` is empty or matches no ``nn.Linear`` (names the linear layers there are).
+    """
+    targets = tuple([targets] if isinstance(targets, str) else targets)
+    if not targets:
+        raise ValueError("adapter.targets is empty; list module-name suffixes such as q_proj")
+    found = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and matches(n, targets)}
+    if not found:
+        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
+        raise ValueError(f"adapter.targets={list(targets)} match no nn.Linear of {type(model).__name__}; "
+                         f"linear layer names present: {names}. Fix adapter.targets.")
+    return found

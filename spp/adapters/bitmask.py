@@ -2,7 +2,8 @@
 
 SparsePEFT and masked full fine-tuning keep the mask ``M`` of every adapted layer alive during training. A bool
 tensor costs one byte per weight; packed it costs one bit (m x ceil(n / 8) bytes). Rows are packed separately, so
-a block of rows ``lo:hi`` unpacks on its own (the chunked backward of ``spp.adapters.sparse_lora`` uses that).
+a block of rows ``lo:hi`` unpacks on its own (the chunked backward of ``spp.adapters.methods.sparse_lora.layer``
+uses that).
 """
 
 from __future__ import annotations

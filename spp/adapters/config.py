@@ -1,41 +1,21 @@
-"""Structured config of the ``adapter`` group (``conf/adapter/*.yaml``): what is trained on the pruned model."""
+"""The base of every adapter method's config (``adapter.*``): the keys all methods share.
+
+Each method has its own dataclass, a subclass of :class:`AdapterConfig` holding only the keys it uses (SPP's ``r``,
+``scale``, ...; LoRA's ``r``, ``lora_alpha``), registered in Hydra's ConfigStore as ``adapter/<name>_schema`` by
+:func:`spp.adapters.registry.register`. ``conf/adapter/<name>.yaml`` starts with ``defaults: [<name>_schema,
+_self_]``, so the composed ``adapter`` node is typed as the method's subclass: its keys can be overridden and a
+misspelt key is refused.
+"""
 
 from __future__ import annotations
 
-import math
-import pkgutil
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import ClassVar
+
+import torch
 
 from spp.choices import Choice
 from spp.projections import DEFAULT_TARGETS
-
-METHODS_DIR = Path(__file__).resolve().parent / "methods"
-"""One module per adapter method (``spp``, ``lora``, ``none``, ...); its name is the ``adapter.name`` value."""
-
-
-def method_names() -> tuple[str, ...]:
-    """The registered adapter methods: the module names under ``spp/adapters/methods/`` (nothing imported)."""
-    return tuple(sorted(m.name for m in pkgutil.iter_modules([str(METHODS_DIR)]) if not m.name.startswith("_")))
-
-
-class Init(Choice):
-    """Initialisation of an SPP tensor (``kaiming`` = ``nn.Linear``'s default, as the authors' alpha)."""
-
-    kaiming = "kaiming"
-    zeros = "zeros"
-    ones = "ones"
-
-
-
-class Impl(Choice):
-    """Exact SPP forward implementations (``spp.adapters.spp.layer.IMPLS``)."""
-
-    fused = "fused"
-    naive = "naive"
-    blocked = "blocked"
-    fused_cached = "fused_cached"
-
 
 
 class ParamDtype(Choice):
@@ -47,50 +27,52 @@ class ParamDtype(Choice):
     float64 = "float64"
 
 
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
+}
+
 
 @dataclass
 class AdapterConfig:
-    """What is trained on top of the pruned model.
+    """What is trained on top of the pruned model: the keys every adapter method has.
 
     Attributes:
-        name: An adapter method (a module of ``spp/adapters/methods/``): ``spp`` (Eq. 5/6), ``lora`` (the
-            LoRA* baseline: LoRA merged then re-masked), ``none`` (prune, evaluate and export without training),
-            and any method added there.
-        r: SPP: rows of ``alpha`` (must divide every target's out-features); LoRA: rank.
-        scale: SPP scaling ``s`` of Eq. 6 (authors: lora_alpha 16 / lora_r 8 = 2.0).
-        dropout: Dropout on the adapter branch input only.
-        alpha_init: SPP ``alpha`` initialisation.
-        beta_init: SPP ``beta`` initialisation (``zeros`` as the authors).
-        use_beta: SPP with the ``beta`` column (Table 8 ablation: without it alpha must start at zero).
-        impl: SPP forward implementation (all exact; ``fused`` is the fastest measured).
-        residual: SPP residual form ``y = x W~^T + s dropout(x) W~'^T`` (Eq. 6).
-        lora_alpha: LoRA ``alpha`` (scaling ``lora_alpha / r``).
-        dtype: dtype of the trainable tensors (fp32 whatever the base dtype, so SPP and LoRA* train alike in bf16).
-        targets: Module-name suffixes that receive an adapter.
+        name: The adapter method (``adapter=<name>`` picks it with its own keys): ``spp`` (Eq. 5/6), ``lora``
+            (LoRA*), ``sparse_lora`` (SparsePEFT), ``masked_full``, ``scale_lora`` (PERP's ScaleLoRA), ``norms``
+            (normalisation and bias parameters only), ``none`` (prune, evaluate and export without training), or a
+            plug-in's (``SPP_PLUGINS``).
+        targets: Module-name suffixes of the linear layers the method adapts.
+        dtype: dtype of the trainable adapter tensors (fp32 whatever the base dtype, so the methods train alike in
+            bf16); methods that train the model's own tensors (masked full, norms) keep those in their dtype.
     """
 
-    name: str = "spp"
-    r: int = 16
-    scale: float = 2.0
-    dropout: float = 0.05
-    alpha_init: Init = Init.kaiming
-    beta_init: Init = Init.zeros
-    use_beta: bool = True
-    impl: Impl = Impl.fused
-    residual: bool = True
-    lora_alpha: float = 16.0
-    dtype: ParamDtype = ParamDtype.float32
+    method: ClassVar[str] = "none"
+    """The method this class configures; a subclass states its own (``adapter.name`` must equal it)."""
+
+    name: str = "none"
     targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
+    dtype: ParamDtype = ParamDtype.float32
 
     def __post_init__(self) -> None:
-        names = method_names()
-        checks = [
-            (self.name in names, f"adapter.name={self.name!r}: use one of {list(names)}"),
-            (self.r >= 1, f"adapter.r={self.r} must be >= 1"),
-            (math.isfinite(self.scale), f"adapter.scale={self.scale} must be a finite number"),
-            (0.0 <= self.dropout < 1.0, f"adapter.dropout={self.dropout} must be in [0, 1)"),
-            (len(self.targets) > 0, "adapter.targets is empty; list module-name suffixes such as q_proj"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
+        if type(self).method != "none" and self.name != type(self).method:
+            raise ValueError(f"adapter.name={self.name!r} but these keys are adapter={type(self).method}'s; "
+                             f"choose the method with adapter={self.name} (not adapter.name=)")
+        if len(self.targets) == 0:
+            raise ValueError("adapter.targets is empty; list module-name suffixes such as q_proj")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """:attr:`dtype` as a ``torch.dtype``."""
+        return DTYPES[str(self.dtype)]
+
+
+def check_dropout(dropout: float) -> None:
+    """``adapter.dropout`` in [0, 1) (raises ``ValueError`` naming the key)."""
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"adapter.dropout={dropout} must be in [0, 1)")
+
+
+def check_rank(r: int) -> None:
+    """``adapter.r`` >= 1 (raises ``ValueError`` naming the key)."""
+    if r < 1:
+        raise ValueError(f"adapter.r={r} must be >= 1")

@@ -1,29 +1,114 @@
-"""The adapter registry: ``adapter.name`` -> the ``METHOD`` of ``spp/adapters/methods/<name>.py``.
+"""The adapter registry: ``adapter.name`` -> the :class:`~spp.adapters.base.AdapterMethod` its folder registered.
 
-A new adapter method is one module there (exposing ``METHOD``, an :class:`~spp.adapters.base.AdapterMethod`) plus
-one YAML under ``conf/adapter/``.
+A method is a folder whose ``__init__`` calls :func:`register`: the project's own are the packages of
+``spp/adapters/methods/`` (imported on first use), a user's are the folders named in ``SPP_PLUGINS`` (imported by
+:func:`spp.plugins.load_plugins` before Hydra composes). :func:`register` also stores the method's config class in
+Hydra's ConfigStore as ``adapter/<name>_schema``, which ``conf/adapter/<name>.yaml`` (or the plug-in's
+``conf/adapter/<name>.yaml``) names first in its defaults list.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import pkgutil
+from pathlib import Path
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
 from torch import nn
 
 from spp.adapters.base import AdapterMethod, ExternalParameters, Masks, count_parameters
-from spp.adapters.config import AdapterConfig, method_names
+from spp.adapters.config import AdapterConfig
+from spp.atomic import write_file_atomic
+from spp.errors import UserError
+from spp.version import __version__
+
+METHODS_DIR = Path(__file__).resolve().parent / "methods"
+"""One package per built-in method (``spp``, ``lora``, ``none``, ...)."""
+MARKER = "adapter_method.json"
+"""Written beside every method's adapter files: which method wrote them (what ``eval.py adapter_dir=`` loads)."""
+
+_METHODS: dict[str, AdapterMethod] = {}
+_builtin_loaded = False
+
+
+def register(method: AdapterMethod) -> AdapterMethod:
+    """Register ``method`` under ``method.name`` and its config class as Hydra's ``adapter/<name>_schema``.
+
+    Raises:
+        TypeError: not an :class:`AdapterMethod`, or its ``config_class`` is not an ``AdapterConfig`` dataclass.
+        ValueError: no name, or another method already holds the name.
+    """
+    if not isinstance(method, AdapterMethod):
+        raise TypeError(f"register: expected an AdapterMethod instance, got {type(method).__name__}")
+    cls = method.config_class
+    if not (isinstance(cls, type) and issubclass(cls, AdapterConfig)):
+        raise TypeError(f"adapter {method.name!r}: config_class must subclass spp.adapters.config.AdapterConfig")
+    if not method.name or not method.name.isidentifier():
+        raise ValueError(f"adapter method {type(method).__name__}: name {method.name!r} must be an identifier")
+    held = _METHODS.get(method.name)
+    if held is not None and type(held) is not type(method):
+        raise ValueError(f"adapter method {method.name!r} is registered twice ({type(held).__name__} and "
+                         f"{type(method).__name__}); rename one")
+    _METHODS[method.name] = method
+    ConfigStore.instance().store(group="adapter", name=f"{method.name}_schema", node=cls)
+    return method
+
+
+def load_builtin() -> None:
+    """Import every package of ``spp/adapters/methods/`` once (each registers its method)."""
+    global _builtin_loaded
+    if _builtin_loaded:
+        return
+    _builtin_loaded = True
+    for info in pkgutil.iter_modules([str(METHODS_DIR)]):
+        if info.ispkg and not info.name.startswith("_"):
+            importlib.import_module(f"spp.adapters.methods.{info.name}")
+
+
+def method_names() -> tuple[str, ...]:
+    """Every registered adapter method (the built-in ones and the plug-ins loaded), sorted."""
+    load_builtin()
+    return tuple(sorted(_METHODS))
+
+
+def methods_in_table_order() -> list[AdapterMethod]:
+    """The registered methods in their tables' order (:attr:`AdapterMethod.table_order`, then name)."""
+    load_builtin()
+    return sorted(_METHODS.values(), key=lambda m: (m.table_order, m.name))
 
 
 def get_method(name: str) -> AdapterMethod:
     """The registered method called ``name``.
 
     Raises:
-        ValueError: no such method (lists the registered ones).
+        UserError: no such method (lists the registered ones; key ``adapter.name``).
     """
-    if name not in method_names():
-        raise ValueError(f"adapter.name={name!r}: use one of {list(method_names())}")
-    return importlib.import_module(f"spp.adapters.methods.{name}").METHOD
+    load_builtin()
+    if name not in _METHODS:
+        raise UserError(f"adapter.name={name!r} is not a registered adapter method",
+                        f"use one of {list(method_names())}, or name its plug-in folder in SPP_PLUGINS",
+                        key="adapter.name")
+    return _METHODS[name]
+
+
+def make_config(name: str, **values: Any) -> AdapterConfig:
+    """The config of method ``name`` with ``values`` (the method's own dataclass; checked by its ``__post_init__``)."""
+    return get_method(name).config_class(name=name, **values)
+
+
+def option_config(name: str, conf_dir: Path | None = None, **overrides: Any) -> AdapterConfig:
+    """The typed config ``adapter=<name>`` composes to (its schema, ``<conf_dir>/adapter/<name>.yaml`` without its
+    defaults list, then ``overrides``): what a notebook or test gets without Hydra. ``conf_dir``: the project's."""
+    from omegaconf import OmegaConf
+
+    from spp.paths import CONF_DIR
+
+    yaml = OmegaConf.load(Path(conf_dir or CONF_DIR) / "adapter" / f"{name}.yaml")
+    values = {k: v for k, v in OmegaConf.to_container(yaml).items() if k != "defaults"}
+    node = OmegaConf.merge(OmegaConf.structured(get_method(name).config_class), values, overrides)
+    return OmegaConf.to_object(node)
 
 
 def apply_adapter(model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, list[str]]:
@@ -39,7 +124,7 @@ def apply_adapter(model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[n
     model = method.inject(model, cfg, masks)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     if method.trains and not trainable:
-        raise ValueError(f"adapter.targets={list(cfg.targets)} matched no linear layer of the model; "
+        raise ValueError(f"adapter.targets={list(cfg.targets)} matched no parameter of the model to train; "
                          "fix adapter.targets")
     return model, trainable
 
@@ -63,4 +148,86 @@ def external_parameters(model: nn.Module, name: str | None = None) -> ExternalPa
     return pairs
 
 
-__all__ = ["AdapterMethod", "apply_adapter", "count_parameters", "external_parameters", "get_method", "merge_adapter"]
+def after_placement(model: nn.Module) -> None:
+    """Every registered method's :meth:`AdapterMethod.after_placement` (each acts on its own layers only)."""
+    for name in method_names():
+        get_method(name).after_placement(model)
+
+
+def before_optimizer_step(model: nn.Module) -> None:
+    """Every registered method's :meth:`AdapterMethod.before_optimizer_step` (each acts on its own layers only)."""
+    for name in method_names():
+        get_method(name).before_optimizer_step(model)
+
+
+# ------------------------------------------------------------------------------------------------ adapter files
+
+
+def save_adapter_dir(method: AdapterMethod, model: nn.Module, directory: Path, extra: dict[str, Any],
+                     cfg: AdapterConfig | None = None) -> None:
+    """The method's adapter files, plus :data:`MARKER` naming the method and its config (what
+    :func:`load_adapter_dir` and :func:`describe_dir` read)."""
+    method.save(model, directory, extra)
+    config = {k: v if isinstance(v, (bool, int, float, list, type(None))) else str(v)
+              for k, v in vars(cfg).items()} if cfg is not None else {}
+    text = json.dumps({"method": method.name, "config": config, "spp_version": __version__}, indent=2, sort_keys=True)
+    write_file_atomic(Path(directory) / MARKER, lambda p: p.write_text(text + "\n"))
+
+
+def _read_marker(path: Path) -> dict[str, Any]:
+    """The :data:`MARKER` of an adapter directory; an SPP directory written before markers existed is recognised by
+    its ``adapter_config.json`` (``format: spp``, its ``layer_kwargs`` as the config)."""
+    if (path / MARKER).is_file():
+        return json.loads((path / MARKER).read_text())
+    if (path / "adapter_config.json").is_file():
+        legacy = json.loads((path / "adapter_config.json").read_text())
+        if legacy.get("format") == "spp":
+            return {"method": "spp", "config": dict(legacy.get("layer_kwargs") or {})}
+    return {}
+
+
+def describe_dir(directory: str | Path) -> tuple[AdapterMethod, dict[str, Any]]:
+    """The method that wrote the adapter directory and the config it recorded (may be empty).
+
+    Raises:
+        UserError: not an adapter directory, or a method that is not registered (key ``adapter_dir``).
+    """
+    path = Path(directory).expanduser()
+    marker = _read_marker(path)
+    name = marker.get("method")
+    if not name:
+        raise UserError(f"adapter_dir={str(directory)!r} is not an adapter directory (no {MARKER})",
+                        "point adapter_dir= at the adapter folder a train.py run wrote (<run_dir>/adapter)",
+                        key="adapter_dir", path=path)
+    if name not in method_names():
+        raise UserError(f"adapter_dir={str(directory)!r} was written by adapter method {name!r}, which is not "
+                        "registered here", f"name its plug-in folder in SPP_PLUGINS (registered: "
+                        f"{list(method_names())})", key="adapter_dir", path=path)
+    return get_method(name), dict(marker.get("config") or {})
+
+
+def method_of_dir(directory: str | Path) -> AdapterMethod:
+    """The method that wrote the adapter directory (:func:`describe_dir`)."""
+    return describe_dir(directory)[0]
+
+
+def load_adapter_dir(model: nn.Module, directory: str | Path, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
+    """``model`` (pruned, plain) with the adapter of ``directory`` loaded and merged by its method, as the merged
+    export holds it; returns the merged model and ``{"method", "r", "merge"}``."""
+    method = method_of_dir(directory)
+    masks = masks or masks_from_weights(model)
+    adapted, cfg = method.load(model, Path(directory).expanduser(), masks)
+    merged, stats = method.merge(adapted, cfg, masks)
+    return merged, {"method": method.name, "r": method.rank(cfg), "merge": stats}
+
+
+def masks_from_weights(model: nn.Module) -> Masks:
+    """``{name: weight != 0}`` of every ``nn.Linear`` in the decoder blocks: the masks of a pruned model whose
+    pruning masks are not at hand (a kept weight that is exactly zero counts as pruned)."""
+    return {n: m.weight.detach() != 0 for n, m in model.named_modules()
+            if isinstance(m, nn.Linear) and ".layers." in f".{n}"}
+
+
+__all__ = ["AdapterMethod", "apply_adapter", "count_parameters", "describe_dir", "external_parameters", "get_method",
+           "load_adapter_dir", "make_config", "merge_adapter", "method_names", "method_of_dir", "option_config",
+           "register", "save_adapter_dir"]

@@ -13,9 +13,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from spp.adapters.masked_full import inject_masked_full
-from spp.adapters.sparse_lora import inject_sparse_lora
-from spp.adapters.spp.layer import IMPLS, SPPLinear
+from spp.adapters.methods.masked_full.masked_full import inject_masked_full
+from spp.adapters.methods.sparse_lora.layer import inject_sparse_lora
+from spp.adapters.methods.spp.layer import IMPLS, SPPLinear
 
 LORA_R, LORA_ALPHA = 8, 16  # the authors' LoRA setting (docs/design.md §1)
 

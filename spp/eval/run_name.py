@@ -4,7 +4,7 @@ A merged model exported by ``train.py`` carries ``spp_export.json`` beside its w
 dtype, and the pruning it was trained on: model, pruner, sparsity); ``eval.py model.path=<run>/merged`` is then
 written under ``outputs/eval/<model>/<pruner>-<sparsity>/<adapter>-r<r>/<time>`` instead of the defaults of the
 groups it did not set (``smollm2_135m/none-dense``). An adapter loaded with ``adapter_dir=`` names the folder the
-same way from its ``adapter_config.json``. ``conf/evaluate.yaml`` uses it as ``${spp_eval_name:...}`` in
+same way from its ``adapter_method.json``. ``conf/evaluate.yaml`` uses it as ``${spp_eval_name:...}`` in
 ``hydra.run.dir``; :func:`register_eval_resolvers` registers that resolver.
 """
 
@@ -44,15 +44,24 @@ def eval_run_name(model_path: str | None, model_name: str, pruner: str, sparsity
         name = f"{pruning.get('model', model_name)}/{pruning.get('pruner', pruner)}-{pruning.get('sparsity', sparsity)}"
         method = adapter.get("name")
         if method and method != "none":
-            return f"{name}/{method}-r{adapter.get('r')}"
+            return f"{name}/{method}" + (f"-r{adapter['r']}" if adapter.get("r") is not None else "")
         return f"{name}/{method or 'export'}"
     name = f"{model_name}/{pruner}-{sparsity}"
     if adapter_dir:
-        config = _read(Path(str(adapter_dir)).expanduser() / "adapter_config.json") or {}
-        method = config.get("format") or config.get("peft_type", "adapter")
-        rank = (config.get("layer_kwargs") or {}).get("r", config.get("r"))
-        return f"{name}/{str(method).lower()}" + (f"-r{rank}" if rank is not None else "")
+        method, rank = adapter_dir_label(Path(str(adapter_dir)).expanduser())
+        return f"{name}/{method}" + (f"-r{rank}" if rank is not None else "")
     return name
+
+
+def adapter_dir_label(path: Path) -> tuple[str, Any]:
+    """``(method, r)`` of an adapter directory: its ``adapter_method.json`` (every method's, written by train.py),
+    else an older SPP ``adapter_config.json`` or a peft one; ``("adapter", None)`` when unreadable."""
+    marker = _read(path / "adapter_method.json")
+    if marker is not None:
+        return str(marker.get("method") or "adapter"), (marker.get("config") or {}).get("r")
+    config = _read(path / "adapter_config.json") or {}
+    method = config.get("format") or config.get("peft_type", "adapter")
+    return str(method).lower(), (config.get("layer_kwargs") or {}).get("r", config.get("r"))
 
 
 def register_eval_resolvers() -> None:

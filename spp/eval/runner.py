@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from lightning.pytorch.loggers import Logger
 
-from spp.adapters.spp.io import load_adapter, read_adapter_config
+from spp.adapters.registry import describe_dir, load_adapter_dir
 from spp.atomic import check_writable_dir
 from spp.distributed import launch_processes
 from spp.errors import UserError
@@ -77,7 +77,7 @@ def preflight(cfg: EvalJobConfig) -> None:
     if cfg.eval.tasks and not cfg.eval.online:
         task_data_files(list(cfg.eval.tasks), cfg.data_dir)
     if cfg.adapter_dir:
-        read_adapter_config(cfg.adapter_dir)
+        describe_dir(cfg.adapter_dir)
     if cfg.use_cache and wants_pruning(cfg):
         check_writable_dir(Path(cfg.cache_dir).expanduser() / "pruning", "cache_dir",
                            "point cache_dir= (or SPP_CACHE_DIR) at a directory you can write to, or use_cache=false",
@@ -141,6 +141,7 @@ def _in_memory(cfg: EvalJobConfig, info: dict[str, Any]) -> tuple[torch.nn.Modul
     device = _device(cfg)
     model, tokenizer = load_model(cfg.model)
     model.to(device)
+    masks: dict[str, torch.Tensor] = {}
     if wants_pruning(cfg):
         start = time.perf_counter()
         if cfg.use_cache:
@@ -152,8 +153,10 @@ def _in_memory(cfg: EvalJobConfig, info: dict[str, Any]) -> tuple[torch.nn.Modul
         info["timings"]["prune"] = round(time.perf_counter() - start, 2)
         info["cache_hit"] = result.cache_hit
         info["prune_overall"] = result.report.overall
-    if cfg.adapter_dir:
-        model = load_adapter(model, cfg.adapter_dir).to(device)
+        masks = result.masks
+    if cfg.adapter_dir:  # loaded and merged by the method that wrote it, as the run's merged export holds it
+        model, info["adapter"] = load_adapter_dir(model, cfg.adapter_dir, masks)
+        model.to(device)
     info["linear_sparsity"] = linear_sparsity(model)
     return model, tokenizer
 
@@ -214,6 +217,7 @@ def job_loggers(cfg: EvalJobConfig, output_dir: str | Path) -> list[Logger]:
     """The job's loggers; the run is named ``<model>-<pruner>-<sparsity>-<spp-r<r> | none>`` like a training run."""
     adapter, r = "none", None
     if cfg.adapter_dir:
-        adapter, r = "spp", read_adapter_config(cfg.adapter_dir)["layer_kwargs"]["r"]
+        method, recorded = describe_dir(cfg.adapter_dir)
+        adapter, r = method.name, recorded.get("r")
     ids = run_tags(cfg.model.name, cfg.pruner.name, cfg.sparsity.name, adapter, r, cfg.logger.wandb)
     return build_loggers(cfg.logger, output_dir, ids)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spp.adapters.registry import get_method, method_names, methods_in_table_order
 from spp.atomic import write_text_atomic
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.perplexity import paired_difference
@@ -45,9 +46,13 @@ from spp.experiments.collect import (
     sparsity_rank,
 )
 
-METHODS = {"none": "pruned", "spp": "SPP", "sparse_lora": "SparsePEFT", "lora": "LoRA*",
-           "masked_full": "masked full FT"}
-"""Adapter name -> the method's name in the tables, in table order."""
+
+def method_labels() -> dict[str, str]:
+    """Adapter name -> the method's name in the tables (its :attr:`~spp.adapters.base.AdapterMethod.label`), in
+    table order: every registered method, plug-ins included."""
+    return {m.name: m.label or m.name for m in methods_in_table_order()}
+
+
 THROUGHPUT_COLUMN = "train/device/items_per_sec"
 """The training tokens/s ``train.py`` logs (Lightning's ``ThroughputMonitor``, one device)."""
 Z95 = 1.959963984540054
@@ -91,10 +96,11 @@ def load_campaign_run(path: Path) -> CampaignRun:
 
 
 def trained_parameters(run: Run, data: dict[str, Any]) -> int:
-    """Parameters that training can change: the adapter's tensors, or for masked full fine-tuning the kept
-    weights of the adapted projections (``merge.kept_params``; its ``params.trainable`` counts whole tensors)."""
-    if run.key.adapter == "masked_full":
-        return int((data.get("merge") or {}).get("kept_params") or run.trainable)
+    """Parameters that training can change, as the run's method counts them from its summary
+    (:meth:`~spp.adapters.base.AdapterMethod.trained_from_summary`: the adapter's tensors, or for masked full
+    fine-tuning the kept weights of the adapted projections); ``params.trainable`` for an unregistered method."""
+    if run.key.adapter in method_names():
+        return get_method(run.key.adapter).trained_from_summary(data)
     return run.trainable
 
 
@@ -107,7 +113,7 @@ def _row_order(key: RunKey) -> tuple:
     """Sparsity, then pruner (Wanda first), then method in table order (a prompt-masked run after its method):
     each pruned model's block stays together."""
     return (sparsity_rank(key), key.pruner != "wanda", key.pruner,
-            list(METHODS).index(key.adapter) if key.adapter in METHODS else 9, not key.train_on_inputs)
+            list(method_labels()).index(key.adapter) if key.adapter in method_labels() else 99, not key.train_on_inputs)
 
 
 def group_campaign(runs: Sequence[CampaignRun]) -> dict[RunKey, list[CampaignRun]]:
@@ -120,7 +126,7 @@ def group_campaign(runs: Sequence[CampaignRun]) -> dict[RunKey, list[CampaignRun
 def method_name(key: RunKey) -> str:
     """The campaign's Method column: ``SPP``, ``SPP (prompt masked)`` when the loss covered the response only, …
     (``collect.method_label`` is the paper tables' ``Wanda+SPP`` form)."""
-    name = METHODS.get(key.adapter, key.adapter)
+    name = method_labels().get(key.adapter, key.adapter)
     return name if key.train_on_inputs else f"{name} (prompt masked)"
 
 

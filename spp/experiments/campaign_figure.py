@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
-from spp.experiments.campaign import METHODS, Z95, group_campaign, load_campaign, model_label
+from spp.experiments.campaign import Z95, group_campaign, load_campaign, method_labels, model_label
 from spp.experiments.collect import sparsity_label
 
 
@@ -31,7 +31,7 @@ def draw(roots: list[str | Path], out: str | Path) -> Path:
     for y, (key, runs) in enumerate(groups.items()):
         labels.append(f"{sparsity_label(key)} {model_label(key)}")
         which = "merged" if key.adapter != "none" else "pruned"
-        color = f"C{list(METHODS).index(key.adapter)}"
+        color = f"C{list(method_labels()).index(key.adapter)}"
         for i, r in enumerate(runs):
             dy = (i - (len(runs) - 1) / 2) * 0.15
             e = r.perplexity[which]

@@ -133,7 +133,7 @@ def load_run(path: Path) -> Run:
         n=sp.get("n"),
         m=sp.get("m"),
         adapter=ad["name"],
-        r=int(ad["r"]) if ad["name"] != "none" else 0,
+        r=int(ad.get("r") or 0) if ad["name"] != "none" else 0,
         use_beta=bool(ad.get("use_beta", True)) if ad["name"] == "spp" else True,
         alpha_init=ad.get("alpha_init", "kaiming") if ad["name"] == "spp" else "kaiming",
         beta_init=ad.get("beta_init", "zeros") if ad["name"] == "spp" else "zeros",

@@ -103,16 +103,22 @@ def plain_name(name: str) -> str:
     return name
 
 
-def _tensors(module: nn.Module, prefix: str, skip: list[str]) -> dict[str, torch.Tensor]:
-    """``module``'s parameters and persistent buffers by plain name, except those inside the modules ``skip``."""
+def _tensors(module: nn.Module, prefix: str, skip: list[str],
+             overrides: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """``module``'s parameters and persistent buffers by plain name, except those inside the modules ``skip``; a
+    parameter named (fully) in ``overrides`` takes that value in its own dtype (a trained tensor that is not part of
+    an adapted layer, such as ``adapter=norms``' normalisation weights)."""
     out: dict[str, torch.Tensor] = {}
+    overrides = overrides or {}
     items = list(module.named_parameters()) + [
         (n, b) for n, b in module.named_buffers()
         if n.rsplit(".", 1)[-1] not in module.get_submodule(n.rpartition(".")[0])._non_persistent_buffers_set]
     for name, tensor in items:
         if any(name.startswith(s + ".") for s in skip):
             continue
-        out[plain_name(f"{prefix}.{name}" if prefix else name)] = tensor.detach()
+        full = f"{prefix}.{name}" if prefix else name
+        value = overrides[full].to(tensor.dtype) if full in overrides else tensor
+        out[plain_name(full)] = value.detach()
     return out
 
 
@@ -150,7 +156,7 @@ def merged_block_tensors(block: nn.Module, prefix: str, method: AdapterMethod, m
             adapted.append(name)
             out.update({f"{qualified}.{k}": v for k, v in merged.tensors.items()})
             stats[qualified] = merged.stats
-    out.update(_tensors(block, prefix, adapted))
+    out.update(_tensors(block, prefix, adapted, overrides))
     return {k: v.to("cpu", copy=True).contiguous() for k, v in out.items()}, stats
 
 
@@ -276,7 +282,8 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
     with gather.gathered(model):
         if ctx.is_main and writer.error is None:
             try:
-                outside = {k: v.to("cpu", copy=True).contiguous() for k, v in _tensors(model, "", [prefix]).items()}
+                rest = _tensors(model, "", [prefix], inputs.overrides)
+                outside = {k: v.to("cpu", copy=True).contiguous() for k, v in rest.items()}
                 writer.add(_write_shard(tmp, count, count, outside), [0, 0, 0, 0])
             except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
                 writer.error = err

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from spp.adapters.spp.model import spp_layers
+from spp.adapters.methods.spp.model import spp_layers
 from spp.projections import DEFAULT_TARGETS
 
 SEMI_STRUCTURED_DTYPES = (torch.float16, torch.bfloat16)

@@ -6,7 +6,7 @@ lookups cost nothing; ``s`` tokens of context):
 * forward: ``2 N`` plus causal attention, ``2 s h`` per block (QKᵀ and AV, ``4 s h``, half of it masked);
 * backward of a **frozen** base: only the activation gradients, ``2 N`` plus twice the attention forward. The
   frozen weights get no weight gradient, so the ``6 N`` rule of full training does not hold;
-* the adapter's own work per token: SPP (``spp.adapters.spp.functional``) forms ``G = gᵀx`` for every adapted
+* the adapter's own work per token: SPP (``spp.adapters.methods.spp.functional``) forms ``G = gᵀx`` for every adapted
   linear (``2 N_a``, ``N_a`` = adapted weights), and with dropout on it runs a second full-size product forward
   and backward (``+2 N_a`` each); masked full fine-tuning computes the weight gradients (``2 N_a``); LoRA and
   SparsePEFT run their ``r x (in + out)`` factors forward (``2 r (in + out)``) and backward (twice that);

@@ -139,9 +139,11 @@ def _eval_spec(job: Any, prunes: bool, per_char: float) -> EvalSpec:
 def _adapter_spec(job: Any) -> AdapterSpec:
     a = job.adapter
     dtype = str(getattr(a.dtype, "value", a.dtype))
-    return AdapterSpec(name=a.name, r=a.r, use_beta=a.use_beta, param_bytes={"float64": 8, "float32": 4}.get(dtype, 2),
-                       targets=tuple(a.targets), dropout=float(a.dropout),
-                       keeps_weight=str(getattr(a.impl, "value", a.impl)) == "fused_cached")
+    impl = getattr(a, "impl", None)  # each method has its own keys: the ones it lacks take their neutral values
+    return AdapterSpec(name=a.name, r=int(getattr(a, "r", 0)), use_beta=bool(getattr(a, "use_beta", False)),
+                       param_bytes={"float64": 8, "float32": 4}.get(dtype, 2), targets=tuple(a.targets),
+                       dropout=float(getattr(a, "dropout", 0.0)),
+                       keeps_weight=str(getattr(impl, "value", impl)) == "fused_cached")
 
 
 def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: int | None = None,

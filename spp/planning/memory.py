@@ -22,7 +22,7 @@ from spp.planning.spec import RunSpec
 
 CHUNK_ELEMENTS = 1 << 24
 """SPP's fused backward works on row chunks of at most this many values (a chunk of the adapted weight and one of
-its gradient, fp32; ``spp.adapters.spp.functional.BACKWARD_CHUNK_ELEMENTS``)."""
+its gradient, fp32; ``spp.adapters.methods.spp.functional.BACKWARD_CHUNK_ELEMENTS``)."""
 
 CPU_HEAP_RETENTION = {True: 0.99, False: 0.17}
 """On a CPU run glibc keeps freed heap memory resident (its mmap threshold rises to the largest freed block, up to

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from spp.adapters.registry import apply_adapter, get_method
+from spp.adapters.registry import apply_adapter, get_method, save_adapter_dir
 from spp.atomic import is_disk_full, write_dir_atomic
 from spp.distributed import DistContext
 from spp.errors import UserError
@@ -107,7 +107,7 @@ def save_adapter_files(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResu
     model = fitted.model if not (fitted.sharded or fitted.deepspeed) else rebuild(job, pruned, fitted.state)
     path = run_dir / "adapter"
     try:
-        write_dir_atomic(path, lambda tmp: method.save(model, tmp, provenance(job)))
+        write_dir_atomic(path, lambda tmp: save_adapter_dir(method, model, tmp, provenance(job), job.adapter))
     except Exception as err:
         if not is_disk_full(err):
             raise

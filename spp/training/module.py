@@ -14,8 +14,7 @@ from transformers import get_scheduler
 
 from spp.adapters.base import Masks, ParamCounts, count_parameters
 from spp.adapters.config import AdapterConfig
-from spp.adapters.masked_full import mask_gradients, restore_gradient_hooks
-from spp.adapters.registry import apply_adapter
+from spp.adapters.registry import after_placement, apply_adapter, before_optimizer_step
 from spp.distributed import DistContext
 from spp.training.config import StrategyConfig, TrainerConfig
 from spp.training.strategies import has_meta_parameters, replicate_from_rank0, shard_from_rank0, shard_model
@@ -95,7 +94,7 @@ class SPPModule(L.LightningModule):
         else:
             if from_rank0:
                 replicate_from_rank0(self.model, ctx, strategy)
-            restore_gradient_hooks(self.model)  # masked_full: the mask hook on the weight objects now trained
+            after_placement(self.model)  # masked_full: the mask hook on the weight objects now trained
         if self.cfg.compile:
             # a compiled view of the same module, kept out of the module tree so state_dict keys do not change
             self._compiled.append(torch.compile(self.model))
@@ -111,7 +110,7 @@ class SPPModule(L.LightningModule):
         self.params = count_parameters(self.model)
         if self.global_rank == 0:
             log.info("fit phase: adapter %s r=%s, %s trainable of %s parameters", self.adapter_cfg.name,
-                     self.adapter_cfg.r, f"{self.params.trainable:,}", f"{self.params.total:,}")
+                     getattr(self.adapter_cfg, "r", "-"), f"{self.params.trainable:,}", f"{self.params.total:,}")
 
     def _trainer_strategy(self) -> Any:
         return self._trainer.strategy if self._trainer is not None else None
@@ -156,9 +155,9 @@ class SPPModule(L.LightningModule):
         return torch.stack(self._losses).float().cpu().tolist() if self._losses else []
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
-        """Masked full fine-tuning: zero the pruned entries of the (possibly sharded) gradients before clipping and
-        the step (:func:`~spp.adapters.masked_full.mask_gradients`)."""
-        mask_gradients(self.model)
+        """Each method's hook before clipping and the step (masked full fine-tuning zeroes the pruned entries of the
+        possibly sharded gradients: :meth:`~spp.adapters.base.AdapterMethod.before_optimizer_step`)."""
+        before_optimizer_step(self.model)
 
     # ----------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict[str, Any]:

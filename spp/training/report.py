@@ -65,7 +65,7 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
     return {
         "run": {"name": ids["name"], "group": ids["group"], "tags": ids["tags"], "run_dir": str(run_dir),
                 "model": job.model.name, "pruner": job.pruner.name, "sparsity": job.sparsity.name,
-                "adapter": job.adapter.name, "r": job.adapter.r},
+                "adapter": job.adapter.name, "r": getattr(job.adapter, "r", None)},
         "perplexity": {"dense": pruned.ppl.get("dense"), "pruned": pruned.ppl.get("pruned"), "merged": final.ppl},
         "gap_closed": _gap_closed(pruned.ppl.get("dense"), pruned.ppl.get("pruned"), final.ppl),
         "zero_shot": final.zero_shot,

@@ -9,8 +9,8 @@ import lightning as L
 import torch
 from torch import nn
 
-from spp.adapters.spp.functional import adapted_weight, merge_factor
-from spp.adapters.spp.layer import SPPLinear
+from spp.adapters.base import AdapterMethod
+from spp.adapters.registry import get_method, method_names
 from spp.distributed import DistContext
 from spp.gathering import Gatherer, gatherer_for
 from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
@@ -31,48 +31,36 @@ def original_name(name: str) -> str:
 
 
 @torch.no_grad()
-def effective_weights(model: nn.Module, names: set[str],
-                      gatherer: Gatherer | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def effective_weights(model: nn.Module, names: set[str], gatherer: Gatherer | None = None,
+                      methods: list[AdapterMethod] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(original_name, weight the layer applies)`` for every pruned linear layer in ``names``.
 
-    A module with an ``effective_weight()`` method (an adapter layer such as SparsePEFT's) reports that. For an
-    unmerged ``SPPLinear`` it is the merged weight ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (Eq. 5/6; or
-    ``W ⊙ Repeat0(alpha)⊙beta`` without the residual); for any other linear layer its own weight (a LoRA
-    baseline is audited on its frozen base weight during training and after ``merge_and_remask``).
+    An adapted layer reports what its method says it applies (:meth:`~spp.adapters.base.AdapterMethod.
+    effective_weight`: SPP's ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)``, SparsePEFT's ``W~ + s·(B A) ⊙ M``, ScaleLoRA's
+    ``W ⊙ (B A)``); any other linear layer its own weight (a LoRA baseline is audited on its frozen base weight
+    during training and after ``merge_and_remask``). ``methods``: the methods asked (default: every registered one;
+    each recognises only its own layers).
 
     Sharded parameters (FSDP2 ``DTensor`` s, ZeRO-3 partitions) are gathered one layer at a time by ``gatherer``
     (default: :func:`~spp.gathering.gatherer_for` the model), a collective: every rank must walk the same
     layers. A yielded tensor is valid until the next one is asked for.
     """
     gatherer = gatherer or gatherer_for(model)
+    methods = methods if methods is not None else [get_method(n) for n in method_names()]
     done: set[str] = set()
     for name, module in model.named_modules():
         key = original_name(name)
         if key not in names or key in done:  # a wrapper comes before its base layer: report the wrapper only
             continue
-        if not (hasattr(module, "effective_weight") or isinstance(module, SPPLinear)
-                or (isinstance(module, nn.Linear) and not name.endswith(".base"))):
-            continue
-        done.add(key)
         with gatherer.gathered(module):
-            yield key, _effective_weight(module, gatherer)
-
-
-def _effective_weight(module: nn.Module, gatherer: Gatherer) -> torch.Tensor:
-    """The weight ``module`` applies, from its gathered parameters (see :func:`effective_weights`)."""
-    full = gatherer.full
-    if hasattr(module, "effective_weight"):
-        return full(module.effective_weight())
-    if not isinstance(module, SPPLinear):
-        return full(module.weight)
-    w = full(module.base.weight)
-    if module.merged:
-        return w
-    alpha = full(module.spp_alpha.detach()).float()
-    beta = full(module.spp_beta.detach()).float() if module.spp_beta is not None else None
-    if module.residual:
-        return w.float() * merge_factor(alpha, beta, module.out_features, module.scale)
-    return adapted_weight(w.float(), alpha, beta)
+            weight = next((w for w in (m.effective_weight(module, gatherer.full) for m in methods) if w is not None),
+                          None)
+            if weight is None and isinstance(module, nn.Linear) and not name.endswith(".base"):
+                weight = gatherer.full(module.weight)
+            if weight is None:
+                continue
+            done.add(key)
+            yield key, weight
 
 
 def zero_patterns(model: nn.Module, names: set[str], gatherer: Gatherer | None = None) -> dict[str, torch.Tensor]:

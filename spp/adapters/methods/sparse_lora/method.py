@@ -9,31 +9,54 @@ from typing import Any
 import torch
 from torch import nn
 
-from spp.adapters.base import DTYPES, AdapterMethod, ExternalParameters, Masks, MergedLayer, linear_tensors
+from spp.adapters.base import AdapterMethod, ExternalParameters, Full, Masks, MergedLayer, linear_tensors
 from spp.adapters.config import AdapterConfig
-from spp.adapters.sparse_lora import (
+from spp.adapters.methods.sparse_lora.config import SparseLoRAConfig
+from spp.adapters.methods.sparse_lora.layer import (
     SparseLoraLinear,
     external_parameters,
     inject_sparse_lora,
+    load_sparse_lora,
     merge_sparse_lora,
     save_sparse_lora,
 )
+from spp.errors import UserError
 
 
 class SparseLoRA(AdapterMethod):
     """peft LoRA (r, lora_alpha, dropout, targets as ``adapter=lora``) with the masked variant; zeros kept exactly."""
 
     name = "sparse_lora"
+    config_class = SparseLoRAConfig
+    label = "SparsePEFT"
+    table_order = 2
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         return inject_sparse_lora(model, masks, targets=tuple(cfg.targets), r=cfg.r, alpha=cfg.lora_alpha,
-                                  dropout=cfg.dropout, dtype=DTYPES[str(cfg.dtype)])
+                                  dropout=cfg.dropout, dtype=cfg.torch_dtype)
 
     def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
         return merge_sparse_lora(model)
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         save_sparse_lora(model, directory, extra)
+
+    def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
+        """peft's files plus ``sparse_lora.json`` (:func:`~spp.adapters.methods.sparse_lora.layer.load_sparse_lora`)."""
+        from peft import LoraConfig
+
+        try:
+            peft_cfg = LoraConfig.from_pretrained(str(directory))
+            model = load_sparse_lora(model, directory, masks)
+        except (FileNotFoundError, ValueError) as err:
+            raise UserError(f"adapter_dir={str(directory)!r}: {err}", "point adapter_dir= at the adapter folder of an "
+                            "adapter=sparse_lora run on this pruned model", key="adapter_dir", path=directory) from err
+        return model, SparseLoRAConfig(targets=sorted(peft_cfg.target_modules), r=peft_cfg.r,
+                                       lora_alpha=float(peft_cfg.lora_alpha), dropout=float(peft_cfg.lora_dropout))
+
+    def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
+        """A SparsePEFT layer's ``W~ + s·(B A) ⊙ M`` (its own ``effective_weight``, gathered)."""
+        return full(module.effective_weight()) if isinstance(module, SparseLoraLinear) else None
 
     def external_parameters(self, model: nn.Module) -> ExternalParameters:
         """The masked branch reads ``lora_A`` / ``lora_B`` weights without calling those modules."""

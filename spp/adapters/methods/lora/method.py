@@ -12,24 +12,51 @@ from torch import nn
 
 from spp.adapters.base import AdapterMethod, Masks, MergedLayer, linear_tensors
 from spp.adapters.config import AdapterConfig
-from spp.adapters.lora_star import LayerRemaskStats, RemaskStats, inject_lora, merge_and_remask
+from spp.adapters.methods.lora.config import LoRAConfig
+from spp.adapters.methods.lora.lora_star import (
+    LayerRemaskStats,
+    RemaskStats,
+    inject_lora,
+    lora_layers,
+    merge_and_remask,
+)
+from spp.errors import UserError
 
 
 class LoRAStar(AdapterMethod):
     """LoRA (dense ``W~ + s·B A`` after merge) followed by ``⊙ M``: what re-masking removes is reported."""
 
     name = "lora"
+    config_class = LoRAConfig
+    label = "LoRA*"
+    table_order = 3
     kept_zeros_may_change = True
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         return inject_lora(model, tuple(cfg.targets), r=cfg.r, alpha=cfg.lora_alpha, dropout=cfg.dropout)
 
     def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
-        merged, stats = merge_and_remask(model, masks)
+        """``(W~ + s·B A) ⊙ M`` with the masks of the adapted layers (``masks`` may hold more layers)."""
+        adapted = [name for name, _ in lora_layers(model)]
+        merged, stats = merge_and_remask(model, {n: masks[n] for n in adapted if n in masks})
         return merged, stats.to_dict()
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         model.save_pretrained(directory)
+
+    def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
+        """peft's own files (``PeftModel.from_pretrained``)."""
+        from peft import LoraConfig, PeftModel
+
+        try:
+            peft_cfg = LoraConfig.from_pretrained(str(directory))
+            model = PeftModel.from_pretrained(model, str(directory))
+        except (OSError, ValueError, KeyError, RuntimeError) as err:
+            raise UserError(f"adapter_dir={str(directory)!r} is not a LoRA adapter of this model: {err}",
+                            "point adapter_dir= at the adapter folder of an adapter=lora run on this pruned model",
+                            key="adapter_dir", path=directory) from err
+        return model, LoRAConfig(targets=sorted(peft_cfg.target_modules), r=peft_cfg.r,
+                                 lora_alpha=float(peft_cfg.lora_alpha), dropout=float(peft_cfg.lora_dropout))
 
     @torch.no_grad()
     def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:

@@ -7,19 +7,14 @@ from typing import Any
 
 from torch import nn
 
-from spp.adapters.spp.layer import IMPLS, SPPLinear
+from spp.adapters.base import set_submodule
+from spp.adapters.methods.spp.layer import IMPLS, SPPLinear
 from spp.projections import DEFAULT_TARGETS, matches
 
 
 def spp_layers(model: nn.Module) -> dict[str, SPPLinear]:
     """All ``SPPLinear`` modules of ``model`` by module path (in ``named_modules`` order)."""
     return {name: mod for name, mod in model.named_modules() if isinstance(mod, SPPLinear)}
-
-
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, module)
 
 
 def inject(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS, **layer_kwargs: Any) -> nn.Module:
@@ -51,7 +46,7 @@ def inject(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS, **layer_k
     for p in model.parameters():
         p.requires_grad_(False)
     for name, mod in found:
-        _set_submodule(model, name, SPPLinear(mod, name=name, **layer_kwargs))
+        set_submodule(model, name, SPPLinear(mod, name=name, **layer_kwargs))
     return model
 
 
@@ -68,7 +63,7 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
         if not layer.merged:
             layer.merge(keep_original=False)
         layer._original_weight = None
-        _set_submodule(model, name, layer.base)
+        set_submodule(model, name, layer.base)
     return model
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spp.adapters.spp.functional import (
+from spp.adapters.methods.spp.functional import (
     SPPFusedFunction,
     adapted_weight,
     blocked_adapter,

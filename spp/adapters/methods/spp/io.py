@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from spp.adapters.spp.model import adapter_state_dict, inject, spp_layers
+from spp.adapters.methods.spp.model import adapter_state_dict, inject, spp_layers
 from spp.atomic import write_file_atomic
 from spp.version import __version__
 

@@ -35,7 +35,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from spp.adapters.bitmask import checked_mask, pack_rows, unpack_rows
-from spp.adapters.spp.functional import BACKWARD_CHUNK_ELEMENTS
+from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS, MAX_DELTA_ELEMENTS, row_chunks
 from spp.atomic import write_file_atomic
 from spp.projections import DEFAULT_TARGETS, matches
 from spp.version import __version__
@@ -44,17 +44,9 @@ FORMAT = "sparse_lora"
 META_NAME = "sparse_lora.json"
 
 
-MAX_DELTA_ELEMENTS = 1 << 27
-"""Largest transient ``(B A) ⊙ M`` / gradient block (elements) built at once: 2**27 (256 MiB in bf16) holds every
-projection of LLaMA-7B..30B in one piece (one large matrix product each, the fast path on GPU); larger layers are
-walked in row chunks of at most ``BACKWARD_CHUNK_ELEMENTS``."""
-
-
 def _row_chunks(m: int, n: int) -> list[tuple[int, int]]:
-    if m * n <= MAX_DELTA_ELEMENTS:
-        return [(0, m)]
-    rows = max(1, BACKWARD_CHUNK_ELEMENTS // max(n, 1))
-    return [(lo, min(lo + rows, m)) for lo in range(0, m, rows)]
+    """Rows of ``(B A) ⊙ M`` built at once (:func:`spp.adapters.chunks.row_chunks` with this module's limits)."""
+    return row_chunks(m, n, MAX_DELTA_ELEMENTS, BACKWARD_CHUNK_ELEMENTS)
 
 
 def _keep(packed_rows: torch.Tensor, n: int) -> torch.Tensor:

@@ -32,8 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# Largest transient buffer (elements) the fused backward builds per chunk of rows: 2**24 fp32 = 64 MiB.
-BACKWARD_CHUNK_ELEMENTS = 1 << 24
+from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS
 
 
 def repeat_alpha(alpha: torch.Tensor, out_features: int) -> torch.Tensor:

@@ -1,0 +1,92 @@
+"""``adapter=masked_full``: masked full fine-tuning (the upper bound): kept weights trained, pruned ones fixed at 0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from spp.adapters.base import AdapterMethod, Masks, MergedLayer, linear_tensors
+from spp.adapters.bitmask import unpack_rows
+from spp.adapters.config import AdapterConfig
+from spp.adapters.methods.masked_full.config import MaskedFullConfig
+from spp.adapters.methods.masked_full.masked_full import (
+    MASK_BUFFER,
+    inject_masked_full,
+    kept_parameters,
+    mask_gradients,
+    merge_masked_full,
+    restore_gradient_hooks,
+    save_masked_full,
+)
+from spp.errors import UserError
+
+
+class MaskedFull(AdapterMethod):
+    """The adapted projections' weights train with gradient ``dL/dW ⊙ M``; merge is the identity.
+
+    Refuses (``MemoryError`` naming ``adapter.name=masked_full``) when gradients + AdamW states do not fit; the
+    estimate is :func:`spp.adapters.methods.masked_full.masked_full.estimate_training_memory`. The weights train in
+    their own dtype (``adapter.dtype`` does not apply).
+    """
+
+    name = "masked_full"
+    config_class = MaskedFullConfig
+    label = "masked full FT"
+    table_order = 4
+
+    def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
+        on_meta = any(p.is_meta for p in model.parameters())  # Table 1 builds models on meta: nothing to allocate
+        return inject_masked_full(model, masks, targets=tuple(cfg.targets), check_memory=not on_meta)
+
+    def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
+        return merge_masked_full(model)
+
+    def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
+        save_masked_full(model, directory, extra)
+
+    def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
+        """Refused: the trained weights are the model itself (``<run_dir>/merged``), not adapter tensors."""
+        raise UserError(f"adapter_dir={str(directory)!r} holds a masked full fine-tuning run, whose trained weights "
+                        "are the whole adapted projections: they are written as the merged model, not as adapter "
+                        "tensors", "evaluate that run's merged model with model.path=<run_dir>/merged (no "
+                        "adapter_dir=)", key="adapter_dir", path=directory)
+
+    @torch.no_grad()
+    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:
+        """A trained layer's own weights (the merge is the identity), with its kept, trained and pruned non-zeros."""
+        if not (isinstance(module, nn.Linear) and hasattr(module, MASK_BUFFER)):
+            return None
+        keep = unpack_rows(getattr(module, MASK_BUFFER), module.in_features).to(module.weight.device)
+        stats = {"kept_params": int(keep.sum()), "trainable_params": keep.numel(),
+                 "pruned_nonzero": int(((module.weight != 0) & ~keep).sum())}
+        return MergedLayer(linear_tensors(module), stats)
+
+    def merge_summary(self, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """``{"layers", "kept_params", "trainable_params", "pruned_nonzero"}`` as :func:`merge_masked_full` reports."""
+        return {"layers": len(layers), **{k: sum(s[k] for s in layers.values())
+                                          for k in ("kept_params", "trainable_params", "pruned_nonzero")}}
+
+    def trained_parameters(self, model: nn.Module, sparsity: float | None = None) -> int:
+        """The weights that move: the kept entries of the adapted layers (``(1 - sparsity)`` of each adapted weight
+        when ``sparsity`` is given, for a model on ``meta``); ``count_parameters`` counts whole tensors."""
+        if sparsity is None:
+            return kept_parameters(model)
+        return sum(round(p.numel() * (1.0 - sparsity)) for p in model.parameters() if p.requires_grad)
+
+    def trained_from_summary(self, summary: dict[str, Any]) -> int:
+        """``merge.kept_params`` of the run (its ``params.trainable`` counts whole tensors)."""
+        return int((summary.get("merge") or {}).get("kept_params") or super().trained_from_summary(summary))
+
+    def after_placement(self, model: nn.Module) -> None:
+        """The gradient-mask hook back on the weight objects placement made (:func:`restore_gradient_hooks`)."""
+        restore_gradient_hooks(model)
+
+    def before_optimizer_step(self, model: nn.Module) -> None:
+        """``dL/dW ⊙ M`` wherever the gradient lives now (:func:`mask_gradients`: FSDP2 shards, DDP replicas)."""
+        mask_gradients(model)
+
+
+METHOD = MaskedFull()

@@ -1,0 +1,126 @@
+"""``adapter=norms``: PERP's normalisation-and-bias retraining (Zimmer et al., arXiv 2312.15230): no linear weight
+moves, so every zero is kept trivially; the merge is the identity."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from spp.adapters.base import AdapterMethod, Masks, freeze_all
+from spp.adapters.config import AdapterConfig
+from spp.adapters.methods.norms.config import NormsConfig
+from spp.atomic import write_file_atomic
+from spp.errors import UserError
+from spp.projections import DEFAULT_TARGETS, matches
+from spp.version import __version__
+
+FORMAT = "norms"
+META_NAME = "norms.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A normalisation layer: ``nn.LayerNorm`` / ``nn.RMSNorm``, or a class named ``*Norm`` with a ``weight``
+    (Hugging Face's ``LlamaRMSNorm``, ``Qwen2RMSNorm``, ...)."""
+    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+        return True
+    return type(module).__name__.endswith("Norm") and isinstance(getattr(module, "weight", None), nn.Parameter)
+
+
+def norm_parameters(model: nn.Module, targets: list[str] | tuple[str, ...]) -> dict[str, nn.Parameter]:
+    """What ``adapter=norms`` trains, by parameter name: every parameter of every normalisation layer, and the bias
+    of every ``targets`` linear layer that has one."""
+    out: dict[str, nn.Parameter] = {}
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if is_norm(module):
+            out.update({prefix + n: p for n, p in module.named_parameters(recurse=False)})
+        elif isinstance(module, nn.Linear) and module.bias is not None and matches(name, targets):
+            out[prefix + "bias"] = module.bias
+    return out
+
+
+def trained_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters that require grad, by name (what :meth:`Norms.inject` made trainable), detached."""
+    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def save_norms(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any]) -> Path:
+    """``adapter_model.safetensors`` (the trained tensors by parameter name) and ``norms.json`` (their names)."""
+    tensors = {n: t.contiguous() for n, t in trained_tensors(model).items()}
+    if not tensors:
+        raise ValueError("save_norms: nothing of the model is trainable; inject adapter=norms first")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    write_file_atomic(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+    biases = sorted({n.rsplit(".", 2)[-2] for n in tensors if n.endswith(".bias")})
+    meta = {"format": FORMAT, "spp_version": __version__, "targets": biases or list(DEFAULT_TARGETS),
+            "tensors": sorted(tensors), "extra": extra}
+    write_file_atomic(out / META_NAME, lambda p: p.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n"))
+    return out
+
+
+def load_norms(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.Module, list[str]]:
+    """Copy the tensors :func:`save_norms` wrote into the pruned ``model`` (bit-exact); returns it and the targets.
+
+    Raises:
+        FileNotFoundError: missing files. ValueError: another format, or names / shapes that differ from the model.
+    """
+    path = Path(directory)
+    if not (path / META_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(f"no {META_NAME} and {WEIGHTS_NAME} in {directory}; expected norms adapter files")
+    meta = json.loads((path / META_NAME).read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path / META_NAME} is not a norms adapter (format={meta.get('format')!r})")
+    params, state = dict(model.named_parameters()), load_file(str(path / WEIGHTS_NAME))
+    missing = sorted(set(state) - set(params))
+    if missing:
+        raise ValueError(f"{directory} holds tensors the model does not have (e.g. {missing[:3]}); load it on the "
+                         "model it was trained on")
+    with torch.no_grad():
+        for name, value in state.items():
+            if tuple(value.shape) != tuple(params[name].shape):
+                raise ValueError(f"{name} is {tuple(value.shape)} in the file but {tuple(params[name].shape)} here")
+            params[name].copy_(value)
+    return model, list(meta["targets"])
+
+
+class Norms(AdapterMethod):
+    """Only normalisation weights (and target biases) train; the linear weights, and so their zeros, never move."""
+
+    name = "norms"
+    config_class = NormsConfig
+    label = "norms only"
+    table_order = 6
+
+    def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
+        freeze_all(model)
+        for param in norm_parameters(model, list(cfg.targets)).values():
+            param.requires_grad_(True)
+        return model
+
+    def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
+        """The identity: the trained tensors are the model's own."""
+        freeze_all(model)
+        return model, {}
+
+    def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
+        save_norms(model, directory, extra)
+
+    def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
+        """``norms.json`` + ``adapter_model.safetensors`` (:func:`load_norms`)."""
+        try:
+            model, targets = load_norms(model, directory)
+        except (FileNotFoundError, ValueError) as err:
+            raise UserError(f"adapter_dir={str(directory)!r}: {err}", "point adapter_dir= at the adapter folder of an "
+                            "adapter=norms run on this pruned model", key="adapter_dir", path=directory) from err
+        return model, NormsConfig(targets=targets)
+
+
+METHOD = Norms()

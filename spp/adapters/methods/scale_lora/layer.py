@@ -1,0 +1,249 @@
+"""ScaleLoRA (PERP, Zimmer et al., arXiv 2312.15230, Sec. 3): a frozen pruned linear scaled element-wise by a
+rank-``r`` multiplier.
+
+With the frozen pruned weight ``W`` (m x n), ``B`` (m x r) and ``A`` (r x n), both initialised to ``1/√r``::
+
+    W_eff = W ⊙ (B A)              (B A = 1 at init: the layer starts as the pruned one)
+    y     = x W_effᵀ + bias
+    merge:  W <- W ⊙ (B A)          (in place; a zero of W stays zero)
+
+:class:`ScaleLoRAFunction` computes ``y`` and its gradients without keeping any m x n tensor between forward and
+backward (it saves ``x``, ``A``, ``B``; ``W`` is the frozen parameter). With ``g = dL/dy`` and ``P = (gᵀ x) ⊙ W``::
+
+    dx = g W_eff,   dB = P Aᵀ,   dA = Bᵀ P
+
+``W_eff`` and ``P`` are built transiently, a chunk of rows at a time for large layers
+(:func:`spp.adapters.chunks.row_chunks`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from spp.adapters.base import freeze_all, set_submodule, target_linears
+from spp.adapters.chunks import row_chunks
+from spp.atomic import write_file_atomic
+from spp.version import __version__
+
+FORMAT = "scale_lora"
+META_NAME = "scale_lora.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+
+
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+
+
+class ScaleLoRAFunction(torch.autograd.Function):
+    """``x (W ⊙ (B A))ᵀ + bias`` with the hand-written gradients of the module docstring (``W`` and ``bias`` are
+    frozen: no gradient for them)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+        cdt = _compute_dtype(x)
+        m, n = weight.shape
+        with torch.autocast(x.device.type, enabled=False):
+            x2, a, b = x.reshape(-1, n).to(cdt), lora_a.to(cdt), lora_b.to(cdt)
+            y = x2.new_empty(x2.shape[0], m)
+            for lo, hi in row_chunks(m, n):
+                y[:, lo:hi] = x2 @ (weight[lo:hi].to(cdt) * (b[lo:hi] @ a)).t()
+            if bias is not None:
+                y += bias.to(cdt)
+        ctx.cdt, ctx.bias_dtype = cdt, bias.dtype if bias is not None else None
+        ctx.save_for_backward(x, weight, lora_a, lora_b)
+        return y.view(*x.shape[:-1], m)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, lora_a, lora_b = ctx.saved_tensors
+        need_x, _, need_a, need_b, need_bias = ctx.needs_input_grad
+        cdt, (m, n) = ctx.cdt, weight.shape
+        g2, x2 = g.reshape(-1, m).to(cdt), x.reshape(-1, n).to(cdt)
+        a, b = lora_a.to(cdt), lora_b.to(cdt)
+        gx = torch.zeros_like(x2) if need_x else None
+        ga = torch.zeros_like(a) if need_a else None
+        gb = torch.empty_like(b) if need_b else None
+        for lo, hi in row_chunks(m, n):
+            w = weight[lo:hi].to(cdt)
+            if need_x:
+                gx.addmm_(g2[:, lo:hi], w * (b[lo:hi] @ a))
+            if need_a or need_b:
+                p = (g2[:, lo:hi].t() @ x2).mul_(w)
+                if need_b:
+                    gb[lo:hi] = p @ a.t()
+                if need_a:
+                    ga.addmm_(b[lo:hi].t(), p)
+                del p
+        return (gx.view(x.shape).to(x.dtype) if need_x else None, None,
+                ga.to(lora_a.dtype) if need_a else None, gb.to(lora_b.dtype) if need_b else None,
+                g2.sum(0).to(ctx.bias_dtype) if need_bias else None)
+
+
+class ScaleLoRALinear(nn.Module):
+    """A frozen (pruned) ``nn.Linear`` whose weight is scaled element-wise by ``B A`` (module docstring).
+
+    Args:
+        base: The frozen linear layer (its parameters are set to ``requires_grad=False``).
+        r: Rank of ``B A``.
+        dtype: dtype of ``A`` / ``B`` (``None``: fp32, or the base weight's dtype when wider).
+        name: Module path, for messages.
+    """
+
+    def __init__(self, base: nn.Linear, r: int = 8, dtype: torch.dtype | None = None, name: str | None = None) -> None:
+        super().__init__()
+        if not isinstance(base, nn.Linear):
+            raise TypeError(f"{name or 'ScaleLoRALinear'}: wraps an nn.Linear, got {type(base).__name__}")
+        if r < 1:
+            raise ValueError(f"adapter.r={r} must be >= 1")
+        self.base, self.r, self.name = base, int(r), name
+        for p in base.parameters():
+            p.requires_grad_(False)
+        w = base.weight
+        pdt = dtype or torch.promote_types(w.dtype, torch.float32)
+        init = 1.0 / math.sqrt(r)
+        self.scale_lora_A = nn.Parameter(torch.full((r, base.in_features), init, dtype=pdt, device=w.device))
+        self.scale_lora_B = nn.Parameter(torch.full((base.out_features, r), init, dtype=pdt, device=w.device))
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
+
+    def extra_repr(self) -> str:
+        return f"r={self.r}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (W ⊙ (B A))ᵀ + bias``."""
+        return ScaleLoRAFunction.apply(x, self.base.weight, self.scale_lora_A, self.scale_lora_B, self.base.bias)
+
+    @torch.no_grad()
+    def multiplier(self) -> torch.Tensor:
+        """``B A`` in fp32 (or wider), detached."""
+        cdt = torch.promote_types(self.scale_lora_A.dtype, torch.float32)
+        return self.scale_lora_B.detach().to(cdt) @ self.scale_lora_A.detach().to(cdt)
+
+    @torch.no_grad()
+    def merged_weight(self) -> tuple[torch.Tensor, int]:
+        """``W ⊙ (B A)`` rounded once to the weight's dtype, every zero of ``W`` copied unchanged (same bits); and how
+        many non-zero weights became zero (a zero factor, or underflow in the weight's dtype)."""
+        w, factor = self.base.weight.detach(), self.multiplier()
+        merged = torch.where(w == 0, w, (w.to(factor.dtype) * factor).to(w.dtype))
+        return merged, int((merged == 0).sum() - (w == 0).sum())
+
+
+def scale_lora_layers(model: nn.Module) -> dict[str, ScaleLoRALinear]:
+    """Every :class:`ScaleLoRALinear` of ``model`` by module path."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, ScaleLoRALinear)}
+
+
+def inject_scale_lora(model: nn.Module, targets: Sequence[str], r: int = 8,
+                      dtype: torch.dtype | None = None) -> nn.Module:
+    """Replace every target ``nn.Linear`` by a :class:`ScaleLoRALinear`; freeze everything else.
+
+    Raises:
+        ValueError: targets match no linear layer, or the model already holds ScaleLoRA layers.
+    """
+    if scale_lora_layers(model):
+        raise ValueError("inject_scale_lora: the model already holds ScaleLoRA layers; merge them first")
+    found = target_linears(model, tuple(targets))
+    freeze_all(model)
+    for name, linear in found.items():
+        set_submodule(model, name, ScaleLoRALinear(linear, r=r, dtype=dtype, name=name))
+    return model
+
+
+@torch.no_grad()
+def merge_scale_lora(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
+    """``W <- W ⊙ (B A)`` in every ScaleLoRA layer, the plain ``nn.Linear`` put back; returns the model and
+    ``{"layers", "made_zero"}`` (non-zero weights the merge turned into zeros: 0 unless a factor is 0)."""
+    layers = scale_lora_layers(model)
+    if not layers:
+        raise ValueError("merge_scale_lora: the model holds no ScaleLoRA layer (nothing to merge)")
+    made_zero = 0
+    for name, layer in layers.items():
+        merged, lost = layer.merged_weight()
+        layer.base.weight.copy_(merged)
+        made_zero += lost
+        set_submodule(model, name, layer.base)
+    if made_zero:
+        warnings.warn(f"ScaleLoRA merge turned {made_zero} non-zero weights into zeros (a factor B A of 0, or "
+                      "underflow in the weight dtype)", stacklevel=2)
+    return model, {"layers": len(layers), "made_zero": made_zero}
+
+
+def save_scale_lora(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
+    """``adapter_model.safetensors`` (``<layer>.scale_lora_A`` / ``_B``) and ``scale_lora.json`` (targets, rank,
+    layers)."""
+    layers = scale_lora_layers(model)
+    if not layers:
+        raise ValueError("save_scale_lora: the model holds no ScaleLoRA layer; inject it first")
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {f"{n}.{k}": getattr(lay, k).detach().contiguous() for n, lay in layers.items()
+               for k in ("scale_lora_A", "scale_lora_B")}
+    write_file_atomic(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+    meta = {"format": FORMAT, "spp_version": __version__, "r": next(iter(layers.values())).r,
+            "targets": sorted({n.rsplit(".", 1)[-1] for n in layers}), "layers": sorted(layers), "extra": extra or {}}
+    write_file_atomic(out / META_NAME, lambda p: p.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n"))
+    return out
+
+
+def load_scale_lora(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
+    """Inject ScaleLoRA as :func:`save_scale_lora` recorded it into the pruned ``model`` and load ``A`` / ``B``
+    (bit-exact); returns the model and the recorded ``scale_lora.json``.
+
+    Raises:
+        FileNotFoundError: missing files. ValueError: another format, or layers / shapes that differ from the model.
+    """
+    path = Path(directory)
+    if not (path / META_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(f"no {META_NAME} and {WEIGHTS_NAME} in {directory}; expected ScaleLoRA adapter files")
+    meta = json.loads((path / META_NAME).read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path / META_NAME} is not a ScaleLoRA adapter (format={meta.get('format')!r})")
+    state = load_file(str(path / WEIGHTS_NAME))
+    inject_scale_lora(model, meta["targets"], r=int(meta["r"]), dtype=next(iter(state.values())).dtype)
+    layers = scale_lora_layers(model)
+    if sorted(layers) != meta["layers"]:
+        raise ValueError(f"load_scale_lora: the model's ScaleLoRA layers differ from {directory}'s (e.g. "
+                         f"{sorted(set(layers) ^ set(meta['layers']))[:3]}); load it on the pruned model it was "
+                         "trained on")
+    with torch.no_grad():
+        for name, layer in layers.items():
+            for key in ("scale_lora_A", "scale_lora_B"):
+                target, value = getattr(layer, key), state[f"{name}.{key}"]
+                if tuple(value.shape) != tuple(target.shape):
+                    raise ValueError(f"load_scale_lora: {name}.{key} is {tuple(value.shape)} in the file but "
+                                     f"{tuple(target.shape)} in the model")
+                target.copy_(value)
+    return model, meta
+
+
+def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
+    """``(layer, base.weight)`` and ``(layer, base.bias)`` of every ScaleLoRA layer: its forward reads the frozen
+    weight and bias without calling ``base``."""
+    return [(layer, p) for layer in scale_lora_layers(model).values()
+            for p in (layer.base.weight, layer.base.bias) if p is not None]

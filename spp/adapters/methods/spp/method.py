@@ -1,0 +1,104 @@
+"""``adapter=spp``: SPP (paper Sec. 3.2, Eq. 5/6); merge ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` keeps every zero."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from spp.adapters.base import AdapterMethod, ExternalParameters, Full, Masks, MergedLayer, Shapes, linear_tensors
+from spp.adapters.config import AdapterConfig
+from spp.adapters.methods.spp.config import SPPConfig
+from spp.adapters.methods.spp.functional import adapted_weight, merge_factor
+from spp.adapters.methods.spp.io import load_adapter, read_adapter_config, save_adapter
+from spp.adapters.methods.spp.layer import SPPLinear
+from spp.adapters.methods.spp.model import external_parameters, inject, merge_and_unload
+from spp.errors import UserError
+
+
+def layer_kwargs(cfg: SPPConfig) -> dict[str, Any]:
+    """The :class:`~spp.adapters.methods.spp.layer.SPPLinear` keyword arguments held by an ``adapter=spp`` config."""
+    return {"r": cfg.r, "scale": cfg.scale, "dropout": cfg.dropout, "alpha_init": str(cfg.alpha_init),
+            "beta_init": str(cfg.beta_init), "use_beta": cfg.use_beta, "impl": str(cfg.impl),
+            "residual": cfg.residual, "dtype": cfg.torch_dtype}
+
+
+def check_rank_divides(r: int, outs: dict[str, int]) -> None:
+    """SPP's shape rule: ``r`` divides every adapted projection's out-features (Eq. 6 repeats each row of alpha
+    ``out_features / r`` times). Raises :class:`UserError` naming ``adapter.r`` and the ranks that fit."""
+    bad = {p: o for p, o in outs.items() if o % int(r)}
+    if bad:
+        ok = [d for d in range(1, 65) if all(o % d == 0 for o in outs.values())]
+        name, out = next(iter(bad.items()))
+        raise UserError(f"adapter.r={r} does not divide out_features={out} of {name} (SPP repeats each row of alpha "
+                        "out_features/r times, Eq. 6)", f"use adapter.r in {ok}", key="adapter.r")
+
+
+class SPP(AdapterMethod):
+    """SPP: alpha (r x n) and beta (m x 1) scale the frozen pruned weight element-wise."""
+
+    name = "spp"
+    config_class = SPPConfig
+    label = "SPP"
+    table_order = 1
+
+    def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
+        return inject(model, targets=tuple(cfg.targets), **layer_kwargs(cfg))
+
+    def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
+        return merge_and_unload(model), {}
+
+    def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
+        save_adapter(model, directory, extra_config=extra)
+
+    def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
+        """``adapter_config.json`` + ``adapter_model.safetensors`` (:func:`~.io.load_adapter`)."""
+        try:
+            config = read_adapter_config(directory)
+            model = load_adapter(model, directory)
+        except (FileNotFoundError, ValueError) as err:
+            raise UserError(f"adapter_dir={str(directory)!r}: {err}", "point adapter_dir= at the SPP adapter folder "
+                            "of a run on this pruned model", key="adapter_dir", path=directory) from err
+        return model, SPPConfig(targets=list(config["targets"]), **config["layer_kwargs"])
+
+    def preflight(self, cfg: AdapterConfig, shapes: Shapes | None) -> None:
+        """``adapter.scale`` > 0, and ``r`` divides every adapted projection's out-features."""
+        if not cfg.scale > 0:
+            raise UserError(f"adapter.scale={cfg.scale} must be a finite number > 0",
+                            "set adapter.scale to a positive number", key="adapter.scale")
+        if shapes:
+            check_rank_divides(cfg.r, {p: out for p, (_in, out) in shapes.items()})
+
+    def external_parameters(self, model: nn.Module) -> ExternalParameters:
+        """Each ``SPPLinear`` reads ``base.weight`` / ``base.bias`` without calling ``base``."""
+        return external_parameters(model)
+
+    def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
+        """An unmerged ``SPPLinear``'s ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (Eq. 5/6), or ``W ⊙ Repeat0(alpha)⊙beta``
+        without the residual; a merged one's own weight."""
+        if not isinstance(module, SPPLinear):
+            return None
+        w = full(module.base.weight)
+        if module.merged:
+            return w
+        alpha = full(module.spp_alpha.detach()).float()
+        beta = full(module.spp_beta.detach()).float() if module.spp_beta is not None else None
+        if module.residual:
+            return w.float() * merge_factor(alpha, beta, module.out_features, module.scale)
+        return adapted_weight(w.float(), alpha, beta)
+
+    @torch.no_grad()
+    def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:
+        """An ``SPPLinear``'s merged weight ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (its own ``merge``, on a copy)."""
+        if not isinstance(module, SPPLinear):
+            return None
+        layer = copy.deepcopy(module)
+        if not layer.merged:
+            layer.merge(keep_original=False)
+        return MergedLayer(linear_tensors(layer.base))
+
+
+METHOD = SPP()

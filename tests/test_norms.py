@@ -1,0 +1,95 @@
+"""``adapter=norms`` (PERP's retraining baseline): exactly the normalisation weights and the target linears' biases
+train, no linear weight moves (zeros audited before and after the merge), the merge is the identity, its files round
+trip bit-exactly and ``eval.py adapter_dir=``'s loader gives the trained model; Table 1 counts the norm weights."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from spp.adapters import apply_adapter, get_method, make_config
+from spp.adapters.methods.norms.method import is_norm, load_norms, norm_parameters
+from spp.adapters.registry import load_adapter_dir, save_adapter_dir
+from spp.errors import UserError
+from spp.models.tiny import tiny_llama
+from spp.params import count_method_parameters, model_arch
+from spp.pruning.config import PrunerConfig, SparsityConfig
+from spp.pruning.engine import prune_model
+from spp.training.callbacks.sparsity_audit import audit, zero_patterns
+
+
+def _pruned(model=None):
+    model = model if model is not None else tiny_llama(seed=0)
+    masks = prune_model(model, None, PrunerConfig(name="magnitude"), SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
+                        device="cpu").masks
+    return model, masks
+
+
+def _train(model, steps: int = 3) -> None:
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-2)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        ids = torch.randint(4, 200, (2, 16), generator=gen)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def test_only_norm_weights_train_and_every_zero_is_kept():
+    pruned, masks = _pruned()
+    zeros = zero_patterns(pruned, set(masks))
+    model, trainable = apply_adapter(copy.deepcopy(pruned), make_config("norms"), masks)
+    assert trainable == [n for n, _ in model.named_parameters() if n.endswith("norm.weight")] and len(trainable) == 5
+    assert sum(p.numel() for p in model.parameters() if p.requires_grad) == 5 * 64
+    _train(model)
+    before = dict(pruned.named_parameters())
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved == set(trainable)  # the norms moved, nothing else did
+    assert audit(model, masks, zeros, when="trained")["sparsity"] == 0.5
+    merged, stats = get_method("norms").merge(model, make_config("norms"), masks)
+    assert stats == {} and not any(p.requires_grad for p in merged.parameters())
+    assert audit(merged, masks, zeros, when="merged")["layers"] == 14
+
+
+def test_target_biases_train_too():
+    config = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                         vocab_size=64, attention_bias=True, mlp_bias=True)
+    model = LlamaForCausalLM(config)
+    model, trainable = apply_adapter(model, make_config("norms", targets=["q_proj", "v_proj"]), {})
+    biases = sorted(n for n in trainable if n.endswith("bias"))
+    assert biases == ["model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.v_proj.bias"]
+    assert all(is_norm(model.get_submodule(n.rsplit(".", 1)[0])) for n in trainable if n.endswith("weight"))
+    assert set(norm_parameters(model, ["q_proj", "v_proj"])) == set(trainable)
+
+
+def test_files_round_trip_and_the_loader_gives_the_trained_model(tmp_path):
+    pruned, masks = _pruned()
+    cfg = make_config("norms")
+    model, _ = apply_adapter(copy.deepcopy(pruned), cfg, masks)
+    _train(model)
+    save_adapter_dir(get_method("norms"), model, tmp_path / "adapter", {"pruner": "magnitude"}, cfg)
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == [
+        "adapter_method.json", "adapter_model.safetensors", "norms.json"]
+    loaded, targets = load_norms(copy.deepcopy(pruned), tmp_path / "adapter")
+    assert targets == list(cfg.targets)
+    merged, info = load_adapter_dir(copy.deepcopy(pruned), tmp_path / "adapter", masks)
+    assert info == {"method": "norms", "r": None, "merge": {}}
+    trained = dict(model.named_parameters())
+    assert all(torch.equal(p, trained[n]) for n, p in merged.named_parameters())
+    assert all(torch.equal(p, trained[n]) for n, p in loaded.named_parameters())
+    (tmp_path / "other").mkdir()
+    with pytest.raises(UserError, match="no norms.json") as err:
+        get_method("norms").load(copy.deepcopy(pruned), tmp_path / "other", masks)
+    assert err.value.key == "adapter_dir"
+
+
+@pytest.mark.parametrize(("name", "expected"), [("llama7b", 4096 * (2 * 32 + 1)), ("smollm2_135m", 576 * (2 * 30 + 1))])
+def test_table1_counts_the_norm_weights(name, expected):
+    row = count_method_parameters(name, "norms")
+    assert row.trainable == expected and row.r == 0
+    assert row.total == sum(p.numel() for p in LlamaForCausalLM(model_arch(name)).parameters()) if name == "smollm2_135m" \
+        else row.total > 6e9
