@@ -14,12 +14,16 @@ the weights, a full copy each). ``SPPModule.configure_model`` then places it:
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from spp.distributed import DistContext
 from spp.training.strategies import replicate_from_rank0, shard_from_rank0, shard_model
+
+log = logging.getLogger(__name__)
 
 
 def place_teacher(teacher: nn.Module, ctx: DistContext, from_rank0: bool, mesh: DeviceMesh | None = None,
@@ -31,12 +35,16 @@ def place_teacher(teacher: nn.Module, ctx: DistContext, from_rank0: bool, mesh: 
             shard_from_rank0(teacher, mesh, layer_cls, ctx, reshard_after_forward=True)
         else:
             shard_model(teacher, mesh, layer_cls, reshard_after_forward=True)
-        return
-    if from_rank0:
-        replicate_from_rank0(teacher, ctx)  # the other ranks allocate their replica on their device
-    teacher.to(ctx.device)
-    if from_rank0:
-        broadcast_state(teacher, ctx)
+    else:
+        if from_rank0:
+            replicate_from_rank0(teacher, ctx)  # the other ranks allocate their replica on their device
+        teacher.to(ctx.device)
+        if from_rank0:
+            broadcast_state(teacher, ctx)
+    if ctx.is_main:
+        n = sum(p.numel() for p in teacher.parameters())
+        how = f"FSDP2 shards over {ctx.world} ranks" if mesh is not None else f"a replica on {ctx.device} per rank"
+        log.info("fit phase: dense teacher (%s parameters, frozen) placed as %s", f"{n:,}", how)
 
 
 @torch.no_grad()
