@@ -55,7 +55,7 @@ from spp.training.callbacks.adapter_checkpoint import resolve_resume  # noqa: E4
 from spp.training.config import TrainJobConfig, load_job, register_configs  # noqa: E402
 from spp.training.finalize import finalize  # noqa: E402
 from spp.training.phases import fit, job_device  # noqa: E402
-from spp.training.report import build_summary, objective, print_results  # noqa: E402
+from spp.training.report import build_summary, print_results, sweep_objective  # noqa: E402
 from spp.training.val_schedule import no_validation_reason  # noqa: E402
 
 register_configs()
@@ -135,15 +135,15 @@ def show_plan(job: TrainJobConfig) -> None:
 @checked_overrides("train.py", TrainJobConfig)
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    """Run one job; returns ``objective`` (by default the last validation loss) for Hydra sweepers."""
+    """Run one job; returns ``sweep_objective`` (by default the last validation loss) for Hydra sweepers."""
     with cli_errors("train.py"):
         job = load_job(cfg)
         if job.plan:
             return show_plan(job)
-        require_validation_objective(str(job.objective))  # an Optuna sweep selects on validation data only
-        require_objective_recorded(str(job.objective), lambda: no_validation_reason(job))  # ... and needs one
+        require_validation_objective(str(job.sweep_objective))  # an Optuna sweep selects on validation data only
+        require_objective_recorded(str(job.sweep_objective), lambda: no_validation_reason(job))  # ... and needs one
         summary = run_job(job)
-        return objective(summary, job.objective) if summary else None
+        return sweep_objective(summary, job.sweep_objective) if summary else None
 
 
 if __name__ == "__main__":

@@ -155,13 +155,6 @@ def to_job(cfg: DictConfig, schema: type) -> Any:
                                      else str(err)) from err
 
 
-def _own_schema(node: DictConfig, declared: type) -> type:
-    """The dataclass a composed group node is typed by: a group option's own schema (``pruner=sparsegpt`` merges
-    ``SparseGPTConfig`` over the declared ``PrunerConfig``) when it extends the declared one, else the declared."""
-    own = OmegaConf.get_type(node)
-    return own if isinstance(own, type) and dataclasses.is_dataclass(own) and issubclass(own, declared) else declared
-
-
 def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None:
     """Raise UserError for a key of ``cfg`` that no field of the dataclass ``schema`` declares.
 
@@ -180,9 +173,35 @@ def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None
         sub = hints.get(str(key))
         if dataclasses.is_dataclass(sub) and isinstance(cfg._get_node(key), DictConfig):
             node = cfg._get_node(key)
-            typed = OmegaConf.get_type(node)  # an option's schema subclassing the field's (adapter=spp: SPPConfig)
-            if isinstance(typed, type) and dataclasses.is_dataclass(typed) and issubclass(typed, sub):
-                sub = typed
             if not node._is_none() and not node._is_missing():
-                reject_unknown_keys(node, _own_schema(node, sub), prefix=f"{name}.")
+                _reject_in_node(node, sub, prefix=f"{name}.")
+
+
+def _subclasses(cls: type) -> list[type]:
+    """Every dataclass deriving from ``cls``, depth first."""
+    out = []
+    for sub in cls.__subclasses__():
+        out += [sub, *_subclasses(sub)] if dataclasses.is_dataclass(sub) else _subclasses(sub)
+    return out
+
+
+def _reject_in_node(node: DictConfig, declared: type, prefix: str) -> None:
+    """:func:`reject_unknown_keys` for a node whose field is declared as ``declared``.
+
+    A config group whose options extend a base schema (``objective=distill``'s ``DistillConfig`` in a field
+    declared ``ObjectiveConfig``) is checked against the node's own type. An untyped node (a command line's keys
+    before composition) passes when the declared schema or any subclass of it declares its keys.
+    """
+    actual = OmegaConf.get_type(node)
+    if isinstance(actual, type) and dataclasses.is_dataclass(actual) and issubclass(actual, declared):
+        reject_unknown_keys(node, actual, prefix=prefix)
+        return
+    errors = []
+    for candidate in [declared, *_subclasses(declared)]:
+        try:
+            reject_unknown_keys(node, candidate, prefix=prefix)
+            return
+        except UserError as err:
+            errors.append(err)
+    raise next((e for e in errors if "did you mean" in e.fix), errors[0])
 

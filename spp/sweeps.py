@@ -40,7 +40,7 @@ def optuna_sweep() -> bool:
 
 
 def require_validation_objective(objective: str | None, allowed: Sequence[str] = VALIDATION_OBJECTIVES) -> None:
-    """Refuse a job of an Optuna sweep whose ``objective`` is not a validation metric.
+    """Refuse a job of an Optuna sweep whose ``sweep_objective`` is not a validation metric.
 
     Call it at the start of a job (``train.py``); it does nothing outside a Hydra multirun or under another
     sweeper. Choosing a learning rate on the test split would leak the split into the numbers reported on it.
@@ -50,15 +50,17 @@ def require_validation_objective(objective: str | None, allowed: Sequence[str] =
     """
     if optuna_sweep() and objective not in allowed:
         raise UserError(
-            f"objective={objective}: an Optuna sweep selects hyper-parameters, so the job must return a validation "
-            f"metric ({', '.join(allowed)}), never a test-split number",
-            "set objective=val_loss (hydra/sweeper=optuna_lr sets it; drop objective= from the command line)",
-            key="objective",
+            f"sweep_objective={objective}: an Optuna sweep selects hyper-parameters, so the job must return a "
+            f"validation metric ({', '.join(allowed)}), never a test-split number",
+            "set sweep_objective=val_loss (hydra/sweeper=optuna_lr sets it; drop sweep_objective= from the command "
+            "line)",
+            key="sweep_objective",
         )
 
 
 def require_objective_recorded(objective: str | None, missing: Callable[[], str | None]) -> None:
-    """Refuse an Optuna sweep whose jobs cannot record their ``val_loss`` objective, before the first trial.
+    """Refuse an Optuna sweep whose jobs cannot record their ``val_loss`` (``sweep_objective``), before the first
+    trial.
 
     A trial that returns no value makes Optuna fail after every trial has trained, merged and evaluated ("No
     trials are completed yet"). ``missing`` (called only for such a sweep) says why no validation loss will be
@@ -72,8 +74,9 @@ def require_objective_recorded(objective: str | None, missing: Callable[[], str 
     reason = missing()
     if reason:
         what, _, fix = reason.partition(" — ")
-        raise UserError(f"objective=val_loss: this Optuna sweep's jobs would record no validation loss: {what}",
-                        fix or "make validation run (trainer.val_check_interval, data.val_size)", key="objective")
+        raise UserError(f"sweep_objective=val_loss: this Optuna sweep's jobs would record no validation loss: {what}",
+                        fix or "make validation run (trainer.val_check_interval, data.val_size)",
+                        key="sweep_objective")
 
 
 def _task_rank() -> int:
@@ -112,7 +115,7 @@ class SweepTrialsCallback(Callback):
         record = {
             "job": int(hydra_cfg.job.num),
             "overrides": list(hydra_cfg.overrides.task),
-            "objective": config.get("objective"),
+            "sweep_objective": config.get("sweep_objective"),
             "value": _objective_value(job_return),
             "status": job_return.status.name,
             "run_dir": str(hydra_cfg.runtime.output_dir),

@@ -81,12 +81,14 @@ def _cases(tmp: Path) -> dict[str, list[str]]:
         "generate": ["generate.py", "model=tiny", "promt=hi", f"hydra.run.dir={tmp / 'h5'}"],
         "pruner_other": ["train.py", "model=tiny", "pruner=wanda", "pruner.blocksize=64", f"hydra.run.dir={tmp / 'h6'}",
                          *train],
-        "pruner_typo": ["prune.py", "model=tiny", "pruner=sparsegpt", "pruner.blocksz=64", f"hydra.run.dir={tmp / 'h7'}"],
+        "pruner_typo": ["prune.py", "model=tiny", "pruner=sparsegpt", "pruner.blocksz=64",
+                        f"hydra.run.dir={tmp / 'h7'}"],
         "train_plus": ["train.py", "model=tiny", "+adapter.rr=16", f"hydra.run.dir={tmp / 'h0'}", *train],
         "gpt2": ["train.py", f"model.path={gpt2}", "model.name=gpt2", "debug=fast", f"run_dir={tmp / 'gpt2_run'}",
                  *train],
         "no_tokenizer": ["generate.py", f"model.path={merged}", "max_new_tokens=2", f"hydra.run.dir={tmp / 'g1'}"],
-        "test_objective": ["train.py", *SWEEP, "objective=ppl_merged", f"hydra.sweep.dir={tmp / 'sweep9'}", *train],
+        "test_objective": ["train.py", *SWEEP, "sweep_objective=ppl_merged", f"hydra.sweep.dir={tmp / 'sweep9'}",
+                           *train],
         "no_validation": ["train.py", *SWEEP, f"hydra.sweep.dir={tmp / 'sweep18'}", *train],
     }
 
@@ -192,12 +194,12 @@ def test_generate_takes_the_tokenizer_from_the_tokenizer_key(tmp_path):
 
 # ----------------------------------------------------------------------- 9, 18: Optuna sweeps that cannot select
 def test_optuna_sweep_on_a_test_objective_is_one_line(outcomes):
-    refusal(outcomes["test_objective"], "train.py", "objective=ppl_merged", "objective=val_loss")
+    refusal(outcomes["test_objective"], "train.py", "sweep_objective=ppl_merged", "sweep_objective=val_loss")
     nothing_done(outcomes["tmp"] / "sweep9")
 
 
 def test_optuna_sweep_whose_jobs_never_validate_is_refused_before_the_first_trial(outcomes):
-    line = refusal(outcomes["no_validation"], "train.py", "objective=val_loss", "trainer.max_steps=6",
+    line = refusal(outcomes["no_validation"], "train.py", "sweep_objective=val_loss", "trainer.max_steps=6",
                    "trainer.val_check_interval=")
     assert "validation" in line
     nothing_done(outcomes["tmp"] / "sweep18")

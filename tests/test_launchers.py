@@ -143,7 +143,7 @@ def test_optuna_lr_sweeper_config():
     sweeper = cfg.hydra.sweeper
     assert sweeper._target_ == "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
     assert sweeper.params["trainer.lr"] == "tag(log, interval(1e-5, 1e-1))"
-    assert sweeper.params.objective == "val_loss"
+    assert sweeper.params.sweep_objective == "val_loss"
     assert sweeper.params["guards.enabled"] is False
     assert (sweeper.direction, sweeper.n_trials, sweeper.sampler.seed) == ("minimize", 12, 0)
     assert cfg.hydra.callbacks.sweep_trials.direction == "minimize"
@@ -161,7 +161,7 @@ def test_validation_objective_required_under_optuna():
             cfg = _compose("generate", [f"hydra/sweeper={sweeper}", "hydra.mode=MULTIRUN"])
             HydraConfig.instance().set_config(cfg)
             if refused:
-                with pytest.raises(ValueError, match="objective=ppl_merged: .* set objective=val_loss"):
+                with pytest.raises(ValueError, match="sweep_objective=ppl_merged: .* set sweep_objective=val_loss"):
                     require_validation_objective(objective)
             else:
                 require_validation_objective(objective)
@@ -178,7 +178,7 @@ def _last_val_loss(metrics_csv: Path) -> float:
 
 @pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_optuna_three_trials_on_validation_loss_without_test_split(tmp_path):
-    assert "objective" in _compose("train", []), "train.py returns the `objective` key's value to the sweeper"
+    assert "sweep_objective" in _compose("train", []), "train.py returns the `sweep_objective` key's value to sweepers"
     sweep, opened = tmp_path / "sweep", tmp_path / "opened.txt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
            "SPP_OPEN_LOG": str(opened)}
@@ -195,7 +195,7 @@ def test_optuna_three_trials_on_validation_loss_without_test_split(tmp_path):
     assert len(set(lrs)) == 3 and all(1e-5 <= lr <= 1e-1 for lr in lrs)
     for trial in trials:
         run = Path(trial["run_dir"])
-        assert trial["objective"] == "val_loss"
+        assert trial["sweep_objective"] == "val_loss"
         assert trial["value"] == pytest.approx(_last_val_loss(run / "csv" / "metrics.csv"), rel=1e-6)
         summary = json.loads((run / "summary.json").read_text())
         assert all(v is None for v in summary["perplexity"].values()), "no perplexity was measured"

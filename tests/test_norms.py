@@ -91,5 +91,7 @@ def test_files_round_trip_and_the_loader_gives_the_trained_model(tmp_path):
 def test_table1_counts_the_norm_weights(name, expected):
     row = count_method_parameters(name, "norms")
     assert row.trainable == expected and row.r == 0
-    assert row.total == sum(p.numel() for p in LlamaForCausalLM(model_arch(name)).parameters()) if name == "smollm2_135m" \
-        else row.total > 6e9
+    if name == "smollm2_135m":  # small enough to build: the total is every parameter of the model
+        assert row.total == sum(p.numel() for p in LlamaForCausalLM(model_arch(name)).parameters())
+    else:
+        assert row.total > 6e9

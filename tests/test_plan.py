@@ -156,3 +156,28 @@ def test_a_run_whose_model_cannot_be_planned_is_not_refused(tmp_path):
     assert check_job(job, model_arch(job.model)) is not None  # the tiny CPU run is planned and fits
     arch = {**model_arch(job.model), "model_type": "no_such_model"}
     assert check_job(job, arch) is None  # transformers cannot build it: logged, not checked
+
+
+def test_a_dense_teacher_adds_its_weights_outputs_forward_and_host_copy(shape7):
+    """``objective=distill``: the teacher's weights (1/N under FSDP2, a replica otherwise, ZeRO-3 included), its
+    logits, the KL's fp32 terms and, with the feature term, every block's output; one more forward per token;
+    rank 0's host copy from load to placement. Nothing without a training adapter."""
+    w, tokens, vocab, hidden = shape7.weight_bytes, 8 * 512, 32000, 4096
+    base = _spec(shape7)
+    for strategy, stage, devices, weights in (("single", 2, 1, w), ("ddp", 2, 8, w), ("fsdp", 2, 8, w // 8),
+                                              ("deepspeed", 3, 8, w)):
+        spec = replace(base, strategy=strategy, zero_stage=stage, devices=devices, teacher="block_outputs")
+        terms = fit_device_bytes(spec, GPU_NODE)
+        assert terms["teacher_weights"] == weights, strategy
+        assert terms["teacher_logits"] == tokens * vocab * 2 and terms["distill_kl"] == tokens * vocab * 16
+        assert terms["teacher_block_outputs"] == 32 * tokens * hidden * 2
+    logits_only = fit_device_bytes(replace(base, teacher="logits"), GPU_NODE)
+    assert "teacher_block_outputs" not in logits_only and "teacher_weights" in logits_only
+    assert not {k for k in fit_device_bytes(base, GPU_NODE) if "teacher" in k or "distill" in k}
+    flops = train_flops(replace(base, teacher="logits"))
+    assert flops["teacher_forward"] == 2 * matmul_params(shape7) + 2 * 192 * hidden * 32
+    assert "teacher_forward" not in train_flops(base)
+    plan = plan_run(replace(base, teacher="logits"), GPU_NODE)
+    assert plan.phase("prune").rank0["dense_teacher_copy"] == w and plan.phase("fit").rank0["teacher_placement"] == w
+    none = replace(base, teacher="logits", adapter=AdapterSpec("none", targets=TARGETS))
+    assert "dense_teacher_copy" not in plan_run(none, GPU_NODE).phase("prune").rank0

@@ -152,7 +152,8 @@ def test_adapter_files_round_trip_bit_exact_and_load_merges_as_the_export(tmp_pa
     assert meta["r"] == 4 and meta["extra"] == {"pruner": "magnitude"}
     for name, layer in scale_lora_layers(adapted).items():
         other = scale_lora_layers(loaded)[name]
-        assert torch.equal(layer.scale_lora_A, other.scale_lora_A) and torch.equal(layer.scale_lora_B, other.scale_lora_B)
+        assert torch.equal(layer.scale_lora_A, other.scale_lora_A)
+        assert torch.equal(layer.scale_lora_B, other.scale_lora_B)
     merged, info = load_adapter_dir(copy.deepcopy(model), tmp_path / "adapter", masks)
     reference, stats = method.merge(adapted, cfg, masks)
     assert info == {"method": "scale_lora", "r": 4, "merge": stats}

@@ -5,7 +5,7 @@ run (learning rate, last Alpaca validation loss, the validation losses measured 
 lowest; ``--print-lr`` prints only the chosen learning rate (for scripts); ``--out F`` writes the table as
 Markdown. Every ``summary.json`` below the directory is one grid point (a job that failed, ``lr<value>.failed.log``
 left by ``experiments/campaign16/run.sh``, is listed as failed and never chosen; a running one is not listed);
-the value compared is the one train.py returns to a sweeper (``objective=val_loss``: the last validation loss),
+the value compared is the one train.py returns to a sweeper (``sweep_objective=val_loss``: the last validation loss),
 never a test-split number.
 """
 

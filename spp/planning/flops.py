@@ -10,7 +10,8 @@ lookups cost nothing; ``s`` tokens of context):
   linear (``2 N_a``, ``N_a`` = adapted weights), and with dropout on it runs a second full-size product forward
   and backward (``+2 N_a`` each); masked full fine-tuning computes the weight gradients (``2 N_a``); LoRA and
   SparsePEFT run their ``r x (in + out)`` factors forward (``2 r (in + out)``) and backward (twice that);
-* activation checkpointing recomputes every block's forward once more.
+* activation checkpointing recomputes every block's forward once more;
+* a dense teacher (``objective=distill``) runs one forward per token without gradients (``2 N`` plus attention).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def train_flops(spec: RunSpec) -> dict[str, int]:
         parts["adapter"] = 6 * adapter.params(shape)
     if spec.train.checkpointing:
         parts["recompute"] = 2 * (n - shape.vocab * shape.hidden) + attention
+    if spec.has_teacher:
+        parts["teacher_forward"] = 2 * n + attention
     return parts
 
 

@@ -168,7 +168,13 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
                    updates_weights=bool(updates),
                    calibration=Calibration(cal.nsamples, cal.seqlen, cal.batch_size),
                    true_sequential=bool(job.pruner.true_sequential), export_merged=bool(job.export.merged),
-                   export_adapter=bool(job.export.adapter))
+                   export_adapter=bool(job.export.adapter), teacher=teacher_outputs(job))
+
+
+def teacher_outputs(job: Any) -> str:
+    """What ``job.objective`` needs of the dense teacher (its ``teacher_outputs``: ``none``, ``logits`` or
+    ``block_outputs``), read duck-typed (``spp.training.objectives``)."""
+    return str(getattr(getattr(job, "objective", None), "teacher_outputs", "none"))
 
 
 def job_hardware(job: Any, kind: str, detect: bool) -> Hardware:

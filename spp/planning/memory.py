@@ -11,6 +11,13 @@ hidden, ``i`` MLP width; what autograd saves in ``transformers``' ``LlamaDecoder
 
 With activation checkpointing a block keeps only its input (``a h``) and one block is recomputed at a time. The
 loss adds ``(a + 12) x vocab`` per token: the logits, their fp32 copy, log-softmax and its gradient.
+
+A dense teacher (``objective=distill``, ``spp.training.objectives.distill``) adds its weights (1/N shards under
+FSDP2, else a replica: ``spp.training.teacher``) and, per token, what lives until the loss: its logits
+(``a x vocab``), the logit KL's fp32 log-softmax of teacher and student at ``T``, the teacher's probabilities and
+the gradient (``16 x vocab``) and, with the feature term, every block's output (``blocks x a h``; the student's
+are its activations already). Its forward runs without gradients before the student's, so its per-block
+intermediates are freed before the peak of the student's backward.
 """
 
 from __future__ import annotations
@@ -123,10 +130,26 @@ def adapter_transients(spec: RunSpec) -> dict[str, int]:
     return {"adapter_transients": largest * spec.act_bytes + 2 * 4 * min(largest, CHUNK_ELEMENTS)}
 
 
+def teacher_terms(spec: RunSpec) -> tuple[dict[str, int], dict[str, int]]:
+    """``(weights, step)``: the dense teacher on one device and what its outputs and the distillation loss hold
+    at the peak of a step (module docstring); empty without a teacher."""
+    if not spec.has_teacher:
+        return {}, {}
+    shape, a = spec.shape, spec.act_bytes
+    tokens = spec.train.micro_batch * spec.train.seqlen
+    # FSDP2 shards it like the student; every other strategy (ZeRO-3 too: it is not DeepSpeed's module) a replica
+    weights = shape.weight_bytes // spec.world if spec.strategy == "fsdp" else shape.weight_bytes
+    step = {"teacher_logits": tokens * shape.vocab * a, "distill_kl": tokens * shape.vocab * 16}
+    if spec.teacher == "block_outputs":
+        step["teacher_block_outputs"] = shape.blocks * tokens * shape.hidden * a
+    return {"teacher_weights": weights}, step
+
+
 def fit_device_bytes(spec: RunSpec, hw: Hardware) -> dict[str, int]:
-    """Every term of one training device (GPU, or the CPU process under ``kind=cpu``)."""
-    step = {**training_activations(spec), **adapter_transients(spec)}
-    terms = {**resident_weights(spec), **optimizer_terms(spec), **step}
+    """Every term of one training device (GPU, or the CPU process under ``kind=cpu``), the dense teacher's too."""
+    teacher, teacher_step = teacher_terms(spec)
+    step = {**training_activations(spec), **adapter_transients(spec), **teacher_step}
+    terms = {**resident_weights(spec), **teacher, **optimizer_terms(spec), **step}
     if spec.kind == "gpu":
         terms["cuda_context"] = hw.process_device_bytes
     else:

@@ -132,6 +132,8 @@ def prune_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
     device, on_host = _on_host(spec, peak)
     tokenize = {"tokenize": spec.eval.text_tokens * hw.tokenize_bytes_per_token} if spec.eval.before else {}
     rank0 = {**_process(hw), "weights": shape.weight_bytes, **on_host, **tokenize}
+    if spec.has_teacher:  # the frozen dense copy, kept from load until the fit phase places it
+        rank0["dense_teacher_copy"] = shape.weight_bytes
     disk: dict[str, int] = {}
     seconds: dict[str, float] = {}
     if spec.prunes:
@@ -180,6 +182,8 @@ def fit_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
             {"checkpoint_gather": gather}
     else:
         transient = {}
+    if spec.has_teacher and spec.kind == "gpu":  # rank 0's host copy of the teacher until it is placed
+        transient["teacher_placement"] = shape.weight_bytes
     rank0 = {**base, "masks": shape.pruned_params // 8 if spec.prunes else 0, **on_host, **transient}
     tokens = train_tokens(spec)
     seconds = {"train": tokens * sum(train_flops(spec).values()) / spec.world / (hw.train_tflops * 1e12)}

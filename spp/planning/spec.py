@@ -137,6 +137,10 @@ class RunSpec:
         true_sequential: SparseGPT's sublayer-sequential calibration.
         export_merged: The merged model is written.
         export_adapter: The adapter files are written.
+        teacher: What the training objective needs of the dense teacher per batch (``objective.*``): ``none``
+            (``objective=ce``), ``logits`` or ``block_outputs`` (``objective=distill``; its feature term). With a
+            teacher, rank 0 keeps a frozen copy of the dense weights from load to placement, and the fit phase
+            holds the teacher placed like the student and runs its forward without gradients.
     """
 
     shape: ModelShape
@@ -157,6 +161,12 @@ class RunSpec:
     true_sequential: bool = False
     export_merged: bool = True
     export_adapter: bool = True
+    teacher: str = "none"
+
+    @property
+    def has_teacher(self) -> bool:
+        """Whether training keeps and runs the dense teacher."""
+        return self.teacher != "none" and self.adapter.trains
 
     @property
     def world(self) -> int:

@@ -1,6 +1,7 @@
 """Structured configs of the training groups and the typed top-level job of ``train.py``.
 
-Groups owned here: ``adapter`` (spp, lora, none), ``trainer``, ``strategy``, ``logger`` (csv, wandb,
+Groups owned here: ``adapter`` (spp, lora, none), ``objective`` (the training loss: its schema per option is
+registered by ``spp.training.objectives``), ``trainer``, ``strategy``, ``logger`` (csv, wandb,
 tensorboard, several at once), plus the ``experiment`` and ``debug`` presets (global packages, no schema of
 their own). :func:`register_configs` stores the top-level :class:`TrainJobConfig` in Hydra's ConfigStore as
 ``train_schema`` so every group option is merged into a typed node and a misspelled key or a wrong type fails
@@ -25,6 +26,7 @@ from spp.generation import FIXED_PROMPT
 from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.training.objectives import ObjectiveConfig
 
 
 class Scheduler(Choice):
@@ -54,8 +56,9 @@ class ProgressBar(Choice):
 
 
 
-class Objective(Choice):
-    """What ``train.py`` returns to a Hydra sweeper: a validation metric, never a test one by default."""
+class SweepObjective(Choice):
+    """What ``train.py`` returns to a Hydra sweeper (``sweep_objective``): a validation metric, never a test one by
+    default. Not the training loss, which is the ``objective`` group."""
 
     val_loss = "val_loss"
     ppl_merged = "ppl_merged"
@@ -287,7 +290,9 @@ class TrainJobConfig:
         pruned_ppl: Measure the pruned model's perplexity before training (cached).
         print_config: Print the resolved config as a Rich tree (it is always saved as
             ``<run_dir>/resolved_config.yaml``).
-        objective: What ``train.py`` returns to a sweeper: ``val_loss`` (the last Alpaca held-out loss; the
+        objective: The training loss (``objective=ce``: the labels' cross-entropy, the paper's; ``objective=distill``:
+            distillation from the dense model; ``spp.training.objectives``).
+        sweep_objective: What ``train.py`` returns to a sweeper: ``val_loss`` (the last Alpaca held-out loss; the
             default, so learning rates are chosen on validation data), ``ppl_merged`` (WikiText-2 *test*
             perplexity: for reporting, never for selection) or ``none``.
         cache_lock_timeout_s: Seconds to wait for another job that is writing the same pruning cache entry
@@ -318,7 +323,8 @@ class TrainJobConfig:
     dense_ppl: bool = True
     pruned_ppl: bool = True
     print_config: bool = False
-    objective: Objective = Objective.val_loss
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    sweep_objective: SweepObjective = SweepObjective.val_loss
     cache_lock_timeout_s: float = 7200.0
     plan: bool = False
     plan_json: str | None = None

@@ -17,7 +17,9 @@ from spp.adapters.config import AdapterConfig
 from spp.adapters.registry import after_placement, apply_adapter, before_optimizer_step
 from spp.distributed import DistContext
 from spp.training.config import StrategyConfig, TrainerConfig
+from spp.training.objectives import ObjectiveConfig, build_objective
 from spp.training.strategies import has_meta_parameters, replicate_from_rank0, shard_from_rank0, shard_model
+from spp.training.teacher import match_dtype, place_teacher
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,11 @@ class SPPModule(L.LightningModule):
     gives every rank its part from rank 0: its FSDP2 shards (:func:`~spp.training.strategies.shard_from_rank0`) or
     its DDP replica (:func:`~spp.training.strategies.replicate_from_rank0`).
 
+    The loss is the training objective's (``objective``: :mod:`spp.training.objectives`; cross-entropy by
+    default). An objective with a teacher gets the frozen dense model from the pruning callback
+    (:meth:`set_teacher`), placed like the student in ``configure_model`` (:mod:`spp.training.teacher`) and
+    dropped when training ends. Validation stays the labels' cross-entropy whatever the objective.
+
     Args:
         model: The adapted causal LM (only the adapter's parameters require grad), or ``None`` with ``adapter``.
         trainer_cfg: The ``trainer`` group (lr, AdamW, schedule, gradient checkpointing, compile).
@@ -44,6 +51,7 @@ class SPPModule(L.LightningModule):
         decoder_layer_cls: The decoder-block class sharded by FSDP2.
         adapter: Attach this adapter in ``configure_model`` (the model then comes from the pruning callback).
         seed: Seed of the adapter's initialisation (the same on every rank).
+        objective: The training objective's config (``None``: cross-entropy).
     """
 
     def __init__(
@@ -54,6 +62,7 @@ class SPPModule(L.LightningModule):
         decoder_layer_cls: type[nn.Module] | None = None,
         adapter: AdapterConfig | None = None,
         seed: int = 0,
+        objective: ObjectiveConfig | None = None,
     ) -> None:
         super().__init__()
         self.model = model
@@ -66,8 +75,11 @@ class SPPModule(L.LightningModule):
         self.params: ParamCounts | None = None
         self.trainable_names = [] if model is None else [n for n, p in model.named_parameters() if p.requires_grad]
         self._compiled: list[Any] = []  # a list, so nn.Module does not register the compiled view as a child
+        self.objective = build_objective(objective, decoder_layer_cls)
+        self._teacher: list[nn.Module] = []  # a list too: no strategy wraps, casts or checkpoints the teacher
         self._configured = False
         self._losses: list[torch.Tensor] = []
+        self._parts: dict[str, list[torch.Tensor]] = {}
         self.val_losses: list[float] = []
         self.strict_loading = False
 
@@ -85,8 +97,8 @@ class SPPModule(L.LightningModule):
         strategy = self._trainer_strategy()
         ctx = DistContext.current(strategy.root_device if strategy is not None else None)
         from_rank0 = ctx.distributed and ctx.gather_objects(has_meta_parameters(self.model)) != [False] * ctx.world
-        if isinstance(strategy, ModelParallelStrategy):
-            mesh = self.device_mesh["data_parallel"]
+        mesh = self.device_mesh["data_parallel"] if isinstance(strategy, ModelParallelStrategy) else None
+        if mesh is not None:
             if from_rank0:
                 shard_from_rank0(self.model, mesh, self.decoder_layer_cls, ctx, self.strategy_cfg.reshard_after_forward)
             else:
@@ -95,6 +107,8 @@ class SPPModule(L.LightningModule):
             if from_rank0:
                 replicate_from_rank0(self.model, ctx, strategy)
             after_placement(self.model)  # masked_full: the mask hook on the weight objects now trained
+        if self._teacher:
+            place_teacher(self._teacher[0], ctx, from_rank0, mesh, self.decoder_layer_cls)
         if self.cfg.compile:
             # a compiled view of the same module, kept out of the module tree so state_dict keys do not change
             self._compiled.append(torch.compile(self.model))
@@ -112,6 +126,15 @@ class SPPModule(L.LightningModule):
             log.info("fit phase: adapter %s r=%s, %s trainable of %s parameters", self.adapter_cfg.name,
                      getattr(self.adapter_cfg, "r", "-"), f"{self.params.trainable:,}", f"{self.params.total:,}")
 
+    def set_teacher(self, teacher: nn.Module) -> None:
+        """Keep ``teacher`` (the frozen dense model, rank 0's weights or a skeleton) for the objective."""
+        self._teacher[:] = [teacher]
+
+    @property
+    def teacher(self) -> nn.Module | None:
+        """The placed dense teacher while training (``None`` without one, or after ``fit`` ends)."""
+        return self._teacher[0] if self._teacher else None
+
     def _trainer_strategy(self) -> Any:
         return self._trainer.strategy if self._trainer is not None else None
 
@@ -119,9 +142,15 @@ class SPPModule(L.LightningModule):
         """Put the wrapped model in train mode (it is loaded in eval mode; adapter dropout needs train mode) and
         log the parameter counts."""
         self.model.train()
+        if self._teacher:
+            match_dtype(self._teacher[0], self.model)
         if self.params is not None:
             for logger in self.loggers:
                 logger.log_metrics({f"params/{k}": float(v) for k, v in self.params.to_dict().items()}, step=0)
+
+    def on_fit_end(self) -> None:
+        """Drop the teacher: its memory is free for the export and evaluation."""
+        self._teacher.clear()
 
     def forward(self, **batch: torch.Tensor) -> Any:
         """Run the wrapped causal LM (HF output with ``.loss`` when ``labels`` are given)."""
@@ -129,12 +158,17 @@ class SPPModule(L.LightningModule):
 
     # ----------------------------------------------------------------- steps
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        """Causal-LM loss on one micro-batch (labels -100 are ignored); no host sync here."""
+        """The objective's loss on one micro-batch (``train/loss``; its parts as ``train/<part>``, e.g. the
+        cross-entropy ``train/ce`` under distillation); no host sync here."""
         run = self._compiled[0] if self._compiled else self.model
-        loss = run(**batch, use_cache=False).loss
-        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=batch["input_ids"].size(0))
-        self._losses.append(loss.detach())
-        return loss
+        out = self.objective.loss(run, batch, self.teacher)
+        size = batch["input_ids"].size(0)
+        self.log("train/loss", out.loss, on_step=True, on_epoch=False, prog_bar=True, batch_size=size)
+        for name, value in out.parts.items():
+            self.log(f"train/{name}", value, on_step=True, on_epoch=False, batch_size=size)
+            self._parts.setdefault(name, []).append(value)
+        self._losses.append(out.loss.detach())
+        return out.loss
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         """Validation loss, averaged over the epoch and across ranks by Lightning (``sync_dist``)."""
@@ -153,6 +187,11 @@ class SPPModule(L.LightningModule):
     def train_losses(self) -> list[float]:
         """Per-micro-batch training losses (one host transfer, at the end)."""
         return torch.stack(self._losses).float().cpu().tolist() if self._losses else []
+
+    @property
+    def train_parts(self) -> dict[str, list[float]]:
+        """Per-micro-batch parts of the objective's loss (``ce``, ``kl``, ...; empty under ``objective=ce``)."""
+        return {k: torch.stack(v).float().cpu().tolist() for k, v in self._parts.items()}
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """Each method's hook before clipping and the step (masked full fine-tuning zeroes the pruned entries of the

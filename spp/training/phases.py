@@ -37,6 +37,7 @@ from spp.training.callbacks.pruning import PrunedModel, PruningCallback, Pruning
 from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit
 from spp.training.config import ProgressBar, TrainJobConfig
 from spp.training.module import SPPModule
+from spp.training.objectives import build_objective
 from spp.training.strategies import decoder_layer_class, gather_trainable, is_sharded
 from spp.training.trainer import build_trainer, peak_memory, progress_mode, train_seconds
 
@@ -46,7 +47,8 @@ log = logging.getLogger(__name__)
 @dataclass
 class FitResult:
     """The fit phase's result: the adapted model as this rank holds it (whole, or its shards when ``sharded``), the
-    gathered trainable tensors (rank 0), losses, audits, data summary, time and memory."""
+    gathered trainable tensors (rank 0), losses (the objective's, and its parts in ``train_parts``), audits, data
+    summary, time and memory."""
 
     model: nn.Module | None
     state: dict[str, torch.Tensor]
@@ -61,6 +63,7 @@ class FitResult:
     memory: dict[str, Any] = field(default_factory=dict)
     sharded: bool = False
     deepspeed: bool = False
+    train_parts: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,11 +89,13 @@ def job_device(job: TrainJobConfig) -> torch.device:
 
 
 def pruning_settings(job: TrainJobConfig) -> PruningSettings:
-    """What the pruning callback needs of ``job``."""
+    """What the pruning callback needs of ``job``; the dense model is kept (``keep_dense``) when the training
+    objective has a teacher and something trains."""
+    teacher = get_method(job.adapter.name).trains and build_objective(job.objective).needs_teacher
     return PruningSettings(job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir, job.data_dir,
                            job.eval, job.dense_ppl, job.pruned_ppl,
                            (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None,
-                           job.cache_lock_timeout_s)
+                           job.cache_lock_timeout_s, keep_dense=teacher)
 
 
 def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
@@ -107,7 +112,7 @@ def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
                                                                                        ProgressBar.tqdm))
     datamodule.setup("fit")  # bad data (e.g. every prompt longer than data.max_length) fails before the Trainer
     module = SPPModule(None, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls),
-                       adapter=job.adapter, seed=job.seed)
+                       adapter=job.adapter, seed=job.seed, objective=job.objective)
     auditor = SparsityAuditCallback(source=pruning)
     guards = GuardsCallback(settings_of(job), job.guards)
     trainer = build_trainer(job, run_dir, loggers, [pruning, auditor, guards, *(callbacks or [])])
@@ -125,7 +130,8 @@ def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
     return pruning.pruned, FitResult(module.model, state, module.params, trainer.global_step, module.train_losses,
                                      module.val_losses, auditor.reports, datamodule.summary(),
                                      round(train_seconds(trainer), 2), trainer.is_global_zero, memory,
-                                     is_sharded(trainer.strategy), isinstance(trainer.strategy, DeepSpeedStrategy))
+                                     is_sharded(trainer.strategy), isinstance(trainer.strategy, DeepSpeedStrategy),
+                                     module.train_parts)
 
 
 def _untrained(job: TrainJobConfig, pruning: PruningCallback) -> tuple[PrunedModel, FitResult]:

@@ -15,7 +15,7 @@ from rich.table import Table
 from spp.atomic import write_json_atomic
 from spp.eval.perplexity import gap_closed
 from spp.training.callbacks.pruning import PrunedModel
-from spp.training.config import Objective, TrainJobConfig
+from spp.training.config import SweepObjective, TrainJobConfig
 from spp.training.finalize import FinalizeResult
 from spp.training.phases import FitResult
 
@@ -33,9 +33,12 @@ def versions() -> dict[str, str]:
     return out
 
 
-def _loss_summary(train: list[float], val: list[float], steps: int) -> dict[str, Any]:
+def _loss_summary(train: list[float], val: list[float], steps: int,
+                  parts: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """The training objective's losses (``train``; its parts, e.g. ``ce``, in ``train_parts`` when it has any) and
+    the validation cross-entropy (``val``)."""
     k = max(1, min(10, len(train) // 4))
-    return {
+    out = {
         "train_first": sum(train[:k]) / k if train else None,
         "train_last": sum(train[-k:]) / k if train else None,
         "averaged_over": k,
@@ -43,6 +46,9 @@ def _loss_summary(train: list[float], val: list[float], steps: int) -> dict[str,
         "val": val,
         "optimizer_steps": steps,
     }
+    if parts:
+        out["train_parts"] = parts
+    return out
 
 
 def _gap_closed(dense: dict[str, Any] | None, pruned: dict[str, Any] | None,
@@ -65,7 +71,7 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
     return {
         "run": {"name": ids["name"], "group": ids["group"], "tags": ids["tags"], "run_dir": str(run_dir),
                 "model": job.model.name, "pruner": job.pruner.name, "sparsity": job.sparsity.name,
-                "adapter": job.adapter.name, "r": getattr(job.adapter, "r", None)},
+                "adapter": job.adapter.name, "r": getattr(job.adapter, "r", None), "objective": job.objective.name},
         "perplexity": {"dense": pruned.ppl.get("dense"), "pruned": pruned.ppl.get("pruned"), "merged": final.ppl},
         "gap_closed": _gap_closed(pruned.ppl.get("dense"), pruned.ppl.get("pruned"), final.ppl),
         "zero_shot": final.zero_shot,
@@ -78,7 +84,7 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
         "params": fitted.params.to_dict(),
         "memory": fitted.memory,
         "samples": {"prompt": job.sample.prompt, **pruned.samples, "merged": final.sample} if final.sample else None,
-        "losses": _loss_summary(fitted.train_losses, fitted.val_losses, fitted.steps),
+        "losses": _loss_summary(fitted.train_losses, fitted.val_losses, fitted.steps, fitted.train_parts),
         "data": fitted.data,
         "pruning": {"cache_hit": pruned.result.cache_hit, "timings": pruned.result.timings,
                     "report": pruned.result.report.overall},
@@ -94,12 +100,13 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
     }
 
 
-def objective(summary: dict[str, Any], which: Objective) -> float | None:
-    """The value a sweeper minimises: the last validation loss, or the merged model's (test) perplexity."""
-    if which is Objective.val_loss:
+def sweep_objective(summary: dict[str, Any], which: SweepObjective) -> float | None:
+    """The value a sweeper minimises (``sweep_objective``): the last validation loss, or the merged model's (test)
+    perplexity."""
+    if which is SweepObjective.val_loss:
         val = summary["losses"]["val"]
         return val[-1] if val else None
-    if which is Objective.ppl_merged:
+    if which is SweepObjective.ppl_merged:
         merged = summary["perplexity"]["merged"]
         return merged["ppl"] if merged else None
     return None

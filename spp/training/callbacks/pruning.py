@@ -19,6 +19,7 @@ A user's own script (``docs/pruning.md`` shows one)::
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from dataclasses import dataclass, field
@@ -64,6 +65,9 @@ class PruningSettings:
             only: a distributed run would keep the other ranks waiting while rank 0 generates).
         lock_timeout_s: How long to wait for another job writing the same cache entry.
         keep_masks: Keep the masks on every rank (rank 0 always keeps them).
+        keep_dense: Keep a frozen copy of the dense model, taken before pruning (the teacher of
+            ``objective=distill``): rank 0 a copy of its weights in host memory (one more model), the other ranks
+            a copy of their ``meta`` skeleton. It goes to the module's ``set_teacher``.
     """
 
     model: ModelConfig
@@ -78,6 +82,7 @@ class PruningSettings:
     sample: tuple[str, int] | None = None
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
     keep_masks: bool = False
+    keep_dense: bool = False
 
 
 @dataclass
@@ -88,7 +93,8 @@ class PrunedModel:
     ``zeros``, ``result.report`` are empty. ``home`` (rank 0, when the training strategy shards the model, or is
     DeepSpeed, whose module copies of the trained tensors ``bf16-mixed`` rounds): the
     pruned weights by name, the same tensors the model held before sharding (no copy), kept so the finalize
-    phase can rebuild the adapted model on the CPU for the adapter files.
+    phase can rebuild the adapted model on the CPU for the adapter files. ``dense`` (``keep_dense``): the frozen
+    dense model as loaded, until the callback hands it to the module.
     """
 
     model: nn.Module
@@ -101,6 +107,15 @@ class PrunedModel:
     samples: dict[str, dict[str, Any]] = field(default_factory=dict)
     world: int = 1
     home: dict[str, Any] = field(default_factory=dict)
+    dense: nn.Module | None = None
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A frozen copy of ``model`` in eval mode (no parameter requires grad): real weights on rank 0, a ``meta``
+    skeleton where ``model`` is one (tied parameters stay tied)."""
+    dense = copy.deepcopy(model)
+    dense.requires_grad_(False)
+    return dense.eval()
 
 
 def ppl_text(entry: dict[str, Any] | None) -> str:
@@ -145,6 +160,7 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
         model = load_for_rank(settings.model, ctx.rank)
         seconds["load_model"] = round(time.perf_counter() - start, 2)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.model)
+    dense = frozen_copy(model) if settings.keep_dense else None
     samples = {}
     if settings.sample and not ctx.distributed:
         samples["dense"] = sample(*settings.sample, model, tokenizer)
@@ -167,7 +183,7 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     if samples:
         samples["pruned"] = sample(*settings.sample, model, tokenizer)
     zeros = result.zeros if result.zeros is not None else ZeroPattern(result.masks)
-    return PrunedModel(model, tokenizer, result.masks, zeros, result, ppl, seconds, samples, ctx.world)
+    return PrunedModel(model, tokenizer, result.masks, zeros, result, ppl, seconds, samples, ctx.world, dense=dense)
 
 
 def _log_result(result: PruneResult, settings: PruningSettings, seconds: float, ctx: DistContext) -> None:
@@ -206,6 +222,9 @@ class PruningCallback(L.Callback):
         pl_module.model = self.pruned.model
         if hasattr(pl_module, "masks"):
             pl_module.masks = self.pruned.masks
+        if self.pruned.dense is not None and hasattr(pl_module, "set_teacher"):
+            pl_module.set_teacher(self.pruned.dense)  # the module owns it now: freed when training ends
+            self.pruned.dense = None
         if ctx.is_main and not self.everywhere and (is_sharded(trainer.strategy)
                                                     or isinstance(trainer.strategy, DeepSpeedStrategy)):
             self.pruned.home = dict(self.pruned.model.state_dict())  # references: sharding drops the module's own

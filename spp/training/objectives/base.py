@@ -1,0 +1,176 @@
+"""The training-objective interface and its registry (``objective=<name>``).
+
+An objective turns one micro-batch into the loss the optimiser minimises. It is given the student (the adapted
+pruned model, whatever the adapter method) and, when it asks for one (:attr:`Objective.needs_teacher`), the
+frozen dense model the run loaded before pruning (``spp.training.callbacks.pruning``), placed as the student is
+(FSDP2 shards, or a replica on the device; ``spp.training.module.SPPModule``). Both see the same batch and the
+same tokenizer.
+
+A new objective is one folder and one YAML (``docs/architecture.md``, "How to add ..."):
+
+- ``<folder>/__init__.py`` defines a config dataclass (a subclass of :class:`ObjectiveConfig` whose ``name``
+  defaults to the option's name) and an :class:`Objective` subclass, and calls :func:`register_objective`, which
+  stores the config in Hydra's ConfigStore as ``group="objective", name="<name>_schema"``;
+- ``conf/objective/<name>.yaml`` holds ``defaults: [<name>_schema, _self_]`` and any value that differs.
+
+The project's own live in ``spp/training/objectives/<name>/``; a user's anywhere ``SPP_PLUGINS`` names
+(``spp.plugins``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from hydra.core.config_store import ConfigStore
+from torch import nn
+
+from spp.errors import UserError
+
+TEACHER_OUTPUTS = ("none", "logits", "block_outputs")
+"""What an objective needs of the teacher per batch: nothing, its logits, or its logits and every decoder block's
+output (what the memory plan counts: ``spp.planning.memory.teacher_terms``)."""
+
+
+@dataclass
+class ObjectiveConfig:
+    """The ``objective`` group: which training loss (``objective=ce|distill|<plug-in>``).
+
+    Every objective's config is a subclass that adds its own keys (``objective.temperature`` for ``distill``).
+
+    Attributes:
+        name: The objective (``ce``: causal-LM cross-entropy on the Alpaca labels, the paper's loss; ``distill``:
+            distillation from the dense model, SquareHead-style).
+    """
+
+    name: str = "ce"
+
+    @property
+    def teacher_outputs(self) -> str:
+        """What this objective needs of the dense teacher: one of :data:`TEACHER_OUTPUTS` (read by the plan)."""
+        return "none"
+
+
+@dataclass
+class ObjectiveLoss:
+    """One micro-batch's loss: ``loss`` is what is optimised (logged as ``train/loss``); ``parts`` are logged as
+    ``train/<part>`` (e.g. ``ce``, ``kl``, ``feature``), detached."""
+
+    loss: torch.Tensor
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+StudentFn = Callable[..., Any]
+"""The student's forward (the model or its compiled view): ``student(**batch, use_cache=False)``."""
+
+
+class Objective(ABC):
+    """A training objective (see the module docstring). Subclasses set :attr:`name` and :attr:`config_class`.
+
+    Args:
+        cfg: The objective's config (an instance of :attr:`config_class`).
+        layer_cls: The decoder-block class (for objectives that read block outputs).
+    """
+
+    name: ClassVar[str]
+    config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
+
+    def __init__(self, cfg: ObjectiveConfig, layer_cls: type[nn.Module] | None = None) -> None:
+        self.cfg = cfg
+        self.layer_cls = layer_cls
+
+    @property
+    def needs_teacher(self) -> bool:
+        """Whether the run keeps a frozen copy of the dense model for this objective."""
+        return self.cfg.teacher_outputs != "none"
+
+    @abstractmethod
+    def loss(self, student: StudentFn, batch: dict[str, torch.Tensor],
+             teacher: nn.Module | None = None) -> ObjectiveLoss:
+        """The loss of one micro-batch (``input_ids``, ``attention_mask``, ``labels`` with -100 where not scored)."""
+
+
+_REGISTRY: dict[str, type[Objective]] = {}
+
+
+def register_objective(cls: type[Objective]) -> type[Objective]:
+    """Register ``cls`` under ``cls.name`` and its config as ``objective/<name>_schema`` in Hydra's ConfigStore
+    (idempotent; usable as a class decorator)."""
+    if not issubclass(cls.config_class, ObjectiveConfig):
+        raise TypeError(f"{cls.__name__}.config_class must subclass ObjectiveConfig")
+    _REGISTRY[cls.name] = cls
+    ConfigStore.instance().store(group="objective", name=f"{cls.name}_schema", node=cls.config_class)
+    return cls
+
+
+def objective_names() -> list[str]:
+    """The registered objectives (the project's own and the plug-ins loaded so far)."""
+    return sorted(_REGISTRY)
+
+
+def get_objective(name: str) -> type[Objective]:
+    """The objective class registered as ``name``.
+
+    Raises:
+        UserError: no objective has that name (names the known ones).
+    """
+    if name not in _REGISTRY:
+        raise UserError(f"objective.name={name!r} is not a registered training objective",
+                        f"use objective={' | objective='.join(objective_names())}, or a plug-in's (SPP_PLUGINS)",
+                        key="objective")
+    return _REGISTRY[name]
+
+
+def build_objective(cfg: ObjectiveConfig | None, layer_cls: type[nn.Module] | None = None) -> Objective:
+    """The objective of ``cfg`` (``None``: cross-entropy), ready to compute losses."""
+    cfg = cfg if cfg is not None else ObjectiveConfig()
+    return get_objective(cfg.name)(cfg, layer_cls)
+
+
+@contextmanager
+def block_outputs(model: nn.Module, layer_cls: type[nn.Module] | None) -> Iterator[list[torch.Tensor]]:
+    """Collect the output hidden state of every decoder block (``layer_cls``) of ``model`` during one forward, in
+    block order. Only the forward inside the ``with`` records: a recomputation under activation checkpointing (in
+    backward, after the block exits) records nothing.
+
+    Raises:
+        ValueError: ``model`` has no module of ``layer_cls``.
+    """
+    out: list[torch.Tensor] = []
+    armed = [True]
+
+    def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+        if armed[0]:
+            out.append(output[0] if isinstance(output, (tuple, list)) else output)
+
+    blocks = [m for m in model.modules() if layer_cls is not None and isinstance(m, layer_cls)]
+    if not blocks:
+        raise ValueError(f"no decoder block of class {getattr(layer_cls, '__name__', layer_cls)} in the model")
+    handles = [m.register_forward_hook(hook) for m in blocks]
+    try:
+        yield out
+    finally:
+        armed[0] = False
+        for handle in handles:
+            handle.remove()
+
+
+@torch.no_grad()
+def teacher_forward(teacher: nn.Module, batch: dict[str, torch.Tensor],
+                    layer_cls: type[nn.Module] | None = None) -> tuple[Any, list[torch.Tensor]]:
+    """The teacher's forward on ``batch`` without its labels and without gradients: ``(output, block outputs)``
+    (block outputs only with ``layer_cls``). An FSDP2-sharded teacher is resharded afterwards (its root would keep
+    the embeddings and LM head gathered: FSDP2 does not reshard a root after forward)."""
+    inputs = {k: v for k, v in batch.items() if k != "labels"}
+    if layer_cls is None:
+        out, blocks = teacher(**inputs, use_cache=False), []
+    else:
+        with block_outputs(teacher, layer_cls) as blocks:
+            out = teacher(**inputs, use_cache=False)
+    if hasattr(teacher, "reshard"):
+        teacher.reshard()
+    return out, blocks
