@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from transformers import AutoModelForCausalLM
 
-from spp.eval.harness import TASK_DIR, ZERO_SHOT_TASKS, evaluate_tasks, zero_shot_mean, zero_shot_mean_stderr
+from spp.eval.harness import evaluate_tasks, zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.mmlu_tasks import CATEGORIES, MMLU_SUBJECTS
+from spp.eval.task_table import PAPER_MEAN_TASKS, TASK_DIR
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def run(sample_data_dir):
 
 
 def test_every_task_returns_a_finite_accuracy(run):
-    for task in [*ZERO_SHOT_TASKS, *(f"spp_mmlu_{s}" for s in MMLU_SUBJECTS)]:
+    for task in [*PAPER_MEAN_TASKS, *(f"spp_mmlu_{s}" for s in MMLU_SUBJECTS)]:
         acc = run.metrics[task]["acc"]
         assert math.isfinite(acc) and 0.0 <= acc <= 1.0, task
         assert run.metrics[task]["n"] == 1
@@ -39,7 +40,7 @@ def test_every_task_returns_a_finite_accuracy(run):
 
 def test_group_aggregates(run):
     # the zero-shot group is the unweighted mean of the seven acc (the paper's "Average")
-    mean = sum(run.metrics[t]["acc"] for t in ZERO_SHOT_TASKS) / 7
+    mean = sum(run.metrics[t]["acc"] for t in PAPER_MEAN_TASKS) / 7
     assert run.metrics["spp_zeroshot"]["acc"] == pytest.approx(mean, abs=1e-12)
     assert zero_shot_mean(run.metrics) == pytest.approx(mean, abs=1e-12)
     # MMLU: every subject has n=1 document, so size weighting reduces to the plain subject mean
@@ -87,12 +88,12 @@ def test_zero_shot_mean_stderr_against_numpy():
     """Issue 16: the 7-task mean's standard error = sqrt(sum se_i^2) / 7 (independent tasks)."""
     rng = np.random.default_rng(0)
     metrics = {}
-    for t in ZERO_SHOT_TASKS:
+    for t in PAPER_MEAN_TASKS:
         correct = rng.random(200) < rng.uniform(0.3, 0.7)
         metrics[t] = {"acc": float(correct.mean()), "acc_stderr": float(correct.std(ddof=1) / np.sqrt(200))}
     # independent: the standard deviation of the mean of 7 independent normals, by simulation
-    draws = rng.normal([metrics[t]["acc"] for t in ZERO_SHOT_TASKS],
-                       [metrics[t]["acc_stderr"] for t in ZERO_SHOT_TASKS], size=(200_000, 7)).mean(axis=1)
+    draws = rng.normal([metrics[t]["acc"] for t in PAPER_MEAN_TASKS],
+                       [metrics[t]["acc_stderr"] for t in PAPER_MEAN_TASKS], size=(200_000, 7)).mean(axis=1)
     assert zero_shot_mean_stderr(metrics) == pytest.approx(float(draws.std()), rel=0.01)
     del metrics["spp_rte"]["acc_stderr"]
     assert zero_shot_mean_stderr(metrics) is None

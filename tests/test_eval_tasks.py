@@ -9,8 +9,9 @@ import random
 
 import pytest
 
-from spp.eval.harness import TASK_DIR, ZERO_SHOT_TASKS, leaf_tasks, resolve_tasks, task_data_files, task_manager
+from spp.eval.harness import leaf_tasks, resolve_tasks, task_data_files, task_manager
 from spp.eval.mmlu_tasks import MMLU_SUBJECTS, MMLU_TASK_DIR, render_mmlu_yamls
+from spp.eval.task_table import PAPER_MEAN_TASKS, TASK_DIR
 from spp.eval.tasks import local_data
 from spp.paths import SAMPLE_DATA_DIR, SHARED_DATA_DIR
 
@@ -125,7 +126,7 @@ def test_generated_mmlu_yamls_are_up_to_date():
 def test_task_names_and_unknown_task():
     resolved = resolve_tasks(["boolq", "spp_rte", "zeroshot", "mmlu"])
     assert resolved == ["spp_boolq", "spp_rte", "spp_zeroshot", "spp_mmlu"]
-    assert leaf_tasks(["spp_zeroshot"]) == list(ZERO_SHOT_TASKS)
+    assert leaf_tasks(["spp_zeroshot"]) == list(PAPER_MEAN_TASKS)
     assert len(leaf_tasks(["spp_mmlu"])) == 57
     assert len(leaf_tasks(["spp_mmlu_humanities"])) == 13
     with pytest.raises(ValueError, match="unknown eval task 'boolqq' in eval.tasks"):

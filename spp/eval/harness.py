@@ -2,7 +2,8 @@
 
 Offline (the default) the task definitions shipped in ``spp/eval/tasks/`` read the local copies of the eval
 sets (see ``spp/eval/tasks/local_data.py`` and ``spp/eval/README.md``); online, the same names map to
-lm-eval's standard tasks (``spp_boolq`` -> ``boolq``, ``spp_mmlu`` -> ``mmlu``, ...).
+lm-eval's standard tasks (``spp_boolq`` -> ``boolq``, ``spp_mmlu`` -> ``mmlu``, ...). Which tasks exist, their
+files, online names and the paper's 7-task mean come from one table, :mod:`spp.eval.task_table`.
 """
 
 from __future__ import annotations
@@ -17,40 +18,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spp.eval.mmlu_tasks import CATEGORIES, MMLU_SUBJECTS
-from spp.eval.tasks.local_data import LOCAL_FILES
+from spp.eval.task_table import (
+    MMLU_GROUP,
+    PAPER_MEAN_TASKS,
+    ZERO_SHOT_GROUP,
+    aliases,
+    get_task,
+    group_members,
+    include_paths,
+    is_mmlu,
+    known_tasks,
+    online_names,
+    unknown_task,
+)
 from spp.paths import SAMPLE_DATA_DIR, find_data
 
 if TYPE_CHECKING:
     from spp.eval.replicas import ReplicaGroup
-
-TASK_DIR: Path = Path(__file__).resolve().parent / "tasks"
-"""Directory to pass as lm-eval ``include_path`` (also for the ``lm_eval`` command line)."""
-
-ZERO_SHOT_TASKS: tuple[str, ...] = (
-    "spp_boolq", "spp_rte", "spp_hellaswag", "spp_winogrande", "spp_arc_easy", "spp_arc_challenge", "spp_openbookqa",
-)
-ZERO_SHOT_GROUP = "spp_zeroshot"
-MMLU_GROUP = "spp_mmlu"
-
-ONLINE_NAMES: dict[str, str] = {
-    **{t: t.removeprefix("spp_") for t in ZERO_SHOT_TASKS},
-    MMLU_GROUP: "mmlu",
-    **{f"spp_mmlu_{c}": f"mmlu_{c}" for c in CATEGORIES},
-    **{f"spp_mmlu_{s}": f"mmlu_{s}" for s in MMLU_SUBJECTS},
-}
-"""Offline task name -> the standard lm-eval task of which it is a local mirror."""
-
-DATA_KEY: dict[str, str] = {t: t.removeprefix("spp_") for t in ZERO_SHOT_TASKS}
-
-ALIASES: dict[str, str] = {
-    **{v: k for k, v in ONLINE_NAMES.items()},
-    "zeroshot": ZERO_SHOT_GROUP,
-    "zero_shot": ZERO_SHOT_GROUP,
-}
-"""Short names accepted in configs (``boolq``, ``mmlu``, ``zeroshot`` ...) -> offline task names."""
-
-KNOWN_TASKS: frozenset[str] = frozenset([*ONLINE_NAMES, ZERO_SHOT_GROUP])
 
 log = logging.getLogger(__name__)
 
@@ -97,20 +81,19 @@ class HarnessResult:
 
 
 def resolve_tasks(tasks: str | Iterable[str]) -> list[str]:
-    """Map config task names (``boolq``, ``spp_boolq``, ``zeroshot``, ``mmlu`` ...) to offline task names.
+    """Map config task names (``boolq``, ``spp_boolq``, ``zeroshot``, ``mmlu`` ...) to offline task names
+    (rows and groups of :mod:`spp.eval.task_table`).
 
     Raises:
-        ValueError: an unknown task, naming the accepted ones.
+        UserError: an unknown task, naming the accepted ones (one line).
     """
     names = [tasks] if isinstance(tasks, str) else list(tasks)
+    known, short = known_tasks(), aliases()
     out: list[str] = []
     for name in names:
-        resolved = name if name in KNOWN_TASKS else ALIASES.get(name)
+        resolved = name if name in known else short.get(name)
         if resolved is None:
-            known = ", ".join([ZERO_SHOT_GROUP, MMLU_GROUP, *ZERO_SHOT_TASKS, "spp_mmlu_<subject>"])
-            raise ValueError(
-                f"unknown eval task {name!r} in eval.tasks; known: {known} (or the same without 'spp_')"
-            )
+            raise unknown_task(name)
         if resolved not in out:
             out.append(resolved)
     return out
@@ -120,15 +103,8 @@ def leaf_tasks(tasks: Iterable[str]) -> list[str]:
     """Expand groups (``spp_zeroshot``, ``spp_mmlu``, ``spp_mmlu_<category>``) into their leaf tasks."""
     leaves: list[str] = []
     for task in resolve_tasks(tasks):
-        if task == ZERO_SHOT_GROUP:
-            leaves += list(ZERO_SHOT_TASKS)
-        elif task == MMLU_GROUP:
-            leaves += [f"spp_mmlu_{s}" for s in MMLU_SUBJECTS]
-        elif task.removeprefix("spp_mmlu_") in CATEGORIES:
-            cat = task.removeprefix("spp_mmlu_")
-            leaves += [f"spp_mmlu_{s}" for s, c in MMLU_SUBJECTS.items() if c == cat]
-        else:
-            leaves.append(task)
+        members = group_members(task)
+        leaves += [task] if members is None else members
     return list(dict.fromkeys(leaves))
 
 
@@ -136,18 +112,13 @@ def task_data_files(tasks: Iterable[str], data_dir: str | os.PathLike[str] | Non
     """Resolve every local file the offline ``tasks`` read, before any model is loaded.
 
     Raises:
-        ValueError: an unknown task.
+        UserError: an unknown task.
         FileNotFoundError: a missing data file (names the searched paths and the ``data_dir`` fix).
     """
     files: dict[str, list[Path]] = {}
     for task in leaf_tasks(tasks):
-        if task in DATA_KEY:
-            rels = [LOCAL_FILES[DATA_KEY[task]]]
-        else:
-            subject = task.removeprefix("spp_mmlu_")
-            rels = [LOCAL_FILES["mmlu_test"].format(subject=subject), LOCAL_FILES["mmlu_dev"].format(subject=subject)]
         try:
-            files[task] = [find_data(rel, data_dir) for rel in rels]
+            files[task] = [find_data(rel, data_dir) for rel in get_task(task).data_files]
         except FileNotFoundError as err:
             raise FileNotFoundError(f"eval task {task}: {err}") from err
     sampled = [t for t, paths in files.items() if any(p.is_relative_to(SAMPLE_DATA_DIR) for p in paths)]
@@ -172,8 +143,9 @@ class _QuietCustomDatasetNotice(logging.Filter):
 
 def task_manager(data_dir: str | os.PathLike[str] | None = None, online: bool = False,
                  doc_seed: int | None = None) -> Any:
-    """An lm-eval ``TaskManager``: offline with only the repo's tasks, ``data_dir`` and ``doc_seed`` (seeded
-    random document order, see :mod:`spp.eval.tasks.local_data`) in the task metadata."""
+    """An lm-eval ``TaskManager``: offline with only the table's tasks (:func:`spp.eval.task_table.include_paths`),
+    ``data_dir`` and ``doc_seed`` (seeded random document order, see :mod:`spp.eval.tasks.local_data`) in the task
+    metadata."""
     from lm_eval.tasks import TaskManager
 
     if online:
@@ -182,7 +154,7 @@ def task_manager(data_dir: str | os.PathLike[str] | None = None, online: bool = 
     meta: dict[str, Any] = {"data_dir": str(Path(data_dir).expanduser().resolve())} if data_dir else {}
     if doc_seed is not None:
         meta["doc_seed"] = int(doc_seed)
-    return TaskManager(include_path=str(TASK_DIR), include_defaults=False, metadata=meta or None)
+    return TaskManager(include_path=[str(p) for p in include_paths()], include_defaults=False, metadata=meta or None)
 
 
 def _metric(entry: dict[str, Any], name: str) -> float | None:
@@ -192,43 +164,50 @@ def _metric(entry: dict[str, Any], name: str) -> float | None:
 
 def summarize(lm_results: dict[str, Any], online: bool = False) -> dict[str, dict[str, float]]:
     """Flatten lm-eval's ``results`` into ``{offline task name: {acc, acc_stderr, acc_norm, acc_norm_stderr, n}}``."""
-    back = {v: k for k, v in ONLINE_NAMES.items()} if online else {}
+    back = {v: k for k, v in online_names().items()} if online else {}
     n_samples = lm_results.get("n-samples", {})
     out: dict[str, dict[str, float]] = {}
     for task, entry in lm_results.get("results", {}).items():
-        metrics = ("acc", "acc_stderr", "acc_norm", "acc_norm_stderr")
+        metric = _own_metric(back.get(task, task))
+        metrics = dict.fromkeys(("acc", "acc_stderr", "acc_norm", "acc_norm_stderr", metric, f"{metric}_stderr"))
         row = {m: v for m in metrics if (v := _metric(entry, m)) is not None}
         if task in n_samples:
             row["n"] = float(n_samples[task]["effective"])
         out[back.get(task, task)] = row
-    if online and all(t in out for t in ZERO_SHOT_TASKS):
+    if online and all(t in out for t in PAPER_MEAN_TASKS):
         out[ZERO_SHOT_GROUP] = {"acc": zero_shot_mean(out)}
     return out
 
 
+def _own_metric(name: str) -> str:
+    """The metric the table names for task ``name`` (``acc`` for groups and names it does not hold)."""
+    return get_task(name).metric if name in known_tasks() and group_members(name) is None else "acc"
+
+
 def zero_shot_mean(metrics: dict[str, dict[str, float]], metric: str = "acc") -> float | None:
     """Unweighted mean of ``metric`` over the seven zero-shot tasks (the paper's "Average"; Wanda uses acc)."""
-    values = [metrics[t][metric] for t in ZERO_SHOT_TASKS if t in metrics and metric in metrics[t]]
-    return sum(values) / len(values) if len(values) == len(ZERO_SHOT_TASKS) else None
+    values = [metrics[t][metric] for t in PAPER_MEAN_TASKS if t in metrics and metric in metrics[t]]
+    return sum(values) / len(values) if len(values) == len(PAPER_MEAN_TASKS) else None
 
 
 def zero_shot_mean_stderr(metrics: dict[str, dict[str, float]], metric: str = "acc") -> float | None:
     """Standard error of the 7-task mean: ``sqrt(sum_i se_i^2) / 7`` from lm-eval's per-task ``<metric>_stderr``
     (tasks on disjoint documents, so independent); ``None`` unless all seven have one."""
-    ses = [metrics[t].get(f"{metric}_stderr") for t in ZERO_SHOT_TASKS if t in metrics]
-    if len(ses) != len(ZERO_SHOT_TASKS) or any(se is None for se in ses):
+    ses = [metrics[t].get(f"{metric}_stderr") for t in PAPER_MEAN_TASKS if t in metrics]
+    if len(ses) != len(PAPER_MEAN_TASKS) or any(se is None for se in ses):
         return None
     return math.sqrt(sum(se * se for se in ses)) / len(ses)
 
 
 def _run_names(names: list[str], online: bool) -> list[str]:
     """The names lm-eval runs: the local ``spp_*`` tasks, or online their standard tasks (the group expanded)."""
+    online_of = online_names()
     run_names: list[str] = []
     for name in names:
         if online and name == ZERO_SHOT_GROUP:
-            run_names += [ONLINE_NAMES[t] for t in ZERO_SHOT_TASKS]
+            run_names += [online_of[t] for t in PAPER_MEAN_TASKS]
         else:
-            run_names.append(ONLINE_NAMES[name] if online else name)
+            run_names.append(online_of[name] if online else name)
     return run_names
 
 
@@ -347,11 +326,6 @@ def _harness_result(out: dict[str, Any], limit: int | float | None, online: bool
     shots = {k: int(v) for k, v in out.get("n-shot", {}).items()}
     raw["doc_seed"] = doc_seed
     return HarnessResult(metrics=summarize(out, online), limit=limit, num_fewshot=shots, raw=raw)
-
-
-def is_mmlu(task: str) -> bool:
-    """Whether a (resolved) task name is MMLU: the group, a category or a subject."""
-    return task.startswith(MMLU_GROUP)
 
 
 def run_eval_tasks(

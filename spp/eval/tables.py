@@ -19,20 +19,14 @@ from typing import Any
 from lightning.pytorch.loggers import WandbLogger
 
 from spp.atomic import write_text_atomic
-from spp.eval.harness import MMLU_GROUP, ZERO_SHOT_TASKS, zero_shot_mean, zero_shot_mean_stderr
+from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
+from spp.eval.task_table import MMLU_GROUP, PAPER_MEAN_TASKS, TASKS
 
-PAPER_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("spp_boolq", "BoolQ"),
-    ("spp_rte", "RTE"),
-    ("spp_hellaswag", "HellaSwag"),
-    ("spp_winogrande", "WinoGrande"),
-    ("spp_arc_easy", "ARC-e"),
-    ("spp_arc_challenge", "ARC-c"),
-    ("spp_openbookqa", "OBQA"),
-)
-"""(task, column title) of the paper's Table 2, in its order."""
+PAPER_COLUMNS: tuple[tuple[str, str], ...] = tuple((t, TASKS[t].title) for t in PAPER_MEAN_TASKS)
+"""(task, column title) of the paper's Table 2, in its order (the table's ``in_paper_mean`` rows)."""
 
-ACC_NORM_TASKS: tuple[str, ...] = ("spp_hellaswag", "spp_arc_easy", "spp_arc_challenge", "spp_openbookqa")
+ACC_NORM_TASKS: tuple[str, ...] = tuple(t for t in PAPER_MEAN_TASKS if TASKS[t].acc_norm)
+"""The paper's tasks for which lm-eval also reports ``acc_norm`` (their separate table)."""
 
 
 @dataclass
@@ -175,7 +169,7 @@ def notes(records: Sequence[EvalRecord]) -> str:
         lines.append(f"lm-eval `limit` (first N documents per zero-shot task): {', '.join(limits)}.")
     if mmlu_limits:
         lines.append(f"MMLU `limit` (first N test questions per subject, 57 subjects): {', '.join(mmlu_limits)}.")
-    if any(t not in r.tasks for r in records if r.tasks for t in ZERO_SHOT_TASKS):
+    if any(t not in r.tasks for r in records if r.tasks for t in PAPER_MEAN_TASKS):
         lines.append("'–' = not evaluated.")
     files = {f["path"]: f for r in records for f in r.info.get("data_files") or []}
     if files:

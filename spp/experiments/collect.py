@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from spp.atomic import write_text_atomic
-from spp.eval.harness import MMLU_GROUP, zero_shot_mean, zero_shot_mean_stderr
+from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.tables import PAPER_COLUMNS
+from spp.eval.task_table import MMLU_GROUP
 from spp.pruning.base import Pruner
 from spp.pruning.registry import NO_PRUNING, pruner_class, pruner_names
 

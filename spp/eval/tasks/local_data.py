@@ -4,7 +4,8 @@ Each function is an lm-eval ``custom_dataset`` (``!function local_data.<name>`` 
 this file). lm-eval calls it with the task's ``metadata`` and ``dataset_kwargs``; the data root is taken
 from ``data_dir`` in that metadata (``TaskManager(metadata={"data_dir": ...})`` or the CLI's
 ``--metadata '{"data_dir": "..."}'``), else ``$SPP_DATA_DIR``, else ``../shared/data``, else the repo's
-``data/`` samples (see :func:`spp.paths.find_data`).
+``data/`` samples (see :func:`spp.paths.find_data`); which file a task reads is its row of
+:mod:`spp.eval.task_table` (:func:`task_file`).
 
 Differences from the hub versions that the local copies force (documented in ``spp/eval/README.md``):
 HellaSwag comes as klosax's pre-processed text (``ctx_a``/``ctx_b`` already joined), WinoGrande as
@@ -30,27 +31,18 @@ from typing import Any
 
 import datasets
 
+from spp.eval.task_table import get_task
 from spp.paths import find_data
-
-LOCAL_FILES: dict[str, str] = {
-    "boolq": "boolq/val.jsonl",
-    "rte": "rte/val.jsonl",
-    "hellaswag": "hellaswag/hellaswag_val_full.txt",
-    "winogrande": "winogrande/winogrande.jsonl",
-    "arc_easy": "arc/ARC-Easy-Test.jsonl",
-    "arc_challenge": "arc/ARC-Challenge-Test.jsonl",
-    "openbookqa": "openbookqa/test.tsv",
-    "mmlu_dev": "mmlu/dev/{subject}_dev.csv",
-    "mmlu_test": "mmlu/test/{subject}_test.csv",
-}
-"""Relative path (under a data root) of each local copy."""
 
 RTE_LABELS = {"entailment": 0, "not_entailment": 1}
 MMLU_ANSWERS = "ABCD"
 
 
-def _path(key: str, kwargs: dict[str, Any], **fmt: str) -> Path:
-    return find_data(LOCAL_FILES[key].format(**fmt), kwargs.get("data_dir") or os.environ.get("SPP_DATA_DIR"))
+def task_file(task: str, kwargs: dict[str, Any], index: int = 0) -> Path:
+    """File ``index`` of ``task``'s ``data_files`` (:mod:`spp.eval.task_table`) under the data root of lm-eval's
+    ``kwargs`` (``data_dir``, else ``$SPP_DATA_DIR``, ...); a plug-in task's loader reads its file with this too."""
+    rel = get_task(task).data_files[index]
+    return find_data(rel, kwargs.get("data_dir") or os.environ.get("SPP_DATA_DIR"))
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
@@ -79,7 +71,7 @@ def boolq(**kwargs: Any) -> datasets.DatasetDict:
     -> 0 = no, 1 = yes, as in ``super_glue/boolq``.
     """
     rows = []
-    for i, r in enumerate(_jsonl(_path("boolq", kwargs))):
+    for i, r in enumerate(_jsonl(task_file("spp_boolq", kwargs))):
         key = r["label"].lower() if isinstance(r["label"], str) else r["label"]
         if key not in BOOL_LABELS:
             raise ValueError(f"BoolQ row {i}: label {r['label']!r} is not true/false")
@@ -94,7 +86,7 @@ def rte(**kwargs: Any) -> datasets.DatasetDict:
     encoding differ.
     """
     rows = []
-    for i, r in enumerate(_jsonl(_path("rte", kwargs))):
+    for i, r in enumerate(_jsonl(task_file("spp_rte", kwargs))):
         label = r["label"]
         rows.append(
             {
@@ -131,7 +123,7 @@ def capitalize_last_fragment(query: str) -> str:
 
 def hellaswag(**kwargs: Any) -> datasets.DatasetDict:
     """HellaSwag validation from klosax's text form (6 lines per task: context, gold, 4 endings)."""
-    lines = _path("hellaswag", kwargs).read_text(encoding="utf-8").split("\n")
+    lines = task_file("spp_hellaswag", kwargs).read_text(encoding="utf-8").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     if len(lines) % 6:
@@ -161,14 +153,14 @@ def winogrande(**kwargs: Any) -> datasets.DatasetDict:
             "continuation": r["continuation"].strip(),
             "gold": int(r["gold"]),
         }
-        for r in _jsonl(_path("winogrande", kwargs))
+        for r in _jsonl(task_file("spp_winogrande", kwargs))
     ]
     return _split("validation", rows, kwargs)
 
 
-def _arc(key: str, kwargs: dict[str, Any]) -> datasets.DatasetDict:
+def _arc(task: str, kwargs: dict[str, Any]) -> datasets.DatasetDict:
     rows = []
-    for r in _jsonl(_path(key, kwargs)):
+    for r in _jsonl(task_file(task, kwargs)):
         choices = r["question"]["choices"]
         rows.append(
             {
@@ -183,12 +175,12 @@ def _arc(key: str, kwargs: dict[str, Any]) -> datasets.DatasetDict:
 
 def arc_easy(**kwargs: Any) -> datasets.DatasetDict:
     """ARC-Easy test in HF ``ai2_arc`` shape (``question``, ``choices.text/label``, ``answerKey``)."""
-    return _arc("arc_easy", kwargs)
+    return _arc("spp_arc_easy", kwargs)
 
 
 def arc_challenge(**kwargs: Any) -> datasets.DatasetDict:
     """ARC-Challenge test in HF ``ai2_arc`` shape."""
-    return _arc("arc_challenge", kwargs)
+    return _arc("spp_arc_challenge", kwargs)
 
 
 _OBQA_CHOICE = re.compile(r"\(([A-D])\) ")
@@ -210,7 +202,7 @@ def parse_obqa_choices(field: str) -> tuple[list[str], list[str]]:
 def openbookqa(**kwargs: Any) -> datasets.DatasetDict:
     """OpenBookQA main test from the official ``test.tsv`` in HF ``openbookqa/main`` shape."""
     rows = []
-    with _path("openbookqa", kwargs).open(encoding="utf-8", newline="") as fh:
+    with task_file("spp_openbookqa", kwargs).open(encoding="utf-8", newline="") as fh:
         for r in csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE):
             labels, texts = parse_obqa_choices(r["Choices"])
             rows.append(
@@ -246,8 +238,8 @@ def mmlu(subject: str = "", **kwargs: Any) -> datasets.DatasetDict:
     return datasets.DatasetDict(
         {
             "test": datasets.Dataset.from_list(
-                sample_order(_mmlu_rows(_path("mmlu_test", kwargs, subject=subject), subject), kwargs.get("doc_seed"))
+                sample_order(_mmlu_rows(task_file(f"spp_mmlu_{subject}", kwargs, 0), subject), kwargs.get("doc_seed"))
             ),
-            "dev": datasets.Dataset.from_list(_mmlu_rows(_path("mmlu_dev", kwargs, subject=subject), subject)),
+            "dev": datasets.Dataset.from_list(_mmlu_rows(task_file(f"spp_mmlu_{subject}", kwargs, 1), subject)),
         }
     )

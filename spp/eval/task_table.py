@@ -1,0 +1,182 @@
+"""The one table of evaluation tasks: every lm-eval task ``eval.tasks`` accepts is a row here (:class:`EvalTask`).
+
+Everything else about task names is derived from it: the paper's 7-task mean (:data:`PAPER_MEAN_TASKS`), the online
+names (:func:`online_names`), the short names (:func:`aliases`), the accepted names (:func:`known_tasks`), the local
+files each task reads (``EvalTask.data_files``, found by :func:`spp.paths.find_data`) and the ``include_path`` folders
+lm-eval searches for the YAMLs (:func:`include_paths`). The project's own rows (the seven zero-shot tasks, the 57
+MMLU subjects) are registered below; a plug-in folder (``SPP_PLUGINS``, :mod:`spp.plugins`) adds its own with
+:func:`register_task`, its YAML in its own folder (``docs/architecture.md``, "Adding an evaluation task").
+
+MMLU is named explicitly: ``spp_mmlu`` (group), ``spp_mmlu_<category>`` (groups) and ``spp_mmlu_<subject>`` (rows);
+a name that is no row and no group is refused (:func:`unknown_task`), never taken for an MMLU subject.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+from spp.errors import UserError
+from spp.eval.mmlu_tasks import CATEGORIES, MMLU_SUBJECTS
+
+TASK_DIR: Path = Path(__file__).resolve().parent / "tasks"
+"""The project's own YAMLs: lm-eval's ``include_path`` (also for the ``lm_eval`` command line)."""
+
+ZERO_SHOT_GROUP = "spp_zeroshot"
+"""The group of the paper's seven tasks (``tasks/spp_zeroshot.yaml``; its ``acc`` = the 7-task mean)."""
+MMLU_GROUP = "spp_mmlu"
+"""The MMLU group (-> ``spp_mmlu_<category>`` -> ``spp_mmlu_<subject>``)."""
+GROUP_ALIASES: dict[str, str] = {"zeroshot": ZERO_SHOT_GROUP, "zero_shot": ZERO_SHOT_GROUP}
+
+TaskKind = Literal["zero_shot", "mmlu"]
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """One lm-eval task that ``eval.tasks`` accepts.
+
+    Attributes:
+        name: The offline task name (its YAML's ``task:``), e.g. ``spp_boolq``.
+        online_name: lm-eval's standard task it mirrors (``eval.online=true`` runs this one; also a short name).
+        data_files: Files it reads, relative to a data root (``data_dir``; :func:`spp.paths.find_data`).
+        loader: The ``custom_dataset`` function its YAML names (``!function <loader>``).
+        metric: The metric reported for it (lm-eval's name, ``acc``).
+        in_paper_mean: Counts in the paper's 7-task mean (the project's own seven only).
+        kind: ``zero_shot`` or ``mmlu`` (an MMLU subject: 5-shot, ``eval.mmlu_limit``).
+        title: Column title in the tables.
+        acc_norm: lm-eval also reports ``acc_norm`` (the separate length-normalised table).
+        include_path: The folder holding its YAML (lm-eval ``include_path``).
+    """
+
+    name: str
+    online_name: str
+    data_files: tuple[str, ...]
+    loader: str
+    metric: str = "acc"
+    in_paper_mean: bool = False
+    kind: TaskKind = "zero_shot"
+    title: str = ""
+    acc_norm: bool = False
+    include_path: Path = TASK_DIR
+
+
+_TASKS: dict[str, EvalTask] = {}
+TASKS: MappingProxyType[str, EvalTask] = MappingProxyType(_TASKS)
+"""Every registered task by name (read-only; add rows with :func:`register_task`)."""
+_sealed = False
+
+
+def register_task(task: EvalTask) -> EvalTask:
+    """Add ``task`` to the table (registering the same row twice is a no-op); returns it.
+
+    Raises:
+        UserError: the name or online name is taken, the name is reserved (``spp_mmlu*``, a group), the kind is
+            unknown, or a plug-in task asks to count in the paper's 7-task mean.
+    """
+    if _TASKS.get(task.name) == task:
+        return task
+    fix = "give the task another name (see docs/architecture.md, 'Adding an evaluation task')"
+    taken = known_tasks() | set(aliases())
+    if task.name in taken or task.online_name in taken:
+        raise UserError(f"eval task {task.name!r} (online name {task.online_name!r}): the name is already taken", fix)
+    if _sealed and (task.kind == "mmlu" or task.name.startswith(MMLU_GROUP)):
+        raise UserError(f"eval task {task.name!r}: spp_mmlu* names and kind='mmlu' are the 57 MMLU subjects", fix)
+    if task.kind not in ("zero_shot", "mmlu"):
+        raise UserError(f"eval task {task.name!r}: kind={task.kind!r} is not 'zero_shot' or 'mmlu'",
+                        "use kind='zero_shot'")
+    if _sealed and task.in_paper_mean:
+        raise UserError(f"eval task {task.name!r}: the paper's mean is its seven tasks ({', '.join(PAPER_MEAN_TASKS)})",
+                        "register it with in_paper_mean=False (it is reported beside them)")
+    _TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str) -> EvalTask:
+    """The row of ``name`` (an offline task name, not a group).
+
+    Raises:
+        UserError: no such task (:func:`unknown_task`).
+    """
+    if name not in _TASKS:
+        raise unknown_task(name)
+    return _TASKS[name]
+
+
+def unknown_task(name: str) -> UserError:
+    """The one-line refusal of an unknown ``eval.tasks`` entry, naming every accepted task."""
+    own = [t for t, row in _TASKS.items() if row.kind != "mmlu"]
+    known = ", ".join([ZERO_SHOT_GROUP, MMLU_GROUP, *own, f"{MMLU_GROUP}_<category or subject>"])
+    return UserError(f"unknown eval task {name!r} in eval.tasks; known: {known} (or the same without 'spp_')",
+                     "fix eval.tasks, or register the task (docs/architecture.md, 'Adding an evaluation task')",
+                     key="eval.tasks")
+
+
+def group_members(group: str) -> list[str] | None:
+    """The rows a group stands for (``spp_zeroshot``: the paper's seven; ``spp_mmlu``, ``spp_mmlu_<category>``:
+    their subjects); ``None`` for a name that is no group."""
+    if group == ZERO_SHOT_GROUP:
+        return list(PAPER_MEAN_TASKS)
+    if group == MMLU_GROUP:
+        return [f"{MMLU_GROUP}_{s}" for s in MMLU_SUBJECTS]
+    category = group.removeprefix(f"{MMLU_GROUP}_")
+    if group.startswith(f"{MMLU_GROUP}_") and category in CATEGORIES:
+        return [f"{MMLU_GROUP}_{s}" for s, c in MMLU_SUBJECTS.items() if c == category]
+    return None
+
+
+def is_mmlu(name: str) -> bool:
+    """Whether a resolved task or group name is MMLU (the group, a category or a subject)."""
+    return name == MMLU_GROUP or (name.startswith(f"{MMLU_GROUP}_") and group_members(name) is not None) or (
+        name in _TASKS and _TASKS[name].kind == "mmlu")
+
+
+def online_names() -> dict[str, str]:
+    """Offline task or group name -> the standard lm-eval task of which it is a local mirror."""
+    out = {name: task.online_name for name, task in _TASKS.items() if task.kind != "mmlu"}
+    out[MMLU_GROUP] = "mmlu"
+    out.update({f"{MMLU_GROUP}_{c}": f"mmlu_{c}" for c in CATEGORIES})
+    out.update({name: task.online_name for name, task in _TASKS.items() if task.kind == "mmlu"})
+    return out
+
+
+def aliases() -> dict[str, str]:
+    """Short names accepted in configs (``boolq``, ``mmlu``, ``zeroshot`` ...) -> offline task or group names."""
+    return {**{v: k for k, v in online_names().items()}, **GROUP_ALIASES}
+
+
+def known_tasks() -> frozenset[str]:
+    """Every offline task and group name ``eval.tasks`` accepts (besides the short names of :func:`aliases`)."""
+    return frozenset([*online_names(), ZERO_SHOT_GROUP])
+
+
+def include_paths() -> list[Path]:
+    """The folders lm-eval searches for task YAMLs: :data:`TASK_DIR` first, then each plug-in's."""
+    return list(dict.fromkeys([TASK_DIR, *(t.include_path for t in _TASKS.values())]))
+
+
+def _register_own() -> tuple[str, ...]:
+    """The project's rows: the paper's seven zero-shot tasks, then the 57 MMLU subjects; returns the seven."""
+    own = [
+        ("boolq", "BoolQ", "boolq/val.jsonl", False),
+        ("rte", "RTE", "rte/val.jsonl", False),
+        ("hellaswag", "HellaSwag", "hellaswag/hellaswag_val_full.txt", True),
+        ("winogrande", "WinoGrande", "winogrande/winogrande.jsonl", False),
+        ("arc_easy", "ARC-e", "arc/ARC-Easy-Test.jsonl", True),
+        ("arc_challenge", "ARC-c", "arc/ARC-Challenge-Test.jsonl", True),
+        ("openbookqa", "OBQA", "openbookqa/test.tsv", True),
+    ]
+    for short, title, path, norm in own:
+        register_task(EvalTask(f"spp_{short}", short, (path,), f"spp.eval.tasks.local_data.{short}",
+                               in_paper_mean=True, title=title, acc_norm=norm))
+    for subject in MMLU_SUBJECTS:
+        register_task(EvalTask(f"{MMLU_GROUP}_{subject}", f"mmlu_{subject}",
+                               (f"mmlu/test/{subject}_test.csv", f"mmlu/dev/{subject}_dev.csv"),
+                               "spp.eval.tasks.local_data.mmlu", kind="mmlu", title=subject))
+    return tuple(name for name, task in _TASKS.items() if task.in_paper_mean)
+
+
+PAPER_MEAN_TASKS: tuple[str, ...] = _register_own()
+"""The paper's seven zero-shot tasks (Table 2's columns, in order): the 7-task mean is the mean of their ``acc``."""
+_sealed = True
