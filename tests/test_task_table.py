@@ -1,6 +1,6 @@
 """The one table of evaluation tasks (``spp.eval.task_table``): the tables derived from it equal the ones it replaced,
 the paper's mean is its seven tasks, an unknown task is one line (never an MMLU subject), and a task added from a
-plug-in folder (``docs/architecture.md``, "Adding an evaluation task") is accepted and run by lm-eval, no file of
+plug-in folder (``docs/architecture.md``, "How to add an evaluation task") is accepted and run by lm-eval, no file of
 ``spp/`` edited."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ names (:func:`online_names`), the short names (:func:`aliases`), the accepted na
 files each task reads (``EvalTask.data_files``, found by :func:`spp.paths.find_data`) and the ``include_path`` folders
 lm-eval searches for the YAMLs (:func:`include_paths`). The project's own rows (the seven zero-shot tasks, the 57
 MMLU subjects) are registered below; a plug-in folder (``SPP_PLUGINS``, :mod:`spp.plugins`) adds its own with
-:func:`register_task`, its YAML in its own folder (``docs/architecture.md``, "Adding an evaluation task").
+:func:`register_task`, its YAML in its own folder (``docs/architecture.md``, "How to add an evaluation task").
 
 MMLU is named explicitly: ``spp_mmlu`` (group), ``spp_mmlu_<category>`` (groups) and ``spp_mmlu_<subject>`` (rows);
 a name that is no row and no group is refused (:func:`unknown_task`), never taken for an MMLU subject.
@@ -77,7 +77,7 @@ def register_task(task: EvalTask) -> EvalTask:
     """
     if _TASKS.get(task.name) == task:
         return task
-    fix = "give the task another name (see docs/architecture.md, 'Adding an evaluation task')"
+    fix = "give the task another name (see docs/architecture.md, 'How to add an evaluation task')"
     taken = known_tasks() | set(aliases())
     if task.name in taken or task.online_name in taken:
         raise UserError(f"eval task {task.name!r} (online name {task.online_name!r}): the name is already taken", fix)
@@ -109,7 +109,7 @@ def unknown_task(name: str) -> UserError:
     own = [t for t, row in _TASKS.items() if row.kind != "mmlu"]
     known = ", ".join([ZERO_SHOT_GROUP, MMLU_GROUP, *own, f"{MMLU_GROUP}_<category or subject>"])
     return UserError(f"unknown eval task {name!r} in eval.tasks; known: {known} (or the same without 'spp_')",
-                     "fix eval.tasks, or register the task (docs/architecture.md, 'Adding an evaluation task')",
+                     "fix eval.tasks, or register the task (docs/architecture.md, 'How to add an evaluation task')",
                      key="eval.tasks")
 
 
