@@ -23,6 +23,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from lightning.pytorch import seed_everything  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
+from spp.atomic import remove_stale_temporaries  # noqa: E402
 from spp.cli_help import register_help  # noqa: E402
 from spp.errors import UserError, cli_errors, to_job  # noqa: E402
 from spp.eval.harness import zero_shot_mean  # noqa: E402
@@ -32,7 +33,6 @@ from spp.eval.runner import preflight, run_eval_job  # noqa: E402
 from spp.eval.tables import markdown_report  # noqa: E402
 from spp.loggers import save_and_print_config  # noqa: E402
 from spp.overrides import checked_overrides  # noqa: E402
-from spp.preflight import remove_stale_temporaries  # noqa: E402
 from spp.quiet import quiet_lightning  # noqa: E402
 from spp.run_lock import hold_run_dir  # noqa: E402
 

@@ -35,9 +35,9 @@ from spp.generation import (  # noqa: E402
     to_sparse24,
 )
 from spp.models import load_model  # noqa: E402
-from spp.models.loading import DTYPES  # noqa: E402
+from spp.models.config import DTYPES  # noqa: E402
 from spp.overrides import checked_overrides  # noqa: E402
-from spp.preflight import check_tokenizer_files  # noqa: E402
+from spp.preflight.model_files import check_tokenizer_files  # noqa: E402
 
 register_configs()
 register_help()

@@ -14,10 +14,11 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from spp.atomic import remove_stale_temporaries
 from spp.cli_help import register_help
 from spp.errors import cli_errors, to_job
 from spp.overrides import checked_overrides
-from spp.preflight import preflight_prune, remove_stale_temporaries
+from spp.preflight.jobs import preflight_prune
 from spp.pruning.config import PruneJobConfig, register_prune_configs
 from spp.pruning.job import run
 from spp.run_lock import hold_run_dir

@@ -39,7 +39,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from lightning.pytorch.callbacks import Callback  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from spp.atomic import write_json_atomic  # noqa: E402
+from spp.atomic import remove_stale_temporaries, write_json_atomic  # noqa: E402
 from spp.cli_help import register_help  # noqa: E402
 from spp.distributed import DistContext, close_process_group  # noqa: E402
 from spp.errors import DivergedError, cli_errors  # noqa: E402
@@ -48,7 +48,8 @@ from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags
 from spp.overrides import checked_overrides  # noqa: E402
 from spp.paths import data_provenance, forget_data_reads  # noqa: E402
 from spp.planning.job import plan_output  # noqa: E402
-from spp.preflight import model_arch, preflight_train, remove_stale_temporaries  # noqa: E402
+from spp.preflight.jobs import preflight_train  # noqa: E402
+from spp.preflight.model_files import model_arch  # noqa: E402
 from spp.run_lock import hold_run_dir, is_job_leader  # noqa: E402
 from spp.sweeps import require_objective_recorded, require_validation_objective  # noqa: E402
 from spp.training.callbacks.adapter_checkpoint import resolve_resume  # noqa: E402

@@ -20,7 +20,7 @@ from hydra import compose, initialize_config_dir
 from spp.planning.hardware import GIB, GPU_NODE
 from spp.planning.job import plan_job
 from spp.planning.report import as_json, time_text
-from spp.preflight import model_arch
+from spp.preflight.model_files import model_arch
 from spp.training.config import load_job, register_configs
 
 ROOT = Path(__file__).resolve().parents[1]

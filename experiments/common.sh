@@ -54,7 +54,7 @@ sweep() {
 # collect TABLE_ID: the Markdown table of this table's runs (skipped in DRY / PRINT_SWEEPS mode).
 collect() {
   if [[ -z ${PRINT_SWEEPS:-} && -z ${DRY:-} ]]; then
-    python experiments/collect.py "$1" "$RUNS" --out "experiments/results/${TABLE}_${MODEL}.md" \
+    python experiments/collect_summaries.py "$1" "$RUNS" --out "experiments/results/${TABLE}_${MODEL}.md" \
       --command "MODEL=$MODEL bash experiments/$TABLE/run.sh"
   fi
 }

@@ -1,20 +1,25 @@
 """Atomic writes for every file the framework produces: a temporary sibling, then ``os.replace``.
 
-Readers never see a half-written file or folder, and an interrupted write leaves the previous version in place.
+Readers never see a half-written file or folder, and an interrupted write leaves the previous version in place;
+:func:`remove_stale_temporaries` removes the temporaries a killed run left.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from spp.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 def _umask() -> int:
@@ -150,3 +155,38 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+STALE_DIRS = (".merged.", ".adapter.", ".model.")
+"""Prefixes of the temporary folders :func:`spp.atomic.write_dir_atomic` makes for the run's exports."""
+
+
+def remove_stale_temporaries(run_dir: str | os.PathLike[str] | None, cache_dirs: list[str | os.PathLike[str]] = (),
+                             min_age_s: float = 600.0) -> list[str]:
+    """Remove what killed runs left: export folders ``.merged.*`` / ``.adapter.*`` / ``.model.*`` and ``.*.tmp``
+    files in ``run_dir``; ``*.tmp`` files in the caches untouched for ``min_age_s`` (a live writer keeps its file
+    fresh). Logs one line per removal; returns the removed paths."""
+    removed: list[str] = []
+    now = time.time()
+    if run_dir is not None and Path(run_dir).is_dir():
+        for path in Path(run_dir).iterdir():
+            if path.is_dir() and path.name.startswith(STALE_DIRS):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(str(path))
+            elif path.is_file() and path.name.startswith(".") and path.name.endswith(".tmp"):
+                path.unlink(missing_ok=True)
+                removed.append(str(path))
+    for cache in cache_dirs:
+        root = Path(cache).expanduser()
+        if not root.is_dir():
+            continue
+        for path in root.rglob("*.tmp"):
+            try:
+                if path.is_file() and now - path.stat().st_mtime > min_age_s:
+                    path.unlink()
+                    removed.append(str(path))
+            except OSError:
+                continue
+    for path in removed:
+        log.warning("removed a temporary left by a killed run: %s", path)
+    return removed

@@ -2,7 +2,7 @@
 
 Two jobs writing one run directory interleave: the CSV logger crashes, or ``summary.json`` and ``merged/`` of one
 job end up beside the other's ``resolved_config.yaml``, and the second job's clean-up of temporaries
-(:func:`spp.preflight.remove_stale_temporaries`) deletes the first one's export in progress. The job's leader
+(:func:`spp.atomic.remove_stale_temporaries`) deletes the first one's export in progress. The job's leader
 takes the lock before that clean-up and keeps it until its last file is written; a second job is refused in one
 line naming the holder.
 

@@ -54,7 +54,7 @@ def task_config(cfg: DictConfig) -> DictConfig:
 
 
 def _arch(model: Any) -> dict[str, Any]:
-    from spp.preflight import model_arch
+    from spp.preflight.model_files import model_arch
 
     arch = model_arch(model)
     if not set(SHAPE_KEYS) <= set(arch):

@@ -20,7 +20,7 @@ from train_helpers import tiny_job
 
 from spp.errors import UserError
 from spp.paths import REPO_ROOT, SAMPLE_DATA_DIR
-from spp.preflight import check_targets
+from spp.preflight.shapes import check_targets
 from spp.training.val_schedule import first_validation_batch, no_validation_reason
 
 MARK = "@@case-done"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spp.experiments.collect import collect
+from spp.experiments.collect_summaries import collect
 
 RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "results"
 COMMITTED = {
@@ -18,7 +18,7 @@ COMMITTED = {
     "table6_ablations_smollm2_135m.md": ("table6", "runs/table6_ablations"),
 }
 """Committed table -> (collector table id, raw runs directory). Regenerate one with
-``python -m spp.experiments.collect <id> experiments/results/<runs> --title "<line 1>" --command "<line 3>"
+``python -m spp.experiments.collect_summaries <id> experiments/results/<runs> --title "<line 1>" --command "<line 3>"
 --out experiments/results/<table>``."""
 
 

@@ -20,19 +20,21 @@ import pytest
 import torch
 from train_helpers import tiny_job
 
+from spp.atomic import remove_stale_temporaries
 from spp.errors import DivergedError, UserError, as_user_error
 from spp.eval.config import EvalConfig
 from spp.eval.ppl_cache import cached_perplexity
 from spp.models.config import ModelConfig
 from spp.models.tiny import tiny_llama
 from spp.paths import CONF_DIR, SAMPLE_DATA_DIR, data_provenance, find_data, forget_data_reads
-from spp.preflight import check_data_source, remove_stale_temporaries, settings_of
+from spp.preflight.data_files import check_data_source
 from spp.pruning import cache as cache_mod
 from spp.pruning.cache import get_or_prune, store
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.training import finalize as finalize_module
 from spp.training.callbacks.guards import GuardsCallback
 from spp.training.finalize import divergence
+from spp.training.resume_checks import settings_of
 from train import run_job
 
 FAST = 20.0
@@ -281,7 +283,7 @@ def test_resume_after_other_pruning_data_or_training_names_every_key(then, now, 
 def test_resume_from_a_checkpoint_older_than_the_settings_warns(tmp_path, caplog):
     """A checkpoint holding only the first settings (adapter, model name/path, pruner name, sparsity) is resumed;
     the settings it predates are named in a warning, not compared."""
-    from spp.preflight import check_resume
+    from spp.training.resume_checks import check_resume
 
     job = tiny_job(tmp_path)
     now = settings_of(job)

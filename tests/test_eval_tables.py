@@ -1,4 +1,4 @@
-"""Table-2-shaped Markdown, results.json round trip through ``spp.eval.collect``, logger metrics."""
+"""Table-2-shaped Markdown, results.json round trip through ``spp.eval.collect_results``, logger metrics."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from spp.eval.collect import load_records
-from spp.eval.collect import main as collect_main
+from spp.eval.collect_results import load_records
+from spp.eval.collect_results import main as collect_main
 from spp.eval.tables import EvalRecord, log_to_loggers, paper_table, write_results
 
 ACCS = {"spp_boolq": 0.6, "spp_rte": 0.5, "spp_hellaswag": 0.4, "spp_winogrande": 0.55, "spp_arc_easy": 0.7,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from peft import PeftModel
 
-from spp.adapters.methods.lora.lora_star import (
+from spp.adapters.methods.lora.remask import (
     LORA_TARGETS,
     inject_lora,
     lora_layers,

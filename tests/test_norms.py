@@ -15,9 +15,9 @@ from spp.adapters.methods.norms.method import is_norm, load_norms, norm_paramete
 from spp.adapters.registry import load_adapter_dir, save_adapter_dir
 from spp.errors import UserError
 from spp.models.tiny import tiny_llama
-from spp.params import count_method_parameters, model_arch
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
+from spp.table1_params import count_method_parameters, model_arch
 from spp.training.callbacks.sparsity_audit import audit, zero_patterns
 
 

@@ -150,7 +150,7 @@ def test_a_run_whose_model_cannot_be_planned_is_not_refused(tmp_path):
     from train_helpers import tiny_job
 
     from spp.planning.job import check_job
-    from spp.preflight import model_arch
+    from spp.preflight.model_files import model_arch
 
     job = tiny_job(tmp_path)
     assert check_job(job, model_arch(job.model)) is not None  # the tiny CPU run is planned and fits

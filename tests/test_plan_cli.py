@@ -195,7 +195,7 @@ def _launch(overrides: list[str], jobs: list[list[str]], tmp: Path, monkeypatch)
 
 def test_slurm_memory_request_comes_from_the_largest_plan_of_the_array(tmp_path, monkeypatch):
     from spp.planning.job import plan_job
-    from spp.preflight import model_arch
+    from spp.preflight.model_files import model_arch
     from spp.training.config import load_job
 
     base = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=8", "trainer=slurm", "strategy=fsdp"]

@@ -12,7 +12,7 @@ from train_helpers import compose_train
 
 from benchmarks.plan_rss import TINY, TWO, measure, measured
 from spp.planning.job import plan_output
-from spp.preflight import model_arch
+from spp.preflight.model_files import model_arch
 from spp.training.config import load_job
 
 MIB = 2**20

@@ -91,20 +91,20 @@ def test_a_hit_reads_each_weights_file_once_and_hashes_only_the_masks_first(tmp_
     entry = Path(result.cache_path)
     reads: list[str] = []
     hashed: list[str] = []
-    read_bytes, sha256_file = Path.read_bytes, store.sha256_file
+    read_bytes, file_sha256 = Path.read_bytes, store.file_sha256
 
     def spy_read(self):
         if self.parent == entry:
             reads.append(self.name)
         return read_bytes(self)
 
-    def spy_hash(path, *args):
+    def spy_hash(path, *args, **kwargs):
         if Path(path).parent == entry:
             hashed.append(Path(path).name)
-        return sha256_file(path, *args)
+        return file_sha256(path, *args, **kwargs)
 
     monkeypatch.setattr(Path, "read_bytes", spy_read)
-    monkeypatch.setattr(store, "sha256_file", spy_hash)
+    monkeypatch.setattr(store, "file_sha256", spy_hash)
     _, hit = _prune(tmp_path / "cache")
     assert hit.cache_hit
     assert sorted(reads) == [f"weights-{k:05d}.safetensors" for k in range(3)]  # once each

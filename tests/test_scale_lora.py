@@ -24,9 +24,9 @@ from spp.adapters.methods.scale_lora.layer import (
 from spp.adapters.registry import load_adapter_dir, option_config, save_adapter_dir
 from spp.errors import UserError
 from spp.models.tiny import tiny_llama
-from spp.params import count_method_parameters, model_arch
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
+from spp.table1_params import count_method_parameters, model_arch
 
 F64 = torch.float64
 

@@ -26,9 +26,10 @@ from train_helpers import compose_train, tiny_job
 from spp.deepspeed_support import check_resume_format, client_state_file
 from spp.errors import UserError
 from spp.paths import REPO_ROOT
-from spp.preflight import check_resume, preflight_train, settings_of
+from spp.preflight.jobs import preflight_train
 from spp.training.callbacks.adapter_checkpoint import AdapterCheckpoint, resolve_resume
 from spp.training.config import StrategyConfig, StrategyName
+from spp.training.resume_checks import check_resume, settings_of
 
 ZERO2 = StrategyConfig(name=StrategyName.deepspeed, stage=2)
 ZERO3 = StrategyConfig(name=StrategyName.deepspeed, stage=3)
@@ -204,7 +205,7 @@ def test_the_module_checks_a_deepspeed_client_state_by_its_adapter_keys() -> Non
 def test_preflight_refuses_deepspeed_here_before_any_weight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import importlib.util
 
-    import spp.preflight
+    import spp.preflight.jobs
 
     class Reached(Exception):
         """Preflight got past the strategy checks to the first file it reads (the model's config)."""
@@ -212,7 +213,7 @@ def test_preflight_refuses_deepspeed_here_before_any_weight(tmp_path: Path, monk
     def model_arch(*args: Any) -> None:
         raise Reached
 
-    monkeypatch.setattr(spp.preflight, "model_arch", model_arch)
+    monkeypatch.setattr(spp.preflight.jobs, "model_arch", model_arch)
     installed = importlib.util.find_spec("deepspeed") is not None
     for stage in (2, 3):
         with pytest.raises(UserError, match="needs CUDA GPUs" if installed else "needs DeepSpeed, which is not"):

@@ -147,7 +147,7 @@ def _main(run_dir: str, *overrides: str) -> None:
     from lightning.pytorch.strategies import DDPStrategy
     from train_helpers import tiny_job
 
-    import spp.preflight
+    import spp.preflight.jobs
     import spp.training.module
     import spp.training.strategies
     from train import run_job
@@ -158,7 +158,7 @@ def _main(run_dir: str, *overrides: str) -> None:
     lightning_deepspeed.argparse = types.SimpleNamespace(  # a CPU device has no index: DeepSpeed wants an int
         Namespace=lambda device_rank=None, **kw: argparse.Namespace(device_rank=-1 if device_rank is None
                                                                     else device_rank, **kw))
-    spp.preflight.check_deepspeed = spp.training.strategies.check_deepspeed = lambda *a, **k: None
+    spp.preflight.jobs.check_deepspeed = spp.training.strategies.check_deepspeed = lambda *a, **k: None
     patch = os.environ.get("SPP_TEST_PATCH", "")
     if patch == "no_buffers":
         spp.training.strategies.broadcast_buffers = lambda model, ctx: None

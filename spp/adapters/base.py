@@ -16,7 +16,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 from torch import nn
 
-from spp.adapters.config import DTYPES, AdapterConfig
+from spp.adapters.config import AdapterConfig
 from spp.projections import matches
 
 Masks = dict[str, torch.Tensor]
@@ -32,7 +32,7 @@ Full = Callable[[torch.Tensor], torch.Tensor]
 Shapes = dict[str, tuple[int, int]]
 """``(in_features, out_features)`` of the adapted projections of one decoder block, by leaf name (``q_proj``)."""
 
-__all__ = ["DTYPES", "AdapterMethod", "ExternalParameters", "Full", "Masks", "MergedLayer", "ParamCounts", "Shapes",
+__all__ = ["AdapterMethod", "ExternalParameters", "Full", "Masks", "MergedLayer", "ParamCounts", "Shapes",
            "count_parameters", "freeze_all", "linear_tensors", "set_submodule", "target_linears"]
 
 

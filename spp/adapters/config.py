@@ -15,6 +15,7 @@ from typing import ClassVar
 import torch
 
 from spp.choices import Choice
+from spp.models.config import DTYPES
 from spp.projections import DEFAULT_TARGETS
 
 
@@ -25,11 +26,6 @@ class ParamDtype(Choice):
     bfloat16 = "bfloat16"
     float16 = "float16"
     float64 = "float64"
-
-
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
-}
 
 
 @dataclass

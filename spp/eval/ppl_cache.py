@@ -25,8 +25,8 @@ from spp.eval.config import EvalConfig
 from spp.eval.perplexity import HUB_WIKITEXT2, perplexity, source_file
 from spp.models.config import ModelConfig
 from spp.models.loading import model_identity
+from spp.paths import file_sha256
 from spp.pruning.cache import cache_key as pruning_cache_key
-from spp.pruning.cache.store import sha256_file
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 
 PPL_CACHE_VERSION = "3"
@@ -75,7 +75,7 @@ def data_key(source: str, data_dir: str | os.PathLike[str] | None = None) -> dic
     if path is None:
         return {"reader": HUB_WIKITEXT2, "file_sha256": ""}
     reader = "c4" if source == "c4" else ("txt" if path.suffix == ".txt" else "rows")
-    return {"reader": reader, "file_sha256": sha256_file(path)}
+    return {"reader": reader, "file_sha256": file_sha256(path)}
 
 
 def ppl_cache_parts(weights: str, eval_cfg: EvalConfig, data_dir: str | os.PathLike[str] | None = None) -> dict:

@@ -30,7 +30,7 @@ from spp.adapters.registry import get_method, method_names, methods_in_table_ord
 from spp.atomic import write_text_atomic
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.perplexity import paired_difference
-from spp.experiments.collect import (
+from spp.experiments.collect_summaries import (
     PRUNER_LABELS,
     Run,
     RunKey,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.experiments.campaign import Z95, group_campaign, load_campaign, method_labels, model_label
-from spp.experiments.collect import sparsity_label
+from spp.experiments.collect_summaries import sparsity_label
 
 
 def draw(roots: list[str | Path], out: str | Path) -> Path:

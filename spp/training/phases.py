@@ -29,7 +29,6 @@ from spp.data.alpaca import AlpacaDataModule
 from spp.distributed import local_device
 from spp.errors import UserError
 from spp.models.loading import load_tokenizer
-from spp.preflight import settings_of
 from spp.quiet import quiet_lightning
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
 from spp.training.callbacks.guards import GuardsCallback
@@ -38,6 +37,7 @@ from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit
 from spp.training.config import ProgressBar, TrainJobConfig
 from spp.training.module import SPPModule
 from spp.training.objectives import build_objective
+from spp.training.resume_checks import settings_of
 from spp.training.strategies import decoder_layer_class, gather_trainable, is_sharded
 from spp.training.trainer import build_trainer, peak_memory, progress_mode, train_seconds
 

@@ -12,7 +12,6 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
-from spp.atomic import write_json_atomic
 from spp.eval.perplexity import gap_closed
 from spp.training.callbacks.pruning import PrunedModel
 from spp.training.config import SweepObjective, TrainJobConfig
@@ -171,11 +170,6 @@ def output_lines(summary: dict[str, Any]) -> list[str]:
     if summary.get("status") == "diverged":
         lines.append(f"status: diverged ({'; '.join(summary.get('diverged') or [])}); merged model not exported")
     return lines
-
-
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
-    """Write ``summary.json`` atomically."""
-    return write_json_atomic(run_dir / "summary.json", summary)
 
 
 def print_results(summary: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ from spp.errors import UserError
 from spp.models.config import ModelConfig
 from spp.models.loading import model_identity
 from spp.models.offload import OffloadedModel
+from spp.paths import file_sha256
 from spp.pruning.cache.lock import check_locks_span_nodes, entry_lock
 from spp.pruning.cache.store import (
     MANIFEST_FILE,
@@ -41,7 +42,6 @@ from spp.pruning.cache.store import (
     EntryWriter,
     list_entries,
     remove_entry,
-    sha256_file,
 )
 from spp.pruning.calibration_data import resolve_calibration_file
 from spp.pruning.config import CACHE_KEY, UNORDERED, CalibrationConfig, PrunerConfig, SparsityConfig
@@ -124,7 +124,7 @@ def cache_key(
     if needs_calibration(pruner):
         calib = dataclasses.asdict(calibration)
         calib.pop("batch_size")
-        calib["file_sha256"] = sha256_file(resolve_calibration_file(calibration, data_dir))
+        calib["file_sha256"] = file_sha256(resolve_calibration_file(calibration, data_dir))
         key["calibration"] = calib
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     return key, digest

@@ -29,6 +29,7 @@ from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
 from spp.atomic import publish
+from spp.paths import file_sha256
 
 STATE_FILE = "state.safetensors"
 MANIFEST_FILE = "manifest.json"
@@ -38,15 +39,6 @@ WEIGHT_PREFIX = "weight::"
 
 class CorruptEntryError(RuntimeError):
     """A cache entry is incomplete, fails its checksum or does not fit the model."""
-
-
-def sha256_file(path: Path, chunk: int = 1 << 24) -> str:
-    """Hex sha256 of a file, read in 16 MiB chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -183,7 +175,7 @@ class EntryReader:
         for name in self.files:
             if not (entry / name).is_file():
                 raise CorruptEntryError(f"cache entry {entry} has no {name}")
-        if sha256_file(entry / STATE_FILE) != self.files[STATE_FILE]:
+        if file_sha256(entry / STATE_FILE) != self.files[STATE_FILE]:
             raise CorruptEntryError(f"cache entry {entry}: {STATE_FILE} fails its sha256 checksum")
         try:
             self._state = safe_open(str(entry / STATE_FILE), framework="pt")

@@ -1,6 +1,6 @@
 """Run guards: stop training at the first non-finite loss or gradient norm, or when the loss has blown up far above
 its starting value for several steps, naming the step and learning rate; and stamp every checkpoint with the
-settings it was written with (checked by ``spp.preflight.check_resume``)."""
+settings it was written with (checked by ``spp.training.resume_checks.check_resume``)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class GuardsCallback(Callback):
     count travel in checkpoints (``state_dict``), so a resumed run keeps them.
 
     Args:
-        settings: Stored as ``checkpoint["spp_settings"]`` (``spp.preflight.settings_of``).
+        settings: Stored as ``checkpoint["spp_settings"]`` (``spp.training.resume_checks.settings_of``).
         guards: The ``guards`` group; ``None`` = its defaults.
     """
 

@@ -13,7 +13,7 @@ from torch import nn
 from spp.adapters.base import AdapterMethod, Masks, MergedLayer, linear_tensors
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.lora.config import LoRAConfig
-from spp.adapters.methods.lora.lora_star import (
+from spp.adapters.methods.lora.remask import (
     LayerRemaskStats,
     RemaskStats,
     inject_lora,

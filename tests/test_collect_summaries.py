@@ -1,4 +1,4 @@
-"""``spp.experiments.collect``: synthetic ``summary.json`` files → the exact paper-shaped Markdown tables."""
+"""``spp.experiments.collect_summaries``: synthetic ``summary.json`` files → the exact paper-shaped Markdown tables."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from spp.experiments import collect
+from spp.experiments import collect_summaries as collect
 
 TASKS = ("spp_boolq", "spp_rte", "spp_hellaswag", "spp_winogrande", "spp_arc_easy", "spp_arc_challenge",
          "spp_openbookqa")
@@ -42,7 +42,7 @@ def summary(
     lr: float = 0.004,
     **adapter_fields: Any,
 ) -> dict[str, Any]:
-    """A ``summary.json`` with only the fields ``collect.py`` reads (same layout as ``train.py`` writes)."""
+    """A ``summary.json`` with only the fields ``collect_summaries.py`` reads (same layout as ``train.py`` writes)."""
     ad = {"name": adapter, "r": r, "use_beta": True, "alpha_init": "kaiming", "beta_init": "zeros",
           "residual": True, **adapter_fields}
     metrics = {t: {"acc": a, "acc_norm": a} for t, a in zip(TASKS, accs or (), strict=False)}

@@ -1,6 +1,6 @@
 """Merge several ``results.json`` files (one per evaluated model) into one Table-2-shaped Markdown table.
 
-Use: ``python -m spp.eval.collect --out experiments/results/table.md run_a/results.json run_b/results.json``
+Use: ``python -m spp.eval.collect_results --out experiments/results/table.md run_a/results.json run_b/results.json``
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Parameter accounting of paper Table 1: ``python -m spp.params [--r 16] [--models llama7b ...]``.
+"""Parameter accounting of paper Table 1: ``python -m spp.table1_params [--r 16] [--models llama7b ...]``.
 
 Each architecture is built on the meta device (no memory, nothing downloaded) from the ``arch`` block of
 ``conf/model/<name>.yaml`` and injected with SPP; a layer with an m x n weight adds ``m + r n`` parameters.

@@ -1,7 +1,7 @@
 """Collect the ``summary.json`` files of a sweep into the paper-shaped Markdown table of one paper table.
 
-Use: ``python -m spp.experiments.collect table6 <sweep dir> --out experiments/results/table6_ablations.md`` (or
-``python experiments/collect.py ...``).
+Use: ``python -m spp.experiments.collect_summaries table6 <sweep dir> --out experiments/results/table6_ablations.md``
+(or ``python experiments/collect_summaries.py ...``).
 
 Every ``summary.json`` below the given directories (any depth, as Hydra multirun writes them) is one run. Runs
 that differ only in ``seed`` are one row: the cell is the mean, with ``± std`` (sample standard deviation) when
@@ -444,7 +444,8 @@ def collect(table: str, roots: Iterable[str | Path], title: str | None = None, c
         ValueError: an unknown table id (names the accepted ids).
     """
     if table not in TABLES:
-        raise ValueError(f"unknown table {table!r}: use one of {', '.join(TABLE_IDS)} (Table 1: python -m spp.params)")
+        raise ValueError(f"unknown table {table!r}: use one of {', '.join(TABLE_IDS)} "
+                         "(Table 1: python -m spp.table1_params)")
     runs = [load_run(p) for p in find_summaries(roots)]
     default_title, render = TABLES[table]
     parts = [f"# {title or default_title}", ""]

@@ -1,0 +1,88 @@
+"""The preflight of the commands: everything ``train.py`` / ``prune.py`` can check before loading a weight."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from spp.adapters.registry import get_method
+from spp.atomic import check_writable_dir
+from spp.deepspeed_support import check_deepspeed
+from spp.errors import UserError
+from spp.planning.job import check_job
+from spp.preflight.data_files import check_calibration, check_data_source, check_ppl_sources
+from spp.preflight.model_files import model_arch
+from spp.preflight.shapes import check_shapes, check_targets
+from spp.pruning.registry import get_pruner, needs_calibration
+from spp.training.resume_checks import check_resume
+
+CACHE_DIR_FIX = "point cache_dir= (or the SPP_CACHE_DIR environment variable) at a directory you can write to"
+
+
+def check_positive(values: dict[str, float]) -> None:
+    """Each value finite and > 0 (scales, learning rates)."""
+    for key, value in values.items():
+        if value is None or not math.isfinite(float(value)) or float(value) <= 0:
+            raise UserError(f"{key}={value} must be a finite number > 0", f"set {key} to a positive number",
+                            key=key)
+
+
+def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
+    """Everything ``train.py`` can check before loading a weight; returns the model's arch fields."""
+    if get_method(job.adapter.name).trains:
+        check_deepspeed(job.strategy, job.trainer.accelerator, get_method(job.adapter.name))
+    check_pruner(job.pruner, job.sparsity)
+    arch = model_arch(job.model)
+    check_positive({"trainer.lr": job.trainer.lr})
+    seqlens = {"data.max_length": job.data.max_length}
+    if job.pruner.name != "none" and not job.sparsity.is_dense:
+        seqlens["calibration.seqlen"] = job.calibration.seqlen
+    if job.eval.ppl:
+        seqlens["eval.seqlen"] = job.eval.seqlen
+    check_shapes(arch, adapter=job.adapter, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
+    check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity, adapter=job.adapter)
+    check_job(job, arch)  # the memory plan: every phase fits this machine's GPUs and host memory (docs/plan.md)
+    if get_method(job.adapter.name).trains:
+        check_data_source(job.data.source, job.data_dir)
+    if job.pruner.name != "none" and not job.sparsity.is_dense and needs_calibration(job.pruner):
+        check_calibration(job.calibration, job.data_dir)
+    if job.eval.ppl:
+        check_ppl_sources([job.eval.ppl_source, *job.eval.extra_ppl_sources], job.data_dir)
+    if resume:
+        check_resume(job, resume)
+    caches = ["pruning"] if job.pruner.name != "none" and not job.sparsity.is_dense else []
+    check_cache_dirs(job.cache_dir, caches + (["ppl"] if job.eval.ppl and (job.dense_ppl or job.pruned_ppl) else []))
+    return arch
+
+
+def preflight_prune(job: Any) -> dict[str, Any]:
+    """Everything ``prune.py`` can check before loading a weight."""
+    arch = model_arch(job.model)
+    check_pruner(job.pruner, job.sparsity)
+    calibrates = needs_calibration(job.pruner)
+    seqlens = {"calibration.seqlen": job.calibration.seqlen} if calibrates else {}
+    check_shapes(arch, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
+    check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity)
+    if calibrates:
+        check_calibration(job.calibration, job.data_dir)
+    if job.use_cache and job.pruner.name != "none" and not job.sparsity.is_dense:
+        check_cache_dirs(job.cache_dir, ["pruning"])
+    return arch
+
+
+def check_pruner(pruner: Any, sparsity: Any) -> None:
+    """The pruner exists (a plug-in's only when ``SPP_PLUGINS`` names its folder) and accepts the pattern
+    (:meth:`spp.pruning.base.Pruner.check`: SparseGPT's ``blocksize`` vs ``sparsity.m``)."""
+    if pruner.name == "none" or sparsity.is_dense:
+        return
+    try:
+        get_pruner(pruner).check(sparsity)
+    except ValueError as err:
+        raise UserError.from_message(str(err)) from err
+
+
+def check_cache_dirs(cache_dir: str, subdirs: list[str]) -> None:
+    """The caches the job will write (``<cache_dir>/pruning``, ``<cache_dir>/ppl``) are writable directories."""
+    for sub in subdirs:
+        check_writable_dir(Path(cache_dir).expanduser() / sub, "cache_dir", CACHE_DIR_FIX, value=cache_dir)
