@@ -94,12 +94,11 @@ def unknown_override(keys: Sequence[str], schema: type, config_name: str | None 
         parts = key.split(".")
         if "/" in key or (parts[0] in groups and len(parts) == 1) or parts[0] == "hydra" or not all(parts):
             continue
-        err = _schema_error(parts, schema)
-        if err is None:
-            continue
-        if len(parts) > 1 and dataclasses.is_dataclass(fields.get(parts[0])) and config_name is not None:
+        err = _schema_error(parts, schema)  # an untyped key passes when any option's schema declares it
+        nested = len(parts) > 1 and dataclasses.is_dataclass(fields.get(parts[0])) and config_name is not None
+        if nested and (err is not None or group_schemas(parts[0])):  # so a group of typed options asks the chosen one
             err = option_key_error(config_name, parts[0], parts[1:], overrides)
-        elif len(parts) == 1:  # a top-level key may also be a misspelled group (experimnt=tiny_smoke)
+        elif len(parts) == 1 and err is not None:  # a top-level key may be a misspelled group (experimnt=x)
             names = set(fields) | groups - {"hydra"}
             close = difflib.get_close_matches(key, sorted(names), n=1)
             if close:
