@@ -179,7 +179,7 @@ def test_generate_names_the_folder_without_tokenizer_files(outcomes):
 
 
 def test_generate_takes_the_tokenizer_from_the_tokenizer_key(tmp_path):
-    import generate
+    from spp.commands.generate import generate_one
     from spp.generation import GenerateJobConfig
     from spp.models.config import ModelConfig
     from spp.models.tiny import tiny_tokenizer
@@ -188,7 +188,7 @@ def test_generate_takes_the_tokenizer_from_the_tokenizer_key(tmp_path):
     merged = _merged_without_tokenizer(tmp_path / "merged")
     job = GenerateJobConfig(model=ModelConfig(name="m", path=str(merged), torch_dtype="float32"), max_new_tokens=2,
                             tokenizer=str(tmp_path / "tokenizer"), device="cpu")
-    result = generate.run(job, tmp_path / "gen.json")
+    result = generate_one(job, tmp_path / "gen.json")
     assert result.new_tokens > 0 and (tmp_path / "gen.json").is_file()
 
 

@@ -1,0 +1,79 @@
+"""The entry point the four commands share: each root script is ``main = hydra_entry(COMMAND)`` and calls it.
+
+In this order: environment defaults (set before the libraries that read them are imported: the root scripts
+import this module first, and ``import spp`` imports nothing), the ``spp_help`` resolver for ``--help``, the
+command's Hydra schemas, the plug-ins of ``SPP_PLUGINS`` and the check of the command line's keys against the
+command's schema (:func:`spp.overrides.checked_overrides`, before Hydra composes), Hydra's own ``@hydra.main``
+on ``conf/``, then, for each job Hydra runs, the conversion of the composed config into the typed job
+(:func:`spp.errors.to_job`) and ``run(job)`` inside :func:`spp.errors.cli_errors` (a user's error: one
+``<script>: error: ...`` line, exit status 2). ``run``'s return value goes back to Hydra (a sweeper's objective).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if not os.isatty(2):  # stderr is a file or a pipe: no redrawn tqdm bars in it (tqdm reads TQDM_* at import)
+    os.environ.setdefault("TQDM_DISABLE", "1")
+
+import dataclasses  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import hydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from spp.cli_help import register_help  # noqa: E402
+from spp.errors import cli_errors, to_job  # noqa: E402
+from spp.overrides import checked_overrides  # noqa: E402
+from spp.paths import CONF_DIR  # noqa: E402
+
+
+def _nothing() -> None:
+    """The default :attr:`Command.register`: nothing to store."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One command: what :func:`main` needs to run it."""
+
+    script: str
+    """The root script (``train.py``): every error line starts with it; its stem is Hydra's job name."""
+    config_name: str
+    """The primary config in ``conf/`` (``train``, ``prune``, ``evaluate``, ``generate``)."""
+    schema: type
+    """The typed job config (a dataclass) the composed config is converted into, checked against."""
+    run: Callable[[Any], Any]
+    """Runs one typed job; its return value goes back to Hydra (what a sweeper optimizes)."""
+    register: Callable[[], None] = _nothing
+    """Stores the command's schemas (and resolvers) for Hydra; runs before the plug-ins load and Hydra composes."""
+
+
+def hydra_output_dir() -> Path:
+    """The output directory Hydra chose for this job (``hydra.run.dir``, or a sweep job's folder)."""
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def hydra_entry(command: Command) -> Callable[..., Any]:
+    """The command's ``@hydra.main`` function, wrapped by :func:`spp.overrides.checked_overrides`.
+
+    Call it with no argument to run the command line in ``sys.argv`` (or with a composed config, Hydra's
+    ``cfg_passthrough``). ``conf/`` is given as an absolute path: Hydra reads a relative ``config_path`` against
+    the file that declares the function, which is this one, not the root script.
+    """
+    command.register()
+    register_help()
+
+    def main(cfg: DictConfig) -> Any:
+        with cli_errors(command.script):
+            return command.run(to_job(cfg, command.schema))
+
+    # Hydra names the job (hydra.job.name, the <name>.log file) after the task function's module: the script's.
+    main.__module__ = Path(command.script).stem
+    main.__doc__ = f"Hydra's task for {command.script}: convert the composed config once, then run the job."
+    task = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=command.config_name)(main)
+    return checked_overrides(command.script, command.schema)(task)
+

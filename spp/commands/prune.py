@@ -1,0 +1,29 @@
+"""``prune.py``: prune a model alone and write it, with its mask summary, report and timings.
+
+:func:`run` checks the job (:func:`spp.preflight.preflight_prune`), takes the output folder's lock and runs
+:func:`spp.pruning.job.run`; the job config is :class:`spp.pruning.config.PruneJobConfig`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spp.atomic import remove_stale_temporaries
+from spp.commands.entry import Command, hydra_output_dir
+from spp.preflight.jobs import preflight_prune
+from spp.pruning.config import PruneJobConfig, register_prune_configs
+from spp.pruning.job import run as prune_job
+from spp.run_lock import hold_run_dir
+
+
+def run(job: PruneJobConfig) -> None:
+    """Check the job before any load, then prune into ``output_dir`` (else Hydra's run directory)."""
+    preflight_prune(job)
+    out_dir = Path(job.output_dir or hydra_output_dir())
+    with hold_run_dir(out_dir, "output_dir"):  # one job per output folder (spp.run_lock)
+        remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
+        prune_job(job, out_dir)
+
+
+COMMAND = Command("prune.py", "prune", PruneJobConfig, run, register_prune_configs)
+"""``python prune.py ...``: composes ``conf/prune.yaml`` into :class:`PruneJobConfig` and runs :func:`run`."""

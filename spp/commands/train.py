@@ -1,0 +1,127 @@
+"""``train.py``: prune → attach the adapter → train → merge, audit, export → evaluate, as one job.
+
+:func:`run` is the command (``plan=true``: :func:`show_plan`; else the sweep checks and :func:`run_job`);
+:func:`run_job` is the job as one call (tests and notebooks import it as ``train.run_job``). The phases themselves
+live in ``spp/training/phases.py`` (``fit``: pruning in the Trainer's setup callback, then training) and
+``spp/training/finalize.py`` (adapter files, the merged export, its evaluation, the guards); ``train.py``'s
+docstring walks through them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import Callback
+from omegaconf import OmegaConf
+
+from spp.atomic import remove_stale_temporaries, write_json_atomic
+from spp.commands.entry import Command
+from spp.distributed import DistContext, close_process_group
+from spp.errors import DivergedError
+from spp.eval.tables import final_metrics
+from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags, save_and_print_config
+from spp.paths import data_provenance, forget_data_reads
+from spp.planning.job import plan_output
+from spp.preflight.jobs import preflight_train
+from spp.preflight.model_files import model_arch
+from spp.run_lock import hold_run_dir, is_job_leader
+from spp.sweeps import require_objective_recorded, require_validation_objective
+from spp.training.callbacks.adapter_checkpoint import resolve_resume
+from spp.training.config import TrainJobConfig, register_configs
+from spp.training.finalize import FinalizeResult, finalize
+from spp.training.phases import fit, job_device
+from spp.training.report import build_summary, print_results, sweep_objective
+from spp.training.val_schedule import no_validation_reason
+
+
+def run(job: TrainJobConfig) -> float | None:
+    """Run one job; returns ``sweep_objective`` (by default the last validation loss) for Hydra sweepers."""
+    if job.plan:
+        return show_plan(job)
+    require_validation_objective(str(job.sweep_objective))  # an Optuna sweep selects on validation data only
+    require_objective_recorded(str(job.sweep_objective), lambda: no_validation_reason(job))  # ... and needs one
+    summary = run_job(job)
+    return sweep_objective(summary, job.sweep_objective) if summary else None
+
+
+def run_dir_of(job: TrainJobConfig) -> Path:
+    """``run_dir`` from the config, else Hydra's job output directory, else ``outputs/train``."""
+    if job.run_dir:
+        return Path(job.run_dir).expanduser().resolve()
+    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path("outputs/train").resolve()
+
+
+def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dict | None:
+    """Run ``fit`` (pruning in the Trainer's setup callback, then training) → ``finalize`` and report; returns the
+    summary on global rank 0 (``None`` elsewhere).
+
+    After the preflight, the job's leader holds ``<run_dir>/.spp-run.lock`` until its last file is written: a
+    second job on the same ``run_dir`` is refused in one line (``spp.run_lock``), before any clean-up or load.
+    """
+    start = time.perf_counter()
+    run_dir = run_dir_of(job)
+    forget_data_reads()
+    preflight_train(job, resolve_resume(job.trainer.resume_from, run_dir / "checkpoints"))
+    with hold_run_dir(run_dir, "run_dir"):
+        return _run_locked(job, run_dir, callbacks, start)
+
+
+def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | None, start: float) -> dict | None:
+    """The three phases and the report, inside the run directory's lock (:func:`run_job`)."""
+    if is_job_leader():
+        remove_stale_temporaries(run_dir, [Path(job.cache_dir).expanduser() / "pruning",
+                                           Path(job.cache_dir).expanduser() / "ppl"])
+        save_and_print_config(OmegaConf.structured(job), run_dir, show=job.print_config)
+    wandb = job.logger.wandb
+    rank = getattr(job.adapter, "r", None)  # the methods with a rank (spp, lora, ...) name it in the run
+    ids = run_tags(job.model.name, job.pruner.name, job.sparsity.name, job.adapter.name, rank, wandb)
+    loggers = build_loggers(job.logger, run_dir, ids)
+    try:
+        pruned, fitted = fit(job, run_dir, loggers, callbacks)
+        final = finalize(job, pruned, fitted, run_dir, DistContext.current(job_device(job)))
+        close_process_group()
+        if not fitted.is_global_zero:
+            return None
+        timings = {**pruned.seconds, "train": fitted.seconds, **{f"finalize_{k}": v for k, v in final.seconds.items()},
+                   "total": round(time.perf_counter() - start, 2)}
+        summary = build_summary(job, run_dir, ids, pruned, fitted, final, timings)
+        summary.update(status=final.status, diverged=final.diverged, data_files=data_provenance())
+        log_final_metrics(loggers, final_metrics(summary), step=fitted.steps)
+    finally:
+        finish_wandb()
+    write_json_atomic(run_dir / "summary.json", summary)
+    print_results(summary)
+    _raise_failure(final, run_dir)
+    return summary
+
+
+def _raise_failure(final: FinalizeResult, run_dir: Path) -> None:
+    """Raise a failed export's error (e.g. the disk is full: summary.json says ``export_failed``), or
+    :class:`DivergedError` for a run the guards refused (summary.json says ``diverged``)."""
+    if final.export_error is not None:
+        raise final.export_error
+    if final.diverged:
+        raise DivergedError(f"the run diverged: {'; '.join(final.diverged)} (summary.json status: diverged; merged "
+                            f"model not exported; adapter and checkpoints kept in {run_dir})",
+                            "lower trainer.lr, or raise guards.max_ppl_ratio / set guards.enabled=false to accept it",
+                            key="guards")
+
+
+def show_plan(job: TrainJobConfig) -> None:
+    """``plan=true``: print the memory and time plan (``docs/plan.md``) from the model's config alone, write it as
+    JSON to ``plan_json`` when given (``-``: stdout, instead of the table); nothing else runs."""
+    text, data = plan_output(job, model_arch(job.model))
+    if job.plan_json == "-":
+        print(json.dumps(data, indent=1))
+        return
+    print(text, end="")
+    if job.plan_json:
+        write_json_atomic(Path(job.plan_json).expanduser(), data)
+        print(f"plan written: {job.plan_json}")
+
+
+COMMAND = Command("train.py", "train", TrainJobConfig, run, register_configs)
+"""``python train.py ...``: composes ``conf/train.yaml`` into :class:`TrainJobConfig` and runs :func:`run`."""
