@@ -197,6 +197,33 @@ def option_rows(job: type, root: DictConfig | None) -> list[tuple[str, str, str]
     return rows
 
 
+def key_rows(job: type, curated: tuple[tuple[str, str], ...],
+             option: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The curated keys with their examples, then the chosen options' other keys. A curated key of one option
+    (``adapter.r`` of ``adapter=spp``) is shown while that option is chosen; a key no schema declares raises."""
+    mine = {key: doc for key, doc, _ in option}
+    rows = []
+    for key, example in curated:
+        if key in mine:
+            rows.append((key, mine.pop(key), example))
+        elif not _option_key(job, key):
+            rows.append((key, key_doc(job, key), example))  # KeyError for a key of no schema
+    return rows + [(key, doc, "") for key, doc in mine.items()]
+
+
+def _option_key(job: type, key: str) -> bool:
+    """Whether ``key`` (``adapter.r``) is a field of a subclass of its group's schema (an option's own key)."""
+    group, _, leaf = key.partition(".")
+    declared = _field_type(job, group)
+    pending = list(declared.__subclasses__()) if declared is not None else []
+    while pending:
+        cls = pending.pop()
+        pending += cls.__subclasses__()
+        if dataclasses.is_dataclass(cls) and leaf in {f.name for f in dataclasses.fields(cls)}:
+            return True
+    return False
+
+
 def option_line(group: str, option: str) -> str:
     """The first comment sentence of an option file (after ``@package``), its ``Use:`` part dropped."""
     lines = []
@@ -278,8 +305,7 @@ def render(name: str, root: DictConfig | None = None) -> str:
     out += ["", "== Keys (key  value now  what it does; e.g.) =="]
     top = attribute_docs(job)
     rows = [(f.name, top.get(f.name, ""), "") for f in dataclasses.fields(job) if _field_type(job, f.name) is None]
-    rows += [(key, key_doc(job, key), example) for key, example in cmd.keys]
-    rows += option_rows(job, root)
+    rows += key_rows(job, cmd.keys, option_rows(job, root))
     for key, doc, example in rows:
         text = first_sentence(doc, at_least=60) + (f" e.g. {key}={example}" if example else "")
         value = _value(root, key)
