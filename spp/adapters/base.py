@@ -8,6 +8,7 @@ A method is one folder (``spp/adapters/methods/<name>/``, or a plug-in's folder 
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from torch import nn
 
 from spp.adapters.config import AdapterConfig
+from spp.errors import UserError
 from spp.projections import matches
 
 Masks = dict[str, torch.Tensor]
@@ -65,6 +67,29 @@ def count_parameters(model: nn.Module) -> ParamCounts:
         else:
             frozen += p.numel()
     return ParamCounts(trainable, frozen)
+
+
+class LinearWrapper(nn.Module):
+    """A layer wrapping a frozen ``self.base`` linear: its shape and tensors read through (``layer.weight`` is the
+    pruned weight, as code that inspects ``nn.Linear`` attributes expects)."""
+
+    base: nn.Module
+
+    @property
+    def in_features(self) -> int:
+        return self.base.in_features
+
+    @property
+    def out_features(self) -> int:
+        return self.base.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.base.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
 
 
 class MergedLayer(NamedTuple):
@@ -120,6 +145,12 @@ class AdapterMethod(ABC):
         Raises:
             spp.errors.UserError: the files do not belong to this method or to this model (naming ``adapter_dir``).
         """
+
+    def wrong_adapter_dir(self, directory: Path, err: Exception) -> UserError:
+        """The one-line refusal of :meth:`load` when ``directory`` does not hold this method's files for this
+        model (``err`` says what is wrong)."""
+        return UserError(f"adapter_dir={str(directory)!r}: {err}", f"point adapter_dir= at the adapter folder of an "
+                         f"adapter={self.name} run on this pruned model", key="adapter_dir", path=directory)
 
     # ----------------------------------------------------------------------------------------- views of a layer
     def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
@@ -220,3 +251,22 @@ def target_linears(model: nn.Module, targets: tuple[str, ...] | list[str]) -> di
         raise ValueError(f"adapter.targets={list(targets)} match no nn.Linear of {type(model).__name__}; "
                          f"linear layer names present: {names}. Fix adapter.targets.")
     return found
+
+
+def read_adapter_files(directory: str | Path, meta_name: str, weights_name: str, fmt: str,
+                       what: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The JSON record ``meta_name`` (whose ``format`` must be ``fmt``) and the tensors of ``weights_name`` that a
+    method's ``save`` wrote into ``directory`` (bit-exact).
+
+    Raises:
+        FileNotFoundError: a file is missing. ValueError: the record is of another format.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(directory)
+    if not (path / meta_name).is_file() or not (path / weights_name).is_file():
+        raise FileNotFoundError(f"no {meta_name} and {weights_name} in {directory}; expected {what} adapter files")
+    meta = json.loads((path / meta_name).read_text())
+    if meta.get("format") != fmt:
+        raise ValueError(f"{path / meta_name} is not a {what} adapter (format={meta.get('format')!r})")
+    return meta, load_file(str(path / weights_name))

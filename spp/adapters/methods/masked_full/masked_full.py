@@ -24,10 +24,10 @@ import psutil
 import torch
 from torch import nn
 
-from spp.adapters.base import freeze_all
+from spp.adapters.base import freeze_all, target_linears
 from spp.adapters.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.atomic import write_file_atomic
-from spp.projections import DEFAULT_TARGETS, matches
+from spp.projections import DEFAULT_TARGETS
 from spp.version import __version__
 
 MASK_BUFFER = "masked_full_mask"
@@ -233,11 +233,7 @@ def inject_masked_full(
     targets = tuple([targets] if isinstance(targets, str) else targets)
     if masked_full_layers(model):
         raise ValueError("inject_masked_full: the model is already prepared for masked full fine-tuning")
-    found = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and matches(n, targets)}
-    if not found:
-        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"adapter.targets={list(targets)} match no nn.Linear of {type(model).__name__}; "
-                         f"linear layer names present: {names}. Fix adapter.targets.")
+    found = target_linears(model, targets)
     if masks:
         missing = sorted(set(found) - set(masks))
         if missing:

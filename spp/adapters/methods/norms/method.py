@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, Masks, freeze_all
+from spp.adapters.base import AdapterMethod, Masks, freeze_all, read_adapter_files
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.norms.config import NormsConfig
 from spp.atomic import write_file_atomic
-from spp.errors import UserError
 from spp.projections import DEFAULT_TARGETS, matches
 from spp.version import __version__
 
@@ -72,13 +71,8 @@ def load_norms(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.Modul
     Raises:
         FileNotFoundError: missing files. ValueError: another format, or names / shapes that differ from the model.
     """
-    path = Path(directory)
-    if not (path / META_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
-        raise FileNotFoundError(f"no {META_NAME} and {WEIGHTS_NAME} in {directory}; expected norms adapter files")
-    meta = json.loads((path / META_NAME).read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path / META_NAME} is not a norms adapter (format={meta.get('format')!r})")
-    params, state = dict(model.named_parameters()), load_file(str(path / WEIGHTS_NAME))
+    meta, state = read_adapter_files(directory, META_NAME, WEIGHTS_NAME, FORMAT, "norms")
+    params = dict(model.named_parameters())
     missing = sorted(set(state) - set(params))
     if missing:
         raise ValueError(f"{directory} holds tensors the model does not have (e.g. {missing[:3]}); load it on the "
@@ -118,8 +112,7 @@ class Norms(AdapterMethod):
         try:
             model, targets = load_norms(model, directory)
         except (FileNotFoundError, ValueError) as err:
-            raise UserError(f"adapter_dir={str(directory)!r}: {err}", "point adapter_dir= at the adapter folder of an "
-                            "adapter=norms run on this pruned model", key="adapter_dir", path=directory) from err
+            raise self.wrong_adapter_dir(directory, err) from err
         return model, NormsConfig(targets=targets)
 
 

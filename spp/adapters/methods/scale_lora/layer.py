@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
-from spp.adapters.base import freeze_all, set_submodule, target_linears
+from spp.adapters.base import LinearWrapper, freeze_all, read_adapter_files, set_submodule, target_linears
 from spp.adapters.chunks import row_chunks
 from spp.atomic import write_file_atomic
 from spp.version import __version__
@@ -91,7 +91,7 @@ class ScaleLoRAFunction(torch.autograd.Function):
                 g2.sum(0).to(ctx.bias_dtype) if need_bias else None)
 
 
-class ScaleLoRALinear(nn.Module):
+class ScaleLoRALinear(LinearWrapper):
     """A frozen (pruned) ``nn.Linear`` whose weight is scaled element-wise by ``B A`` (module docstring).
 
     Args:
@@ -115,22 +115,6 @@ class ScaleLoRALinear(nn.Module):
         init = 1.0 / math.sqrt(r)
         self.scale_lora_A = nn.Parameter(torch.full((r, base.in_features), init, dtype=pdt, device=w.device))
         self.scale_lora_B = nn.Parameter(torch.full((base.out_features, r), init, dtype=pdt, device=w.device))
-
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base.weight
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self.base.bias
 
     def extra_repr(self) -> str:
         return f"r={self.r}"
@@ -218,13 +202,7 @@ def load_scale_lora(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.
     Raises:
         FileNotFoundError: missing files. ValueError: another format, or layers / shapes that differ from the model.
     """
-    path = Path(directory)
-    if not (path / META_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
-        raise FileNotFoundError(f"no {META_NAME} and {WEIGHTS_NAME} in {directory}; expected ScaleLoRA adapter files")
-    meta = json.loads((path / META_NAME).read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path / META_NAME} is not a ScaleLoRA adapter (format={meta.get('format')!r})")
-    state = load_file(str(path / WEIGHTS_NAME))
+    meta, state = read_adapter_files(directory, META_NAME, WEIGHTS_NAME, FORMAT, "ScaleLoRA")
     inject_scale_lora(model, meta["targets"], r=int(meta["r"]), dtype=next(iter(state.values())).dtype)
     layers = scale_lora_layers(model)
     if sorted(layers) != meta["layers"]:

@@ -19,7 +19,6 @@ from spp.adapters.methods.scale_lora.layer import (
     merge_scale_lora,
     save_scale_lora,
 )
-from spp.errors import UserError
 
 
 class ScaleLoRA(AdapterMethod):
@@ -45,8 +44,7 @@ class ScaleLoRA(AdapterMethod):
         try:
             model, meta = load_scale_lora(model, directory)
         except (FileNotFoundError, ValueError) as err:
-            raise UserError(f"adapter_dir={str(directory)!r}: {err}", "point adapter_dir= at the adapter folder of an "
-                            "adapter=scale_lora run on this pruned model", key="adapter_dir", path=directory) from err
+            raise self.wrong_adapter_dir(directory, err) from err
         return model, ScaleLoRAConfig(targets=list(meta["targets"]), r=int(meta["r"]))
 
     def external_parameters(self, model: nn.Module) -> ExternalParameters:

@@ -20,7 +20,6 @@ from spp.adapters.methods.sparse_lora.layer import (
     merge_sparse_lora,
     save_sparse_lora,
 )
-from spp.errors import UserError
 
 
 class SparseLoRA(AdapterMethod):
@@ -49,8 +48,7 @@ class SparseLoRA(AdapterMethod):
             peft_cfg = LoraConfig.from_pretrained(str(directory))
             model = load_sparse_lora(model, directory, masks)
         except (FileNotFoundError, ValueError) as err:
-            raise UserError(f"adapter_dir={str(directory)!r}: {err}", "point adapter_dir= at the adapter folder of an "
-                            "adapter=sparse_lora run on this pruned model", key="adapter_dir", path=directory) from err
+            raise self.wrong_adapter_dir(directory, err) from err
         return model, SparseLoRAConfig(targets=sorted(peft_cfg.target_modules), r=peft_cfg.r,
                                        lora_alpha=float(peft_cfg.lora_alpha), dropout=float(peft_cfg.lora_dropout))
 

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from spp.adapters.base import LinearWrapper
 from spp.adapters.methods.spp.functional import (
     SPPFusedFunction,
     adapted_weight,
@@ -73,7 +74,7 @@ def _check_settings(label: str, m: int, r: int, impl: str, dropout: float, alpha
         )
 
 
-class SPPLinear(nn.Module):
+class SPPLinear(LinearWrapper):
     """Sparsity-preserved adapter around a frozen (pruned) linear layer (paper Sec. 3.2).
 
     Training forward (Eq. 6): ``y = base(x) + scale * dropout(x) @ W'^T`` with
@@ -147,23 +148,6 @@ class SPPLinear(nn.Module):
             _init_(self.spp_beta.data, beta_init)
         else:
             self.register_parameter("spp_beta", None)
-
-    # ----------------------------------------------------------------- forwarding to the base layer
-    @property
-    def in_features(self) -> int:
-        return self.base.in_features
-
-    @property
-    def out_features(self) -> int:
-        return self.base.out_features
-
-    @property
-    def weight(self) -> torch.Tensor:
-        return self.base.weight
-
-    @property
-    def bias(self) -> torch.Tensor | None:
-        return self.base.bias
 
     def extra_repr(self) -> str:
         return (f"r={self.r}, scale={self.scale}, dropout={self.dropout_p}, impl={self.impl!r}, "

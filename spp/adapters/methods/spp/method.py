@@ -60,8 +60,7 @@ class SPP(AdapterMethod):
             config = read_adapter_config(directory)
             model = load_adapter(model, directory)
         except (FileNotFoundError, ValueError) as err:
-            raise UserError(f"adapter_dir={str(directory)!r}: {err}", "point adapter_dir= at the SPP adapter folder "
-                            "of a run on this pruned model", key="adapter_dir", path=directory) from err
+            raise self.wrong_adapter_dir(directory, err) from err
         return model, SPPConfig(targets=list(config["targets"]), **config["layer_kwargs"])
 
     def preflight(self, cfg: AdapterConfig, shapes: Shapes | None) -> None:
