@@ -71,7 +71,7 @@ class Attributor:
         self._spp_state: dict[int, dict[str, Any]] = {}
 
     def _spp_part(self, ev: Any, node: Any, backward: bool) -> str:
-        """Parts inside SPPFusedFunction's forward / backward (see ``spp/adapters/spp/functional.py``)."""
+        """Parts inside SPPFusedFunction's forward / backward (see ``spp/adapters/methods/spp/functional.py``)."""
         st = self._spp_state.setdefault(id(node), {"mm": 0, "after_g": False})
         name = ev.name
         if name in ("aten::mm", "aten::addmm_", "aten::addmm"):

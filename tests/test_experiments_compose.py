@@ -31,8 +31,9 @@ def jobs(table: str, model: str) -> list:
 
 
 def _settings(cfg) -> tuple:
-    a = cfg.adapter
-    return (cfg.pruner.name, cfg.sparsity.name, a.name, a.r, a.use_beta, a.alpha_init, a.beta_init, a.residual)
+    a = cfg.adapter  # each method's own keys: adapter=none has no r, lora no use_beta
+    return (cfg.pruner.name, cfg.sparsity.name, a.name, *(a.get(k) for k in ("r", "use_beta", "alpha_init",
+                                                                              "beta_init", "residual")))
 
 
 @pytest.mark.parametrize("table", TABLES)

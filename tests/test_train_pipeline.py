@@ -138,7 +138,7 @@ def _offline_wandb(monkeypatch, tmp_path) -> tuple[list[str], dict]:
     """
     import wandb
 
-    import train as pipeline
+    import spp.commands.train as pipeline
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
