@@ -118,17 +118,21 @@ def run_tags(
     adapter: str,
     r: int | None = None,
     wandb_cfg: WandbLoggerConfig | None = None,
+    objective: str = "ce",
 ) -> RunIds:
     """Name, group and tags of a run from plain names.
 
     ``name = <model>-<pruner>-<sparsity>-<adapter>[-r<r>]`` (no rank for ``adapter="none"`` or ``r=None``),
     ``group = <model>-<pruner>-<sparsity>``, ``tags = [model, pruner, sparsity, adapter, r<r>]`` (``r<r>`` only
-    when ``r`` is given). A chosen W&B logger's ``name`` / ``group`` replace these and its ``tags`` extend them,
+    when ``r`` is given). A training objective other than the paper's ``ce`` is appended to the name and the tags
+    (``...-spp-r16-distill``). A chosen W&B logger's ``name`` / ``group`` replace these and its ``tags`` extend them,
     so ``summary.json`` names the run exactly as the dashboard does.
     """
     base = f"{model}-{pruner}-{sparsity}"
     label = adapter if adapter == "none" or r is None else f"{adapter}-r{r}"
-    tags = [model, pruner, sparsity, adapter, *([f"r{r}"] if r is not None else [])]
+    label += "" if objective == "ce" else f"-{objective}"
+    tags = [model, pruner, sparsity, adapter, *([f"r{r}"] if r is not None else []),
+            *([objective] if objective != "ce" else [])]
     ids = RunIds(name=f"{base}-{label}", group=base, tags=tags)
     if wandb_cfg is not None:
         ids["name"] = wandb_cfg.name or ids["name"]

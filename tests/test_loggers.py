@@ -38,6 +38,8 @@ def test_run_tags_from_plain_names_and_wandb_overrides():
     none = run_tags("tiny", "wanda", "nm2_4", "none", 16)
     assert none["name"] == "tiny-wanda-nm2_4-none" and none["tags"][-1] == "r16"
     assert run_tags("tiny", "none", "dense", "none")["tags"] == ["tiny", "none", "dense", "none"]  # no rank: no r tag
+    distill = run_tags("tiny", "wanda", "nm2_4", "spp", 8, objective="distill")  # not the paper's loss: named
+    assert distill["name"] == "tiny-wanda-nm2_4-spp-r8-distill" and distill["tags"][-1] == "distill"
     wb = WandbLoggerConfig(name="mine", group="table4", tags=["table4", "tiny"])
     over = run_tags("tiny", "wanda", "nm2_4", "lora", 8, wb)
     assert (over["name"], over["group"]) == ("mine", "table4")

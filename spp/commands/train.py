@@ -77,7 +77,8 @@ def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | 
         save_and_print_config(OmegaConf.structured(job), run_dir, show=job.print_config)
     wandb = job.logger.wandb
     rank = getattr(job.adapter, "r", None)  # the methods with a rank (spp, lora, ...) name it in the run
-    ids = run_tags(job.model.name, job.pruner.name, job.sparsity.name, job.adapter.name, rank, wandb)
+    ids = run_tags(job.model.name, job.pruner.name, job.sparsity.name, job.adapter.name, rank, wandb,
+                   objective=job.objective.name)
     loggers = build_loggers(job.logger, run_dir, ids)
     try:
         pruned, fitted = fit(job, run_dir, loggers, callbacks)
