@@ -38,6 +38,7 @@ class ScaledCE(Objective):
 '''
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_an_objective_from_a_plugin_folder_trains_tiny_smoke(tmp_path):
     folder = tmp_path / "scaled_ce"
     (folder / "conf" / "objective").mkdir(parents=True)

@@ -134,6 +134,7 @@ def test_train_prunes_with_the_plugin_fits_merges_audits_and_exports(plugin, tra
     assert manifest["pruning"]["pruner"] == "my_pruner", manifest["pruning"]
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_the_entry_is_reused_and_the_plugins_own_setting_is_in_the_key(plugin, trained) -> None:
     tmp, env = plugin
     again = train(tmp, env, "run2", "adapter=none")  # the same pruning in a second job: read from the entry

@@ -83,6 +83,7 @@ FSDP_COMMON = ["model=tiny", "debug=fast", "pruner=wanda", "sparsity=nm2_4", "ev
                "objective.temperature=2.0", "objective.ce_weight=0.5", f"data_dir={SAMPLE_DATA_DIR}"]
 
 
+@pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_distill_under_fsdp2_on_two_processes_matches_one_process(tmp_path):
     reference = run_job(load_job(compose_train([*FSDP_COMMON, f"run_dir={tmp_path / 'one'}",
                                                 f"cache_dir={tmp_path / 'cache'}"])))
