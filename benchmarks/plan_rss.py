@@ -33,7 +33,12 @@ def _write():
     out = os.environ.get("SPP_RSS_DIR")
     if out:
         rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
-        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux keeps this across exec: the parent's too
+        try:  # this process's own peak (VmHWM is per address space; a fork of a large parent does not count)
+            with open("/proc/self/status") as st:
+                kib = next(int(line.split()[1]) for line in st if line.startswith("VmHWM:"))
+        except (OSError, StopIteration):
+            pass
         with open(os.path.join(out, f"rss-{rank}-{os.getpid()}.json"), "w") as fh:
             json.dump({"rank": int(rank), "maxrss_mib": round(kib / 1024, 1)}, fh)
 atexit.register(_write)
