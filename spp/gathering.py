@@ -6,7 +6,7 @@ into its whole value. Three strategies keep parameters apart:
 
 - none (one process, DDP, DeepSpeed ZeRO-2): every rank holds every parameter whole (:class:`Gatherer`).
 - FSDP2: a parameter is a ``DTensor`` shard; ``full_tensor()`` gathers it (:class:`DTensorGatherer`).
-- DeepSpeed ZeRO-3: a parameter's ``data`` is an empty placeholder outside the forward/backward of the module
+- DeepSpeed ZeRO-3: a parameter's ``data`` is an empty tensor (numel 0) outside the forward/backward of the module
   that owns it; ``deepspeed.zero.GatheredParameters`` gathers a list of them (:class:`ZeroGatherer`).
 
 Each is a collective where the parameters are sharded: every rank must gather the same modules in the same order.

@@ -7,7 +7,7 @@
   model passes its blocks;
 * :meth:`~BlockRunner.block` onloads one block (rank 0's weights, broadcast), :meth:`~BlockRunner.run` pushes
   the batches through it;
-* :meth:`~BlockRunner.logits` runs the model's own forward with every block replaced by a stub that returns the
+* :meth:`~BlockRunner.logits` runs the model's own forward with every block replaced by a pass-through that returns the
   final hidden states, so the final norm, the LM head and anything an architecture adds after its blocks run
   unchanged.
 
