@@ -126,9 +126,9 @@ def main() -> None:
 def write_table(data: dict[str, Any]) -> None:
     """Put :func:`markdown` between the markers of ``docs/plan.md``."""
     doc = ROOT / "docs" / "plan.md"
-    head, rest = doc.read_text().split(BEGIN, 1)
-    _old, tail = rest.split(END, 1)
-    doc.write_text(head + BEGIN + markdown(data) + END + tail)
+    from spp.planning.report import replace_between
+
+    doc.write_text(replace_between(doc.read_text(), BEGIN, END, markdown(data)))
 
 
 

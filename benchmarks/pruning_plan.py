@@ -9,7 +9,6 @@ per device, estimated time. Computed from ``conf/model/*.yaml`` on the ``meta`` 
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from spp.planning.pruning import GIB, plan
+from spp.planning.report import replace_between, write_committed
 from spp.planning.shapes import shape_from_arch
 from spp.projections import DEFAULT_TARGETS
 
@@ -71,18 +71,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def with_table(doc: str, table: str) -> str:
     """``doc`` with the text between the plan's markers replaced by ``table``."""
-    head, rest = doc.split(BEGIN, 1)
-    _old, tail = rest.split(END, 1)
-    return head + BEGIN + table + END + tail
+    return replace_between(doc, BEGIN, END, table)
 
 
 def main() -> None:
     rows = plan_rows()
-    JSON_PATH.write_text(as_json(rows))
-    table = markdown(rows)
-    DOC_PATH.write_text(with_table(DOC_PATH.read_text(), table))
-    print(table, end="")
-    print(f"written: {JSON_PATH.relative_to(ROOT)}, the table in {DOC_PATH.relative_to(ROOT)}", file=sys.stderr)
+    write_committed(JSON_PATH, as_json(rows), DOC_PATH, BEGIN, END, markdown(rows))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ overrides are in every row) and planned on the ``meta`` device; nothing is loade
 from __future__ import annotations
 
 import json
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from spp.planning.hardware import GIB, GPU_NODE
 from spp.planning.job import plan_job
-from spp.planning.report import as_json, time_text
+from spp.planning.report import as_json, replace_between, time_text, write_committed
 from spp.preflight.model_files import model_arch
 from spp.training.config import load_job, register_configs
 
@@ -98,18 +97,12 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 
 def with_table(doc: str, table: str) -> str:
     """``doc`` with the text between the plan's markers replaced by ``table``."""
-    head, rest = doc.split(BEGIN, 1)
-    _old, tail = rest.split(END, 1)
-    return head + BEGIN + table + END + tail
+    return replace_between(doc, BEGIN, END, table)
 
 
 def main() -> None:
     rows = plan_rows()
-    JSON_PATH.write_text(as_text(rows))
-    table = markdown(rows)
-    DOC_PATH.write_text(with_table(DOC_PATH.read_text(), table))
-    print(table, end="")
-    print(f"written: {JSON_PATH.relative_to(ROOT)}, the table in {DOC_PATH.relative_to(ROOT)}", file=sys.stderr)
+    write_committed(JSON_PATH, as_text(rows), DOC_PATH, BEGIN, END, markdown(rows))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ from spp.adapters.base import ParamCounts, count_parameters
 from spp.adapters.registry import apply_adapter, get_method
 from spp.data.alpaca import AlpacaDataModule
 from spp.distributed import local_device
-from spp.errors import UserError
 from spp.models.loading import load_tokenizer
 from spp.quiet import quiet_lightning
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
@@ -64,23 +63,6 @@ class FitResult:
     sharded: bool = False
     deepspeed: bool = False
     train_parts: dict[str, list[float]] = field(default_factory=dict)
-
-
-@dataclass
-class FinalizeResult:
-    """The finalize phase's result: merge statistics, the merged model's audit and scores, and output paths."""
-
-    merge: dict[str, Any]
-    audit: dict[str, Any]
-    ppl: dict[str, Any] | None = None
-    zero_shot: dict[str, Any] | None = None
-    merged_dir: str | None = None
-    adapter_dir: str | None = None
-    seconds: dict[str, float] = field(default_factory=dict)
-    status: str = "ok"
-    diverged: list[str] = field(default_factory=list)
-    sample: dict[str, Any] | None = None
-    export_error: UserError | None = None
 
 
 def job_device(job: TrainJobConfig) -> torch.device:
