@@ -2,68 +2,37 @@
 as tiny random models built in code (2 blocks; GQA, biases, q/k norms, sliding windows, tied embeddings, fused and
 ``Conv1D`` projections where the family has them).
 
-Each cell: prune (one of the four pruners, unstructured 50 % or 2:4) -> the training adapter -> a few AdamW steps ->
-streamed export (merge + audit) -> every pruned weight zero in the files -> reload with ``AutoModelForCausalLM`` ->
-logits equal to the in-memory merged model's. The cells are pairwise, not the full product: every family meets every
-pruner, every training adapter and both patterns (:data:`CELLS`). ``eval.py``'s evaluation runs on one export per
-family. The README's "Supported models" table is generated from :data:`CELLS` (:func:`supported_table`).
+The cells (:data:`spp.bench.architectures.CELLS`): prune (one of the four pruners, unstructured 50 % or 2:4) -> the
+training adapter -> a few AdamW steps -> streamed export (merge + audit) -> every pruned weight zero in the files ->
+reload with ``AutoModelForCausalLM`` -> logits equal to the in-memory merged model's; pairwise, not the full
+product. ``eval.py``'s evaluation runs on one export per family, ``train.py`` on ``model=tiny_qwen3``. The README's
+"Supported models" table is the committed run of the same cells (``benchmarks/architectures.py``).
 """
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-from transformers import AutoModelForCausalLM
 
-from spp.adapters import apply_adapter, get_method, make_config
+from spp.adapters import apply_adapter, get_method, make_config, method_names
+from spp.bench.architectures import ADAPTERS, CELLS, FAMILIES, GROUPS, PATTERNS, PRUNERS, run_cell, supported_table
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.eval.config import EvalConfig
 from spp.eval.job_config import EvalJobConfig
 from spp.eval.runner import run_eval_job
-from spp.export.manifest import ExportManifest, adapter_record
-from spp.export.merged import ExportInputs, export_streamed
 from spp.models.config import ModelConfig
-from spp.models.tiny import TINY_FAMILIES, tiny_model, tiny_tokenizer
-from spp.paths import REPO_ROOT, SAMPLE_DATA_DIR
+from spp.models.tiny import tiny_model
+from spp.paths import CONF_DIR, REPO_ROOT, SAMPLE_DATA_DIR
 from spp.projections import block_projections, decoder_layers
-from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
 
-FAMILIES = list(TINY_FAMILIES)
-PRUNERS = ["magnitude", "wanda", "sparsegpt", "dsnot"]
-ADAPTERS = ["spp", "lora", "sparse_lora", "masked_full", "scale_lora", "norms"]
-PATTERNS = {"unstructured50": SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5),
-            "nm2_4": SparsityConfig(name="nm2_4", kind="nm", n=2, m=4)}
-EXAMPLES = {"llama": "Llama-3.x (GQA, rope scaling), LLaMA-1/2, SmolLM2", "qwen2": "Qwen2 / Qwen2.5 (q/k/v biases)",
-            "qwen3": "Qwen3 (q/k norms, mixed sliding/full attention)", "mistral": "Mistral (sliding window)",
-            "gemma2": "Gemma-2 (tied embeddings, soft-capping, extra norms)",
-            "phi3": "Phi-3 (fused qkv_proj, gate_up_proj)", "opt": "OPT (fc1/fc2, biases, ReLU)",
-            "gpt2": "GPT-2 (Conv1D projections, stored transposed)"}
-
-
-def _cells() -> list[tuple[str, str, str, str]]:
-    """(family, pruner, pattern, adapter): per family one cell per training adapter; the pruner and the pattern
-    rotate with the family so that each family meets all four pruners and both patterns."""
-    cells = []
-    for f, family in enumerate(FAMILIES):
-        for a, adapter in enumerate(ADAPTERS):
-            pruner = PRUNERS[(a + f) % len(PRUNERS)]
-            pattern = list(PATTERNS)[(a + f // 2) % 2]
-            cells.append((family, pruner, pattern, adapter))
-    return cells
-
-
-CELLS = _cells()
-CALIBRATION = CalibrationConfig(nsamples=4, seqlen=48, batch_size=2)  # seqlen > the tiny sliding windows (32)
-CONFIGS = {"spp": {"r": 16, "dropout": 0.0}, "lora": {"r": 8, "dropout": 0.0}, "sparse_lora": {"r": 8, "dropout": 0.0},
-           "masked_full": {}, "scale_lora": {"r": 8}, "norms": {}}
-
+PATTERN_CONFIGS = {"unstructured50": SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5),
+                   "nm2_4": SparsityConfig(name="nm2_4", kind="nm", n=2, m=4)}
 
 def test_the_cells_cover_every_family_pruner_adapter_and_pattern():
     for family in FAMILIES:
@@ -72,81 +41,22 @@ def test_the_cells_cover_every_family_pruner_adapter_and_pattern():
         assert {c[3] for c in mine} == set(ADAPTERS), family
         assert {c[2] for c in mine} == set(PATTERNS), family
     assert {(c[1], c[2]) for c in CELLS} == {(p, s) for p in PRUNERS for s in PATTERNS}
+    assert set(ADAPTERS) == {n for n in method_names() if get_method(n).trains}  # every training adapter
 
 
 def _batch(seed: int, n: int = 2, length: int = 40) -> torch.Tensor:
     return torch.randint(4, 260, (n, length), generator=torch.Generator().manual_seed(seed))
 
 
-def _train(model: torch.nn.Module, steps: int = 3) -> list[float]:
-    """A few AdamW steps on random tokens through the method's optimizer hook (lr large enough to move LoRA's B)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-2)
-    losses = []
-    model.train()
-    for step in range(steps):
-        ids = _batch(step)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        losses.append(float(loss.detach()))
-        opt.step()
-        opt.zero_grad()
-    model.eval()
-    return losses
-
-
-def _files(directory: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(file), "pt") as fh:
-            out.update({k: fh.get_tensor(k) for k in fh.keys()})
-    return out
-
-
 def _run_cell(family: str, pruner: str, pattern: str, adapter: str, out: Path) -> dict:
-    """One cell of the matrix; returns what it measured (asserting on the way)."""
-    model = tiny_model(seed=1, model_type=family)
-    conv1d = family == "gpt2"
-    tok = tiny_tokenizer()
-    result = prune_model(model, tok, PrunerConfig(name=pruner), PATTERNS[pattern], CALIBRATION,
-                         data_dir=str(SAMPLE_DATA_DIR), device="cpu")
-    projections = {f"{p}.{i}.{n}" for p, layers in [decoder_layers(model)] for i, b in enumerate(layers)
-                   for n in block_projections(b)}
-    assert set(result.masks) == projections, "every linear projection of every block is pruned"
-    cfg = make_config(adapter, **CONFIGS[adapter])
-    torch.manual_seed(0)
-    adapted, trainable = apply_adapter(model, cfg, result.masks)
-    assert trainable
-    before = {n: p.detach().clone() for n, p in adapted.named_parameters() if p.requires_grad}
-    _train(adapted)
-    moved = [n for n, p in adapted.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
-    assert moved, "training moved no adapter tensor"
-    method = get_method(adapter)
-    manifest = ExportManifest(adapter=adapter_record(cfg), dtype="torch.float32",
-                              pruning={"model": f"tiny_{family}", "pruner": pruner, "sparsity": pattern})
-    inputs = ExportInputs(method, result.zeros, tok, manifest, method.kept_zeros_may_change)
-    export_streamed(adapted, inputs, out, DistContext(device=torch.device("cpu")))
-    merged, _ = method.merge(copy.deepcopy(adapted), cfg, result.masks)
-    files = _files(out)
-    for name in result.masks:
-        keep = result.masks[name]
-        weight = files[f"{name}.weight"]
-        weight = weight.t() if conv1d else weight  # GPT-2's Conv1D layout [in, out] in the files
-        assert weight.shape == keep.shape, name
-        assert bool((weight[~keep] == 0).all()), f"{name}: a pruned weight is non-zero in the export"
-    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
-    assert type(reloaded).__name__ == type(merged).__name__
-    ids = _batch(99, length=48)
-    with torch.no_grad():
-        mine, theirs = merged(input_ids=ids).logits, reloaded(input_ids=ids).logits
-    torch.testing.assert_close(theirs, mine, rtol=1e-5, atol=1e-5)
-    return {"sparsity": json.loads((out / "spp_export.json").read_text())["audit"]["sparsity"]}
+    return run_cell(family, pruner, pattern, adapter, out, str(SAMPLE_DATA_DIR))
 
 
 @pytest.mark.parametrize(("family", "pruner", "pattern", "adapter"), CELLS, ids=["-".join(c) for c in CELLS])
 def test_cell(family, pruner, pattern, adapter, tmp_path):
     got = _run_cell(family, pruner, pattern, adapter, tmp_path / "merged")
-    assert got["sparsity"] == pytest.approx(0.5, abs=0.02)  # every block projection at 50 %, audited in the export
+    assert got["export_sparsity"] == pytest.approx(0.5, abs=0.02)  # every block projection at 50 %, audited
+    assert got["pruned_layers"] == 2 * len(block_projections(decoder_layers(tiny_model(model_type=family))[1][0]))
 
 
 def _eval_folder(folder: Path, out: Path, family: str) -> dict:
@@ -171,7 +81,7 @@ def test_eval_py_scores_each_family_export(family, tmp_path):
 @pytest.mark.parametrize("family", ["phi3", "opt", "gpt2"])
 def test_default_targets_are_the_family_projections(family):
     model = tiny_model(model_type=family)
-    result = prune_model(model, None, PrunerConfig(name="magnitude"), PATTERNS["nm2_4"], device="cpu")
+    result = prune_model(model, None, PrunerConfig(name="magnitude"), PATTERN_CONFIGS["nm2_4"], device="cpu")
     prefix = decoder_layers(model)[0]
     inside = {n[len(prefix) + 1:].split(".", 1)[1] for n in result.masks}
     expected = {"phi3": {"self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"},
@@ -194,7 +104,7 @@ def test_a_bad_adapter_target_is_refused_in_one_line(adapter, targets, message):
     text = str(err.value)
     assert "\n" not in text and text.startswith("adapter.targets: ") and message in text
     assert "['q_proj', 'k_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj']" in text
-    assert not any(p.requires_grad for p in model.parameters() if p.dim() == 2 and not model.training) or True
+    assert not any(p.requires_grad for p in model.parameters())  # refused before anything was wrapped or unfrozen
 
 
 def _block_by_block(model: torch.nn.Module, ids: torch.Tensor, swap: bool = False) -> tuple[list, torch.Tensor]:
@@ -235,3 +145,53 @@ def test_block_by_block_equals_the_model_forward(family):
     if family in ("gemma2", "qwen3"):  # negative control: block 0's mask for every block is visibly wrong
         swapped, _ = _block_by_block(model, ids, swap=True)
         assert (swapped[1] - ref.hidden_states[2]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(("targets", "message"), [
+    (["c_attn", "nope"], "'nope' matches no module of a GPT2Block decoder block"),
+    (["ln_1"], "'ln_1' is a LayerNorm in a GPT2Block decoder block, not a linear projection"),
+])
+def test_a_bad_pruner_target_is_refused_before_any_work(targets, message):
+    model = tiny_model(model_type="gpt2")
+    with pytest.raises(UserError) as err:
+        prune_model(model, None, PrunerConfig(name="magnitude", targets=targets), PATTERN_CONFIGS["nm2_4"],
+                    device="cpu")
+    assert "\n" not in str(err.value) and str(err.value).startswith("pruner.targets: ") and message in str(err.value)
+    assert "['c_attn', 'c_proj', 'c_fc']" in str(err.value)
+    assert not any(bool((p == 0).any()) for p in model.parameters() if p.dim() == 2)  # nothing pruned
+
+
+def test_readme_supported_models_table_is_the_committed_matrix_run():
+    """The README's table is ``benchmarks/architectures.py``'s rendering of its committed raw records, which cover
+    exactly the cells this file runs, every one passed."""
+    raw = json.loads((REPO_ROOT / "docs" / "results" / "architectures.json").read_text())
+    cells = [(r["family"], r["pruner"], r["pattern"], r["adapter"]) for r in raw["cells"]]
+    assert cells == CELLS and all(r["ok"] for r in raw["cells"])
+    readme = (REPO_ROOT / "README.md").read_text()
+    begin, end = "<!-- supported-models:begin -->\n", "<!-- supported-models:end -->\n"
+    assert readme.split(begin, 1)[1].split(end, 1)[0] == supported_table(raw["cells"])
+    broken = [{**raw["cells"][0], "ok": False, "error": "ValueError: boom"}, *raw["cells"][1:]]
+    assert "✘ spp: ValueError: boom" in supported_table(broken)  # negative control: a failed cell shows
+
+
+def test_every_family_has_its_model_groups():
+    for family, groups in GROUPS.items():
+        for group in groups:
+            assert (CONF_DIR / "model" / f"{group}.yaml").is_file(), (family, group)
+
+
+def test_train_py_runs_the_whole_pipeline_on_tiny_qwen3(tmp_path):
+    """``python train.py model=tiny_qwen3 ...``'s job in this process: prune (Wanda 2:4, calibration through the
+    mixed sliding/full attention blocks), train SPP, merge, export, evaluate."""
+    from train_helpers import tiny_job
+
+    from train import run_job
+
+    run_job(tiny_job(tmp_path, "model=tiny_qwen3"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["sparsity"]["before"] == pytest.approx(0.5) and summary["sparsity"]["after"] == pytest.approx(0.5)
+    assert summary["sparsity"]["audits"][-1]["layers"] == 14  # 7 projections x 2 blocks, zeros audited after merge
+    merged = tmp_path / "run" / "merged"
+    config = json.loads((merged / "config.json").read_text())
+    assert config["model_type"] == "qwen3" and config["dtype"] == "float32"
+    assert 1.0 < summary["perplexity"]["merged"]["ppl"] < 1000.0

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from spp.adapters.methods.spp.model import spp_layers
-from spp.projections import DEFAULT_TARGETS
+from spp.projections import DEFAULT_TARGETS, find_projections
 
 SEMI_STRUCTURED_DTYPES = (torch.float16, torch.bfloat16)
 MIN_ROWS, MIN_COLS = 32, 64  # CUTLASS fp16/bf16 tile constraints; cuSPARSELt's are looser
@@ -38,7 +38,7 @@ def export_semi_structured(model: nn.Module, targets: Iterable[str] = DEFAULT_TA
 
     Args:
         model: A merged model (``spp.merge_and_unload`` done) on a CUDA device, in fp16 or bf16.
-        targets: Module-name suffixes to convert.
+        targets: Module-name suffixes to convert (the default: every linear projection of the decoder blocks).
 
     Returns:
         Names of the converted layers.
@@ -51,10 +51,7 @@ def export_semi_structured(model: nn.Module, targets: Iterable[str] = DEFAULT_TA
     targets = tuple(targets)
     if spp_layers(model):
         raise ValueError("export_semi_structured: merge the adapters first (spp.merge_and_unload(model)).")
-    found = [(n, m) for n, m in model.named_modules()
-             if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in targets]
-    if not found:
-        raise ValueError(f"export_semi_structured: targets {list(targets)} match no nn.Linear.")
+    found = list(find_projections(model, targets, "targets").items())  # the default: every block projection
     for name, mod in found:
         bad = count_2_4_violations(mod.weight.detach())
         if bad:
