@@ -85,7 +85,7 @@ def _cases(tmp: Path) -> dict[str, list[str]]:
                         f"hydra.run.dir={tmp / 'h7'}"],
         "train_plus": ["train.py", "model=tiny", "+adapter.rr=16", f"hydra.run.dir={tmp / 'h0'}", *train],
         "gpt2": ["train.py", f"model.path={gpt2}", "model.name=gpt2", "debug=fast", f"run_dir={tmp / 'gpt2_run'}",
-                 *train],
+                 "adapter.targets=[c_attn,q_proj]", *train],
         "no_tokenizer": ["generate.py", f"model.path={merged}", "max_new_tokens=2", f"hydra.run.dir={tmp / 'g1'}"],
         "test_objective": ["train.py", *SWEEP, "sweep_objective=ppl_merged", f"hydra.sweep.dir={tmp / 'sweep9'}",
                            *train],
@@ -141,10 +141,10 @@ def nothing_done(*roots: Path) -> None:
             assert not list(root.glob(pattern)), (root, pattern)
 
 
-# --------------------------------------------------------------------------------------- 7: a GPT-2 model (Conv1D)
-def test_gpt2_model_is_refused_before_loading(outcomes):
-    line = refusal(outcomes["gpt2"], "train.py", "gpt2", "Conv1D", "pruner.targets", "model.path=", "LLaMA")
-    assert "c_attn" in line
+# ------------------------------------------------ 7: a GPT-2 model (Conv1D) with a target its blocks do not have
+def test_gpt2_target_it_does_not_have_is_refused_before_loading(outcomes):
+    line = refusal(outcomes["gpt2"], "train.py", "adapter.targets", "'q_proj' matches no module of a GPT2Block")
+    assert "['c_attn', 'c_proj', 'c_fc']" in line
     nothing_done(outcomes["tmp"] / "gpt2_run", outcomes["tmp"] / "cache")
 
 
@@ -158,14 +158,15 @@ def test_targets_matching_no_linear_layer():
     llama = {**LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                            vocab_size=256).to_dict(), "model_type": "llama"}
     pruner, sparsity = PrunerConfig(name="wanda"), SparsityConfig(name="nm2_4", kind="nm", n=2, m=4)
-    with pytest.raises(UserError, match=r"a gpt2 model, whose decoder blocks have no nn.Linear layer .*Conv1D"):
-        check_targets(gpt2, "/m", pruner=pruner, sparsity=sparsity)
-    with pytest.raises(UserError, match=r"a gpt2 model.*adapter.targets"):
-        check_targets(gpt2, "/m", adapter=make_config("spp"))
+    check_targets(gpt2, "/m", pruner=pruner, sparsity=sparsity, adapter=make_config("spp"))  # its Conv1D projections
+    with pytest.raises(UserError, match=r"pruner.targets: 'q_proj' matches no module of a GPT2Block .*'c_fc'"):
+        check_targets(gpt2, "/m", pruner=PrunerConfig(name="wanda", targets=["q_proj"]), sparsity=sparsity)
     check_targets(llama, "/m", pruner=pruner, sparsity=sparsity, adapter=make_config("spp"))
-    with pytest.raises(UserError, match=r"adapter.targets=\['qproj'\] matches no nn.Linear .* names among \["):
+    with pytest.raises(UserError, match=r"adapter.targets: 'qproj' matches no module .* names among \["):
         check_targets(llama, "/m", adapter=make_config("spp", targets=["qproj"]))
-    with pytest.raises(UserError, match=r"pruner.targets=\['c_attn'\]"):
+    with pytest.raises(UserError, match=r"adapter.targets: 'input_layernorm' is a LlamaRMSNorm .*not a linear"):
+        check_targets(llama, "/m", adapter=make_config("spp", targets=["q_proj", "input_layernorm"]))
+    with pytest.raises(UserError, match=r"pruner.targets: 'c_attn'"):
         check_targets(llama, "/m", pruner=PrunerConfig(name="wanda", targets=["c_attn"]), sparsity=sparsity)
     check_targets({"hidden_size": 64}, "/m", pruner=pruner, sparsity=sparsity)  # no model_type: left to load time
 

@@ -176,7 +176,7 @@ def _count_forwards(model: nn.Module) -> list[int]:
          r"layer model\.layers\.0\.self_attn\.q_proj has in_features=64, not a multiple of M=3"),
         ("wanda", U50, CalibrationConfig(seqlen=1024), ValueError,
          r"calibration\.seqlen=1024 exceeds the model's max_position_embeddings=512"),
-        ({"name": "wanda", "targets": ["qkv"]}, U50, CAL, ValueError, r"pruner\.targets=\['qkv'\] matches no linear"),
+        ({"name": "wanda", "targets": ["qkv"]}, U50, CAL, ValueError, r"pruner\.targets: 'qkv' matches no module"),
         ({"name": "sparsegpt", "blocksize": 30}, SparsityConfig(name="nm2_4", kind="nm", n=2, m=4), CAL, ValueError,
          r"pruner\.blocksize=30 must be a multiple of sparsity\.m=4"),
         ("wanda", {"name": "u", "kind": "unstructured", "ratio": 1.0}, CAL, ValueError, r"sparsity\.ratio=1\.0"),
