@@ -1,17 +1,178 @@
-"""The linear projections of a LLaMA decoder block that are pruned and adapted (one constant for the project)."""
+"""Which layers are pruned and adapted: the linear projections of a model's decoder blocks, found from the model.
+
+The default target list is LLaMA's seven projection names (the paper's setting, Sec. 4). On another architecture
+that default means *every linear projection of its decoder blocks* (Phi-3's fused ``qkv_proj``/``gate_up_proj``,
+OPT's ``out_proj``/``fc1``/``fc2``, GPT-2's ``c_attn``/``c_proj``/``c_fc``), the embeddings and the LM head left
+out. An explicit list is checked name by name: each must match a linear projection, or the run stops in one line
+naming the key and what does match.
+"""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
+from torch import nn
+
+from spp.errors import UserError
+
 DEFAULT_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-"""The seven projections of every decoder block: pruned by the pruners, adapted by SPP and the baselines (paper
-Sec. 4; the authors' ``lora_target_modules``)."""
+"""The seven projections of every LLaMA decoder block: pruned by the pruners, adapted by SPP and the baselines
+(paper Sec. 4; the authors' ``lora_target_modules``). Left as the default, it stands for the block projections of
+whatever architecture is loaded (:func:`resolve_targets`)."""
 
 ATTENTION_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
-"""The attention projections (DS⊘T refines only these by default, as its reference code)."""
+"""The attention projections (DS⊘T refines only these by default, as its reference code); left as the default it
+stands for the projections under the block's attention module."""
 
 
 def matches(name: str, targets: Iterable[str]) -> bool:
     """True when the module path ``name`` equals a target or ends with ``.<target>``."""
     return any(name == t or name.endswith("." + t) for t in targets)
+
+
+def is_projection(module: nn.Module) -> bool:
+    """An ``nn.Linear`` (subclasses included) or a GPT-2-style ``Conv1D`` (weight stored ``[in, out]``)."""
+    return isinstance(module, nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """Return (qualified name, ModuleList) of the model's decoder blocks (``model.layers``, ``model.decoder.layers``,
+    ``transformer.h``): the first ModuleList with ``config.num_hidden_layers`` entries.
+
+    Raises:
+        ValueError: no such ModuleList exists.
+    """
+    config = getattr(model, "config", None)
+    expected = getattr(config, "num_hidden_layers", None)
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0 and (expected is None or len(module) == expected):
+            return name, module
+    raise ValueError(
+        f"could not find the decoder blocks of {type(model).__name__} (a ModuleList of num_hidden_layers="
+        f"{expected} modules); only decoder-only causal LMs are supported"
+    )
+
+
+WRAPPED_NAMES: tuple[str, ...] = ("base", "base_layer")
+"""Child names under which an adapter layer keeps the projection it wraps (spp's layers, peft's)."""
+
+
+def _wrapper(path: str, modules: dict[str, nn.Module]) -> str | None:
+    """The outermost ancestor of ``path`` that wraps a projection (has a ``base``/``base_layer`` child), if any."""
+    parts = path.split(".")
+    for i in range(1, len(parts)):
+        prefix = ".".join(parts[:i])
+        if any(w in modules[prefix]._modules for w in WRAPPED_NAMES):
+            return prefix
+    return None
+
+
+BLOCK_KEY = re.compile(r"(^|\.)(layers|h|blocks)\.\d+\.")
+"""A tensor name inside a decoder block (``model.layers.3.``, ``model.decoder.layers.3.``, GPT-2's
+``transformer.h.3.``)."""
+
+
+def in_blocks(name: str) -> bool:
+    """Whether the parameter or tensor name ``name`` lies in a decoder block (read from a checkpoint, no model)."""
+    return BLOCK_KEY.search(name) is not None
+
+
+def block_projections(block: nn.Module) -> dict[str, nn.Module]:
+    """The linear projections of one decoder block, by their path inside it (``self_attn.q_proj``); an adapted
+    projection is reported once, as its adapter layer under the projection's own path."""
+    modules = dict(block.named_modules())
+    found: dict[str, nn.Module] = {}
+    for name, module in modules.items():
+        if name and is_projection(module):
+            owner = _wrapper(name, modules)
+            found.setdefault(owner or name, modules[owner] if owner else module)
+    return found
+
+
+def leaf_names(paths: Iterable[str]) -> list[str]:
+    """The distinct last components of ``paths``, in order."""
+    return list(dict.fromkeys(p.rsplit(".", 1)[-1] for p in paths))
+
+
+def is_default(targets: Iterable[str], default: Iterable[str] = DEFAULT_TARGETS) -> bool:
+    """Whether ``targets`` is the default list (in any order)."""
+    return set(targets) == set(default)
+
+
+def is_attention(path: str) -> bool:
+    """Whether the in-block path ``path`` lies under an attention module (``self_attn.q_proj``, ``attn.c_proj``)."""
+    return any(part.endswith(("attn", "attention")) for part in path.split(".")[:-1])
+
+
+def _attention_paths(projections: Iterable[str]) -> list[str]:
+    return [p for p in projections if is_attention(p)]
+
+
+def resolve_targets(block: nn.Module, targets: Iterable[str], key: str = "pruner.targets",
+                    default: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
+    """The target names to use on a model whose decoder blocks look like ``block``.
+
+    The default list (``default``: :data:`DEFAULT_TARGETS`, or :data:`ATTENTION_TARGETS` for the attention ones)
+    becomes the block's own projection names. An explicit list is returned as it is once every name has matched a
+    linear projection of the block.
+
+    Raises:
+        UserError: an empty list, or a name that matches no module of the block or only modules that are not linear
+            projections (one line naming ``key`` and the projections there are).
+    """
+    targets = list([targets] if isinstance(targets, str) else targets)
+    projections = block_projections(block)
+    if is_default(targets, default):
+        chosen = _attention_paths(projections) if default == ATTENTION_TARGETS else list(projections)
+        return leaf_names(chosen)
+    kind = type(block).__name__
+    fix = f"set {key} to names among {leaf_names(projections)} (or leave it at its default: all of them)"
+    if not targets:
+        raise UserError(f"{key} is empty", fix, key=key)
+    modules = dict(block.named_modules())
+    for target in targets:
+        hits = [n for n in modules if n and matches(n, [target])]
+        if not hits:
+            raise UserError(f"{key}: {target!r} matches no module of a {kind} decoder block", fix, key=key)
+        if not any(n in projections for n in hits):
+            found = type(modules[hits[0]]).__name__
+            raise UserError(f"{key}: {target!r} is a {found} in a {kind} decoder block, not a linear projection",
+                            fix, key=key)
+    return targets
+
+
+def model_targets(model: nn.Module, targets: Iterable[str], key: str = "adapter.targets",
+                  default: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
+    """:func:`resolve_targets` against ``model``'s first decoder block."""
+    return resolve_targets(decoder_layers(model)[1][0], targets, key, default)
+
+
+def find_projections(model: nn.Module, targets: Iterable[str], key: str = "adapter.targets") -> dict[str, nn.Module]:
+    """The linear projections of ``model``'s decoder blocks named by ``targets`` (resolved as
+    :func:`resolve_targets`), by qualified name in model order.
+
+    Raises:
+        UserError: see :func:`resolve_targets`.
+    """
+    try:
+        prefix, layers = decoder_layers(model)
+    except ValueError:  # a module without decoder blocks (a unit test's Sequential): explicit names anywhere
+        return _anywhere(model, targets, key)
+    names = resolve_targets(layers[0], targets, key)
+    found: dict[str, nn.Module] = {}
+    for i, block in enumerate(layers):
+        for name, module in block_projections(block).items():
+            if matches(name, names):
+                found[f"{prefix}.{i}.{name}"] = module
+    return found
+
+
+def _anywhere(model: nn.Module, targets: Iterable[str], key: str) -> dict[str, nn.Module]:
+    targets = list([targets] if isinstance(targets, str) else targets)
+    found = {n: m for n, m in model.named_modules() if n and is_projection(m) and matches(n, targets)}
+    if not found:
+        names = leaf_names(n for n, m in model.named_modules() if n and is_projection(m))
+        raise UserError(f"{key}={targets} matches no linear projection of {type(model).__name__}",
+                        f"set {key} to names among {names}", key=key)
+    return found

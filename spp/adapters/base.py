@@ -19,7 +19,7 @@ from torch import nn
 
 from spp.adapters.config import AdapterConfig
 from spp.errors import UserError
-from spp.projections import matches
+from spp.projections import find_projections
 
 Masks = dict[str, torch.Tensor]
 """Pruning masks (True = kept) keyed by the original linear names (``model.layers.0.self_attn.q_proj``)."""
@@ -237,20 +237,13 @@ def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def target_linears(model: nn.Module, targets: tuple[str, ...] | list[str]) -> dict[str, nn.Linear]:
-    """The ``nn.Linear`` layers of ``model`` whose path ends with a target, by path.
+    """The linear projections of ``model``'s decoder blocks that ``targets`` names, by path (the default targets
+    stand for all of them: :func:`spp.projections.find_projections`).
 
     Raises:
-        ValueError: ``targets`` is empty or matches no ``nn.Linear`` (names the linear layers there are).
+        UserError: ``targets`` is empty, or a name matches no linear projection (names the ones there are).
     """
-    targets = tuple([targets] if isinstance(targets, str) else targets)
-    if not targets:
-        raise ValueError("adapter.targets is empty; list module-name suffixes such as q_proj")
-    found = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and matches(n, targets)}
-    if not found:
-        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"adapter.targets={list(targets)} match no nn.Linear of {type(model).__name__}; "
-                         f"linear layer names present: {names}. Fix adapter.targets.")
-    return found
+    return find_projections(model, targets, "adapter.targets")
 
 
 def read_adapter_files(directory: str | Path, meta_name: str, weights_name: str, fmt: str,

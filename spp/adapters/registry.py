@@ -22,6 +22,8 @@ from spp.adapters.base import AdapterMethod, ExternalParameters, Masks, count_pa
 from spp.adapters.config import AdapterConfig
 from spp.atomic import write_file_atomic
 from spp.errors import UserError
+from spp.models.conv1d import linearize_conv1d
+from spp.projections import DEFAULT_TARGETS, find_projections
 from spp.version import __version__
 
 METHODS_DIR = Path(__file__).resolve().parent / "methods"
@@ -121,6 +123,7 @@ def apply_adapter(model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[n
         ValueError: a trainable method whose injection created no trainable parameter (names ``adapter.targets``).
     """
     method = get_method(cfg.name)
+    linearize_conv1d(model)  # a GPT-2 model built by the caller: its Conv1D projections as nn.Linear (a no-op else)
     model = method.inject(model, cfg, masks)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     if method.trains and not trainable:
@@ -222,10 +225,9 @@ def load_adapter_dir(model: nn.Module, directory: str | Path, masks: Masks) -> t
 
 
 def masks_from_weights(model: nn.Module) -> Masks:
-    """``{name: weight != 0}`` of every ``nn.Linear`` in the decoder blocks: the masks of a pruned model whose
+    """``{name: weight != 0}`` of every linear projection in the decoder blocks: the masks of a pruned model whose
     pruning masks are not at hand (a kept weight that is exactly zero counts as pruned)."""
-    return {n: m.weight.detach() != 0 for n, m in model.named_modules()
-            if isinstance(m, nn.Linear) and ".layers." in f".{n}"}
+    return {n: m.weight.detach() != 0 for n, m in find_projections(model, DEFAULT_TARGETS).items()}
 
 
 __all__ = ["AdapterMethod", "apply_adapter", "count_parameters", "describe_dir", "external_parameters", "get_method",

@@ -46,11 +46,11 @@ def offloaded_perplexity(off: OffloadedModel, tokenizer: Any, source: str = "wik
     model.eval()
     try:
         with buffers_on(model, ctx.device):
-            hidden, kwargs = runner.head([batches[b] for b in mine])
+            hidden, calls = runner.head([batches[b] for b in mine])
             quiet = {} if ctx.is_main else {"disable": True}
             for i in tqdm(range(len(runner.layers)), desc=f"ppl {windows.label}@{seqlen}", unit="block", **quiet):
                 with runner.block(i) as block:
-                    hidden = runner.run(block, hidden, kwargs)
+                    hidden = runner.run(block, hidden, calls[i])
             for b, logits in zip(mine, runner.logits(hidden, [batches[b] for b in mine]), strict=True):
                 sums[b * batch_size : b * batch_size + batches[b].size(0)] = nll_sums(logits, batches[b]).double()
     finally:

@@ -27,6 +27,7 @@ from spp.models.config import ModelConfig
 from spp.models.loading import load_model, resolve_source
 from spp.models.tiny import TINY_ARCH
 from spp.paths import data_provenance
+from spp.projections import DEFAULT_TARGETS, find_projections, in_blocks
 from spp.pruning import get_or_prune, prune_model
 
 log = logging.getLogger(__name__)
@@ -95,13 +96,12 @@ def default_label(cfg: EvalJobConfig) -> str:
 
 
 def linear_sparsity(model: torch.nn.Module) -> float:
-    """Fraction of exact zeros over the weights of every ``nn.Linear`` inside the decoder blocks."""
+    """Fraction of exact zeros over the weights of every linear projection inside the decoder blocks."""
     zeros = total = 0
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}":
-            weight = module.weight
-            zeros += int((weight == 0).sum())
-            total += weight.numel()
+    for module in find_projections(model, DEFAULT_TARGETS).values():
+        weight = module.weight
+        zeros += int((weight == 0).sum())
+        total += weight.numel()
     return zeros / total if total else 0.0
 
 
@@ -130,7 +130,7 @@ def folder_sparsity(path: Path) -> float:
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(str(file), "pt") as fh:
             for key in fh.keys():
-                if ".layers." in f".{key}" and key.endswith(".weight") and len(fh.get_slice(key).get_shape()) == 2:
+                if in_blocks(key) and key.endswith(".weight") and len(fh.get_slice(key).get_shape()) == 2:
                     weight = fh.get_tensor(key)
                     zeros, total = zeros + int((weight == 0).sum()), total + weight.numel()
     return zeros / total if total else 0.0

@@ -42,6 +42,7 @@ from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.export.manifest import ExportManifest
 from spp.gathering import gatherer_for
+from spp.models.conv1d import conv1d_layout, conv1d_weights
 from spp.pruning.masks import ZeroPattern
 from spp.pruning.targets import decoder_layers
 from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
@@ -265,6 +266,7 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
     prefix, layers = decoder_layers(model)
     count = len(layers) + 1
     gather = gatherer_for(model)
+    transposed = {plain_name(n) for n in conv1d_weights(model)}  # GPT-2's Conv1D: written [in, out] again
     for i, block in enumerate(layers):
         refs = _zero_refs(ctx, inputs.zeros, plain_name(f"{prefix}.{i}"))
         with gather.gathered(block):
@@ -274,7 +276,7 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
                 masks = {k: m for k, (m, _e) in refs.items()}
                 tensors, stats = merged_block_tensors(block, f"{prefix}.{i}", inputs.method, masks, inputs.overrides)
                 counts = _audit(tensors, refs, inputs.kept_zeros_may_change)
-                writer.add(_write_shard(tmp, i + 1, count, tensors), counts)
+                writer.add(_write_shard(tmp, i + 1, count, conv1d_layout(tensors, transposed)), counts)
                 writer.merge.update(stats)
                 del tensors
             except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
@@ -284,7 +286,7 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
             try:
                 rest = _tensors(model, "", [prefix], inputs.overrides)
                 outside = {k: v.to("cpu", copy=True).contiguous() for k, v in rest.items()}
-                writer.add(_write_shard(tmp, count, count, outside), [0, 0, 0, 0])
+                writer.add(_write_shard(tmp, count, count, conv1d_layout(outside, transposed)), [0, 0, 0, 0])
             except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
                 writer.error = err
     return count

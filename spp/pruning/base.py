@@ -85,7 +85,7 @@ class Pruner(ABC):
     @abstractmethod
     def solve(self, leaf: str, weight: torch.Tensor, stats: InputStatistics | None,
               sparsity: SparsityConfig) -> MatrixOutcome:
-        """The decision for one (out, in) matrix named ``leaf`` inside its block (``q_proj``)."""
+        """The decision for one (out, in) matrix; ``leaf`` is its path inside the block (``self_attn.q_proj``)."""
 
     @classmethod
     def table_variant(cls, settings: Mapping[str, Any]) -> str | None:

@@ -31,7 +31,9 @@ from transformers import PreTrainedTokenizerBase
 
 from spp.distributed import DistContext
 from spp.errors import UserError
+from spp.models.conv1d import linearize_conv1d
 from spp.models.offload import OffloadedModel
+from spp.projections import matches, model_targets
 from spp.pruning.base import MatrixOutcome, Pruner
 from spp.pruning.calibration_data import calibration_windows
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
@@ -39,16 +41,18 @@ from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import check_layer_fits, sparsity_summary
 from spp.pruning.registry import NO_PRUNING, get_pruner
 from spp.pruning.report import PruneReport, build_report, report_from_layers
-from spp.pruning.sequential import BlockRunner, buffers_on
+from spp.pruning.sequential import BlockCalls, BlockRunner, Call, buffers_on
 from spp.pruning.statistics import InputStatistics
 from spp.pruning.targets import block_linears, target_linears
 
 TRUE_SEQUENTIAL_GROUPS: tuple[tuple[str, ...], ...] = (
-    ("q_proj", "k_proj", "v_proj"),
-    ("o_proj",),
-    ("gate_proj", "up_proj"),
-    ("down_proj",),
+    ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn"),
+    ("o_proj", "out_proj", "dense", "attn.c_proj"),
+    ("gate_proj", "up_proj", "gate_up_proj", "fc1", "c_fc"),
+    ("down_proj", "fc2", "mlp.c_proj"),
 )
+"""The sublayer groups of ``true_sequential``: the projections reading the same input, in the order a block runs
+them (LLaMA, Qwen, Mistral, Gemma; Phi-3's fused ones; OPT; GPT-2's, by in-block path where a leaf is shared)."""
 
 
 @dataclass
@@ -123,7 +127,8 @@ def prune_model(
     device at the end. :func:`prune_offloaded` is the same on N ranks.
 
     Args:
-        model: A decoder-only causal LM (LLaMA family).
+        model: A decoder-only causal LM (any family of ``spp.models.tiny.TINY_FAMILIES``; GPT-2's ``Conv1D``
+            projections are turned into ``nn.Linear`` in place, :mod:`spp.models.conv1d`).
         tokenizer: Tokenizer for the calibration text (unused by ``none``/``magnitude``).
         pruner: Pruner config.
         sparsity: Sparsity pattern.
@@ -131,6 +136,7 @@ def prune_model(
         data_dir: Data root override (see ``spp.paths.find_data``).
         device: Where each block is processed; None = CUDA when available.
     """
+    linearize_conv1d(model)  # a GPT-2 model built by the caller: its Conv1D projections as nn.Linear (a no-op else)
     off = OffloadedModel(model, DistContext(device=resolve_device(device)))
     try:
         return prune_offloaded(off, tokenizer, pruner, sparsity, calibration or CalibrationConfig(), data_dir)
@@ -191,6 +197,7 @@ class _Run:
         self.off, self.ctx, self.pruner, self.sparsity, self.keep = off, off.ctx, pruner, sparsity, keep
         self.on_block = on_block
         self.runner = BlockRunner(off)
+        self.targets = model_targets(off.model, pruner.cfg.targets, "pruner.targets")
         self.masks = MaskSet()
         self.kept_zeros: dict[str, torch.Tensor] = {}
         self.layers: dict[str, dict[str, Any]] = {}
@@ -202,7 +209,7 @@ class _Run:
               data_dir: str | None, true_sequential: bool) -> None:
         """Capture block 0's inputs for this rank's batches, then prune block after block."""
         hidden: list[torch.Tensor] = []
-        kwargs: list[dict[str, Any]] = []
+        calls = BlockCalls(len(self.runner.layers))
         self.batches: list[int] = []
         self.nbatches = 0
         if self.pruner.needs_calibration:
@@ -214,25 +221,25 @@ class _Run:
             batches = list(windows.split(calibration.batch_size))
             self.nbatches, self.batches = len(batches), self.ctx.mine(len(batches))
             t0 = time.perf_counter()
-            hidden, kwargs = self.runner.head([batches[b] for b in self.batches])
+            hidden, calls = self.runner.head([batches[b] for b in self.batches])
             self.timings["capture"] = time.perf_counter() - t0
         desc = f"{self.pruner.name} {self.sparsity.name}"
         show = self.ctx.is_main
         for i in tqdm(range(len(self.runner.layers)), desc=desc, unit="block", **({} if show else {"disable": True})):
             with self.runner.block(i, write_back=True) as block:
-                targets = block_linears(block, self.pruner.cfg.targets)
+                targets = block_linears(block, self.targets)
                 for group in sublayer_groups(targets, true_sequential):
-                    stats = self.statistics(block, targets, group, hidden, kwargs)
+                    stats = self.statistics(block, targets, group, hidden, calls[i])
                     self.decide(f"{self.runner.prefix}.{i}", group, targets, stats)
                 if self.pruner.needs_calibration:
                     t0 = time.perf_counter()
-                    hidden = self.runner.run(block, hidden, kwargs)
+                    hidden = self.runner.run(block, hidden, calls[i])
                     self.timings["propagate"] += time.perf_counter() - t0
             if self.on_block is not None:
                 self.on_block(f"{self.runner.prefix}.{i}")
 
     def statistics(self, block: nn.Module, targets: dict[str, nn.Linear], group: list[str],
-                   hidden: list[torch.Tensor], kwargs: list[dict[str, Any]]) -> dict[str, InputStatistics]:
+                   hidden: list[torch.Tensor], calls: list[Call]) -> dict[str, InputStatistics]:
         """Run this rank's batches through ``block`` with input hooks on ``group``; sum over the ranks."""
         if not self.pruner.needs_calibration:
             return {}
@@ -240,10 +247,10 @@ class _Run:
         stats = {n: self.pruner.statistics(targets[n].in_features, self.ctx.device) for n in group}
         handles = [targets[n].register_forward_hook(lambda _m, inp, _o, s=stats[n]: s.add(inp[0])) for n in group]
         try:
-            for b, x, kw in zip(self.batches, hidden, kwargs, strict=True):
+            for b, x, (args, kw) in zip(self.batches, hidden, calls, strict=True):
                 for s in stats.values():
                     s.at_batch(b)
-                block(x, **kw)
+                block(x, *args, **kw)
         finally:
             for h in handles:
                 h.remove()
@@ -271,11 +278,11 @@ class _Run:
         owned = self._solve_owned(group, targets, stats) if self.pruner.uses_hessian else {}
         for k, name in enumerate(group):
             t0 = time.perf_counter()
-            linear, leaf = targets[name], name.rsplit(".", 1)[-1]
+            linear = targets[name]
             if self.pruner.uses_hessian:
                 out = self._share(self.ctx.owner(self.matrices + k), owned.get(k), linear)
             else:
-                out = self.pruner.solve(leaf, linear.weight, stats.get(name), self.sparsity)
+                out = self.pruner.solve(name, linear.weight, stats.get(name), self.sparsity)
             weight = linear.weight
             if out.weight is not None:
                 weight.copy_(out.weight.to(weight.device, weight.dtype))
@@ -301,7 +308,7 @@ class _Run:
                 continue
             t0 = time.perf_counter()
             try:
-                owned[k] = self.pruner.solve(name.rsplit(".", 1)[-1], targets[name].weight, stats[name], self.sparsity)
+                owned[k] = self.pruner.solve(name, targets[name].weight, stats[name], self.sparsity)
                 owned[k].info["_seconds"] = time.perf_counter() - t0
             except (ValueError, RuntimeError) as err:  # every rank must learn of it, not wait for the tensors
                 owned[k] = err
@@ -330,11 +337,13 @@ def _nm(sparsity: SparsityConfig) -> tuple[int | None, int | None]:
 
 
 def sublayer_groups(block_targets: dict[str, nn.Linear], true_sequential: bool) -> list[list[str]]:
-    """The linears calibrated together: all of them, or {q,k,v} -> {o} -> {gate,up} -> {down} (true sequential)."""
-    groups = (
-        [[n for n in block_targets if n.rsplit(".", 1)[-1] in g] for g in TRUE_SEQUENTIAL_GROUPS]
-        if true_sequential
-        else [list(block_targets)]
-    )
-    leftovers = [n for n in block_targets if not any(n in g for g in groups)]
-    return [g for g in [*groups, leftovers] if g]
+    """The linears calibrated together: all of them, or {q,k,v} -> {o} -> {gate,up} -> {down} (true sequential;
+    :data:`TRUE_SEQUENTIAL_GROUPS`, matched by in-block path suffix, each linear in its first group; the ones no
+    group names come last, together)."""
+    if not true_sequential:
+        return [list(block_targets)] if block_targets else []
+    groups: list[list[str]] = [[] for _ in range(len(TRUE_SEQUENTIAL_GROUPS) + 1)]
+    for name in block_targets:
+        k = next((k for k, g in enumerate(TRUE_SEQUENTIAL_GROUPS) if matches(name, g)), len(TRUE_SEQUENTIAL_GROUPS))
+        groups[k].append(name)
+    return [g for g in groups if g]

@@ -2,9 +2,10 @@
 
 :class:`BlockRunner` drives an :class:`~spp.models.offload.OffloadedModel`:
 
-* :meth:`~BlockRunner.head` onloads what sits before the blocks (embeddings, rotary) and catches, with a forward
-  pre-hook on block 0, the hidden states and keyword arguments (attention mask, ``position_embeddings``, ...) the
-  model passes its blocks;
+* :meth:`~BlockRunner.head` onloads what sits before the blocks (embeddings, rotary) and runs the model's forward
+  with every block replaced by a recorder: it keeps the hidden states entering block 0 and, for *each* block, the
+  other arguments the model passes it (attention mask, ``position_embeddings``, ...), which differ between blocks
+  when an architecture mixes sliding-window and full attention (Gemma-2/3, Qwen2/3 with ``max_window_layers``);
 * :meth:`~BlockRunner.block` onloads one block (rank 0's weights, broadcast), :meth:`~BlockRunner.run` pushes
   the batches through it;
 * :meth:`~BlockRunner.logits` runs the model's own forward with every block replaced by a pass-through that returns the
@@ -26,9 +27,46 @@ from torch import nn
 from spp.models.offload import OffloadedModel
 from spp.pruning.targets import decoder_layers
 
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+"""The arguments after the hidden states, and the keyword arguments, that the model passes one block."""
+
+CACHE_ARGS: frozenset[str] = frozenset({"past_key_values", "past_key_value", "cache", "layer_past"})
+"""Keyword arguments not replayed (the KV cache; calibration and scoring run without one)."""
+
 
 class _Caught(Exception):
-    """Raised by the block-0 pre-hook to stop the forward pass once the inputs are stored."""
+    """Raised by the last block's recorder to stop the forward pass once every block's inputs are stored."""
+
+
+class BlockCalls(list):
+    """Per block, per batch: the :data:`Call` the model made (``calls[block][batch]``)."""
+
+    def __init__(self, blocks: int) -> None:
+        super().__init__([] for _ in range(blocks))
+
+
+class _Recorder(nn.Module):
+    """Stands in for decoder block ``index`` during :meth:`BlockRunner.head`: stores what the model passes it and
+    hands the hidden states on unchanged (the last one stops the forward)."""
+
+    def __init__(self, real: nn.Module, index: int, last: bool, calls: BlockCalls, hidden: list[torch.Tensor]):
+        super().__init__()
+        self._real, self._index, self._last, self._calls, self._hidden = [real], index, last, calls, hidden
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        x, rest = (args[0], args[1:]) if args else (kwargs.pop("hidden_states"), ())
+        if self._index == 0:
+            self._hidden.append(x.detach())
+        self._calls[self._index].append((rest, {k: v for k, v in kwargs.items() if k not in CACHE_ARGS}))
+        if self._last:
+            raise _Caught
+        return x
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._real[0], name)  # per-block attributes such as ``attention_type``
 
 
 class _Replay(nn.Module):
@@ -50,13 +88,16 @@ class _Replay(nn.Module):
             return getattr(self._real[0], name)  # per-block attributes such as ``attention_type``
 
 
-def _to(obj: Any, device: torch.device) -> Any:
+def _to(obj: Any, device: torch.device, memo: dict[int, Any]) -> Any:
+    """``obj`` with every tensor on ``device``; a tensor shared by many blocks (a mask) is moved once."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(device)
+        if id(obj) not in memo:
+            memo[id(obj)] = obj.to(device)
+        return memo[id(obj)]
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_to(o, device) for o in obj)
+        return type(obj)(_to(o, device, memo) for o in obj)
     if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
+        return {k: _to(v, device, memo) for k, v in obj.items()}
     return obj
 
 
@@ -99,18 +140,13 @@ class BlockRunner:
         return [n for n in self.outside if id(named[n]) not in skip]
 
     @torch.no_grad()
-    def head(self, batches: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[dict[str, Any]]]:
-        """Hidden states entering block 0 and the keyword arguments the model passes its blocks, per batch."""
+    def head(self, batches: list[torch.Tensor]) -> tuple[list[torch.Tensor], BlockCalls]:
+        """Hidden states entering block 0 per batch, and what the model passes each block (``calls[i][batch]``)."""
         hidden: list[torch.Tensor] = []
-        kwargs_list: list[dict[str, Any]] = []
-
-        def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            x = args[0] if args else kwargs.pop("hidden_states")
-            hidden.append(x.detach())
-            kwargs_list.append({k: v for k, v in kwargs.items() if k not in ("past_key_values", "past_key_value")})
-            raise _Caught
-
-        handle = self.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+        calls = BlockCalls(len(self.layers))
+        originals = list(self.layers)
+        for i, real in enumerate(originals):
+            self.layers[i] = _Recorder(real, i, i == len(originals) - 1, calls, hidden)
         try:
             with self.off.onloaded(self.before_blocks):
                 for ids in batches:
@@ -119,10 +155,15 @@ class BlockRunner:
                     except _Caught:
                         pass
         finally:
-            handle.remove()
-        if len(hidden) != len(batches):
-            raise RuntimeError("decoder block 0 was not reached for every batch")
-        return hidden, [_to(kw, self.device) for kw in kwargs_list]
+            for i, real in enumerate(originals):
+                self.layers[i] = real
+        if len(hidden) != len(batches) or any(len(c) != len(batches) for c in calls):
+            raise RuntimeError("the decoder blocks were not all reached for every batch")
+        memo: dict[int, Any] = {}
+        moved = BlockCalls(len(calls))
+        for i, block_calls in enumerate(calls):
+            moved[i] = [_to(call, self.device, memo) for call in block_calls]
+        return hidden, moved
 
     @contextmanager
     def block(self, index: int, write_back: bool = False) -> Iterator[nn.Module]:
@@ -131,11 +172,11 @@ class BlockRunner:
             yield self.layers[index]
 
     @torch.no_grad()
-    def run(self, block: nn.Module, hidden: list[torch.Tensor], kwargs: list[dict[str, Any]]) -> list[torch.Tensor]:
-        """Each batch's output hidden states of ``block``."""
+    def run(self, block: nn.Module, hidden: list[torch.Tensor], calls: list[Call]) -> list[torch.Tensor]:
+        """Each batch's output hidden states of ``block`` (``calls``: what the model passes it, per batch)."""
         outputs = []
-        for x, kw in zip(hidden, kwargs, strict=True):
-            out = block(x, **kw)
+        for x, (args, kw) in zip(hidden, calls, strict=True):
+            out = block(x, *args, **kw)
             self.as_tuple = isinstance(out, tuple)
             outputs.append(out[0] if self.as_tuple else out)
         return outputs

@@ -7,63 +7,49 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from spp.pruning.config import DEFAULT_TARGETS
+from spp.projections import (
+    DEFAULT_TARGETS,
+    block_projections,
+    decoder_layers,
+    find_projections,
+    is_default,
+    matches,
+    model_targets,
+)
 
-
-def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """Return (qualified name, ModuleList) of the model's decoder blocks (``model.layers`` for LLaMA).
-
-    Raises:
-        ValueError: no ModuleList with ``config.num_hidden_layers`` entries exists.
-    """
-    config = getattr(model, "config", None)
-    expected = getattr(config, "num_hidden_layers", None)
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) > 0 and (expected is None or len(module) == expected):
-            return name, module
-    raise ValueError(
-        f"could not find the decoder blocks of {type(model).__name__} (a ModuleList of num_hidden_layers="
-        f"{expected} modules); only decoder-style causal LMs such as LLaMA are supported"
-    )
+__all__ = ["block_linears", "current_masks", "decoder_layers", "target_linears"]
 
 
 def block_linears(block: nn.Module, targets: Iterable[str]) -> dict[str, nn.Linear]:
-    """Linear layers of one block whose leaf name is in ``targets``, keyed by their name inside the block."""
-    wanted = set(targets)
-    return {
-        name: module
-        for name, module in block.named_modules()
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in wanted
-    }
+    """Linear projections of one block named by ``targets`` (already resolved: leaf names or in-block paths),
+    keyed by their name inside the block."""
+    targets = list(targets)
+    return {name: module for name, module in block_projections(block).items() if matches(name, targets)}
 
 
 def target_linears(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, nn.Linear]:
-    """All prunable linears in decoder order, keyed by qualified name (``model.layers.0.self_attn.q_proj``).
+    """All prunable linears in decoder order, keyed by qualified name (``model.layers.0.self_attn.q_proj``); the
+    default targets stand for every linear projection of the blocks (:func:`spp.projections.resolve_targets`).
 
     Raises:
-        ValueError: ``targets`` matches no linear layer (lists the names that exist).
+        UserError: a target matches no linear projection of the blocks (lists the ones that exist).
     """
-    targets = list(targets)
-    prefix, layers = decoder_layers(model)
-    found: dict[str, nn.Linear] = {}
-    for i, block in enumerate(layers):
-        for name, module in block_linears(block, targets).items():
-            found[f"{prefix}.{i}.{name}"] = module
-    if not found:
-        available = sorted({n.rsplit(".", 1)[-1] for n, m in layers[0].named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(
-            f"pruner.targets={targets} matches no linear layer in the decoder blocks; available: {available}"
-        )
-    return found
+    return find_projections(model, targets, "pruner.targets")
 
 
 def current_masks(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, torch.Tensor]:
     """Nonzero pattern (True = nonzero) of every target linear, keyed by the linear's qualified name.
 
     Works after SPP injection too: a pruned weight living at ``<name>.base.weight`` is reported as ``<name>``
-    (and preferred over any ``<name>.weight`` of the wrapper).
+    (and preferred over any ``<name>.weight`` of the wrapper). The default targets stand for every linear
+    projection of the decoder blocks.
     """
-    wanted = set(targets)
+    targets = list(targets)
+    if is_default(targets):
+        try:
+            targets = model_targets(model, targets, "pruner.targets")
+        except ValueError:  # no decoder blocks: the names as given
+            pass
     masks: dict[str, torch.Tensor] = {}
     from_base: set[str] = set()
     for module_name, module in model.named_modules():
@@ -72,7 +58,7 @@ def current_masks(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) ->
             continue
         is_base = module_name.endswith(".base")
         name = module_name[: -len(".base")] if is_base else module_name
-        if name.rsplit(".", 1)[-1] not in wanted or (name in from_base and not is_base):
+        if not matches(name, targets) or (name in from_base and not is_base):
             continue
         masks[name] = weight.detach() != 0
         if is_base:

@@ -37,6 +37,7 @@ from spp.eval.evaluate import evaluate
 from spp.export.manifest import ExportManifest, adapter_record
 from spp.export.merged import ExportInputs, export_streamed
 from spp.models.loading import load_skeleton
+from spp.projections import decoder_layers
 from spp.training.callbacks.pruning import PrunedModel
 from spp.training.config import TrainJobConfig
 from spp.training.phases import FitResult
@@ -118,7 +119,9 @@ def save_adapter_files(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResu
 
 
 def _manifest(job: TrainJobConfig, fitted: FitResult) -> ExportManifest:
-    dtype = next((str(p.dtype) for n, p in fitted.model.named_parameters() if "layers" in n and p.dim() == 2), "")
+    blocks = decoder_layers(fitted.model)[0] + "."
+    dtype = next((str(p.dtype) for n, p in fitted.model.named_parameters() if n.startswith(blocks) and p.dim() == 2),
+                 "")
     return ExportManifest(adapter=adapter_record(job.adapter), dtype=dtype, **provenance(job))
 
 

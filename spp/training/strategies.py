@@ -18,16 +18,28 @@ from transformers import PreTrainedModel
 from spp.adapters.registry import external_parameters
 from spp.deepspeed_support import check_deepspeed
 from spp.distributed import DistContext
+from spp.errors import UserError
 from spp.gathering import deepspeed_master_tensors, register_external_parameters
 from spp.models.offload import params_to_meta
+from spp.projections import decoder_layers
 from spp.training.config import StrategyConfig, StrategyName
 
+AUTO = "auto"
+"""``model.decoder_layer_cls=auto``: the class of the loaded model's decoder blocks (:func:`block_class`)."""
 
-def decoder_layer_class(name: str) -> type[nn.Module]:
-    """Resolve a decoder-layer class name (``model.decoder_layer_cls``) from ``transformers``.
+
+def block_class(model: nn.Module) -> type[nn.Module]:
+    """The class of ``model``'s decoder blocks (what ``_no_split_modules`` names: ``Qwen2DecoderLayer``,
+    ``GPT2Block``)."""
+    return type(decoder_layers(model)[1][0])
+
+
+def decoder_layer_class(name: str | None) -> type[nn.Module] | None:
+    """Resolve a decoder-layer class name (``model.decoder_layer_cls``) from ``transformers``; ``auto`` (or None)
+    gives None: the class is then taken from the model once it is loaded (:func:`block_class`).
 
     Args:
-        name: A class name exported by ``transformers`` (``LlamaDecoderLayer``) or a dotted path
+        name: ``auto``, a class name of ``transformers`` (``LlamaDecoderLayer``, ``GPT2Block``) or a dotted path
             (``transformers.models.llama.modeling_llama.LlamaDecoderLayer``).
 
     Raises:
@@ -35,10 +47,12 @@ def decoder_layer_class(name: str) -> type[nn.Module]:
     """
     import transformers
 
+    if name is None or name == AUTO:
+        return None
     module_name, _, cls_name = name.rpartition(".")
     candidates = [module_name] if module_name else []
     if not module_name:
-        family = name.split("DecoderLayer")[0].lower()
+        family = name.split("DecoderLayer")[0].split("Block")[0].lower()
         candidates += [f"transformers.models.{family}.modeling_{family}"]
     cls = None if module_name else getattr(transformers, name, None)
     for candidate in candidates:
@@ -50,8 +64,8 @@ def decoder_layer_class(name: str) -> type[nn.Module]:
             cls = None
     if cls is None:
         raise ValueError(
-            f"model.decoder_layer_cls={name!r} is not a class in transformers; give e.g. LlamaDecoderLayer "
-            "or a dotted path (transformers.models.llama.modeling_llama.LlamaDecoderLayer)"
+            f"model.decoder_layer_cls={name!r} is not a class in transformers; give auto (the loaded model's), "
+            "e.g. LlamaDecoderLayer, or a dotted path (transformers.models.llama.modeling_llama.LlamaDecoderLayer)"
         )
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise ValueError(f"model.decoder_layer_cls={name!r} is not an nn.Module class")
@@ -146,13 +160,32 @@ def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: i
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Module] | None,
                 reshard_after_forward: bool = True) -> None:
-    """FSDP2: ``fully_shard`` every decoder block (``layer_cls``), then the root (embeddings, norm, LM head)."""
+    """FSDP2: ``fully_shard`` every decoder block (``layer_cls``; None: the model's own block class), then the root
+    (embeddings, norm, LM head).
+
+    Raises:
+        UserError: ``layer_cls`` is no block of the model (a config naming another family's class).
+    """
     from torch.distributed.fsdp import fully_shard
 
+    layer_cls = checked_layer_class(model, layer_cls)
     for module in model.modules():
-        if layer_cls is not None and isinstance(module, layer_cls):
+        if isinstance(module, layer_cls):
             fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+
+
+def checked_layer_class(model: nn.Module, layer_cls: type[nn.Module] | None) -> type[nn.Module]:
+    """``layer_cls``, or the model's own block class when None; refused when the model has no such module (FSDP2
+    would otherwise shard the whole model as one unit, silently)."""
+    own = block_class(model)
+    if layer_cls is None:
+        return own
+    if not any(isinstance(m, layer_cls) for m in model.modules()):
+        raise UserError(f"model.decoder_layer_cls={layer_cls.__name__} matches no module of "
+                        f"{type(model).__name__}, whose decoder blocks are {own.__name__}",
+                        f"set model.decoder_layer_cls=auto (or {own.__name__})", key="model.decoder_layer_cls")
+    return layer_cls
 
 
 def shard_from_rank0(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Module] | None, ctx: DistContext,

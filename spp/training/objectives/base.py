@@ -30,6 +30,7 @@ from hydra.core.config_store import ConfigStore
 from torch import nn
 
 from spp.errors import UserError
+from spp.projections import decoder_layers
 
 TEACHER_OUTPUTS = ("none", "logits", "block_outputs")
 """What an objective needs of the teacher per batch: nothing, its logits, or its logits and every decoder block's
@@ -133,7 +134,8 @@ def build_objective(cfg: ObjectiveConfig | None, layer_cls: type[nn.Module] | No
 
 @contextmanager
 def block_outputs(model: nn.Module, layer_cls: type[nn.Module] | None) -> Iterator[list[torch.Tensor]]:
-    """Collect the output hidden state of every decoder block (``layer_cls``) of ``model`` during one forward, in
+    """Collect the output hidden state of every decoder block (``layer_cls``; None: the class of the model's blocks)
+    of ``model`` during one forward, in
     block order. Only the forward inside the ``with`` records: a recomputation under activation checkpointing (in
     backward, after the block exits) records nothing.
 
@@ -147,7 +149,9 @@ def block_outputs(model: nn.Module, layer_cls: type[nn.Module] | None) -> Iterat
         if armed[0]:
             out.append(output[0] if isinstance(output, (tuple, list)) else output)
 
-    blocks = [m for m in model.modules() if layer_cls is not None and isinstance(m, layer_cls)]
+    if layer_cls is None:  # model.decoder_layer_cls=auto: the model's own blocks
+        layer_cls = type(decoder_layers(model)[1][0])
+    blocks = [m for m in model.modules() if isinstance(m, layer_cls)]
     if not blocks:
         raise ValueError(f"no decoder block of class {getattr(layer_cls, '__name__', layer_cls)} in the model")
     handles = [m.register_forward_hook(hook) for m in blocks]

@@ -17,6 +17,7 @@ from peft.tuners.lora import LoraLayer
 from torch import nn
 
 from spp.projections import DEFAULT_TARGETS as LORA_TARGETS
+from spp.projections import model_targets
 
 
 def inject_lora(
@@ -39,18 +40,11 @@ def inject_lora(
         raise ValueError(f"adapter.r must be >= 1, got {r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"adapter.dropout must be in [0, 1), got {dropout}")
-    linear_suffixes = {name.rsplit(".", 1)[-1] for name, mod in model.named_modules() if isinstance(mod, nn.Linear)}
-    missing = sorted(set(targets) - linear_suffixes)
-    if missing or not targets:
-        raise ValueError(
-            f"adapter.targets {list(targets)}: {missing or 'empty list'} match no nn.Linear of "
-            f"{type(model).__name__}; available: {sorted(linear_suffixes)}"
-        )
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
         lora_dropout=dropout,
-        target_modules=list(targets),
+        target_modules=model_targets(model, targets, "adapter.targets"),
         bias="none",
         task_type="CAUSAL_LM",
     )

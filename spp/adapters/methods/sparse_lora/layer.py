@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from spp.adapters.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS, MAX_DELTA_ELEMENTS, row_chunks
 from spp.atomic import write_file_atomic
-from spp.projections import DEFAULT_TARGETS, matches
+from spp.projections import DEFAULT_TARGETS, model_targets
 from spp.version import __version__
 
 FORMAT = "sparse_lora"
@@ -258,18 +258,12 @@ def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]
     return pairs
 
 
-def _check_targets(model: nn.Module, targets: Sequence[str], r: int, dropout: float) -> None:
+def _check_targets(model: nn.Module, targets: Sequence[str], r: int, dropout: float) -> list[str]:
     if r < 1:
         raise ValueError(f"adapter.r must be >= 1, got {r}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"adapter.dropout must be in [0, 1), got {dropout}")
-    if not targets:
-        raise ValueError("adapter.targets is empty; list module-name suffixes such as q_proj")
-    found = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and matches(n, targets)]
-    if not found:
-        names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"adapter.targets={list(targets)} match no nn.Linear of {type(model).__name__}; "
-                         f"linear layer names present: {names}. Fix adapter.targets.")
+    return model_targets(model, targets, "adapter.targets")
 
 
 def inject_sparse_lora(
@@ -300,8 +294,8 @@ def inject_sparse_lora(
             non-zero weight.
     """
     targets = tuple([targets] if isinstance(targets, str) else targets)
-    _check_targets(model, targets, r, dropout)
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets), bias="none",
+    names = _check_targets(model, targets, r, dropout)
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none",
                         task_type=task_type)
     config._register_custom_module({nn.Linear: SparseLoraLinear})
     peft_model = get_peft_model(model, config)

@@ -9,7 +9,7 @@ from torch import nn
 
 from spp.adapters.base import set_submodule
 from spp.adapters.methods.spp.layer import IMPLS, SPPLinear
-from spp.projections import DEFAULT_TARGETS, matches
+from spp.projections import DEFAULT_TARGETS, find_projections
 
 
 def spp_layers(model: nn.Module) -> dict[str, SPPLinear]:
@@ -22,27 +22,20 @@ def inject(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS, **layer_k
 
     Args:
         model: Any module (typically an HF ``*ForCausalLM``); modified in place and returned.
-        targets: Module-name suffixes to adapt (``q_proj`` matches ``model.layers.0.self_attn.q_proj``).
+        targets: Module-name suffixes to adapt (``q_proj`` matches ``model.layers.0.self_attn.q_proj``); the
+            default stands for every linear projection of the decoder blocks, whatever the architecture.
         **layer_kwargs: Passed to every ``SPPLinear`` (``r``, ``scale``, ``dropout``, ``impl``, ...).
 
     Returns:
         The same ``model``: only ``spp_alpha``/``spp_beta`` require grad afterwards.
 
     Raises:
-        ValueError: ``targets`` is empty or matches no ``nn.Linear`` (names the linear layers that exist), or
-            the model already holds SPP layers.
+        ValueError: ``targets`` is empty or a name matches no linear projection of the decoder blocks (names the
+            ones there are), or the model already holds SPP layers.
     """
-    targets = tuple([targets] if isinstance(targets, str) else targets)
-    if not targets:
-        raise ValueError("inject: targets is empty; pass module-name suffixes such as ('q_proj', 'v_proj').")
     if spp_layers(model):
         raise ValueError("inject: the model already holds SPPLinear layers; call merge_and_unload first.")
-    found = [(name, mod) for name, mod in model.named_modules()
-             if isinstance(mod, nn.Linear) and matches(name, targets)]
-    if not found:
-        linear_names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"inject: targets {list(targets)} match no nn.Linear in {type(model).__name__}; "
-                         f"linear layer names present: {linear_names}. Fix adapter.targets.")
+    found = list(find_projections(model, targets, "adapter.targets").items())
     for p in model.parameters():
         p.requires_grad_(False)
     for name, mod in found:

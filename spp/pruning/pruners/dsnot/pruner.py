@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from spp.projections import ATTENTION_TARGETS
+from spp.projections import ATTENTION_TARGETS, is_attention, is_default, matches
 from spp.pruning.base import MatrixOutcome, Pruner, required
 from spp.pruning.config import CACHE_KEY, KEY_REASON, UNORDERED, PrunerConfig, SparsityConfig
 from spp.pruning.pruners.dsnot.rule import dsnot_refine
@@ -37,8 +37,9 @@ class DSnoTConfig(PrunerConfig):
         pow_of_var_regrowing: Regrowth score = contribution / var^this.
         same_sign_check: Unstructured: also stop a row when a swap would flip the sign of its error (the
             reference's ``--without_same_sign False``; N:M always checks).
-        refine_targets: Sublayers refined; the rest keep their initial mask. Default: attention only, as the
-            reference's default ``--skip_layer mlp``.
+        refine_targets: Sublayers refined; the rest keep their initial mask. Default: attention only (every
+            projection under the block's attention module, whatever the family), as the reference's default
+            ``--skip_layer mlp``.
         percdamp: The SparseGPT initial metric's damping (fraction of mean(diag H); ``initial_method=sparsegpt``).
     """
 
@@ -91,7 +92,8 @@ class DSnoT(Pruner):
     def solve(self, leaf: str, weight: torch.Tensor, stats: InputStatistics | None,
               sparsity: SparsityConfig) -> MatrixOutcome:
         stats, cfg = required(stats, self.name), self.cfg
-        refine = leaf in set(cfg.refine_targets)
+        refine = (is_attention(leaf) or leaf.rsplit(".", 1)[-1] in ATTENTION_TARGETS
+                  if is_default(cfg.refine_targets, ATTENTION_TARGETS) else matches(leaf, cfg.refine_targets))
         res = dsnot_refine(weight, self._initial_metric(weight, stats), wanda_scores(weight, stats.input_norm_sq),
                            stats.sequence_sum, stats.var, sparsity, max_cycles=cfg.max_cycles if refine else 0,
                            update_threshold=cfg.update_threshold, pow_of_var_regrowing=cfg.pow_of_var_regrowing,
