@@ -1,8 +1,10 @@
-"""SPP as a registered peft method (``peft_type: SPP``).
+"""SPP and SparsePEFT as registered peft methods (``peft_type: SPP`` / ``SPARSE_LORA``).
 
-``from spp.peft import SPPConfig`` registers it; then ``peft.get_peft_model(model, SPPConfig(...))`` adapts a model
+``from spp.peft import SPPConfig`` registers both; then ``peft.get_peft_model(model, SPPConfig(...))`` adapts a model
 with spp's own ``SPPLinear`` layers (same init and forward as ``spp.inject``), ``PeftModel.from_pretrained`` reads
 the adapter folder a ``train.py`` run writes, and ``merge_and_unload()`` keeps every zero of the pruned weights.
+``SparseLoraConfig`` does the same for SparsePEFT (LoRA merged as ``W + s·(B A) ⊙ M``, spp's ``SparseLoraLinear``).
+Default targets are the model's own decoder-block projections (any supported family, GPT-2's ``Conv1D`` included).
 See ``docs/peft.md``. Importing this package imports peft; nothing else in ``spp`` imports it.
 """
 
@@ -10,8 +12,11 @@ from spp.peft.config import SPPConfig
 from spp.peft.layer import SPPLayer
 from spp.peft.loading import from_spp_adapter
 from spp.peft.model import SPPModel
-from spp.peft.registration import peft_type, register
+from spp.peft.registration import SPARSE_LORA_NAME, SPARSE_LORA_PREFIX, peft_type, register
+from spp.peft.sparse_lora import SparseLoraConfig, SparseLoraModel, from_sparse_lora_adapter
 
 register(SPPConfig, SPPModel)
+register(SparseLoraConfig, SparseLoraModel, name=SPARSE_LORA_NAME, prefix=SPARSE_LORA_PREFIX)
 
-__all__ = ["SPPConfig", "SPPLayer", "SPPModel", "from_spp_adapter", "peft_type"]
+__all__ = ["SPPConfig", "SPPLayer", "SPPModel", "SparseLoraConfig", "SparseLoraModel", "from_sparse_lora_adapter",
+           "from_spp_adapter", "peft_type"]

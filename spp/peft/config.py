@@ -40,8 +40,9 @@ class SPPConfig(PeftConfig):
     the same init and forward as ``spp.inject``.
 
     Attributes:
-        target_modules: Module-name suffixes (or one regex) of the linear layers to adapt; ``None`` = the paper's
-            seven LLaMA projections.
+        target_modules: Module-name suffixes (or one regex) of the linear layers to adapt; ``None`` or the default
+            list = every linear projection of the model's decoder blocks (the paper's seven on LLaMA; Phi-3's
+            fused ones, OPT's, GPT-2's ``Conv1D`` ones held as ``nn.Linear``).
         exclude_modules: Module names (or one regex) never adapted.
         r: Rows of ``alpha``; must divide every target's out-features.
         scale: ``s`` of Eq. 6.

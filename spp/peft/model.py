@@ -9,10 +9,10 @@ from peft.config import PeftConfig
 from peft.tuners.tuners_utils import BaseTuner, _get_tuner_state_dict_key_prefixes
 from torch import nn
 
+from spp.peft.architecture import prepare_model, resolve_default_targets
 from spp.peft.config import SPPConfig
 from spp.peft.layer import SPPLayer
 from spp.peft.registration import PREFIX
-from spp.projections import DEFAULT_TARGETS
 
 PEFT_KEY_PREFIX = "base_model.model."
 """What peft puts before a module path in its adapter files; spp's own files (``save_adapter``) start at the model."""
@@ -40,17 +40,25 @@ def check_loaded(model: nn.Module, adapter_name: str, state_dict: dict[str, torc
 
 class SPPModel(BaseTuner):
     """Replaces each targeted ``nn.Linear`` by an :class:`~spp.peft.layer.SPPLayer` (in ``named_modules`` order, as
-    ``spp.inject``, so both draw the same initial tensors from the same seed)."""
+    ``spp.inject``, so both draw the same initial tensors from the same seed).
+
+    Any supported architecture: the default targets are the model's own block projections, and GPT-2's ``Conv1D``
+    layers are held as ``nn.Linear`` first (:mod:`spp.peft.architecture`).
+    """
 
     prefix: str = PREFIX
     tuner_layer_cls = SPPLayer
     target_module_mapping: dict[str, list[str]] = {}
 
     def _prepare_adapter_config(self, peft_config: PeftConfig, model_config: dict) -> PeftConfig:
-        """``target_modules=None`` means the paper's seven projections."""
-        if peft_config.target_modules is None:
-            peft_config.target_modules = list(DEFAULT_TARGETS)
+        """``target_modules=None`` or the default list means every linear projection of the model's decoder blocks
+        (the paper's seven on LLaMA); ``self.model`` is set by ``BaseTuner.__init__`` before this runs."""
+        resolve_default_targets(peft_config, self.model)
         return peft_config
+
+    def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
+        """GPT-2's ``Conv1D`` layers become ``nn.Linear`` (their state dict keeps ``Conv1D``'s layout)."""
+        prepare_model(model)
 
     def _create_and_replace(self, peft_config: SPPConfig, adapter_name: str, target: nn.Module, target_name: str,
                             parent: nn.Module, current_key: str, parameter_name: str | None = None,
