@@ -4,6 +4,7 @@ after the merge in fp32/bf16/fp16, nothing m x n saved for backward but the pack
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from spp.adapters.methods.sparse_lora.layer import (
     load_sparse_lora,
     masked_lora,
     merge_sparse_lora,
+    save_sparse_lora,
     sparse_lora_layers,
 )
 from spp.adapters.registry import apply_adapter, get_method, merge_adapter, option_config
@@ -252,6 +254,32 @@ def test_adapter_files_round_trip(tmp_path):
     other, _ = pruned_tiny(seed=5)
     with pytest.raises(ValueError, match="mask sizes differ"):
         load_sparse_lora(other, tmp_path)
+
+
+def test_adapter_config_says_sparse_lora_and_old_lora_folders_still_load(tmp_path):
+    """``adapter_config.json`` records ``"peft_type": "SPARSE_LORA"``; spp's loader (``adapter_dir=``) reads it and a
+    folder written before (``"LORA"``) alike, and refuses another type in one line."""
+    model, masks = pruned_tiny()
+    peft_model = inject_sparse_lora(copy.deepcopy(model), masks, r=4)
+    randomize_b(peft_model)
+    new = save_sparse_lora(peft_model, tmp_path / "new")
+    config = json.loads((new / "adapter_config.json").read_text())
+    assert config["peft_type"] == "SPARSE_LORA"
+    old, other = tmp_path / "old", tmp_path / "other"
+    for folder, kind in ((old, "LORA"), (other, "SPP")):
+        folder.mkdir()
+        for f in new.iterdir():
+            (folder / f.name).write_bytes(f.read_bytes())
+        (folder / "adapter_config.json").write_text(json.dumps({**config, "peft_type": kind}))
+    ids = torch.randint(4, 200, (2, 10), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = peft_model.eval()(input_ids=ids).logits
+        for folder in (new, old):
+            loaded, cfg = get_method("sparse_lora").load(copy.deepcopy(model), folder, masks)
+            assert (cfg.r, cfg.lora_alpha) == (4, 16.0)
+            assert torch.equal(loaded.eval()(input_ids=ids).logits, expected)
+    with pytest.raises(ValueError, match=r"is not a SparsePEFT adapter \(peft_type='SPP'\)"):
+        load_sparse_lora(copy.deepcopy(model), other)
 
 
 def test_bad_masks_and_targets_are_refused():

@@ -9,7 +9,9 @@ With the frozen pruned weight ``W~`` (m x n), its mask ``M`` (True = kept), LoRA
 Built on peft: :class:`SparseLoraLinear` is peft's ``lora.Linear`` (same ``lora_A``/``lora_B``/dropout/scaling,
 init, state-dict keys, ``save_pretrained``, ``merge_and_unload``) whose only LoRA variant is
 :class:`SparseLoraVariant` (peft's ``LoraVariant`` hook: forward, merge, unmerge); it is put in place of every
-targeted ``nn.Linear`` through ``LoraConfig._register_custom_module``. The masked product is one autograd
+targeted ``nn.Linear`` through ``LoraConfig._register_custom_module``. The folder :func:`save_sparse_lora` writes
+says ``"peft_type": "SPARSE_LORA"``: ``spp.peft`` registers the same layer as that peft method
+(``spp.peft.SparseLoraConfig``), so ``PeftModel.from_pretrained`` loads it masked. The masked product is one autograd
 Function (:class:`MaskedLoRAFunction`) that saves ``xd``, ``A``, ``B`` and the bit-packed mask only: ``(B A) ⊙ M``
 and its gradient ``s (gᵀ xd) ⊙ M`` are rebuilt in row chunks and freed, so no m x n float tensor survives the
 forward.
@@ -42,6 +44,10 @@ from spp.version import __version__
 
 FORMAT = "sparse_lora"
 META_NAME = "sparse_lora.json"
+CONFIG_NAME = "adapter_config.json"
+PEFT_TYPE = "SPARSE_LORA"
+"""``adapter_config.json``'s ``peft_type``: ``peft.PeftModel.from_pretrained`` reads the folder as SparsePEFT once
+``spp.peft`` is imported (folders written before say ``"LORA"``; spp's loader reads both)."""
 
 
 def _row_chunks(m: int, n: int) -> list[tuple[int, int]]:
@@ -338,10 +344,13 @@ def merge_sparse_lora(model: PeftModel) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
-    """peft's adapter files (``adapter_config.json``, ``adapter_model.safetensors``) plus ``sparse_lora.json``.
+    """peft's adapter files (``adapter_config.json`` with ``"peft_type": "SPARSE_LORA"``,
+    ``adapter_model.safetensors``) plus ``sparse_lora.json``.
 
-    ``sparse_lora.json`` marks the directory as SparsePEFT (a plain ``PeftModel.from_pretrained`` would apply the
-    update unmasked) and records each layer's mask size (trained positions), checked by :func:`load_sparse_lora`.
+    ``peft_type`` ``SPARSE_LORA`` makes ``PeftModel.from_pretrained`` (after ``import spp.peft``) load the masked
+    layer; without ``spp.peft`` peft refuses the unknown type instead of applying the update unmasked.
+    ``sparse_lora.json`` marks the directory as SparsePEFT and records each layer's mask size (trained positions),
+    checked by :func:`load_sparse_lora`.
     """
     layers = dict(sparse_lora_layers(model))
     if not layers:
@@ -349,11 +358,46 @@ def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    config = {**json.loads((out / CONFIG_NAME).read_text()), "peft_type": PEFT_TYPE}
+    config_text = json.dumps(config, indent=2, sort_keys=True)
+    write_file_atomic(out / CONFIG_NAME, lambda p: p.write_text(config_text + "\n"))
     meta = {"format": FORMAT, "spp_version": __version__,
             "layers": {name: int(layer.mask.sum()) for name, layer in layers.items()}, "extra": extra or {}}
     text = json.dumps(meta, indent=2, sort_keys=True)
     write_file_atomic(out / META_NAME, lambda p: p.write_text(text + "\n"))
     return out
+
+
+def read_lora_config(directory: str | os.PathLike) -> tuple[LoraConfig, bool]:
+    """The LoRA settings of a SparsePEFT folder's ``adapter_config.json`` and whether it says ``SPARSE_LORA``
+    (``LORA``: a folder written before spp recorded its own type). Read without peft's registry, so ``spp.peft``
+    need not be imported.
+
+    Raises:
+        FileNotFoundError: no ``adapter_config.json``. ValueError: another ``peft_type``.
+    """
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"No {CONFIG_NAME} in {directory}; expected a directory written by save_sparse_lora")
+    saved = json.loads(path.read_text())
+    kind = saved.get("peft_type")
+    if kind not in ("LORA", PEFT_TYPE):
+        raise ValueError(f"{path} is not a SparsePEFT adapter (peft_type={kind!r})")
+    return LoraConfig.from_peft_type(**{**saved, "peft_type": "LORA"}), kind == PEFT_TYPE
+
+
+def _read_meta(path: Path) -> dict[str, Any] | None:
+    """``sparse_lora.json`` (checked); ``None`` for a ``SPARSE_LORA`` folder without it (peft's ``save_pretrained``
+    of a ``spp.peft.SparseLoraConfig`` model), which needs no marker to be known as SparsePEFT."""
+    meta_path = path / META_NAME
+    if not meta_path.is_file():
+        if (path / CONFIG_NAME).is_file() and read_lora_config(path)[1]:
+            return None
+        raise FileNotFoundError(f"No {META_NAME} in {path}; expected a directory written by save_sparse_lora")
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{meta_path} is not a SparsePEFT adapter (format={meta.get('format')!r})")
+    return meta
 
 
 def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
@@ -362,7 +406,8 @@ def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
 
     Args:
         model: The same pruned base model (plain HF module) the adapter was trained on.
-        directory: The adapter directory.
+        directory: The adapter directory (``peft_type`` ``SPARSE_LORA``, or ``LORA`` as written before; or peft's
+            ``save_pretrained`` of a ``spp.peft.SparseLoraConfig`` model, without ``sparse_lora.json``).
         masks: The pruning masks; ``None`` uses the base weights' non-zeros (the same mask for a pruned model).
 
     Raises:
@@ -370,19 +415,14 @@ def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
             names differ from the file (a different base model).
     """
     path = Path(directory)
-    meta_path = path / META_NAME
-    if not meta_path.is_file():
-        raise FileNotFoundError(f"No {META_NAME} in {directory}; expected a directory written by save_sparse_lora")
-    meta = json.loads(meta_path.read_text())
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_path} is not a SparsePEFT adapter (format={meta.get('format')!r})")
-    config = LoraConfig.from_pretrained(str(path))
+    meta = _read_meta(path)
+    config, _ = read_lora_config(path)
     state = load_peft_weights(str(path), device="cpu")
     dtype = next(iter(state.values())).dtype
     peft_model = inject_sparse_lora(model, masks, targets=sorted(config.target_modules), r=config.r,
                                     alpha=config.lora_alpha, dropout=config.lora_dropout, dtype=dtype)
     kept = {name: int(layer.mask.sum()) for name, layer in sparse_lora_layers(peft_model)}
-    if kept != meta["layers"]:
+    if meta is not None and kept != meta["layers"]:
         differ = sorted(k for k in set(kept) | set(meta["layers"]) if kept.get(k) != meta["layers"].get(k))
         raise ValueError(f"load_sparse_lora: layers or mask sizes differ from {directory} at {differ[:3]}; load it "
                          "on the pruned model it was trained on")

@@ -18,6 +18,7 @@ from spp.adapters.methods.sparse_lora.layer import (
     inject_sparse_lora,
     load_sparse_lora,
     merge_sparse_lora,
+    read_lora_config,
     save_sparse_lora,
 )
 
@@ -42,10 +43,8 @@ class SparseLoRA(AdapterMethod):
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
         """peft's files plus ``sparse_lora.json`` (:func:`~spp.adapters.methods.sparse_lora.layer.load_sparse_lora`)."""
-        from peft import LoraConfig
-
         try:
-            peft_cfg = LoraConfig.from_pretrained(str(directory))
+            peft_cfg, _ = read_lora_config(directory)
             model = load_sparse_lora(model, directory, masks)
         except (FileNotFoundError, ValueError) as err:
             raise self.wrong_adapter_dir(directory, err) from err

@@ -18,6 +18,9 @@ from spp.version import __version__
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 FORMAT = "spp"
+PEFT_TYPE = "SPP"
+"""``adapter_config.json``'s ``peft_type``: ``peft.PeftModel.from_pretrained`` reads the folder once ``spp.peft`` is
+imported (it registers SPP with peft); spp's own loader reads ``format``."""
 LAYER_KEYS = ("r", "scale", "dropout", "alpha_init", "beta_init", "use_beta", "impl", "residual")
 
 
@@ -32,7 +35,8 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: d
 
     Args:
         model: A model holding ``SPPLinear`` layers (unmerged).
-        directory: Created if missing; receives ``adapter_config.json`` and ``adapter_model.safetensors``.
+        directory: Created if missing; receives ``adapter_config.json`` and ``adapter_model.safetensors`` (also a
+            peft adapter folder: ``peft_type`` SPP, see ``spp.peft``).
         extra_config: JSON-serialisable extras stored under ``"extra"`` (e.g. model identity, pruner).
 
     Returns:
@@ -55,6 +59,7 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: d
                              "one adapter file holds one setting for all layers.")
     config = {
         "format": FORMAT,
+        "peft_type": PEFT_TYPE,
         "spp_version": __version__,
         "targets": sorted({n.rsplit(".", 1)[-1] for n in layers}),
         "layers": list(layers),
