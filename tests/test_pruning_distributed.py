@@ -127,7 +127,7 @@ def one_process() -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3 (uneven split): CI, slow
 def test_ranks_started_together_prune_like_one_process(world, one_process, tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
