@@ -196,3 +196,19 @@ def test_train_py_runs_the_whole_pipeline_on_tiny_qwen3(tmp_path):
     config = json.loads((merged / "config.json").read_text())
     assert config["model_type"] == "qwen3" and config["dtype"] == "float32"
     assert 1.0 < summary["perplexity"]["merged"]["ppl"] < 1000.0
+
+
+def test_fsdp2_block_class_comes_from_the_model():
+    """``model.decoder_layer_cls=auto`` shards each family's own blocks (what ``_no_split_modules`` names); a class
+    of another family is refused in one line instead of sharding the whole model as one unit."""
+    from spp.training.strategies import checked_layer_class, decoder_layer_class
+
+    for family in FAMILIES:
+        model = tiny_model(model_type=family)
+        own = checked_layer_class(model, decoder_layer_class("auto"))
+        assert own.__name__ in model._no_split_modules, (family, own)
+        assert checked_layer_class(model, decoder_layer_class(own.__name__)) is own
+    with pytest.raises(UserError) as err:
+        checked_layer_class(tiny_model(model_type="qwen2"), decoder_layer_class("LlamaDecoderLayer"))
+    assert str(err.value).startswith("model.decoder_layer_cls=LlamaDecoderLayer matches no module of Qwen2ForCausalLM")
+    assert "set model.decoder_layer_cls=auto" in str(err.value) and "\n" not in str(err.value)

@@ -130,3 +130,30 @@ def test_ddp_with_pruning_and_evaluation_slower_than_the_process_group_timeout(s
     assert summary["perplexity"]["merged"] is not None  # measured by both ranks, rank 0 slowly
     assert summary["timings"]["total"] >= 2 * SLOW_S
     _check(summary, single)
+
+
+@pytest.mark.slow  # two subprocess runs per family (the default suite stays under 10 minutes); CI runs it
+@pytest.mark.parametrize("family", ["gemma2", "gpt2"])
+def test_fsdp2_on_other_families_matches_one_process(family, tmp_path):
+    """Gemma-2 (tied embeddings, blocks found from the model: ``decoder_layer_cls=auto``) and GPT-2 (``Conv1D``
+    held as ``nn.Linear``; sharded from rank 0 in memory's layout) train under FSDP2 on 2 processes started by
+    torchrun to the one-process adapter."""
+    common = [f"model=tiny_{family}" if a == "model=tiny" else a for a in COMMON]
+    run_job(load_job(compose_train([*common, "data.train_batch_size=4", f"run_dir={tmp_path / 'one'}",
+                                    f"cache_dir={tmp_path / 'cache'}"])))
+    reference = load_file(tmp_path / "one" / "adapter" / "adapter_model.safetensors")
+    run = tmp_path / "two"
+    args = [*common, "strategy=fsdp", "trainer.accelerator=cpu", "trainer.devices=2", "data.train_batch_size=2",
+            f"run_dir={run}", f"cache_dir={tmp_path / 'cache'}"]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "train.py", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["sparsity"]["before"] == summary["sparsity"]["after"] == 0.5
+    adapter = load_file(run / "adapter" / "adapter_model.safetensors")
+    assert adapter.keys() == reference.keys() and len(adapter) == 2 * 2 * (7 if family == "gemma2" else 4)
+    for key, value in reference.items():
+        torch.testing.assert_close(adapter[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    merged = AutoModelForCausalLM.from_pretrained(run / "merged")
+    assert type(merged).__name__ == ("Gemma2ForCausalLM" if family == "gemma2" else "GPT2LMHeadModel")

@@ -9,7 +9,8 @@ so ``save_pretrained``, the streamed export and ``AutoModelForCausalLM`` reloads
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -31,15 +32,29 @@ class Conv1DAsLinear(nn.Linear):
         self._register_load_state_dict_pre_hook(_weight_from_conv1d)
 
 
+_NATIVE: list[bool] = [False]
+
+
+@contextmanager
+def native_layout() -> Iterator[None]:
+    """State dicts in memory's layout for the duration (``nn.Linear``'s ``[out, in]``): for code that moves tensors
+    between modules of the same model, such as FSDP2's ``set_model_state_dict(..., broadcast_from_rank0=True)``."""
+    _NATIVE[0] = True
+    try:
+        yield
+    finally:
+        _NATIVE[0] = False
+
+
 def _weight_to_conv1d(module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any) -> None:
     key = prefix + "weight"
-    if key in state:
+    if key in state and not _NATIVE[0]:
         state[key] = state[key].t()
 
 
 def _weight_from_conv1d(state: dict[str, Any], prefix: str, *_args: Any) -> None:
     key = prefix + "weight"
-    if key in state:
+    if key in state and not _NATIVE[0]:
         state[key] = state[key].t()
 
 

@@ -41,10 +41,12 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
                "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0},
     "phi3": {"num_attention_heads": 4, "num_key_value_heads": 2, "model_type": "phi3"},
     "opt": {"model_type": "opt", "ffn_dim": 128, "num_attention_heads": 4, "word_embed_proj_dim": 64,
-            "do_layer_norm_before": True},
-    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_inner": 128, "n_layer": 2, "n_head": 4, "n_positions": 512},
+            "do_layer_norm_before": True, "dropout": 0.0, "attention_dropout": 0.0},
+    "gpt2": {"model_type": "gpt2", "n_embd": 64, "n_inner": 128, "n_layer": 2, "n_head": 4, "n_positions": 512,
+             "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0},
 }
-"""``arch`` fields that make each family's tiny model (on top of :data:`TINY_ARCH`; GPT-2 names its own)."""
+"""``arch`` fields that make each family's tiny model (on top of :data:`TINY_ARCH`; GPT-2 names its own). The
+model's own dropout is off (as LLaMA's), so runs on 1 and N processes train to the same adapter."""
 
 _NOT_GPT2 = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
              "max_position_embeddings", "rms_norm_eps")

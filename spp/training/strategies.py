@@ -20,6 +20,7 @@ from spp.deepspeed_support import check_deepspeed
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.gathering import deepspeed_master_tensors, register_external_parameters
+from spp.models.conv1d import native_layout
 from spp.models.offload import params_to_meta
 from spp.projections import decoder_layers
 from spp.training.config import StrategyConfig, StrategyName
@@ -200,13 +201,14 @@ def shard_from_rank0(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Modu
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    full = dict(model.state_dict()) if ctx.is_main else {}
-    buffers = {n: b.detach().clone() for n, b in model.named_buffers()} if ctx.is_main else {}
-    params_to_meta(model)
-    shard_model(model, mesh, layer_cls, reshard_after_forward)
-    model.to_empty(device=ctx.device)
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    del full
+    with native_layout():  # GPT-2's Conv1D held as nn.Linear: its tensors move as they are in memory
+        full = dict(model.state_dict()) if ctx.is_main else {}
+        buffers = {n: b.detach().clone() for n, b in model.named_buffers()} if ctx.is_main else {}
+        params_to_meta(model)
+        shard_model(model, mesh, layer_cls, reshard_after_forward)
+        model.to_empty(device=ctx.device)
+        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        del full
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             if ctx.is_main:
