@@ -188,7 +188,8 @@ def test_train_py_runs_the_whole_pipeline_on_tiny_qwen3(tmp_path):
 
     from train import run_job
 
-    run_job(tiny_job(tmp_path, "model=tiny_qwen3"))
+    job = tiny_job(tmp_path, "model=tiny_qwen3")
+    run_job(job)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["sparsity"]["before"] == pytest.approx(0.5) and summary["sparsity"]["after"] == pytest.approx(0.5)
     assert summary["sparsity"]["audits"][-1]["layers"] == 14  # 7 projections x 2 blocks, zeros audited after merge
@@ -196,6 +197,32 @@ def test_train_py_runs_the_whole_pipeline_on_tiny_qwen3(tmp_path):
     config = json.loads((merged / "config.json").read_text())
     assert config["model_type"] == "qwen3" and config["dtype"] == "float32"
     assert 1.0 < summary["perplexity"]["merged"]["ppl"] < 1000.0
+    _peft_loads_the_run_adapter(job, tmp_path / "run")
+
+
+def _peft_loads_the_run_adapter(job, run: Path) -> None:
+    """``PeftModel.from_pretrained(pruned base, <run>/adapter)`` merges to the run's exported model (what ``eval.py``
+    scores), zeros kept bit for bit."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    import spp.peft  # noqa: F401 - registers SPP with peft
+    from spp.models.loading import load_model
+    from spp.pruning.cache import get_or_prune
+
+    base, tok = load_model(job.model)
+    result = get_or_prune(base, tok, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
+                          job.data_dir, "cpu")
+    assert result.cache_hit  # the run's own pruning
+    zeros = {n: p == 0 for n, p in base.named_parameters() if p.dim() == 2}
+    merged = PeftModel.from_pretrained(base, str(run / "adapter")).merge_and_unload()
+    exported = AutoModelForCausalLM.from_pretrained(run / "merged", dtype=torch.float32).eval()
+    ids = torch.randint(4, 260, (2, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(merged(input_ids=ids).logits, exported(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+    for name, param in merged.named_parameters():
+        if name in zeros and "layers" in name:
+            assert torch.equal(param == 0, zeros[name]), name
 
 
 def test_fsdp2_block_class_comes_from_the_model():
