@@ -137,7 +137,8 @@ def check_targets(arch: dict[str, Any], path: str, *, pruner: Any = None, sparsi
             raise UserError(f"model.path={path}: a {kind} model, whose decoder blocks have no nn.Linear layer "
                             f"({', '.join(layers.block_others) or 'no 2-D weight'}), so {key}={targets} matches "
                             "nothing",
-                            "use a LLaMA-architecture model (LLaMA, Llama 2, Mistral, Qwen2, SmolLM2: q_proj ... "
-                            "down_proj as nn.Linear); GPT-2-style Conv1D models are not supported yet", key=key)
+                            "use a LLaMA-architecture model (LLaMA, Llama 2 and 3, Mistral, Qwen2, Gemma-2, SmolLM2: "
+                            "q_proj ... down_proj as nn.Linear); GPT-2-style Conv1D models are not supported yet",
+                            key=key)
         raise UserError(f"{key}={targets} matches no nn.Linear layer of the {kind} model at model.path={path}",
                         f"set {key} to names among {layers.block_linears}", key=key)
