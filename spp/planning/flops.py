@@ -3,7 +3,8 @@
 The model (``N`` = weights of the matrix products: every linear of the blocks plus the LM head; embedding
 lookups cost nothing; ``s`` tokens of context):
 
-* forward: ``2 N`` plus causal attention, ``2 s h`` per block (QKᵀ and AV, ``4 s h``, half of it masked);
+* forward: ``2 N`` plus causal attention, ``2 s q`` per block (QKᵀ and AV, ``4 s q``, half of it masked; ``q``
+  = heads x head dimension, ``h`` for LLaMA);
 * backward of a **frozen** base: only the activation gradients, ``2 N`` plus twice the attention forward. The
   frozen weights get no weight gradient, so the ``6 N`` rule of full training does not hold;
 * the adapter's own work per token: SPP (``spp.adapters.methods.spp.functional``) forms ``G = gᵀx`` for every adapted
@@ -27,14 +28,14 @@ def matmul_params(shape: ModelShape) -> int:
 
 def forward_flops(shape: ModelShape, context: int) -> int:
     """FLOPs of one token's forward with ``context`` tokens before it (module docstring)."""
-    return 2 * matmul_params(shape) + 2 * context * shape.hidden * shape.blocks
+    return 2 * matmul_params(shape) + 2 * context * shape.attention_width * shape.blocks
 
 
 def train_flops(spec: RunSpec) -> dict[str, int]:
     """FLOPs per training token, by part (module docstring)."""
     shape, adapter = spec.shape, spec.adapter
     s = spec.train.tokens_per_example
-    attention = 2 * s * shape.hidden * shape.blocks
+    attention = 2 * s * shape.attention_width * shape.blocks
     n = matmul_params(shape)
     adapted = adapter.adapted_weights(shape)
     parts = {"forward": 2 * n + attention, "backward": 2 * n + 2 * attention}

@@ -1,16 +1,22 @@
 """Bytes of the training and evaluation phases, by term, from the shapes (the sources of each term are cited).
 
 Activations of one LLaMA decoder block, per token, kept for backward (``a`` = bytes per activation value, ``h``
-hidden, ``i`` MLP width; what autograd saves in ``transformers``' ``LlamaDecoderLayer`` with SDPA attention):
+hidden, ``q`` heads x head dimension (``h`` for LLaMA, 4096 for Gemma-2-9B's ``h`` = 3584), ``i`` MLP width; what
+autograd saves in ``transformers``' ``LlamaDecoderLayer`` with SDPA attention):
 
-* the two RMSNorms keep their fp32 input (``2 x 4h``);
-* ``7 a h``: the normed input of q/k/v, SDPA's q, k, v (k and v repeated to every head) and output, the output's
-  contiguous copy that ``o_proj`` reads, the normed input of gate/up;
-* ``4 a i``: SwiGLU's gate output, its SiLU, the up output and their product (``down_proj``'s input);
+* each RMSNorm keeps its fp32 input (``4h``; LLaMA, Qwen2, Mistral have 2 per block, Gemma-2 4);
+* ``a (2h + 5q)`` (``7 a h`` for LLaMA): the normed input of q/k/v, SDPA's q, k, v (k and v repeated to every
+  head) and output, the output's contiguous copy that ``o_proj`` reads, the normed input of gate/up;
+* ``4 a i``: SwiGLU's gate output, its SiLU, the up output and their product (``down_proj``'s input; Gemma-2's
+  gated GELU keeps the same four);
+* where ``transformers`` runs attention eagerly (Gemma-2: SDPA has no softcapping), the ``heads x s`` scores per
+  token (``s`` = the sequence length): the fp32 softmax output, its cast, and with softcapping the ``tanh``
+  output (``ModelShape.score_bytes``);
 * with adapter dropout, each adapted linear keeps its dropped-out input and the dropout mask (``(a + 1) x in``).
 
 With activation checkpointing a block keeps only its input (``a h``) and one block is recomputed at a time. The
-loss adds ``(a + 12) x vocab`` per token: the logits, their fp32 copy, log-softmax and its gradient.
+loss adds ``(a + 12) x vocab`` per token: the logits, their fp32 copy, log-softmax and its gradient; logit
+softcapping (Gemma-2) adds its ``tanh`` output (``a x vocab``).
 
 A dense teacher (``objective=distill``, ``spp.training.objectives.distill``) adds its weights (1/N shards under
 FSDP2, else a replica: ``spp.training.teacher``) and, per token, what lives until the loss: its logits
@@ -48,8 +54,9 @@ MASKED_BUFFER_METHODS = ("masked_full", "sparse_lora")
 
 def block_activation_bytes(spec: RunSpec) -> int:
     """Activation bytes one decoder block keeps for backward, per token (module docstring)."""
-    h, i, a = spec.shape.hidden, spec.shape.intermediate, spec.act_bytes
-    kept = 8 * h + 7 * a * h + 4 * a * i
+    shape, a = spec.shape, spec.act_bytes
+    h, q, i = shape.hidden, shape.attention_width, shape.intermediate
+    kept = 4 * shape.norms_per_block * h + a * (2 * h + 5 * q) + 4 * a * i + shape.score_bytes(spec.train.seqlen, a)
     if spec.adapter.trains and spec.adapter.dropout > 0:
         kept += sum(inp for _out, inp in spec.adapter.dims(spec.shape)) * (a + 1)
     return kept
@@ -61,7 +68,8 @@ def training_activations(spec: RunSpec) -> dict[str, int]:
     tokens = spec.train.micro_batch * spec.train.seqlen
     block = block_activation_bytes(spec) * tokens
     kept = shape.blocks * tokens * shape.hidden * a + block if spec.train.checkpointing else shape.blocks * block
-    out = {"activations": kept, "logits": tokens * shape.vocab * (a + 12)}
+    logits = tokens * shape.vocab * (a + 12 + (a if shape.logit_softcap else 0))
+    out = {"activations": kept, "logits": logits}
     if spec.adapter.keeps_weight:  # fused_cached: one merged weight per adapted linear, every block
         out["cached_weights"] = spec.adapter.adapted_weights(shape) * a
     return out
@@ -159,10 +167,12 @@ def fit_device_bytes(spec: RunSpec, hw: Hardware) -> dict[str, int]:
 
 def forward_bytes(spec: RunSpec, batch: int, seqlen: int) -> dict[str, int]:
     """One no-grad forward of ``batch x seqlen`` tokens: the hidden state in and out of a block, one block's
-    intermediates, the logits (with their fp32 copy and log-softmax) and the KV cache ``transformers`` returns by
-    default (``use_cache``; every block's k and v)."""
+    intermediates (eager attention's scores among them), the logits (with their fp32 copy and log-softmax) and the
+    KV cache ``transformers`` returns by default (``use_cache``; every block's k and v)."""
     shape, a = spec.shape, spec.act_bytes
     tokens = batch * seqlen
     kv = shape.block_linears.get("self_attn.k_proj", (shape.hidden, shape.hidden))[0]
-    return {"hidden": 2 * tokens * shape.hidden * a, "block": tokens * (4 * shape.hidden + 3 * shape.intermediate) * a,
-            "logits": tokens * shape.vocab * (a + 8), "kv_cache": 2 * shape.blocks * tokens * kv * a}
+    block = (2 * shape.hidden + 2 * shape.attention_width + 3 * shape.intermediate) * a + shape.score_bytes(seqlen, a)
+    logits = tokens * shape.vocab * (a + 8 + (a if shape.logit_softcap else 0))
+    return {"hidden": 2 * tokens * shape.hidden * a, "block": tokens * block, "logits": logits,
+            "kv_cache": 2 * shape.blocks * tokens * kv * a}

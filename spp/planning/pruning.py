@@ -85,7 +85,8 @@ def gpu_bytes(shape: ModelShape, world: int, cal: Calibration, pruner: str, true
     local_windows = -(-cal.nsamples // world)
     hidden = local_windows * cal.seqlen * shape.hidden * shape.bytes_per_param * 2  # inputs and outputs of a block
     batch = cal.batch_size * cal.seqlen
-    activations = batch * (3 * shape.intermediate + 6 * shape.hidden) * shape.bytes_per_param
+    activations = batch * ((3 * shape.intermediate + 4 * shape.hidden + 2 * shape.attention_width)
+                           * shape.bytes_per_param + shape.score_bytes(cal.seqlen, shape.bytes_per_param))
     hessian = uses_hessian(pruner)
     stats = _hessian_bytes(shape, true_sequential) if hessian else 0
     solve = _solve_bytes(shape) if hessian else max(o * i * 13 for o, i in shape.linears.values())
@@ -110,7 +111,7 @@ def seconds(shape: ModelShape, world: int, hw: Hardware, cal: Calibration, prune
     tokens = cal.nsamples * cal.seqlen
     groups = 4 if true_sequential else 1
     forward_flops = 2 * shape.block_params * tokens * (groups + 1) * shape.blocks
-    attention_flops = 4 * cal.seqlen * shape.hidden * tokens * (groups + 1) * shape.blocks
+    attention_flops = 4 * cal.seqlen * shape.attention_width * tokens * (groups + 1) * shape.blocks
     out = {"load": shape.weight_bytes / (hw.disk_gbps * 1e9),
            "onload": shape.weight_bytes / (hw.h2d_gbps * 1e9)
            + (shape.weight_bytes / (hw.broadcast_gbps * 1e9) if world > 1 else 0.0),

@@ -29,6 +29,14 @@ class ModelShape:
         bytes_per_param: Bytes per weight in the model's dtype.
         block_linears: ``(out_features, in_features)`` of every ``nn.Linear`` of one block, by its name inside the
             block (``self_attn.q_proj``): what adapter targets are matched against, and the block's matmul FLOPs.
+        heads: Attention heads.
+        attn_width: Heads x head dimension (q_proj's out_features); 0 means ``hidden`` (LLaMA: they are equal;
+            Gemma-2-9B: 16 x 256 = 4096 against a hidden size of 3584).
+        norms_per_block: Normalisation layers in one block (LLaMA 2; Gemma-2 4: pre- and post-norms).
+        eager_attention: ``transformers`` computes attention eagerly for this architecture (it materialises the
+            ``heads x s x s`` scores; Gemma-2, whose softcapping SDPA does not support), not with SDPA.
+        attn_softcap: The attention scores pass through ``tanh`` softcapping (Gemma-2).
+        logit_softcap: The logits pass through ``tanh`` softcapping (Gemma-2).
     """
 
     name: str
@@ -42,6 +50,26 @@ class ModelShape:
     vocab: int = 0
     bytes_per_param: int = 2
     block_linears: dict[str, tuple[int, int]] = field(default_factory=dict)
+    heads: int = 0
+    attn_width: int = 0
+    norms_per_block: int = 2
+    eager_attention: bool = False
+    attn_softcap: bool = False
+    logit_softcap: bool = False
+
+    @property
+    def attention_width(self) -> int:
+        """Width of q, of the attention output and of k/v once repeated to every head (``attn_width`` or
+        ``hidden``)."""
+        return self.attn_width or self.hidden
+
+    def score_bytes(self, seqlen: int, act_bytes: int) -> int:
+        """Bytes per token of the attention scores an eager implementation keeps (0 under SDPA): ``heads x
+        seqlen`` scores as the fp32 softmax output and its cast to the activation dtype, plus the ``tanh``
+        output under attention softcapping (what autograd saves in ``eager_attention_forward``)."""
+        if not self.eager_attention:
+            return 0
+        return self.heads * seqlen * (4 + act_bytes * (2 if self.attn_softcap else 1))
 
     @property
     def params(self) -> int:
@@ -93,7 +121,22 @@ def shape_of(model: nn.Module, name: str, targets: list[str], bytes_per_param: i
         embedding_params=sum(p.numel() for p in embedding.parameters()),
         linears=linears,
         hidden=int(config.hidden_size), intermediate=int(getattr(config, "intermediate_size", 0) or 0),
-        vocab=int(config.vocab_size), bytes_per_param=bytes_per_param, block_linears=every)
+        vocab=int(config.vocab_size), bytes_per_param=bytes_per_param, block_linears=every,
+        **attention_fields(config, block))
+
+
+def attention_fields(config: Any, block: nn.Module) -> dict[str, Any]:
+    """The :class:`ModelShape` fields that differ between LLaMA-style architectures, from the config and one
+    block: heads, heads x head dimension (``head_dim`` when the config states it), normalisation layers per block,
+    eager attention and softcapping."""
+    hidden = int(config.hidden_size)
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    head_dim = int(getattr(config, "head_dim", 0) or (hidden // heads if heads else 0))
+    return {"heads": heads, "attn_width": heads * head_dim if heads * head_dim != hidden else 0,
+            "norms_per_block": sum(1 for m in block.modules() if "norm" in type(m).__name__.lower()),
+            "eager_attention": getattr(config, "_attn_implementation", None) == "eager",
+            "attn_softcap": bool(getattr(config, "attn_logit_softcapping", None)),
+            "logit_softcap": bool(getattr(config, "final_logit_softcapping", None))}
 
 
 BUILT_BLOCKS = 2
