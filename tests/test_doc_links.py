@@ -55,5 +55,5 @@ def test_the_readme_first_screen_keeps_the_ci_commands_and_the_table_markers():
         assert i < 40, f"{marker} is not on the first screen"
     assert text.count("<!-- supported-models:begin -->") == 1 and text.count("<!-- supported-models:end -->") == 1
     table = text.split("<!-- supported-models:begin -->")[1].split("<!-- supported-models:end -->")[0]
-    assert table.strip().startswith("| family | example | prune (mag/wanda/sparsegpt/dsnot) | adapters |")
+    assert table.strip().startswith("| family | stands for | pruners | adapters")
     assert "## Supported models" in text.split("<!-- supported-models:begin -->")[0]
