@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PreTrainedConfig
 
 from spp.adapters.base import count_parameters
 from spp.adapters.registry import get_method, make_config, methods_in_table_order
@@ -54,16 +54,17 @@ class ParamCount:
         return 1000.0 * self.trainable / self.total
 
 
-def model_arch(name: str, conf_dir: Path = CONF_DIR) -> LlamaConfig:
-    """``LlamaConfig`` from the ``arch`` block of ``conf/model/<name>.yaml``."""
+def model_arch(name: str, conf_dir: Path = CONF_DIR) -> PreTrainedConfig:
+    """The config of the ``arch`` block of ``conf/model/<name>.yaml`` (its ``model_type``; LLaMA when absent)."""
     path = Path(conf_dir) / "model" / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (Path(conf_dir) / "model").glob("*.yaml"))
         raise FileNotFoundError(f"No model config {path}; known models: {known}.")
     arch = OmegaConf.to_container(OmegaConf.load(path).get("arch") or {})
     if not arch:
-        raise ValueError(f"{path} has an empty 'arch' block; add the LlamaConfig fields (hidden_size, ...).")
-    return LlamaConfig(**arch)
+        raise ValueError(f"{path} has an empty 'arch' block; add the config.json fields (hidden_size, ...).")
+    model_type = arch.pop("model_type", "llama")
+    return LlamaConfig(**arch) if model_type == "llama" else AutoConfig.for_model(model_type, **arch)
 
 
 def count_spp_parameters(name: str, r: int = 16, targets: tuple[str, ...] = DEFAULT_TARGETS) -> ParamCount:
@@ -90,7 +91,7 @@ def count_method_parameters(name: str, method: str, r: int | None = 16, sparsity
     has_r = "r" in {f.name for f in dataclasses.fields(impl.config_class)}
     cfg = make_config(method, targets=list(targets), **({"r": r} if has_r and r is not None else {}))
     with torch.device("meta"):
-        model = impl.inject(LlamaForCausalLM(model_arch(name)), cfg, {})
+        model = impl.inject(AutoModelForCausalLM.from_config(model_arch(name)), cfg, {})
     trained = impl.trained_parameters(model, sparsity)
     total = count_parameters(model).total
     return ParamCount(model=name, r=impl.rank(cfg) or 0, trainable=trained, total=total, method=method)

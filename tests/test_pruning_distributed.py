@@ -127,7 +127,7 @@ def one_process() -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3 (uneven split): CI, slow
+@pytest.mark.parametrize("world", [2, pytest.param(3, marks=pytest.mark.slow)])  # 3 (uneven split): slow, CI
 def test_ranks_started_together_prune_like_one_process(world, one_process, tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
@@ -373,6 +373,7 @@ def test_prune_py_on_two_ranks_saves_the_one_process_model(tmp_path):
         assert torch.equal(two[k], one[k]), k
 
 
+@pytest.mark.slow  # waits out a lock timeout by design (the default suite stays under 10 minutes); CI runs it
 def test_a_lock_held_past_its_timeout_ends_with_one_line(tmp_path):
     assert _prune_cli(tmp_path).returncode == 0
     (entry,) = [p.parent for p in (tmp_path / "cache" / "pruning").rglob("manifest.json")]
@@ -454,6 +455,7 @@ with open(f"{{sys.argv[4]}}.rank{{ctx.rank}}.json", "w") as fh:  # one file per 
 """
 
 
+@pytest.mark.slow  # an 8 s read against a 12 s timeout on 3 ranks, by design (default suite < 10 min); CI runs it
 def test_three_ranks_survive_a_cache_read_slower_than_half_their_timeout(tmp_path):
     """Only rank 0 reads the entry (once); the others wait for its decision on a CPU group whose timeout covers
     the lock, so a read longer than half the process-group timeout (the old per-rank serial reads took 3x)

@@ -113,7 +113,7 @@ def _gguf_arch(cfg: ModelConfig, path: Path) -> dict[str, Any]:
 
 
 def model_arch(cfg: ModelConfig) -> dict[str, Any]:
-    """The architecture fields of ``cfg`` (LlamaConfig names) without loading a weight; checks the weight files.
+    """The architecture fields of ``cfg`` (config.json names) without loading a weight; checks the weight files.
 
     ``tiny``: its built-in arch plus ``model.arch``; a directory: ``config.json`` (and the safetensors headers); a
     GGUF file: its header; a hub id: ``model.arch`` (may be empty: the shape checks are then skipped).
