@@ -31,7 +31,7 @@ TRUNCATED_SAMPLES: tuple[str, ...] = (
 )
 """Files (or folders, ending in ``/``) of ``data/`` that are truncated copies (``data/README.md`` says which)."""
 
-_READ: dict[str, Path] = {}
+_READ: dict[str, tuple[Path, Path | None]] = {}
 _SHA256: dict[tuple[str, int, float], str] = {}
 
 
@@ -74,22 +74,45 @@ def find_data(relpath: str | os.PathLike[str], data_dir: str | os.PathLike[str] 
     if rel.is_absolute() or rel.exists():
         if not rel.exists():
             raise FileNotFoundError(f"data file {str(rel)!r} does not exist")
-        return _record(rel.resolve())
+        return _record(rel.resolve(), None)
     roots = data_roots(data_dir)
     for root in roots:
         candidate = root / rel
         if candidate.exists():
-            return _record(candidate)
+            return _record(candidate, root)
     searched = ", ".join(str(r / rel) for r in roots) or "(no data root exists)"
     raise FileNotFoundError(
         f"data file {str(rel)!r} not found; searched {searched}. Pass data_dir=<dir holding {rel}> or an absolute path."
     )
 
 
-def _record(path: Path) -> Path:
-    """Remember a data file or folder that a job resolved (for :func:`data_provenance`)."""
-    _READ[str(path)] = path
+def _record(path: Path, root: Path | None) -> Path:
+    """Remember a data file or folder that a job resolved, and the data root it was found under (for
+    :func:`data_provenance`)."""
+    _READ[str(path)] = (path, root)
     return path
+
+
+def relative_data_path(file: Path, root: Path | None = None) -> tuple[str, str]:
+    """``(where, path)`` of a data file for a run record, never a machine's absolute path: ``repo`` and the path
+    relative to the checkout (the shipped ``data/`` samples), ``data_root`` and the path relative to the data root
+    it was found under (``data_dir``, ``$SPP_DATA_DIR`` or ``../shared/data``), else ``external`` and its name."""
+    resolved = file.resolve()
+    if resolved.is_relative_to(REPO_ROOT):
+        return "repo", resolved.relative_to(REPO_ROOT).as_posix()
+    if root is not None and file.is_relative_to(root):
+        return "data_root", file.relative_to(root).as_posix()
+    if root is not None and resolved.is_relative_to(root.resolve()):
+        return "data_root", resolved.relative_to(root.resolve()).as_posix()
+    return "external", file.name
+
+
+def shipped_copy(where: str, rel: str) -> Path | None:
+    """The shipped sample at the same relative path as a recorded file (``None`` when there is none)."""
+    if where == "external":
+        return None
+    sample = (REPO_ROOT / rel if where == "repo" else SAMPLE_DATA_DIR / rel).resolve()
+    return sample if sample.is_file() and sample.is_relative_to(SAMPLE_DATA_DIR) else None
 
 
 def is_truncated_sample(path: str | os.PathLike[str]) -> bool:
@@ -121,19 +144,32 @@ def forget_data_reads() -> None:
     _READ.clear()
 
 
+def _provenance_row(file: Path, root: Path | None) -> dict[str, Any]:
+    """One file's record: where (``repo``, ``data_root``, ``external``), its relative path, sha256, size, and
+    whether its bytes are the shipped sample at the same relative path (and that sample a truncated one)."""
+    where, rel = relative_data_path(file, root)
+    sha = file_sha256(file, memo=True)
+    sample = shipped_copy(where, rel)
+    shipped = sample is not None and file_sha256(sample, memo=True) == sha
+    return {"path": rel, "root": where, "sha256": sha, "bytes": file.stat().st_size, "shipped_sample": shipped,
+            "truncated_sample": shipped and is_truncated_sample(sample)}
+
+
 def data_provenance(reset: bool = False) -> list[dict[str, Any]]:
-    """Every data file this process resolved through :func:`find_data`: path, sha256, sample and truncation flags.
+    """Every data file this process resolved through :func:`find_data`, by path relative to the checkout
+    (``root: repo``) or to the data root it was found under (``root: data_root``; a file outside both:
+    ``external``, its name), with sha256 and size. ``shipped_sample``: its bytes are the shipped ``data/`` sample
+    at the same relative path, wherever it was read (``truncated_sample``: and that sample is a truncated copy).
 
     Folders are listed file by file. ``reset=True`` forgets them afterwards (one job per process in tests).
     """
-    files: dict[str, Path] = {}
-    for path in _READ.values():
+    files: dict[str, tuple[Path, Path | None]] = {}
+    for path, root in _READ.values():
         for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
             if file.is_file() and not file.name.startswith(("LICENSE", ".")):
-                files[str(file)] = file
-    rows = [{"path": name, "sha256": file_sha256(file, memo=True), "bytes": file.stat().st_size,
-             "shipped_sample": file.resolve().is_relative_to(SAMPLE_DATA_DIR),
-             "truncated_sample": is_truncated_sample(file)} for name, file in sorted(files.items())]
+                files[str(file)] = (file, root)
+    rows = sorted((_provenance_row(file, root) for file, root in files.values()),
+                  key=lambda r: (r["root"], r["path"]))
     if reset:
         _READ.clear()
     return rows

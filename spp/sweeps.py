@@ -27,8 +27,28 @@ from spp.errors import UserError
 
 OBJECTIVE_FILE = "objective.json"
 TRIALS_FILE = "trials.json"
-VALIDATION_OBJECTIVES: tuple[str, ...] = ("val_loss",)
-"""Objectives a hyper-parameter search may optimise: ``val_loss`` = the Alpaca held-out loss (last ``val/loss``)."""
+VALIDATION_OBJECTIVES: tuple[str, ...] = ("val_loss", "ppl_val_merged")
+"""Objectives a hyper-parameter search may optimise: ``val_loss`` = the Alpaca held-out loss (last ``val/loss``);
+``ppl_val_merged`` = the merged model's WikiText-2 *validation* perplexity (``eval.ppl_source`` or
+``eval.extra_ppl_sources`` holding ``wikitext2_val``; measured after the merge, so LoRA* is judged re-masked)."""
+VAL_PPL_SOURCE = "wikitext2_val"
+"""The perplexity source behind ``ppl_val_merged`` (:data:`spp.eval.perplexity.WIKITEXT2_VAL`)."""
+
+
+def objective_value(summary: dict[str, Any], objective: str) -> float | None:
+    """The value ``objective`` names in a run's ``summary.json``: ``val_loss`` (the last Alpaca validation loss),
+    ``ppl_val_merged`` (the merged model's ``wikitext2_val`` perplexity), ``ppl_merged`` (its ``eval.ppl_source``
+    perplexity, WikiText-2 *test* by default: for reporting only); ``None`` when the run did not measure it."""
+    if objective == "val_loss":
+        val = (summary.get("losses") or {}).get("val") or []
+        return float(val[-1]) if val else None
+    if objective == "ppl_val_merged":
+        entry = (summary.get("merged_ppl_by_source") or {}).get(VAL_PPL_SOURCE)
+        return float(entry["ppl"]) if entry else None
+    if objective == "ppl_merged":
+        merged = (summary.get("perplexity") or {}).get("merged")
+        return float(merged["ppl"]) if merged else None
+    return None
 
 
 def optuna_sweep() -> bool:
@@ -52,8 +72,8 @@ def require_validation_objective(objective: str | None, allowed: Sequence[str] =
         raise UserError(
             f"sweep_objective={objective}: an Optuna sweep selects hyper-parameters, so the job must return a "
             f"validation metric ({', '.join(allowed)}), never a test-split number",
-            "set sweep_objective=val_loss (hydra/sweeper=optuna_lr sets it; drop sweep_objective= from the command "
-            "line)",
+            "set sweep_objective=val_loss or ppl_val_merged (hydra/sweeper=optuna_lr sets val_loss; drop "
+            "sweep_objective= from the command line)",
             key="sweep_objective",
         )
 

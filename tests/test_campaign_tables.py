@@ -75,6 +75,26 @@ def test_lr_select_picks_the_lowest_last_validation_loss(tmp_path: Path, capsys)
     assert "| 1e-05 | inf | job failed (`lr1e-05.failed.log`) |  |" in out.read_text()
 
 
+def test_lr_select_on_the_merged_validation_perplexity(tmp_path: Path, capsys):
+    """``--objective ppl_val_merged`` (issue 33) picks the lowest merged WikiText-2 validation perplexity, which
+    here disagrees with the validation loss; a run that did not measure it is never chosen."""
+    for lr, val, ppl in ((1e-3, (2.5,), 40.0), (1e-2, (2.2,), 45.0), (1e-1, (2.0,), None)):
+        data = summary(lr=lr, val=val)
+        if ppl is not None:
+            data["merged_ppl_by_source"] = {"wikitext2_val": {"ppl": ppl, "source": "wikitext2_val"}}
+        write(tmp_path, f"lr{lr:g}", data)
+    assert lr_select.best(lr_select.load_grid(tmp_path)).lr == 1e-1
+    points = lr_select.load_grid(tmp_path, "ppl_val_merged")
+    assert lr_select.best(points).lr == 1e-3 and points[-1].objective == math.inf
+    assert lr_select.main([str(tmp_path), "--objective", "ppl_val_merged", "--print-lr"]) == 0
+    assert capsys.readouterr().out == "0.001\n"
+    table = lr_select.grid_table(points)
+    assert "objective: merged WikiText-2 validation perplexity" in table
+    assert "| 0.001 | 40.00 | 2.5000 | 2.5000 | ✓ |" in table and "| 0.1 | – | 2.0000 | 2.0000 |  |" in table
+    with pytest.raises(ValueError, match="choose one of val_loss, ppl_val_merged"):
+        lr_select.load_grid(tmp_path, "ppl_merged")  # a test-split number never selects
+
+
 def test_lr_select_refuses_an_empty_or_mixed_grid_in_one_line(tmp_path: Path, capsys):
     assert lr_select.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()

@@ -231,10 +231,30 @@ def test_provenance_marks_truncated_samples():
     forget_data_reads()
     find_data("boolq/val.jsonl", SAMPLE_DATA_DIR)
     find_data("rte/val.jsonl", SAMPLE_DATA_DIR)
-    rows = {Path(r["path"]).relative_to(SAMPLE_DATA_DIR).as_posix(): r for r in data_provenance(reset=True)}
-    assert rows["boolq/val.jsonl"]["truncated_sample"] and rows["boolq/val.jsonl"]["shipped_sample"]
-    assert not rows["rte/val.jsonl"]["truncated_sample"]
-    assert len(rows["rte/val.jsonl"]["sha256"]) == 64
+    rows = {r["path"]: r for r in data_provenance(reset=True)}  # shipped: relative to the checkout (issue 33)
+    assert rows["data/boolq/val.jsonl"]["truncated_sample"] and rows["data/boolq/val.jsonl"]["shipped_sample"]
+    assert not rows["data/rte/val.jsonl"]["truncated_sample"] and rows["data/rte/val.jsonl"]["root"] == "repo"
+    assert len(rows["data/rte/val.jsonl"]["sha256"]) == 64
+
+
+def test_provenance_is_relative_to_the_data_root_and_compares_bytes(tmp_path):
+    """A copy of a shipped sample elsewhere is recorded relative to its data root and is a shipped sample (its
+    bytes are); an edited copy is not; a file outside every root is recorded by name only."""
+    for rel, edit in (("boolq/val.jsonl", False), ("rte/val.jsonl", True)):
+        (tmp_path / rel).parent.mkdir(parents=True)
+        text = (SAMPLE_DATA_DIR / rel).read_text()
+        (tmp_path / rel).write_text(text + "\n" if edit else text)
+    (tmp_path / "own.json").write_text('{"text": "x"}\n')
+    forget_data_reads()
+    find_data("boolq/val.jsonl", tmp_path)
+    find_data("rte/val.jsonl", tmp_path)
+    find_data(tmp_path / "own.json")
+    rows = {r["path"]: r for r in data_provenance(reset=True)}
+    assert set(rows) == {"boolq/val.jsonl", "rte/val.jsonl", "own.json"}
+    assert rows["boolq/val.jsonl"]["root"] == "data_root" and rows["own.json"]["root"] == "external"
+    assert rows["boolq/val.jsonl"]["shipped_sample"] and rows["boolq/val.jsonl"]["truncated_sample"]
+    assert not rows["rte/val.jsonl"]["shipped_sample"] and not rows["own.json"]["shipped_sample"]
+    assert str(tmp_path) not in json.dumps(rows)
 
 
 def test_eval_results_record_data_files(tmp_path, monkeypatch, capsys):

@@ -21,6 +21,7 @@ from spp.atomic import remove_stale_temporaries, write_json_atomic
 from spp.commands.entry import Command
 from spp.distributed import DistContext, close_process_group
 from spp.errors import DivergedError
+from spp.eval.doc_records import DOC_RECORDS_FILE, write_doc_records
 from spp.eval.tables import final_metrics
 from spp.loggers import build_loggers, finish_wandb, log_final_metrics, run_tags, save_and_print_config
 from spp.paths import data_provenance, forget_data_reads
@@ -93,6 +94,8 @@ def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | 
         log_final_metrics(loggers, final_metrics(summary), step=fitted.steps)
     finally:
         finish_wandb()
+    if final.doc_records is not None:
+        write_doc_records(run_dir / DOC_RECORDS_FILE, final.doc_records)
     write_json_atomic(run_dir / "summary.json", summary)
     print_results(summary)
     _raise_failure(final, run_dir)

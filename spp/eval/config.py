@@ -17,9 +17,12 @@ class EvalConfig:
     Attributes:
         name: Preset name (``default``, ``quick``, ``paper``, ``none``).
         ppl: Measure perplexity.
-        ppl_source: Main perplexity source: ``wikitext2`` (local raw test split), ``c4`` (local sample of C4
+        ppl_source: Main perplexity source: ``wikitext2`` (local raw test split), ``wikitext2_val`` (local raw
+            validation split: what ``sweep_objective=ppl_val_merged`` selects on), ``c4`` (local sample of C4
             train shard 0, *not* the validation shard), ``hf:wikitext2`` (hub) or a file path.
-        extra_ppl_sources: Further sources measured by ``eval.py`` with the same settings (e.g. ``[c4]``).
+        extra_ppl_sources: Further sources measured with the same settings (e.g. ``[c4]``, ``[wikitext2_val]``) by
+            ``eval.py`` and by ``train.py`` on the merged model (``summary.json`` → ``merged_ppl_by_source``; the
+            dense and pruned models are measured on ``ppl_source`` only).
         seqlen: Perplexity window in tokens (2048 for LLaMA-1; 4096 for LLaMA-2); must not exceed the
             model's ``max_position_embeddings``.
         max_windows: Evaluate ``max_windows`` windows chosen by ``window_sampling``; null = all.
@@ -41,6 +44,10 @@ class EvalConfig:
             fewest that hold the model (1 for 7B and 13B in bf16 on 80 GB GPUs, 2 for 70B); 1 on CPUs.
         max_memory_per_gpu: Weights per GPU of a replica spread over several (accelerate ``max_memory``, e.g.
             ``70GiB``); null = their free memory.
+        log_samples: Keep lm-eval's per-document results (its ``log_samples``) and write them, one JSON line per
+            scored document (task, doc id and hash, gold, per-choice log-likelihoods, ``acc``/``acc_norm``), to
+            ``zero_shot_docs.jsonl`` beside ``results.json`` / ``summary.json``, with the majority-class accuracy
+            of the scored documents; ``python -m spp.eval.paired`` compares two such files.
     """
 
     name: str = "default"
@@ -60,6 +67,7 @@ class EvalConfig:
     device: str | None = None
     gpus_per_replica: int | None = None
     max_memory_per_gpu: str | None = None
+    log_samples: bool = False
 
     def __post_init__(self) -> None:
         self.validate()

@@ -28,6 +28,7 @@ from spp.distributed import DistContext, local_world_size
 from spp.errors import UserError
 from spp.eval.config import EvalConfig
 from spp.eval.distributed_lm import IN_MEMORY, load_replica_model
+from spp.eval.doc_records import DOC_RECORDS_FILE, doc_records, majority_class
 from spp.eval.harness import run_eval_tasks
 from spp.eval.replicas import ReplicaGroup, replica_devices
 from spp.generation import generate_text
@@ -50,6 +51,8 @@ class Evaluation:
         seconds: Wall seconds by part (``load``, ``ppl_<source>``, ``zero_shot``, ``sample``).
         placement: Replicas, GPUs per replica, how (``single``, ``data_parallel``, ``parallelize``), lm-eval's
             equivalent ``--model_args``.
+        doc_records: With ``eval.log_samples``: one record per scored document (:mod:`spp.eval.doc_records`);
+            ``zero_shot`` then also holds ``majority_class`` (per task, of the scored documents).
     """
 
     ppl: dict[str, Any] | None = None
@@ -59,6 +62,7 @@ class Evaluation:
     sample: dict[str, Any] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     placement: dict[str, Any] = field(default_factory=dict)
+    doc_records: list[dict[str, Any]] | None = None
 
     def record(self) -> dict[str, Any]:
         """What ``summary.json`` keeps of how the evaluation ran."""
@@ -174,6 +178,9 @@ def _tasks(model: nn.Module, tokenizer: Any, eval_cfg: EvalConfig, replicas: Rep
                      "mmlu_acc": harness.mmlu_acc, "limit": harness.limit, "mmlu_limit": eval_cfg.mmlu_limit,
                      "num_fewshot": harness.num_fewshot}
     out.task_versions = dict(harness.raw.get("versions", {}))
+    if "samples" in harness.raw:
+        out.doc_records = doc_records(harness.raw["samples"])
+        out.zero_shot.update(majority_class=majority_class(out.doc_records), documents=DOC_RECORDS_FILE)
     out.seconds["zero_shot"] = round(time.perf_counter() - t0, 2)
     if replicas.ctx.is_main:
         log.info("%s: eval tasks %s: zero-shot mean %s, MMLU %s (%.1f s)", label, list(eval_cfg.tasks),

@@ -343,7 +343,8 @@ def run_eval_tasks(
         model: The causal LM (pruned, SPP-wrapped or merged).
         tokenizer: Its tokenizer.
         eval_cfg: The ``eval`` group (``tasks``, ``limit``, ``mmlu_limit``, ``doc_seed``, ``lm_eval_batch_size``,
-            ``online``); a limited run evaluates a seeded random sample of ``limit`` documents (``doc_seed``).
+            ``online``, ``log_samples``: lm-eval's per-document samples in ``raw["samples"]``); a limited run
+            evaluates a seeded random sample of ``limit`` documents (``doc_seed``).
         data_dir: Data root override.
         seed: lm-eval seeds (``None`` = lm-eval's defaults).
         replicas: Split the documents over these replicas (see :func:`evaluate_tasks`); every leader calls this.
@@ -363,6 +364,7 @@ def run_eval_tasks(
             continue
         res = evaluate_tasks(model, tokenizer, tasks=tasks, limit=limit, batch_size=int(eval_cfg.lm_eval_batch_size),
                              data_dir=data_dir, online=bool(eval_cfg.online), seed=seed, replicas=replicas,
+                             log_samples=bool(getattr(eval_cfg, "log_samples", False)),
                              doc_seed=getattr(eval_cfg, "doc_seed", None) if limit is not None else None)
         if merged is None:
             merged = res
@@ -371,7 +373,7 @@ def run_eval_tasks(
         merged.num_fewshot.update(res.num_fewshot)
         if merged.raw.get("doc_seed") is None:
             merged.raw["doc_seed"] = res.raw.get("doc_seed")
-        for key in ("results", "versions", "n-shot", "n-samples", "groups"):
+        for key in ("results", "versions", "n-shot", "n-samples", "groups", "samples"):
             merged.raw.setdefault(key, {}).update(res.raw.get(key, {}))
     if merged is None:
         raise ValueError("eval.tasks is empty; list tasks such as [spp_zeroshot, spp_mmlu]")

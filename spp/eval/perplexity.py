@@ -33,11 +33,14 @@ from tqdm.auto import tqdm
 from spp.paths import find_data
 
 WIKITEXT2_TEST = "wikitext2/test.json"
+WIKITEXT2_VALIDATION = "wikitext2/validation.json"
+WIKITEXT2_VAL = "wikitext2_val"
+"""The WikiText-2 *validation* split as a perplexity source (issue 33: the selection objective of a sweep)."""
 C4_SAMPLE = "c4/c4_sample.jsonl"
 C4_MAX_DOCS = 1100
 C4_MAX_WINDOWS = 256
 HUB_WIKITEXT2 = "hf:wikitext2"
-SOURCES = ("wikitext2", "c4", HUB_WIKITEXT2)
+SOURCES = ("wikitext2", WIKITEXT2_VAL, "c4", HUB_WIKITEXT2)
 WINDOW_SAMPLING = ("first", "systematic")
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -109,6 +112,8 @@ def source_file(source: str, data_dir: str | os.PathLike[str] | None = None) -> 
         return None
     if source == "wikitext2":
         return find_data(WIKITEXT2_TEST, data_dir)
+    if source == WIKITEXT2_VAL:
+        return find_data(WIKITEXT2_VALIDATION, data_dir)
     if source == "c4":
         return find_data(C4_SAMPLE, data_dir)
     path = Path(source).expanduser()
@@ -124,7 +129,8 @@ def load_eval_text(source: str = "wikitext2", data_dir: str | os.PathLike[str] |
     """Return ``(text, label)`` for a perplexity source.
 
     Args:
-        source: ``"wikitext2"`` (local raw test split, rows joined by ``"\\n\\n"``), ``"c4"`` (the local
+        source: ``"wikitext2"`` (local raw test split, rows joined by ``"\\n\\n"``), ``"wikitext2_val"`` (the
+            local raw validation split, joined the same way: the split a sweep may select on), ``"c4"`` (the local
             C4 sample: the first 1,000 documents of C4 *train* shard 0, not the validation shard SparseGPT
             uses; first 1,100 documents joined by ``" "`` as in SparseGPT's ``get_c4``), ``"hf:wikitext2"``
             (the hub dataset; needs network), or a path to a ``.json``/``.jsonl`` file of ``{"text": ...}``
@@ -141,8 +147,8 @@ def load_eval_text(source: str = "wikitext2", data_dir: str | os.PathLike[str] |
         rows = load_dataset("wikitext", "wikitext-2-raw-v1", split="test")["text"]
         return "\n\n".join(rows), "wikitext2"
     path = source_file(source, data_dir)
-    if source == "wikitext2":
-        return "\n\n".join(_read_rows(path)), "wikitext2"
+    if source in ("wikitext2", WIKITEXT2_VAL):
+        return "\n\n".join(_read_rows(path)), source
     if source == "c4":
         return " ".join(_read_rows(path)[:C4_MAX_DOCS]), "c4-train00000-sample"
     if path.suffix == ".txt":

@@ -16,6 +16,7 @@ from spp.adapters.registry import describe_dir, load_adapter_dir
 from spp.atomic import check_writable_dir
 from spp.distributed import launch_processes
 from spp.errors import UserError
+from spp.eval.doc_records import DOC_RECORDS_FILE, write_doc_records
 from spp.eval.evaluate import Evaluation, evaluate
 from spp.eval.harness import task_data_files
 from spp.eval.job_config import EvalJobConfig
@@ -206,6 +207,9 @@ def _write(cfg: EvalJobConfig, output_dir: str | Path, label: str, info: dict[st
         info["mmlu_limit"] = cfg.eval.mmlu_limit if cfg.eval.mmlu_limit is not None else cfg.eval.limit
         info["num_fewshot"] = ev.zero_shot["num_fewshot"]
         info["task_versions"] = ev.task_versions
+        if ev.doc_records is not None:
+            info["majority_class"] = ev.zero_shot["majority_class"]
+            info["documents"] = write_doc_records(Path(output_dir) / DOC_RECORDS_FILE, ev.doc_records).name
     info["data_files"] = data_provenance()
     meta = {"config": dataclasses.asdict(cfg), "data_files": info["data_files"]}
     write_results(output_dir, [record], meta, title=f"Evaluation: {record.label}")

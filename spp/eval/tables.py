@@ -90,6 +90,10 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
             for end in ("ci_low", "ci_high"):
                 if entry.get(end) is not None:
                     out[f"final/ppl_{stage}_{end}"] = float(entry[end])
+    main = ((summary.get("config") or {}).get("eval") or {}).get("ppl_source")
+    for src, entry in (summary.get("merged_ppl_by_source") or {}).items():
+        if entry and src != main:  # eval.extra_ppl_sources of the merged model (e.g. wikitext2_val)
+            out[f"final/ppl_merged_{src}"] = float(entry["ppl"])
     for key, value in (summary.get("gap_closed") or {}).items():
         if key.startswith("gap_closed"):
             out[f"final/{key}"] = float(value)
@@ -140,7 +144,20 @@ def paper_table(records: Sequence[EvalRecord]) -> str:
         cells += [_pct(r.tasks.get(task, {}).get("acc")) for task, _ in PAPER_COLUMNS]
         cells += [_mean_text(r.tasks), _pct(r.tasks.get(MMLU_GROUP, {}).get("acc"))]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + _majority_rows(records, len(sources)))
+
+
+def _majority_rows(records: Sequence[EvalRecord], ppl_columns: int) -> list[str]:
+    """A "majority class" row per distinct set of scored documents (``info["majority_class"]``, written with
+    ``eval.log_samples=true``): the accuracy of always giving each task's most frequent correct answer."""
+    rows: list[str] = []
+    for majority in {json.dumps(m, sort_keys=True): m for r in records
+                     if (m := r.info.get("majority_class"))}.values():
+        cells = ["majority class (scored documents)", *["–"] * ppl_columns]
+        cells += [_pct(majority.get(task, {}).get("acc")) for task, _ in PAPER_COLUMNS]
+        cells += [_pct(zero_shot_mean(majority)), _pct(majority.get(MMLU_GROUP, {}).get("acc"))]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
 
 
 def acc_norm_table(records: Sequence[EvalRecord]) -> str:

@@ -61,6 +61,7 @@ class SweepObjective(Choice):
     default. Not the training loss, which is the ``objective`` group."""
 
     val_loss = "val_loss"
+    ppl_val_merged = "ppl_val_merged"
     ppl_merged = "ppl_merged"
     none = "none"
 
@@ -293,8 +294,10 @@ class TrainJobConfig:
         objective: The training loss (``objective=ce``: the labels' cross-entropy, the paper's; ``objective=distill``:
             distillation from the dense model; ``spp.training.objectives``).
         sweep_objective: What ``train.py`` returns to a sweeper: ``val_loss`` (the last Alpaca held-out loss; the
-            default, so learning rates are chosen on validation data), ``ppl_merged`` (WikiText-2 *test*
-            perplexity: for reporting, never for selection) or ``none``.
+            default, so learning rates are chosen on validation data), ``ppl_val_merged`` (the merged model's
+            WikiText-2 *validation* perplexity: needs ``wikitext2_val`` in ``eval.ppl_source`` or
+            ``eval.extra_ppl_sources``), ``ppl_merged`` (WikiText-2 *test* perplexity: for reporting, never for
+            selection) or ``none``.
         cache_lock_timeout_s: Seconds to wait for another job that is writing the same pruning cache entry
             (then one line and exit 2).
         plan: Print the job's memory and time plan (per phase: device, GPU GiB per device, host GiB per node,
@@ -330,6 +333,11 @@ class TrainJobConfig:
     plan_json: str | None = None
 
     def __post_init__(self) -> None:
+        if self.sweep_objective is SweepObjective.ppl_val_merged and not (
+                self.eval.ppl and "wikitext2_val" in (self.eval.ppl_source, *self.eval.extra_ppl_sources)):
+            raise ValueError("sweep_objective=ppl_val_merged needs the WikiText-2 validation perplexity of the merged "
+                             "model: add eval.extra_ppl_sources=[wikitext2_val] (or eval.ppl_source=wikitext2_val) "
+                             "and keep eval.ppl=true")
         if not self.cache_lock_timeout_s > 0:
             raise ValueError(f"cache_lock_timeout_s={self.cache_lock_timeout_s} must be > 0 (seconds)")
         if self.trainer.global_batch_size is not None and self.trainer.global_batch_size % self.data.train_batch_size:

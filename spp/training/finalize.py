@@ -56,7 +56,9 @@ class FinalizeResult:
     merge: dict[str, Any]
     audit: dict[str, Any]
     ppl: dict[str, Any] | None = None
+    ppl_by_source: dict[str, dict[str, Any]] = field(default_factory=dict)
     zero_shot: dict[str, Any] | None = None
+    doc_records: list[dict[str, Any]] | None = None
     merged_dir: str | None = None
     adapter_dir: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
@@ -176,6 +178,7 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
     sample = (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None
     evaluation = evaluate(target, job.eval, ctx, data_dir=job.data_dir, sample=sample, label="merged")
     result.ppl, result.zero_shot, result.sample = evaluation.ppl, evaluation.zero_shot, evaluation.sample
+    result.ppl_by_source, result.doc_records = evaluation.ppl_by_source, evaluation.doc_records
     result.evaluation = evaluation.record()
     result.seconds.update(evaluation.seconds)
     result.diverged = divergence(job, pruned, fitted, result)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spp.eval.perplexity import gap_closed
+from spp.sweeps import objective_value
 from spp.training.callbacks.pruning import PrunedModel
 from spp.training.config import SweepObjective, TrainJobConfig
 from spp.training.finalize import FinalizeResult
@@ -72,6 +73,7 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
                 "model": job.model.name, "pruner": job.pruner.name, "sparsity": job.sparsity.name,
                 "adapter": job.adapter.name, "r": getattr(job.adapter, "r", None), "objective": job.objective.name},
         "perplexity": {"dense": pruned.ppl.get("dense"), "pruned": pruned.ppl.get("pruned"), "merged": final.ppl},
+        "merged_ppl_by_source": final.ppl_by_source,
         "gap_closed": _gap_closed(pruned.ppl.get("dense"), pruned.ppl.get("pruned"), final.ppl),
         "zero_shot": final.zero_shot,
         "sparsity": {
@@ -100,15 +102,9 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
 
 
 def sweep_objective(summary: dict[str, Any], which: SweepObjective) -> float | None:
-    """The value a sweeper minimises (``sweep_objective``): the last validation loss, or the merged model's (test)
-    perplexity."""
-    if which is SweepObjective.val_loss:
-        val = summary["losses"]["val"]
-        return val[-1] if val else None
-    if which is SweepObjective.ppl_merged:
-        merged = summary["perplexity"]["merged"]
-        return merged["ppl"] if merged else None
-    return None
+    """The value a sweeper minimises (``sweep_objective``): the last validation loss, the merged model's WikiText-2
+    validation perplexity, or its (test) perplexity (:func:`spp.sweeps.objective_value`)."""
+    return objective_value(summary, which.value)
 
 
 def _fmt_ppl(entry: dict[str, Any] | None) -> str:
@@ -134,6 +130,10 @@ def results_table(summary: dict[str, Any]) -> Table:
         f"dense {_fmt_ppl(ppl.get('dense'))} → pruned {_fmt_ppl(ppl.get('pruned'))} → "
         f"pruned+{label} {_fmt_ppl(ppl.get('merged'))}",
     )
+    main = ((summary.get("config") or {}).get("eval") or {}).get("ppl_source")
+    for src, entry in (summary.get("merged_ppl_by_source") or {}).items():
+        if entry and src != main:
+            table.add_row(f"perplexity {src} ({entry['windows']} windows)", f"pruned+{label} {_fmt_ppl(entry)}")
     sp = summary.get("sparsity", {})
     before, after = sp.get("before"), sp.get("after")
     table.add_row(
