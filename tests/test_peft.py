@@ -137,19 +137,25 @@ def test_registration_is_idempotent():
     assert PEFT_TYPE_TO_TUNER_MAPPING[PeftType.SPP] is SPPModel and PEFT_TYPE_TO_CONFIG_MAPPING["SPP"] is SPPConfig
 
 
-def test_get_peft_model_trains_exactly_as_inject(trained_pair):
-    """Point 1: same init and, after AdamW steps with dropout on, the same alpha and beta as ``spp.inject``."""
-    peft_model, ref, (init_peft, init_ref), losses_peft, losses_ref = trained_pair
+def _trained_alike(pair, peft_read, ref_read, trainable_name: str) -> None:
+    """The peft model of ``pair`` and spp's own from one seed: the same initial tensors, losses, and (1e-6) trained
+    tensors, every one moved; only the 28 adapter tensors named like ``trainable_name`` train."""
+    peft_model, ref, (init_peft, init_ref), losses_peft, losses_ref = pair
     assert list(init_peft) == list(init_ref) and len(init_peft) == 2 * 7 * 2
     for key, value in init_peft.items():
         assert torch.equal(value, init_ref[key]), key
     assert losses_peft == pytest.approx(losses_ref, abs=1e-6) and losses_peft[-1] < losses_peft[0]
-    trained, reference = peft_tensors(peft_model), spp_tensors(ref)
+    trained, reference = peft_read(peft_model), ref_read(ref)
     for key, value in trained.items():
         assert not torch.equal(value, init_peft[key]), f"{key} did not train"
         torch.testing.assert_close(value, reference[key], rtol=0, atol=1e-6, msg=key)
     trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
-    assert len(trainable) == 28 and all(re.search(r"\.spp_(alpha|beta)\.default$", n) for n in trainable)
+    assert len(trainable) == 28 and all(re.search(trainable_name, n) for n in trainable)
+
+
+def test_get_peft_model_trains_exactly_as_inject(trained_pair):
+    """Point 1: same init and, after AdamW steps with dropout on, the same alpha and beta as ``spp.inject``."""
+    _trained_alike(trained_pair, peft_tensors, spp_tensors, r"\.spp_(alpha|beta)\.default$")
 
 
 def test_merge_and_unload_keeps_zeros_and_equals_spp_merge(trained_pair):
@@ -330,17 +336,7 @@ def test_sparse_lora_is_a_registered_peft_method():
 def test_get_peft_model_sparse_lora_trains_exactly_as_inject_sparse_lora(sparse_pair):
     """Same initial A/B and, after AdamW steps with dropout on, the same A/B (1e-6) as spp's ``inject_sparse_lora``;
     only A and B train."""
-    peft_model, ref, (init_peft, init_ref), losses_peft, losses_ref = sparse_pair
-    assert list(init_peft) == list(init_ref) and len(init_peft) == 2 * 7 * 2
-    for key, value in init_peft.items():
-        assert torch.equal(value, init_ref[key]), key
-    assert losses_peft == pytest.approx(losses_ref, abs=1e-6) and losses_peft[-1] < losses_peft[0]
-    trained, reference = sparse_tensors(peft_model), sparse_tensors(ref)
-    for key, value in trained.items():
-        assert not torch.equal(value, init_peft[key]), f"{key} did not train"
-        torch.testing.assert_close(value, reference[key], rtol=0, atol=1e-6, msg=key)
-    trainable = {n for n, p in peft_model.named_parameters() if p.requires_grad}
-    assert len(trainable) == 28 and all(re.search(r"\.lora_[AB]\.default\.weight$", n) for n in trainable)
+    _trained_alike(sparse_pair, sparse_tensors, sparse_tensors, r"\.lora_[AB]\.default\.weight$")
 
 
 def logits(model: nn.Module) -> torch.Tensor:
