@@ -142,6 +142,18 @@ def resolve_targets(block: nn.Module, targets: Iterable[str], key: str = "pruner
     return targets
 
 
+def names_in(model: nn.Module, targets: Iterable[str], key: str = "adapter.targets") -> list[str]:
+    """The names to match in ``model``: the default list becomes its block projections' names (kept as they are on
+    a module without decoder blocks); an explicit list as given, unchecked."""
+    targets = list([targets] if isinstance(targets, str) else targets)
+    if not is_default(targets):
+        return targets
+    try:
+        return model_targets(model, targets, key)
+    except ValueError:  # no decoder blocks (a unit test's Sequential): the names as given
+        return targets
+
+
 def model_targets(model: nn.Module, targets: Iterable[str], key: str = "adapter.targets",
                   default: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
     """:func:`resolve_targets` against ``model``'s first decoder block."""

@@ -5,8 +5,8 @@
   ``gate_up_proj``, OPT's ``out_proj``/``fc1``/``fc2``, GPT-2's ``c_attn``/``c_proj``/``c_fc``. Explicit names are
   left to peft.
 * GPT-2's ``Conv1D`` layers are swapped for :class:`~spp.models.conv1d.Conv1DAsLinear` (an ``nn.Linear`` whose
-  state dict keeps ``Conv1D``'s layout), in place, so the tuners see ``nn.Linear`` only and a merged model saves as a
-  plain GPT-2 checkpoint.
+  state dict keeps ``Conv1D``'s layout), in place, by the tuners' ``_prepare_model`` (``linearize_conv1d``), so they
+  see ``nn.Linear`` only and a merged model saves as a plain GPT-2 checkpoint.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from __future__ import annotations
 from peft.config import PeftConfig
 from torch import nn
 
-from spp.models.conv1d import linearize_conv1d
-from spp.projections import DEFAULT_TARGETS, decoder_layers, is_default, model_targets
+from spp.projections import DEFAULT_TARGETS, is_default, names_in
 
 TARGETS_KEY = "target_modules"
 """The config key named in a bad-target error."""
@@ -27,16 +26,6 @@ def resolve_default_targets(config: PeftConfig, model: nn.Module) -> None:
     A module without decoder blocks (a unit test's ``Sequential``) keeps the default names, matched anywhere.
     """
     targets = config.target_modules
-    if targets is not None and (isinstance(targets, str) or not is_default(targets)):
-        return
-    try:
-        decoder_layers(model)
-    except ValueError:
-        config.target_modules = list(DEFAULT_TARGETS)
-        return
-    config.target_modules = model_targets(model, DEFAULT_TARGETS, TARGETS_KEY)
+    if targets is None or (not isinstance(targets, str) and is_default(targets)):
+        config.target_modules = names_in(model, DEFAULT_TARGETS, TARGETS_KEY)
 
-
-def prepare_model(model: nn.Module) -> int:
-    """Hold GPT-2-style ``Conv1D`` layers as ``nn.Linear`` (in place); returns how many were swapped."""
-    return linearize_conv1d(model)

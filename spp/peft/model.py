@@ -9,7 +9,8 @@ from peft.config import PeftConfig
 from peft.tuners.tuners_utils import BaseTuner, _get_tuner_state_dict_key_prefixes
 from torch import nn
 
-from spp.peft.architecture import prepare_model, resolve_default_targets
+from spp.models.conv1d import linearize_conv1d
+from spp.peft.architecture import resolve_default_targets
 from spp.peft.config import SPPConfig
 from spp.peft.layer import SPPLayer
 from spp.peft.registration import PREFIX
@@ -58,7 +59,7 @@ class SPPModel(BaseTuner):
 
     def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
         """GPT-2's ``Conv1D`` layers become ``nn.Linear`` (their state dict keeps ``Conv1D``'s layout)."""
-        prepare_model(model)
+        linearize_conv1d(model)  # GPT-2's Conv1D held as nn.Linear, in place
 
     def _create_and_replace(self, peft_config: SPPConfig, adapter_name: str, target: nn.Module, target_name: str,
                             parent: nn.Module, current_key: str, parameter_name: str | None = None,

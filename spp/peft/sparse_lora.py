@@ -21,7 +21,8 @@ from torch import nn
 
 from spp.adapters.methods.lora.config import LoRAConfig as _SppDefaults
 from spp.adapters.methods.sparse_lora.layer import FORMAT, META_NAME, PEFT_TYPE, SparseLoraLinear, sparse_lora_layers
-from spp.peft.architecture import prepare_model, resolve_default_targets
+from spp.models.conv1d import linearize_conv1d
+from spp.peft.architecture import resolve_default_targets
 from spp.peft.registration import SPARSE_LORA_NAME, SPARSE_LORA_PREFIX, peft_type
 from spp.projections import DEFAULT_TARGETS
 
@@ -75,7 +76,7 @@ class SparseLoraModel(LoraModel):
 
     def _prepare_model(self, peft_config: LoraConfig, model: nn.Module) -> None:
         """GPT-2's ``Conv1D`` layers become ``nn.Linear`` (their state dict keeps ``Conv1D``'s layout)."""
-        prepare_model(model)
+        linearize_conv1d(model)  # GPT-2's Conv1D held as nn.Linear, in place
         super()._prepare_model(peft_config, model)
 
     @staticmethod

@@ -105,7 +105,7 @@ def shape_of(model: nn.Module, name: str, targets: list[str], bytes_per_param: i
     ``blocks``: the real number of decoder blocks when ``model`` was built with fewer identical ones (every block
     of a LLaMA-style stack has the same parameters, so one built block stands for all of them).
     """
-    linearize_conv1d(model)  # GPT-2's Conv1D: the (out, in) of an nn.Linear
+    linearize_conv1d(model)  # GPT-2's Conv1D: the (out, in) of an nn.Linear (a no-op on a skeleton_from_arch one)
     _prefix, layers = decoder_layers(model)
     block = layers[0]
     block_params = sum(p.numel() for p in block.parameters())
@@ -144,19 +144,27 @@ BUILT_BLOCKS = 2
 scaled to ``num_hidden_layers``): a 70B skeleton of 80 blocks takes seconds to build, two take milliseconds."""
 
 
-def shape_from_arch(name: str, arch: dict[str, Any], targets: list[str], bytes_per_param: int = 2) -> ModelShape:
-    """The shape of the causal LM described by ``arch`` (a model group's ``arch`` block, ``config.json``'s fields or
-    a GGUF header's), built on ``meta`` with :data:`BUILT_BLOCKS` blocks; ``model_type`` defaults to ``llama``."""
+def skeleton_from_arch(arch: dict[str, Any], blocks: int) -> nn.Module:
+    """The causal LM described by ``arch`` (a model group's ``arch`` block, ``config.json``'s fields or a GGUF
+    header's; ``model_type`` defaults to ``llama``) with ``blocks`` decoder blocks, its parameters on ``meta``
+    (buffers real), a tied LM head tied as loading ties it, GPT-2's ``Conv1D`` held as ``nn.Linear``."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = {k: v for k, v in arch.items() if k not in ("model_type", "architectures", "transformers_version")}
-    layers = int(fields.get("num_hidden_layers", 32))
-    fields["num_hidden_layers"] = min(layers, BUILT_BLOCKS)
-    config = AutoConfig.for_model(str(arch.get("model_type") or "llama"), **fields)
+    config = AutoConfig.for_model(str(arch.get("model_type") or "llama"), **{**fields, "num_hidden_layers": blocks})
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config)
     model.tie_weights()  # as loading does: a tied LM head is the embedding, counted once
+    linearize_conv1d(model)
+    return model
+
+
+def shape_from_arch(name: str, arch: dict[str, Any], targets: list[str], bytes_per_param: int = 2) -> ModelShape:
+    """The shape of the causal LM described by ``arch``, built on ``meta`` with :data:`BUILT_BLOCKS` blocks
+    (:func:`skeleton_from_arch`)."""
+    layers = int(arch.get("num_hidden_layers", 32))
+    model = skeleton_from_arch(arch, min(layers, BUILT_BLOCKS))
     _prefix, built = decoder_layers(model)
     sizes = {sum(p.numel() for p in block.parameters()) for block in built}
     if len(sizes) != 1:

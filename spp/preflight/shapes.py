@@ -13,7 +13,7 @@ import torch
 
 from spp.adapters.registry import get_method
 from spp.errors import UserError
-from spp.models.conv1d import linearize_conv1d
+from spp.planning.shapes import skeleton_from_arch
 from spp.projections import block_projections, decoder_layers, matches, resolve_targets
 
 log = logging.getLogger(__name__)
@@ -67,24 +67,19 @@ def arch_layers(arch: dict[str, Any]) -> ArchLayers | None:
         return None
     try:
         import transformers
-        from transformers import AutoConfig, AutoModelForCausalLM
 
         verbosity = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # config warnings belong to load time, not to this check
         try:
-            config = AutoConfig.for_model(model_type, **{k: v for k, v in arch.items() if k != "model_type"})
-            config.num_hidden_layers = 1
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config)
+            model = skeleton_from_arch({**arch, "model_type": model_type}, 1)
         finally:
             transformers.logging.set_verbosity(verbosity)
-        linearize_conv1d(model)
         _, layers = decoder_layers(model)
     except Exception as err:  # noqa: BLE001 - an architecture transformers cannot build fails at load time instead
         log.info("preflight: cannot build model_type=%s on the meta device (%s); layer checks run after loading",
                  model_type, err)
         return None
-    return ArchLayers(layers[0], model_type, getattr(config, "max_position_embeddings", None))
+    return ArchLayers(layers[0], model_type, getattr(model.config, "max_position_embeddings", None))
 
 
 def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = None, pruner: Any = None,

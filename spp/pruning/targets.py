@@ -7,15 +7,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from spp.projections import (
-    DEFAULT_TARGETS,
-    block_projections,
-    decoder_layers,
-    find_projections,
-    is_default,
-    matches,
-    model_targets,
-)
+from spp.projections import DEFAULT_TARGETS, block_projections, decoder_layers, find_projections, matches, names_in
 
 __all__ = ["block_linears", "current_masks", "decoder_layers", "target_linears"]
 
@@ -44,12 +36,7 @@ def current_masks(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) ->
     (and preferred over any ``<name>.weight`` of the wrapper). The default targets stand for every linear
     projection of the decoder blocks.
     """
-    targets = list(targets)
-    if is_default(targets):
-        try:
-            targets = model_targets(model, targets, "pruner.targets")
-        except ValueError:  # no decoder blocks: the names as given
-            pass
+    targets = names_in(model, targets, "pruner.targets")
     masks: dict[str, torch.Tensor] = {}
     from_base: set[str] = set()
     for module_name, module in model.named_modules():

@@ -16,7 +16,7 @@ from spp.adapters.base import AdapterMethod, Masks, freeze_all, read_adapter_fil
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.norms.config import NormsConfig
 from spp.atomic import write_file_atomic
-from spp.projections import DEFAULT_TARGETS, is_default, matches, model_targets
+from spp.projections import DEFAULT_TARGETS, matches, names_in
 from spp.version import __version__
 
 FORMAT = "norms"
@@ -36,11 +36,7 @@ def norm_parameters(model: nn.Module, targets: list[str] | tuple[str, ...]) -> d
     """What ``adapter=norms`` trains, by parameter name: every parameter of every normalisation layer, and the bias
     of every ``targets`` linear layer that has one."""
     out: dict[str, nn.Parameter] = {}
-    if is_default(targets):  # every block projection of the family (OPT's fc1/fc2 biases, Qwen2's q/k/v ones)
-        try:
-            targets = model_targets(model, targets, "adapter.targets")
-        except ValueError:
-            pass  # no decoder blocks: the names as given
+    targets = names_in(model, targets)  # the default: every block projection (OPT's fc1/fc2, Qwen2's q/k/v biases)
     for name, module in model.named_modules():
         prefix = f"{name}." if name else ""
         if is_norm(module):
