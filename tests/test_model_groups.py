@@ -17,7 +17,7 @@ from spp.paths import SAMPLE_DATA_DIR
 from spp.planning.job import plan_output
 from spp.planning.shapes import shape_from_arch
 from spp.preflight.jobs import preflight_train
-from spp.preflight.shapes import linear_shapes
+from spp.preflight.shapes import arch_layers
 from spp.projections import DEFAULT_TARGETS
 from spp.pruning.targets import decoder_layers
 from spp.training.config import load_job
@@ -71,8 +71,9 @@ def test_preflight_and_plan_read_no_weight_and_give_the_published_sizes(group, t
     assert abs(plan["params"] / PUBLIC_PARAMS[group] - 1) < 0.01, plan["params"]
     assert plan["weight_bytes"] == 2 * plan["params"]  # bf16
     assert plan["problems"] == [] and plan["peak_device_bytes"] < 80 * GIB  # FSDP2 on 8 x 80 GiB fits
-    shapes = linear_shapes(arch)  # the preflight's (in, out)
-    assert shapes["q_proj"] == Q_PROJ[group][::-1] and shapes["k_proj"] == (Q_PROJ[group][1], KV_OUT[group])
+    shapes = arch_layers(arch).shapes(list(DEFAULT_TARGETS), "pruner.targets")  # the preflight's (in, out)
+    assert shapes["self_attn.q_proj"] == Q_PROJ[group][::-1]
+    assert shapes["self_attn.k_proj"] == (Q_PROJ[group][1], KV_OUT[group])
     shape = shape_from_arch(group, arch, list(DEFAULT_TARGETS))  # the plan's (out, in)
     assert shape.linears["q_proj"] == Q_PROJ[group] and shape.linears["v_proj"] == (KV_OUT[group], Q_PROJ[group][1])
     assert shape.linears["o_proj"] == Q_PROJ[group][::-1]

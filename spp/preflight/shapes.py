@@ -19,17 +19,6 @@ from spp.projections import block_projections, decoder_layers, matches, resolve_
 log = logging.getLogger(__name__)
 
 
-def linear_shapes(arch: dict[str, Any]) -> dict[str, tuple[int, int]]:
-    """``(in_features, out_features)`` of the seven projections of a LLaMA decoder block, from its arch fields."""
-    hidden, inter = int(arch["hidden_size"]), int(arch["intermediate_size"])
-    heads = int(arch["num_attention_heads"])
-    kv = int(arch.get("num_key_value_heads") or heads)
-    head_dim = int(arch.get("head_dim") or hidden // heads)
-    return {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv * head_dim), "v_proj": (hidden, kv * head_dim),
-            "o_proj": (heads * head_dim, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
-            "down_proj": (inter, hidden)}
-
-
 LLAMA_FIELDS = frozenset({"hidden_size", "intermediate_size", "num_attention_heads"})
 """The arch fields a LLaMA architecture needs (``model_type`` may then be absent)."""
 
