@@ -237,6 +237,15 @@ def _paired(*results: dict[str, Any] | PerplexityResult) -> np.ndarray:
     return np.stack(arrays)
 
 
+def window_nll_matrix(*results: dict[str, Any] | PerplexityResult) -> np.ndarray:
+    """The per-window NLLs of results measured on the same windows, one row per result (``(len(results), windows)``).
+
+    Raises:
+        ValueError: the results are not on the same windows (source, seqlen, window starts) or lack per-window NLL.
+    """
+    return _paired(*results)
+
+
 def paired_difference(a: dict[str, Any] | PerplexityResult, b: dict[str, Any] | PerplexityResult,
                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                       level: float = CI_LEVEL) -> dict[str, float]:

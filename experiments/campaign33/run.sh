@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Issue 33's campaign on SmolLM2-135M (CPU), resumable as issue 16's was: every job is one `train.py` (or `eval.py`)
+# run in its own directory, skipped when its summary.json exists, so a chunk stopped half-way re-runs only the missing
+# jobs. Two streams of one thread each run side by side (every method's step time under the same load).
+#
+# Every training job has the headline settings (issue 16's: 540 Alpaca records = 500 train (63 steps of 8) + 40
+# validation, one epoch, validation 4x per epoch, seed 0 / data seed 0 unless the seed chunk says otherwise) and
+# measures the merged model's WikiText-2 *test* and *validation* perplexity (40 systematic windows of 512 tokens
+# each). Learning rates are chosen on the validation perplexity only (lr_select --objective ppl_val_merged), so a
+# grid point at the chosen rate IS the headline seed-0 run: nothing is re-trained after selection.
+#
+#   bash experiments/campaign33/run.sh G nm2_4                # grids of all six methods at Wanda 2:4
+#   bash experiments/campaign33/run.sh G unstructured50       # grids of SPP, LoRA*, SparsePEFT, masked full FT
+#   bash experiments/campaign33/run.sh G unstructured75 | G nm2_4_sparsegpt
+#   bash experiments/campaign33/run.sh S nm2_4                # seeds 1, 2 at the chosen rates (see seeds_of below)
+#   bash experiments/campaign33/run.sh seq "grid spp nm2_4" "grid lora nm2_4"   # one stream, steps in this order
+#   bash experiments/campaign33/run.sh Z nm2_4                # zero-shot + perplexities of dense, pruned and the chosen
+#                                                             # seed-0 runs (eval.py on their adapters, shipped data)
+#   DRY=1 bash experiments/campaign33/run.sh G nm2_4          # print the jobs, run nothing
+# A grid whose chosen rate is an endpoint is extended by the next half-decade point on that side (extend_grid).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+R=${R:-experiments/results/runs/campaign33}
+C="model=smollm2_135m calibration.nsamples=32 data.max_examples=540 data.val_size=40 data.train_batch_size=8
+   trainer.max_epochs=1 trainer.val_check_interval=0.25 eval.seqlen=512 eval.max_windows=40
+   eval.window_sampling=systematic eval.doc_seed=0 eval.extra_ppl_sources=[wikitext2_val] logger=[csv]
+   export.merged=false guards.enabled=false sample.enabled=false"
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+# The half-decade grids (issue 33, item 2): SPP on 1-2-5 steps, the rest on 1-3 steps.
+declare -A GRID=([spp]="1e-2 2e-2 5e-2 1e-1" [lora]="3e-3 1e-2 3e-2" [sparse_lora]="3e-3 1e-2 3e-2"
+                 [scale_lora]="3e-3 1e-2 3e-2" [masked_full]="3e-4 1e-3 3e-3" [norms]="1e-3 3e-3 1e-2")
+
+pruner_of() { [[ $1 == *_sparsegpt ]] && echo sparsegpt || echo wanda; }
+sparsity_of() { echo "${1%_sparsegpt}"; }
+
+# Zero-shot and reference perplexities (eval.py): the shipped 200-document samples (data_dir=data, what a fresh
+# clone has), lm-eval's per-document records kept (eval.log_samples) so methods are compared document by document.
+E="model=smollm2_135m calibration=c4 eval.seqlen=512 eval.max_windows=40 eval.window_sampling=systematic
+   eval.doc_seed=0 eval.extra_ppl_sources=[wikitext2_val] eval.tasks=[spp_zeroshot] eval.limit=200
+   eval.lm_eval_batch_size=8 eval.log_samples=true data_dir=data logger=[csv] print_config=false"
+
+record_machine() {  # record_machine DIR LOAD_AT_START: what the job ran on, beside its raw files
+  python - "$1" "$2" <<'PY'
+import json, os, sys, torch
+from pathlib import Path
+model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
+rec = {"cpu_model": model, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(),
+       "omp_num_threads": int(os.environ.get("OMP_NUM_THREADS", "0") or 0), "load_1m_start": float(sys.argv[2]),
+       "load_1m_end": os.getloadavg()[0]}
+Path(sys.argv[1], "machine.json").write_text(json.dumps(rec, indent=1) + "\n")
+PY
+}
+
+job() {  # job DIR SCRIPT OVERRIDES...: one run, skipped when DIR/summary.json exists; a failure is logged, not fatal
+  local dir=$1 script=$2; shift 2
+  local done_file=summary.json; [[ $script == eval.py ]] && done_file=results.json
+  if [[ -f $dir/$done_file ]]; then echo "[campaign33] done already: $dir"; return 0; fi
+  if [[ -n ${DRY:-} ]]; then echo "[campaign33] would run: $script $dir $*"; return 0; fi
+  rm -rf "$dir" "$dir.failed.log"; mkdir -p "$(dirname "$dir")"
+  local load; load=$(cut -d' ' -f1 /proc/loadavg)
+  echo "[campaign33] $(date -u +%FT%TZ) start $dir (load $load)"
+  local where=hydra.run.dir; [[ $script == eval.py ]] && where=output_dir
+  # shellcheck disable=SC2086
+  if python "$script" "$@" "$where=$dir" > "$dir.running.log" 2>&1; then
+    mv "$dir.running.log" "$dir/stdout.log"
+    record_machine "$dir" "$load"
+    echo "[campaign33] $(date -u +%FT%TZ) done  $dir"
+  else
+    mv "$dir.running.log" "$dir.failed.log"
+    echo "[campaign33] $(date -u +%FT%TZ) FAILED $dir (see $dir.failed.log)"
+  fi
+}
+
+train() {  # train DIR SETTING METHOD LR SEED [OVERRIDES...]
+  local dir=$1 st=$2 m=$3 lr=$4 s=$5; shift 5
+  # shellcheck disable=SC2086
+  job "$dir" train.py $C pruner="$(pruner_of "$st")" sparsity="$(sparsity_of "$st")" adapter="$m" trainer.lr="$lr" \
+    seed="$s" data.seed="$s" "$@"
+}
+
+chosen_lr() { python -m spp.experiments.lr_select "$R/grid/$1/$2" --objective ppl_val_merged --print-lr; }
+
+grid() {  # grid METHOD SETTING: the method's grid, then one more point past a chosen endpoint, until interior
+  local m=$1 st=$2 lr
+  for lr in ${GRID[$m]}; do train "$R/grid/$st/$m/lr$lr" "$st" "$m" "$lr" 0; done
+  [[ -n ${DRY:-} ]] && return 0
+  local next
+  while next=$(python -m spp.experiments.campaign33 extend "$R/grid/$st/$m") && [[ -n $next ]]; do
+    train "$R/grid/$st/$m/lr$next" "$st" "$m" "$next" 0
+  done
+}
+
+seeds() {  # seeds METHOD SETTING: seeds 1 and 2 at the method's chosen rate (seed 0 is the grid point itself)
+  local m=$1 st=$2 s lr
+  lr=$(chosen_lr "$st" "$m") || return 1
+  for s in 1 2; do train "$R/seeds/$st/$m/s$s" "$st" "$m" "$lr" "$s"; done
+}
+
+evaluate() {  # evaluate DIR OVERRIDES...: one eval.py job
+  local dir=$1; shift
+  # shellcheck disable=SC2086
+  job "$dir" eval.py $E "$@"
+}
+
+reference() {  # reference SETTING: the pruned model (and, for nm2_4, the dense one), zero-shot + perplexities
+  local st=$1
+  [[ $st == nm2_4 ]] && evaluate "$R/reference/dense" label=dense
+  evaluate "$R/reference/$st" pruner="$(pruner_of "$st")" sparsity="$(sparsity_of "$st")" label="pruned_$st"
+}
+
+zero_shot() {  # zero_shot METHOD SETTING: the chosen seed-0 grid run's adapter, merged as its export was
+  local m=$1 st=$2 lr
+  lr=$(chosen_lr "$st" "$m") || return 1
+  evaluate "$R/zero_shot/$st/$m" pruner="$(pruner_of "$st")" sparsity="$(sparsity_of "$st")" \
+    adapter_dir="$R/grid/$st/$m/lr$lr/adapter" label="${m}_$st"
+}
+
+stream1_G_nm2_4() { grid spp nm2_4; grid masked_full nm2_4; grid norms nm2_4; }
+stream2_G_nm2_4() { grid lora nm2_4; grid sparse_lora nm2_4; grid scale_lora nm2_4; }
+stream1_G() { grid spp "$1"; grid masked_full "$1"; }
+stream2_G() { grid lora "$1"; grid sparse_lora "$1"; }
+
+stream1_Z() { reference "$1"; zero_shot spp "$1"; zero_shot masked_full "$1"; zero_shot norms "$1"; }
+stream2_Z() { zero_shot lora "$1"; zero_shot sparse_lora "$1"; zero_shot scale_lora "$1"; }
+
+chunk=${1:?usage: run.sh G SETTING | Z SETTING | seq STEP...}
+case $chunk in
+  G)
+    st=${2:?G needs a setting: nm2_4, unstructured50, unstructured75 or nm2_4_sparsegpt}
+    if [[ $st == nm2_4 ]]; then stream1_G_nm2_4 & stream2_G_nm2_4 &
+    else stream1_G "$st" & stream2_G "$st" &
+    fi ;;
+  Z) stream1_Z "${2:?Z needs a setting}" & stream2_Z "$2" & ;;
+  seq) shift; for step in "$@"; do $step; done ;;   # word-split on purpose: "function arg ..."
+  *) echo "run.sh: unknown chunk '$chunk'; use G SETTING, Z SETTING or seq" >&2; exit 2 ;;
+esac
+wait
+echo "[campaign33] chunk $chunk finished $(date -u +%FT%TZ)"

@@ -1,0 +1,47 @@
+"""``python -m spp.experiments.campaign33 extend GRID_DIR | report ROOT [--out MD] | figure ROOT --out PNG``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from spp.atomic import write_text_atomic
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spp.experiments.campaign33", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    ext = sub.add_parser("extend", help="print the rate that extends a grid past its chosen endpoint (or nothing)")
+    ext.add_argument("grid", help="one (setting, method) grid directory: experiments/results/runs/campaign33/grid/S/M")
+    rep = sub.add_parser("report", help="the Markdown report of the campaign")
+    rep.add_argument("root", help="the campaign directory (experiments/results/runs/campaign33)")
+    rep.add_argument("--out", help="Markdown file to write (atomically)")
+    fig = sub.add_parser("figure", help="the figure (PNG) and the JSON of what it plots")
+    fig.add_argument("root")
+    fig.add_argument("--out", required=True, help="PNG to write; the plotted numbers go to the same name .json")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "extend":
+            from spp.experiments.campaign33.selection import next_point
+
+            print(next_point(args.grid))
+        elif args.command == "report":
+            from spp.experiments.campaign33.tables import report
+
+            text = report(Path(args.root))
+            if args.out:
+                write_text_atomic(Path(args.out), text)
+            sys.stdout.write(text)
+        else:
+            from spp.experiments.campaign33.figure import draw
+
+            print(draw(Path(args.root), Path(args.out)))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"campaign33: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The Markdown report of issue 33's campaign, regenerated from the raw run files alone
+(``python -m spp.experiments.campaign33 report experiments/results/runs/campaign33 --out
+experiments/results/campaign33_smollm2_135m.md``)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+from spp.experiments.campaign33.choices import REFERENCE, Choice, choices, closest_competitor, val_ppl
+from spp.experiments.campaign33.labels import method_label, setting_label
+from spp.experiments.campaign33.records import TEST_SOURCE, VAL_SOURCE, Campaign, load
+from spp.experiments.campaign33.recovery import recovery_table
+from spp.experiments.campaign33.stats import gap_closed_per_seed, paired_ratio
+from spp.experiments.campaign33.zero_shot import zero_shot_table
+from spp.experiments.collect_summaries import markdown_table
+
+COMMAND = ("python -m spp.experiments.campaign33 report experiments/results/runs/campaign33 "
+           "--out experiments/results/campaign33_smollm2_135m.md")
+
+
+def _spread(values: Sequence[float], digits: int) -> str:
+    """One value, or ``mean ± sample std`` of several."""
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def grid_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
+    """Per (setting, method): merged validation perplexity at every rate of its grid, the chosen one in bold."""
+    rows = []
+    for ch in chosen.values():
+        cells = [f"{r.lr:g}: " + (f"**{val_ppl(r):.2f}**" if r is ch.chosen else f"{val_ppl(r):.2f}")
+                 for r in ch.grid]
+        rows.append([setting_label(ch.setting), method_label(ch.method), ", ".join(cells), f"{ch.chosen.lr:g}",
+                     "yes" if ch.interior else "**no: endpoint**"])
+    return markdown_table(["Setting", "Method", "lr: merged val PPL (seed 0)", "chosen lr", "interior"], rows, 3)
+
+
+def _reference_rows(c: Campaign, setting: str) -> list[list[str]]:
+    """The dense and pruned rows of a setting from the ``eval.py`` reference runs."""
+    rows = []
+    for ev in c.evals:
+        if ev.kind == "reference" and ev.setting in (setting, "dense"):
+            test, val = ev.ppl.get(TEST_SOURCE), ev.ppl.get(VAL_SOURCE)
+            rows.append([setting_label(setting), ev.method, "–", "–", f"{val['ppl']:.2f}" if val else "–",
+                         _ppl_interval(test) if test else "–", "–", "–", "–", "–"])
+    return sorted(rows, key=lambda r: r[1] != "dense")
+
+
+def _ppl_interval(entry: dict) -> str:
+    return f"{entry['ppl']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
+
+
+def main_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[str]:
+    """Per setting: dense and pruned, then each method at its chosen rate over its seeds."""
+    head = ["Setting", "Method", "lr (val. PPL)", "Seeds", "val PPL (seed 0)", "test PPL", "Gap closed, test (%)",
+            "Alpaca val loss", "s / step", "Trainable"]
+    rows: list[list[str]] = []
+    for setting in dict.fromkeys(s for s, _ in chosen):
+        rows += _reference_rows(c, setting)
+        for (s, _), ch in chosen.items():
+            if s != setting:
+                continue
+            runs = ch.runs
+            tests = [r.test for r in runs]
+            test = _ppl_interval(tests[0]) if len(runs) == 1 else _spread([t["ppl"] for t in tests], 2)
+            dense, pruned = runs[0].dense_test, runs[0].pruned_test
+            gaps = [100 * g for g in gap_closed_per_seed(dense, pruned, tests)] if dense and pruned else []
+            steps = [r.train_s / r.steps for r in runs if r.train_s and r.steps]
+            losses = [r.alpaca_val for r in runs if r.alpaca_val is not None]
+            rows.append([setting_label(setting), method_label(ch.method), f"{ch.chosen.lr:g}",
+                         ",".join(str(r.seed) for r in runs), f"{val_ppl(ch.chosen):.2f}", test,
+                         _spread(gaps, 1) if gaps else "–", _spread(losses, 3) if losses else "–",
+                         _spread(steps, 1) if steps else "–", f"{ch.chosen.trained:,}"])
+    return markdown_table(head, rows, 2)
+
+
+def _verdict(ratio_high: float, ratio_low: float) -> str:
+    if ratio_high < 1.0:
+        return "method better"
+    return "SPP better" if ratio_low > 1.0 else "not distinguishable"
+
+
+def paired_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
+    """Every method against SPP of the same setting on the test windows, paired by seed (two-level bootstrap)."""
+    head = ["Setting", "Method vs SPP", "Seeds", "test PPL ratio method / SPP [95 %]", "per seed", "Verdict"]
+    rows = []
+    for (setting, method), ch in chosen.items():
+        ref = chosen.get((setting, REFERENCE))
+        if method == REFERENCE or ref is None:
+            continue
+        seeds = sorted({r.seed for r in ch.runs} & {r.seed for r in ref.runs})
+        a = [next(r.test for r in ch.runs if r.seed == s) for s in seeds]
+        b = [next(r.test for r in ref.runs if r.seed == s) for s in seeds]
+        p = paired_ratio(a, b)
+        rows.append([setting_label(setting), method_label(method), ",".join(map(str, seeds)),
+                     f"{p.ratio:.3f} [{p.low:.3f}, {p.high:.3f}]", ", ".join(f"{v:.3f}" for v in p.per_seed),
+                     _verdict(p.high, p.low)])
+    return markdown_table(head, rows, 3)
+
+
+def winners(chosen: dict[tuple[str, str], Choice]) -> list[str]:
+    """Per setting: the method with the lowest mean test perplexity, SPP's closest competitor (on validation)."""
+    lines = []
+    for setting in dict.fromkeys(s for s, _ in chosen):
+        group = {m: ch for (s, m), ch in chosen.items() if s == setting}
+        best = min(group.values(), key=lambda ch: statistics.mean(r.test["ppl"] for r in ch.runs))
+        rival = closest_competitor(chosen, setting)
+        lines.append(f"- {setting_label(setting)}: lowest mean test PPL **{method_label(best.method)}** "
+                     f"({len(best.runs)} seed(s)); SPP's closest competitor on validation PPL: "
+                     f"{method_label(rival) if rival else '–'}.")
+    return lines
+
+
+def cost_lines(c: Campaign) -> list[str]:
+    """Job time spent (one thread per job) and the CPUs the runs ran on."""
+    seconds = [r.total_s for r in c.train if r.total_s] + [e.total_s for e in c.evals if e.total_s]
+    cpus = sorted({f"{m.get('cpu_model', '?')} ({m.get('cpu_capability', '?')})"
+                   for m in [r.machine for r in c.train] + [e.machine for e in c.evals] if m})
+    return [f"Runs: {len(c.train)} training (`train.py`), {len(c.evals)} evaluation (`eval.py`); "
+            f"{sum(seconds) / 3600:.1f} job-hours at one thread each (two jobs side by side on 2 cores). "
+            f"CPUs recorded (`machine.json`): {'; '.join(cpus) if cpus else 'none'}."]
+
+
+def report(root: str | Path) -> str:
+    """The whole report of the campaign under ``root``."""
+    c = load(root)
+    chosen = choices(c)
+    parts = ["# Issue 33: learning rates per setting on validation perplexity, seeds, paired comparisons", "",
+             f"Command: `{COMMAND}`", "", *cost_lines(c), "",
+             "## Learning-rate grids (selected on the merged model's WikiText-2 validation perplexity)", "",
+             *grid_table(chosen), "", "## Results at the chosen rates (WikiText-2 test)", "",
+             *main_table(c, chosen), "", *winners(chosen), "",
+             "## Each method against SPP (same pruned model, seeds and test windows)", "", *paired_table(chosen), "",
+             *zero_shot_table(c, chosen), *recovery_table(c), *notes()]
+    return "\n".join(parts)
+
+
+def notes() -> list[str]:
+    return ["## How to read it", "",
+            "Every training run: SmolLM2-135M, 540 Alpaca records (500 train = 63 steps of 8, 40 validation), one "
+            "epoch, perplexity on 40 systematic windows of 512 tokens of the WikiText-2 validation (selection) and "
+            "test (claims) splits. val PPL = merged model, seed 0, the grid point. test PPL: one seed -> "
+            "`ppl [95 % bootstrap interval over windows]`, several -> mean ± sample std over seeds. Gap closed = "
+            "(log PPL pruned − log PPL) / (log PPL pruned − log PPL dense). Paired ratios: per-window NLL "
+            "differences, two-level percentile bootstrap over seeds and windows (2,000 resamples, "
+            "`spp/experiments/campaign33/stats.py`); a verdict names a difference only when the interval excludes 1.",
+            ""]

@@ -1,0 +1,62 @@
+"""Zero-shot rows of issue 33: the dense and pruned models, the majority-class answer of the scored documents, and
+each chosen seed-0 run, with the difference to SPP paired document by document (:mod:`spp.eval.paired`)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from spp.eval.doc_records import majority_class
+from spp.eval.paired import MEAN_ROW, paired_accuracy
+from spp.experiments.campaign33.choices import REFERENCE, Choice
+from spp.experiments.campaign33.labels import method_label, setting_label
+from spp.experiments.campaign33.records import Campaign, EvalRun
+from spp.experiments.collect_summaries import markdown_table
+
+
+def task_mean(docs: list[dict[str, Any]], metric: str) -> float | None:
+    """Unweighted mean over tasks of the per-document ``metric`` (tasks without it left out)."""
+    by_task: dict[str, list[float]] = {}
+    for d in docs:
+        if metric in d:
+            by_task.setdefault(d["task"], []).append(float(d[metric]))
+    return statistics.mean(statistics.mean(v) for v in by_task.values()) if by_task else None
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.2f}"
+
+
+def _vs_spp(ev: EvalRun, spp: EvalRun | None, metric: str) -> str:
+    if spp is None or ev is spp or not ev.docs or not spp.docs:
+        return "–"
+    row = next(r for r in paired_accuracy(ev.docs, spp.docs, metric) if r.task == MEAN_ROW)
+    return f"{100 * row.diff:+.2f} [{100 * row.low:+.2f}, {100 * row.high:+.2f}] (MDD {100 * row.mdd:.2f})"
+
+
+def _setting_rows(c: Campaign, setting: str) -> list[list[str]]:
+    evals = [e for e in c.evals if e.docs and (e.setting == setting or (e.setting == "dense"))]
+    spp = next((e for e in evals if e.setting == setting and e.method == REFERENCE), None)
+    rows = []
+    for ev in sorted(evals, key=lambda e: (e.method != "dense", e.method != "pruned")):
+        rows.append([setting_label(setting), method_label(ev.method), _pct(task_mean(ev.docs, "acc")),
+                     _pct(task_mean(ev.docs, "acc_norm")), _vs_spp(ev, spp, "acc"), _vs_spp(ev, spp, "acc_norm")])
+    if evals:
+        majority = majority_class(evals[0].docs)
+        rows.insert(0, [setting_label(setting), "majority class", _pct(statistics.mean(
+            v["acc"] for v in majority.values())), "–", "–", "–"])
+    return rows
+
+
+def zero_shot_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[str]:
+    """The zero-shot section (empty when no run was scored with per-document records)."""
+    settings = [s for s in dict.fromkeys(s for s, _ in chosen)]
+    rows = [row for s in settings for row in _setting_rows(c, s)]
+    if not rows:
+        return []
+    head = ["Setting", "Model", "7-task mean acc (%)", "mean acc_norm (%)", "Δ acc vs SPP [95 % paired] (pts)",
+            "Δ acc_norm vs SPP [95 % paired] (pts)"]
+    return ["## Zero-shot (the shipped 200-document samples; differences paired per document)", "",
+            *markdown_table(head, rows, 2), "",
+            "acc_norm: the tasks lm-eval reports it for (HellaSwag, ARC-e, ARC-c, OBQA). MDD = the difference a "
+            "two-sided 5 % test would detect with 80 % power, from the paired variance (`spp/eval/paired.py`).", ""]

@@ -1,0 +1,140 @@
+"""Issue 33's campaign tooling on a synthetic campaign written in the real raw-file layout: learning-rate selection on
+validation perplexity only, grid extension past a chosen endpoint, the two-level paired interval, the zero-shot and
+recovery sections, and the committed report regenerating byte for byte."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spp.eval.perplexity import gap_closed, paired_difference
+from spp.experiments.campaign33 import selection
+from spp.experiments.campaign33.__main__ import main as cli
+from spp.experiments.campaign33.choices import choices, closest_competitor
+from spp.experiments.campaign33.records import load
+from spp.experiments.campaign33.recovery import at_minutes, minutes_to
+from spp.experiments.campaign33.stats import paired_ratio
+from spp.experiments.campaign33.tables import report
+from spp.experiments.lr_select import best, load_grid
+
+ROOT = Path(__file__).resolve().parents[1]
+WINDOWS = 40
+BASE = np.random.default_rng(7).normal(4.6, 0.3, WINDOWS)  # a shared per-window difficulty
+
+
+def entry(shift: float, source: str = "wikitext2", noise: float = 0.0, seed: int = 0) -> dict:
+    """A perplexity entry whose per-window NLL is ``BASE + shift`` (+ optional noise)."""
+    nll = BASE + shift + (np.random.default_rng(seed).normal(0, noise, WINDOWS) if noise else 0.0)
+    ppl = float(np.exp(nll.mean()))
+    return {"ppl": ppl, "nll_mean": float(nll.mean()), "seqlen": 512, "windows": WINDOWS, "source": source,
+            "window_nll": [float(v) for v in nll], "window_starts": list(range(0, 512 * WINDOWS, 512)),
+            "ci_low": ppl * 0.9, "ci_high": ppl * 1.1}
+
+
+def write_train(root: Path, rel: str, adapter: str, lr: float, seed: int, test: float, val: float,
+                sparsity: str = "nm2_4", pruner: str = "wanda", noise: float = 0.0) -> Path:
+    """A ``summary.json`` in train.py's shape: merged test NLL = BASE + ``test``, validation = BASE + ``val``."""
+    run_dir = root / rel
+    run_dir.mkdir(parents=True)
+    data = {"run": {"pruner": pruner, "sparsity": sparsity, "adapter": adapter, "objective": "ce"},
+            "config": {"trainer": {"lr": lr}, "seed": seed, "adapter": {"name": adapter}},
+            "perplexity": {"dense": entry(-1.5), "pruned": entry(0.0), "merged": entry(test, noise=noise, seed=seed)},
+            "merged_ppl_by_source": {"wikitext2_val": entry(val, "wikitext2_val")},
+            "losses": {"val": [2.5, 2.2], "optimizer_steps": 63}, "timings": {"train": 630.0, "total": 900.0},
+            "params": {"trainable": 1000}}
+    (run_dir / "summary.json").write_text(json.dumps(data))
+    return run_dir
+
+
+def test_ladders_and_neighbours():
+    assert selection.neighbour(1e-1, selection.LADDERS["1-2-5"], up=True) == "2e-1"
+    assert selection.neighbour(1e-2, selection.LADDERS["1-2-5"], up=False) == "5e-3"
+    assert selection.neighbour(3e-2, selection.LADDERS["1-3"], up=True) == "1e-1"
+    assert selection.neighbour(1e-3, selection.LADDERS["1-3"], up=False) == "3e-4"
+    assert selection.ladder_of([1e-2, 2e-2, 5e-2]) == (1, 2, 5)
+    assert selection.ladder_of([3e-3, 1e-2]) == (1, 3)
+    with pytest.raises(ValueError, match="one digit"):
+        selection.mantissa_exponent(2.5e-3)
+
+
+def test_selection_is_on_validation_never_test(tmp_path: Path):
+    """lr 1e-2 has the best TEST perplexity, 3e-2 the best VALIDATION one: 3e-2 is chosen (negative control: choosing
+    on test would pick 1e-2), by the report and by lr_select alike."""
+    for lr, test, val in [(3e-3, 0.0, 0.0), (1e-2, -0.5, -0.2), (3e-2, -0.3, -0.4), (1e-1, 0.2, 0.1)]:
+        write_train(tmp_path, f"grid/nm2_4/lora/lr{lr:g}", "lora", lr, 0, test, val)
+    chosen = choices(load(tmp_path))[("nm2_4", "lora")]
+    assert chosen.chosen.lr == 3e-2 and chosen.interior
+    assert best(load_grid(tmp_path / "grid/nm2_4/lora", "ppl_val_merged")).lr == 3e-2
+    assert min(chosen.grid, key=lambda r: r.test["ppl"]).lr == 1e-2  # the test split would have chosen otherwise
+    assert selection.next_point(tmp_path / "grid/nm2_4/lora") == ""
+
+
+def test_a_chosen_endpoint_extends_the_grid(tmp_path: Path, capsys):
+    for lr, val in [(1e-2, 0.0), (2e-2, -0.1), (5e-2, -0.2), (1e-1, -0.3)]:
+        write_train(tmp_path, f"grid/nm2_4/spp/lr{lr:g}", "spp", lr, 0, val, val)
+    assert cli(["extend", str(tmp_path / "grid/nm2_4/spp")]) == 0
+    assert capsys.readouterr().out.strip() == "2e-1"
+    write_train(tmp_path, "grid/nm2_4/spp/lr2e-1", "spp", 2e-1, 0, 0.5, 0.5)
+    assert selection.next_point(tmp_path / "grid/nm2_4/spp") == ""
+    assert choices(load(tmp_path))[("nm2_4", "spp")].interior  # interior once extended
+
+
+def test_one_seed_interval_is_the_windows_bootstrap_and_seeds_widen_it():
+    a, b = entry(-0.10, noise=0.05, seed=1), entry(0.0)
+    one = paired_ratio([a], [b])
+    ref = paired_difference(a, b)
+    assert one.ratio == pytest.approx(ref["ppl_ratio"]) and one.low == pytest.approx(ref["ppl_ratio_low"])
+    assert one.high == pytest.approx(ref["ppl_ratio_high"])
+    same = paired_ratio([entry(-0.1)] * 3, [entry(0.0)] * 3)  # a constant shift: no spread at all
+    assert same.low == pytest.approx(math.exp(-0.1)) and same.high == pytest.approx(math.exp(-0.1))
+    spread = paired_ratio([entry(-0.3), entry(-0.1), entry(0.1)], [entry(0.0)] * 3)
+    assert spread.ratio == pytest.approx(math.exp(-0.1))
+    assert spread.low < math.exp(-0.25) and spread.high > math.exp(0.05)  # the seeds' spread is in the interval
+    assert spread.per_seed == pytest.approx((math.exp(-0.3), math.exp(-0.1), math.exp(0.1)))
+
+
+def test_report_numbers_follow_from_the_raw_files(tmp_path: Path):
+    for lr, val in [(1e-2, -0.2), (2e-2, -0.4), (5e-2, -0.3)]:
+        write_train(tmp_path, f"grid/nm2_4/spp/lr{lr:g}", "spp", lr, 0, val - 0.05, val)
+    for lr, val in [(3e-3, -0.1), (1e-2, -0.3), (3e-2, -0.2)]:
+        write_train(tmp_path, f"grid/nm2_4/lora/lr{lr:g}", "lora", lr, 0, val + 0.05, val)
+    for s in (1, 2):
+        write_train(tmp_path, f"seeds/nm2_4/spp/s{s}", "spp", 2e-2, s, -0.45 + 0.01 * s, -0.4)
+        write_train(tmp_path, f"seeds/nm2_4/lora/s{s}", "lora", 1e-2, s, -0.25 - 0.01 * s, -0.3)
+    write_train(tmp_path, "seeds/nm2_4/lora/s9", "lora", 3e-2, 9, 0.0, 0.0)  # another rate: not a seed of the choice
+    c = load(tmp_path)
+    chosen = choices(c)
+    assert [r.seed for r in chosen[("nm2_4", "spp")].runs] == [0, 1, 2]
+    assert [r.seed for r in chosen[("nm2_4", "lora")].runs] == [0, 1, 2]
+    assert closest_competitor(chosen, "nm2_4") == "lora"
+    text = report(tmp_path)
+    lora_minus_spp = np.mean([(-0.25) - (-0.45), (-0.26) - (-0.44), (-0.27) - (-0.43)])
+    assert f"| {math.exp(lora_minus_spp):.3f} [" in text
+    assert "| Wanda 2:4 | LoRA* | 0,1,2 |" in text and "SPP better" in text
+    gaps = [(0.0 - shift) / 1.5 for shift in (-0.45, -0.44, -0.43)]  # pruned at BASE, dense at BASE - 1.5
+    assert f"| {100 * np.mean(gaps):.1f} ± {100 * np.std(gaps, ddof=1):.1f} |" in text
+    assert "lowest mean test PPL **SPP**" in text
+
+
+def test_recovery_reading_is_linear_between_points():
+    pts = [{"cpu_min": 0.0, "gap": 0.0, "low": 0.0, "high": 0.0, "step": 0},
+           {"cpu_min": 10.0, "gap": 0.5, "low": 0.4, "high": 0.6, "step": 30},
+           {"cpu_min": 20.0, "gap": 0.7, "low": 0.6, "high": 0.8, "step": 60}]
+    assert at_minutes(pts, 15.0) == pytest.approx({"gap": 0.6, "low": 0.5, "high": 0.7})
+    assert minutes_to(pts, 0.6) == pytest.approx(15.0)
+    assert minutes_to(pts, 0.9) is None and at_minutes(pts, 25.0) is None
+    g = gap_closed(entry(-1.5), entry(0.0), entry(-0.75))
+    assert g["gap_closed"] == pytest.approx(0.5)
+
+
+COMMITTED = ROOT / "experiments/results/runs/campaign33"
+REPORT = ROOT / "experiments/results/campaign33_smollm2_135m.md"
+
+
+@pytest.mark.skipif(not REPORT.is_file(), reason="no committed campaign33 report yet")
+def test_committed_campaign33_report_regenerates_byte_identically():
+    assert report(COMMITTED) == REPORT.read_text()
