@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 class FitResult:
     """The fit phase's result: the adapted model as this rank holds it (whole, or its shards when ``sharded``), the
     gathered trainable tensors (rank 0), losses (the objective's, and its parts in ``train_parts``), audits, data
-    summary, time and memory."""
+    summary, time and memory, and the recovery curve's points (``trainer.curve_every_n_steps``; ``None`` when off)."""
 
     model: nn.Module | None
     state: dict[str, torch.Tensor]
