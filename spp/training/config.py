@@ -99,6 +99,9 @@ class TrainerConfig:
         checkpoint_every_n_steps: Adapter-only checkpoint every N optimiser steps (``None`` = each epoch end).
             Ctrl-C always writes one of the step it finishes, and logs the command that resumes it.
         save_top_k: Adapter checkpoints kept (``-1`` = all); ``last.ckpt`` is always kept.
+        curve_every_n_steps: Recovery curve (``<run_dir>/recovery_curve.json``): the merged model's WikiText-2
+            validation perplexity at fit start, every N optimiser steps and at fit end, with the training CPU
+            seconds spent so far (``spp.training.callbacks.recovery_curve``); ``None`` = off. One process only.
         resume_from: Checkpoint to resume (adapter, optimizer, scheduler, loops, position in the epoch, random
             state: the run continues exactly): a ``.ckpt`` path, or ``last`` = ``<run_dir>/checkpoints/last.ckpt``
             (pass the interrupted run's ``run_dir=`` too, since every Hydra run gets a new directory).
@@ -134,6 +137,7 @@ class TrainerConfig:
     log_every_n_steps: int = 10
     checkpoint_every_n_steps: int | None = None
     save_top_k: int = 1
+    curve_every_n_steps: int | None = None
     resume_from: str | None = None
     progress_bar: ProgressBar = ProgressBar.rich
     progress_every_s: float = 30.0
@@ -155,6 +159,8 @@ class TrainerConfig:
              f"trainer.global_batch_size={self.global_batch_size} must be >= 1 or null"),
             (self.max_steps == -1 or self.max_steps >= 1, f"trainer.max_steps={self.max_steps}: -1 or >= 1"),
             (self.max_epochs >= 1, f"trainer.max_epochs={self.max_epochs} must be >= 1"),
+            (self.curve_every_n_steps is None or self.curve_every_n_steps >= 1,
+             f"trainer.curve_every_n_steps={self.curve_every_n_steps} must be >= 1 or null (off)"),
         ]
         for ok, message in checks:
             if not ok:
@@ -338,6 +344,8 @@ class TrainJobConfig:
             raise ValueError("sweep_objective=ppl_val_merged needs the WikiText-2 validation perplexity of the merged "
                              "model: add eval.extra_ppl_sources=[wikitext2_val] (or eval.ppl_source=wikitext2_val) "
                              "and keep eval.ppl=true")
+        if self.trainer.curve_every_n_steps is not None:
+            curve_refusal(self)
         if not self.cache_lock_timeout_s > 0:
             raise ValueError(f"cache_lock_timeout_s={self.cache_lock_timeout_s} must be > 0 (seconds)")
         if self.trainer.global_batch_size is not None and self.trainer.global_batch_size % self.data.train_batch_size:
@@ -345,6 +353,35 @@ class TrainJobConfig:
                 f"trainer.global_batch_size={self.trainer.global_batch_size} is not a multiple of "
                 f"data.train_batch_size={self.data.train_batch_size}"
             )
+
+
+def static_world_size(tcfg: TrainerConfig) -> int | None:
+    """Processes that ``trainer.devices`` × ``trainer.num_nodes`` ask for, when the config alone says (``None`` for
+    ``auto`` / ``-1``, which the machine decides)."""
+    devices = tcfg.devices
+    if isinstance(devices, (list, tuple)):
+        return max(1, len(devices)) * tcfg.num_nodes
+    if str(devices) in ("auto", "-1"):
+        return None if tcfg.num_nodes == 1 else tcfg.num_nodes
+    return max(1, int(devices)) * tcfg.num_nodes
+
+
+def curve_refusal(job: TrainJobConfig, world: int | None = None) -> None:
+    """Refuse ``trainer.curve_every_n_steps`` (one line) without ``eval.ppl``, with a sharding strategy, or on more
+    than one process (``world``: the Trainer's world size, else what the config says).
+
+    Raises:
+        ValueError: naming the key and the fix.
+    """
+    key = f"trainer.curve_every_n_steps={job.trainer.curve_every_n_steps}"
+    if not job.eval.ppl:
+        raise ValueError(f"{key} measures the merged model's perplexity, but eval.ppl=false; set eval.ppl=true or "
+                         "trainer.curve_every_n_steps=null")
+    world = world if world is not None else static_world_size(job.trainer)
+    if (world or 1) > 1 or job.strategy.name in (StrategyName.fsdp, StrategyName.deepspeed):
+        raise ValueError(f"{key} needs one process (trainer.devices=1): {world or 1} process(es), "
+                         f"strategy={job.strategy.name.value}; set trainer.devices=1 trainer.num_nodes=1 "
+                         "strategy=auto or trainer.curve_every_n_steps=null")
 
 
 def register_configs() -> None:

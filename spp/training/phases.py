@@ -32,6 +32,7 @@ from spp.quiet import quiet_lightning
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
 from spp.training.callbacks.guards import GuardsCallback
 from spp.training.callbacks.pruning import PrunedModel, PruningCallback, PruningSettings
+from spp.training.callbacks.recovery_curve import RecoveryCurve, curve_callbacks
 from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit
 from spp.training.config import ProgressBar, TrainJobConfig
 from spp.training.module import SPPModule
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 class FitResult:
     """The fit phase's result: the adapted model as this rank holds it (whole, or its shards when ``sharded``), the
     gathered trainable tensors (rank 0), losses (the objective's, and its parts in ``train_parts``), audits, data
-    summary, time and memory."""
+    summary, time and memory, and the recovery curve's points (``trainer.curve_every_n_steps``; ``None`` when off)."""
 
     model: nn.Module | None
     state: dict[str, torch.Tensor]
@@ -63,6 +64,7 @@ class FitResult:
     sharded: bool = False
     deepspeed: bool = False
     train_parts: dict[str, list[float]] = field(default_factory=dict)
+    recovery_curve: list[dict[str, Any]] | None = None
 
 
 def job_device(job: TrainJobConfig) -> torch.device:
@@ -97,7 +99,8 @@ def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
                        adapter=job.adapter, seed=job.seed, objective=job.objective)
     auditor = SparsityAuditCallback(source=pruning)
     guards = GuardsCallback(settings_of(job), job.guards)
-    trainer = build_trainer(job, run_dir, loggers, [pruning, auditor, guards, *(callbacks or [])])
+    curve = curve_callbacks(job, run_dir, tokenizer, get_method(job.adapter.name))  # before pruning: its setup checks
+    trainer = build_trainer(job, run_dir, loggers, [*curve, pruning, auditor, guards, *(callbacks or [])])
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     losses = module.train_losses
@@ -113,7 +116,13 @@ def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
                                      module.val_losses, auditor.reports, datamodule.summary(),
                                      round(train_seconds(trainer), 2), trainer.is_global_zero, memory,
                                      is_sharded(trainer.strategy), isinstance(trainer.strategy, DeepSpeedStrategy),
-                                     module.train_parts)
+                                     module.train_parts, _curve_points(trainer))
+
+
+def _curve_points(trainer: L.Trainer) -> list[dict[str, Any]] | None:
+    """The recovery curve's points (``trainer.curve_every_n_steps``), or ``None`` when it is off."""
+    curve = next((c for c in trainer.callbacks if isinstance(c, RecoveryCurve)), None)
+    return curve.points if curve is not None else None
 
 
 def _untrained(job: TrainJobConfig, pruning: PruningCallback) -> tuple[PrunedModel, FitResult]:

@@ -85,6 +85,7 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
         "params": fitted.params.to_dict(),
         "memory": fitted.memory,
         "samples": {"prompt": job.sample.prompt, **pruned.samples, "merged": final.sample} if final.sample else None,
+        "recovery_curve": fitted.recovery_curve,
         "losses": _loss_summary(fitted.train_losses, fitted.val_losses, fitted.steps, fitted.train_parts),
         "data": fitted.data,
         "pruning": {"cache_hit": pruned.result.cache_hit, "timings": pruned.result.timings,

@@ -1,0 +1,199 @@
+"""``RecoveryCurve``: the merged model's WikiText-2 validation perplexity along one training run, against the
+training CPU time spent so far (``trainer.curve_every_n_steps``; issue 33).
+
+A point is measured when training starts (step 0: the pruned model with the fresh adapter), every N optimiser
+steps, and when training ends (unless its last step was just measured). Each measures the model *as the export
+merges it*: every adapted layer is swapped, for the measurement only, for a plain layer holding the method's own
+:meth:`~spp.adapters.base.AdapterMethod.merged_layer` tensors (LoRA* therefore re-masked), then put back. The
+windows are those of the final evaluation's ``wikitext2_val`` (``eval.seqlen``, ``eval.max_windows``,
+``eval.window_sampling``, ``eval.batch_size``), scored by the project's perplexity functions. The random state
+and every module's train/eval mode are restored, and no gradient is made, so training is the same with and without
+the curve. ``train_cpu_s`` adds ``time.process_time()`` between the start and the end of each training batch
+(forward, backward, optimiser step; not validation, not the curve's own measurements).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+
+from spp.adapters.base import AdapterMethod, set_submodule
+from spp.atomic import write_json_atomic
+from spp.errors import UserError
+from spp.eval.config import EvalConfig
+from spp.eval.perplexity import WIKITEXT2_VAL, PerplexityResult, Windows, eval_windows, result_from_sums, score_windows
+from spp.export.merged import hf_model, plain_name
+from spp.training.callbacks.rng_state import rng_states, set_rng_states
+from spp.training.config import TrainJobConfig, curve_refusal
+
+log = logging.getLogger(__name__)
+
+CURVE_FILE = "recovery_curve.json"
+"""The curve's file in the run directory (rewritten atomically after every point)."""
+
+
+class MergedLinear(nn.Module):
+    """A plain linear layer holding one adapted layer's merged tensors (``weight``, optional ``bias``)."""
+
+    def __init__(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(tensors["weight"], requires_grad=False)
+        self.bias = nn.Parameter(tensors["bias"], requires_grad=False) if "bias" in tensors else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+@contextmanager
+def merged_view(model: nn.Module, method: AdapterMethod, masks: Mapping[str, torch.Tensor]) -> Iterator[nn.Module]:
+    """``model``'s Hugging Face model with each adapted layer swapped for its merged plain layer (the export's
+    :meth:`~spp.adapters.base.AdapterMethod.merged_layer`); the original layers are put back on exit."""
+    hf = hf_model(model)
+    swapped: list[tuple[str, nn.Module]] = []
+    try:
+        with torch.no_grad():
+            for name, module in list(hf.named_modules()):
+                if not name or any(name.startswith(done + ".") for done, _ in swapped):
+                    continue
+                key = plain_name(name)
+                merged = method.merged_layer(module, masks[key] if key in masks else None)
+                if merged is not None:
+                    set_submodule(hf, name, MergedLinear(merged.tensors))
+                    swapped.append((name, module))
+        yield hf
+    finally:
+        for name, module in reversed(swapped):
+            set_submodule(hf, name, module)
+
+
+class RecoveryCurve(Callback):
+    """Measure the merged model's ``wikitext2_val`` perplexity every ``every`` optimiser steps (see the module).
+
+    Args:
+        path: Where the curve is written (``<run_dir>/recovery_curve.json``).
+        every: Optimiser steps between two points.
+        eval_cfg: The run's ``eval`` group (window settings).
+        tokenizer: The model's tokenizer.
+        method: The adapter method (its ``merged_layer``).
+        data_dir: Data root override.
+    """
+
+    def __init__(self, path: Path, every: int, eval_cfg: EvalConfig, tokenizer: Any, method: AdapterMethod,
+                 data_dir: str | None = None) -> None:
+        self.path = Path(path)
+        self.every = int(every)
+        self.eval_cfg = eval_cfg
+        self.tokenizer = tokenizer
+        self.method = method
+        self.data_dir = data_dir
+        self.points: list[dict[str, Any]] = []
+        self.cpu_s = self.wall_s = 0.0
+        self._batch_start: tuple[float, float] | None = None
+        self._windows: Windows | None = None
+
+    @property
+    def last_step(self) -> int | None:
+        """The step of the last point (``None`` before the first)."""
+        return self.points[-1]["step"] if self.points else None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Refuse more than one process before anything is loaded (the callback runs before the pruning one)."""
+        if trainer.world_size > 1:
+            raise UserError.from_message(_refusal(trainer.world_size, self.every))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The first point (step 0, or the resumed step after the points the interrupted run wrote)."""
+        if trainer.global_step > 0 and self.path.is_file():
+            old = json.loads(self.path.read_text()).get("points", [])
+            self.points = [p for p in old if p["step"] <= trainer.global_step]
+            if self.points:
+                self.cpu_s, self.wall_s = self.points[-1]["train_cpu_s"], self.points[-1]["train_wall_s"]
+        if self.last_step != trainer.global_step:
+            self.measure(trainer, pl_module)
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._batch_start = (time.process_time(), time.perf_counter())
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._batch_start is not None:
+            cpu, wall = self._batch_start
+            self.cpu_s += time.process_time() - cpu
+            self.wall_s += time.perf_counter() - wall
+            self._batch_start = None
+        step = trainer.global_step
+        if step != self.last_step and step % self.every == 0:
+            self.measure(trainer, pl_module)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The last point, unless the last step was just measured."""
+        if trainer.global_step != self.last_step:
+            self.measure(trainer, pl_module)
+
+    def measure(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        """One point: the merged model's perplexity now; random state and train/eval modes as they were."""
+        start = time.perf_counter()
+        states = rng_states()
+        modes = [(m, m.training) for m in pl_module.modules()]
+        try:
+            with merged_view(pl_module.model, self.method, getattr(pl_module, "masks", None) or {}) as merged:
+                result = self._perplexity(merged)
+        finally:
+            for module, training in modes:
+                module.training = training
+            set_rng_states(states)
+        seconds = time.perf_counter() - start
+        point = {"step": int(trainer.global_step), "train_cpu_s": self.cpu_s, "train_wall_s": self.wall_s,
+                 **result.to_dict(), "measure_s": round(seconds, 3)}
+        self.points.append(point)
+        write_json_atomic(self.path, self.record())
+        log.info("recovery curve: step %d, %.3f training CPU-min, merged %s perplexity %.4f (measured in %.1f s)",
+                 point["step"], self.cpu_s / 60, WIKITEXT2_VAL, result.ppl, seconds)
+        return point
+
+    def _perplexity(self, model: nn.Module) -> PerplexityResult:
+        """``spp.eval.perplexity.perplexity``'s steps on the final evaluation's ``wikitext2_val`` windows (read and
+        tokenized once)."""
+        cfg = self.eval_cfg
+        if self._windows is None:
+            self._windows = eval_windows(self.tokenizer, WIKITEXT2_VAL, int(cfg.seqlen), cfg.max_windows,
+                                         int(cfg.batch_size), self.data_dir, cfg.window_sampling,
+                                         getattr(getattr(model, "config", None), "max_position_embeddings", None))
+        batches = range(len(self._windows.batches(int(cfg.batch_size))))
+        device = next(model.parameters()).device
+        sums = score_windows(model, self._windows, int(cfg.batch_size), batches, device, quiet=True)
+        return result_from_sums(sums, self._windows)
+
+    def record(self) -> dict[str, Any]:
+        """What ``recovery_curve.json`` holds."""
+        return {"source": WIKITEXT2_VAL, "every_n_steps": self.every, "adapter": self.method.name,
+                "points": self.points}
+
+
+def _refusal(world: int, every: int) -> str:
+    return (f"trainer.curve_every_n_steps={every} needs one process (trainer.devices=1): this job runs {world}; set "
+            "trainer.devices=1 trainer.num_nodes=1 or trainer.curve_every_n_steps=null")
+
+
+def curve_callbacks(job: TrainJobConfig, run_dir: Path, tokenizer: Any, method: AdapterMethod) -> list[Callback]:
+    """``[RecoveryCurve]`` when ``trainer.curve_every_n_steps`` is set (checked again: ``UserError``), else ``[]``."""
+    every = job.trainer.curve_every_n_steps
+    if every is None:
+        return []
+    try:
+        curve_refusal(job)
+    except ValueError as err:
+        raise UserError.from_message(str(err)) from err
+    return [RecoveryCurve(run_dir / CURVE_FILE, every, job.eval, tokenizer, method, job.data_dir)]
