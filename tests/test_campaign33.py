@@ -138,3 +138,14 @@ REPORT = ROOT / "experiments/results/campaign33_smollm2_135m.md"
 @pytest.mark.skipif(not REPORT.is_file(), reason="no committed campaign33 report yet")
 def test_committed_campaign33_report_regenerates_byte_identically():
     assert report(COMMITTED) == REPORT.read_text()
+
+
+def test_command_line_queries_for_the_runner(tmp_path: Path, capsys):
+    for m, lr, val in [("spp", 1e-2, -0.4), ("lora", 1e-2, -0.2), ("masked_full", 1e-3, -0.3)]:
+        write_train(tmp_path, f"grid/nm2_4/{m}/lr{lr:g}", m, lr, 0, val, val)
+    assert cli(["competitor", str(tmp_path), "nm2_4"]) == 0
+    assert capsys.readouterr().out.strip() == "masked_full"
+    assert cli(["val-ppl", str(tmp_path), "nm2_4", "lora"]) == 0
+    assert float(capsys.readouterr().out) == pytest.approx(float(np.exp((BASE - 0.2).mean())), rel=1e-5)
+    assert cli(["competitor", str(tmp_path), "unstructured50"]) == 2
+    assert "no grid of a method other than SPP" in capsys.readouterr().err

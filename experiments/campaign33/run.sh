@@ -12,7 +12,10 @@
 #   bash experiments/campaign33/run.sh G nm2_4                # grids of all six methods at Wanda 2:4
 #   bash experiments/campaign33/run.sh G unstructured50       # grids of SPP, LoRA*, SparsePEFT, masked full FT
 #   bash experiments/campaign33/run.sh G unstructured75 | G nm2_4_sparsegpt
-#   bash experiments/campaign33/run.sh S nm2_4                # seeds 1, 2 at the chosen rates (see seeds_of below)
+#   bash experiments/campaign33/run.sh S nm2_4                # seeds 1, 2 at the chosen rates: every method at
+#                                                             # nm2_4, SPP + its closest competitor elsewhere
+#   bash experiments/campaign33/run.sh D                      # objective=distill: SPP + closest competitor, seeds 0-2
+#   bash experiments/campaign33/run.sh REC                    # recovery curves at nm2_4 (2 epochs, a point / 16 steps)
 #   bash experiments/campaign33/run.sh seq "grid spp nm2_4" "grid lora nm2_4"   # one stream, steps in this order
 #   bash experiments/campaign33/run.sh Z nm2_4                # zero-shot + perplexities of dense, pruned and the chosen
 #                                                             # seed-0 runs (eval.py on their adapters, shipped data)
@@ -116,6 +119,30 @@ zero_shot() {  # zero_shot METHOD SETTING: the chosen seed-0 grid run's adapter,
     adapter_dir="$R/grid/$st/$m/lr$lr/adapter" label="${m}_$st"
 }
 
+competitor() { python -m spp.experiments.campaign33 competitor "$R" "$1"; }
+
+# objective=distill (the dense model as teacher) at the method's chosen cross-entropy rate, seeds 0-2 (issue 33,
+# item 4: does distillation change the ranking?)
+distill() {
+  local m=$1 st=nm2_4 s lr
+  lr=$(chosen_lr "$st" "$m") || return 1
+  for s in 0 1 2; do train "$R/distill/$st/$m/s$s" "$st" "$m" "$lr" "$s" objective=distill; done
+}
+
+# Recovery per CPU-minute (item 6): one run of two epochs (126 steps) at the chosen rate, the merged model's
+# validation perplexity every 16 optimizer steps (trainer.curve_every_n_steps) with the training CPU time.
+recovery() {
+  local m=$1 st=nm2_4 lr
+  lr=$(chosen_lr "$st" "$m") || return 1
+  train "$R/recovery/$st/$m" "$st" "$m" "$lr" 0 trainer.max_epochs=2 trainer.curve_every_n_steps=16
+}
+
+best_new_baseline() {  # the new baseline (ScaleLoRA or norms only) with the lower validation PPL at nm2_4
+  local a b; a=$(python -m spp.experiments.campaign33 val-ppl "$R" nm2_4 scale_lora) || return 1
+  b=$(python -m spp.experiments.campaign33 val-ppl "$R" nm2_4 norms) || return 1
+  python -c "import sys; print('scale_lora' if float(sys.argv[1]) <= float(sys.argv[2]) else 'norms')" "$a" "$b"
+}
+
 stream1_G_nm2_4() { grid spp nm2_4; grid masked_full nm2_4; grid norms nm2_4; }
 stream2_G_nm2_4() { grid lora nm2_4; grid sparse_lora nm2_4; grid scale_lora nm2_4; }
 stream1_G() { grid spp "$1"; grid masked_full "$1"; }
@@ -124,7 +151,16 @@ stream2_G() { grid lora "$1"; grid sparse_lora "$1"; }
 stream1_Z() { reference "$1"; zero_shot spp "$1"; zero_shot masked_full "$1"; zero_shot norms "$1"; }
 stream2_Z() { zero_shot lora "$1"; zero_shot sparse_lora "$1"; zero_shot scale_lora "$1"; }
 
-chunk=${1:?usage: run.sh G SETTING | Z SETTING | seq STEP...}
+stream1_S() {
+  if [[ $1 == nm2_4 ]]; then seeds spp nm2_4; seeds masked_full nm2_4; seeds norms nm2_4
+  else seeds spp "$1"; fi
+}
+stream2_S() {
+  if [[ $1 == nm2_4 ]]; then seeds lora nm2_4; seeds sparse_lora nm2_4; seeds scale_lora nm2_4
+  else local rival; rival=$(competitor "$1") && seeds "$rival" "$1"; fi
+}
+
+chunk=${1:?usage: run.sh G SETTING | Z SETTING | S SETTING | D | REC | seq STEP...}
 case $chunk in
   G)
     st=${2:?G needs a setting: nm2_4, unstructured50, unstructured75 or nm2_4_sparsegpt}
@@ -132,8 +168,12 @@ case $chunk in
     else stream1_G "$st" & stream2_G "$st" &
     fi ;;
   Z) stream1_Z "${2:?Z needs a setting}" & stream2_Z "$2" & ;;
+  S) stream1_S "${2:?S needs a setting}" & stream2_S "$2" & ;;
+  D) distill spp & (rival=$(competitor nm2_4) && distill "$rival") & ;;
+  REC) (recovery spp; recovery lora; recovery masked_full) &
+       (recovery sparse_lora; base=$(best_new_baseline) && recovery "$base") & ;;
   seq) shift; for step in "$@"; do $step; done ;;   # word-split on purpose: "function arg ..."
-  *) echo "run.sh: unknown chunk '$chunk'; use G SETTING, Z SETTING or seq" >&2; exit 2 ;;
+  *) echo "run.sh: unknown chunk '$chunk'; use G, Z, S, D, REC or seq" >&2; exit 2 ;;
 esac
 wait
 echo "[campaign33] chunk $chunk finished $(date -u +%FT%TZ)"

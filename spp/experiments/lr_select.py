@@ -60,7 +60,8 @@ def load_grid(root: str | Path, objective: str = "val_loss") -> list[GridPoint]:
         raise ValueError(f"--objective {objective}: choose one of {', '.join(VALIDATION_OBJECTIVES)}")
     paths = sorted(Path(root).rglob("summary.json"))
     if not paths:
-        raise FileNotFoundError(f"no summary.json under {root}; run the grid first (experiments/campaign16/run.sh A)")
+        raise FileNotFoundError(f"no summary.json under {root}; run its grid first (experiments/campaign16/run.sh A or "
+                                "experiments/campaign33/run.sh G SETTING)")
     points = []
     for path in paths:
         data = json.loads(path.read_text())

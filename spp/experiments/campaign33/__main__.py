@@ -1,4 +1,5 @@
-"""``python -m spp.experiments.campaign33 extend GRID_DIR | report ROOT [--out MD] | figure ROOT --out PNG``."""
+"""``python -m spp.experiments.campaign33 extend GRID_DIR | competitor ROOT SETTING | val-ppl ROOT SETTING METHOD |
+report ROOT [--out MD] | figure ROOT --out PNG``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     ext = sub.add_parser("extend", help="print the rate that extends a grid past its chosen endpoint (or nothing)")
     ext.add_argument("grid", help="one (setting, method) grid directory: experiments/results/runs/campaign33/grid/S/M")
+    comp = sub.add_parser("competitor", help="print SPP's closest competitor in a setting (lowest validation PPL)")
+    comp.add_argument("root")
+    comp.add_argument("setting")
+    vp = sub.add_parser("val-ppl", help="print a method's merged validation PPL at its chosen rate (seed 0)")
+    vp.add_argument("root")
+    vp.add_argument("setting")
+    vp.add_argument("method")
     rep = sub.add_parser("report", help="the Markdown report of the campaign")
     rep.add_argument("root", help="the campaign directory (experiments/results/runs/campaign33)")
     rep.add_argument("--out", help="Markdown file to write (atomically)")
@@ -26,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
             from spp.experiments.campaign33.selection import next_point
 
             print(next_point(args.grid))
+        elif args.command in ("competitor", "val-ppl"):
+            print(_choice_query(args))
         elif args.command == "report":
             from spp.experiments.campaign33.tables import report
 
@@ -41,6 +51,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"campaign33: {err}", file=sys.stderr)
         return 2
     return 0
+
+
+def _choice_query(args: argparse.Namespace) -> str:
+    from spp.experiments.campaign33.choices import choices, closest_competitor, val_ppl
+    from spp.experiments.campaign33.records import load
+
+    chosen = choices(load(args.root))
+    if args.command == "competitor":
+        rival = closest_competitor(chosen, args.setting)
+        if rival is None:
+            raise ValueError(f"no grid of a method other than SPP in setting {args.setting!r} under {args.root}")
+        return rival
+    ch = chosen.get((args.setting, args.method))
+    if ch is None:
+        raise ValueError(f"no grid of {args.method!r} in setting {args.setting!r} under {args.root}")
+    return f"{val_ppl(ch.chosen):.6g}"
 
 
 if __name__ == "__main__":
