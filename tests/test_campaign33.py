@@ -149,3 +149,15 @@ def test_command_line_queries_for_the_runner(tmp_path: Path, capsys):
     assert float(capsys.readouterr().out) == pytest.approx(float(np.exp((BASE - 0.2).mean())), rel=1e-5)
     assert cli(["competitor", str(tmp_path), "unstructured50"]) == 2
     assert "no grid of a method other than SPP" in capsys.readouterr().err
+
+
+def test_figure_draws_the_paired_ratios_it_writes(tmp_path: Path):
+    for m, lr, shift in [("spp", 1e-2, -0.4), ("lora", 1e-2, -0.2), ("masked_full", 1e-3, -0.5)]:
+        write_train(tmp_path / "c", f"grid/nm2_4/{m}/lr{lr:g}", m, lr, 0, shift, shift)
+    png = tmp_path / "fig.png"
+    assert cli(["figure", str(tmp_path / "c"), "--out", str(png)]) == 0
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    data = json.loads(png.with_suffix(".json").read_text())
+    ratio = {r["method"]: r["ratio"] for r in data["ratios"]}
+    assert ratio == pytest.approx({"LoRA*": math.exp(0.2), "masked full FT": math.exp(-0.1)}, rel=1e-5)
+    assert cli(["figure", str(tmp_path / "empty_dir_missing"), "--out", str(png)]) == 2
