@@ -161,3 +161,34 @@ def test_figure_draws_the_paired_ratios_it_writes(tmp_path: Path):
     ratio = {r["method"]: r["ratio"] for r in data["ratios"]}
     assert ratio == pytest.approx({"LoRA*": math.exp(0.2), "masked full FT": math.exp(-0.1)}, rel=1e-5)
     assert cli(["figure", str(tmp_path / "empty_dir_missing"), "--out", str(png)]) == 2
+
+
+def test_relativize_removes_the_machines_paths(tmp_path: Path):
+    from spp.experiments.campaign33.provenance import relativize
+    from spp.paths import REPO_ROOT, SHARED_DATA_DIR
+
+    job = write_train(tmp_path, "grid/nm2_4/spp/lr1e-2", "spp", 1e-2, 0, 0.0, 0.0)
+    cache = tmp_path / "cache"
+    (job / "stdout.log").write_text(f"run {REPO_ROOT}/experiments/x lock {cache}/pruning/a.lock "
+                                    f"data {SHARED_DATA_DIR}/wikitext2/test.json repo {REPO_ROOT}\n")
+    (job / "adapter").mkdir()
+    (job / "adapter" / "adapter_config.json").write_text(f'"{REPO_ROOT}/x"')  # not committed: left alone
+    running = tmp_path / "grid/nm2_4/spp/lr2e-2"
+    running.mkdir()
+    (running / "train.log").write_text(f"{REPO_ROOT}/y")  # no summary.json yet: left alone
+    assert relativize(tmp_path, cache) == [job / "stdout.log"]
+    assert (job / "stdout.log").read_text() == ("run experiments/x lock $SPP_CACHE_DIR/pruning/a.lock "
+                                                "data ../shared/data/wikitext2/test.json repo .\n")
+    assert str(REPO_ROOT) in (job / "adapter" / "adapter_config.json").read_text()
+    assert str(REPO_ROOT) in (running / "train.log").read_text()
+
+
+@pytest.mark.skipif(not COMMITTED.is_dir(), reason="no committed campaign33 runs yet")
+def test_committed_campaign33_records_name_no_absolute_path():
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", str(COMMITTED)], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    for name in files:
+        text = (ROOT / name).read_text(errors="replace")
+        assert "/work/" not in text and "/root/" not in text and "/tmp/" not in text, name

@@ -1,5 +1,5 @@
 """``python -m spp.experiments.campaign33 extend GRID_DIR | competitor ROOT SETTING | val-ppl ROOT SETTING METHOD |
-report ROOT [--out MD] | figure ROOT --out PNG``."""
+relativize ROOT | report ROOT [--out MD] | figure ROOT --out PNG``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     vp.add_argument("root")
     vp.add_argument("setting")
     vp.add_argument("method")
+    rel = sub.add_parser("relativize", help="write the machine's absolute paths in finished jobs' files relative")
+    rel.add_argument("root")
     rep = sub.add_parser("report", help="the Markdown report of the campaign")
     rep.add_argument("root", help="the campaign directory (experiments/results/runs/campaign33)")
     rep.add_argument("--out", help="Markdown file to write (atomically)")
@@ -34,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
             from spp.experiments.campaign33.selection import next_point
 
             print(next_point(args.grid))
+        elif args.command == "relativize":
+            from spp.experiments.campaign33.provenance import relativize
+
+            for path in relativize(args.root):
+                print(path)
         elif args.command in ("competitor", "val-ppl"):
             print(_choice_query(args))
         elif args.command == "report":

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Stage (git add) the raw files of every FINISHED campaign-33 job (a directory holding summary.json or results.json),
+# never a job still running, after writing the machine's absolute paths in them relative (checkout -> relative,
+# the shared data root -> ../shared/data, the cache -> $SPP_CACHE_DIR). Large outputs stay out of git
+# (experiments/results/.gitignore). Use: bash experiments/campaign33/stage_finished.sh && git commit -m "..."
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+R=${R:-experiments/results/runs/campaign33}
+python -m spp.experiments.campaign33 relativize "$R" > /dev/null
+find "$R" \( -name summary.json -o -name results.json \) -printf '%h\n' | sort | while read -r d; do
+  git add -- "$d"
+done
+git diff --cached --stat -- "$R" | tail -1

@@ -1,0 +1,51 @@
+"""Committed run records name no machine's absolute paths: each finished job's text files are rewritten with the
+checkout, the shared data root and the cache written relative before they are committed
+(``python -m spp.experiments.campaign33 relativize experiments/results/runs/campaign33``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from spp.atomic import write_text_atomic
+from spp.paths import REPO_ROOT, SHARED_DATA_DIR
+
+TEXT_SUFFIXES = (".json", ".jsonl", ".yaml", ".log", ".md", ".csv")
+SKIP_DIRS = ("adapter", "merged", "checkpoints", "wandb")
+"""Large outputs that stay out of git (``experiments/results/.gitignore``) are left as they are."""
+
+
+def replacements(cache_dir: str | Path | None = None) -> list[tuple[str, str]]:
+    """``(absolute prefix, what it becomes)``, longest first: the cache -> ``$SPP_CACHE_DIR``, the shared data ->
+    ``../shared/data``, the checkout -> relative."""
+    cache = Path(cache_dir or os.environ.get("SPP_CACHE_DIR") or Path.home() / ".cache" / "spp")
+    pairs = [(str(cache), "$SPP_CACHE_DIR"), (str(SHARED_DATA_DIR), "../shared/data"), (f"{REPO_ROOT}/", ""),
+             (str(REPO_ROOT), ".")]
+    return sorted(pairs, key=lambda p: -len(p[0]))
+
+
+def relativize_file(path: Path, pairs: list[tuple[str, str]]) -> bool:
+    """Rewrite ``path`` (atomically) when it names one of the prefixes; whether it changed."""
+    text = path.read_text(encoding="utf-8", errors="surrogateescape")
+    new = text
+    for old, repl in pairs:
+        new = new.replace(old, repl)
+    if new == text:
+        return False
+    write_text_atomic(path, new)
+    return True
+
+
+def relativize(root: str | Path, cache_dir: str | Path | None = None) -> list[Path]:
+    """Every text file of every finished job (a directory with ``summary.json`` or ``results.json``) below
+    ``root``; returns the files rewritten."""
+    pairs = replacements(cache_dir)
+    changed = []
+    finished = {p.parent for name in ("summary.json", "results.json") for p in Path(root).rglob(name)}
+    for job in sorted(finished):
+        for path in sorted(job.rglob("*")):
+            rel = path.relative_to(job).parts
+            if path.is_file() and path.suffix in TEXT_SUFFIXES and not (set(rel[:-1]) & set(SKIP_DIRS)) \
+                    and relativize_file(path, pairs):
+                changed.append(path)
+    return changed
