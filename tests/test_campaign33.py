@@ -192,3 +192,79 @@ def test_committed_campaign33_records_name_no_absolute_path():
     for name in files:
         text = (ROOT / name).read_text(errors="replace")
         assert "/work/" not in text and "/root/" not in text and "/tmp/" not in text, name
+
+
+def _dry_jobs(root: Path, *steps: str) -> list[tuple[str, str, list[str]]]:
+    """``(script, run dir, overrides)`` of every job ``run.sh seq STEP...`` would run (``DRY=1``: nothing runs)."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "R": str(root), "DRY": "1"}
+    proc = subprocess.run(["bash", str(ROOT / "experiments/campaign33/run.sh"), "seq", *steps], env=env,
+                          capture_output=True, text=True, timeout=300, check=True)
+    out = []
+    for line in proc.stdout.splitlines():
+        if "would run:" in line:
+            script, run_dir, *overrides = line.split("would run: ", 1)[1].split()
+            out.append((script, run_dir, overrides))
+    return out
+
+
+def _compose(script: str, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from spp.eval.job_config import register_configs as register_eval
+    from spp.experiments.plan import compose_job
+    from spp.paths import CONF_DIR
+
+    if script == "train.py":
+        return compose_job(overrides)
+    register_eval()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[o for o in overrides if not o.startswith("output_dir=")])
+    OmegaConf.resolve(cfg)
+    OmegaConf.to_object(cfg)  # the typed eval job: out-of-range values fail here
+    return cfg
+
+
+def test_every_chunk_composes_with_the_headline_settings_at_the_chosen_rates(tmp_path: Path):
+    """The runner's jobs, from a synthetic set of Wanda 2:4 grids, compose into typed train.py / eval.py jobs with
+    the headline settings, the rate each grid chose and the seeds, objective and curve of their chunk."""
+    best = {"spp": 2e-2, "lora": 1e-2, "sparse_lora": 1e-2, "scale_lora": 3e-2, "masked_full": 1e-3, "norms": 3e-3}
+    for m, lr in best.items():
+        ladder = selection.ladder_of([lr])
+        for name in (selection.neighbour(lr, ladder, up=False), "{}e{}".format(*selection.mantissa_exponent(lr)),
+                     selection.neighbour(lr, ladder, up=True)):
+            write_train(tmp_path, f"grid/nm2_4/{m}/lr{name}", m, float(name), 0, 0.0, 0.0 if float(name) == lr else 0.3)
+    jobs = _dry_jobs(tmp_path, "seeds spp nm2_4", "seeds masked_full nm2_4", "zero_shot lora nm2_4",
+                     "reference nm2_4", "distill masked_full", "recovery spp", "grid spp unstructured75")
+    by_dir = {Path(d).relative_to(tmp_path).as_posix(): (s, _compose(s, o)) for s, d, o in jobs}
+    assert sorted(by_dir) == sorted([
+        "seeds/nm2_4/spp/s1", "seeds/nm2_4/spp/s2", "seeds/nm2_4/masked_full/s1", "seeds/nm2_4/masked_full/s2",
+        "zero_shot/nm2_4/lora", "reference/dense", "reference/nm2_4", "distill/nm2_4/masked_full/s0",
+        "distill/nm2_4/masked_full/s1", "distill/nm2_4/masked_full/s2", "recovery/nm2_4/spp",
+        "grid/unstructured75/spp/lr1e-2", "grid/unstructured75/spp/lr2e-2", "grid/unstructured75/spp/lr5e-2",
+        "grid/unstructured75/spp/lr1e-1"])
+    for rel, (script, cfg) in by_dir.items():
+        if script == "train.py":
+            assert (cfg.data.max_examples, cfg.data.val_size, cfg.data.train_batch_size) == (540, 40, 8), rel
+            assert (cfg.eval.seqlen, cfg.eval.max_windows, cfg.eval.window_sampling) == (512, 40, "systematic")
+            assert list(cfg.eval.extra_ppl_sources) == ["wikitext2_val"] and cfg.seed == cfg.data.seed
+            assert cfg.trainer.max_epochs == (2 if rel.startswith("recovery") else 1)
+            assert cfg.trainer.curve_every_n_steps == (16 if rel.startswith("recovery") else None)
+            assert cfg.objective.name == ("distill" if rel.startswith("distill") else "ce")
+            if not rel.startswith("grid"):
+                assert cfg.trainer.lr == best[cfg.adapter.name], rel
+            assert cfg.seed == (int(rel[-1]) if rel[-2:-1] == "s" else 0)
+        else:
+            assert cfg.data_dir == "data" and cfg.eval.log_samples and list(cfg.eval.tasks) == ["spp_zeroshot"]
+            assert cfg.eval.limit == 200 and list(cfg.eval.extra_ppl_sources) == ["wikitext2_val"]
+            trains = [c for s, c in by_dir.values() if s == "train.py"]
+            same = next((c for c in trains if c.sparsity.name == cfg.sparsity.name), None)
+            groups = ("model", "calibration", "sparsity", "pruner") if same else ("model",)
+            for group in groups:  # the pruning cache gives the model each run trained on
+                assert cfg[group] == (same or trains[0])[group], f"{rel}: eval.py's {group} differs from train.py's"
+    assert by_dir["zero_shot/nm2_4/lora"][1].adapter_dir.endswith("grid/nm2_4/lora/lr1e-2/adapter")
+    assert by_dir["reference/dense"][1].pruner.name == "none"
+    assert by_dir["grid/unstructured75/spp/lr5e-2"][1].sparsity.name == "unstructured75"

@@ -39,7 +39,9 @@ sparsity_of() { echo "${1%_sparsegpt}"; }
 
 # Zero-shot and reference perplexities (eval.py): the shipped 200-document samples (data_dir=data, what a fresh
 # clone has), lm-eval's per-document records kept (eval.log_samples) so methods are compared document by document.
-E="model=smollm2_135m calibration=c4 eval.seqlen=512 eval.max_windows=40 eval.window_sampling=systematic
+# The calibration must be train.py's (C4, 32 x 512 tokens: the model's budget, which eval.py does not apply) for the
+# pruning cache to give the very model each run trained on.
+E="model=smollm2_135m calibration=c4 calibration.nsamples=32 calibration.seqlen=512 eval.seqlen=512 eval.max_windows=40 eval.window_sampling=systematic
    eval.doc_seed=0 eval.extra_ppl_sources=[wikitext2_val] eval.tasks=[spp_zeroshot] eval.limit=200
    eval.lm_eval_batch_size=8 eval.log_samples=true data_dir=data logger=[csv] print_config=false"
 
@@ -113,10 +115,10 @@ reference() {  # reference SETTING: the pruned model (and, for nm2_4, the dense 
 }
 
 zero_shot() {  # zero_shot METHOD SETTING: the chosen seed-0 grid run's adapter, merged as its export was
-  local m=$1 st=$2 lr
-  lr=$(chosen_lr "$st" "$m") || return 1
+  local m=$1 st=$2 run
+  run=$(python -m spp.experiments.campaign33 chosen-dir "$R" "$st" "$m") || return 1
   evaluate "$R/zero_shot/$st/$m" pruner="$(pruner_of "$st")" sparsity="$(sparsity_of "$st")" \
-    adapter_dir="$R/grid/$st/$m/lr$lr/adapter" label="${m}_$st"
+    adapter_dir="$run/adapter" label="${m}_$st"
 }
 
 competitor() { python -m spp.experiments.campaign33 competitor "$R" "$1"; }

@@ -1,5 +1,6 @@
-"""``python -m spp.experiments.campaign33 extend GRID_DIR | competitor ROOT SETTING | val-ppl ROOT SETTING METHOD |
-relativize ROOT | report ROOT [--out MD] | figure ROOT --out PNG``."""
+"""``python -m spp.experiments.campaign33 extend GRID_DIR | competitor ROOT SETTING |
+val-ppl ROOT SETTING METHOD | chosen-dir ROOT SETTING METHOD | relativize ROOT | report ROOT [--out MD] |
+figure ROOT --out PNG``."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     vp.add_argument("method")
     rel = sub.add_parser("relativize", help="write the machine's absolute paths in finished jobs' files relative")
     rel.add_argument("root")
+    cd = sub.add_parser("chosen-dir", help="print the run directory of a method's chosen grid point (seed 0)")
+    cd.add_argument("root")
+    cd.add_argument("setting")
+    cd.add_argument("method")
     rep = sub.add_parser("report", help="the Markdown report of the campaign")
     rep.add_argument("root", help="the campaign directory (experiments/results/runs/campaign33)")
     rep.add_argument("--out", help="Markdown file to write (atomically)")
@@ -41,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
             for path in relativize(args.root):
                 print(path)
-        elif args.command in ("competitor", "val-ppl"):
+        elif args.command in ("competitor", "val-ppl", "chosen-dir"):
             print(_choice_query(args))
         elif args.command == "report":
             from spp.experiments.campaign33.tables import report
@@ -73,6 +78,8 @@ def _choice_query(args: argparse.Namespace) -> str:
     ch = chosen.get((args.setting, args.method))
     if ch is None:
         raise ValueError(f"no grid of {args.method!r} in setting {args.setting!r} under {args.root}")
+    if args.command == "chosen-dir":
+        return str(Path(args.root) / ch.chosen.rel)
     return f"{val_ppl(ch.chosen):.6g}"
 
 
