@@ -268,3 +268,12 @@ def test_every_chunk_composes_with_the_headline_settings_at_the_chosen_rates(tmp
     assert by_dir["zero_shot/nm2_4/lora"][1].adapter_dir.endswith("grid/nm2_4/lora/lr1e-2/adapter")
     assert by_dir["reference/dense"][1].pruner.name == "none"
     assert by_dir["grid/unstructured75/spp/lr5e-2"][1].sparsity.name == "unstructured75"
+
+
+def test_machine_record_names_the_cpu_capability(tmp_path: Path):
+    import torch
+
+    assert cli(["machine", str(tmp_path), "--load-start", "1.5"]) == 0
+    rec = json.loads((tmp_path / "machine.json").read_text())
+    assert rec["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and rec["load_1m_start"] == 1.5
+    assert rec["cores"] >= 1 and rec["torch"] == torch.__version__ and "note" not in rec

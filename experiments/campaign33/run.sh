@@ -45,18 +45,6 @@ E="model=smollm2_135m calibration=c4 calibration.nsamples=32 calibration.seqlen=
    eval.doc_seed=0 eval.extra_ppl_sources=[wikitext2_val] eval.tasks=[spp_zeroshot] eval.limit=200
    eval.lm_eval_batch_size=8 eval.log_samples=true data_dir=data logger=[csv] print_config=false"
 
-record_machine() {  # record_machine DIR LOAD_AT_START: what the job ran on, beside its raw files
-  python - "$1" "$2" <<'PY'
-import json, os, sys, torch
-from pathlib import Path
-model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-rec = {"cpu_model": model, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(),
-       "omp_num_threads": int(os.environ.get("OMP_NUM_THREADS", "0") or 0), "load_1m_start": float(sys.argv[2]),
-       "load_1m_end": os.getloadavg()[0]}
-Path(sys.argv[1], "machine.json").write_text(json.dumps(rec, indent=1) + "\n")
-PY
-}
-
 job() {  # job DIR SCRIPT OVERRIDES...: one run, skipped when DIR/summary.json exists; a failure is logged, not fatal
   local dir=$1 script=$2; shift 2
   local done_file=summary.json; [[ $script == eval.py ]] && done_file=results.json
@@ -69,7 +57,7 @@ job() {  # job DIR SCRIPT OVERRIDES...: one run, skipped when DIR/summary.json e
   # shellcheck disable=SC2086
   if python "$script" "$@" "$where=$dir" > "$dir.running.log" 2>&1; then
     mv "$dir.running.log" "$dir/stdout.log"
-    record_machine "$dir" "$load"
+    python -m spp.experiments.campaign33 machine "$dir" --load-start "$load" > /dev/null
     echo "[campaign33] $(date -u +%FT%TZ) done  $dir"
   else
     mv "$dir.running.log" "$dir.failed.log"

@@ -6,6 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 R=${R:-experiments/results/runs/campaign33}
+# a job finished by a runner that predates machine.json gets one now (same machine; load at start unknown)
+find "$R" \( -name summary.json -o -name results.json \) -printf '%h\n' | sort | while read -r d; do
+  [[ -f $d/machine.json ]] || python -m spp.experiments.campaign33 machine "$d" \
+    --note "written when staged, on the machine that ran the job" > /dev/null
+done
 python -m spp.experiments.campaign33 relativize "$R" > /dev/null
 find "$R" \( -name summary.json -o -name results.json \) -printf '%h\n' | sort | while read -r d; do
   git add -- "$d"

@@ -1,6 +1,6 @@
 """``python -m spp.experiments.campaign33 extend GRID_DIR | competitor ROOT SETTING |
-val-ppl ROOT SETTING METHOD | chosen-dir ROOT SETTING METHOD | relativize ROOT | report ROOT [--out MD] |
-figure ROOT --out PNG``."""
+val-ppl ROOT SETTING METHOD | chosen-dir ROOT SETTING METHOD | relativize ROOT | machine RUN_DIR |
+report ROOT [--out MD] | figure ROOT --out PNG``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     cd.add_argument("root")
     cd.add_argument("setting")
     cd.add_argument("method")
+    mach = sub.add_parser("machine", help="write a finished job's machine.json (CPU, capability, threads, load)")
+    mach.add_argument("run_dir")
+    mach.add_argument("--load-start", type=float, default=None, help="1-minute load average when the job started")
+    mach.add_argument("--note", help="when it was written, if not right after the job")
     rep = sub.add_parser("report", help="the Markdown report of the campaign")
     rep.add_argument("root", help="the campaign directory (experiments/results/runs/campaign33)")
     rep.add_argument("--out", help="Markdown file to write (atomically)")
@@ -46,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
 
             for path in relativize(args.root):
                 print(path)
+        elif args.command == "machine":
+            from spp.experiments.campaign33.provenance import write_machine
+
+            print(write_machine(args.run_dir, args.load_start, args.note))
         elif args.command in ("competitor", "val-ppl", "chosen-dir"):
             print(_choice_query(args))
         elif args.command == "report":

@@ -4,6 +4,7 @@ checkout, the shared data root and the cache written relative before they are co
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -49,3 +50,26 @@ def relativize(root: str | Path, cache_dir: str | Path | None = None) -> list[Pa
                     and relativize_file(path, pairs):
                 changed.append(path)
     return changed
+
+
+def machine_record(load_start: float | None) -> dict[str, object]:
+    """What a job ran on: CPU model, torch's CPU capability (``AVX512``, ``AVX2``: float32 results differ in the 4th
+    digit between them), cores, threads, the 1-minute load average when the job started and now."""
+    import torch
+
+    model = "?"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                      if line.startswith("model name")), "?")
+    return {"cpu_model": model, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(),
+            "omp_num_threads": int(os.environ.get("OMP_NUM_THREADS") or 0), "torch": torch.__version__,
+            "load_1m_start": load_start, "load_1m_end": round(os.getloadavg()[0], 2)}
+
+
+def write_machine(run_dir: str | Path, load_start: float | None, note: str | None = None) -> Path:
+    """``run_dir/machine.json`` (atomically); ``note`` says when it was written other than right after the job."""
+    record = machine_record(load_start)
+    if note:
+        record["note"] = note
+    return write_text_atomic(Path(run_dir) / "machine.json", json.dumps(record, indent=1) + "\n")
