@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from spp.adapters.registry import methods_in_table_order
 from spp.experiments.campaign33.records import SETTINGS, Campaign, TrainRun
+from spp.experiments.campaign33.stats import PairedRatio, paired_ratio
 
 REFERENCE = "spp"
 """Every method is compared against SPP."""
@@ -68,3 +69,18 @@ def closest_competitor(chosen: dict[tuple[str, str], Choice], setting: str) -> s
     chosen on validation data, like the rates."""
     rivals = [ch for (s, m), ch in chosen.items() if s == setting and m != REFERENCE and "+" not in m]
     return min(rivals, key=lambda ch: val_ppl(ch.chosen)).method if rivals else None
+
+
+def against_reference(chosen: dict[tuple[str, str], Choice]) -> list[tuple[Choice, list[int], PairedRatio]]:
+    """Every method against SPP of the same setting on the test windows, over the seeds both ran (the two-level
+    paired bootstrap of :mod:`~spp.experiments.campaign33.stats`)."""
+    out = []
+    for (setting, method), ch in chosen.items():
+        ref = chosen.get((setting, REFERENCE))
+        if method == REFERENCE or ref is None:
+            continue
+        seeds = sorted({r.seed for r in ch.runs} & {r.seed for r in ref.runs})
+        p = paired_ratio([next(r.test for r in ch.runs if r.seed == s) for s in seeds],
+                         [next(r.test for r in ref.runs if r.seed == s) for s in seeds])
+        out.append((ch, seeds, p))
+    return out

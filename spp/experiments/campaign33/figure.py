@@ -15,27 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from spp.atomic import write_text_atomic
-from spp.experiments.campaign33.choices import REFERENCE, choices
+from spp.experiments.campaign33.choices import against_reference, choices
 from spp.experiments.campaign33.labels import method_label, setting_label
 from spp.experiments.campaign33.records import load
 from spp.experiments.campaign33.recovery import AT_MINUTES, TARGET, curves
-from spp.experiments.campaign33.stats import paired_ratio
 
 
 def figure_data(root: str | Path) -> dict[str, Any]:
     """What the figure plots: the paired ratios against SPP and the recovery curves."""
     c = load(root)
     chosen = choices(c)
-    ratios = []
-    for (setting, method), ch in chosen.items():
-        ref = chosen.get((setting, REFERENCE))
-        if method == REFERENCE or ref is None:
-            continue
-        seeds = sorted({r.seed for r in ch.runs} & {r.seed for r in ref.runs})
-        p = paired_ratio([next(r.test for r in ch.runs if r.seed == s) for s in seeds],
-                         [next(r.test for r in ref.runs if r.seed == s) for s in seeds])
-        ratios.append({"setting": setting_label(setting), "method": method_label(method), "seeds": seeds,
-                       "ratio": round(p.ratio, 6), "low": round(p.low, 6), "high": round(p.high, 6)})
+    ratios = [{"setting": setting_label(ch.setting), "method": method_label(ch.method), "seeds": seeds,
+               "ratio": round(p.ratio, 6), "low": round(p.low, 6), "high": round(p.high, 6)}
+              for ch, seeds, p in against_reference(chosen)]
     recovery = [{"setting": setting_label(s), "method": method_label(m),
                  "points": [{k: round(v, 6) if isinstance(v, float) else v for k, v in p.items()} for p in pts]}
                 for (s, m), pts in curves(c).items()]

@@ -8,11 +8,11 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
-from spp.experiments.campaign33.choices import REFERENCE, Choice, choices, closest_competitor, val_ppl
+from spp.experiments.campaign33.choices import Choice, against_reference, choices, closest_competitor, val_ppl
 from spp.experiments.campaign33.labels import method_label, setting_label
 from spp.experiments.campaign33.records import TEST_SOURCE, VAL_SOURCE, Campaign, load
 from spp.experiments.campaign33.recovery import recovery_table
-from spp.experiments.campaign33.stats import gap_closed_per_seed, paired_ratio
+from spp.experiments.campaign33.stats import gap_closed_per_seed
 from spp.experiments.campaign33.zero_shot import zero_shot_table
 from spp.experiments.collect_summaries import markdown_table
 
@@ -86,18 +86,9 @@ def _verdict(ratio_high: float, ratio_low: float) -> str:
 def paired_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
     """Every method against SPP of the same setting on the test windows, paired by seed (two-level bootstrap)."""
     head = ["Setting", "Method vs SPP", "Seeds", "test PPL ratio method / SPP [95 %]", "per seed", "Verdict"]
-    rows = []
-    for (setting, method), ch in chosen.items():
-        ref = chosen.get((setting, REFERENCE))
-        if method == REFERENCE or ref is None:
-            continue
-        seeds = sorted({r.seed for r in ch.runs} & {r.seed for r in ref.runs})
-        a = [next(r.test for r in ch.runs if r.seed == s) for s in seeds]
-        b = [next(r.test for r in ref.runs if r.seed == s) for s in seeds]
-        p = paired_ratio(a, b)
-        rows.append([setting_label(setting), method_label(method), ",".join(map(str, seeds)),
-                     f"{p.ratio:.3f} [{p.low:.3f}, {p.high:.3f}]", ", ".join(f"{v:.3f}" for v in p.per_seed),
-                     _verdict(p.high, p.low)])
+    rows = [[setting_label(ch.setting), method_label(ch.method), ",".join(map(str, seeds)),
+             f"{p.ratio:.3f} [{p.low:.3f}, {p.high:.3f}]", ", ".join(f"{v:.3f}" for v in p.per_seed),
+             _verdict(p.high, p.low)] for ch, seeds, p in against_reference(chosen)]
     return markdown_table(head, rows, 3)
 
 
