@@ -16,3 +16,13 @@ def method_label(method: str) -> str:
     base, _, variant = method.partition("+")
     name = method_labels().get(base, base)
     return f"{name} ({variant})" if variant else name
+
+
+def rate(lr: float) -> str:
+    """A learning rate as the grid directories write it: ``3e-3``, ``1e-1`` (``%g`` when not one digit)."""
+    from spp.experiments.campaign33.selection import mantissa_exponent
+
+    try:
+        return "{}e{}".format(*mantissa_exponent(lr))
+    except ValueError:
+        return f"{lr:g}"

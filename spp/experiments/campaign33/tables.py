@@ -8,8 +8,9 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from spp.eval.perplexity import gap_closed
 from spp.experiments.campaign33.choices import Choice, against_reference, choices, closest_competitor, val_ppl
-from spp.experiments.campaign33.labels import method_label, setting_label
+from spp.experiments.campaign33.labels import method_label, rate, setting_label
 from spp.experiments.campaign33.records import TEST_SOURCE, VAL_SOURCE, Campaign, load
 from spp.experiments.campaign33.recovery import recovery_table
 from spp.experiments.campaign33.stats import gap_closed_per_seed
@@ -31,9 +32,9 @@ def grid_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
     """Per (setting, method): merged validation perplexity at every rate of its grid, the chosen one in bold."""
     rows = []
     for ch in chosen.values():
-        cells = [f"{r.lr:g}: " + (f"**{val_ppl(r):.2f}**" if r is ch.chosen else f"{val_ppl(r):.2f}")
+        cells = [f"{rate(r.lr)}: " + (f"**{val_ppl(r):.2f}**" if r is ch.chosen else f"{val_ppl(r):.2f}")
                  for r in ch.grid]
-        rows.append([setting_label(ch.setting), method_label(ch.method), ", ".join(cells), f"{ch.chosen.lr:g}",
+        rows.append([setting_label(ch.setting), method_label(ch.method), ", ".join(cells), rate(ch.chosen.lr),
                      "yes" if ch.interior else "**no: endpoint**"])
     return markdown_table(["Setting", "Method", "lr: merged val PPL (seed 0)", "chosen lr", "interior"], rows, 3)
 
@@ -49,8 +50,31 @@ def _reference_rows(c: Campaign, setting: str) -> list[list[str]]:
     return sorted(rows, key=lambda r: r[1] != "dense")
 
 
+def _gap_interval(dense: dict, pruned: dict, merged: dict) -> str:
+    """One seed's gap closed (%) with its paired bootstrap interval over windows."""
+    g = gap_closed(dense, pruned, merged)
+    return f"{100 * g['gap_closed']:.1f} [{100 * g['gap_closed_low']:.1f}, {100 * g['gap_closed_high']:.1f}]"
+
+
 def _ppl_interval(entry: dict) -> str:
     return f"{entry['ppl']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
+
+
+def _method_row(ch: Choice) -> list[str]:
+    """One method at its chosen rate: test PPL and gap closed with their interval (one seed) or spread (several)."""
+    runs = ch.runs
+    tests = [r.test for r in runs]
+    test = _ppl_interval(tests[0]) if len(runs) == 1 else _spread([t["ppl"] for t in tests], 2)
+    dense, pruned = runs[0].dense_test, runs[0].pruned_test
+    gap = "–"
+    if dense and pruned:
+        gaps = [100 * g for g in gap_closed_per_seed(dense, pruned, tests)]
+        gap = _gap_interval(dense, pruned, tests[0]) if len(runs) == 1 else _spread(gaps, 1)
+    steps = [r.train_s / r.steps for r in runs if r.train_s and r.steps]
+    losses = [r.alpaca_val for r in runs if r.alpaca_val is not None]
+    return [setting_label(ch.setting), method_label(ch.method), rate(ch.chosen.lr), ",".join(str(r.seed) for r in runs),
+            f"{val_ppl(ch.chosen):.2f}", test, gap, _spread(losses, 3) if losses else "–",
+            _spread(steps, 1) if steps else "–", f"{ch.chosen.trained:,}"]
 
 
 def main_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[str]:
@@ -60,20 +84,7 @@ def main_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[str]:
     rows: list[list[str]] = []
     for setting in dict.fromkeys(s for s, _ in chosen):
         rows += _reference_rows(c, setting)
-        for (s, _), ch in chosen.items():
-            if s != setting:
-                continue
-            runs = ch.runs
-            tests = [r.test for r in runs]
-            test = _ppl_interval(tests[0]) if len(runs) == 1 else _spread([t["ppl"] for t in tests], 2)
-            dense, pruned = runs[0].dense_test, runs[0].pruned_test
-            gaps = [100 * g for g in gap_closed_per_seed(dense, pruned, tests)] if dense and pruned else []
-            steps = [r.train_s / r.steps for r in runs if r.train_s and r.steps]
-            losses = [r.alpaca_val for r in runs if r.alpaca_val is not None]
-            rows.append([setting_label(setting), method_label(ch.method), f"{ch.chosen.lr:g}",
-                         ",".join(str(r.seed) for r in runs), f"{val_ppl(ch.chosen):.2f}", test,
-                         _spread(gaps, 1) if gaps else "–", _spread(losses, 3) if losses else "–",
-                         _spread(steps, 1) if steps else "–", f"{ch.chosen.trained:,}"])
+        rows += [_method_row(ch) for (s, _), ch in chosen.items() if s == setting]
     return markdown_table(head, rows, 2)
 
 
