@@ -20,6 +20,9 @@
 #   bash experiments/campaign33/run.sh Z nm2_4                # zero-shot + perplexities of dense, pruned and the chosen
 #                                                             # seed-0 runs (eval.py on their adapters, shipped data)
 #   DRY=1 bash experiments/campaign33/run.sh G nm2_4          # print the jobs, run nothing
+#   STOP_AT=23:40 bash experiments/campaign33/run.sh G nm2_4  # start no job that would end after 23:40 (a job
+#                                                             # is assumed to take JOB_MINUTES, default 45): a
+#                                                             # session's end kills a running job, and it is lost
 # A grid whose chosen rate is an endpoint is extended by the next half-decade point on that side (extend_grid).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -50,6 +53,10 @@ job() {  # job DIR SCRIPT OVERRIDES...: one run, skipped when DIR/summary.json e
   local done_file=summary.json; [[ $script == eval.py ]] && done_file=results.json
   if [[ -f $dir/$done_file ]]; then echo "[campaign33] done already: $dir"; return 0; fi
   if [[ -n ${DRY:-} ]]; then echo "[campaign33] would run: $script $dir $*"; return 0; fi
+  if [[ -n ${STOP_AT:-} ]] && (( $(date +%s) + 60 * ${JOB_MINUTES:-45} > $(date -d "$STOP_AT" +%s) )); then
+    echo "[campaign33] not starting $dir: it would not end before STOP_AT=$STOP_AT (JOB_MINUTES=${JOB_MINUTES:-45})"
+    return 0
+  fi
   rm -rf "$dir" "$dir.failed.log"; mkdir -p "$(dirname "$dir")"
   local load; load=$(cut -d' ' -f1 /proc/loadavg)
   echo "[campaign33] $(date -u +%FT%TZ) start $dir (load $load)"
