@@ -135,9 +135,19 @@ COMMITTED = ROOT / "experiments/results/runs/campaign33"
 REPORT = ROOT / "experiments/results/campaign33_smollm2_135m.md"
 
 
+FIGURE_DATA = ROOT / "experiments/results/figures/campaign33.json"
+
+
 @pytest.mark.skipif(not REPORT.is_file(), reason="no committed campaign33 report yet")
 def test_committed_campaign33_report_regenerates_byte_identically():
     assert report(COMMITTED) == REPORT.read_text()
+
+
+@pytest.mark.skipif(not FIGURE_DATA.is_file(), reason="no committed campaign33 figure yet")
+def test_committed_campaign33_figure_data_regenerates_byte_identically():
+    from spp.experiments.campaign33.figure import figure_data
+
+    assert json.dumps(figure_data(COMMITTED), indent=1) + "\n" == FIGURE_DATA.read_text()
 
 
 def test_command_line_queries_for_the_runner(tmp_path: Path, capsys):
