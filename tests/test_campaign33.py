@@ -179,8 +179,12 @@ def test_relativize_removes_the_machines_paths(tmp_path: Path):
 
     job = write_train(tmp_path, "grid/nm2_4/spp/lr1e-2", "spp", 1e-2, 0, 0.0, 0.0)
     cache = tmp_path / "cache"
+    import sysconfig
+
+    site = sysconfig.get_paths()["purelib"]
     (job / "stdout.log").write_text(f"run {REPO_ROOT}/experiments/x lock {cache}/pruning/a.lock "
-                                    f"data {SHARED_DATA_DIR}/wikitext2/test.json repo {REPO_ROOT}\n")
+                                    f"data {SHARED_DATA_DIR}/wikitext2/test.json repo {REPO_ROOT}\n"
+                                    f"{site}/peft/x.py:3: UserWarning\n")
     (job / "adapter").mkdir()
     (job / "adapter" / "adapter_config.json").write_text(f'"{REPO_ROOT}/x"')  # not committed: left alone
     running = tmp_path / "grid/nm2_4/spp/lr2e-2"
@@ -188,7 +192,8 @@ def test_relativize_removes_the_machines_paths(tmp_path: Path):
     (running / "train.log").write_text(f"{REPO_ROOT}/y")  # no summary.json yet: left alone
     assert relativize(tmp_path, cache) == [job / "stdout.log"]
     assert (job / "stdout.log").read_text() == ("run experiments/x lock $SPP_CACHE_DIR/pruning/a.lock "
-                                                "data ../shared/data/wikitext2/test.json repo .\n")
+                                                "data ../shared/data/wikitext2/test.json repo .\n"
+                                                "$SITE_PACKAGES/peft/x.py:3: UserWarning\n")
     assert str(REPO_ROOT) in (job / "adapter" / "adapter_config.json").read_text()
     assert str(REPO_ROOT) in (running / "train.log").read_text()
 

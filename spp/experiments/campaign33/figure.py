@@ -48,6 +48,11 @@ def _draw_ratios(ax: Any, ratios: list[dict[str, Any]]) -> None:
 
 
 def _draw_recovery(ax: Any, data: dict[str, Any]) -> None:
+    if not data["recovery"]:
+        ax.text(0.5, 0.5, "no recovery run yet\n(bash experiments/campaign33/run.sh REC)", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+        return
     for i, cur in enumerate(data["recovery"]):
         x = [p["cpu_min"] for p in cur["points"]]
         ax.plot(x, [100 * p["gap"] for p in cur["points"]], "o-", color=f"C{i}", label=cur["method"], ms=3)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import sysconfig
 from pathlib import Path
 
 from spp.atomic import write_text_atomic
@@ -18,10 +20,12 @@ SKIP_DIRS = ("adapter", "merged", "checkpoints", "wandb")
 
 def replacements(cache_dir: str | Path | None = None) -> list[tuple[str, str]]:
     """``(absolute prefix, what it becomes)``, longest first: the cache -> ``$SPP_CACHE_DIR``, the shared data ->
-    ``../shared/data``, the checkout -> relative."""
+    ``../shared/data``, the checkout -> relative, the Python installation (warnings name its files) ->
+    ``$SITE_PACKAGES`` / ``$PYTHON_PREFIX``."""
     cache = Path(cache_dir or os.environ.get("SPP_CACHE_DIR") or Path.home() / ".cache" / "spp")
     pairs = [(str(cache), "$SPP_CACHE_DIR"), (str(SHARED_DATA_DIR), "../shared/data"), (f"{REPO_ROOT}/", ""),
-             (str(REPO_ROOT), ".")]
+             (str(REPO_ROOT), "."), (sysconfig.get_paths()["purelib"], "$SITE_PACKAGES"),
+             (sys.base_prefix, "$PYTHON_PREFIX"), (sys.prefix, "$PYTHON_PREFIX")]
     return sorted(pairs, key=lambda p: -len(p[0]))
 
 
@@ -62,8 +66,9 @@ def machine_record(load_start: float | None) -> dict[str, object]:
     if cpuinfo.is_file():
         model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
                       if line.startswith("model name")), "?")
+    threads = os.environ.get("OMP_NUM_THREADS")
     return {"cpu_model": model, "cpu_capability": torch.backends.cpu.get_cpu_capability(), "cores": os.cpu_count(),
-            "omp_num_threads": int(os.environ.get("OMP_NUM_THREADS") or 0), "torch": torch.__version__,
+            "omp_num_threads": int(threads) if threads else None, "torch": torch.__version__,
             "load_1m_start": load_start, "load_1m_end": round(os.getloadavg()[0], 2)}
 
 
