@@ -3,6 +3,8 @@
 # never a job still running, after writing the machine's absolute paths in them relative (checkout -> relative,
 # the shared data root -> ../shared/data, the cache -> $SPP_CACHE_DIR). Large outputs stay out of git
 # (experiments/results/.gitignore). Use: bash experiments/campaign33/stage_finished.sh && git commit -m "..."
+# A grid point whose training loss blew up (the grids run with the guards off) must be added to BLOWN_UP in
+# tests/test_guards.py, which replays every committed loss history through the guard.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 R=${R:-experiments/results/runs/campaign33}
