@@ -9,7 +9,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from spp.eval.perplexity import gap_closed
-from spp.experiments.campaign33.choices import Choice, against_reference, choices, closest_competitor, val_ppl
+from spp.experiments.campaign33.choices import (
+    REFERENCE,
+    Choice,
+    against_reference,
+    choices,
+    closest_competitor,
+    val_ppl,
+)
 from spp.experiments.campaign33.labels import method_label, rate, setting_label
 from spp.experiments.campaign33.records import TEST_SOURCE, VAL_SOURCE, Campaign, load
 from spp.experiments.campaign33.recovery import recovery_table
@@ -94,12 +101,19 @@ def _verdict(ratio_high: float, ratio_low: float) -> str:
     return "SPP better" if ratio_low > 1.0 else "not distinguishable"
 
 
+def _cpus(runs: list) -> str:
+    """The CPU capabilities the runs recorded (``AVX2``; two kinds mean the pair mixes machines)."""
+    return " + ".join(sorted({r.machine.get("cpu_capability", "?") for r in runs})) or "?"
+
+
 def paired_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
     """Every method against SPP of the same setting on the test windows, paired by seed (two-level bootstrap)."""
-    head = ["Setting", "Method vs SPP", "Seeds", "test PPL ratio method / SPP [95 %]", "per seed", "Verdict"]
+    head = ["Setting", "Method vs SPP", "Seeds", "test PPL ratio method / SPP [95 %]", "per seed", "Verdict",
+            "CPU (both)"]
     rows = [[setting_label(ch.setting), method_label(ch.method), ",".join(map(str, seeds)),
              f"{p.ratio:.3f} [{p.low:.3f}, {p.high:.3f}]", ", ".join(f"{v:.3f}" for v in p.per_seed),
-             _verdict(p.high, p.low)] for ch, seeds, p in against_reference(chosen)]
+             _verdict(p.high, p.low), _cpus([*ch.runs, *chosen[(ch.setting, REFERENCE)].runs])]
+            for ch, seeds, p in against_reference(chosen)]
     return markdown_table(head, rows, 3)
 
 
@@ -141,12 +155,15 @@ def report(root: str | Path) -> str:
 
 
 def notes() -> list[str]:
+    """The closing paragraph: the protocol and how each column was computed."""
     return ["## How to read it", "",
             "Every training run: SmolLM2-135M, 540 Alpaca records (500 train = 63 steps of 8, 40 validation), one "
             "epoch, perplexity on 40 systematic windows of 512 tokens of the WikiText-2 validation (selection) and "
             "test (claims) splits. val PPL = merged model, seed 0, the grid point. test PPL: one seed -> "
             "`ppl [95 % bootstrap interval over windows]`, several -> mean ± sample std over seeds. Gap closed = "
-            "(log PPL pruned − log PPL) / (log PPL pruned − log PPL dense). Paired ratios: per-window NLL "
-            "differences, two-level percentile bootstrap over seeds and windows (2,000 resamples, "
-            "`spp/experiments/campaign33/stats.py`); a verdict names a difference only when the interval excludes 1.",
+            "(log PPL pruned − log PPL) / (log PPL pruned − log PPL dense), one seed with its paired bootstrap "
+            "interval over windows. Paired ratios: per-window NLL differences, two-level percentile bootstrap over "
+            "seeds and windows (2,000 resamples, `spp/experiments/campaign33/stats.py`); a verdict names a "
+            "difference only when the interval excludes 1. CPU = torch's CPU capability recorded by the pair's runs "
+            "(float32 results differ in the 4th digit between AVX2 and AVX-512).",
             ""]
