@@ -35,7 +35,7 @@ from spp.eval.config import EvalConfig
 from spp.eval.perplexity import WIKITEXT2_VAL, PerplexityResult, Windows, eval_windows, result_from_sums, score_windows
 from spp.export.merged import hf_model, plain_name
 from spp.training.callbacks.rng_state import rng_states, set_rng_states
-from spp.training.config import TrainJobConfig, curve_refusal
+from spp.training.config import TrainJobConfig
 
 log = logging.getLogger(__name__)
 
@@ -188,12 +188,9 @@ def _refusal(world: int, every: int) -> str:
 
 
 def curve_callbacks(job: TrainJobConfig, run_dir: Path, tokenizer: Any, method: AdapterMethod) -> list[Callback]:
-    """``[RecoveryCurve]`` when ``trainer.curve_every_n_steps`` is set (checked again: ``UserError``), else ``[]``."""
+    """``[RecoveryCurve]`` when ``trainer.curve_every_n_steps`` is set, else ``[]`` (the config was checked when the
+    job was built: ``TrainJobConfig.__post_init__``; the process count the machine decides, in ``setup``)."""
     every = job.trainer.curve_every_n_steps
     if every is None:
         return []
-    try:
-        curve_refusal(job)
-    except ValueError as err:
-        raise UserError.from_message(str(err)) from err
     return [RecoveryCurve(run_dir / CURVE_FILE, every, job.eval, tokenizer, method, job.data_dir)]
