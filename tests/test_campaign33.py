@@ -83,6 +83,28 @@ def test_a_chosen_endpoint_extends_the_grid(tmp_path: Path, capsys):
     assert choices(load(tmp_path))[("nm2_4", "spp")].interior  # interior once extended
 
 
+def test_grid_status_tells_a_running_grid_from_a_chosen_endpoint(tmp_path: Path):
+    """Two of three base points, best at the top: still running. All three, best at the top, no extension: the
+    report says endpoint (what the committed-grid test below refuses). Extended past it: interior."""
+    for lr, val in [(3e-3, 0.0), (1e-2, -0.1)]:
+        write_train(tmp_path, f"grid/nm2_4/lora/lr{lr:g}", "lora", lr, 0, val, val)
+    assert choices(load(tmp_path))[("nm2_4", "lora")].grid_status == "running: 2 of 3 base points"
+    write_train(tmp_path, "grid/nm2_4/lora/lr3e-2", "lora", 3e-2, 0, -0.2, -0.2)
+    assert choices(load(tmp_path))[("nm2_4", "lora")].grid_status == "**no: endpoint**"
+    write_train(tmp_path, "grid/nm2_4/lora/lr1e-1", "lora", 1e-1, 0, 0.3, 0.3)
+    assert choices(load(tmp_path))[("nm2_4", "lora")].grid_status == "yes"
+    assert cli(["grid-rates", "lora"]) == 0 and cli(["grid-rates", "no_such_method"]) == 2
+
+
+def test_no_committed_grid_chose_an_endpoint():
+    """Issue 33: every chosen rate lies inside its grid. A committed grid is either still running (its base points
+    not all there) or interior; a finished base grid at an endpoint must be committed with its extension."""
+    chosen = choices(load(ROOT / "experiments/results/runs/campaign33"))
+    assert chosen, "no committed campaign33 grid"
+    bad = {k: ch.grid_status for k, ch in chosen.items() if ch.grid_status == "**no: endpoint**"}
+    assert not bad, f"grids at an endpoint without their extension: {bad}"
+
+
 def test_one_seed_interval_is_the_windows_bootstrap_and_seeds_widen_it():
     a, b = entry(-0.10, noise=0.05, seed=1), entry(0.0)
     one = paired_ratio([a], [b])

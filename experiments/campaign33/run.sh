@@ -33,9 +33,8 @@ C="model=smollm2_135m calibration.nsamples=32 data.max_examples=540 data.val_siz
    export.merged=false guards.enabled=false sample.enabled=false"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-# The half-decade grids (issue 33, item 2): SPP on 1-2-5 steps, the rest on 1-3 steps.
-declare -A GRID=([spp]="1e-2 2e-2 5e-2 1e-1" [lora]="3e-3 1e-2 3e-2" [sparse_lora]="3e-3 1e-2 3e-2"
-                 [scale_lora]="3e-3 1e-2 3e-2" [masked_full]="3e-4 1e-3 3e-3" [norms]="1e-3 3e-3 1e-2")
+# The half-decade grids (issue 33, item 2) live in spp/experiments/campaign33/selection.py (BASE_GRIDS), which the
+# report also reads: SPP on 1-2-5 steps, the rest on 1-3 steps.
 
 pruner_of() { [[ $1 == *_sparsegpt ]] && echo sparsegpt || echo wanda; }
 sparsity_of() { echo "${1%_sparsegpt}"; }
@@ -83,7 +82,8 @@ chosen_lr() { python -m spp.experiments.lr_select "$R/grid/$1/$2" --objective pp
 
 grid() {  # grid METHOD SETTING: the method's grid, then one more point past a chosen endpoint, until interior
   local m=$1 st=$2 lr
-  for lr in ${GRID[$m]}; do train "$R/grid/$st/$m/lr$lr" "$st" "$m" "$lr" 0; done
+  local rates; rates=$(python -m spp.experiments.campaign33 grid-rates "$m") || return 1
+  for lr in $rates; do train "$R/grid/$st/$m/lr$lr" "$st" "$m" "$lr" 0; done
   [[ -n ${DRY:-} ]] && return 0
   local next
   while next=$(python -m spp.experiments.campaign33 extend "$R/grid/$st/$m") && [[ -n $next ]]; do

@@ -1,4 +1,5 @@
 """``python -m spp.experiments.campaign33 COMMAND ...``: ``extend GRID_DIR`` (the runner's next grid point),
+``grid-rates METHOD`` (its base grid),
 ``competitor | val-ppl | chosen-dir`` (the runner's queries), ``relativize ROOT``, ``machine RUN_DIR``,
 ``report ROOT [--out MD]``, ``figure ROOT --out PNG``."""
 
@@ -13,6 +14,7 @@ from spp.atomic import write_text_atomic
 COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "extend": ("print the rate that extends a grid past its chosen endpoint (nothing when it is interior)",
                ("grid",)),
+    "grid-rates": ("print a method's base learning-rate grid (the runner's grid points)", ("method",)),
     "competitor": ("print SPP's closest competitor in a setting (lowest validation PPL)", ("root", "setting")),
     "val-ppl": ("print a method's merged validation PPL at its chosen rate (seed 0)", ("root", "setting", "method")),
     "chosen-dir": ("print the run directory of a method's chosen grid point (seed 0)", ("root", "setting", "method")),
@@ -46,6 +48,10 @@ def run(args: argparse.Namespace) -> str:
         from spp.experiments.campaign33.selection import next_point
 
         return next_point(args.grid)
+    if args.command == "grid-rates":
+        from spp.experiments.campaign33.selection import base_grid
+
+        return " ".join(base_grid(args.method))
     if args.command == "relativize":
         from spp.experiments.campaign33.provenance import relativize
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from spp.adapters.registry import methods_in_table_order
 from spp.experiments.campaign33.records import SETTINGS, Campaign, TrainRun
+from spp.experiments.campaign33.selection import BASE_GRIDS
 from spp.experiments.campaign33.stats import PairedRatio, paired_ratio
 
 REFERENCE = "spp"
@@ -35,6 +36,17 @@ class Choice:
         """The chosen rate has a grid point on each side."""
         lrs = [r.lr for r in self.grid]
         return min(lrs) < self.chosen.lr < max(lrs)
+
+    @property
+    def grid_status(self) -> str:
+        """``yes`` (interior), ``running: k of n base points`` (the base grid is not all there yet) or
+        ``**no: endpoint**`` (a finished base grid chose an endpoint and its extension is missing)."""
+        if self.interior:
+            return "yes"
+        have = {float(r.lr) for r in self.grid}
+        base = [float(lr) for lr in BASE_GRIDS.get(self.method, ())]
+        done = sum(any(math.isclose(b, h) for h in have) for b in base)
+        return f"running: {done} of {len(base)} base points" if done < len(base) else "**no: endpoint**"
 
 
 def method_order(method: str) -> tuple[int, str]:

@@ -16,6 +16,20 @@ LADDERS = {"1-2-5": (1, 2, 5), "1-3": (1, 3)}
 """Half-decade ladders: SPP's grid steps 1, 2, 5 per decade (issue 33: {1e-2, 2e-2, 5e-2, 1e-1}), the others 1, 3."""
 LR_BOUNDS = (1e-6, 1.0)
 """A grid is never extended outside these rates."""
+BASE_GRIDS: dict[str, tuple[str, ...]] = {
+    "spp": ("1e-2", "2e-2", "5e-2", "1e-1"), "lora": ("3e-3", "1e-2", "3e-2"),
+    "sparse_lora": ("3e-3", "1e-2", "3e-2"), "scale_lora": ("3e-3", "1e-2", "3e-2"),
+    "masked_full": ("3e-4", "1e-3", "3e-3"), "norms": ("1e-3", "3e-3", "1e-2"),
+}
+"""Each method's half-decade grid before any extension (issue 33, item 2; the runner reads it via
+``python -m spp.experiments.campaign33 grid-rates METHOD``)."""
+
+
+def base_grid(method: str) -> tuple[str, ...]:
+    """``method``'s base grid (a distilled variant has none: it runs at its method's chosen rate)."""
+    if method not in BASE_GRIDS:
+        raise ValueError(f"no learning-rate grid for method {method!r}; known: {', '.join(BASE_GRIDS)}")
+    return BASE_GRIDS[method]
 
 
 def mantissa_exponent(lr: float) -> tuple[int, int]:

@@ -42,7 +42,7 @@ def grid_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
         cells = [f"{rate(r.lr)}: " + (f"**{val_ppl(r):.2f}**" if r is ch.chosen else f"{val_ppl(r):.2f}")
                  for r in ch.grid]
         rows.append([setting_label(ch.setting), method_label(ch.method), ", ".join(cells), rate(ch.chosen.lr),
-                     "yes" if ch.interior else "**no: endpoint**"])
+                     ch.grid_status])
     return markdown_table(["Setting", "Method", "lr: merged val PPL (seed 0)", "chosen lr", "interior"], rows, 3)
 
 
