@@ -348,17 +348,18 @@ def _prune_py(tmp_path: Path, nproc: int) -> Path:
     return out / "run"
 
 
-AVX2_TIES = ("float32 sums over 2 ranks vs 1 process round differently with AVX2 kernels (seen 2026-11-27 on a "
-             "machine without AVX-512): a Wanda tie in block 1 flips; exact on AVX-512")
+EXACT_CPU = torch.backends.cpu.get_cpu_capability() == "AVX512"
+"""Where the 2-rank and 1-process masks were seen identical. On an AVX2 CPU (2026-11-28) the Hessian's float32 sum
+over 2 ranks flipped 6 of 8,192 SparseGPT 2:4 choices in block 1's gate_proj (near ties), and SparseGPT's error
+compensation then moved that matrix by 2.7e-2 (relative norm); every other matrix stayed within 1.3e-5."""
 
 
 @pytest.mark.slow  # two prune.py jobs, one on 2 ranks (19 s)
-@pytest.mark.xfail(torch.backends.cpu.get_cpu_capability() != "AVX512", strict=False,
-                   reason=AVX2_TIES)
 def test_prune_py_on_two_ranks_saves_the_one_process_model(tmp_path):
     """``torchrun --nproc_per_node=2 prune.py ... devices=2`` (SparseGPT 2:4) saves the model a 1-process
-    ``prune.py`` saves: the same zeros, the same weights to float tolerance (the Hessian's cross-rank sum is
-    added in another order), every other parameter bit for bit."""
+    ``prune.py`` saves: the same zeros (on AVX-512; elsewhere up to a few near-tie flips, see :data:`EXACT_CPU`),
+    the same weights to float tolerance (the Hessian's cross-rank sum is added in another order), every other
+    parameter bit for bit."""
     runs = {world: _prune_py(tmp_path, world) for world in (2, 1)}
     for world, run in runs.items():
         assert json.loads((run / "timing.json").read_text())["ranks"] == world
@@ -368,13 +369,20 @@ def test_prune_py_on_two_ranks_saves_the_one_process_model(tmp_path):
     assert two.keys() == one.keys()
     pruned = [k for k in two if PROJECTION.fullmatch(k)]
     assert len(pruned) == 7 * 2  # 7 projections in each of the tiny model's 2 blocks
+    flipped = {}
     for k in pruned:
         kept = two[k] != 0
         assert int(kept.sum()) == kept.numel() // 2, k
         assert bool((kept.reshape(kept.shape[0], -1, 4).sum(-1) <= 2).all()), k  # 2:4: ≤ 2 kept in each group of 4
-        assert torch.equal(kept, one[k] != 0), k  # the same masks
+        flips = int((kept != (one[k] != 0)).sum())
         gap = float((two[k] - one[k]).norm() / one[k].norm())
-        assert gap < 1e-4, (k, gap)  # measured ≤ 1.3e-5
+        if flips:  # a near tie decided the other way: few, and the matrix still close
+            flipped[k] = flips
+            assert flips <= kept.numel() // 1000 and gap < 5e-2, (k, flips, gap)
+        else:
+            assert gap < 1e-4, (k, gap)  # measured ≤ 1.3e-5
+    assert not flipped or not EXACT_CPU, f"masks differ on an AVX-512 CPU, where they were identical: {flipped}"
+    assert sum(flipped.values()) <= 16, flipped  # Hessians not reduced over ranks: 282-1,412 flips per matrix
     for k in (k for k in two if k not in pruned):
         assert torch.equal(two[k], one[k]), k
 
