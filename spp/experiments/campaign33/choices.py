@@ -43,9 +43,8 @@ class Choice:
         ``**no: endpoint**`` (a finished base grid chose an endpoint and its extension is missing)."""
         if self.interior:
             return "yes"
-        have = {float(r.lr) for r in self.grid}
         base = [float(lr) for lr in BASE_GRIDS.get(self.method, ())]
-        done = sum(any(math.isclose(b, h) for h in have) for b in base)
+        done = sum(any(math.isclose(b, r.lr) for r in self.grid) for b in base)
         return f"running: {done} of {len(base)} base points" if done < len(base) else "**no: endpoint**"
 
 
