@@ -33,7 +33,7 @@ class ExportManifest:
         pruning: ``{"model", "pruner", "sparsity"}`` it was trained on top of.
         status: ``ok`` or ``diverged`` (the guards refused the run; the folder is ``merged.diverged``).
         audit: The zero audit of the merged weights made on the way out (``layers``, ``zeros``, ``total``,
-            ``sparsity``, ``kept_zeros_changed``).
+            ``sparsity``, ``kept_zeros_changed`` = ``kept_zeros_filled`` + ``kept_weights_zeroed``).
         layout: How the weights were written (``shards``, ``writers``: ranks that wrote blocks).
         format: Schema version (:data:`FORMAT`).
     """

@@ -49,6 +49,7 @@ from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
 
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
+AUDIT_COUNTS = 5  # layers, zeros, total, kept zeros filled, kept weights zeroed (see _audit)
 WRAPPER_PREFIXES = ("base_model.model.",)
 """Prefixes an adapter wrapper adds to the plain model's names (peft's ``PeftModel``)."""
 EXPORT_SLACK_BYTES = 32 * 2**20
@@ -181,14 +182,15 @@ def _zero_refs(ctx: DistContext, zeros: ZeroPattern | None, block: str) -> dict[
 
 def _audit(tensors: dict[str, torch.Tensor], refs: dict[str, tuple[torch.Tensor, torch.Tensor]],
            kept_may_change: bool) -> list[int]:
-    """``[layers, zeros, total, kept zeros changed]`` over the merged weights of one block (raises on a violation)."""
-    counts = [0, 0, 0, 0]
+    """``[layers, zeros, total, kept zeros filled, kept weights zeroed]`` over the merged weights of one block
+    (raises on a violation)."""
+    counts = [0] * AUDIT_COUNTS
     for name, (mask, expected) in refs.items():
         weight = tensors.get(f"{name}.weight")
         if weight is None:
             raise SparsityViolation(f"[export] {name}: a pruned layer is missing from the merged block")
-        zeros, total, moved = check_layer_zeros(name, weight, mask, expected, kept_may_change, "export")
-        counts = [counts[0] + 1, counts[1] + zeros, counts[2] + total, counts[3] + moved]
+        layer = check_layer_zeros(name, weight, mask, expected, kept_may_change, "export")
+        counts = [a + b for a, b in zip(counts, (1, *layer[:2], *layer[2:]), strict=True)]
     return counts
 
 
@@ -207,7 +209,7 @@ class _Writer:
     def __init__(self) -> None:
         self.weight_map: dict[str, str] = {}
         self.bytes = self.params = 0
-        self.audit = [0, 0, 0, 0]
+        self.audit = [0] * AUDIT_COUNTS
         self.merge: dict[str, dict[str, Any]] = {}
         self.error: Exception | None = None
 
@@ -286,7 +288,7 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
             try:
                 rest = _tensors(model, "", [prefix], inputs.overrides)
                 outside = {k: v.to("cpu", copy=True).contiguous() for k, v in rest.items()}
-                writer.add(_write_shard(tmp, count, count, conv1d_layout(outside, transposed)), [0, 0, 0, 0])
+                writer.add(_write_shard(tmp, count, count, conv1d_layout(outside, transposed)), [0] * AUDIT_COUNTS)
             except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
                 writer.error = err
     return count
@@ -305,9 +307,9 @@ def _finish(model: nn.Module, inputs: ExportInputs, tmp: Path, path: Path, recor
     weight_map: dict[str, str] = {}
     for rec in records:
         weight_map.update(rec["weight_map"])
-    layers, zeros, total, moved = (sum(rec["audit"][k] for rec in records) for k in range(4))
+    layers, zeros, total, filled, zeroed = (sum(rec["audit"][k] for rec in records) for k in range(AUDIT_COUNTS))
     audit = {"layers": layers, "zeros": zeros, "total": total, "sparsity": zeros / max(total, 1),
-             "kept_zeros_changed": moved}
+             "kept_zeros_changed": filled + zeroed, "kept_zeros_filled": filled, "kept_weights_zeroed": zeroed}
     index = {"metadata": {"total_parameters": sum(r["params"] for r in records),
                           "total_size": sum(r["bytes"] for r in records)},
              "weight_map": dict(sorted(weight_map.items()))}

@@ -145,9 +145,9 @@ def export(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir:
     result.seconds["export"] = exported.seconds
     if ctx.is_main:
         log.info("merged model exported to %s in %.1f s (%d shards, %d writer ranks); audit: sparsity %.4f, %d zeros "
-                 "of %d, every pruned weight still zero", target, exported.seconds, exported.shards,
-                 exported.layout.get("writers", 1), exported.audit["sparsity"], exported.audit["zeros"],
-                 exported.audit["total"])
+                 "of %d, every pruned weight still zero (%d kept weights rounded to 0)", target, exported.seconds,
+                 exported.shards, exported.layout.get("writers", 1), exported.audit["sparsity"],
+                 exported.audit["zeros"], exported.audit["total"], exported.audit["kept_weights_zeroed"])
     return target
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from spp.distributed import DistContext
 from spp.gathering import Gatherer, gatherer_for
 from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
 
+log = logging.getLogger(__name__)
 WRAPPER_PREFIXES = ("base_model.model.",)
 WRAPPER_SUFFIXES = (".base_layer", ".base")
 
@@ -88,12 +90,15 @@ def audit(
         gatherer: How sharded parameters are gathered (default: :func:`~spp.gathering.gatherer_for`).
 
     Returns:
-        ``{"layers", "zeros", "total", "sparsity", "kept_zeros_changed"}`` over the audited matrices.
+        ``{"layers", "zeros", "total", "sparsity", "kept_zeros_changed", "kept_zeros_filled",
+        "kept_weights_zeroed"}`` over the audited matrices: ``kept_zeros_changed`` is filled + zeroed; a kept weight
+        that rounded to exactly 0.0 (zeroed) is counted, never raised (see :mod:`spp.pruning.zero_audit`).
 
     Raises:
-        SparsityViolation: naming the first layer whose zeros differ, and how many entries differ.
+        SparsityViolation: naming the first layer with a revived pruned weight (or a filled kept zero where the
+            method may not fill them), and how many entries.
     """
-    zeros_total = total = kept_changed = 0
+    zeros_total = total = filled = zeroed = 0
     seen = set()
     first: SparsityViolation | None = None
     for name, w in effective_weights(model, set(masks), gatherer):  # every layer: all ranks gather sharded ones
@@ -102,11 +107,12 @@ def audit(
             continue
         expected = reference_zeros[name] if reference_zeros is not None else None
         try:
-            zeros, numel, moved = check_layer_zeros(name, w, masks[name], expected, kept_zeros_may_change, when)
+            layer = check_layer_zeros(name, w, masks[name], expected, kept_zeros_may_change, when)
         except SparsityViolation as err:
             first = err
             continue
-        zeros_total, total, kept_changed = zeros_total + zeros, total + numel, kept_changed + moved
+        zeros_total, total = zeros_total + layer.zeros, total + layer.numel
+        filled, zeroed = filled + layer.filled, zeroed + layer.zeroed
     if first is not None:
         raise first
     missing = sorted(set(masks) - seen)
@@ -117,7 +123,9 @@ def audit(
         "zeros": zeros_total,
         "total": total,
         "sparsity": zeros_total / max(total, 1),
-        "kept_zeros_changed": kept_changed,
+        "kept_zeros_changed": filled + zeroed,
+        "kept_zeros_filled": filled,
+        "kept_weights_zeroed": zeroed,
     }
 
 
@@ -164,6 +172,10 @@ class SparsityAuditCallback(L.Callback):
             raise verdict
         if not self.reports or self.reports[-1]["step"] != trainer.global_step or self.reports[-1]["when"] != when:
             self.reports.append({"when": when, "step": trainer.global_step, **verdict})
+            if ctx.is_main and verdict["kept_weights_zeroed"]:
+                log.warning("[%s] %d kept weight(s) rounded to exactly 0.0 (more zeros than the pruned model, none of "
+                            "its zeros lost); counted in the audit as kept_weights_zeroed", when,
+                            verdict["kept_weights_zeroed"])
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Check the adapted model against the masks before the first step."""
