@@ -96,6 +96,30 @@ def test_grid_status_tells_a_running_grid_from_a_chosen_endpoint(tmp_path: Path)
     assert cli(["grid-rates", "lora"]) == 0 and cli(["grid-rates", "no_such_method"]) == 2
 
 
+def test_other_settings_centre_their_grid_on_the_settled_wanda_2_4_choice(tmp_path: Path, capsys):
+    """Once SPP's Wanda 2:4 grid is interior at 2e-2, unstructured 50 % runs 1e-2, 2e-2, 5e-2 (the report counts
+    those as its base points); while the anchor grid still sits at an endpoint, the full base grid applies
+    (negative control), and the anchor setting always runs the full base grid."""
+    root = tmp_path
+    for lr, val in [(1e-2, -0.1), (2e-2, -0.2), (5e-2, -0.3)]:  # best at the top endpoint: not settled
+        write_train(root, f"grid/nm2_4/spp/lr{lr:g}", "spp", lr, 0, val, val)
+    assert selection.settled_anchor(root, "unstructured50", "spp") is None
+    assert cli(["grid-rates", "spp", "--setting", "unstructured50", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.split() == list(selection.BASE_GRIDS["spp"])
+    write_train(root, "grid/nm2_4/spp/lr1e-1", "spp", 1e-1, 0, 0.2, 0.2)  # the extension: 5e-2 is interior now
+    assert selection.settled_anchor(root, "unstructured50", "spp") == 5e-2
+    assert selection.settled_anchor(root, "nm2_4", "spp") is None
+    assert cli(["grid-rates", "spp", "--setting", "unstructured50", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.split() == ["2e-2", "5e-2", "1e-1"]
+    assert selection.base_grid("lora", 3e-3) == ("1e-3", "3e-3", "1e-2")
+    for lr, val in [(2e-2, -0.1), (5e-2, -0.2)]:
+        write_train(root, f"grid/unstructured50/spp/lr{lr:g}", "spp", lr, 0, val, val, sparsity="unstructured50")
+    ch = choices(load(root))[("unstructured50", "spp")]
+    assert ch.base == (2e-2, 5e-2, 1e-1) and ch.grid_status == "running: 2 of 3 base points"
+    write_train(root, "grid/unstructured50/spp/lr1e-1", "spp", 1e-1, 0, 0.1, 0.1, sparsity="unstructured50")
+    assert choices(load(root))[("unstructured50", "spp")].grid_status == "yes"
+
+
 def test_no_committed_grid_chose_an_endpoint():
     """Issue 33: every chosen rate lies inside its grid. A committed grid is either still running (its base points
     not all there) or interior; a finished base grid at an endpoint must be committed with its extension."""
@@ -281,8 +305,8 @@ def test_every_chunk_composes_with_the_headline_settings_at_the_chosen_rates(tmp
         "seeds/nm2_4/spp/s1", "seeds/nm2_4/spp/s2", "seeds/nm2_4/masked_full/s1", "seeds/nm2_4/masked_full/s2",
         "zero_shot/nm2_4/lora", "reference/dense", "reference/nm2_4", "distill/nm2_4/masked_full/s0",
         "distill/nm2_4/masked_full/s1", "distill/nm2_4/masked_full/s2", "recovery/nm2_4/spp",
-        "grid/unstructured75/spp/lr1e-2", "grid/unstructured75/spp/lr2e-2", "grid/unstructured75/spp/lr5e-2",
-        "grid/unstructured75/spp/lr1e-1"])
+        "grid/unstructured75/spp/lr1e-2", "grid/unstructured75/spp/lr2e-2", "grid/unstructured75/spp/lr5e-2"])
+    # (unstructured 75 %: the three points centred on SPP's settled Wanda 2:4 choice, 2e-2, not its base grid)
     for rel, (script, cfg) in by_dir.items():
         if script == "train.py":
             assert (cfg.data.max_examples, cfg.data.val_size, cfg.data.train_batch_size) == (540, 40, 8), rel

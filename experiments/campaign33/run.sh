@@ -33,8 +33,9 @@ C="model=smollm2_135m calibration.nsamples=32 data.max_examples=540 data.val_siz
    export.merged=false guards.enabled=false sample.enabled=false"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-# The half-decade grids (issue 33, item 2) live in spp/experiments/campaign33/selection.py (BASE_GRIDS), which the
-# report also reads: SPP on 1-2-5 steps, the rest on 1-3 steps.
+# The half-decade grids (issue 33, item 2) live in spp/experiments/campaign33/selection.py, which the report also
+# reads: BASE_GRIDS at Wanda 2:4 (SPP on 1-2-5 steps, the rest on 1-3 steps); in another setting, once the method's
+# Wanda 2:4 grid is settled (interior), the three points centred on its choice there (base_grid).
 
 pruner_of() { [[ $1 == *_sparsegpt ]] && echo sparsegpt || echo wanda; }
 sparsity_of() { echo "${1%_sparsegpt}"; }
@@ -82,7 +83,7 @@ chosen_lr() { python -m spp.experiments.lr_select "$R/grid/$1/$2" --objective pp
 
 grid() {  # grid METHOD SETTING: the method's grid, then one more point past a chosen endpoint, until interior
   local m=$1 st=$2 lr
-  local rates; rates=$(python -m spp.experiments.campaign33 grid-rates "$m") || return 1
+  local rates; rates=$(python -m spp.experiments.campaign33 grid-rates "$m" --setting "$st" --root "$R") || return 1
   for lr in $rates; do train "$R/grid/$st/$m/lr$lr" "$st" "$m" "$lr" 0; done
   [[ -n ${DRY:-} ]] && return 0
   local next

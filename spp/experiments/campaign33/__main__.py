@@ -1,5 +1,5 @@
 """``python -m spp.experiments.campaign33 COMMAND ...``: ``extend GRID_DIR`` (the runner's next grid point),
-``grid-rates METHOD`` (its base grid),
+``grid-rates METHOD [--setting S --root ROOT]`` (its base grid there),
 ``competitor | val-ppl | chosen-dir`` (the runner's queries), ``relativize ROOT``, ``machine RUN_DIR``,
 ``report ROOT [--out MD]``, ``figure ROOT --out PNG``."""
 
@@ -14,7 +14,7 @@ from spp.atomic import write_text_atomic
 COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "extend": ("print the rate that extends a grid past its chosen endpoint (nothing when it is interior)",
                ("grid",)),
-    "grid-rates": ("print a method's base learning-rate grid (the runner's grid points)", ("method",)),
+    "grid-rates": ("print a method's base learning-rate grid in a setting (the runner's grid points)", ("method",)),
     "competitor": ("print SPP's closest competitor in a setting (lowest validation PPL)", ("root", "setting")),
     "val-ppl": ("print a method's merged validation PPL at its chosen rate (seed 0)", ("root", "setting", "method")),
     "chosen-dir": ("print the run directory of a method's chosen grid point (seed 0)", ("root", "setting", "method")),
@@ -37,6 +37,9 @@ def parser() -> argparse.ArgumentParser:
             subs[name].add_argument(arg)
     subs["machine"].add_argument("--load-start", type=float, default=None, help="load average when the job started")
     subs["machine"].add_argument("--note", help="when it was written, if not right after the job")
+    subs["grid-rates"].add_argument("--setting", default="nm2_4", help="the setting (default: the anchor, nm2_4)")
+    subs["grid-rates"].add_argument("--root", help="the campaign directory, whose settled anchor grid centres the "
+                                    "grid of another setting")
     subs["report"].add_argument("--out", help="Markdown file to write (atomically)")
     subs["figure"].add_argument("--out", required=True, help="PNG to write")
     return p
@@ -49,9 +52,10 @@ def run(args: argparse.Namespace) -> str:
 
         return next_point(args.grid)
     if args.command == "grid-rates":
-        from spp.experiments.campaign33.selection import base_grid
+        from spp.experiments.campaign33.selection import base_grid, settled_anchor
 
-        return " ".join(base_grid(args.method))
+        anchor = settled_anchor(args.root, args.setting, args.method) if args.root else None
+        return " ".join(base_grid(args.method, anchor))
     if args.command == "relativize":
         from spp.experiments.campaign33.provenance import relativize
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from spp.adapters.registry import methods_in_table_order
 from spp.experiments.campaign33.records import SETTINGS, Campaign, TrainRun
-from spp.experiments.campaign33.selection import BASE_GRIDS
+from spp.experiments.campaign33.selection import BASE_GRIDS, base_grid, settled_anchor
 from spp.experiments.campaign33.stats import PairedRatio, paired_ratio
 
 REFERENCE = "spp"
@@ -30,6 +30,8 @@ class Choice:
     grid: tuple[TrainRun, ...]
     chosen: TrainRun
     runs: tuple[TrainRun, ...]
+    base: tuple[float, ...] = ()
+    """The base grid the runner ran (:func:`~spp.experiments.campaign33.selection.base_grid`)."""
 
     @property
     def interior(self) -> bool:
@@ -43,9 +45,8 @@ class Choice:
         ``**no: endpoint**`` (a finished base grid chose an endpoint and its extension is missing)."""
         if self.interior:
             return "yes"
-        base = [float(lr) for lr in BASE_GRIDS.get(self.method, ())]
-        done = sum(any(math.isclose(b, r.lr) for r in self.grid) for b in base)
-        return f"running: {done} of {len(base)} base points" if done < len(base) else "**no: endpoint**"
+        done = sum(any(math.isclose(b, r.lr) for r in self.grid) for b in self.base)
+        return f"running: {done} of {len(self.base)} base points" if done < len(self.base) else "**no: endpoint**"
 
 
 def method_order(method: str) -> tuple[int, str]:
@@ -69,7 +70,8 @@ def choices(c: Campaign, kind: str = "grid", seeds_kind: str = "seeds") -> dict[
         extra = [r for r in c.train if r.kind == seeds_kind and (r.setting, r.method) == (setting, method)
                  and math.isclose(r.lr, chosen.lr)]
         runs = tuple(sorted([chosen, *extra], key=lambda r: r.seed))
-        out[(setting, method)] = Choice(setting, method, tuple(grid), chosen, runs)
+        base = base_grid(method, settled_anchor(c.root, setting, method)) if method in BASE_GRIDS else ()
+        out[(setting, method)] = Choice(setting, method, tuple(grid), chosen, runs, tuple(float(lr) for lr in base))
     order = list(SETTINGS)
     return dict(sorted(out.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else len(order),
                                                     method_order(kv[0][1]))))

@@ -21,15 +21,36 @@ BASE_GRIDS: dict[str, tuple[str, ...]] = {
     "sparse_lora": ("3e-3", "1e-2", "3e-2"), "scale_lora": ("3e-3", "1e-2", "3e-2"),
     "masked_full": ("3e-4", "1e-3", "3e-3"), "norms": ("1e-3", "3e-3", "1e-2"),
 }
-"""Each method's half-decade grid before any extension (issue 33, item 2; the runner reads it via
-``python -m spp.experiments.campaign33 grid-rates METHOD``)."""
+"""Each method's half-decade grid at the anchor setting, before any extension (issue 33, item 2; the runner reads it
+via ``python -m spp.experiments.campaign33 grid-rates METHOD``)."""
+ANCHOR = "nm2_4"
+"""The setting whose settled grids centre the other settings' grids (Wanda 2:4: every method runs there)."""
 
 
-def base_grid(method: str) -> tuple[str, ...]:
-    """``method``'s base grid (a distilled variant has none: it runs at its method's chosen rate)."""
+def base_grid(method: str, anchor_lr: float | None = None) -> tuple[str, ...]:
+    """``method``'s base grid: :data:`BASE_GRIDS` at the anchor setting, or, for another setting whose anchor grid
+    settled on ``anchor_lr`` (interior), the three points centred on it on the method's ladder (SPP 2e-2 ->
+    1e-2, 2e-2, 5e-2): the region the method was tuned to, one half-decade step each way, which the endpoint rule
+    still extends where the optimum moved (a distilled variant has no grid: it runs at its method's rate)."""
     if method not in BASE_GRIDS:
         raise ValueError(f"no learning-rate grid for method {method!r}; known: {', '.join(BASE_GRIDS)}")
-    return BASE_GRIDS[method]
+    if anchor_lr is None:
+        return BASE_GRIDS[method]
+    ladder = ladder_of([float(lr) for lr in BASE_GRIDS[method]])
+    m, e = mantissa_exponent(anchor_lr)
+    return neighbour(anchor_lr, ladder, up=False), f"{m}e{e}", neighbour(anchor_lr, ladder, up=True)
+
+
+def settled_anchor(root: str | Path, setting: str, method: str) -> float | None:
+    """The chosen rate of ``method``'s anchor grid under campaign ``root`` when ``setting`` is not the anchor and
+    that grid is interior (settled), else ``None`` (the full base grid applies)."""
+    if setting == ANCHOR:
+        return None
+    try:
+        points = grid_points(Path(root) / "grid" / ANCHOR / method)
+    except (FileNotFoundError, ValueError):
+        return None
+    return best(points).lr if len(points) >= 3 and is_interior(points) else None
 
 
 def mantissa_exponent(lr: float) -> tuple[int, int]:
