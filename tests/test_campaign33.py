@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from spp.experiments.campaign33.records import load
 from spp.experiments.campaign33.recovery import at_minutes, minutes_to
 from spp.experiments.campaign33.stats import paired_ratio
 from spp.experiments.campaign33.tables import report
+from spp.experiments.campaign33.zero_shot import same_model
 from spp.experiments.lr_select import best, load_grid
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -299,11 +301,13 @@ def test_every_chunk_composes_with_the_headline_settings_at_the_chosen_rates(tmp
                      selection.neighbour(lr, ladder, up=True)):
             write_train(tmp_path, f"grid/nm2_4/{m}/lr{name}", m, float(name), 0, 0.0, 0.0 if float(name) == lr else 0.3)
     jobs = _dry_jobs(tmp_path, "seeds spp nm2_4", "seeds masked_full nm2_4", "zero_shot lora nm2_4",
-                     "reference nm2_4", "distill masked_full", "recovery spp", "grid spp unstructured75")
+                     "zero_shot masked_full nm2_4", "reference nm2_4", "distill masked_full", "recovery spp",
+                     "grid spp unstructured75")
     by_dir = {Path(d).relative_to(tmp_path).as_posix(): (s, _compose(s, o)) for s, d, o in jobs}
     assert sorted(by_dir) == sorted([
         "seeds/nm2_4/spp/s1", "seeds/nm2_4/spp/s2", "seeds/nm2_4/masked_full/s1", "seeds/nm2_4/masked_full/s2",
-        "zero_shot/nm2_4/lora", "reference/dense", "reference/nm2_4", "distill/nm2_4/masked_full/s0",
+        "zero_shot/nm2_4/lora", "export/nm2_4/masked_full", "zero_shot/nm2_4/masked_full", "reference/dense",
+        "reference/nm2_4", "distill/nm2_4/masked_full/s0",
         "distill/nm2_4/masked_full/s1", "distill/nm2_4/masked_full/s2", "recovery/nm2_4/spp",
         "grid/unstructured75/spp/lr1e-2", "grid/unstructured75/spp/lr2e-2", "grid/unstructured75/spp/lr5e-2"])
     # (unstructured 75 %: the three points centred on SPP's settled Wanda 2:4 choice, 2e-2, not its base grid)
@@ -317,7 +321,13 @@ def test_every_chunk_composes_with_the_headline_settings_at_the_chosen_rates(tmp
             assert cfg.objective.name == ("distill" if rel.startswith("distill") else "ce")
             if not rel.startswith("grid"):
                 assert cfg.trainer.lr == best[cfg.adapter.name], rel
+            exporting = rel.startswith("export")  # masked full FT: its chosen run resumed at its end, exported
+            assert cfg.export.merged == exporting and bool(cfg.trainer.resume_from) == exporting, rel
             assert cfg.seed == (int(rel[-1]) if rel[-2:-1] == "s" else 0)
+        elif rel == "zero_shot/nm2_4/masked_full":  # the export scored as a saved folder, nothing pruned or adapted
+            assert cfg.model.path.endswith("export/nm2_4/masked_full/merged")
+            assert (cfg.pruner.name, cfg.sparsity.name, cfg.adapter_dir) == ("none", "dense", None)
+            assert cfg.data_dir == "data" and cfg.eval.log_samples and list(cfg.eval.tasks) == ["spp_zeroshot"]
         else:
             assert cfg.data_dir == "data" and cfg.eval.log_samples and list(cfg.eval.tasks) == ["spp_zeroshot"]
             assert cfg.eval.limit == 200 and list(cfg.eval.extra_ppl_sources) == ["wikitext2_val"]
@@ -327,6 +337,8 @@ def test_every_chunk_composes_with_the_headline_settings_at_the_chosen_rates(tmp
             for group in groups:  # the pruning cache gives the model each run trained on
                 assert cfg[group] == (same or trains[0])[group], f"{rel}: eval.py's {group} differs from train.py's"
     assert by_dir["zero_shot/nm2_4/lora"][1].adapter_dir.endswith("grid/nm2_4/lora/lr1e-2/adapter")
+    assert by_dir["export/nm2_4/masked_full"][1].trainer.resume_from.endswith(
+        "grid/nm2_4/masked_full/lr1e-3/checkpoints/last.ckpt")
     assert by_dir["reference/dense"][1].pruner.name == "none"
     assert by_dir["grid/unstructured75/spp/lr5e-2"][1].sparsity.name == "unstructured75"
 
@@ -338,3 +350,20 @@ def test_machine_record_names_the_cpu_capability(tmp_path: Path):
     rec = json.loads((tmp_path / "machine.json").read_text())
     assert rec["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and rec["load_1m_start"] == 1.5
     assert rec["cores"] >= 1 and rec["torch"] == torch.__version__ and "note" not in rec
+
+
+def test_zero_shot_report_checks_the_scored_model_is_the_trained_one():
+    """The zero-shot table's last column: eval.py's test PPL equals the training run's (dense/pruned references of
+    the setting, else the chosen run's merged model) or both numbers are shown; negative control: a 1e-4 mismatch."""
+    run = SimpleNamespace(test={"ppl": 94.12345}, dense_test={"ppl": 28.44}, pruned_test={"ppl": 208.91})
+    chosen = {("nm2_4", "spp"): SimpleNamespace(chosen=run)}
+
+    def ev(method: str, ppl: float | None) -> SimpleNamespace:
+        return SimpleNamespace(method=method, ppl={} if ppl is None else {"wikitext2": {"ppl": ppl}})
+
+    assert same_model(ev("spp", 94.12345 * (1 + 1e-8)), "nm2_4", chosen) == "94.12 (=)"
+    assert same_model(ev("dense", 28.44), "nm2_4", chosen) == "28.44 (=)"
+    assert same_model(ev("pruned", 208.91), "nm2_4", chosen) == "208.91 (=)"
+    assert same_model(ev("spp", 94.12345 * (1 + 1e-4)), "nm2_4", chosen) == "94.13 (**run: 94.12**)"
+    assert same_model(ev("lora", 95.0), "nm2_4", chosen) == "95.00 (no run)"
+    assert same_model(ev("spp", None), "nm2_4", chosen) == "–"

@@ -113,8 +113,21 @@ reference() {  # reference SETTING: the pruned model (and, for nm2_4, the dense 
 zero_shot() {  # zero_shot METHOD SETTING: the chosen seed-0 grid run's adapter, merged as its export was
   local m=$1 st=$2 run
   run=$(python -m spp.experiments.campaign33 chosen-dir "$R" "$st" "$m") || return 1
+  if [[ $m == masked_full ]]; then zero_shot_export "$run" "$m" "$st"; return; fi
   evaluate "$R/zero_shot/$st/$m" pruner="$(pruner_of "$st")" sparsity="$(sparsity_of "$st")" \
     adapter_dir="$run/adapter" label="${m}_$st"
+}
+
+# Masked full FT's trained weights are the model itself, not adapter tensors for eval.py to put on the pruned model,
+# and the grid runs do not export (export.merged=false). Its chosen run is resumed from its last checkpoint with
+# export.merged=true into export/SETTING/METHOD (training is finished: nothing trains, the run exports and measures
+# its perplexities, which must equal the grid run's), and eval.py scores that export as a saved folder.
+zero_shot_export() {  # zero_shot_export RUN_DIR METHOD SETTING
+  local run=$1 m=$2 st=$3 lr ex="$R/export/$3/$2"
+  lr=$(chosen_lr "$st" "$m") || return 1
+  train "$ex" "$st" "$m" "$lr" 0 trainer.resume_from="$run/checkpoints/last.ckpt" export.merged=true
+  [[ -n ${DRY:-} || -f $ex/merged/spp_export.json ]] || { echo "[campaign33] no export in $ex: not scoring $m"; return 1; }
+  evaluate "$R/zero_shot/$st/$m" model.path="$ex/merged" label="${m}_$st"
 }
 
 competitor() { python -m spp.experiments.campaign33 competitor "$R" "$1"; }

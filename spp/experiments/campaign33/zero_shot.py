@@ -3,6 +3,7 @@ each chosen seed-0 run, with the difference to SPP paired document by document (
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -10,7 +11,7 @@ from spp.eval.doc_records import majority_class
 from spp.eval.paired import MEAN_ROW, paired_accuracy
 from spp.experiments.campaign33.choices import REFERENCE, Choice
 from spp.experiments.campaign33.labels import method_label, setting_label
-from spp.experiments.campaign33.records import Campaign, EvalRun
+from spp.experiments.campaign33.records import TEST_SOURCE, Campaign, EvalRun
 from spp.experiments.collect_summaries import markdown_table
 
 
@@ -34,29 +35,57 @@ def _vs_spp(ev: EvalRun, spp: EvalRun | None, metric: str) -> str:
     return f"{100 * row.diff:+.2f} [{100 * row.low:+.2f}, {100 * row.high:+.2f}] (MDD {100 * row.mdd:.2f})"
 
 
-def _setting_rows(c: Campaign, setting: str) -> list[list[str]]:
+def _training_ppl(ev: EvalRun, setting: str, chosen: dict[tuple[str, str], Choice]) -> float | None:
+    """The test PPL the training runs recorded for the model ``ev`` scored: the dense or pruned model's (every run
+    of the setting measures them), else the chosen seed-0 run's merged model."""
+    runs = [ch.chosen for (s, _m), ch in chosen.items() if s == setting]
+    if ev.method in ("dense", "pruned"):
+        key = "dense_test" if ev.method == "dense" else "pruned_test"
+        return next(((getattr(r, key) or {}).get("ppl") for r in runs if getattr(r, key)), None)
+    ch = chosen.get((setting, ev.method))
+    return ch.chosen.test.get("ppl") if ch is not None else None
+
+
+def same_model(ev: EvalRun, setting: str, chosen: dict[tuple[str, str], Choice]) -> str:
+    """``eval.py``'s test PPL, checked against the training run's (the model scored zero-shot IS the one trained
+    and measured): ``94.12 (=)`` when they agree to 1e-6 relative, else both numbers."""
+    ppl = (ev.ppl.get(TEST_SOURCE) or {}).get("ppl")
+    if ppl is None:
+        return "–"
+    ref = _training_ppl(ev, setting, chosen)
+    if ref is None:
+        return f"{ppl:.2f} (no run)"
+    return f"{ppl:.2f} (=)" if math.isclose(ppl, ref, rel_tol=1e-6) else f"{ppl:.2f} (**run: {ref:.2f}**)"
+
+
+def _setting_rows(c: Campaign, setting: str, chosen: dict[tuple[str, str], Choice]) -> list[list[str]]:
     evals = [e for e in c.evals if e.docs and (e.setting == setting or (e.setting == "dense"))]
     spp = next((e for e in evals if e.setting == setting and e.method == REFERENCE), None)
+    order = ["dense", "pruned", *(m for s, m in chosen if s == setting)]  # the results table's row order
     rows = []
-    for ev in sorted(evals, key=lambda e: (e.method != "dense", e.method != "pruned")):
+    for ev in sorted(evals, key=lambda e: order.index(e.method) if e.method in order else len(order)):
         rows.append([setting_label(setting), method_label(ev.method), _pct(task_mean(ev.docs, "acc")),
-                     _pct(task_mean(ev.docs, "acc_norm")), _vs_spp(ev, spp, "acc"), _vs_spp(ev, spp, "acc_norm")])
+                     _pct(task_mean(ev.docs, "acc_norm")), _vs_spp(ev, spp, "acc"), _vs_spp(ev, spp, "acc_norm"),
+                     same_model(ev, setting, chosen)])
     if evals:
         majority = majority_class(evals[0].docs)
         rows.insert(0, [setting_label(setting), "majority class", _pct(statistics.mean(
-            v["acc"] for v in majority.values())), "–", "–", "–"])
+            v["acc"] for v in majority.values())), "–", "–", "–", "–"])
     return rows
 
 
 def zero_shot_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[str]:
     """The zero-shot section (empty when no run was scored with per-document records)."""
     settings = [s for s in dict.fromkeys(s for s, _ in chosen)]
-    rows = [row for s in settings for row in _setting_rows(c, s)]
+    rows = [row for s in settings for row in _setting_rows(c, s, chosen)]
     if not rows:
         return []
     head = ["Setting", "Model", "7-task mean acc (%)", "mean acc_norm (%)", "Δ acc vs SPP [95 % paired] (pts)",
-            "Δ acc_norm vs SPP [95 % paired] (pts)"]
+            "Δ acc_norm vs SPP [95 % paired] (pts)", "test PPL here (= training run's)"]
     return ["## Zero-shot (the shipped 200-document samples; differences paired per document)", "",
             *markdown_table(head, rows, 2), "",
             "acc_norm: the tasks lm-eval reports it for (HellaSwag, ARC-e, ARC-c, OBQA). MDD = the difference a "
-            "two-sided 5 % test would detect with 80 % power, from the paired variance (`spp/eval/paired.py`).", ""]
+            "two-sided 5 % test would detect with 80 % power, from the paired variance (`spp/eval/paired.py`). "
+            "test PPL here: `eval.py`'s WikiText-2 test perplexity of the model it scored, `(=)` when it equals the "
+            "training run's to 1e-6 (the scored model is the trained one; masked full FT is scored from its export, "
+            "resumed from the run's last checkpoint).", ""]
