@@ -367,3 +367,26 @@ def test_zero_shot_report_checks_the_scored_model_is_the_trained_one():
     assert same_model(ev("spp", 94.12345 * (1 + 1e-4)), "nm2_4", chosen) == "94.13 (**run: 94.12**)"
     assert same_model(ev("lora", 95.0), "nm2_4", chosen) == "95.00 (no run)"
     assert same_model(ev("spp", None), "nm2_4", chosen) == "–"
+
+
+def test_a_grid_point_not_started_ends_the_grid_instead_of_looping(tmp_path: Path):
+    """STOP_AT reached with SPP's grid half done (one point of three): the runner skips the other two and returns; it
+    must not extend an incomplete grid, nor propose the skipped point again forever (it did: stop 42's stream spun
+    on `not starting .../lora/lr1e-2`). Then the base grid finished at an endpoint (1e-2): the extension 5e-3 is
+    proposed once, skipped, and the runner returns (the old runner timed out here)."""
+    import os
+    import subprocess
+
+    write_train(tmp_path, "grid/nm2_4/spp/lr1e-2", "spp", 1e-2, 0, 0.0, 0.0)
+    env = {**os.environ, "R": str(tmp_path), "STOP_AT": "00:00", "JOB_MINUTES": "38"}
+    proc = subprocess.run(["bash", str(ROOT / "experiments/campaign33/run.sh"), "seq", "grid spp nm2_4"], env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    skipped = [line for line in proc.stdout.splitlines() if "not starting" in line]
+    assert [line.split("not starting ")[1].split(":")[0].rsplit("/", 1)[1] for line in skipped] == [
+        "lr2e-2", "lr5e-2", "lr1e-1"], proc.stdout
+    for name, val in (("lr2e-2", 0.1), ("lr5e-2", 0.2), ("lr1e-1", 0.3)):
+        write_train(tmp_path, f"grid/nm2_4/spp/{name}", "spp", float(name[2:]), 0, 0.0, val)
+    proc = subprocess.run(["bash", str(ROOT / "experiments/campaign33/run.sh"), "seq", "grid spp nm2_4"], env=env,
+                          capture_output=True, text=True, timeout=120, check=True)
+    skipped = [line for line in proc.stdout.splitlines() if "not starting" in line]
+    assert len(skipped) == 1 and "/grid/nm2_4/spp/lr5e-3:" in skipped[0], proc.stdout  # 1e-2 chosen: extends once

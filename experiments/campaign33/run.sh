@@ -86,9 +86,13 @@ grid() {  # grid METHOD SETTING: the method's grid, then one more point past a c
   local rates; rates=$(python -m spp.experiments.campaign33 grid-rates "$m" --setting "$st" --root "$R") || return 1
   for lr in $rates; do train "$R/grid/$st/$m/lr$lr" "$st" "$m" "$lr" 0; done
   [[ -n ${DRY:-} ]] && return 0
+  # extend only a complete base grid, and stop when a point did not finish (STOP_AT skipped it, or it failed):
+  # the extension would propose the same point again, forever
+  for lr in $rates; do [[ -f $R/grid/$st/$m/lr$lr/summary.json ]] || return 0; done
   local next
   while next=$(python -m spp.experiments.campaign33 extend "$R/grid/$st/$m") && [[ -n $next ]]; do
     train "$R/grid/$st/$m/lr$next" "$st" "$m" "$next" 0
+    [[ -f $R/grid/$st/$m/lr$next/summary.json ]] || return 0
   done
 }
 
