@@ -257,16 +257,21 @@ def test_committed_campaign33_records_name_no_absolute_path():
         assert "/work/" not in text and "/root/" not in text and "/tmp/" not in text, name
 
 
-def _dry_jobs(root: Path, *steps: str) -> list[tuple[str, str, list[str]]]:
-    """``(script, run dir, overrides)`` of every job ``run.sh seq STEP...`` would run (``DRY=1``: nothing runs)."""
+def _runner(root: Path, *steps: str, **env: str) -> str:
+    """What ``run.sh seq STEP...`` prints, run on the campaign directory ``root`` with ``env`` added."""
     import os
     import subprocess
 
-    env = {**os.environ, "R": str(root), "DRY": "1"}
-    proc = subprocess.run(["bash", str(ROOT / "experiments/campaign33/run.sh"), "seq", *steps], env=env,
-                          capture_output=True, text=True, timeout=300, check=True)
+    proc = subprocess.run(["bash", str(ROOT / "experiments/campaign33/run.sh"), "seq", *steps],
+                          env={**os.environ, "R": str(root), **env}, capture_output=True, text=True, timeout=300,
+                          check=True)
+    return proc.stdout
+
+
+def _dry_jobs(root: Path, *steps: str) -> list[tuple[str, str, list[str]]]:
+    """``(script, run dir, overrides)`` of every job ``run.sh seq STEP...`` would run (``DRY=1``: nothing runs)."""
     out = []
-    for line in proc.stdout.splitlines():
+    for line in _runner(root, *steps, DRY="1").splitlines():
         if "would run:" in line:
             script, run_dir, *overrides = line.split("would run: ", 1)[1].split()
             out.append((script, run_dir, overrides))
@@ -374,19 +379,13 @@ def test_a_grid_point_not_started_ends_the_grid_instead_of_looping(tmp_path: Pat
     must not extend an incomplete grid, nor propose the skipped point again forever (it did: stop 42's stream spun
     on `not starting .../lora/lr1e-2`). Then the base grid finished at an endpoint (1e-2): the extension 5e-3 is
     proposed once, skipped, and the runner returns (the old runner timed out here)."""
-    import os
-    import subprocess
-
     write_train(tmp_path, "grid/nm2_4/spp/lr1e-2", "spp", 1e-2, 0, 0.0, 0.0)
-    env = {**os.environ, "R": str(tmp_path), "STOP_AT": "00:00", "JOB_MINUTES": "38"}
-    proc = subprocess.run(["bash", str(ROOT / "experiments/campaign33/run.sh"), "seq", "grid spp nm2_4"], env=env,
-                          capture_output=True, text=True, timeout=120, check=True)
-    skipped = [line for line in proc.stdout.splitlines() if "not starting" in line]
+    out = _runner(tmp_path, "grid spp nm2_4", STOP_AT="00:00", JOB_MINUTES="38")
+    skipped = [line for line in out.splitlines() if "not starting" in line]
     assert [line.split("not starting ")[1].split(":")[0].rsplit("/", 1)[1] for line in skipped] == [
-        "lr2e-2", "lr5e-2", "lr1e-1"], proc.stdout
+        "lr2e-2", "lr5e-2", "lr1e-1"], out
     for name, val in (("lr2e-2", 0.1), ("lr5e-2", 0.2), ("lr1e-1", 0.3)):
         write_train(tmp_path, f"grid/nm2_4/spp/{name}", "spp", float(name[2:]), 0, 0.0, val)
-    proc = subprocess.run(["bash", str(ROOT / "experiments/campaign33/run.sh"), "seq", "grid spp nm2_4"], env=env,
-                          capture_output=True, text=True, timeout=120, check=True)
-    skipped = [line for line in proc.stdout.splitlines() if "not starting" in line]
-    assert len(skipped) == 1 and "/grid/nm2_4/spp/lr5e-3:" in skipped[0], proc.stdout  # 1e-2 chosen: extends once
+    out = _runner(tmp_path, "grid spp nm2_4", STOP_AT="00:00", JOB_MINUTES="38")
+    skipped = [line for line in out.splitlines() if "not starting" in line]
+    assert len(skipped) == 1 and "/grid/nm2_4/spp/lr5e-3:" in skipped[0], out  # 1e-2 chosen: extends once

@@ -49,13 +49,15 @@ E="model=smollm2_135m calibration=c4 calibration.nsamples=32 calibration.seqlen=
    eval.lm_eval_batch_size=8 eval.log_samples=true data_dir=data logger=[csv] print_config=false"
 
 job() {  # job DIR SCRIPT OVERRIDES...: one run, skipped when DIR/summary.json exists; a failure is logged, not fatal
+  # Status 0 when DIR holds its results (done already or just finished; always under DRY), 1 when STOP_AT skipped
+  # the job or it failed: a caller that needs the result (grid's extension) stops there.
   local dir=$1 script=$2; shift 2
   local done_file=summary.json; [[ $script == eval.py ]] && done_file=results.json
   if [[ -f $dir/$done_file ]]; then echo "[campaign33] done already: $dir"; return 0; fi
   if [[ -n ${DRY:-} ]]; then echo "[campaign33] would run: $script $dir $*"; return 0; fi
   if [[ -n ${STOP_AT:-} ]] && (( $(date +%s) + 60 * ${JOB_MINUTES:-45} > $(date -d "$STOP_AT" +%s) )); then
     echo "[campaign33] not starting $dir: it would not end before STOP_AT=$STOP_AT (JOB_MINUTES=${JOB_MINUTES:-45})"
-    return 0
+    return 1
   fi
   rm -rf "$dir" "$dir.failed.log"; mkdir -p "$(dirname "$dir")"
   local load; load=$(cut -d' ' -f1 /proc/loadavg)
@@ -69,6 +71,7 @@ job() {  # job DIR SCRIPT OVERRIDES...: one run, skipped when DIR/summary.json e
   else
     mv "$dir.running.log" "$dir.failed.log"
     echo "[campaign33] $(date -u +%FT%TZ) FAILED $dir (see $dir.failed.log)"
+    return 1
   fi
 }
 
@@ -84,15 +87,15 @@ chosen_lr() { python -m spp.experiments.lr_select "$R/grid/$1/$2" --objective pp
 grid() {  # grid METHOD SETTING: the method's grid, then one more point past a chosen endpoint, until interior
   local m=$1 st=$2 lr
   local rates; rates=$(python -m spp.experiments.campaign33 grid-rates "$m" --setting "$st" --root "$R") || return 1
-  for lr in $rates; do train "$R/grid/$st/$m/lr$lr" "$st" "$m" "$lr" 0; done
+  local complete=1
+  for lr in $rates; do train "$R/grid/$st/$m/lr$lr" "$st" "$m" "$lr" 0 || complete=0; done
   [[ -n ${DRY:-} ]] && return 0
-  # extend only a complete base grid, and stop when a point did not finish (STOP_AT skipped it, or it failed):
+  # extend only a complete base grid, and stop at a point that did not finish (STOP_AT skipped it, or it failed):
   # the extension would propose the same point again, forever
-  for lr in $rates; do [[ -f $R/grid/$st/$m/lr$lr/summary.json ]] || return 0; done
+  (( complete )) || return 0
   local next
   while next=$(python -m spp.experiments.campaign33 extend "$R/grid/$st/$m") && [[ -n $next ]]; do
-    train "$R/grid/$st/$m/lr$next" "$st" "$m" "$next" 0
-    [[ -f $R/grid/$st/$m/lr$next/summary.json ]] || return 0
+    train "$R/grid/$st/$m/lr$next" "$st" "$m" "$next" 0 || return 0
   done
 }
 

@@ -40,8 +40,8 @@ def _training_ppl(ev: EvalRun, setting: str, chosen: dict[tuple[str, str], Choic
     of the setting measures them), else the chosen seed-0 run's merged model."""
     runs = [ch.chosen for (s, _m), ch in chosen.items() if s == setting]
     if ev.method in ("dense", "pruned"):
-        key = "dense_test" if ev.method == "dense" else "pruned_test"
-        return next(((getattr(r, key) or {}).get("ppl") for r in runs if getattr(r, key)), None)
+        measured = (getattr(r, f"{ev.method}_test") for r in runs)
+        return next((m.get("ppl") for m in measured if m), None)
     ch = chosen.get((setting, ev.method))
     return ch.chosen.test.get("ppl") if ch is not None else None
 
