@@ -266,6 +266,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow  # 2 processes (25 s loaded); the same audit on whole tensors is tested above; CI runs it
 def test_audit_names_every_revived_matrix_on_fsdp2_sharded_tensors(tmp_path: Path) -> None:
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "2",
            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}

@@ -296,6 +296,7 @@ def _compose(script: str, overrides: list[str]):
     return cfg
 
 
+@pytest.mark.slow  # composes every chunk's jobs (24 s loaded); CI runs it
 def test_every_chunk_composes_with_the_headline_settings_at_the_chosen_rates(tmp_path: Path):
     """The runner's jobs, from a synthetic set of Wanda 2:4 grids, compose into typed train.py / eval.py jobs with
     the headline settings, the rate each grid chose and the seeds, objective and curve of their chunk."""

@@ -121,6 +121,7 @@ def test_bad_inputs_fail_before_loading(tmp_path, monkeypatch):
         preflight(cfg)
 
 
+@pytest.mark.slow  # an eval.py process (21 s loaded); the checks themselves are tested in-process above; CI runs it
 def test_eval_py_reports_one_error_line():
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     proc = subprocess.run(

@@ -156,6 +156,7 @@ def _train(tmp_path: Path, name: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow  # a train.py run (22 s loaded); the guard's decisions are tested in-process above; CI runs it
 def test_train_py_stops_within_a_few_steps_of_a_blowup(tmp_path):
     """Item 6, end to end: the real job stops at step 6 of 20 (3 steps after the loss blew up), exit 2, one line
     naming the blow-up and the fix, no merged model; with ``guards.loss_blowup_steps=0`` (the negative control)

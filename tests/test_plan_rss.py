@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from train_helpers import compose_train
 
 from benchmarks.plan_rss import TINY, TWO, measure, measured
@@ -26,6 +27,7 @@ def _plan(args: list[str]) -> dict[int, float]:
     return {0: data["peak_rank0_bytes"] / MIB, 1: data["peak_rank_bytes"] / MIB}
 
 
+@pytest.mark.slow  # measures the peak RSS of 1- and 2-process runs (56 s loaded); CI runs it
 def test_peak_rss_per_process_is_within_25_percent_of_the_plan(tmp_path: Path):
     cases = {"one": TINY, "two": [*TINY, *TWO]}
     procs = {name: measure(args, tmp_path / name) for name, args in cases.items()}

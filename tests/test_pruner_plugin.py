@@ -167,6 +167,7 @@ print(json.dumps(out))
 ``{name: [exit status, stdout, stderr]}``."""
 
 
+@pytest.mark.slow  # three CLI processes (22 s loaded); CI runs it
 def test_help_and_cfg_show_the_plugins_key_and_a_bad_key_is_one_line(plugin) -> None:
     tmp, env = plugin
     cases = {

@@ -521,6 +521,7 @@ with open(f"{sys.argv[2]}.rank{ctx.rank}.json", "w") as fh:  # one file per rank
 """
 
 
+@pytest.mark.slow  # peak RSS of 2 ranks pruning a 0.6 GB model (30 s loaded); CI runs it
 def test_the_other_rank_never_holds_a_copy_of_the_weights(tmp_path):
     """Peak RSS of 2 ranks pruning a 0.6 GB model: rank 0 grows by the weights; rank 1 by one onloaded block and
     the pruner's temporaries (sort indices, score copies: measured ≈ 3 blocks), never by a copy of the model."""

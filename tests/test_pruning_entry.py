@@ -128,6 +128,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+@pytest.mark.slow  # two prune.py processes (23 s loaded); CI runs it
 def test_two_prune_jobs_with_the_same_key_prune_once(tmp_path: Path) -> None:
     """Two ``prune.py`` processes started together: one prunes under the entry's lock, the other waits for it
     (logging that it does) and then loads the entry from the cache."""

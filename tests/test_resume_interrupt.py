@@ -77,6 +77,7 @@ def _resume_line(output: str) -> list[str]:
     return words[2:]
 
 
+@pytest.mark.slow  # three train.py runs (36 s loaded); a real SIGINT stays in the default suite below; CI runs it
 def test_sigint_then_resume_gives_the_uninterrupted_adapter(tmp_path):
     """A: 40 steps. B: SIGINT once the step-5 checkpoint exists, then ``trainer.resume_from=last``. Bitwise equal."""
     cache = f"cache_dir={tmp_path / 'cache'}"

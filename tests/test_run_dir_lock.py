@@ -59,6 +59,7 @@ def _wait_until_held(marker: Path, first: subprocess.Popen, timeout: float = 180
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # two train.py processes (37 s loaded); the lock itself is tested in-process below; CI runs it
 def test_second_job_on_the_same_run_dir_is_refused_and_the_first_is_untouched(tmp_path):
     hooks = tmp_path / "hooks"
     hooks.mkdir()

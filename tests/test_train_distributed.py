@@ -95,6 +95,7 @@ def _check(summary: dict, reference: dict[str, torch.Tensor]) -> None:
             assert int(groups.max()) <= 2, name  # 2:4 kept through sharded training and merge
 
 
+@pytest.mark.slow  # Lightning's launcher (36 s loaded); FSDP2 via torchrun stays in the default suite; CI runs it
 def test_fsdp2_on_two_cpu_processes_matches_one_process(single, tmp_path):
     _check(_train_2_ranks(tmp_path, "fsdp"), single)
 
