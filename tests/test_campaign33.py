@@ -278,6 +278,50 @@ def _dry_jobs(root: Path, *steps: str) -> list[tuple[str, str, list[str]]]:
     return out
 
 
+
+def _trained_here(*run_dirs: Path) -> None:
+    """What a run leaves in the checkout that trained it and git does not keep: its adapter and last checkpoint."""
+    for run in run_dirs:
+        (run / "adapter").mkdir()
+        (run / "adapter" / "adapter_method.json").write_text("{}")
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "last.ckpt").write_text("")
+
+
+@pytest.mark.slow  # three runs of the runner (56 s loaded); CI runs it
+def test_zero_shot_trains_the_chosen_run_again_where_this_checkout_lacks_its_adapter(tmp_path: Path):
+    """Adapters and checkpoints stay out of git, so a later checkout has the chosen run's records only: zero-shot then
+    trains that run again (same rate, seed 0) into rerun/ (masked full FT: export/ without resuming) and scores it;
+    in the checkout that trained it (negative control) the run's own adapter and checkpoint are used; a finished
+    zero-shot is not redone."""
+    for m, lr in {"spp": "2e-2", "masked_full": "1e-3"}.items():
+        for name in selection.base_grid(m):
+            write_train(tmp_path, f"grid/nm2_4/{m}/lr{name}", m, float(name), 0, 0.0, 0.0 if name == lr else 0.3)
+    steps = ("zero_shot spp nm2_4", "zero_shot masked_full nm2_4")
+
+    def jobs() -> list[tuple[str, str, dict[str, str]]]:
+        return [(script, Path(d).relative_to(tmp_path).as_posix(), dict(o.split("=", 1) for o in overrides))
+                for script, d, overrides in _dry_jobs(tmp_path, *steps)]
+
+    later = jobs()
+    assert [(s, d) for s, d, _ in later] == [("train.py", "rerun/nm2_4/spp"), ("eval.py", "zero_shot/nm2_4/spp"),
+                                             ("train.py", "export/nm2_4/masked_full"),
+                                             ("eval.py", "zero_shot/nm2_4/masked_full")]
+    assert (float(later[0][2]["trainer.lr"]), later[0][2]["seed"], later[0][2]["adapter"]) == (2e-2, "0", "spp")
+    assert later[1][2]["adapter_dir"] == f"{tmp_path}/rerun/nm2_4/spp/adapter"
+    assert "trainer.resume_from" not in later[2][2] and later[2][2]["export.merged"] == "true"
+    _trained_here(tmp_path / "grid/nm2_4/spp/lr2e-2", tmp_path / "grid/nm2_4/masked_full/lr1e-3")
+    here = jobs()
+    assert [(s, d) for s, d, _ in here] == [("eval.py", "zero_shot/nm2_4/spp"),
+                                            ("train.py", "export/nm2_4/masked_full"),
+                                            ("eval.py", "zero_shot/nm2_4/masked_full")]
+    assert here[0][2]["adapter_dir"] == f"{tmp_path}/grid/nm2_4/spp/lr2e-2/adapter"
+    assert here[1][2]["trainer.resume_from"] == f"{tmp_path}/grid/nm2_4/masked_full/lr1e-3/checkpoints/last.ckpt"
+    for m in ("spp", "masked_full"):
+        (tmp_path / "zero_shot/nm2_4" / m).mkdir(parents=True)
+        (tmp_path / "zero_shot/nm2_4" / m / "results.json").write_text("{}")
+    assert jobs() == []
+
 def _compose(script: str, overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -306,6 +350,7 @@ def test_every_chunk_composes_with_the_headline_settings_at_the_chosen_rates(tmp
         for name in (selection.neighbour(lr, ladder, up=False), "{}e{}".format(*selection.mantissa_exponent(lr)),
                      selection.neighbour(lr, ladder, up=True)):
             write_train(tmp_path, f"grid/nm2_4/{m}/lr{name}", m, float(name), 0, 0.0, 0.0 if float(name) == lr else 0.3)
+    _trained_here(tmp_path / "grid/nm2_4/lora/lr1e-2", tmp_path / "grid/nm2_4/masked_full/lr1e-3")
     jobs = _dry_jobs(tmp_path, "seeds spp nm2_4", "seeds masked_full nm2_4", "zero_shot lora nm2_4",
                      "zero_shot masked_full nm2_4", "reference nm2_4", "distill masked_full", "recovery spp",
                      "grid spp unstructured75")

@@ -118,21 +118,42 @@ reference() {  # reference SETTING: the pruned model (and, for nm2_4, the dense 
 }
 
 zero_shot() {  # zero_shot METHOD SETTING: the chosen seed-0 grid run's adapter, merged as its export was
-  local m=$1 st=$2 run
-  run=$(python -m spp.experiments.campaign33 chosen-dir "$R" "$st" "$m") || return 1
-  if [[ $m == masked_full ]]; then zero_shot_export "$run" "$m" "$st"; return; fi
+  local m=$1 st=$2
+  [[ -f $R/zero_shot/$st/$m/results.json ]] && { echo "[campaign33] done already: $R/zero_shot/$st/$m"; return 0; }
+  if [[ $m == masked_full ]]; then zero_shot_export "$m" "$st"; return; fi
+  adapter_of "$m" "$st" || return 1
   evaluate "$R/zero_shot/$st/$m" pruner="$(pruner_of "$st")" sparsity="$(sparsity_of "$st")" \
-    adapter_dir="$run/adapter" label="${m}_$st"
+    adapter_dir="$ADAPTER" label="${m}_$st"
+}
+
+# Adapters, checkpoints and exports stay out of git (experiments/results/.gitignore): a later session's checkout holds
+# the chosen run's records but not its adapter. The chosen grid point is then trained again, with the same settings
+# and seed, into rerun/SETTING/METHOD (its summary.json is committed; the report's zero-shot table shows whether its
+# test perplexity equals the grid run's: it does on the same CPU, to ~1e-5 across AVX2 / AVX-512).
+adapter_of() {  # adapter_of METHOD SETTING: set ADAPTER to the chosen run's adapter folder, re-training the run if needed
+  local m=$1 st=$2 run lr
+  run=$(python -m spp.experiments.campaign33 chosen-dir "$R" "$st" "$m") || return 1
+  if [[ -f $run/adapter/adapter_method.json ]]; then ADAPTER=$run/adapter; return 0; fi
+  lr=$(chosen_lr "$st" "$m") || return 1
+  train "$R/rerun/$st/$m" "$st" "$m" "$lr" 0 || return 1
+  if [[ -z ${DRY:-} && ! -f $R/rerun/$st/$m/adapter/adapter_method.json ]]; then
+    echo "[campaign33] $R/rerun/$st/$m has no adapter (finished in another checkout): remove it to train it again" >&2
+    return 1
+  fi
+  ADAPTER=$R/rerun/$st/$m/adapter
 }
 
 # Masked full FT's trained weights are the model itself, not adapter tensors for eval.py to put on the pruned model,
 # and the grid runs do not export (export.merged=false). Its chosen run is resumed from its last checkpoint with
 # export.merged=true into export/SETTING/METHOD (training is finished: nothing trains, the run exports and measures
-# its perplexities, which must equal the grid run's), and eval.py scores that export as a saved folder.
-zero_shot_export() {  # zero_shot_export RUN_DIR METHOD SETTING
-  local run=$1 m=$2 st=$3 lr ex="$R/export/$3/$2"
+# its perplexities, which must equal the grid run's), and eval.py scores that export as a saved folder. Where this
+# checkout has no checkpoint (the run finished in another session), the export job trains the chosen run again.
+zero_shot_export() {  # zero_shot_export METHOD SETTING
+  local m=$1 st=$2 run lr ex="$R/export/$2/$1" resume=()
+  run=$(python -m spp.experiments.campaign33 chosen-dir "$R" "$st" "$m") || return 1
   lr=$(chosen_lr "$st" "$m") || return 1
-  train "$ex" "$st" "$m" "$lr" 0 trainer.resume_from="$run/checkpoints/last.ckpt" export.merged=true
+  [[ -f $run/checkpoints/last.ckpt ]] && resume=(trainer.resume_from="$run/checkpoints/last.ckpt")
+  train "$ex" "$st" "$m" "$lr" 0 "${resume[@]}" export.merged=true
   [[ -n ${DRY:-} || -f $ex/merged/spp_export.json ]] || { echo "[campaign33] no export in $ex: not scoring $m"; return 1; }
   evaluate "$R/zero_shot/$st/$m" model.path="$ex/merged" label="${m}_$st"
 }
@@ -166,8 +187,15 @@ stream2_G_nm2_4() { grid lora nm2_4; grid sparse_lora nm2_4; grid scale_lora nm2
 stream1_G() { grid spp "$1"; grid masked_full "$1"; }
 stream2_G() { grid lora "$1"; grid sparse_lora "$1"; }
 
-stream1_Z() { reference "$1"; zero_shot spp "$1"; zero_shot masked_full "$1"; zero_shot norms "$1"; }
-stream2_Z() { zero_shot lora "$1"; zero_shot sparse_lora "$1"; zero_shot scale_lora "$1"; }
+# Zero-shot: every method at Wanda 2:4; SPP and its closest competitor elsewhere (as the seeds)
+stream1_Z() {
+  reference "$1"; zero_shot spp "$1"
+  [[ $1 == nm2_4 ]] && { zero_shot masked_full "$1"; zero_shot norms "$1"; }
+}
+stream2_Z() {
+  if [[ $1 == nm2_4 ]]; then zero_shot lora "$1"; zero_shot sparse_lora "$1"; zero_shot scale_lora "$1"
+  else local rival; rival=$(competitor "$1") && zero_shot "$rival" "$1"; fi
+}
 
 stream1_S() {
   if [[ $1 == nm2_4 ]]; then seeds spp nm2_4; seeds masked_full nm2_4; seeds norms nm2_4
