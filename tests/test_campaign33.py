@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -165,7 +166,26 @@ def test_report_numbers_follow_from_the_raw_files(tmp_path: Path):
     assert "| Wanda 2:4 | LoRA* | 0,1,2 |" in text and "SPP better" in text
     gaps = [(0.0 - shift) / 1.5 for shift in (-0.45, -0.44, -0.43)]  # pruned at BASE, dense at BASE - 1.5
     assert f"| {100 * np.mean(gaps):.1f} ± {100 * np.std(gaps, ddof=1):.1f} |" in text
-    assert "lowest mean test PPL **SPP**" in text
+    assert "lowest mean test PPL on the seeds every method has (0,1,2) **SPP**" in text
+
+
+def test_one_seed_names_no_winner_and_winners_compare_shared_seeds(tmp_path: Path):
+    """Masked full FT has seed 0 only, 2 % above SPP's seed 0 on every window; SPP's seeds 1, 2 are 5 % above masked
+    full FT's seed 0. The pair is one seed: its interval covers windows only, so the verdict names no winner; the
+    winner line compares seed 0 (SPP), not SPP's 3-seed mean with a 1-seed value (negative control: masked full FT)."""
+    for lr, val in [(1e-2, -0.1), (2e-2, -0.3), (5e-2, -0.2)]:
+        write_train(tmp_path, f"grid/nm2_4/spp/lr{lr:g}", "spp", lr, 0, -0.3, val)
+    for lr, val in [(3e-4, -0.1), (1e-3, -0.25), (3e-3, -0.2)]:
+        write_train(tmp_path, f"grid/nm2_4/masked_full/lr{lr:g}", "masked_full", lr, 0, -0.28, val)
+    for s in (1, 2):
+        write_train(tmp_path, f"seeds/nm2_4/spp/s{s}", "spp", 2e-2, s, -0.23, -0.3)
+    chosen = choices(load(tmp_path))
+    assert statistics.mean(r.test["ppl"] for r in chosen[("nm2_4", "spp")].runs) > \
+        chosen[("nm2_4", "masked_full")].runs[0].test["ppl"]
+    text = report(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| Wanda 2:4 | masked full FT | 0 |"))
+    assert "| SPP lower on 1 seed (windows only) |" in row and "SPP better" not in text
+    assert "lowest mean test PPL on the seeds every method has (0) **SPP**" in text
 
 
 def test_recovery_reading_is_linear_between_points():
