@@ -110,6 +110,7 @@ def test_one_checkpoint_file_per_step_and_no_duplicate_audit(logged_run) -> None
     assert len(steps) == len(set(steps)), audits
 
 
+@pytest.mark.slow  # an eval.py process on the export (13 s); CI runs it
 def test_eval_of_exported_spp_model_is_named_after_its_method(logged_run, tmp_path) -> None:
     run, _ = logged_run
     proc = _run([str(REPO_ROOT / "eval.py"), f"model.path={run / 'merged'}", "model=tiny", "eval.seqlen=64",

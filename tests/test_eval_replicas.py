@@ -138,6 +138,7 @@ def _records(samples: dict[str, list[dict]]) -> dict[str, dict[int, list]]:
     return out
 
 
+@pytest.mark.slow  # two processes (22 s, shared); the replica layout is tested in-process below; CI runs it
 def test_perplexity_over_two_replicas_equals_one_process(two_replicas, one_process):
     ref = one_process[0]
     for rank in range(2):
@@ -152,6 +153,7 @@ def test_perplexity_over_two_replicas_equals_one_process(two_replicas, one_proce
     assert two_replicas[1]["one_replica"] == {"leader": False, "count": 1, "how": "parallelize"}
 
 
+@pytest.mark.slow  # shares the two-process fixture above
 def test_lm_eval_over_two_replicas_gives_the_one_process_metrics(two_replicas, one_process):
     ref = one_process[1]
     for rank in range(2):  # every leader returns replica 0's result
@@ -170,6 +172,7 @@ def test_lm_eval_over_two_replicas_gives_the_one_process_metrics(two_replicas, o
     assert placement["lm_eval_model_args"]["pretrained"].endswith("tiny")
 
 
+@pytest.mark.slow  # shares the two-process fixture above
 def test_logged_samples_of_both_replicas_come_back_in_full(two_replicas, one_process):
     samples = one_process[1].raw["samples"]
     # replica r computed the documents i % 2 == r, padded by lm-eval to the larger share of every task

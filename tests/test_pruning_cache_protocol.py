@@ -247,6 +247,7 @@ def test_rank_zero_loading_and_writing_past_the_process_group_timeout(tmp_path):
     assert "timed out" in (control.stdout + control.stderr).lower() or "timeout" in control.stderr.lower()
 
 
+@pytest.mark.slow  # three multi-rank runs (12 s); CI runs it
 def test_a_full_disk_a_failed_owner_solve_and_node_local_locks_end_every_rank(tmp_path):
     proc, rows = _ranks(tmp_path, "disk-and-locks")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -415,6 +415,7 @@ fcntl.flock = _refuse
 """
 
 
+@pytest.mark.slow  # a 2-rank run (11 s); CI runs it
 def test_a_filesystem_without_locks_is_refused_in_one_line(tmp_path, monkeypatch):
     hooks = tmp_path / "hooks"
     hooks.mkdir()
@@ -539,6 +540,7 @@ def test_the_other_rank_never_holds_a_copy_of_the_weights(tmp_path):
     assert rows[1]["after"] - rows[1]["before"] <= 0.4 * model_mib, rows
 
 
+@pytest.mark.slow  # the user script on 2 ranks (11 s); ranks pruning together stay in the default suite; CI runs it
 def test_the_documented_user_script_prunes_then_trains(tmp_path):
     """The ``docs/pruning.md`` example, run as a user would (a copy of the block in a file, in a fresh process):
     the callback prunes the module's model in setup, SPP trains, and the 2:4 zeros are still there."""

@@ -71,6 +71,7 @@ def test_spp_curve_ends_at_the_merged_evaluation_and_leaves_training_unchanged(t
         assert on["merged_ppl_by_source"][source]["window_nll"] == result["window_nll"]
 
 
+@pytest.mark.slow  # a training run (11 s); the SPP curve stays in the default suite; CI runs it
 def test_lora_star_curve_is_re_masked_and_steps_follow_the_optimizer(tmp_path):
     """LoRA*: the curve's last point is the re-masked export's perplexity, not the unmerged LoRA forward's; with
     gradient accumulation the points sit at optimiser steps 0, 3 and the last (4: the epoch's odd batch)."""

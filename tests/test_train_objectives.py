@@ -37,7 +37,7 @@ def _zeros_kept(summary: dict) -> list[str]:
     return [a["when"] for a in audits]
 
 
-@pytest.mark.parametrize("adapter", ["spp", "lora"])
+@pytest.mark.parametrize("adapter", ["spp", pytest.param("lora", marks=pytest.mark.slow)])  # lora: 8 s, CI
 def test_tiny_smoke_distills_from_the_dense_model(tmp_path, adapter):
     """``python train.py experiment=tiny_smoke objective=distill adapter=<adapter>``: every zero audited at fit start,
     at the checkpoint and after the merge; the logged CE and the terms are there; the teacher is the *dense* model:
@@ -64,6 +64,7 @@ def _legacy_training_step(self, batch, batch_idx):
     return loss
 
 
+@pytest.mark.slow  # two training runs (10 s); CI runs it
 def test_objective_ce_trains_bitwise_the_adapter_of_the_old_training_step(tmp_path, monkeypatch):
     new = _smoke(tmp_path, "new", "objective=ce")
     monkeypatch.setattr(SPPModule, "training_step", _legacy_training_step)
