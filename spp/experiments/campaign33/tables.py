@@ -120,19 +120,32 @@ def paired_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
     return markdown_table(head, rows, 3)
 
 
+def _lowest(group: dict[str, Choice]) -> tuple[list[int], str, float]:
+    """The seeds every method of ``group`` has, and the method with the lowest mean test PPL over them."""
+    common = sorted(set.intersection(*({r.seed for r in ch.runs} for ch in group.values())))
+    mean = {m: statistics.mean(r.test["ppl"] for r in ch.runs if r.seed in common) for m, ch in group.items()}
+    best = min(mean, key=mean.__getitem__)
+    return common, best, mean[best]
+
+
 def winners(chosen: dict[tuple[str, str], Choice]) -> list[str]:
     """Per setting: the lowest mean test perplexity over the seeds every method has (a 3-seed mean beside a 1-seed
-    value would compare seeds, not methods), and SPP's closest competitor (on validation)."""
+    value would compare seeds, not methods), then over SPP's and its closest competitor's seeds where those are
+    more (the paired table says whether that difference is distinguishable)."""
     lines = []
     for setting in dict.fromkeys(s for s, _ in chosen):
         group = {m: ch for (s, m), ch in chosen.items() if s == setting}
-        common = sorted(set.intersection(*({r.seed for r in ch.runs} for ch in group.values())))
-        mean = {m: statistics.mean(r.test["ppl"] for r in ch.runs if r.seed in common) for m, ch in group.items()}
-        best = min(mean, key=mean.__getitem__)
+        common, best, value = _lowest(group)
         rival = closest_competitor(chosen, setting)
-        lines.append(f"- {setting_label(setting)}: lowest mean test PPL on the seeds every method has "
-                     f"({','.join(map(str, common))}) **{method_label(best)}** ({mean[best]:.2f}); SPP's closest "
-                     f"competitor on validation PPL: {method_label(rival) if rival else '–'}.")
+        line = (f"- {setting_label(setting)}: lowest mean test PPL on the seeds every method has "
+                f"({','.join(map(str, common))}) **{method_label(best)}** ({value:.2f}); SPP's closest "
+                f"competitor on validation PPL: {method_label(rival) if rival else '–'}")
+        pair = {m: group[m] for m in (REFERENCE, rival) if m in group}
+        if len(pair) == 2 and len(seeds := _lowest(pair)[0]) > len(common):
+            _, pbest, pvalue = _lowest(pair)
+            line += (f"; of these two on seeds {','.join(map(str, seeds))}: **{method_label(pbest)}** "
+                     f"({pvalue:.2f}, see the paired table)")
+        lines.append(line + ".")
     return lines
 
 

@@ -14,6 +14,10 @@ from spp.experiments.campaign33.labels import method_label, setting_label
 from spp.experiments.campaign33.records import TEST_SOURCE, Campaign, EvalRun
 from spp.experiments.collect_summaries import markdown_table
 
+# One forward pass of the same model through another CPU's float32 kernels: the dense reference (AVX2) against the
+# AVX-512 runs differs by 8e-6 relative (28.43743 vs 28.43767); a different model differs by far more.
+CPU_REL_TOL = 5e-5
+
 
 def task_mean(docs: list[dict[str, Any]], metric: str) -> float | None:
     """Unweighted mean over tasks of the per-document ``metric`` (tasks without it left out)."""
@@ -48,14 +52,20 @@ def _training_ppl(ev: EvalRun, setting: str, chosen: dict[tuple[str, str], Choic
 
 def same_model(ev: EvalRun, setting: str, chosen: dict[tuple[str, str], Choice]) -> str:
     """``eval.py``'s test PPL, checked against the training run's (the model scored zero-shot IS the one trained
-    and measured): ``94.12 (=)`` when they agree to 1e-6 relative, else both numbers."""
+    and measured): ``94.12 (=)`` when they agree to 1e-6 relative, both numbers and their relative difference
+    up to ``CPU_REL_TOL`` (one forward pass through AVX2 vs AVX-512 kernels), both in bold past it."""
     ppl = (ev.ppl.get(TEST_SOURCE) or {}).get("ppl")
     if ppl is None:
         return "–"
     ref = _training_ppl(ev, setting, chosen)
     if ref is None:
         return f"{ppl:.2f} (no run)"
-    return f"{ppl:.2f} (=)" if math.isclose(ppl, ref, rel_tol=1e-6) else f"{ppl:.2f} (**run: {ref:.2f}**)"
+    if math.isclose(ppl, ref, rel_tol=1e-6):
+        return f"{ppl:.2f} (=)"
+    rel = abs(ppl - ref) / abs(ref)
+    if rel <= CPU_REL_TOL:  # the same model through another CPU's float32 kernels (e.g. the AVX2 dense reference)
+        return f"{ppl:.2f} (run: {ref:.2f}, rel. diff {rel:.0e})"
+    return f"{ppl:.2f} (**run: {ref:.2f}**)"
 
 
 def _setting_rows(c: Campaign, setting: str, chosen: dict[tuple[str, str], Choice]) -> list[list[str]]:
@@ -88,4 +98,6 @@ def zero_shot_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[
             "two-sided 5 % test would detect with 80 % power, from the paired variance (`spp/eval/paired.py`). "
             "test PPL here: `eval.py`'s WikiText-2 test perplexity of the model it scored, `(=)` when it equals the "
             "training run's to 1e-6 (the scored model is the trained one; masked full FT is scored from its export, "
-            "resumed from the run's last checkpoint).", ""]
+            "resumed from the run's last checkpoint); the training run's value and the relative difference when they "
+            f"differ by at most {CPU_REL_TOL:.0e} (the same model through another CPU's float32 kernels: the dense "
+            "reference ran on the AVX2 machine), both in bold past that.", ""]
