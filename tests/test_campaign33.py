@@ -224,6 +224,36 @@ def test_recovery_reading_is_linear_between_points():
     assert g["gap_closed"] == pytest.approx(0.5)
 
 
+def write_reference(root: Path, rel: str, val_shift: float) -> None:
+    """An ``eval.py`` ``results.json`` whose validation windows' NLL is ``BASE + val_shift``."""
+    (root / rel).mkdir(parents=True)
+    record = {"ppl": {"wikitext2_val": entry(val_shift, "wikitext2_val")}, "tasks": {}, "seconds": {"total": 60.0}}
+    (root / rel / "results.json").write_text(json.dumps({"records": [record]}))
+
+
+def test_recovery_section_and_figure_read_the_curves(tmp_path: Path):
+    """A recovery run whose validation NLL falls from the pruned model's (BASE) by 0.3 every 16 steps of 5 CPU-minutes,
+    with the dense model at BASE - 1.5: the gap closed is 0.2 per point, 15 CPU-min is the step-48 point (60 %), the
+    60 % mark is reached at 15.0 min; a second method that closes half as much never reaches it (negative control)."""
+    write_reference(tmp_path, "reference/dense", -1.5)
+    write_reference(tmp_path, "reference/nm2_4", 0.0)
+    for method, per_point in (("spp", 0.3), ("lora", 0.15)):
+        run = write_train(tmp_path, f"recovery/nm2_4/{method}", method, 2e-2, 0, -0.5, -0.5)
+        data = json.loads((run / "summary.json").read_text())
+        data["recovery_curve"] = [{**entry(-per_point * k, "wikitext2_val"), "step": 16 * k, "train_cpu_s": 300.0 * k}
+                                  for k in range(5)]
+        (run / "summary.json").write_text(json.dumps(data))
+    text = report(tmp_path)
+    rows = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| Wanda 2:4 |")}
+    assert "| 60.0 [60.0, 60.0] | 15.0 |" in rows["SPP"] and "80.0 at 20.0 min (step 64)" in rows["SPP"]
+    assert "| 30.0 [30.0, 30.0] | not within 20.0 |" in rows["LoRA*"]
+    png = tmp_path / "fig.png"
+    assert cli(["figure", str(tmp_path), "--out", str(png)]) == 0
+    curves_drawn = {c["method"]: c["points"] for c in json.loads(png.with_suffix(".json").read_text())["recovery"]}
+    assert [p["gap"] for p in curves_drawn["SPP"]] == pytest.approx([0.0, 0.2, 0.4, 0.6, 0.8])
+    assert [p["cpu_min"] for p in curves_drawn["LoRA*"]] == pytest.approx([0.0, 5.0, 10.0, 15.0, 20.0])
+
+
 COMMITTED = ROOT / "experiments/results/runs/campaign33"
 REPORT = ROOT / "experiments/results/campaign33_smollm2_135m.md"
 

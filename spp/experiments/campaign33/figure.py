@@ -35,6 +35,10 @@ def figure_data(root: str | Path) -> dict[str, Any]:
 
 
 def _draw_ratios(ax: Any, ratios: list[dict[str, Any]]) -> None:
+    if not ratios:
+        ax.text(0.5, 0.5, "no method paired with SPP yet", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
     labels = [f"{r['setting']}: {r['method']} ({len(r['seeds'])} seed{'s' if len(r['seeds']) > 1 else ''})"
               for r in ratios]
     for y, r in enumerate(ratios):
