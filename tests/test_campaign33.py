@@ -170,14 +170,19 @@ def test_report_numbers_follow_from_the_raw_files(tmp_path: Path):
     assert "lowest mean test PPL on the seeds every method has (0,1,2) **SPP**" in text
 
 
+def write_spp_and_masked_grids(root: Path) -> None:
+    """Seed-0 grids at Wanda 2:4: SPP chooses 2e-2 (test -0.3), masked full FT 1e-3 (test -0.28)."""
+    for lr, val in [(1e-2, -0.1), (2e-2, -0.3), (5e-2, -0.2)]:
+        write_train(root, f"grid/nm2_4/spp/lr{lr:g}", "spp", lr, 0, -0.3, val)
+    for lr, val in [(3e-4, -0.1), (1e-3, -0.25), (3e-3, -0.2)]:
+        write_train(root, f"grid/nm2_4/masked_full/lr{lr:g}", "masked_full", lr, 0, -0.28, val)
+
+
 def test_one_seed_names_no_winner_and_winners_compare_shared_seeds(tmp_path: Path):
     """Masked full FT has seed 0 only, 2 % above SPP's seed 0 on every window; SPP's seeds 1, 2 are 5 % above masked
     full FT's seed 0. The pair is one seed: its interval covers windows only, so the verdict names no winner; the
     winner line compares seed 0 (SPP), not SPP's 3-seed mean with a 1-seed value (negative control: masked full FT)."""
-    for lr, val in [(1e-2, -0.1), (2e-2, -0.3), (5e-2, -0.2)]:
-        write_train(tmp_path, f"grid/nm2_4/spp/lr{lr:g}", "spp", lr, 0, -0.3, val)
-    for lr, val in [(3e-4, -0.1), (1e-3, -0.25), (3e-3, -0.2)]:
-        write_train(tmp_path, f"grid/nm2_4/masked_full/lr{lr:g}", "masked_full", lr, 0, -0.28, val)
+    write_spp_and_masked_grids(tmp_path)
     for s in (1, 2):
         write_train(tmp_path, f"seeds/nm2_4/spp/s{s}", "spp", 2e-2, s, -0.23, -0.3)
     chosen = choices(load(tmp_path))
@@ -193,10 +198,7 @@ def test_winner_line_adds_spp_and_its_rival_on_their_shared_seeds(tmp_path: Path
     """Unstructured 75 %'s case: LoRA* has seed 0 only, so the all-methods line compares seed 0 (SPP lowest); SPP and
     its closest competitor (masked full FT, lower validation PPL than LoRA*) have seeds 0-2, on which masked full FT's
     mean is lower (SPP: -0.30, -0.23, -0.23; masked full FT: -0.28 on each seed): the line names it too."""
-    for lr, val in [(1e-2, -0.1), (2e-2, -0.3), (5e-2, -0.2)]:
-        write_train(tmp_path, f"grid/nm2_4/spp/lr{lr:g}", "spp", lr, 0, -0.3, val)
-    for lr, val in [(3e-4, -0.1), (1e-3, -0.25), (3e-3, -0.2)]:
-        write_train(tmp_path, f"grid/nm2_4/masked_full/lr{lr:g}", "masked_full", lr, 0, -0.28, val)
+    write_spp_and_masked_grids(tmp_path)
     for lr, val in [(1e-3, -0.05), (3e-3, -0.15), (1e-2, -0.1)]:
         write_train(tmp_path, f"grid/nm2_4/lora/lr{lr:g}", "lora", lr, 0, -0.2, val)
     for s in (1, 2):

@@ -141,8 +141,8 @@ def winners(chosen: dict[tuple[str, str], Choice]) -> list[str]:
                 f"({','.join(map(str, common))}) **{method_label(best)}** ({value:.2f}); SPP's closest "
                 f"competitor on validation PPL: {method_label(rival) if rival else '–'}")
         pair = {m: group[m] for m in (REFERENCE, rival) if m in group}
-        if len(pair) == 2 and len(seeds := _lowest(pair)[0]) > len(common):
-            _, pbest, pvalue = _lowest(pair)
+        seeds, pbest, pvalue = _lowest(pair) if len(pair) == 2 else (common, best, value)
+        if len(seeds) > len(common):
             line += (f"; of these two on seeds {','.join(map(str, seeds))}: **{method_label(pbest)}** "
                      f"({pvalue:.2f}, see the paired table)")
         lines.append(line + ".")
