@@ -40,11 +40,11 @@ def entry(shift: float, source: str = "wikitext2", noise: float = 0.0, seed: int
 
 
 def write_train(root: Path, rel: str, adapter: str, lr: float, seed: int, test: float, val: float,
-                sparsity: str = "nm2_4", pruner: str = "wanda", noise: float = 0.0) -> Path:
+                sparsity: str = "nm2_4", pruner: str = "wanda", noise: float = 0.0, objective: str = "ce") -> Path:
     """A ``summary.json`` in train.py's shape: merged test NLL = BASE + ``test``, validation = BASE + ``val``."""
     run_dir = root / rel
     run_dir.mkdir(parents=True)
-    data = {"run": {"pruner": pruner, "sparsity": sparsity, "adapter": adapter, "objective": "ce"},
+    data = {"run": {"pruner": pruner, "sparsity": sparsity, "adapter": adapter, "objective": objective},
             "config": {"trainer": {"lr": lr}, "seed": seed, "adapter": {"name": adapter}},
             "perplexity": {"dense": entry(-1.5), "pruned": entry(0.0), "merged": entry(test, noise=noise, seed=seed)},
             "merged_ppl_by_source": {"wikitext2_val": entry(val, "wikitext2_val")},
@@ -224,6 +224,36 @@ def test_recovery_reading_is_linear_between_points():
     assert minutes_to(pts, 0.9) is None and at_minutes(pts, 25.0) is None
     g = gap_closed(entry(-1.5), entry(0.0), entry(-0.75))
     assert g["gap_closed"] == pytest.approx(0.5)
+
+
+def write_ce_and_distill(root: Path, ce: dict[str, float], distill: dict[str, float]) -> None:
+    """SPP (2e-2) and SparsePEFT (3e-3, SPP's closest competitor on validation) at Wanda 2:4, seeds 0-2, trained with
+    cross-entropy and distilled: merged test NLL = BASE + the method's shift + the seed's noise (the same noise for
+    every method of a seed, so paired ratios are exact)."""
+    for m, lr in (("spp", 2e-2), ("sparse_lora", 3e-3)):
+        write_train(root, f"grid/nm2_4/{m}/lr{lr:g}", m, lr, 0, ce[m], -0.4 if m == "spp" else -0.3, noise=0.05)
+        for s in (1, 2):
+            write_train(root, f"seeds/nm2_4/{m}/s{s}", m, lr, s, ce[m], 0.0, noise=0.05)
+        for s in (0, 1, 2):
+            write_train(root, f"distill/nm2_4/{m}/s{s}", m, lr, s, distill[m], 0.0, noise=0.05, objective="distill")
+
+
+def test_distillation_section_pairs_each_method_with_its_cross_entropy_runs(tmp_path: Path):
+    """Under cross-entropy SPP is 0.02 nats lower than SparsePEFT; distilled, SparsePEFT is 0.05 nats lower: the
+    section reports distill / CE = exp(-0.05) for SPP and exp(-0.12) for SparsePEFT, and that the verdict changed; with
+    the same order under both objectives (negative control) it says no change."""
+    write_ce_and_distill(tmp_path / "a", {"spp": -0.50, "sparse_lora": -0.48}, {"spp": -0.55, "sparse_lora": -0.60})
+    text = report(tmp_path / "a")
+    section = text.split("## Distillation")[1].split("\n## ")[0]
+    rows = {line.split(" | ")[1]: line for line in section.splitlines() if line.startswith("| Wanda 2:4 |")}
+    assert f"| {math.exp(-0.05):.3f} [{math.exp(-0.05):.3f}, {math.exp(-0.05):.3f}] | distill better |" in rows["SPP"]
+    assert f"| {math.exp(-0.12):.3f} [" in rows["SparsePEFT"]
+    line = next(x for x in text.splitlines() if x.startswith("- Wanda 2:4: cross-entropy"))
+    assert f"SparsePEFT / SPP {math.exp(0.02):.3f}" in line and "lower mean SPP, SPP better" in line
+    assert f"SparsePEFT / SPP {math.exp(-0.05):.3f}" in line and "lower mean SparsePEFT, SparsePEFT better" in line
+    assert line.endswith("Ranking changed by distillation: **the verdict changed**.")
+    write_ce_and_distill(tmp_path / "b", {"spp": -0.50, "sparse_lora": -0.48}, {"spp": -0.60, "sparse_lora": -0.55})
+    assert "Ranking changed by distillation: **no**." in report(tmp_path / "b")
 
 
 def write_reference(root: Path, rel: str, val_shift: float) -> None:

@@ -26,3 +26,13 @@ def rate(lr: float) -> str:
         return "{}e{}".format(*mantissa_exponent(lr))
     except ValueError:
         return f"{lr:g}"
+
+
+def verdict(high: float, low: float, seeds: int, a: str = "method", b: str = "SPP") -> str:
+    """Which side a paired ratio ``a / b``'s interval excludes 1 on. With one seed the interval covers the windows
+    only, not the seed's own variation (at Wanda 2:4 one seed's ratio ranged 0.994-1.042 over three seeds), so it
+    names no winner."""
+    side = f"{a} lower" if high < 1.0 else f"{b} lower" if low > 1.0 else ""
+    if seeds < 2:
+        return f"{side} on 1 seed (windows only)" if side else "not distinguishable"
+    return side.replace("lower", "better") if side else "not distinguishable"

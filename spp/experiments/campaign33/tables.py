@@ -17,7 +17,8 @@ from spp.experiments.campaign33.choices import (
     closest_competitor,
     val_ppl,
 )
-from spp.experiments.campaign33.labels import method_label, rate, setting_label
+from spp.experiments.campaign33.distillation import distillation_table
+from spp.experiments.campaign33.labels import method_label, rate, setting_label, verdict
 from spp.experiments.campaign33.records import TEST_SOURCE, VAL_SOURCE, Campaign, load
 from spp.experiments.campaign33.recovery import recovery_table
 from spp.experiments.campaign33.stats import gap_closed_per_seed
@@ -95,15 +96,6 @@ def main_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[str]:
     return markdown_table(head, rows, 2)
 
 
-def _verdict(ratio_high: float, ratio_low: float, seeds: int) -> str:
-    """Which side the interval excludes; with one seed the interval covers the windows only, not the seed's own
-    variation (at Wanda 2:4 one seed's ratio ranged 0.994-1.042 over three seeds), so it names no winner."""
-    side = "method lower" if ratio_high < 1.0 else "SPP lower" if ratio_low > 1.0 else ""
-    if seeds < 2:
-        return f"{side} on 1 seed (windows only)" if side else "not distinguishable"
-    return {"method lower": "method better", "SPP lower": "SPP better"}.get(side, "not distinguishable")
-
-
 def _cpus(runs: list) -> str:
     """The CPU capabilities the runs recorded (``AVX2``; two kinds mean the pair mixes machines)."""
     return " + ".join(sorted({r.machine.get("cpu_capability", "?") for r in runs})) or "?"
@@ -115,7 +107,7 @@ def paired_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
             "CPU (both)"]
     rows = [[setting_label(ch.setting), method_label(ch.method), ",".join(map(str, seeds)),
              f"{p.ratio:.3f} [{p.low:.3f}, {p.high:.3f}]", ", ".join(f"{v:.3f}" for v in p.per_seed),
-             _verdict(p.high, p.low, len(seeds)), _cpus([*ch.runs, *chosen[(ch.setting, REFERENCE)].runs])]
+             verdict(p.high, p.low, len(seeds)), _cpus([*ch.runs, *chosen[(ch.setting, REFERENCE)].runs])]
             for ch, seeds, p in against_reference(chosen)]
     return markdown_table(head, rows, 3)
 
@@ -169,7 +161,7 @@ def report(root: str | Path) -> str:
              *grid_table(chosen), "", "## Results at the chosen rates (WikiText-2 test)", "",
              *main_table(c, chosen), "", *winners(chosen), "",
              "## Each method against SPP (same pruned model, seeds and test windows)", "", *paired_table(chosen), "",
-             *zero_shot_table(c, chosen), *recovery_table(c), *notes()]
+             *zero_shot_table(c, chosen), *distillation_table(c, chosen), *recovery_table(c), *notes()]
     return "\n".join(parts)
 
 
