@@ -259,7 +259,8 @@ def test_distillation_section_pairs_each_method_with_its_cross_entropy_runs(tmp_
 def write_reference(root: Path, rel: str, val_shift: float) -> None:
     """An ``eval.py`` ``results.json`` whose validation windows' NLL is ``BASE + val_shift``."""
     (root / rel).mkdir(parents=True)
-    record = {"ppl": {"wikitext2_val": entry(val_shift, "wikitext2_val")}, "tasks": {}, "seconds": {"total": 60.0}}
+    record = {"ppl": {"wikitext2_val": entry(val_shift, "wikitext2_val")}, "tasks": {},
+              "info": {"timings": {"prune": 600.0, "load": 60.0, "ppl_wikitext2_val": 1140.0}}}
     (root / rel / "results.json").write_text(json.dumps({"records": [record]}))
 
 
@@ -279,6 +280,9 @@ def test_recovery_section_and_figure_read_the_curves(tmp_path: Path):
     rows = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| Wanda 2:4 |")}
     assert "| 60.0 [60.0, 60.0] | 15.0 |" in rows["SPP"] and "80.0 at 20.0 min (step 64)" in rows["SPP"]
     assert "| 30.0 [30.0, 30.0] | not within 20.0 |" in rows["LoRA*"]
+    # two training runs of 900 s, two evaluations of 600 + 60 + 1140 s (eval.py's stage timings)
+    assert "Runs: 2 training (`train.py`), 2 evaluation (`eval.py`); 1.5 job-hours at one thread each (0.5 training, " \
+           "1.0 evaluation;" in text
     png = tmp_path / "fig.png"
     assert cli(["figure", str(tmp_path), "--out", str(png)]) == 0
     curves_drawn = {c["method"]: c["points"] for c in json.loads(png.with_suffix(".json").read_text())["recovery"]}

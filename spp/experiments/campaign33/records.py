@@ -113,6 +113,13 @@ def load_train_run(path: Path, root: Path) -> TrainRun:
         machine=_machine(path.parent), curve=list(data.get("recovery_curve") or []))
 
 
+def eval_seconds(record: dict[str, Any]) -> float | None:
+    """An ``eval.py`` record's time: the sum of its stages (``info.timings``: pruning or its cache, loading, each
+    perplexity, lm-eval); ``None`` when it recorded none."""
+    timings = (record.get("info") or {}).get("timings") or {}
+    return sum(float(v) for v in timings.values()) or None
+
+
 def load_eval_run(path: Path, root: Path) -> EvalRun:
     """Read ``path`` (an ``eval.py`` ``results.json``) below ``root``; its place names what it evaluated."""
     rel = path.parent.relative_to(root)
@@ -124,7 +131,7 @@ def load_eval_run(path: Path, root: Path) -> EvalRun:
     docs_file = path.parent / DOC_RECORDS_FILE
     return EvalRun(rel=rel.as_posix(), kind=rel.parts[0], setting=setting, method=method, ppl=record.get("ppl") or {},
                    tasks=record.get("tasks") or {}, docs=read_doc_records(docs_file) if docs_file.is_file() else [],
-                   total_s=(record.get("seconds") or {}).get("total"), machine=_machine(path.parent))
+                   total_s=eval_seconds(record), machine=_machine(path.parent))
 
 
 def load(root: str | Path) -> Campaign:

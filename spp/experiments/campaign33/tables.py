@@ -143,11 +143,13 @@ def winners(chosen: dict[tuple[str, str], Choice]) -> list[str]:
 
 def cost_lines(c: Campaign) -> list[str]:
     """Job time spent (one thread per job) and the CPUs the runs ran on."""
-    seconds = [r.total_s for r in c.train if r.total_s] + [e.total_s for e in c.evals if e.total_s]
+    train_h = sum(r.total_s for r in c.train if r.total_s) / 3600
+    eval_h = sum(e.total_s for e in c.evals if e.total_s) / 3600
     cpus = sorted({f"{m.get('cpu_model', '?')} ({m.get('cpu_capability', '?')})"
                    for m in [r.machine for r in c.train] + [e.machine for e in c.evals] if m})
     return [f"Runs: {len(c.train)} training (`train.py`), {len(c.evals)} evaluation (`eval.py`); "
-            f"{sum(seconds) / 3600:.1f} job-hours at one thread each (two jobs side by side on 2 cores). "
+            f"{train_h + eval_h:.1f} job-hours at one thread each ({train_h:.1f} training, {eval_h:.1f} evaluation; "
+            "two jobs side by side on 2 cores). "
             f"CPUs recorded (`machine.json`): {'; '.join(cpus) if cpus else 'none'}."]
 
 
