@@ -267,21 +267,25 @@ def write_reference(root: Path, rel: str, val_shift: float) -> None:
 def test_recovery_section_and_figure_read_the_curves(tmp_path: Path):
     """A recovery run whose validation NLL falls from the pruned model's (BASE) by 0.3 every 16 steps of 5 CPU-minutes,
     with the dense model at BASE - 1.5: the gap closed is 0.2 per point, 15 CPU-min is the step-48 point (60 %), the
-    60 % mark is reached at 15.0 min; a second method that closes half as much never reaches it (negative control)."""
+    60 % mark is reached at 15.0 min; a second method that closes half as much never reaches it (negative control);
+    a third rises to 40 % at 10 min, then falls back to 20 % (a second epoch that overfits): its highest point is not
+    its last."""
     write_reference(tmp_path, "reference/dense", -1.5)
     write_reference(tmp_path, "reference/nm2_4", 0.0)
-    for method, per_point in (("spp", 0.3), ("lora", 0.15)):
+    for method, shifts in (("spp", [0.3 * k for k in range(5)]), ("lora", [0.15 * k for k in range(5)]),
+                           ("masked_full", [0.0, 0.3, 0.6, 0.45, 0.3])):
         run = write_train(tmp_path, f"recovery/nm2_4/{method}", method, 2e-2, 0, -0.5, -0.5)
         data = json.loads((run / "summary.json").read_text())
-        data["recovery_curve"] = [{**entry(-per_point * k, "wikitext2_val"), "step": 16 * k, "train_cpu_s": 300.0 * k}
-                                  for k in range(5)]
+        data["recovery_curve"] = [{**entry(-shift, "wikitext2_val"), "step": 16 * k, "train_cpu_s": 300.0 * k}
+                                  for k, shift in enumerate(shifts)]
         (run / "summary.json").write_text(json.dumps(data))
     text = report(tmp_path)
     rows = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| Wanda 2:4 |")}
-    assert "| 60.0 [60.0, 60.0] | 15.0 |" in rows["SPP"] and "80.0 at 20.0 min (step 64)" in rows["SPP"]
+    assert "| 60.0 [60.0, 60.0] | 15.0 | 80.0 at 20.0 min (step 64) | 80.0 at 20.0 min (step 64) |" in rows["SPP"]
     assert "| 30.0 [30.0, 30.0] | not within 20.0 |" in rows["LoRA*"]
-    # two training runs of 900 s, two evaluations of 600 + 60 + 1140 s (eval.py's stage timings)
-    assert "Runs: 2 training (`train.py`), 2 evaluation (`eval.py`); 1.5 job-hours at one thread each (0.5 training, " \
+    assert "| 40.0 at 10.0 min (step 32) | 20.0 at 20.0 min (step 64) |" in rows["masked full FT"]
+    # three training runs of 900 s, two evaluations of 600 + 60 + 1140 s (eval.py's stage timings)
+    assert "Runs: 3 training (`train.py`), 2 evaluation (`eval.py`); 1.8 job-hours at one thread each (0.8 training, " \
            "1.0 evaluation;" in text
     png = tmp_path / "fig.png"
     assert cli(["figure", str(tmp_path), "--out", str(png)]) == 0

@@ -41,13 +41,15 @@ def _draw_ratios(ax: Any, ratios: list[dict[str, Any]]) -> None:
         return
     labels = [f"{r['setting']}: {r['method']} ({len(r['seeds'])} seed{'s' if len(r['seeds']) > 1 else ''})"
               for r in ratios]
-    for y, r in enumerate(ratios):
+    for y, r in enumerate(ratios):  # one seed: an open grey marker, as its interval names no winner (labels.verdict)
+        colour = "0.4" if len(r["seeds"]) < 2 else "C0" if r["high"] < 1 else "C3" if r["low"] > 1 else "0.4"
         ax.errorbar(r["ratio"], y, xerr=[[r["ratio"] - r["low"]], [r["high"] - r["ratio"]]], fmt="o", capsize=3,
-                    color="C0" if r["high"] < 1 else ("C3" if r["low"] > 1 else "0.4"))
+                    color=colour, mfc="white" if len(r["seeds"]) < 2 else colour)
     ax.axvline(1.0, color="k", lw=1, ls="--")
     ax.set_yticks(range(len(labels)), labels)
     ax.set_ylim(len(labels) - 0.5, -0.5)
-    ax.set_xlabel("test PPL ratio method / SPP (95 % paired, seeds × windows); < 1: better than SPP")
+    ax.set_xlabel("test PPL ratio method / SPP (95 % paired, seeds × windows); < 1: better than SPP;\n"
+                  "red / blue: SPP / method better over ≥ 2 seeds; open: 1 seed (windows only)")
     ax.grid(axis="x", alpha=0.3)
 
 
