@@ -281,9 +281,12 @@ def test_recovery_section_and_figure_read_the_curves(tmp_path: Path):
         (run / "summary.json").write_text(json.dumps(data))
     text = report(tmp_path)
     rows = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| Wanda 2:4 |")}
-    assert "| 60.0 [60.0, 60.0] | 15.0 | 80.0 at 20.0 min (step 64) | 80.0 at 20.0 min (step 64) |" in rows["SPP"]
+    assert "| 60.0 [60.0, 60.0] | 15.0 | – | 80.0 at 20.0 min (step 64) | 80.0 at 20.0 min (step 64) |" in rows["SPP"]
     assert "| 30.0 [30.0, 30.0] | not within 20.0 |" in rows["LoRA*"]
     assert "| 40.0 at 10.0 min (step 32) | 20.0 at 20.0 min (step 64) |" in rows["masked full FT"]
+    # at 15 CPU-min SPP's windows are BASE - 0.9, LoRA*'s BASE - 0.45 and masked full FT's BASE - 0.45
+    for m in ("LoRA*", "masked full FT"):
+        assert f"| {math.exp(0.45):.3f} [{math.exp(0.45):.3f}, {math.exp(0.45):.3f}] |" in rows[m]
     # three training runs of 900 s, two evaluations of 600 + 60 + 1140 s (eval.py's stage timings)
     assert "Runs: 3 training (`train.py`), 2 evaluation (`eval.py`); 1.8 job-hours at one thread each (0.8 training, " \
            "1.0 evaluation;" in text

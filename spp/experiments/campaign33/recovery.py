@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spp.eval.perplexity import gap_closed
+from spp.eval.perplexity import gap_closed, paired_difference
+from spp.experiments.campaign33.choices import REFERENCE, method_order
 from spp.experiments.campaign33.labels import method_label, setting_label
 from spp.experiments.campaign33.records import VAL_SOURCE, Campaign
 from spp.experiments.collect_summaries import markdown_table
@@ -51,12 +52,35 @@ def minutes_to(points: list[dict[str, float]], target: float) -> float | None:
 
 
 def curves(c: Campaign) -> dict[tuple[str, str], list[dict[str, float]]]:
-    """Every recovery run's curve, by (setting, method)."""
+    """Every recovery run's curve, by (setting, method) in table order."""
     out = {}
-    for r in c.train:
+    for r in sorted(c.train, key=lambda r: method_order(r.method)):
         ref = reference_val(c, r.setting)
         if r.kind == "recovery" and r.curve and ref:
             out[(r.setting, r.method)] = curve(r.curve, *ref)
+    return out
+
+
+def entry_at(raw: list[dict[str, Any]], minutes: float) -> dict[str, Any] | None:
+    """A run's validation entry at ``minutes`` of training CPU time: each window's NLL linear between the two measured
+    points around it (the reading :func:`at_minutes` makes of the gap); ``None`` past the run."""
+    for a, b in zip(raw, raw[1:], strict=False):
+        ta, tb = a["train_cpu_s"] / 60.0, b["train_cpu_s"] / 60.0
+        if ta <= minutes <= tb:
+            t = (minutes - ta) / (tb - ta) if tb > ta else 0.0
+            return {**a, "window_nll": [x + t * (y - x) for x, y in zip(a["window_nll"], b["window_nll"], strict=True)]}
+    return None
+
+
+def against_spp_at(c: Campaign, minutes: float = AT_MINUTES) -> dict[tuple[str, str], str]:
+    """Each method's validation perplexity over SPP's at ``minutes``, paired over the windows (one run each)."""
+    raw = {(r.setting, r.method): r.curve for r in c.train if r.kind == "recovery" and r.curve}
+    out = {}
+    for (setting, method), points in raw.items():
+        a, b = entry_at(points, minutes), entry_at(raw.get((setting, REFERENCE), []), minutes)
+        if method != REFERENCE and a and b:
+            d = paired_difference(a, b)
+            out[(setting, method)] = f"{d['ppl_ratio']:.3f} [{d['ppl_ratio_low']:.3f}, {d['ppl_ratio_high']:.3f}]"
     return out
 
 
@@ -66,19 +90,21 @@ def _point(p: dict[str, float]) -> str:
 
 def recovery_table(c: Campaign) -> list[str]:
     """The recovery section (empty until a recovery run and the reference evaluations exist)."""
-    rows = []
+    rows, versus = [], against_spp_at(c)
     for (setting, method), pts in curves(c).items():
         at = at_minutes(pts, AT_MINUTES)
         reach = minutes_to(pts, TARGET)
         rows.append([setting_label(setting), method_label(method),
                      f"{100 * at['gap']:.1f} [{100 * at['low']:.1f}, {100 * at['high']:.1f}]" if at else "past the run",
                      f"{reach:.1f}" if reach is not None else f"not within {pts[-1]['cpu_min']:.1f}",
-                     _point(max(pts, key=lambda p: p["gap"])), _point(pts[-1])])
+                     versus.get((setting, method), "–"), _point(max(pts, key=lambda p: p["gap"])), _point(pts[-1])])
     if not rows:
         return []
     head = ["Setting", "Method", f"gap closed at {AT_MINUTES:g} CPU-min (%) [95 %]",
-            f"CPU-min to {100 * TARGET:.0f} %", "highest point (%)", "last point (%)"]
+            f"CPU-min to {100 * TARGET:.0f} %", f"val PPL / SPP's at {AT_MINUTES:g} CPU-min [95 %]",
+            "highest point (%)", "last point (%)"]
     return ["## Recovery per CPU-minute (WikiText-2 validation windows)", "", *markdown_table(head, rows, 2), "",
             "CPU-min = process CPU time of the training steps (forward, backward, optimizer; one thread), not the "
             "evaluations. Intervals: paired bootstrap over the 40 windows (dense, pruned and the point resampled "
-            "together), interpolated linearly between measured points.", ""]
+            "together), interpolated linearly between measured points; the ratio to SPP pairs the two runs' windows, "
+            "each window's NLL interpolated the same way (one run per method: windows only, not seeds).", ""]
