@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spp.adapters.registry import methods_in_table_order
@@ -90,10 +91,14 @@ def against_reference(chosen: dict[tuple[str, str], Choice]) -> list[tuple[Choic
     out = []
     for (setting, method), ch in chosen.items():
         ref = chosen.get((setting, REFERENCE))
-        if method == REFERENCE or ref is None:
-            continue
-        seeds = sorted({r.seed for r in ch.runs} & {r.seed for r in ref.runs})
-        p = paired_ratio([next(r.test for r in ch.runs if r.seed == s) for s in seeds],
-                         [next(r.test for r in ref.runs if r.seed == s) for s in seeds])
-        out.append((ch, seeds, p))
+        pair = paired_runs(ch.runs, ref.runs) if method != REFERENCE and ref is not None else None
+        if pair is not None:
+            out.append((ch, *pair))
     return out
+
+
+def paired_runs(a: Sequence[TrainRun], b: Sequence[TrainRun]) -> tuple[list[int], PairedRatio] | None:
+    """``a``'s test perplexity over ``b``'s on the seeds both ran (``None`` when they share none)."""
+    ta, tb = {r.seed: r.test for r in a}, {r.seed: r.test for r in b}
+    seeds = sorted(ta.keys() & tb.keys())
+    return (seeds, paired_ratio([ta[s] for s in seeds], [tb[s] for s in seeds])) if seeds else None

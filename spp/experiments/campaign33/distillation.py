@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import statistics
 
-from spp.experiments.campaign33.choices import REFERENCE, Choice, closest_competitor, method_order
+from spp.experiments.campaign33.choices import REFERENCE, Choice, closest_competitor, method_order, paired_runs
 from spp.experiments.campaign33.labels import method_label, rate, setting_label, verdict
 from spp.experiments.campaign33.records import SETTINGS, Campaign, TrainRun
-from spp.experiments.campaign33.stats import PairedRatio, paired_ratio
+from spp.experiments.campaign33.stats import PairedRatio
 from spp.experiments.collect_summaries import markdown_table
 
 
@@ -23,13 +23,6 @@ def distilled(c: Campaign) -> dict[tuple[str, str], list[TrainRun]]:
     order = list(SETTINGS)
     return {k: sorted(out[k], key=lambda r: r.seed) for k in sorted(
         out, key=lambda k: (order.index(k[0]) if k[0] in order else len(order), method_order(k[1])))}
-
-
-def paired(a: list[TrainRun], b: list[TrainRun]) -> tuple[list[int], PairedRatio] | None:
-    """``a``'s test perplexity over ``b``'s on the seeds both have (``None`` when they share none)."""
-    ta, tb = {r.seed: r.test for r in a}, {r.seed: r.test for r in b}
-    seeds = sorted(ta.keys() & tb.keys())
-    return (seeds, paired_ratio([ta[s] for s in seeds], [tb[s] for s in seeds])) if seeds else None
 
 
 def _mean(runs: list[TrainRun], seeds: list[int]) -> float:
@@ -45,7 +38,7 @@ def _rows(distill: dict[tuple[str, str], list[TrainRun]], chosen: dict[tuple[str
     rows = []
     for key, runs in distill.items():
         ce = chosen.get(key)
-        pair = paired(runs, list(ce.runs)) if ce else None
+        pair = paired_runs(runs, ce.runs) if ce else None
         if pair is None:
             continue
         seeds, p = pair
@@ -62,8 +55,8 @@ def ranking_lines(distill: dict[tuple[str, str], list[TrainRun]], chosen: dict[t
     for setting in dict.fromkeys(s for s, _ in distill):
         rival = closest_competitor(chosen, setting)
         spp_ce, rival_ce = chosen.get((setting, REFERENCE)), chosen.get((setting, rival)) if rival else None
-        ce = paired(list(rival_ce.runs), list(spp_ce.runs)) if spp_ce and rival_ce else None
-        kd = paired(distill.get((setting, rival), []), distill.get((setting, REFERENCE), []))
+        ce = paired_runs(rival_ce.runs, spp_ce.runs) if spp_ce and rival_ce else None
+        kd = paired_runs(distill.get((setting, rival), []), distill.get((setting, REFERENCE), []))
         if ce is None or kd is None:
             continue
         said = []
