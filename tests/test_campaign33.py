@@ -297,6 +297,47 @@ def test_recovery_section_and_figure_read_the_curves(tmp_path: Path):
     assert [p["cpu_min"] for p in curves_drawn["LoRA*"]] == pytest.approx([0.0, 5.0, 10.0, 15.0, 20.0])
 
 
+def write_curve(root: Path, rel: str, method: str, shifts: list[float], cpu_s_per_point: float, cpu: str) -> None:
+    """A recovery run on CPU ``cpu``: validation NLL BASE - shift at point k, ``cpu_s_per_point`` CPU seconds apart."""
+    run = write_train(root, rel, method, 2e-2, 0, -0.5, -0.5)
+    data = json.loads((run / "summary.json").read_text())
+    data["recovery_curve"] = [{**entry(-shift, "wikitext2_val"), "step": 16 * k, "train_cpu_s": cpu_s_per_point * k}
+                              for k, shift in enumerate(shifts)]
+    (run / "summary.json").write_text(json.dumps(data))
+    (run / "machine.json").write_text(json.dumps({"cpu_model": cpu, "cpu_capability": "AVX512"}))
+
+
+def test_recovery_reads_each_method_against_spp_on_its_own_cpu(tmp_path: Path):
+    """SPP's curve on CPU A (5 CPU-min per point) is re-run on CPU B, which takes 1.2x the CPU time for the same steps
+    and measures the same perplexities; masked full FT runs on B only, closing 0.3 nats per 5 CPU-min. At 15 CPU-min
+    SPP-on-B is at BASE - 0.75 and masked full FT at BASE - 0.9: their ratio is exp(-0.15); against SPP-on-A
+    (BASE - 0.9) it would be 1.000 (the negative control the report must not print). The check section states the 1.2
+    ratio and no perplexity difference; without the re-run masked full FT has no SPP on its CPU and no ratio."""
+    write_reference(tmp_path, "reference/dense", -1.5)
+    write_reference(tmp_path, "reference/nm2_4", 0.0)
+    shifts = [0.3 * k for k in range(5)]
+    write_curve(tmp_path, "recovery/nm2_4/spp", "spp", shifts, 300.0, "CPU one")
+    write_curve(tmp_path, "recovery/nm2_4/masked_full", "masked_full", shifts, 300.0, "CPU two")
+    alone = report(tmp_path)
+    rows = {line.split(" | ")[1]: line for line in alone.splitlines() if line.startswith("| Wanda 2:4 |")}
+    assert rows["masked full FT"].startswith("| Wanda 2:4 | masked full FT | B | 60.0 [60.0, 60.0] | 15.0 | – |")
+    assert "## The same recovery run on two CPUs" not in alone
+    write_curve(tmp_path, "recovery_check/nm2_4/spp", "spp", shifts, 360.0, "CPU two")
+    text = report(tmp_path)
+    rows = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| Wanda 2:4 |")}
+    ratio = f"{math.exp(-0.15):.3f}"
+    assert f"| B | 60.0 [60.0, 60.0] | 15.0 | {ratio} [{ratio}, {ratio}] |" in rows["masked full FT"]
+    assert "| Wanda 2:4 | SPP (re-run) | B | 50.0 [50.0, 50.0] | 18.0 | – |" in text
+    assert "A = CPU one (AVX512); B = CPU two (AVX512)." in text
+    check = text.split("## The same recovery run on two CPUs")[1].split("\n## ")[0]
+    assert "| Wanda 2:4 | SPP | A → B | 20.0 → 24.0 | 1.200 (1.200–1.200) | 0 | 60.0 → 50.0 |" in check
+    png = tmp_path / "fig.png"
+    assert cli(["figure", str(tmp_path), "--out", str(png)]) == 0
+    drawn = json.loads(png.with_suffix(".json").read_text())["recovery"]
+    assert [(c["method"], c["cpu"], c["rerun"]) for c in drawn] == [
+        ("SPP", "A", False), ("SPP (re-run)", "B", True), ("masked full FT", "B", False)]
+
+
 COMMITTED = ROOT / "experiments/results/runs/campaign33"
 REPORT = ROOT / "experiments/results/campaign33_smollm2_135m.md"
 

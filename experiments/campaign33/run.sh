@@ -16,6 +16,7 @@
 #                                                             # nm2_4, SPP + its closest competitor elsewhere
 #   bash experiments/campaign33/run.sh D                      # objective=distill: SPP + closest competitor, seeds 0-2
 #   bash experiments/campaign33/run.sh REC                    # recovery curves at nm2_4 (2 epochs, a point / 16 steps)
+#   bash experiments/campaign33/run.sh seq "recovery_check spp"  # SPP's recovery run again (speed of a second machine)
 #   bash experiments/campaign33/run.sh seq "grid spp nm2_4" "grid lora nm2_4"   # one stream, steps in this order
 #   bash experiments/campaign33/run.sh Z nm2_4                # zero-shot + perplexities of dense, pruned and the chosen
 #                                                             # seed-0 runs (eval.py on their adapters, shipped data)
@@ -173,8 +174,13 @@ distill() {
 recovery() {
   local m=$1 st=nm2_4 lr
   lr=$(chosen_lr "$st" "$m") || return 1
-  train "$R/recovery/$st/$m" "$st" "$m" "$lr" 0 trainer.max_epochs=2 trainer.curve_every_n_steps=16
+  train "$R/${RECOVERY_KIND:-recovery}/$st/$m" "$st" "$m" "$lr" 0 trainer.max_epochs=2 trainer.curve_every_n_steps=16
 }
+
+# The same recovery run trained again into recovery_check/ (on the machine that ran the later curves, when the curves
+# came from two machines): its CPU time against the first run's is the machines' speed ratio, and the report pairs each
+# method with the SPP curve measured on its own machine.
+recovery_check() { RECOVERY_KIND=recovery_check recovery "$1"; }
 
 best_new_baseline() {  # the new baseline (ScaleLoRA or norms only) with the lower validation PPL at nm2_4
   local a b; a=$(python -m spp.experiments.campaign33 val-ppl "$R" nm2_4 scale_lora) || return 1

@@ -18,7 +18,7 @@ from spp.atomic import write_text_atomic
 from spp.experiments.campaign33.choices import against_reference, choices
 from spp.experiments.campaign33.labels import method_label, setting_label
 from spp.experiments.campaign33.records import load
-from spp.experiments.campaign33.recovery import AT_MINUTES, TARGET, curves
+from spp.experiments.campaign33.recovery import AT_MINUTES, TARGET, curves, machine_key, machine_letters, run_label
 
 
 def figure_data(root: str | Path) -> dict[str, Any]:
@@ -28,9 +28,11 @@ def figure_data(root: str | Path) -> dict[str, Any]:
     ratios = [{"setting": setting_label(ch.setting), "method": method_label(ch.method), "seeds": seeds,
                "ratio": round(p.ratio, 6), "low": round(p.low, 6), "high": round(p.high, 6)}
               for ch, seeds, p in against_reference(chosen)]
-    recovery = [{"setting": setting_label(s), "method": method_label(m),
+    letters = machine_letters(c)
+    recovery = [{"setting": setting_label(r.setting), "method": run_label(r), "cpu": letters[machine_key(r)],
+                 "rerun": r.kind == "recovery_check",
                  "points": [{k: round(v, 6) if isinstance(v, float) else v for k, v in p.items()} for p in pts]}
-                for (s, m), pts in curves(c).items()]
+                for r, pts in curves(c)]
     return {"ratios": ratios, "recovery": recovery, "at_minutes": AT_MINUTES, "target": TARGET}
 
 
@@ -59,11 +61,15 @@ def _draw_recovery(ax: Any, data: dict[str, Any]) -> None:
                 transform=ax.transAxes)
         ax.set_axis_off()
         return
-    for i, cur in enumerate(data["recovery"]):
-        x = [p["cpu_min"] for p in cur["points"]]
-        ax.plot(x, [100 * p["gap"] for p in cur["points"]], "o-", color=f"C{i}", label=cur["method"], ms=3)
-        ax.fill_between(x, [100 * p["low"] for p in cur["points"]], [100 * p["high"] for p in cur["points"]],
-                        color=f"C{i}", alpha=0.15)
+    colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(c["method"].removesuffix(" (re-run)")
+                                                              for c in data["recovery"]))}
+    for cur in data["recovery"]:  # a re-run on another CPU: dashed, in its method's colour, no band
+        x, colour = [p["cpu_min"] for p in cur["points"]], colours[cur["method"].removesuffix(" (re-run)")]
+        ax.plot(x, [100 * p["gap"] for p in cur["points"]], "s--" if cur["rerun"] else "o-", color=colour, ms=3,
+                label=f"{cur['method']}, CPU {cur['cpu']}")
+        if not cur["rerun"]:
+            ax.fill_between(x, [100 * p["low"] for p in cur["points"]], [100 * p["high"] for p in cur["points"]],
+                            color=colour, alpha=0.15)
     ax.axvline(data["at_minutes"], color="0.5", lw=1, ls=":")
     ax.axhline(100 * data["target"], color="0.5", lw=1, ls=":")
     ax.set_xlabel("training CPU minutes (one thread)")

@@ -2,7 +2,8 @@
 
 Layout under the campaign directory (``experiments/campaign33/run.sh``): ``grid/<setting>/<method>/lr<rate>``
 (seed-0 training runs, one per grid point), ``seeds/<setting>/<method>/s<seed>`` (more seeds at the chosen rate),
-``distill/...`` and ``recovery/...`` (training runs), ``export/<setting>/masked_full`` and
+``distill/...``, ``recovery/...`` and ``recovery_check/...`` (training runs; the last a recovery run trained again on
+another machine), ``export/<setting>/masked_full`` and
 ``rerun/<setting>/<method>`` (the chosen run exported, or trained again where a later checkout lacks its adapter, for
 zero-shot), ``reference/dense`` and ``reference/<setting>`` (``eval.py``: the dense and pruned models) and
 ``zero_shot/<setting>/<method>`` (``eval.py`` on the chosen seed-0 run's adapter).
@@ -19,7 +20,7 @@ from typing import Any
 from spp.adapters.registry import get_method, method_names
 from spp.eval.doc_records import DOC_RECORDS_FILE, read_doc_records
 
-TRAIN_KINDS = ("grid", "seeds", "distill", "recovery", "export", "rerun")
+TRAIN_KINDS = ("grid", "seeds", "distill", "recovery", "recovery_check", "export", "rerun")
 EVAL_KINDS = ("reference", "zero_shot")
 SETTINGS = {"nm2_4": "Wanda 2:4", "unstructured50": "Wanda unstructured 50 %",
             "unstructured75": "Wanda unstructured 75 %", "nm2_4_sparsegpt": "SparseGPT 2:4"}

@@ -1,6 +1,8 @@
 """Recovery per CPU-minute (issue 33, item 6): along one longer run per method (``recovery/<method>``,
 ``trainer.curve_every_n_steps``), the share of the log-perplexity gap closed on the WikiText-2 *validation* windows
-against the training CPU time, read at 15 CPU-minutes and at the 60 % mark."""
+against the training CPU time, read at 15 CPU-minutes and at the 60 % mark. A run trained again on another machine
+(``recovery_check/<method>``) is a row of its own: CPU minutes compare only on one machine, so each method is read
+against the SPP curve measured on its own machine."""
 
 from __future__ import annotations
 
@@ -9,11 +11,35 @@ from typing import Any
 from spp.eval.perplexity import gap_closed, paired_difference
 from spp.experiments.campaign33.choices import REFERENCE, method_order
 from spp.experiments.campaign33.labels import method_label, setting_label
-from spp.experiments.campaign33.records import VAL_SOURCE, Campaign
+from spp.experiments.campaign33.records import VAL_SOURCE, Campaign, TrainRun
 from spp.experiments.collect_summaries import markdown_table
 
 AT_MINUTES = 15.0
 TARGET = 0.60
+KINDS = ("recovery", "recovery_check")
+"""The first recovery run of a method, and the same run trained again (on a second machine)."""
+
+
+def machine_key(run: TrainRun) -> str:
+    """The CPU a run recorded (``machine.json``): model and torch's capability."""
+    return f"{run.machine.get('cpu_model', '?')} ({run.machine.get('cpu_capability', '?')})"
+
+
+def recovery_runs(c: Campaign) -> list[TrainRun]:
+    """Every run with a recovery curve, in method order, each method's first run before its re-run."""
+    return sorted((r for r in c.train if r.kind in KINDS and r.curve),
+                  key=lambda r: (method_order(r.method), KINDS.index(r.kind)))
+
+
+def machine_letters(c: Campaign) -> dict[str, str]:
+    """``A``, ``B``, ... for the CPUs of the recovery runs, in the order they first appear."""
+    keys = dict.fromkeys(machine_key(r) for r in recovery_runs(c))
+    return {k: chr(ord("A") + i) for i, k in enumerate(keys)}
+
+
+def run_label(run: TrainRun) -> str:
+    """``LoRA*``; ``LoRA* (re-run)`` for a ``recovery_check`` run."""
+    return method_label(run.method) + (" (re-run)" if run.kind == "recovery_check" else "")
 
 
 def reference_val(c: Campaign, setting: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -51,13 +77,13 @@ def minutes_to(points: list[dict[str, float]], target: float) -> float | None:
     return points[0]["cpu_min"] if points and points[0]["gap"] >= target else None
 
 
-def curves(c: Campaign) -> dict[tuple[str, str], list[dict[str, float]]]:
-    """Every recovery run's curve, by (setting, method) in table order."""
-    out = {}
-    for r in sorted(c.train, key=lambda r: method_order(r.method)):
+def curves(c: Campaign) -> list[tuple[TrainRun, list[dict[str, float]]]]:
+    """Every recovery run with its curve, in table order (runs whose setting lacks reference evaluations left out)."""
+    out = []
+    for r in recovery_runs(c):
         ref = reference_val(c, r.setting)
-        if r.kind == "recovery" and r.curve and ref:
-            out[(r.setting, r.method)] = curve(r.curve, *ref)
+        if ref:
+            out.append((r, curve(r.curve, *ref)))
     return out
 
 
@@ -72,15 +98,25 @@ def entry_at(raw: list[dict[str, Any]], minutes: float) -> dict[str, Any] | None
     return None
 
 
-def against_spp_at(c: Campaign, minutes: float = AT_MINUTES) -> dict[tuple[str, str], str]:
-    """Each method's validation perplexity over SPP's at ``minutes``, paired over the windows (one run each)."""
-    raw = {(r.setting, r.method): r.curve for r in c.train if r.kind == "recovery" and r.curve}
+def spp_on_same_machine(c: Campaign, run: TrainRun) -> TrainRun | None:
+    """SPP's recovery run of ``run``'s setting measured on ``run``'s machine (the same kind preferred)."""
+    same = [r for r in recovery_runs(c) if r.method == REFERENCE and r.setting == run.setting
+            and machine_key(r) == machine_key(run)]
+    return next((r for r in same if r.kind == run.kind), same[0] if same else None)
+
+
+def against_spp_at(c: Campaign, minutes: float = AT_MINUTES) -> dict[str, str]:
+    """By run place: the run's validation perplexity over SPP's at ``minutes``, SPP measured on the same machine,
+    paired over the windows (one run each)."""
     out = {}
-    for (setting, method), points in raw.items():
-        a, b = entry_at(points, minutes), entry_at(raw.get((setting, REFERENCE), []), minutes)
-        if method != REFERENCE and a and b:
+    for run in recovery_runs(c):
+        spp = spp_on_same_machine(c, run)
+        if run.method == REFERENCE or spp is None:
+            continue
+        a, b = entry_at(run.curve, minutes), entry_at(spp.curve, minutes)
+        if a and b:
             d = paired_difference(a, b)
-            out[(setting, method)] = f"{d['ppl_ratio']:.3f} [{d['ppl_ratio_low']:.3f}, {d['ppl_ratio_high']:.3f}]"
+            out[run.rel] = f"{d['ppl_ratio']:.3f} [{d['ppl_ratio_low']:.3f}, {d['ppl_ratio_high']:.3f}]"
     return out
 
 
@@ -90,21 +126,23 @@ def _point(p: dict[str, float]) -> str:
 
 def recovery_table(c: Campaign) -> list[str]:
     """The recovery section (empty until a recovery run and the reference evaluations exist)."""
-    rows, versus = [], against_spp_at(c)
-    for (setting, method), pts in curves(c).items():
+    rows, versus, letters = [], against_spp_at(c), machine_letters(c)
+    for run, pts in curves(c):
         at = at_minutes(pts, AT_MINUTES)
         reach = minutes_to(pts, TARGET)
-        rows.append([setting_label(setting), method_label(method),
+        rows.append([setting_label(run.setting), run_label(run), letters[machine_key(run)],
                      f"{100 * at['gap']:.1f} [{100 * at['low']:.1f}, {100 * at['high']:.1f}]" if at else "past the run",
                      f"{reach:.1f}" if reach is not None else f"not within {pts[-1]['cpu_min']:.1f}",
-                     versus.get((setting, method), "–"), _point(max(pts, key=lambda p: p["gap"])), _point(pts[-1])])
+                     versus.get(run.rel, "–"), _point(max(pts, key=lambda p: p["gap"])), _point(pts[-1])])
     if not rows:
         return []
-    head = ["Setting", "Method", f"gap closed at {AT_MINUTES:g} CPU-min (%) [95 %]",
-            f"CPU-min to {100 * TARGET:.0f} %", f"val PPL / SPP's at {AT_MINUTES:g} CPU-min [95 %]",
+    head = ["Setting", "Method", "CPU", f"gap closed at {AT_MINUTES:g} CPU-min (%) [95 %]",
+            f"CPU-min to {100 * TARGET:.0f} %", f"val PPL / SPP's at {AT_MINUTES:g} CPU-min, same CPU [95 %]",
             "highest point (%)", "last point (%)"]
-    return ["## Recovery per CPU-minute (WikiText-2 validation windows)", "", *markdown_table(head, rows, 2), "",
+    cpus = "; ".join(f"{letter} = {key}" for key, letter in letters.items())
+    return ["## Recovery per CPU-minute (WikiText-2 validation windows)", "", *markdown_table(head, rows, 3), "",
             "CPU-min = process CPU time of the training steps (forward, backward, optimizer; one thread), not the "
             "evaluations. Intervals: paired bootstrap over the 40 windows (dense, pruned and the point resampled "
             "together), interpolated linearly between measured points; the ratio to SPP pairs the two runs' windows, "
-            "each window's NLL interpolated the same way (one run per method: windows only, not seeds).", ""]
+            "each window's NLL interpolated the same way, SPP's curve taken on the run's own CPU (one run per method: "
+            f"windows only, not seeds). CPUs (`machine.json`): {cpus}.", ""]

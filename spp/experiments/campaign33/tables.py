@@ -21,6 +21,7 @@ from spp.experiments.campaign33.distillation import distillation_table
 from spp.experiments.campaign33.labels import method_label, rate, setting_label, verdict
 from spp.experiments.campaign33.records import TEST_SOURCE, VAL_SOURCE, Campaign, load
 from spp.experiments.campaign33.recovery import recovery_table
+from spp.experiments.campaign33.recovery_machines import machine_check_table
 from spp.experiments.campaign33.stats import gap_closed_per_seed
 from spp.experiments.campaign33.zero_shot import zero_shot_table
 from spp.experiments.collect_summaries import markdown_table
@@ -163,7 +164,8 @@ def report(root: str | Path) -> str:
              *grid_table(chosen), "", "## Results at the chosen rates (WikiText-2 test)", "",
              *main_table(c, chosen), "", *winners(chosen), "",
              "## Each method against SPP (same pruned model, seeds and test windows)", "", *paired_table(chosen), "",
-             *zero_shot_table(c, chosen), *distillation_table(c, chosen), *recovery_table(c), *notes()]
+             *zero_shot_table(c, chosen), *distillation_table(c, chosen), *recovery_table(c),
+             *machine_check_table(c), *notes()]
     return "\n".join(parts)
 
 
