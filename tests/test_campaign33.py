@@ -512,13 +512,13 @@ def test_every_chunk_composes_with_the_headline_settings_at_the_chosen_rates(tmp
     _trained_here(tmp_path / "grid/nm2_4/lora/lr1e-2", tmp_path / "grid/nm2_4/masked_full/lr1e-3")
     jobs = _dry_jobs(tmp_path, "seeds spp nm2_4", "seeds masked_full nm2_4", "zero_shot lora nm2_4",
                      "zero_shot masked_full nm2_4", "reference nm2_4", "distill masked_full", "recovery spp",
-                     "grid spp unstructured75")
+                     "recovery_check lora", "grid spp unstructured75")
     by_dir = {Path(d).relative_to(tmp_path).as_posix(): (s, _compose(s, o)) for s, d, o in jobs}
     assert sorted(by_dir) == sorted([
         "seeds/nm2_4/spp/s1", "seeds/nm2_4/spp/s2", "seeds/nm2_4/masked_full/s1", "seeds/nm2_4/masked_full/s2",
         "zero_shot/nm2_4/lora", "export/nm2_4/masked_full", "zero_shot/nm2_4/masked_full", "reference/dense",
-        "reference/nm2_4", "distill/nm2_4/masked_full/s0",
-        "distill/nm2_4/masked_full/s1", "distill/nm2_4/masked_full/s2", "recovery/nm2_4/spp",
+        "reference/nm2_4", "distill/nm2_4/masked_full/s0", "distill/nm2_4/masked_full/s1",
+        "distill/nm2_4/masked_full/s2", "recovery/nm2_4/spp", "recovery_check/nm2_4/lora",
         "grid/unstructured75/spp/lr1e-2", "grid/unstructured75/spp/lr2e-2", "grid/unstructured75/spp/lr5e-2"])
     # (unstructured 75 %: the three points centred on SPP's settled Wanda 2:4 choice, 2e-2, not its base grid)
     for rel, (script, cfg) in by_dir.items():
