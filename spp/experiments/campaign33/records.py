@@ -81,6 +81,11 @@ class Campaign:
     evals: list[EvalRun]
 
 
+def cpu_name(machine: dict[str, Any]) -> str:
+    """A run's CPU as its ``machine.json`` recorded it: model and torch's capability."""
+    return f"{machine.get('cpu_model', '?')} ({machine.get('cpu_capability', '?')})"
+
+
 def _machine(run_dir: Path) -> dict[str, Any]:
     path = run_dir / "machine.json"
     return json.loads(path.read_text()) if path.is_file() else {}

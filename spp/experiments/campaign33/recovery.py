@@ -11,7 +11,7 @@ from typing import Any
 from spp.eval.perplexity import gap_closed, paired_difference
 from spp.experiments.campaign33.choices import REFERENCE, method_order
 from spp.experiments.campaign33.labels import method_label, setting_label
-from spp.experiments.campaign33.records import VAL_SOURCE, Campaign, TrainRun
+from spp.experiments.campaign33.records import VAL_SOURCE, Campaign, TrainRun, cpu_name
 from spp.experiments.collect_summaries import markdown_table
 
 AT_MINUTES = 15.0
@@ -21,8 +21,8 @@ KINDS = ("recovery", "recovery_check")
 
 
 def machine_key(run: TrainRun) -> str:
-    """The CPU a run recorded (``machine.json``): model and torch's capability."""
-    return f"{run.machine.get('cpu_model', '?')} ({run.machine.get('cpu_capability', '?')})"
+    """The CPU a run recorded (``machine.json``)."""
+    return cpu_name(run.machine)
 
 
 def recovery_runs(c: Campaign) -> list[TrainRun]:
@@ -60,13 +60,23 @@ def curve(points: list[dict[str, Any]], dense: dict[str, Any], pruned: dict[str,
     return out
 
 
+def bracket(times: list[float], x: float) -> tuple[int, float] | None:
+    """The first ``i`` with ``times[i] <= x <= times[i + 1]`` and ``x``'s fraction of the way between them; ``None``
+    when ``x`` lies outside."""
+    for i, (a, b) in enumerate(zip(times, times[1:], strict=False)):
+        if a <= x <= b:
+            return i, (x - a) / (b - a) if b > a else 0.0
+    return None
+
+
 def at_minutes(points: list[dict[str, float]], minutes: float) -> dict[str, float] | None:
     """Gap closed (and interval) at ``minutes``, linear between the two points around it; ``None`` past the run."""
-    for a, b in zip(points, points[1:], strict=False):
-        if a["cpu_min"] <= minutes <= b["cpu_min"]:
-            t = (minutes - a["cpu_min"]) / (b["cpu_min"] - a["cpu_min"]) if b["cpu_min"] > a["cpu_min"] else 0.0
-            return {k: a[k] + t * (b[k] - a[k]) for k in ("gap", "low", "high")}
-    return None
+    where = bracket([p["cpu_min"] for p in points], minutes)
+    if where is None:
+        return None
+    i, t = where
+    a, b = points[i], points[i + 1]
+    return {k: a[k] + t * (b[k] - a[k]) for k in ("gap", "low", "high")}
 
 
 def minutes_to(points: list[dict[str, float]], target: float) -> float | None:
@@ -90,17 +100,18 @@ def curves(c: Campaign) -> list[tuple[TrainRun, list[dict[str, float]]]]:
 def entry_at(raw: list[dict[str, Any]], minutes: float) -> dict[str, Any] | None:
     """A run's validation entry at ``minutes`` of training CPU time: each window's NLL linear between the two measured
     points around it (the reading :func:`at_minutes` makes of the gap); ``None`` past the run."""
-    for a, b in zip(raw, raw[1:], strict=False):
-        ta, tb = a["train_cpu_s"] / 60.0, b["train_cpu_s"] / 60.0
-        if ta <= minutes <= tb:
-            t = (minutes - ta) / (tb - ta) if tb > ta else 0.0
-            return {**a, "window_nll": [x + t * (y - x) for x, y in zip(a["window_nll"], b["window_nll"], strict=True)]}
-    return None
+    where = bracket([p["train_cpu_s"] / 60.0 for p in raw], minutes)
+    if where is None:
+        return None
+    i, t = where
+    a, b = raw[i], raw[i + 1]
+    return {**a, "window_nll": [x + t * (y - x) for x, y in zip(a["window_nll"], b["window_nll"], strict=True)]}
 
 
-def spp_on_same_machine(c: Campaign, run: TrainRun) -> TrainRun | None:
-    """SPP's recovery run of ``run``'s setting measured on ``run``'s machine (the same kind preferred)."""
-    same = [r for r in recovery_runs(c) if r.method == REFERENCE and r.setting == run.setting
+def spp_on_same_machine(runs: list[TrainRun], run: TrainRun) -> TrainRun | None:
+    """Among ``runs``, SPP's recovery run of ``run``'s setting measured on ``run``'s machine (the same kind
+    preferred)."""
+    same = [r for r in runs if r.method == REFERENCE and r.setting == run.setting
             and machine_key(r) == machine_key(run)]
     return next((r for r in same if r.kind == run.kind), same[0] if same else None)
 
@@ -108,9 +119,9 @@ def spp_on_same_machine(c: Campaign, run: TrainRun) -> TrainRun | None:
 def against_spp_at(c: Campaign, minutes: float = AT_MINUTES) -> dict[str, str]:
     """By run place: the run's validation perplexity over SPP's at ``minutes``, SPP measured on the same machine,
     paired over the windows (one run each)."""
-    out = {}
-    for run in recovery_runs(c):
-        spp = spp_on_same_machine(c, run)
+    out, runs = {}, recovery_runs(c)
+    for run in runs:
+        spp = spp_on_same_machine(runs, run)
         if run.method == REFERENCE or spp is None:
             continue
         a, b = entry_at(run.curve, minutes), entry_at(spp.curve, minutes)
@@ -124,10 +135,11 @@ def _point(p: dict[str, float]) -> str:
     return f"{100 * p['gap']:.1f} at {p['cpu_min']:.1f} min (step {p['step']})"
 
 
-def recovery_table(c: Campaign) -> list[str]:
-    """The recovery section (empty until a recovery run and the reference evaluations exist)."""
+def recovery_table(c: Campaign, drawn: list[tuple[TrainRun, list[dict[str, float]]]]) -> list[str]:
+    """The recovery section from :func:`curves`'s ``drawn`` (empty until a recovery run and the reference evaluations
+    exist)."""
     rows, versus, letters = [], against_spp_at(c), machine_letters(c)
-    for run, pts in curves(c):
+    for run, pts in drawn:
         at = at_minutes(pts, AT_MINUTES)
         reach = minutes_to(pts, TARGET)
         rows.append([setting_label(run.setting), run_label(run), letters[machine_key(run)],

@@ -10,7 +10,6 @@ from spp.experiments.campaign33.records import Campaign, TrainRun
 from spp.experiments.campaign33.recovery import (
     AT_MINUTES,
     at_minutes,
-    curves,
     machine_key,
     machine_letters,
     recovery_runs,
@@ -37,9 +36,10 @@ def largest_ppl_difference(first: TrainRun, again: TrainRun) -> float:
     return max((abs(p["ppl"] / at[p["step"]] - 1.0) for p in again.curve if p["step"] in at), default=float("nan"))
 
 
-def machine_check_table(c: Campaign) -> list[str]:
-    """The section (empty until a method has both runs)."""
-    letters, gap = machine_letters(c), {r.rel: at_minutes(pts, AT_MINUTES) for r, pts in curves(c)}
+def machine_check_table(c: Campaign, drawn: list[tuple[TrainRun, list[dict[str, float]]]]) -> list[str]:
+    """The section, from :func:`~spp.experiments.campaign33.recovery.curves`'s ``drawn`` (empty until a method has
+    both runs)."""
+    letters, gap = machine_letters(c), {r.rel: at_minutes(pts, AT_MINUTES) for r, pts in drawn}
     rows = []
     for a, b in check_pairs(c):
         ratios = cpu_ratios(a, b)

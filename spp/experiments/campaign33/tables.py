@@ -19,8 +19,8 @@ from spp.experiments.campaign33.choices import (
 )
 from spp.experiments.campaign33.distillation import distillation_table
 from spp.experiments.campaign33.labels import method_label, rate, setting_label, verdict
-from spp.experiments.campaign33.records import TEST_SOURCE, VAL_SOURCE, Campaign, load
-from spp.experiments.campaign33.recovery import recovery_table
+from spp.experiments.campaign33.records import TEST_SOURCE, VAL_SOURCE, Campaign, cpu_name, load
+from spp.experiments.campaign33.recovery import curves, recovery_table
 from spp.experiments.campaign33.recovery_machines import machine_check_table
 from spp.experiments.campaign33.stats import gap_closed_per_seed
 from spp.experiments.campaign33.zero_shot import zero_shot_table
@@ -146,8 +146,7 @@ def cost_lines(c: Campaign) -> list[str]:
     """Job time spent (one thread per job) and the CPUs the runs ran on."""
     train_h = sum(r.total_s for r in c.train if r.total_s) / 3600
     eval_h = sum(e.total_s for e in c.evals if e.total_s) / 3600
-    cpus = sorted({f"{m.get('cpu_model', '?')} ({m.get('cpu_capability', '?')})"
-                   for m in [r.machine for r in c.train] + [e.machine for e in c.evals] if m})
+    cpus = sorted({cpu_name(m) for m in [r.machine for r in c.train] + [e.machine for e in c.evals] if m})
     return [f"Runs: {len(c.train)} training (`train.py`), {len(c.evals)} evaluation (`eval.py`); "
             f"{train_h + eval_h:.1f} job-hours at one thread each ({train_h:.1f} training, {eval_h:.1f} evaluation; "
             "two jobs side by side on 2 cores). "
@@ -157,15 +156,15 @@ def cost_lines(c: Campaign) -> list[str]:
 def report(root: str | Path) -> str:
     """The whole report of the campaign under ``root``."""
     c = load(root)
-    chosen = choices(c)
+    chosen, drawn = choices(c), curves(c)
     parts = ["# Issue 33: learning rates per setting on validation perplexity, seeds, paired comparisons", "",
              f"Command: `{COMMAND}`", "", *cost_lines(c), "",
              "## Learning-rate grids (selected on the merged model's WikiText-2 validation perplexity)", "",
              *grid_table(chosen), "", "## Results at the chosen rates (WikiText-2 test)", "",
              *main_table(c, chosen), "", *winners(chosen), "",
              "## Each method against SPP (same pruned model, seeds and test windows)", "", *paired_table(chosen), "",
-             *zero_shot_table(c, chosen), *distillation_table(c, chosen), *recovery_table(c),
-             *machine_check_table(c), *notes()]
+             *zero_shot_table(c, chosen), *distillation_table(c, chosen), *recovery_table(c, drawn),
+             *machine_check_table(c, drawn), *notes()]
     return "\n".join(parts)
 
 
