@@ -26,6 +26,8 @@ from lightning.fabric.plugins.environments import (
     TorchElasticEnvironment,
 )
 
+from spp import rank_watch
+
 
 def local_world_size(world: int) -> int:
     """Processes per node: ``LOCAL_WORLD_SIZE`` (torchrun), else ``SLURM_NTASKS_PER_NODE`` (srun), else ``world``."""
@@ -61,6 +63,18 @@ def global_rank() -> int:
     return cluster_environment().global_rank()
 
 
+_WAIT_GROUP: tuple[Any, float, Any] | None = None
+"""This process's wait group: ``(the default group it belongs to, its timeout, the group)``
+(:meth:`DistContext.allow_long_waits`)."""
+
+
+def _shared_wait_group() -> tuple[float | None, Any]:
+    """The timeout and group of the wait group made for the current default process group (``(None, None)``)."""
+    if _WAIT_GROUP is None or _WAIT_GROUP[0] is not dist.group.WORLD:
+        return None, None
+    return _WAIT_GROUP[1], _WAIT_GROUP[2]
+
+
 @dataclass
 class DistContext:
     """Rank, world size and device of this process, with sum/broadcast collectives that vanish when alone.
@@ -82,10 +96,14 @@ class DistContext:
 
     @classmethod
     def current(cls, device: torch.device | str | None = None) -> DistContext:
-        """The context of the initialised process group (or a single process) computing on ``device``."""
+        """The context of the initialised process group (or a single process) computing on ``device``; with a
+        process group, this process's heartbeat runs from now on (:mod:`spp.rank_watch`: a rank that dies or hangs
+        is named in one line)."""
         dev = torch.device(device) if device is not None else torch.device("cpu")
         if dist.is_available() and dist.is_initialized():
-            return cls(dist.get_rank(), dist.get_world_size(), dev)
+            rank_watch.start_for_process_group()
+            wait_s, group = _shared_wait_group()
+            return cls(dist.get_rank(), dist.get_world_size(), dev, wait_s=wait_s, _wait_group=group)
         return cls(0, 1, dev)
 
     @property
@@ -135,12 +153,17 @@ class DistContext:
         while global rank 0 does something of known but possibly long length alone (reads the weights, waits for
         another job's cache lock, applies or finishes a cache entry). The training process group's timeout
         (``strategy.timeout_s``) must not bound those. Every rank must call this at the same point, *before* the
-        long work starts: creating a group is itself a collective under the job's own timeout.
+        long work starts: creating a group is itself a collective under the job's own timeout. The group is the
+        process's: a context made later by :meth:`current` (the finalize phase's) uses it too.
         """
+        global _WAIT_GROUP
+        if self._wait_group is None:
+            self.wait_s, self._wait_group = _shared_wait_group()
         if not self.distributed or (self.wait_s is not None and self.wait_s >= timeout_s):
             return
         self._wait_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(1, int(timeout_s))))
         self.wait_s = float(timeout_s)
+        _WAIT_GROUP = (dist.group.WORLD, self.wait_s, self._wait_group)
 
     def _group(self, long_wait: bool) -> Any:
         return self._wait_group if long_wait and self._wait_group is not None else None
@@ -175,7 +198,10 @@ class DistContext:
 
 
 def close_process_group() -> None:
-    """Destroy the job's process group, if any (after the last collective of the job)."""
+    """Destroy the job's process group, if any (after the last collective of the job; the heartbeats stop)."""
+    global _WAIT_GROUP
+    rank_watch.stop()
+    _WAIT_GROUP = None
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

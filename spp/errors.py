@@ -70,6 +70,10 @@ class DivergedError(UserError):
     """A guard refused a run's result (non-finite loss, merged perplexity far worse than the pruned model)."""
 
 
+class RankFailureError(UserError):
+    """A rank of a distributed job died, stopped or hung; the survivors name it in one line (``spp.rank_watch``)."""
+
+
 def _rebuild_user_error(cls: type[UserError], what: str, fix: str, key: str | None, path: str | None) -> UserError:
     return cls(what, fix, key=key, path=path)
 
@@ -105,11 +109,23 @@ def user_file(path: str | os.PathLike[str], key: str, fix: str | None = None) ->
         ) from err
 
 
+_TRANSLATORS: list[typing.Callable[[BaseException], UserError | None]] = []
+"""Turn a library's exception into the user's error (:func:`register_error_translator`); tried in order."""
+
+
+def register_error_translator(translate: typing.Callable[[BaseException], UserError | None]) -> None:
+    """Let :func:`as_user_error` ask ``translate`` about an exception that is not a UserError (``None``: not its
+    kind). ``spp.rank_watch`` registers the collective failures of a distributed job this way."""
+    if translate not in _TRANSLATORS:
+        _TRANSLATORS.append(translate)
+
+
 def as_user_error(exc: BaseException) -> UserError | None:
     """The :class:`UserError` behind ``exc``, or ``None`` for an unexpected (internal) error.
 
     ``UserError`` anywhere in the ``__cause__`` chain counts; so does a ``FileNotFoundError`` whose message names
-    a config key (``model.path=...``, ``data_dir=...``: how the loaders word a missing user file).
+    a config key (``model.path=...``, ``data_dir=...``: how the loaders word a missing user file), and whatever a
+    registered translator recognises (a collective that failed because another rank died or hung).
     """
     seen: set[int] = set()
     current: BaseException | None = exc
@@ -120,6 +136,13 @@ def as_user_error(exc: BaseException) -> UserError | None:
         current = current.__cause__
     if isinstance(exc, FileNotFoundError) and _KEY.search(str(exc)):
         return UserError.from_message(str(exc))
+    for translate in _TRANSLATORS:
+        try:
+            err = translate(exc)
+        except Exception:  # noqa: BLE001 - a translator's own failure must not hide the original error
+            err = None
+        if err is not None:
+            return err
     return None
 
 

@@ -207,6 +207,19 @@ class GenerateJobConfig:
     data_dir: str | None = None
     cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
 
+    def __post_init__(self) -> None:
+        """Value ranges, checked when the config is built (before any weight is read)."""
+        checks = [
+            (self.max_new_tokens >= 1, f"max_new_tokens={self.max_new_tokens} must be >= 1"),
+            (self.warmup >= 0, f"warmup={self.warmup} must be >= 0"),
+            (not self.do_sample or 0 < self.temperature < float("inf"),
+             f"temperature={self.temperature} must be a finite number > 0 with do_sample=true"),
+            (not self.do_sample or 0 < self.top_p <= 1, f"top_p={self.top_p} must be in (0, 1] with do_sample=true"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
 
 def register_configs() -> None:
     """Store :class:`GenerateJobConfig` as ``generate_schema`` in Hydra's ConfigStore (idempotent)."""

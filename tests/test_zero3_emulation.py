@@ -14,33 +14,57 @@ what ZeRO-3 does to the parameters of the module it wraps (``deepspeed/runtime/z
 So a parameter read outside its owner's (or its registered reader's) forward/backward is empty and the read fails.
 Each training method, with its :meth:`~spp.adapters.base.AdapterMethod.external_parameters` registered, gives the
 same loss and the same gradient for every trainable parameter as without the emulation (float64, tiny LLaMA pruned
-2:4 by magnitude). Negative controls: SPP and SparsePEFT without their external parameters fail (the emulation
-bites), and the sparsity audit, gathering through the emulation, sees the right zeros and catches a revived weight.
+2:4 by magnitude). Where DeepSpeed imports, the registration is the strategy's own: the real
+``AdapterDeepSpeedStrategy.setup`` runs (Lightning's DeepSpeed setup, ``deepspeed.zero.register_external_parameter``)
+with only ``deepspeed.initialize``'s partitioning played by the emulation, which reads what DeepSpeed recorded; so
+removing the registration from the strategy fails SPP, SparsePEFT and ScaleLoRA here. Negative controls: those
+methods without their external parameters fail (the emulation bites), and the sparsity audit, gathering through the
+emulation, sees the right zeros and catches a revived weight. The finalize phase's export of a model held as
+partitions (empty, 1-D) has the job's dtype in ``config.json`` and loads with ``AutoModelForCausalLM``.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import itertools
+import json
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
+from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
+from lightning.pytorch.accelerators import CPUAccelerator
 from torch import nn
+from train_helpers import tiny_job
+from transformers import AutoModelForCausalLM
 
+import spp.export.merged as merged
+import spp.training.finalize as finalize
 from spp.adapters import apply_adapter, get_method, make_config
-from spp.adapters.base import ExternalParameters
+from spp.adapters.base import ExternalParameters, count_parameters
 from spp.adapters.registry import method_names
+from spp.distributed import DistContext
+from spp.export.manifest import ExportManifest
+from spp.export.merged import ExportInputs
 from spp.gathering import Gatherer, register_external_parameters
-from spp.models.tiny import tiny_llama
+from spp.models.config import DTYPES
+from spp.models.tiny import tiny_llama, tiny_tokenizer
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
+from spp.training.callbacks.pruning import PrunedModel
 from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, original_name, zero_patterns
+from spp.training.finalize import FinalizeResult
+from spp.training.phases import FitResult
+from spp.training.strategies import AdapterDeepSpeedStrategy, trained_weights_dtype
 
+needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                                     reason="the strategy needs deepspeed importable (pip install -e '.[deepspeed]')")
 CASES = {
     "spp_fused": make_config("spp", r=4, dropout=0.1, dtype="float64"),
     "spp_naive": make_config("spp", r=4, dropout=0.1, impl="naive", dtype="float64"),
@@ -83,12 +107,15 @@ class Zero3Emulation(Gatherer):
         self.gathers = 0
 
     def register(self, reader: nn.Module, param: nn.Parameter) -> None:
-        """``deepspeed.zero.register_external_parameter``."""
+        """``deepspeed.zero.register_external_parameter``, where DeepSpeed does not import."""
         self.external[id(reader)].append(param)
 
     # ------------------------------------------------------------------ windows
     def _window(self, module: nn.Module) -> list[nn.Parameter]:
-        return [*module.parameters(recurse=False), *self.external[id(module)]]
+        """The module's own parameters, those registered here, and those DeepSpeed's own
+        ``register_external_parameter`` recorded on it (what its parameter coordinator reads)."""
+        recorded = [p for _, p in module.ds_external_parameters()] if hasattr(module, "ds_external_parameters") else []
+        return [*module.parameters(recurse=False), *self.external[id(module)], *recorded]
 
     def _open(self, key: Any, params: list[nn.Parameter]) -> None:
         for p in params:
@@ -222,6 +249,40 @@ def _emulated_step(model: nn.Module, externals: ExternalParameters,
     return result
 
 
+class _Holder(L.LightningModule):
+    """What the strategy is given: a LightningModule holding the adapted model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+
+def _strategy_step(model: nn.Module, stage: int = 3) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One step of ``model`` under the real :class:`AdapterDeepSpeedStrategy`: Lightning's ``setup`` runs (the
+    strategy registers the external parameters through ``deepspeed.zero.register_external_parameter``), except
+    ``deepspeed.initialize``, whose partitioning the emulation plays (ZeRO-2 partitions no parameter)."""
+
+    class EmulatedEngine(AdapterDeepSpeedStrategy):
+        def init_deepspeed(self) -> None:
+            self.emulation = Zero3Emulation(model) if self.zero_stage_3 else None
+
+    strategy = EmulatedEngine(stage=stage, logging_batch_size_per_gpu=1)
+    strategy.accelerator = CPUAccelerator()
+    holder = _Holder(model)
+    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    holder.trainer = trainer
+    strategy.connect(holder)
+    strategy.setup(trainer)
+    if strategy.emulation is None:
+        return _step(model, lambda loss: loss.backward())
+    with strategy.emulation as emu:
+        assert len(emu.empty()) == len(list(model.named_parameters()))  # every parameter is a partition
+        result = _step(model, emu.backward)
+        assert emu.empty() == [n for n, _ in model.named_parameters()] and emu.gathers > 0
+    return result
+
+
 # ------------------------------------------------------------------------------------------------ tests
 
 
@@ -242,6 +303,29 @@ def test_zero3_emulation_gives_the_same_loss_and_gradients(case: str) -> None:
     for name, grad in grads.items():
         assert grad.abs().sum() > 0, name  # every trainable tensor is exercised
         torch.testing.assert_close(emu_grads[name], grad, rtol=1e-12, atol=1e-15, msg=name)
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("case", list(CASES))
+def test_under_the_deepspeed_strategy_every_method_trains_as_without_zero3(case: str) -> None:
+    """The strategy's own setup registers what each method reads outside its owner: without that registration
+    (``AdapterDeepSpeedStrategy.setup``) SPP, SparsePEFT and ScaleLoRA read empty partitions and fail."""
+    reference, emulated = _adapted(case), _adapted(case)
+    loss, grads = _step(reference, lambda loss: loss.backward())
+    emu_loss, emu_grads = _strategy_step(emulated)
+    torch.testing.assert_close(emu_loss, loss, rtol=1e-12, atol=0)
+    assert grads.keys() == emu_grads.keys() and grads
+    for name, grad in grads.items():
+        torch.testing.assert_close(emu_grads[name], grad, rtol=1e-12, atol=1e-15, msg=name)
+    pairs = get_method(CASES[case].name).external_parameters(emulated)
+    assert all(any(q is p for _, q in reader.ds_external_parameters()) for reader, p in pairs)  # DeepSpeed's record
+
+
+@needs_deepspeed
+def test_under_zero2_the_strategy_registers_nothing() -> None:
+    model = _adapted("spp_fused")
+    _strategy_step(model, stage=2)
+    assert not any(hasattr(m, "ds_external_parameters") for m in model.modules())
 
 
 def test_external_parameters_per_method() -> None:
@@ -301,3 +385,79 @@ def test_audit_through_the_emulation_sees_the_zeros_and_catches_a_revived_weight
                 weight[row, col] = 0.0
         assert emu.empty() == [n for n, _ in model.named_parameters()]
 
+
+
+# ------------------------------------------------------------------------------------------------ the export
+
+
+def _export(job: Any, model: nn.Module, result: Any, emulate: bool, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``finalize.export`` of ``model`` (as it is, or held as ZeRO-3 partitions through the emulation)."""
+    fitted = FitResult(model, {}, count_parameters(model), deepspeed=emulate, sharded=emulate)
+    pruned = PrunedModel(model, tiny_tokenizer(), result.masks, result.zeros, result)
+    outcome = FinalizeResult(merge={}, audit={})
+    run_dir = Path(job.run_dir) / ("zero3" if emulate else "whole")
+    if not emulate:
+        return finalize.export(job, pruned, fitted, run_dir, DistContext(), outcome)
+    with Zero3Emulation(model) as emu:
+        monkeypatch.setattr(merged, "gatherer_for", lambda _model: emu)  # ZeroGatherer's part, played by the emulation
+        assert all(p.data.dim() == 1 and p.data.numel() == 0 for p in model.parameters())  # as DeepSpeed leaves them
+        return finalize.export(job, pruned, fitted, run_dir, DistContext(), outcome)
+
+
+@pytest.mark.parametrize(("torch_dtype", "precision", "expected"), [
+    ("bfloat16", "32-true", torch.bfloat16),  # the weights as loaded
+    ("float32", "bf16-mixed", torch.bfloat16),  # DeepSpeed's engine casts the module under bf16-mixed
+    ("float32", "32-true", torch.float32),
+])
+def test_the_export_of_zero3_partitions_has_the_jobs_dtype_and_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     torch_dtype: str, precision: str,
+                                                                     expected: torch.dtype) -> None:
+    """The finalize phase's export of a model held as ZeRO-3 partitions (every parameter empty and 1-D outside a
+    gather): ``config.json``'s dtype is the job's (``model.torch_dtype`` / ``trainer.precision``, resolved), and
+    ``AutoModelForCausalLM`` loads it to the same weights and logits as the export of the same model held whole."""
+    job = tiny_job(tmp_path, "strategy=deepspeed_stage3", "adapter=spp", f"model.torch_dtype={torch_dtype}",
+                   f"trainer.precision={precision}", "export.merged=true")
+    model = tiny_llama(seed=0, dtype=expected)  # what the strategy holds: the loaded weights, cast by DeepSpeed
+    result = prune_model(model, None, PrunerConfig(name="magnitude"), SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
+                         device="cpu")
+    model, _ = apply_adapter(model, job.adapter, result.masks)
+    with torch.no_grad():
+        for p in (p for p in model.parameters() if p.requires_grad):
+            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()), dtype=p.dtype) * 0.05)
+    whole, zero3 = _export(job, model, result, False, monkeypatch), _export(job, model, result, True, monkeypatch)
+    for folder in (whole, zero3):
+        assert json.loads((folder / "config.json").read_text())["dtype"] == str(expected).removeprefix("torch.")
+        assert ExportManifest.read(folder).dtype == str(expected)
+    loaded = {f: AutoModelForCausalLM.from_pretrained(f, dtype="auto") for f in (whole, zero3)}
+    ids = torch.randint(4, 260, (2, 12), generator=torch.Generator().manual_seed(0))
+    assert all(p.dtype == expected for p in loaded[zero3].parameters())
+    theirs, ours = loaded[whole].state_dict(), loaded[zero3].state_dict()
+    assert theirs.keys() == ours.keys() and all(torch.equal(ours[k], theirs[k]) for k in theirs)
+    torch.testing.assert_close(loaded[zero3](ids).logits, loaded[whole](ids).logits, rtol=0, atol=0)
+    audit = ExportManifest.read(zero3).audit
+    assert audit["layers"] == 14 and audit["sparsity"] == 0.5
+
+
+@pytest.mark.parametrize("precision", ["32-true", "32", "bf16-mixed", "16-mixed", "bf16", "16", "bf16-true", "16-true",
+                                       "64-true", "64"])
+@pytest.mark.parametrize("load", ["float32", "bfloat16"])
+def test_the_export_dtype_rule_is_what_lightnings_precision_plugins_do(precision: str, load: str) -> None:
+    """Outside DeepSpeed the weights' dtype is what the Trainer's own precision plugin leaves a module in."""
+    trainer = L.Trainer(accelerator="cpu", devices=1, precision=precision, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    converted = trainer.precision_plugin.convert_module(nn.Linear(2, 2).to(DTYPES[load]))
+    assert trained_weights_dtype(load, precision, deepspeed=False) == converted.weight.dtype
+    mixed = precision in ("bf16-mixed", "16-mixed", "bf16", "16")  # DeepSpeed's engine casts the module then
+    expected = (torch.bfloat16 if "bf16" in precision else torch.float16) if mixed else converted.weight.dtype
+    assert trained_weights_dtype(load, precision, deepspeed=True) == expected
+    with pytest.raises(ValueError, match="trainer.precision='fp8' is not a Lightning precision"):
+        trained_weights_dtype(load, "fp8", deepspeed=False)
+
+
+def test_an_export_manifest_without_a_dtype_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    pruned, masks, _ = _pruned()
+    manifest = ExportManifest(adapter={}, dtype="", pruning={})
+    inputs = ExportInputs(get_method("none"), None, None, manifest)
+    with pytest.raises(ValueError, match="dtype='' is not a floating-point torch dtype"):
+        merged.export_streamed(pruned, inputs, tmp_path / "merged", DistContext())
+    assert not list(tmp_path.iterdir())

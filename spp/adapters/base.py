@@ -35,7 +35,8 @@ Shapes = dict[str, tuple[int, int]]
 """``(in_features, out_features)`` of the adapted projections of one decoder block, by leaf name (``q_proj``)."""
 
 __all__ = ["AdapterMethod", "ExternalParameters", "Full", "Masks", "MergedLayer", "ParamCounts", "Shapes",
-           "count_parameters", "freeze_all", "linear_tensors", "set_submodule", "target_linears"]
+           "check_tensor_file", "count_parameters", "freeze_all", "linear_tensors", "load_tensor_file",
+           "read_json_file", "set_submodule", "target_linears"]
 
 
 class ParamCounts(NamedTuple):
@@ -254,12 +255,53 @@ def read_adapter_files(directory: str | Path, meta_name: str, weights_name: str,
     Raises:
         FileNotFoundError: a file is missing. ValueError: the record is of another format.
     """
-    from safetensors.torch import load_file
-
     path = Path(directory)
     if not (path / meta_name).is_file() or not (path / weights_name).is_file():
         raise FileNotFoundError(f"no {meta_name} and {weights_name} in {directory}; expected {what} adapter files")
-    meta = json.loads((path / meta_name).read_text())
+    meta = read_json_file(path / meta_name)
     if meta.get("format") != fmt:
         raise ValueError(f"{path / meta_name} is not a {what} adapter (format={meta.get('format')!r})")
-    return meta, load_file(str(path / weights_name))
+    return meta, load_tensor_file(path / weights_name)
+
+
+DAMAGED_FIX = "copy the adapter folder again from the run that wrote it (<run_dir>/adapter), or train it again"
+"""What to do about a damaged (e.g. truncated) adapter file."""
+
+
+def read_json_file(path: str | Path, key: str = "adapter_dir") -> dict[str, Any]:
+    """A JSON file of an adapter folder.
+
+    Raises:
+        UserError: not valid JSON (a truncated copy), naming the file.
+    """
+    try:
+        return json.loads(Path(path).read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is damaged (not valid JSON: {err})", DAMAGED_FIX, key=key, path=path) from err
+
+
+def check_tensor_file(path: str | Path, key: str = "adapter_dir") -> None:
+    """A safetensors file's header parses and covers the whole file (cheap: no tensor is read).
+
+    Raises:
+        UserError: truncated or not a safetensors file, naming it.
+    """
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt"):
+            pass
+    except Exception as err:  # SafetensorError is a bare Exception
+        raise UserError(f"{path} is damaged ({err})", DAMAGED_FIX, key=key, path=path) from err
+
+
+def load_tensor_file(path: str | Path, key: str = "adapter_dir") -> dict[str, torch.Tensor]:
+    """``safetensors.torch.load_file`` of an adapter file (bit-exact).
+
+    Raises:
+        UserError: truncated or not a safetensors file, naming it.
+    """
+    from safetensors.torch import load_file
+
+    check_tensor_file(path, key)
+    return load_file(str(path))

@@ -18,8 +18,16 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, ExternalParameters, Masks, count_parameters
+from spp.adapters.base import (
+    AdapterMethod,
+    ExternalParameters,
+    Masks,
+    check_tensor_file,
+    count_parameters,
+    read_json_file,
+)
 from spp.adapters.config import AdapterConfig
+from spp.adapters.trained_on import RECORD, check_base
 from spp.atomic import write_file_atomic
 from spp.errors import UserError
 from spp.models.conv1d import linearize_conv1d
@@ -168,25 +176,48 @@ def before_optimizer_step(model: nn.Module) -> None:
 
 def save_adapter_dir(method: AdapterMethod, model: nn.Module, directory: Path, extra: dict[str, Any],
                      cfg: AdapterConfig | None = None) -> None:
-    """The method's adapter files, plus :data:`MARKER` naming the method and its config (what
-    :func:`load_adapter_dir` and :func:`describe_dir` read)."""
-    method.save(model, directory, extra)
+    """The method's adapter files, plus :data:`MARKER` naming the method, its config and the base it was trained on
+    (``extra[RECORD]``, :mod:`spp.adapters.trained_on`; what :func:`load_adapter_dir`, :func:`describe_dir` and
+    ``spp.peft`` read)."""
+    record = extra.get(RECORD)
+    method.save(model, directory, {k: v for k, v in extra.items() if k != RECORD})
     config = {k: v if isinstance(v, (bool, int, float, list, type(None))) else str(v)
               for k, v in vars(cfg).items()} if cfg is not None else {}
-    text = json.dumps({"method": method.name, "config": config, "spp_version": __version__}, indent=2, sort_keys=True)
+    marker = {"method": method.name, "config": config, "spp_version": __version__, RECORD: record}
+    text = json.dumps(marker, indent=2, sort_keys=True)
     write_file_atomic(Path(directory) / MARKER, lambda p: p.write_text(text + "\n"))
+
+
+def check_adapter_files(directory: str | Path, key: str = "adapter_dir") -> None:
+    """Every ``*.json`` of an adapter folder parses and every ``*.safetensors`` has a whole header and data (what a
+    truncated copy lacks); read before any model is loaded.
+
+    Raises:
+        UserError: the first damaged file, named.
+    """
+    path = Path(directory).expanduser()
+    for file in sorted(path.glob("*.json")):
+        read_json_file(file, key)
+    for file in sorted(path.glob("*.safetensors")):
+        check_tensor_file(file, key)
 
 
 def _read_marker(path: Path) -> dict[str, Any]:
     """The :data:`MARKER` of an adapter directory; an SPP directory written before markers existed is recognised by
     its ``adapter_config.json`` (``format: spp``, its ``layer_kwargs`` as the config)."""
     if (path / MARKER).is_file():
-        return json.loads((path / MARKER).read_text())
+        return read_json_file(path / MARKER)
     if (path / "adapter_config.json").is_file():
-        legacy = json.loads((path / "adapter_config.json").read_text())
+        legacy = read_json_file(path / "adapter_config.json")
         if legacy.get("format") == "spp":
             return {"method": "spp", "config": dict(legacy.get("layer_kwargs") or {})}
     return {}
+
+
+def trained_on(directory: str | Path) -> dict[str, Any] | None:
+    """The base the adapter folder was trained on (:data:`~spp.adapters.trained_on.RECORD` of its :data:`MARKER`);
+    ``None`` for a folder written before it was recorded."""
+    return _read_marker(Path(directory).expanduser()).get(RECORD) or None
 
 
 def describe_dir(directory: str | Path) -> tuple[AdapterMethod, dict[str, Any]]:
@@ -197,6 +228,7 @@ def describe_dir(directory: str | Path) -> tuple[AdapterMethod, dict[str, Any]]:
     """
     path = Path(directory).expanduser()
     marker = _read_marker(path)
+    check_adapter_files(path)
     name = marker.get("method")
     if not name:
         raise UserError(f"adapter_dir={str(directory)!r} is not an adapter directory (no {MARKER})",
@@ -216,8 +248,14 @@ def method_of_dir(directory: str | Path) -> AdapterMethod:
 
 def load_adapter_dir(model: nn.Module, directory: str | Path, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
     """``model`` (pruned, plain) with the adapter of ``directory`` loaded and merged by its method, as the merged
-    export holds it; returns the merged model and ``{"method", "r", "merge"}``."""
+    export holds it; returns the merged model and ``{"method", "r", "merge"}``.
+
+    Raises:
+        UserError: a damaged file, or ``model`` is not the base the folder records (:func:`trained_on`; a folder
+            without the record is loaded with a warning).
+    """
     method = method_of_dir(directory)
+    check_base(trained_on(directory), model, f"adapter_dir={str(directory)!r}", path=directory)
     masks = masks or masks_from_weights(model)
     adapted, cfg = method.load(model, Path(directory).expanduser(), masks)
     merged, stats = method.merge(adapted, cfg, masks)
@@ -231,5 +269,5 @@ def masks_from_weights(model: nn.Module) -> Masks:
 
 
 __all__ = ["AdapterMethod", "apply_adapter", "count_parameters", "describe_dir", "external_parameters", "get_method",
-           "load_adapter_dir", "make_config", "merge_adapter", "method_names", "method_of_dir", "option_config",
-           "register", "save_adapter_dir"]
+           "check_adapter_files", "load_adapter_dir", "make_config", "merge_adapter", "method_names", "method_of_dir",
+           "option_config", "register", "save_adapter_dir", "trained_on"]

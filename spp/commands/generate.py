@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
@@ -15,6 +14,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from spp.atomic import write_json_atomic
 from spp.commands.entry import Command, hydra_output_dir
+from spp.errors import UserError
 from spp.generation import (
     GenerateJobConfig,
     GenerationResult,
@@ -51,8 +51,8 @@ def generate_one(job: GenerateJobConfig, output_file: Path | None) -> Generation
     """Load, optionally convert to 2:4 semi-structured, generate, print and write the record.
 
     Raises:
-        SystemExit: one ``generate.py: error: ...`` line for a bad config key, an unloadable model, or a
-            ``sparse24=true`` that cannot run (no CUDA, a layer that is not 2:4).
+        UserError: (one ``generate.py: error: ...`` line, exit status 2) a bad prompt template or dtype, an
+            unloadable model, or a ``sparse24=true`` that cannot run (no CUDA, a layer that is not 2:4).
     """
     model, tokenizer, dtype_name = _load(job)
     device = job.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -64,7 +64,7 @@ def generate_one(job: GenerateJobConfig, output_file: Path | None) -> Generation
             generate_text(model, tokenizer, job.prompt, **kwargs)
         result = generate_text(model, tokenizer, job.prompt, **kwargs)
     except ValueError as err:
-        sys.exit(f"generate.py: error: {err}")
+        raise UserError.from_message(str(err)) from err
     result.sparse24 = bool(converted)
     how = "sampled" if job.do_sample else "greedy"
     kernels = f", 2:4 semi-structured ({len(converted)} layers)" if converted else ""
@@ -79,7 +79,7 @@ def generate_one(job: GenerateJobConfig, output_file: Path | None) -> Generation
 
 def _load(job: GenerateJobConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """The model (on the CPU), its tokenizer (``tokenizer=`` when given) and the dtype's name; a bad prompt
-    template, dtype, model or tokenizer exits with one ``generate.py: error: ...`` line."""
+    template, dtype, model or tokenizer raises a :class:`UserError`."""
     try:
         format_prompt(job.prompt, job.template, job.input)
         dtype_name = job.dtype or job.model.torch_dtype
@@ -91,7 +91,7 @@ def _load(job: GenerateJobConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         if job.tokenizer:
             tokenizer = load_tokenizer_from(job.tokenizer)
     except (ValueError, FileNotFoundError) as err:
-        sys.exit(f"generate.py: error: {err}")
+        raise UserError.from_message(str(err)) from err
     return model, tokenizer, dtype_name
 
 
@@ -102,11 +102,12 @@ def _to_device(job: GenerateJobConfig, model: PreTrainedModel, dtype_name: str, 
         model.to(device)
         return []
     if job.device is not None and not job.device.startswith("cuda"):
-        sys.exit(f"generate.py: error: sparse24=true runs on CUDA only; drop device={job.device} or sparse24=true")
+        raise UserError(f"sparse24=true runs on CUDA only, device={job.device}", "drop device= or sparse24=true",
+                        key="sparse24")
     try:
         return to_sparse24(model, DTYPES[dtype_name], device)
     except (ValueError, RuntimeError) as err:
-        sys.exit(f"generate.py: error: sparse24=true: {err}")
+        raise UserError.from_message(f"sparse24=true: {err}") from err
 
 
 COMMAND = Command("generate.py", "generate", GenerateJobConfig, run, register_configs)

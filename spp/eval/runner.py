@@ -16,6 +16,7 @@ from spp.adapters.registry import describe_dir, load_adapter_dir
 from spp.atomic import check_writable_dir
 from spp.distributed import launch_processes
 from spp.errors import UserError
+from spp.eval.adapter_base import check_adapter_base
 from spp.eval.doc_records import DOC_RECORDS_FILE, write_doc_records
 from spp.eval.evaluate import Evaluation, evaluate
 from spp.eval.harness import task_data_files
@@ -25,11 +26,13 @@ from spp.eval.tables import EvalRecord, log_to_loggers, write_results
 from spp.export.manifest import ExportManifest
 from spp.loggers import build_loggers, run_tags
 from spp.models.config import ModelConfig
-from spp.models.loading import load_model, resolve_source
+from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, load_model, resolve_source
 from spp.models.tiny import TINY_ARCH
 from spp.paths import data_provenance
 from spp.projections import DEFAULT_TARGETS, find_projections, in_blocks
 from spp.pruning import get_or_prune, prune_model
+from spp.pruning.calibration_data import check_calibration_source
+from spp.pruning.registry import needs_calibration
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +74,7 @@ def preflight(cfg: EvalJobConfig) -> None:
     file system: the model's context length, the perplexity and task data files, the adapter directory.
     """
     wants_pruning(cfg)
+    check_model_tokenizer(cfg.model)
     max_pos = context_length(cfg.model)
     if cfg.eval.ppl:
         check_seqlen(int(cfg.eval.seqlen), max_pos)
@@ -79,11 +83,27 @@ def preflight(cfg: EvalJobConfig) -> None:
     if cfg.eval.tasks and not cfg.eval.online:
         task_data_files(list(cfg.eval.tasks), cfg.data_dir)
     if cfg.adapter_dir:
-        describe_dir(cfg.adapter_dir)
+        describe_dir(cfg.adapter_dir)  # a folder an adapter method wrote, its files whole
+        check_adapter_base(cfg, wants_pruning(cfg))  # on the model and pruning it records
+    if wants_pruning(cfg) and needs_calibration(cfg.pruner):  # the source supplies the windows (one line if not)
+        check_calibration_source(cfg.calibration, cfg.data_dir, cfg.model)
     if cfg.use_cache and wants_pruning(cfg):
         check_writable_dir(Path(cfg.cache_dir).expanduser() / "pruning", "cache_dir",
                            "point cache_dir= (or SPP_CACHE_DIR) at a directory you can write to, or use_cache=false",
                            value=cfg.cache_dir)
+
+
+def check_model_tokenizer(model: ModelConfig) -> None:
+    """A model folder (``model.path=<dir>``, e.g. a merged export copied without them) holds tokenizer files:
+    ``eval.py`` reads the tokenizer from there. GGUF files, ``tiny`` and hub ids are not checked."""
+    try:
+        kind, location, _ = resolve_source(model)
+    except FileNotFoundError:
+        return  # the model's own check names a missing model.path
+    if kind == "dir" and not has_tokenizer_files(location):
+        raise UserError(f"model.path={location!r} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)})",
+                        f"copy the tokenizer files of the model it was trained from into {location} (e.g. cp "
+                        "<base model>/tokenizer* <folder>/)", key="model.path", path=location)
 
 
 def default_label(cfg: EvalJobConfig) -> str:

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from spp.atomic import write_json_atomic
 
 EXPORT_FILE = "spp_export.json"
@@ -49,6 +51,18 @@ class ExportManifest:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"spp_export.json status={self.status!r}: must be one of {list(STATUSES)}")
+
+    def torch_dtype(self) -> torch.dtype:
+        """:attr:`dtype` as a floating-point ``torch.dtype`` (what ``config.json``'s ``dtype`` is written from).
+
+        Raises:
+            ValueError: it names none (e.g. empty: the ZeRO-3 exports of before issue 49, which nothing loads).
+        """
+        name = self.dtype.removeprefix("torch.")
+        value = getattr(torch, name, None) if name else None
+        if not isinstance(value, torch.dtype) or not value.is_floating_point:
+            raise ValueError(f"spp_export.json dtype={self.dtype!r} is not a floating-point torch dtype")
+        return value
 
     def write(self, directory: str | Path) -> Path:
         """Write ``<directory>/spp_export.json`` atomically."""

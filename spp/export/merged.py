@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import shutil
 import time
 import uuid
@@ -243,11 +244,25 @@ def needed_bytes(model: nn.Module) -> int:
     return total * 101 // 100 + EXPORT_SLACK_BYTES
 
 
+def remove_stale_export(path: Path) -> None:
+    """Remove the export a previous run left at ``path`` before a new one is written: it belongs to other weights
+    (another adapter, rank, seed), and would otherwise stay beside this run's files, and load as if it were this
+    run's, when this export fails (a full disk)."""
+    if path.is_dir() and not path.is_symlink():
+        logging.getLogger(__name__).info("removing the previous export %s: this run's export replaces it", path)
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
 def _begin(path: Path, ctx: DistContext, needed: int) -> Path:
-    """Rank 0 checks the free space and makes the temporary folder beside ``path``; every rank gets its name."""
+    """Rank 0 removes a previous export at ``path`` (a reused ``run_dir``'s: stale from now on, whether or not this
+    export succeeds), checks the free space and makes the temporary folder beside ``path``; every rank gets its
+    name."""
     outcome: Any = None
     if ctx.is_main:
         path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_export(path)
         free = shutil.disk_usage(path.parent).free
         if free < needed:
             outcome = UserError(f"not enough disk space to export the merged model to {path}: it needs about "
@@ -316,7 +331,7 @@ def _finish(model: nn.Module, inputs: ExportInputs, tmp: Path, path: Path, recor
     (tmp / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
     hf = hf_model(model)
     config = copy.deepcopy(hf.config)
-    config.dtype = inputs.manifest.dtype.removeprefix("torch.")
+    config.dtype = str(inputs.manifest.torch_dtype()).removeprefix("torch.")
     config.save_pretrained(tmp)
     if getattr(hf, "generation_config", None) is not None and hf.can_generate():
         hf.generation_config.save_pretrained(tmp)
@@ -341,9 +356,11 @@ def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ct
         UserError: too little disk space (before anything is written) or the disk filled up (nothing kept), on
             every rank.
         SparsityViolation: a merged weight revived a pruned position, on every rank (nothing kept).
+        ValueError: the manifest's dtype names no floating-point dtype (before anything is written).
     """
     start = time.perf_counter()
     path = Path(path)
+    inputs.manifest.torch_dtype()  # config.json's dtype must name one before anything is written
     tmp = _begin(path, ctx, needed_bytes(model))
     writer = _Writer()
     count = _write_blocks(model, inputs, tmp, ctx, writer)

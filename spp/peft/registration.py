@@ -1,4 +1,4 @@
-"""spp's peft methods: ``PeftType.SPP`` / ``PeftType.SPARSE_LORA`` and peft's registry entries (idempotent).
+"""spp's peft methods: ``PeftType.SPP`` / ``SPARSE_LORA`` / ``LORA_STAR`` and peft's registry entries (idempotent).
 
 peft's :func:`peft.utils.register_peft_method` accepts only names that :class:`peft.PeftType` lists, and that enum
 has no way to add a member from outside peft; :func:`peft_type` adds ``SPP`` (or ``SPARSE_LORA``) to it (the same
@@ -22,6 +22,9 @@ SPARSE_LORA_NAME = "sparse_lora"
 
 SPARSE_LORA_PREFIX = "lora_"
 """SparsePEFT's tensors are LoRA's (``lora_A``, ``lora_B``): the same prefix and state-dict keys."""
+
+LORA_STAR_NAME = "lora_star"
+"""LoRA*'s name for peft (``PeftType.LORA_STAR``, ``"peft_type": "LORA_STAR"``); tensors are LoRA's (``lora_``)."""
 
 
 def peft_type(name: str = NAME) -> PeftType:

@@ -9,7 +9,6 @@ file keys are LoRA's (``lora_A`` / ``lora_B``).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +18,12 @@ from peft import LoraConfig, LoraModel, PeftModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
+from spp.adapters.base import read_json_file
 from spp.adapters.methods.lora.config import LoRAConfig as _SppDefaults
 from spp.adapters.methods.sparse_lora.layer import FORMAT, META_NAME, PEFT_TYPE, SparseLoraLinear, sparse_lora_layers
 from spp.models.conv1d import linearize_conv1d
 from spp.peft.architecture import resolve_default_targets
+from spp.peft.base_record import check, from_folder
 from spp.peft.registration import SPARSE_LORA_NAME, SPARSE_LORA_PREFIX, peft_type
 from spp.projections import DEFAULT_TARGETS
 
@@ -44,6 +45,7 @@ class SparseLoraConfig(LoraConfig):
     r: int = _SppDefaults.r
     lora_alpha: float = _SppDefaults.lora_alpha
     lora_dropout: float = _SppDefaults.dropout
+    spp_trained_on: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -52,6 +54,14 @@ class SparseLoraConfig(LoraConfig):
         if bad:
             raise ValueError(f"SparseLoraConfig: {bad[0]}={getattr(self, bad[0])!r} is not supported (SparsePEFT masks "
                              "a plain LoRA update of nn.Linear layers); leave it at its default")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
+                        **kwargs: Any) -> SparseLoraConfig:
+        """peft's ``from_pretrained``, the folder's files checked and its recorded base in ``spp_trained_on``."""
+        return from_folder(lambda: super(SparseLoraConfig, cls).from_pretrained(pretrained_model_name_or_path,
+                                                                                subfolder, **kwargs),
+                           pretrained_model_name_or_path, subfolder)
 
     @classmethod
     def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
@@ -75,8 +85,10 @@ class SparseLoraModel(LoraModel):
         return super()._prepare_adapter_config(peft_config, model_config)
 
     def _prepare_model(self, peft_config: LoraConfig, model: nn.Module) -> None:
-        """GPT-2's ``Conv1D`` layers become ``nn.Linear`` (their state dict keeps ``Conv1D``'s layout)."""
+        """GPT-2's ``Conv1D`` layers become ``nn.Linear`` (their state dict keeps ``Conv1D``'s layout); a folder's
+        adapter is refused on another base than the one it records (:func:`spp.peft.base_record.check`)."""
         linearize_conv1d(model)  # GPT-2's Conv1D held as nn.Linear, in place
+        check(peft_config, model)
         super()._prepare_model(peft_config, model)
 
     @staticmethod
@@ -97,8 +109,8 @@ def _read_meta(path: Path, directory: str | os.PathLike) -> dict[str, Any] | Non
         if not (path / name).is_file():
             raise FileNotFoundError(f"No {name} in {str(directory)!r}; point at a SparsePEFT adapter folder (a "
                                     "train.py run's <run_dir>/adapter with adapter=sparse_lora)")
-    kind = json.loads((path / "adapter_config.json").read_text()).get("peft_type")
-    meta = json.loads((path / META_NAME).read_text()) if (path / META_NAME).is_file() else None
+    kind = read_json_file(path / "adapter_config.json", key="adapter folder").get("peft_type")
+    meta = read_json_file(path / META_NAME, key="adapter folder") if (path / META_NAME).is_file() else None
     if kind == "LORA" and (meta or {}).get("format") != FORMAT:
         raise ValueError(f"{str(directory)!r} is a plain LoRA adapter (peft_type='LORA', no {META_NAME}); load it "
                          "with peft.PeftModel.from_pretrained")

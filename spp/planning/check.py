@@ -1,9 +1,9 @@
 """Which phases of a run plan do not fit the machine, and the one-line refusal with a setting that makes them fit.
 
-A phase does not fit when its peak on one GPU exceeds the GPU's memory, or its peak on global rank 0's node
-exceeds the node's host memory. The fix offered is the first single change (in the order below) whose plan has
-no problem left of that phase and memory, found by planning again; else all of them together; else larger or more
-GPUs / a larger node:
+A phase does not fit when its peak on one GPU exceeds the GPU's memory, or its peak on global rank 0's node (or,
+with several nodes, on any other node) exceeds a node's host memory. The fix offered is the first single change
+(in the order below) whose plan has no problem left of that phase and memory, found by planning again; else all of
+them together; else larger or more GPUs / a larger node:
 
 * fit: activation checkpointing, a smaller per-device batch (a divisor of the global batch), FSDP2, more GPUs;
 * prune: a smaller calibration batch, more GPUs (the hidden states are split over the ranks);
@@ -21,11 +21,13 @@ from spp.planning.run import RunPlan, plan_run
 from spp.planning.spec import RunSpec
 
 GIB = 2**30
+OTHER_NODE = "host of another node"
 
 
 @dataclass(frozen=True)
 class Problem:
-    """A phase that does not fit: ``memory`` is ``GPU`` (per device) or ``host`` (rank 0's node)."""
+    """A phase that does not fit: ``memory`` is ``GPU`` (per device), ``host`` (rank 0's node) or ``host of
+    another node``."""
 
     phase: str
     memory: str
@@ -44,6 +46,8 @@ def problems(plan: RunPlan) -> list[Problem]:
             out.append(_no_replica(plan, hw.device_bytes))
         if hw.host_bytes and p.host_rank0_node > hw.host_bytes:
             out.append(Problem(p.name, "host", p.host_rank0_node, hw.host_bytes, p.rank0))
+        if hw.host_bytes and spec.nodes > 1 and p.host_other_node > hw.host_bytes:
+            out.append(Problem(p.name, OTHER_NODE, p.host_other_node, hw.host_bytes, p.rank))
     return out
 
 
@@ -116,8 +120,12 @@ def fix(plan: RunPlan, problem: Problem) -> tuple[str, str]:
     if problem.memory == "GPU":
         return (f"use GPUs with more than {problem.need / GIB:.0f} GiB or more GPUs (trainer.devices, "
                 "trainer.num_nodes); trainer.device_memory_gib states the GPU's memory"), "trainer.device_memory_gib"
+    if problem.memory == OTHER_NODE:
+        return (f"run fewer processes per node (trainer.devices) or on nodes with at least {problem.need / GIB:.0f} "
+                "GiB of host memory; trainer.host_memory_gib states a node's memory"), "trainer.devices"
     return (f"run on a node with at least {problem.need / GIB:.0f} GiB of host memory (global rank 0 holds the "
-            "whole model while pruning); trainer.host_memory_gib states a node's memory"), "trainer.host_memory_gib"
+            "whole model while pruning), or fewer processes per node (trainer.devices); trainer.host_memory_gib "
+            "states a node's memory"), "trainer.host_memory_gib"
 
 
 def _merge(base: RunSpec, other: RunSpec) -> RunSpec:
@@ -159,7 +167,8 @@ def refusal(plan: RunPlan, problem: Problem, source: str) -> UserError:
     """The one-line :class:`UserError` for ``problem``; ``source`` says where the machine figure came from."""
     s = plan.spec
     text, key = fix(plan, problem)
-    where = "per GPU" if problem.memory == "GPU" else "of host memory on global rank 0's node"
+    where = {"GPU": "per GPU", OTHER_NODE: "of host memory on each node but global rank 0's"}.get(
+        problem.memory, "of host memory on global rank 0's node")
     what = (f"the {problem.phase} phase of {s.shape.name} ({s.shape.params / 1e9:.1f} B parameters, {s.strategy_label} "
             f"on {s.devices} device(s) x {s.nodes} node(s)) needs {problem.need / GIB:.1f} GiB {where} "
             f"({_terms(problem.terms)} GiB, ...) but has {problem.have / GIB:.1f} GiB ({source})")
@@ -171,7 +180,8 @@ def check(plan: RunPlan, sources: dict[str, str]) -> None:
     figure came from)."""
     found = problems(plan)
     if found:
-        raise refusal(plan, found[0], sources.get(found[0].memory, ""))
+        memory = "host" if found[0].memory == OTHER_NODE else found[0].memory
+        raise refusal(plan, found[0], sources.get(memory, ""))
 
 
 def describe(found: list[Problem]) -> list[str]:

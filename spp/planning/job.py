@@ -281,9 +281,27 @@ def check_job(job: Any, arch: dict[str, Any]) -> RunPlan | None:
     return plan
 
 
+ASSUMED_NODE_HOST_GIB = 2048.0
+"""Host memory of a GPU node that ``plan=true`` assumes without ``trainer.host_memory_gib``: a DGX H100's 2 TB."""
+
+
+def plan_hardware(job: Any, kind: str) -> tuple[Hardware, dict[str, str]]:
+    """``plan=true``'s machine and where its figures come from: GPU memory ``trainer.device_memory_gib`` or 80 GiB;
+    host memory per node ``trainer.host_memory_gib``, else :data:`ASSUMED_NODE_HOST_GIB` for a GPU node, else
+    (a CPU run) this machine's."""
+    hw, sources = job_hardware(job, kind, detect=False), _sources(job)
+    if not job.trainer.device_memory_gib:
+        sources["GPU"] = "assumed; trainer.device_memory_gib states it"
+    if hw.host_gib is None and kind == "gpu":
+        hw = replace(hw, host_gib=ASSUMED_NODE_HOST_GIB)
+        sources["host"] = "assumed: a DGX H100 node's; trainer.host_memory_gib states it"
+    elif hw.host_gib is None:
+        hw = replace(hw, host_gib=host_memory_gib())
+    return hw, sources
+
+
 def plan_output(job: Any, arch: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """``plan=true``: the plan's text and JSON (GPU memory: ``trainer.device_memory_gib`` or 80 GiB; host memory
-    checked only when ``trainer.host_memory_gib`` is given)."""
+    """``plan=true``: the plan's text and JSON, on :func:`plan_hardware`'s machine."""
     from spp.errors import UserError
     from spp.planning.report import as_json, text
 
@@ -293,8 +311,6 @@ def plan_output(job: Any, arch: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                         f"{', '.join(missing)} without loading it", "add the fields under model.arch (see "
                         "conf/model/llama7b.yaml) or point model.path at a local directory", key="model.arch")
     kind = accelerator_kind(str(job.trainer.accelerator), plan_only=True)
-    plan = plan_job(job, arch, kind, model_source(job), job_hardware(job, kind, detect=False))
-    sources = _sources(job)
-    if not job.trainer.device_memory_gib:
-        sources["GPU"] = "assumed; trainer.device_memory_gib states it"
+    hw, sources = plan_hardware(job, kind)
+    plan = plan_job(job, arch, kind, model_source(job), hw)
     return text(plan, sources), as_json(plan)

@@ -22,7 +22,7 @@ from typing import Any
 from spp.planning import pruning
 from spp.planning.flops import forward_flops, train_flops, train_tokens
 from spp.planning.hardware import CPU_HOST, GIB, Hardware
-from spp.planning.memory import activation_choices, fit_device_bytes, forward_bytes, optimizer_terms
+from spp.planning.memory import activation_choices, fit_device_bytes, forward_bytes, optimizer_terms, resident_weights
 from spp.planning.placement import EvalPlacement, eval_placement
 from spp.planning.spec import RunSpec
 
@@ -234,10 +234,29 @@ def export_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
                      {"read_and_write": moved / (hw.disk_gbps * 1e9)})
 
 
+def kept_through_evaluation(spec: RunSpec) -> tuple[dict[str, int], dict[str, int]]:
+    """``(device terms, rank-0 host terms)`` the job keeps of training while the export is evaluated.
+
+    Rank 0's host keeps the packed masks (the summary counts the kept weights). Under DDP, FSDP2 and one device
+    nothing stays on a device: ``spp.training.finalize.release`` drops the trained model (shards, replica), its
+    gradients and optimizer state, the teacher, the gathered adapter and the pruned weights rank 0 kept
+    (``tests/test_release_before_eval.py``). DeepSpeed's engine (ZeRO-2 and 3) is still alive then (measured with
+    that test's probe on 2 CPU processes): its resident weights and optimizer terms stay on every GPU.
+    """
+    host = {"masks": spec.shape.pruned_params // 8} if spec.prunes else {}
+    if spec.strategy != "deepspeed" or spec.kind != "gpu" or not spec.adapter.trains:
+        return {}, host
+    left = {**resident_weights(spec), **optimizer_terms(spec)}
+    left.pop("gathered", None)
+    return {f"deepspeed_{name}": v for name, v in left.items() if v}, host
+
+
 def evaluate_phase(spec: RunSpec, hw: Hardware, placement: EvalPlacement) -> PhasePlan:
-    """Each replica loads the merged model from the export and evaluates its share of windows and requests."""
+    """Each replica loads the merged model from the export and evaluates its share of windows and requests; rank 0
+    also holds what the job keeps of training (:func:`kept_through_evaluation`)."""
     shape, ev = spec.shape, spec.eval
     forward = eval_forward(spec)
+    kept_device, kept = kept_through_evaluation(spec)
     proc = {**_process(hw), "lm_eval": hw.lm_eval_host_bytes if ev.lm_eval_tokens else 0,
             "tokenize": ev.text_tokens * hw.tokenize_bytes_per_token if ev.ppl_windows else 0}
     if placement.how == "cpu":
@@ -246,15 +265,15 @@ def evaluate_phase(spec: RunSpec, hw: Hardware, placement: EvalPlacement) -> Pha
         seconds = _eval_seconds(spec, hw, placement)
         if spec.kind == "cpu":  # every process a replica of its own (spp.eval.evaluate)
             where = f"CPU, {placement.replicas} replica" + ("s" if placement.replicas > 1 else "")
-            return PhasePlan("evaluate", where, {}, proc, proc, spec.devices, {}, seconds)
-        return PhasePlan("evaluate", "CPU (rank 0)", {}, proc, {}, 1, {}, seconds)  # a GPU job: does not fit
+            return PhasePlan("evaluate", where, {}, {**proc, **kept}, proc, spec.devices, {}, seconds)
+        return PhasePlan("evaluate", "CPU (rank 0)", {}, {**proc, **kept}, {}, 1, {}, seconds)  # GPU job: no fit
     k = placement.gpus_per_replica
     device = {"weights": shape.weight_bytes // k + (shape.block_bytes if k > 1 else 0), **forward,
-              "cuda_context": hw.process_device_bytes}
+              "cuda_context": hw.process_device_bytes, **kept_device}
     proc = {name: v for name, v in proc.items() if v}
     per_node = placement.replicas // spec.nodes
     # the export's shards mapped while the replicas load them: page cache the node's processes share, counted once
-    rank0 = {**proc, "mapped_shards": min(shape.weight_bytes, per_node * SHARD_BYTES)}
+    rank0 = {**proc, **kept, "mapped_shards": min(shape.weight_bytes, per_node * SHARD_BYTES)}
     where = f"{placement.replicas} x {k} GPU" + ("s" if k > 1 else "")
     return PhasePlan("evaluate", where, device, rank0, proc, per_node, {}, _eval_seconds(spec, hw, placement))
 

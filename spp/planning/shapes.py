@@ -144,6 +144,15 @@ BUILT_BLOCKS = 2
 scaled to ``num_hidden_layers``): a 70B skeleton of 80 blocks takes seconds to build, two take milliseconds."""
 
 
+def per_layer_fields(fields: dict[str, Any], blocks: int) -> dict[str, Any]:
+    """``fields`` with ``num_hidden_layers=blocks`` and every per-layer list (one entry per decoder block, such as
+    Qwen2's and Gemma2's ``layer_types``) cut to its first ``blocks`` entries, so the config stays consistent."""
+    layers = fields.get("num_hidden_layers")
+    out = {k: (list(v)[:blocks] if isinstance(v, (list, tuple)) and layers is not None and len(v) == int(layers)
+               and not k.endswith(("token_id", "token_ids")) else v) for k, v in fields.items()}
+    return {**out, "num_hidden_layers": blocks}
+
+
 def skeleton_from_arch(arch: dict[str, Any], blocks: int) -> nn.Module:
     """The causal LM described by ``arch`` (a model group's ``arch`` block, ``config.json``'s fields or a GGUF
     header's; ``model_type`` defaults to ``llama``) with ``blocks`` decoder blocks, its parameters on ``meta``
@@ -152,7 +161,7 @@ def skeleton_from_arch(arch: dict[str, Any], blocks: int) -> nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     fields = {k: v for k, v in arch.items() if k not in ("model_type", "architectures", "transformers_version")}
-    config = AutoConfig.for_model(str(arch.get("model_type") or "llama"), **{**fields, "num_hidden_layers": blocks})
+    config = AutoConfig.for_model(str(arch.get("model_type") or "llama"), **per_layer_fields(fields, blocks))
     with init_empty_weights():
         model = AutoModelForCausalLM.from_config(config)
     model.tie_weights()  # as loading does: a tied LM head is the embedding, counted once

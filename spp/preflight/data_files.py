@@ -9,7 +9,7 @@ from spp.data.config import HUB_PREFIX
 from spp.data.records import load_alpaca_records
 from spp.errors import UserError
 from spp.eval.perplexity import source_file
-from spp.pruning.calibration_data import resolve_calibration_file
+from spp.pruning.calibration_data import check_calibration_source
 
 
 def check_data_source(source: str, data_dir: str | None, key: str = "data.source") -> int:
@@ -31,13 +31,10 @@ def check_data_source(source: str, data_dir: str | None, key: str = "data.source
     return len(records.records)
 
 
-def check_calibration(calibration: Any, data_dir: str | None) -> None:
-    """The calibration source's file exists (hub-free sources only)."""
-    try:
-        resolve_calibration_file(calibration, data_dir)
-    except FileNotFoundError as err:
-        raise UserError(f"calibration.source={calibration.source!r}: {str(err).split('; searched')[0]}",
-                        "pass data_dir=<dir holding it> or calibration.path=<file>", key="calibration.source") from err
+def check_calibration(calibration: Any, data_dir: str | None, model: Any = None) -> None:
+    """The calibration source's file exists and, given the ``model`` config, can supply the windows asked
+    (:func:`spp.pruning.calibration_data.check_calibration_source`)."""
+    check_calibration_source(calibration, data_dir, model)
 
 
 def check_ppl_sources(sources: list[str], data_dir: str | None) -> None:

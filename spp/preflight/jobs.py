@@ -14,6 +14,7 @@ from spp.planning.job import check_job
 from spp.preflight.data_files import check_calibration, check_data_source, check_ppl_sources
 from spp.preflight.model_files import model_arch
 from spp.preflight.shapes import check_shapes, check_targets
+from spp.preflight.vocab import check_vocab
 from spp.pruning.registry import get_pruner, needs_calibration
 from spp.training.resume_checks import check_resume
 
@@ -42,11 +43,12 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
         seqlens["eval.seqlen"] = job.eval.seqlen
     check_shapes(arch, adapter=job.adapter, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
     check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity, adapter=job.adapter)
+    check_vocab(job.model, arch)
     check_job(job, arch)  # the memory plan: every phase fits this machine's GPUs and host memory (docs/plan.md)
     if get_method(job.adapter.name).trains:
         check_data_source(job.data.source, job.data_dir)
     if job.pruner.name != "none" and not job.sparsity.is_dense and needs_calibration(job.pruner):
-        check_calibration(job.calibration, job.data_dir)
+        check_calibration(job.calibration, job.data_dir, job.model)
     if job.eval.ppl:
         check_ppl_sources([job.eval.ppl_source, *job.eval.extra_ppl_sources], job.data_dir)
     if resume:
@@ -64,8 +66,9 @@ def preflight_prune(job: Any) -> dict[str, Any]:
     seqlens = {"calibration.seqlen": job.calibration.seqlen} if calibrates else {}
     check_shapes(arch, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
     check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity)
+    check_vocab(job.model, arch)
     if calibrates:
-        check_calibration(job.calibration, job.data_dir)
+        check_calibration(job.calibration, job.data_dir, job.model)
     if job.use_cache and job.pruner.name != "none" and not job.sparsity.is_dense:
         check_cache_dirs(job.cache_dir, ["pruning"])
     return arch

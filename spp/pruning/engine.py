@@ -35,7 +35,7 @@ from spp.models.conv1d import linearize_conv1d
 from spp.models.offload import OffloadedModel
 from spp.projections import matches, model_targets
 from spp.pruning.base import MatrixOutcome, Pruner
-from spp.pruning.calibration_data import calibration_windows
+from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import check_layer_fits, sparsity_summary
@@ -174,6 +174,8 @@ def prune_offloaded(
     run.timings["total"] = time.perf_counter() - t_start
     report = report_from_layers(run.layers, sparsity, run.extras)
     report.overall["timings"] = dict(run.timings)
+    if run.calibration is not None:
+        report.overall["calibration"] = run.calibration
     return PruneResult(run.masks, report, run.timings, zeros=ZeroPattern(run.masks, run.kept_zeros))
 
 
@@ -204,6 +206,7 @@ class _Run:
         self.extras: dict[str, dict[str, Any]] = {}
         self.timings = {"calibration_data": 0.0, "capture": 0.0, "statistics": 0.0, "pruning": 0.0, "propagate": 0.0}
         self.matrices = 0  # round-robin counter for owner ranks
+        self.calibration: dict[str, Any] | None = None  # what the calibration draw took (CalibrationDraw.record)
 
     def prune(self, tokenizer: PreTrainedTokenizerBase | None, calibration: CalibrationConfig,
               data_dir: str | None, true_sequential: bool) -> None:
@@ -216,7 +219,8 @@ class _Run:
             if tokenizer is None:
                 raise ValueError(f"pruner={self.pruner.name} needs calibration data, so a tokenizer must be given")
             t0 = time.perf_counter()
-            windows = calibration_windows(tokenizer, calibration, data_dir)
+            draw = draw_calibration(tokenizer, calibration, data_dir, announce=self.ctx.is_main)
+            windows, self.calibration = draw.windows, draw.record()
             self.timings["calibration_data"] = time.perf_counter() - t0
             batches = list(windows.split(calibration.batch_size))
             self.nbatches, self.batches = len(batches), self.ctx.mine(len(batches))

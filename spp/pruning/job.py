@@ -54,6 +54,7 @@ def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
         model=job.model.name, pruner=job.pruner.name, sparsity=job.sparsity.name,
         target_ratio=job.sparsity.target_ratio,
         calibration=OmegaConf.to_container(OmegaConf.structured(job.calibration)),
+        calibration_draw=result.report.overall.get("calibration"),  # distinct documents / stream coverage
     )
     write_json_atomic(output_dir / "mask_summary.json", summary)
     write_text_atomic(output_dir / "report.md", result.report.to_markdown() + "\n")

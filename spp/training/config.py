@@ -146,11 +146,17 @@ class TrainerConfig:
     host_memory_gib: float | None = None
 
     def __post_init__(self) -> None:
+        devices = self.devices
         checks = [
-            (self.device_memory_gib is None or self.device_memory_gib > 0,
-             f"trainer.device_memory_gib={self.device_memory_gib} must be > 0 or null (the real GPU's)"),
-            (self.host_memory_gib is None or self.host_memory_gib > 0,
-             f"trainer.host_memory_gib={self.host_memory_gib} must be > 0 or null (this machine's)"),
+            (len(devices) > 0 if isinstance(devices, (list, tuple)) else
+             str(devices) in ("auto", "-1") or (str(devices).isdigit() and int(devices) >= 1),
+             f"trainer.devices={devices} must be a count >= 1, a non-empty list of device indices, or auto"),
+            (isinstance(self.num_nodes, int) and self.num_nodes >= 1,
+             f"trainer.num_nodes={self.num_nodes} must be >= 1"),
+            (self.device_memory_gib is None or 0 < self.device_memory_gib < math.inf,
+             f"trainer.device_memory_gib={self.device_memory_gib} must be a finite number > 0 or null (the GPU's)"),
+            (self.host_memory_gib is None or 0 < self.host_memory_gib < math.inf,
+             f"trainer.host_memory_gib={self.host_memory_gib} must be a finite number > 0 or null (this machine's)"),
             (math.isfinite(self.lr) and self.lr > 0, f"trainer.lr={self.lr} must be a finite number > 0"),
             (0.0 <= self.warmup_ratio < 1.0, f"trainer.warmup_ratio={self.warmup_ratio} must be in [0, 1)"),
             (self.weight_decay >= 0, f"trainer.weight_decay={self.weight_decay} must be >= 0"),
@@ -186,8 +192,9 @@ class StrategyConfig:
             Lightning's ``ModelParallelStrategy``; runs on CPU processes with gloo as well as on GPUs) or
             ``deepspeed`` (GPUs only).
         process_group_backend: ``nccl`` / ``gloo``; ``None`` = ``gloo`` on CPU, Lightning's choice on GPU.
-        timeout_s: Process-group timeout in seconds (Lightning's default: 30 minutes). Pruning and evaluation
-            never run inside a collective wait, so this bounds only training collectives.
+        timeout_s: Process-group timeout in seconds: how long a rank waits in an ordinary collective (training,
+            pruning and export steps, where every rank does the same work) for a hung rank before the job stops
+            and names it. Waits for another rank's solo work use their own, longer groups (docs/multinode.md).
         find_unused_parameters: DDP ``find_unused_parameters``.
         activation_checkpointing: FSDP: recompute each decoder block's activations in backward.
         reshard_after_forward: FSDP2 ``reshard_after_forward`` (``False`` keeps gathered parameters between
@@ -199,7 +206,7 @@ class StrategyConfig:
 
     name: StrategyName = StrategyName.auto
     process_group_backend: str | None = None
-    timeout_s: int = 1800
+    timeout_s: int = 600
     find_unused_parameters: bool = False
     activation_checkpointing: bool = False
     reshard_after_forward: bool = True

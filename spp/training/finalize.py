@@ -21,6 +21,7 @@ import logging
 import math
 import shutil
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,17 +31,21 @@ import torch
 from torch import nn
 
 from spp.adapters.registry import apply_adapter, get_method, save_adapter_dir
+from spp.adapters.trained_on import RECORD, zero_fingerprint
 from spp.atomic import is_disk_full, write_dir_atomic
+from spp.deepspeed_support import is_deepspeed
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.eval.evaluate import evaluate
 from spp.export.manifest import ExportManifest, adapter_record
 from spp.export.merged import ExportInputs, export_streamed
-from spp.models.loading import load_skeleton
-from spp.projections import decoder_layers
+from spp.models.loading import load_skeleton, model_identity
+from spp.pruning.cache import cache_key
 from spp.training.callbacks.pruning import PrunedModel
 from spp.training.config import TrainJobConfig
 from spp.training.phases import FitResult
+from spp.training.strategies import trained_weights_dtype
+from spp.training.trainer import resolve_precision
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,15 +82,27 @@ def on_rank0(ctx: DistContext, work: Callable[[], T]) -> T:
             outcome = work()
         except UserError as err:
             outcome = err
-    outcome = ctx.broadcast_object(outcome) if ctx.distributed else outcome
+    outcome = ctx.broadcast_object(outcome, long_wait=True) if ctx.distributed else outcome  # solo work: wait group
     if isinstance(outcome, UserError):
         raise outcome
     return outcome
 
 
-def provenance(job: TrainJobConfig) -> dict[str, Any]:
-    """What the adapter was trained on top of (stored in ``adapter_config.json`` and ``spp_export.json``)."""
-    return {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name}}
+def provenance(job: TrainJobConfig, pruned: PrunedModel | None = None) -> dict[str, Any]:
+    """What the adapter was trained on top of (stored in ``adapter_config.json`` and ``spp_export.json``); with the
+    pruning phase's result (rank 0, for the adapter files) also the record every loading path checks
+    (:mod:`spp.adapters.trained_on`): the model's identity, the pruning cache key, the zero pattern's fingerprint."""
+    names = {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name}}
+    if pruned is None or not len(pruned.zeros):
+        return names
+    dense = job.pruner.name == "none" or job.sparsity.is_dense
+    key, digest = (None, None) if dense else cache_key(job.model, job.pruner, job.sparsity, job.calibration,
+                                                       job.data_dir)
+    record = {"model": {"name": job.model.name, "identity": model_identity(job.model), "dtype": job.model.torch_dtype},
+              "pruning": None if dense else {"pruner": job.pruner.name, "sparsity": job.sparsity.name,
+                                             "cache_key": digest, "key": key},
+              "masks": {**zero_fingerprint(pruned.zeros), "targets": sorted(job.pruner.targets)}}
+    return {**names, RECORD: record}
 
 
 def rebuild(job: TrainJobConfig, pruned: PrunedModel, state: dict[str, torch.Tensor]) -> nn.Module:
@@ -110,7 +127,7 @@ def save_adapter_files(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResu
     model = fitted.model if not (fitted.sharded or fitted.deepspeed) else rebuild(job, pruned, fitted.state)
     path = run_dir / "adapter"
     try:
-        write_dir_atomic(path, lambda tmp: save_adapter_dir(method, model, tmp, provenance(job), job.adapter))
+        write_dir_atomic(path, lambda tmp: save_adapter_dir(method, model, tmp, provenance(job, pruned), job.adapter))
     except Exception as err:
         if not is_disk_full(err):
             raise
@@ -121,10 +138,13 @@ def save_adapter_files(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResu
 
 
 def _manifest(job: TrainJobConfig, fitted: FitResult) -> ExportManifest:
-    blocks = decoder_layers(fitted.model)[0] + "."
-    dtype = next((str(p.dtype) for n, p in fitted.model.named_parameters() if n.startswith(blocks) and p.dim() == 2),
-                 "")
-    return ExportManifest(adapter=adapter_record(job.adapter), dtype=dtype, **provenance(job))
+    """``spp_export.json``'s contents. The weights' dtype comes from the configuration (``model.torch_dtype``, cast
+    by the resolved ``trainer.precision`` when a Trainer ran: :func:`trained_weights_dtype`), never from the
+    parameters ``fitted`` holds: ZeRO-3 partitions are flat (1-D) and empty outside a gather."""
+    trained = get_method(job.adapter.name).trains
+    precision = resolve_precision(job.trainer.precision, job.trainer.accelerator) if trained else "32-true"
+    dtype = trained_weights_dtype(job.model.torch_dtype, precision, trained and is_deepspeed(job.strategy))
+    return ExportManifest(adapter=adapter_record(job.adapter), dtype=str(dtype), **provenance(job))
 
 
 def export(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path, ctx: DistContext,
@@ -151,12 +171,28 @@ def export(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir:
     return target
 
 
-def release(fitted: FitResult) -> None:
-    """Drop the trained model (evaluation reads the export) and return its memory."""
-    fitted.model = None
+def release(fitted: FitResult, pruned: PrunedModel) -> None:
+    """Drop every reference the job holds to the trained model, then return its memory: evaluation reads the export.
+
+    The trained module is ``fitted.model`` and ``pruned.model`` (the same object: the pruning callback hands the
+    pruned model to the LightningModule, which adapts, shards or replicates and trains it in place); the Trainer,
+    its strategy (the DDP wrapper, FSDP2's state), the LightningModule, the optimizer and the teacher went with
+    :func:`spp.training.phases.fit`'s frame. Also dropped: the gathered trainable tensors, the pruned weights rank 0
+    kept and a dense copy. What stays is what the report reads: the packed masks, perplexities and losses. A module
+    still referenced elsewhere is named in a warning: its memory stays in use. DeepSpeed's engine is such a holder
+    (its hooks keep the module, its partitions and the optimizer); the plan counts what it keeps
+    (``spp.planning.run.kept_through_evaluation``).
+    """
+    trained = weakref.ref(fitted.model) if fitted.model is not None else None
+    fitted.model, fitted.state = None, {}
+    pruned.model, pruned.home, pruned.dense = None, {}, None
     gc.collect()
-    if torch.cuda.is_available():
+    if torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+    if trained is not None and trained() is not None:
+        holders = sorted({type(r).__name__ for r in gc.get_referrers(trained())} - {"frame", "list"})
+        log.warning("the trained model is still referenced (by %s) after the finalize phase dropped it: its memory "
+                    "stays in use during evaluation", ", ".join(holders) or "an unknown holder")
 
 
 def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path,
@@ -172,7 +208,7 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
     pruned.home = {}  # the pruned weights rank 0 kept for the adapter files: evaluation loads the export instead
     needed = job.export.merged or job.eval.ppl or bool(job.eval.tasks) or job.sample.enabled
     target = export(job, pruned, fitted, run_dir, ctx, result) if needed else None
-    release(fitted)
+    release(fitted, pruned)
     if target is None:
         return result
     sample = (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None

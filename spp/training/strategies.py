@@ -20,6 +20,7 @@ from spp.deepspeed_support import check_deepspeed
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.gathering import deepspeed_master_tensors, register_external_parameters
+from spp.models.config import DTYPES
 from spp.models.conv1d import native_layout
 from spp.models.offload import params_to_meta
 from spp.projections import decoder_layers
@@ -157,6 +158,33 @@ def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: i
     check_deepspeed(cfg, accelerator)
     return AdapterDeepSpeedStrategy(stage=cfg.stage, offload_optimizer=cfg.offload_optimizer,
                              offload_parameters=cfg.offload_parameters, process_group_backend=backend, timeout=timeout)
+
+
+PRECISION_CASTS = {"64-true": "float64", "64": "float64", "bf16-true": "bfloat16", "16-true": "float16",
+                   "transformer-engine": "bfloat16", "transformer-engine-float16": "float16"}
+"""Lightning precisions whose plugin casts the whole module (``convert_module``) under every strategy."""
+DEEPSPEED_MIXED_CASTS = {"bf16-mixed": "bfloat16", "bf16": "bfloat16", "16-mixed": "float16", "16": "float16"}
+"""Mixed precisions under which DeepSpeed's engine casts the module (and keeps fp32 masters in its optimizer)."""
+NO_CAST = ("32-true", "32", *DEEPSPEED_MIXED_CASTS)
+
+
+def trained_weights_dtype(load_dtype: str, precision: str, deepspeed: bool) -> torch.dtype:
+    """The dtype the model's weights have once the strategy and precision plugin hold them, hence the dtype of
+    the merged export (``config.json``'s ``dtype``), from the configuration alone: ``model.torch_dtype``, unless
+    the (resolved) ``trainer.precision`` casts the module — ``*-true`` and Transformer Engine always, ``*-mixed``
+    under DeepSpeed only.
+
+    Raises:
+        ValueError: a precision Lightning does not know (names the key).
+    """
+    if precision in PRECISION_CASTS:
+        return DTYPES[PRECISION_CASTS[precision]]
+    if deepspeed and precision in DEEPSPEED_MIXED_CASTS:
+        return DTYPES[DEEPSPEED_MIXED_CASTS[precision]]
+    if precision in NO_CAST:
+        return DTYPES[load_dtype]
+    raise ValueError(f"trainer.precision={precision!r} is not a Lightning precision: one of "
+                     f"{sorted({*PRECISION_CASTS, *NO_CAST})}")
 
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Module] | None,

@@ -181,6 +181,8 @@ def _load_entry(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity:
     timings = {"cache_load": time.perf_counter() - t0, "total": time.perf_counter() - t0}
     report = report_from_layers(layers, sparsity)
     report.overall["timings"] = {"original": reader.manifest.get("timings", {}), **timings}
+    if "calibration" in reader.manifest.get("overall", {}):  # the draw that made the entry
+        report.overall["calibration"] = reader.manifest["overall"]["calibration"]
     return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry), zeros=ZeroPattern(masks, kept))
 
 

@@ -14,6 +14,7 @@ processes every rank stops after the same step (the request is reduced across ra
 from __future__ import annotations
 
 import logging
+import re
 import shlex
 import signal
 import threading
@@ -28,17 +29,35 @@ from spp.deepspeed_support import client_state_file
 log = logging.getLogger(__name__)
 
 
-def resume_command(run_dir: Path) -> str:
-    """``python train.py <this run's overrides> run_dir=<run_dir> trainer.resume_from=last``."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
+_HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_/.+@%:-]+")
+"""A value Hydra's override grammar reads as written (no quoting needed)."""
 
-        overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
-    except (ImportError, ValueError):
-        overrides = None
-    keep = ["<the run's overrides>"] if overrides is None else [
+
+def hydra_value(value: str) -> str:
+    """``value`` as a Hydra override value that composes back to exactly ``value``: as is when plain, else
+    single-quoted, with a backslash before a quote, before ``${`` (no interpolation) and doubled where backslashes
+    precede either or the closing quote (a space, a non-ASCII letter, ``,`` or ``=`` in a path need it)."""
+    if _HYDRA_PLAIN.fullmatch(value):
+        return value
+    escaped = re.sub(r"\\+(?='|\$\{|$)", lambda m: m.group(0) * 2, value)
+    return "'" + escaped.replace("'", "\\'").replace("${", "\\${") + "'"
+
+
+def resume_command(run_dir: Path, overrides: list[str] | None = None) -> str:
+    """``python train.py <this run's overrides> run_dir=<run_dir> trainer.resume_from=last``, quoted for the shell
+    and for Hydra (a ``run_dir`` with a space or a non-ASCII letter). ``overrides``: the run's command-line
+    overrides (default: Hydra's record of them)."""
+    if overrides is None:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
+        except (ImportError, ValueError):
+            overrides = None
+    keep = ["<the overrides of this run>"] if overrides is None else [
         shlex.quote(o) for o in overrides if o.lstrip("+~").split("=", 1)[0] not in ("run_dir", "trainer.resume_from")]
-    return " ".join(["python train.py", *keep, shlex.quote(f"run_dir={run_dir}"), "trainer.resume_from=last"])
+    return " ".join(["python train.py", *keep, shlex.quote(f"run_dir={hydra_value(str(run_dir))}"),
+                     "trainer.resume_from=last"])
 
 
 class AdapterCheckpoint(ModelCheckpoint):

@@ -9,7 +9,9 @@ measured the same way (cached). Afterwards rank 0 holds the pruned model on the 
 its ``meta`` skeleton (``everywhere=False``: ``spp.training.module.SPPModule.configure_model`` gives each rank its
 FSDP2 shards or its DDP replica from rank 0) or a full copy (``everywhere=True``, the default for a user's own
 LightningModule). When the module's ``model`` is ``None`` the callback loads it (rank 0 the weights, the others
-the skeleton).
+the skeleton). A network the module built itself (``self.model``, or its one decoder-LM child such as ``self.net``:
+:func:`module_network`) is pruned in place, keyed in the caches by a fingerprint of its weights
+(:func:`identify_built`).
 
 A user's own script (``docs/pruning.md`` shows one)::
 
@@ -20,6 +22,7 @@ A user's own script (``docs/pruning.md`` shows one)::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -30,11 +33,14 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import nn
 
 from spp.distributed import DistContext
+from spp.errors import UserError
 from spp.eval.config import EvalConfig
 from spp.eval.offloaded import cached_offloaded_perplexity
 from spp.eval.ppl_cache import weights_key
 from spp.generation import generate_text
 from spp.models.config import ModelConfig
+from spp.models.conv1d import linearize_conv1d
+from spp.models.identity import built_config, weights_fingerprint
 from spp.models.loading import load_for_rank, load_tokenizer
 from spp.models.offload import OffloadedModel
 from spp.pruning.cache import DEFAULT_LOCK_TIMEOUT_S, READ_MARGIN_S, prune_cached
@@ -94,10 +100,11 @@ class PrunedModel:
     DeepSpeed, whose module copies of the trained tensors ``bf16-mixed`` rounds): the
     pruned weights by name, the same tensors the model held before sharding (no copy), kept so the finalize
     phase can rebuild the adapted model on the CPU for the adapter files. ``dense`` (``keep_dense``): the frozen
-    dense model as loaded, until the callback hands it to the module.
+    dense model as loaded, until the callback hands it to the module. ``model``, the module that is then trained in
+    place, is ``None`` once the finalize phase has released it (``spp.training.finalize.release``).
     """
 
-    model: nn.Module
+    model: nn.Module | None
     tokenizer: Any
     masks: MaskSet
     zeros: ZeroPattern
@@ -159,6 +166,8 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
             log.info("prune phase: loading model %s", settings.model.name)
         model = load_for_rank(settings.model, ctx.rank)
         seconds["load_model"] = round(time.perf_counter() - start, 2)
+    else:
+        settings = identify_built(settings, model, ctx)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.model)
     dense = frozen_copy(model) if settings.keep_dense else None
     samples = {}
@@ -186,6 +195,43 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     return PrunedModel(model, tokenizer, result.masks, zeros, result, ppl, seconds, samples, ctx.world, dense=dense)
 
 
+def identify_built(settings: PruningSettings, model: nn.Module, ctx: DistContext) -> PruningSettings:
+    """``settings`` for a model the caller built: its ``Conv1D`` projections as ``nn.Linear`` (in place, as
+    :func:`spp.models.loading.load_model` does), and its identity in the cache keys from rank 0's weights
+    (:func:`~spp.models.identity.weights_fingerprint`), not from ``settings.model``'s source: a module whose
+    weights differ from what ``settings.model`` loads never gets another model's cache entry."""
+    linearize_conv1d(model)
+    fingerprint = ctx.broadcast_object(weights_fingerprint(model) if ctx.is_main else None, long_wait=True)
+    return dataclasses.replace(settings, model=built_config(settings.model, fingerprint))
+
+
+def module_network(module: nn.Module) -> tuple[str, nn.Module | None]:
+    """The attribute of ``module`` holding the network to prune, and the network (``None``: to be loaded).
+
+    ``module.model`` when it is a module; else the one child that is a decoder-only LM (its ``config`` names
+    ``num_hidden_layers``: ``self.net``, ``self.llm``, ...); else ``model``, to be loaded. Two such children, or a
+    module without ``model`` whose networks are not decoder LMs, are refused: what to prune would be a guess.
+    """
+    model = getattr(module, "model", None)
+    if isinstance(model, nn.Module):
+        return "model", model
+    found = [name for name, child in module.named_children()
+             if getattr(getattr(child, "config", None), "num_hidden_layers", None) is not None]
+    if len(found) > 1:
+        raise UserError(f"the LightningModule holds {len(found)} language models ({', '.join(found)}) and no "
+                        "`model`; the pruning callback cannot tell which one to prune",
+                        "keep the network to prune in `self.model`")
+    if found:
+        return found[0], getattr(module, found[0])
+    others = [name for name, child in module.named_children() if next(child.parameters(), None) is not None]
+    if others and not hasattr(module, "model"):
+        raise UserError(f"the LightningModule has no `model` and its networks ({', '.join(others)}) are not "
+                        "decoder-only language models the pruning callback recognises",
+                        "keep the network to prune in `self.model` (or set `self.model = None` to have the callback "
+                        "load settings.model)")
+    return "model", None
+
+
 def _log_result(result: PruneResult, settings: PruningSettings, seconds: float, ctx: DistContext) -> None:
     if not ctx.is_main:
         return
@@ -197,7 +243,8 @@ def _log_result(result: PruneResult, settings: PruningSettings, seconds: float, 
 
 
 class PruningCallback(L.Callback):
-    """Prunes ``pl_module.model`` in ``setup`` on every rank (see the module docstring).
+    """Prunes ``pl_module.model`` (or the module's one language model, :func:`module_network`) in ``setup`` on
+    every rank (see the module docstring).
 
     Args:
         settings: What to prune and measure.
@@ -217,9 +264,9 @@ class PruningCallback(L.Callback):
         if self.pruned is not None:
             return
         ctx = DistContext.current(trainer.strategy.root_device)
-        self.pruned = prune_phase(self.settings, getattr(pl_module, "model", None), self.tokenizer, ctx,
-                                  self.everywhere)
-        pl_module.model = self.pruned.model
+        where, network = module_network(pl_module)
+        self.pruned = prune_phase(self.settings, network, self.tokenizer, ctx, self.everywhere)
+        setattr(pl_module, where, self.pruned.model)
         if hasattr(pl_module, "masks"):
             pl_module.masks = self.pruned.masks
         if self.pruned.dense is not None and hasattr(pl_module, "set_teacher"):

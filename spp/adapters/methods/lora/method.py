@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
+from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, Masks, MergedLayer, linear_tensors
+from spp.adapters.base import AdapterMethod, Masks, MergedLayer, linear_tensors, read_json_file
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.lora.config import LoRAConfig
 from spp.adapters.methods.lora.remask import (
@@ -20,7 +22,28 @@ from spp.adapters.methods.lora.remask import (
     lora_layers,
     merge_and_remask,
 )
+from spp.atomic import write_file_atomic
 from spp.errors import UserError
+
+PEFT_TYPE = "LORA_STAR"
+"""``adapter_config.json``'s ``peft_type`` of a LoRA* folder (``spp.peft.LoraStarConfig``); ``LORA`` before."""
+PEFT_CONFIG = "adapter_config.json"
+
+
+def read_lora_star_config(directory: str | Path) -> LoraConfig:
+    """The LoRA settings of a LoRA* folder's ``adapter_config.json`` (``peft_type`` ``LORA_STAR`` or ``LORA``), as a
+    plain ``LoraConfig``, read without peft's registry (``spp.peft`` need not be imported).
+
+    Raises:
+        FileNotFoundError: no ``adapter_config.json``. ValueError: another ``peft_type``, or a damaged file.
+    """
+    path = Path(directory) / PEFT_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"No {PEFT_CONFIG} in {directory}; expected the adapter folder of an adapter=lora run")
+    saved = read_json_file(path)
+    if saved.get("peft_type") not in ("LORA", PEFT_TYPE):
+        raise ValueError(f"{path} is not a LoRA* adapter (peft_type={saved.get('peft_type')!r})")
+    return LoraConfig.from_peft_type(**{**saved, "peft_type": "LORA"})
 
 
 class LoRAStar(AdapterMethod):
@@ -42,15 +65,22 @@ class LoRAStar(AdapterMethod):
         return merged, stats.to_dict()
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
+        """peft's files, with ``"peft_type": "LORA_STAR"``: peft alone refuses the folder (an unknown type) instead
+        of merging it as plain LoRA (``W~ + s·B A`` fills every pruned zero); ``spp.peft`` registers the type with
+        a merge that re-masks."""
         model.save_pretrained(directory)
+        path = Path(directory) / PEFT_CONFIG
+        text = json.dumps({**read_json_file(path), "peft_type": PEFT_TYPE}, indent=2, sort_keys=True)
+        write_file_atomic(path, lambda p: p.write_text(text + "\n"))
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
-        """peft's own files (``PeftModel.from_pretrained``)."""
-        from peft import LoraConfig, PeftModel
+        """peft's own files (``PeftModel.from_pretrained`` with their settings read as plain LoRA: the merge that
+        follows re-masks); folders of either ``peft_type`` (``LORA_STAR``, or ``LORA`` from before)."""
+        from peft import PeftModel
 
         try:
-            peft_cfg = LoraConfig.from_pretrained(str(directory))
-            model = PeftModel.from_pretrained(model, str(directory))
+            peft_cfg = read_lora_star_config(directory)
+            model = PeftModel.from_pretrained(model, str(directory), config=peft_cfg)
         except (OSError, ValueError, KeyError, RuntimeError) as err:
             raise UserError(f"adapter_dir={str(directory)!r} is not a LoRA adapter of this model: {err}",
                             "point adapter_dir= at the adapter folder of an adapter=lora run on this pruned model",

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
+from spp.adapters.base import load_tensor_file, read_json_file
 from spp.adapters.methods.spp.model import adapter_state_dict, inject, spp_layers
 from spp.atomic import write_file_atomic
 from spp.version import __version__
@@ -80,7 +81,7 @@ def read_adapter_config(directory: str | os.PathLike) -> dict[str, Any]:
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"No {CONFIG_NAME} in {directory}; expected a directory written by save_adapter.")
-    config = json.loads(path.read_text())
+    config = read_json_file(path)
     if config.get("format") != FORMAT:
         raise ValueError(f"{path} is not an SPP adapter (format={config.get('format')!r}, expected {FORMAT!r}).")
     return config
@@ -109,7 +110,7 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         unexpected = sorted(set(layers) - set(config["layers"]))[:5]
         raise ValueError(f"load_adapter: SPP layers differ from {directory}: missing in model {missing}, "
                          f"not in the file {unexpected}. Use the same model architecture and targets.")
-    state = load_file(str(weights))
+    state = load_tensor_file(weights)
     expected = {k: v for k, v in adapter_state_dict(model).items()}
     if set(state) != set(expected):
         raise ValueError(f"load_adapter: tensor names differ: file-only {sorted(set(state) - set(expected))[:5]}, "

@@ -1,0 +1,89 @@
+"""``eval.py adapter_dir=``: the base the job builds, compared before any weight is read with the one the adapter
+folder records (:mod:`spp.adapters.trained_on`).
+
+The model's identity (:func:`spp.models.loading.model_identity`, taken in the recorded dtype so that a dtype change
+alone is left to the zero-pattern check) and the pruning cache key (pruner, pattern, calibration; not the code
+version) must be the recorded ones. A saved folder evaluated as it is (``model.path=<dir>`` without ``pruner=``: e.g.
+``prune.py``'s ``<run>/model``) has no settings to compare; its zero pattern is checked after loading
+(:func:`spp.adapters.registry.load_adapter_dir`), as is every base.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from spp.adapters.registry import trained_on
+from spp.adapters.trained_on import refusal
+from spp.eval.job_config import EvalJobConfig
+from spp.models.loading import model_identity, resolve_source
+from spp.pruning.cache import cache_key
+
+IGNORED = ("code_version", "model")
+"""Cache-key fields not compared here: the code version (the zero pattern decides) and the model (compared apart)."""
+ORDER = ("pruner", "sparsity", "calibration")
+"""The order differences are named in."""
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"calibration.nsamples": 128, ...}`` of a nested key."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for k, v in value.items():
+        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+def key_differences(trained: dict[str, Any], here: dict[str, Any]) -> list[str]:
+    """``calibration.nsamples=128 when trained, 4 here`` for each differing field of two pruning cache keys, pruner
+    first, then pattern and calibration (a section only one side has: ``calibration`` once)."""
+    sections = sorted((set(trained) | set(here)) - set(IGNORED), key=lambda k: (ORDER.index(k) if k in ORDER else 9, k))
+    out = []
+    for section in sections:
+        if (section in trained) != (section in here):
+            out.append(f"{section} {'recorded when trained, none here' if section in trained else 'none when trained'}")
+            continue
+        a, b = _flat(trained[section], section), _flat(here[section], section)
+        out += [f"{k}={a.get(k)!r} when trained, {b.get(k)!r} here" for k in sorted(set(a) | set(b))
+                if a.get(k) != b.get(k)]
+    return out
+
+
+def base_differences(cfg: EvalJobConfig, record: dict[str, Any], prunes: bool) -> list[str]:
+    """How the base ``cfg`` builds differs from ``record`` (empty: the same model and pruning)."""
+    model = record.get("model") or {}
+    model_cfg = dataclasses.replace(cfg.model, torch_dtype=model.get("dtype") or cfg.model.torch_dtype)
+    differences = []
+    identity = model_identity(model_cfg)
+    if identity != model.get("identity"):
+        differences.append(f"model={model.get('name')} ({model.get('identity')}) when trained, {cfg.model.name} "
+                           f"({identity}) here")
+    pruning = record.get("pruning")
+    if prunes and pruning is None:
+        differences.append(f"a dense base when trained, pruned here ({cfg.pruner.name} {cfg.sparsity.name})")
+    elif not prunes and pruning is not None:
+        differences.append(f"pruned {pruning.get('pruner')} {pruning.get('sparsity')} when trained, dense here")
+    elif prunes:
+        key, _ = cache_key(model_cfg, cfg.pruner, cfg.sparsity, cfg.calibration, cfg.data_dir)
+        differences += key_differences(pruning.get("key") or {}, json.loads(json.dumps(key)))  # as recorded
+    return differences
+
+
+def check_adapter_base(cfg: EvalJobConfig, prunes: bool) -> None:
+    """Refuse, before any model is loaded, an ``adapter_dir=`` recorded on another model or pruning than ``cfg``'s
+    (``prunes``: whether the job prunes). Nothing to compare for a folder without the record, or a saved model
+    folder evaluated as it is (both are checked by their zero pattern after loading).
+
+    Raises:
+        UserError: one line naming the recorded base, how this one differs, and the fix (key ``adapter_dir``).
+    """
+    record = trained_on(cfg.adapter_dir) if cfg.adapter_dir else None
+    if not record:
+        return
+    if not prunes and resolve_source(cfg.model)[0] == "dir":
+        return
+    differences = base_differences(cfg, record, prunes)
+    if differences:
+        raise refusal(f"adapter_dir={cfg.adapter_dir!r}", record, "; ".join(differences[:3]), path=cfg.adapter_dir)
