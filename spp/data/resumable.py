@@ -6,7 +6,8 @@ so a stateful loader never gets its state back. The data module therefore saves 
 the checkpoint through its own ``state_dict`` / ``load_state_dict`` (Lightning calls both), and the loader skips
 the batches already trained on when the resumed epoch's first batch is requested (lazily, after the restore).
 With the data module's seeded per-epoch ``DistributedSampler`` the resumed run sees exactly the batches of the
-uninterrupted one.
+uninterrupted one. The count is of this rank's own shard, so it holds for the world size it was saved with only:
+a resume on another world size or strategy is refused before any load (``spp.training.resume_checks.check_world``).
 """
 
 from __future__ import annotations

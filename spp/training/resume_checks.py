@@ -46,12 +46,26 @@ def pruning_settings(job: Any) -> dict[str, dict[str, Any]]:
     return groups
 
 
+def world_of(job: Any) -> dict[str, Any]:
+    """``{"devices", "num_nodes", "world_size", "strategy"}`` of ``job``: ``trainer.devices`` as a count (``auto``:
+    the visible GPUs), and the strategy with ``auto`` resolved (``ddp`` over several processes, else ``single``)."""
+    from spp.planning.job import accelerator_kind, device_count
+
+    devices = device_count(job.trainer.devices, accelerator_kind(str(job.trainer.accelerator), plan_only=False))
+    nodes = int(job.trainer.num_nodes)
+    strategy = str(getattr(job.strategy.name, "value", job.strategy.name))
+    if strategy == "auto":
+        strategy = "ddp" if devices * nodes > 1 else "single"
+    return {"devices": devices, "num_nodes": nodes, "world_size": devices * nodes, "strategy": strategy}
+
+
 def settings_of(job: Any) -> dict[str, Any]:
     """The settings a checkpoint must match to be resumed (stored as ``spp_settings``): the adapter, the model (name,
     path, content identity), everything that decides the pruned weights (:func:`pruning_settings`), the data and
-    the optimisation (:data:`RESUME_DATA_KEYS`, :data:`RESUME_TRAINER_KEYS`)."""
+    the optimisation (:data:`RESUME_DATA_KEYS`, :data:`RESUME_TRAINER_KEYS`), and the processes (:func:`world_of`,
+    compared by :func:`check_world`)."""
     pruning = pruning_settings(job)
-    return {"adapter": _plain(job.adapter),
+    return {"world": world_of(job), "adapter": _plain(job.adapter),
             "model": {"name": job.model.name, "path": job.model.path, **pruning.pop("model")},
             "pruner": {"name": job.pruner.name, **pruning.pop("pruner", {})}, "sparsity": _plain(job.sparsity),
             **pruning, "data": _plain(job.data, RESUME_DATA_KEYS), "trainer": _plain(job.trainer, RESUME_TRAINER_KEYS)}
@@ -72,17 +86,69 @@ def compare_settings(saved: dict[str, Any], now: dict[str, Any]) -> tuple[list[s
     return diffs, unsaved
 
 
+def _world_text(world: dict[str, Any]) -> str:
+    """``trainer.devices=2 trainer.num_nodes=1 strategy=ddp`` (an older checkpoint, which did not record them: its
+    world size alone)."""
+    if "devices" not in world:
+        return "a version that did not record trainer.devices, trainer.num_nodes and strategy"
+    return f"trainer.devices={world['devices']} trainer.num_nodes={world['num_nodes']} strategy={world['strategy']}"
+
+
+def check_world(checkpoint: str | os.PathLike[str], saved: dict[str, Any] | None, now: dict[str, Any]) -> None:
+    """Refuse a resume on another world size or strategy, in one line naming both.
+
+    The checkpoint's data position is each rank's count of batches of its own ``DistributedSampler`` shard, its
+    random states are one per rank (``rng_states``) and its optimiser state is laid out by the strategy (DDP
+    replicas, FSDP2 shards, ZeRO partitions): none of them maps to another world size or strategy exactly (the
+    shards hold other examples, the per-rank dropout streams cannot be split or merged), so both must be equal.
+    The split ``devices`` x ``num_nodes`` may differ (the global ranks, hence shards and states, are the same).
+    ``saved`` is ``None`` for a checkpoint that predates the record: its world size is then known only from its
+    random states (one per rank), and its strategy is not compared."""
+    if saved is None or "strategy" not in saved:
+        log.warning("preflight: %s predates the record of trainer.devices, trainer.num_nodes and strategy; %s",
+                    checkpoint, "not compared" if saved is None else
+                    f"its random states give {saved['world_size']} process(es), the strategy is not compared")
+    if saved is None:
+        return
+    other_size = saved["world_size"] != now["world_size"]
+    if other_size or saved.get("strategy", now["strategy"]) != now["strategy"]:
+        raise UserError(f"trainer.resume_from={str(checkpoint)!r} was written with {_world_text(saved)} "
+                        f"({saved['world_size']} process(es)); this job has {_world_text(now)} "
+                        f"({now['world_size']} process(es)): a checkpoint's data position, random states and "
+                        "optimiser state do not map to another world size or strategy",
+                        "resume with the checkpoint's trainer.devices x trainer.num_nodes and strategy, or start a "
+                        "new run without trainer.resume_from", key="trainer.devices" if other_size else "strategy")
+
+
+def saved_world(ckpt: Any) -> dict[str, Any] | None:
+    """The world a checkpoint was written by: its ``spp_settings["world"]``, else (an older checkpoint) the world
+    size its per-rank random states give, else ``None``."""
+    from spp.training.callbacks.rng_state import RNG_KEY
+
+    if not isinstance(ckpt, dict):
+        return None
+    world = (ckpt.get("spp_settings") or {}).get("world")
+    if isinstance(world, dict) and "world_size" in world:
+        return world
+    states = ckpt.get(RNG_KEY)
+    return {"world_size": len(states)} if isinstance(states, list) and states else None
+
+
 def check_resume(job: Any, checkpoint: str | os.PathLike[str]) -> None:
-    """Compare a resume checkpoint's ``spp_settings`` with the job; name every key that differs. Settings the
-    checkpoint predates (written by an older version) are not compared: a warning names them."""
+    """Compare a resume checkpoint's ``spp_settings`` with the job; name every key that differs. The world size
+    and strategy first (:func:`check_world`). Settings the checkpoint predates (written by an older version) are
+    not compared: a warning names them."""
     state_file = check_resume_format(job.strategy, checkpoint)  # a DeepSpeed directory: the file of its client state
     with user_file(checkpoint, "trainer.resume_from"):
         ckpt = torch.load(state_file, map_location="cpu", weights_only=False, mmap=True)
+    now = settings_of(job)
+    check_world(checkpoint, saved_world(ckpt), now.pop("world"))
     saved = ckpt.get("spp_settings") if isinstance(ckpt, dict) else None
     if not saved:
         log.warning("preflight: %s holds no spp_settings (written before they were saved); not compared", checkpoint)
         return
-    diffs, unsaved = compare_settings(saved, settings_of(job))
+    saved = {k: v for k, v in saved.items() if k != "world"}
+    diffs, unsaved = compare_settings(saved, now)
     if diffs:
         raise UserError(f"trainer.resume_from={str(checkpoint)!r} was written with other settings: {', '.join(diffs)}",
                         "resume with the checkpoint's settings, or start a new run without trainer.resume_from",

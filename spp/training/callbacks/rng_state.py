@@ -10,8 +10,9 @@ batches alone, and carries it through checkpoints:
 * each checkpoint stores the state after the last training batch before it (``checkpoint["rng_states"]``, one
   entry per rank, gathered when several processes train): the state the next batch starts from, also when the
   checkpoint is written at an epoch end, after validation;
-* on resume the state of this rank (or of rank 0 when the world size changed) is restored when the first
-  training batch starts, after Lightning has rebuilt the loaders.
+* on resume the state of this rank is restored when the first training batch starts, after Lightning has rebuilt
+  the loaders. A checkpoint of another world size is refused (one state per rank does not map to another count;
+  the preflight refuses it first: ``spp.training.resume_checks.check_world``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
+
+from spp.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -89,5 +92,9 @@ class RngState(Callback):
             log.warning("the checkpoint holds no random state (written before it was saved): adapter dropout after "
                         "the resume draws other masks than the interrupted run would have")
             return
-        rank = trainer.global_rank
-        self._pending = saved[rank] if len(saved) == trainer.world_size else saved[0]
+        if len(saved) != trainer.world_size:
+            raise UserError(f"the resumed checkpoint holds the random states of {len(saved)} process(es); this run "
+                            f"has {trainer.world_size}: they do not map to another world size",
+                            "resume with the checkpoint's trainer.devices x trainer.num_nodes, or start a new run "
+                            "without trainer.resume_from", key="trainer.devices")
+        self._pending = saved[trainer.global_rank]
