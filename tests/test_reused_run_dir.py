@@ -32,3 +32,15 @@ def test_failed_export_leaves_no_previous_export(tmp_path: Path, monkeypatch: py
     assert summary["status"] == "export_failed"
     assert json.loads((run / "adapter" / "adapter_config.json").read_text())["layer_kwargs"]["r"] == 8
     assert not (run / "merged").exists() and not list(run.glob(".merged.*"))
+
+
+def test_run_without_export_leaves_no_previous_export(tmp_path: Path) -> None:
+    """Run 1 exports ``merged/`` (and a diverged run's folder is left beside it); run 2 in the same run_dir with
+    ``export.merged=false``: neither of run 1's folders is left to load as run 2's model."""
+    run = tmp_path / "run"
+    run_job(tiny_job(tmp_path, "adapter.r=16", "eval=none"))
+    (run / "merged.diverged").mkdir()  # what an earlier diverged run in this run_dir left
+    assert ExportManifest.read(run / "merged") is not None  # negative control: run 1's export is there
+    run_job(tiny_job(tmp_path, "adapter.r=8", "eval=none", "export.merged=false"))
+    assert json.loads((run / "adapter" / "adapter_config.json").read_text())["layer_kwargs"]["r"] == 8
+    assert not (run / "merged").exists() and not (run / "merged.diverged").exists()

@@ -38,7 +38,7 @@ from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.eval.evaluate import evaluate
 from spp.export.manifest import ExportManifest, adapter_record
-from spp.export.merged import ExportInputs, export_streamed
+from spp.export.merged import ExportInputs, export_streamed, remove_stale_export
 from spp.models.loading import load_skeleton, model_identity
 from spp.pruning.cache import cache_key
 from spp.training.callbacks.pruning import PrunedModel
@@ -206,6 +206,8 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
         result.adapter_dir = on_rank0(ctx, lambda: save_adapter_files(job, pruned, fitted, run_dir))
         result.seconds["save_adapter"] = round(time.perf_counter() - start, 2)
     pruned.home = {}  # the pruned weights rank 0 kept for the adapter files: evaluation loads the export instead
+    if ctx.is_main:
+        clear_previous_exports(job, run_dir)
     needed = job.export.merged or job.eval.ppl or bool(job.eval.tasks) or job.sample.enabled
     target = export(job, pruned, fitted, run_dir, ctx, result) if needed else None
     release(fitted, pruned)
@@ -220,6 +222,15 @@ def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_di
     result.diverged = divergence(job, pruned, fitted, result)
     result.status, result.merged_dir = on_rank0(ctx, lambda: _place(job, run_dir, target, result.diverged))
     return result
+
+
+def clear_previous_exports(job: TrainJobConfig, run_dir: Path) -> None:
+    """Rank 0: a reused ``run_dir``'s ``merged.diverged/``, and its ``merged/`` when this run exports none
+    (``export.merged=false``), belong to other weights: removed, so none loads as this run's. (``merged/`` itself is
+    replaced by the export, which removes the old one first.)"""
+    remove_stale_export(run_dir / DIVERGED_DIR)
+    if not job.export.merged:
+        remove_stale_export(run_dir / "merged")
 
 
 def _place(job: TrainJobConfig, run_dir: Path, target: Path, diverged: list[str]) -> tuple[str, str | None]:
