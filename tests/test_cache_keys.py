@@ -180,7 +180,7 @@ def test_the_keys_of_existing_settings_did_not_change() -> None:
     dsnot = {"name": "dsnot", "targets": targets, "true_sequential": False, "initial_method": "wanda",
              "max_cycles": 50, "update_threshold": 0.1, "pow_of_var_regrowing": 1.0, "same_sign_check": False,
              "refine_targets": ["k_proj", "o_proj", "q_proj", "v_proj"]}
-    assert pruning_cache.PRUNING_CODE_VERSION == "1"
+    assert pruning_cache.PRUNING_CODE_VERSION == "2"  # "2": SparseGPT's exact Hessian sum (the other fields kept)
     assert pruner_key(pruner_config("magnitude", true_sequential=True)) == {"name": "magnitude", "targets": targets}
     assert pruner_key(pruner_config("wanda")) == {"name": "wanda", "targets": targets, "true_sequential": False}
     assert pruner_key(pruner_config("sparsegpt", blocksize=64)) == {

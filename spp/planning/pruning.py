@@ -56,12 +56,16 @@ class Calibration:
 
 
 def _hessian_bytes(shape: ModelShape, true_sequential: bool) -> int:
-    """fp32 X Xᵀ held at once: the group calibrated together (all linears, or the largest sublayer group)."""
-    sizes = {leaf: i * i * 4 for leaf, (_o, i) in shape.linears.items()}
+    """The X Xᵀ sums held at once (the group calibrated together: all linears, or the largest sublayer group), as
+    ``spp.pruning.statistics`` keeps them: exact int64 fixed-point sums (8 bytes an entry, one bucket per matrix in
+    practice), plus one batch's fp32 Gram of the largest of them (scaled to integers in place, added a block of rows
+    at a time)."""
+    held = {leaf: i * i * 8 for leaf, (_o, i) in shape.linears.items()}
+    batch = max(i * i * 4 for _o, i in shape.linears.values())
     if not true_sequential:
-        return sum(sizes.values())
+        return sum(held.values()) + batch
     groups = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
-    return max(sum(sizes.get(leaf, 0) for leaf in group) for group in groups)
+    return max(sum(held.get(leaf, 0) for leaf in group) for group in groups) + batch
 
 
 def _solve_bytes(shape: ModelShape) -> int:

@@ -4,16 +4,72 @@ summed across ranks.
 Each rank runs its share of the calibration batches (batch ``b`` belongs to rank ``b mod world``). The
 per-feature sums (Wanda's ‖X_j‖², DS⊘T's Σ x_j) are kept per batch in fp32 and, at :meth:`reduce`, gathered and
 added in fp64 in *global batch order*: exactly the additions one process makes, so the masks do not depend on the
-number of ranks. The Hessian X Xᵀ (SparseGPT) is too large to keep per batch; each rank accumulates its batches
-in fp32 and the partial sums are reduced onto the rank that solves the matrix (the order of that last sum is the
-only difference from one process).
+number of ranks. The Hessian X Xᵀ (SparseGPT) is too large to keep per batch, so its sum is made *exact*: each
+batch's fp32 X Xᵀ is rounded onto a fixed-point grid set by that batch alone (int64, :data:`FRACTION_BITS` bits
+below a power of two at or above its largest entry, on a coarse exponent grid) and added as integers, one integer
+accumulator per grid exponent. Integer sums do not depend on their order, so the Hessian has the same bits however
+the batches are split over ranks and whatever order the collective adds them in.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from spp.distributed import DistContext
+
+FRACTION_BITS = 42
+"""Bits of a batch's Hessian kept below its bucket's power of two: with at most :data:`MAX_BATCHES` batches the
+integer sum stays below 2**63."""
+MAX_BATCHES = 2**20
+"""The most calibration batches a Hessian may sum (checked at :meth:`InputStatistics.reduce`)."""
+EXPONENT_GRID = 8
+"""Bucket exponents are multiples of this: a few wide buckets (usually one per matrix), ≥ 34 bits per batch."""
+
+
+def _bucket(gram: torch.Tensor) -> int | None:
+    """The bucket exponent E of one batch's X Xᵀ (every |entry| < 2**E), or None when it is all zero.
+
+    Raises:
+        ValueError: an entry is not finite.
+    """
+    top = float(gram.abs().max())
+    if not math.isfinite(top):
+        raise ValueError("non-finite input")
+    if top == 0.0:
+        return None
+    exponent = int(torch.frexp(torch.tensor(top, dtype=torch.float64)).exponent)
+    return -(-exponent // EXPONENT_GRID) * EXPONENT_GRID
+
+
+def fixed_point(gram: torch.Tensor, exponent: int) -> torch.Tensor:
+    """``gram`` (fp32, overwritten) scaled in place to multiples of 2**(exponent - FRACTION_BITS), rounded to
+    integers (still fp32); a positive diagonal entry stays ≥ 1 (an input feature that is ever non-zero is never taken
+    for a dead one). Scaling by a power of two and rounding to an integer are exact in fp32 (every |entry| < 2**42
+    after scaling), so no wider copy is made."""
+    shift = FRACTION_BITS - exponent
+    while shift:  # in steps whose factor fp32 holds (a bucket far below 1 needs a factor above 2**127)
+        step = max(-126, min(126, shift))
+        gram.mul_(2.0**step)
+        shift -= step
+    positive = gram.diagonal() > 0
+    gram.round_()
+    diag = gram.diagonal()
+    diag.copy_(torch.where(positive, diag.clamp_min(1.0), diag))
+    return gram
+
+
+ROWS_BYTES = 1 << 26
+"""The int64 copy of a scaled Gram is made this many bytes of rows at a time (a small temporary, not a second
+matrix)."""
+
+
+def add_integers(total: torch.Tensor, scaled: torch.Tensor) -> None:
+    """``total`` (int64) += ``scaled`` (fp32 holding integers), a block of rows at a time."""
+    rows = max(1, ROWS_BYTES // (8 * scaled.shape[1]))
+    for start in range(0, scaled.shape[0], rows):
+        total[start : start + rows].add_(scaled[start : start + rows].to(torch.int64))
 
 
 class InputStatistics:
@@ -35,7 +91,9 @@ class InputStatistics:
         self.nsamples = 0
         self.ntokens = 0
         self.sq_sum = torch.zeros(in_features, dtype=torch.float64, device=device)
-        self.xtx = torch.zeros(in_features, in_features, dtype=torch.float32, device=device) if hessian else None
+        self.hessian_enabled = hessian
+        self.xtx: dict[int, torch.Tensor] = {}  # bucket exponent -> exact int64 sum of the batches' fixed-point X Xᵀ
+        self._xtx_finite = True
         self.sum = torch.zeros(in_features, dtype=torch.float64, device=device) if moments else None
         self._parts: dict[int, tuple[int, int, torch.Tensor, torch.Tensor | None]] = {}
         self._batch = 0
@@ -60,8 +118,22 @@ class InputStatistics:
         self.sq_sum += sq.double()
         if self.sum is not None:
             self.sum += total.double()
-        if self.xtx is not None:
-            self.xtx.addmm_(flat.t(), flat)
+        if self.hessian_enabled:
+            self._add_gram(flat.t() @ flat)
+
+    def _add_gram(self, gram: torch.Tensor) -> None:
+        """Add one batch's fp32 X Xᵀ exactly, in its bucket."""
+        try:
+            exponent = _bucket(gram)
+        except ValueError:
+            self._xtx_finite = False
+            return
+        if exponent is None:
+            return
+        scaled = fixed_point(gram, exponent)
+        if exponent not in self.xtx:
+            self.xtx[exponent] = torch.zeros(scaled.shape, dtype=torch.int64, device=scaled.device)
+        add_integers(self.xtx[exponent], scaled)
 
     def reduce(self, ctx: DistContext, batches: int, owner: int | None = None) -> None:
         """Combine every rank's batches (``batches`` in all): vectors on every rank, X Xᵀ onto ``owner``
@@ -83,11 +155,20 @@ class InputStatistics:
             if self.sum is not None:
                 self.sum += row[self.in_features : 2 * self.in_features]
         self.nsamples, self.ntokens = int(table[:, -2].sum()), int(table[:, -1].sum())
-        if self.xtx is not None:
-            if owner is None:
-                ctx.all_reduce_(self.xtx)
-            else:
-                ctx.reduce_(self.xtx, dst=owner)
+        if batches > MAX_BATCHES:
+            raise ValueError(f"{batches} calibration batches exceed {MAX_BATCHES}; raise calibration.batch_size")
+        if self.hessian_enabled:
+            self._reduce_xtx(ctx, owner)
+
+    def _reduce_xtx(self, ctx: DistContext, owner: int | None) -> None:
+        """Sum every rank's buckets (the union of their exponents, in ascending order): exact integer sums."""
+        exponents = sorted(set().union(*ctx.gather_objects(sorted(self.xtx))))
+        zeros = (self.in_features, self.in_features)
+        for exponent in exponents:
+            part = self.xtx.get(exponent)
+            if part is None:
+                part = torch.zeros(zeros, dtype=torch.int64, device=self.device)
+            self.xtx[exponent] = ctx.all_reduce_(part) if owner is None else ctx.reduce_(part, dst=owner)
 
     def _require(self) -> None:
         if self.nsamples == 0:
@@ -103,9 +184,12 @@ class InputStatistics:
     def hessian(self) -> torch.Tensor:
         """SparseGPT's H = (2/N) Σ X Xᵀ over N calibration sequences (fp32, in x in)."""
         self._require()
-        if self.xtx is None:
+        if not self.hessian_enabled:
             raise RuntimeError("InputStatistics was created without hessian=True")
-        return self.xtx * (2.0 / self.nsamples)
+        total = torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=self.device)
+        for exponent in sorted(self.xtx):  # a fixed order: the same bits on every rank count
+            total.add_(self.xtx[exponent].double(), alpha=2.0 ** (exponent - FRACTION_BITS))
+        return total.mul_(2.0 / self.nsamples).float()
 
     @property
     def sequence_sum(self) -> torch.Tensor:
@@ -134,4 +218,4 @@ class InputStatistics:
 
     def finite(self) -> bool:
         """Whether every accumulated statistic is finite (checked before anything is pruned)."""
-        return bool(torch.isfinite(self.sq_sum).all()) and (self.xtx is None or bool(torch.isfinite(self.xtx).all()))
+        return bool(torch.isfinite(self.sq_sum).all()) and self._xtx_finite

@@ -51,7 +51,7 @@ from spp.pruning.patterns import sparsity_summary
 from spp.pruning.registry import NO_PRUNING, get_pruner, needs_calibration, resolve_config
 from spp.pruning.report import report_from_layers
 
-PRUNING_CODE_VERSION = "1"
+PRUNING_CODE_VERSION = "2"  # 2: SparseGPT's Hessian summed exactly (the same masks on any number of ranks)
 """Bump when a change to the pruning code changes its results: old cache entries then stop matching."""
 
 DEFAULT_LOCK_TIMEOUT_S = 7200.0
