@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import MARK, RUNNER
 from train_helpers import compose_train
 
 from spp.errors import UserError
@@ -22,33 +23,6 @@ from spp.planning.job import ASSUMED_NODE_HOST_GIB, plan_hardware, plan_job
 from spp.preflight.model_files import model_arch
 from spp.training.callbacks.adapter_checkpoint import resume_command
 from spp.training.config import load_job
-
-MARK = "@@case-done"
-RUNNER = f"""
-import json, runpy, sys, traceback
-import transformers
-from hydra.core.global_hydra import GlobalHydra
-
-def refuse(*args, **kwargs):
-    print("TRIPWIRE: model weights were loaded", file=sys.stderr, flush=True)
-    raise SystemExit(99)
-
-transformers.AutoModelForCausalLM.from_pretrained = refuse
-transformers.PreTrainedModel.from_pretrained = classmethod(refuse)
-for name, argv in json.loads(sys.argv[1]):
-    sys.argv, code = list(argv), 0
-    try:
-        runpy.run_path(argv[0], run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code
-    except BaseException:
-        traceback.print_exc()
-        code = "exception"
-    GlobalHydra.instance().clear()
-    print(f"{MARK} {{name}} {{code}}", file=sys.stderr, flush=True)
-"""
-"""Runs each ``(name, [script, *args])`` as ``python script args`` in one process (torch imported once), with the
-weight loaders replaced by a tripwire: a refusal that came after loading weights fails."""
 
 
 def _cases(tmp: Path) -> dict[str, list[str]]:

@@ -16,39 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_runner import MARK, RUNNER
 from train_helpers import tiny_job
 
 from spp.errors import UserError
 from spp.paths import REPO_ROOT, SAMPLE_DATA_DIR
 from spp.preflight.shapes import check_targets
 from spp.training.val_schedule import first_validation_batch, no_validation_reason
-
-MARK = "@@case-done"
-RUNNER = f"""
-import json, runpy, sys, traceback
-import transformers
-from hydra.core.global_hydra import GlobalHydra
-
-def refuse(*args, **kwargs):
-    print("TRIPWIRE: model weights were loaded", file=sys.stderr, flush=True)
-    raise SystemExit(99)
-
-transformers.AutoModelForCausalLM.from_pretrained = refuse
-transformers.PreTrainedModel.from_pretrained = classmethod(refuse)
-for name, argv in json.loads(sys.argv[1]):
-    sys.argv, code = list(argv), 0
-    try:
-        runpy.run_path(argv[0], run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code
-    except BaseException:
-        traceback.print_exc()
-        code = "exception"
-    GlobalHydra.instance().clear()
-    print(f"{MARK} {{name}} {{code}}", file=sys.stderr, flush=True)
-"""
-"""Runs each ``(name, [script, *args])`` of ``argv[1]`` (JSON) as ``python script args``; after each, one
-``@@case-done <name> <exit status>`` line on stderr closes that case's output."""
 
 SWEEP = ["-m", "hydra/sweeper=optuna_lr", "experiment=tiny_smoke"]
 

@@ -11,13 +11,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from peft.config import PeftConfig
+from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from spp.adapters.registry import check_adapter_files, trained_on
 from spp.adapters.trained_on import check_base
+from spp.models.conv1d import linearize_conv1d
+from spp.peft.architecture import resolve_default_targets
+from spp.peft.registration import peft_type
 
 C = TypeVar("C", bound=PeftConfig)
 
@@ -48,3 +52,68 @@ def check(config: PeftConfig, model: nn.Module) -> None:
     source = getattr(config, SOURCE_ATTR, None)
     what = f"the adapter folder {source!r}" if source else "this adapter"
     check_base(record or None, model, what, key="adapter folder", path=source)
+
+
+UNSUPPORTED = ("use_dora", "fan_in_fan_out", "lora_bias")
+"""``LoraConfig`` options spp's LoRA-shaped methods have no masked form of."""
+
+
+class MaskedLoraConfigMixin:
+    """What spp's peft configs built on ``LoraConfig`` (SparsePEFT, LoRA*) share: their own peft type, the LoRA
+    options they refuse, the folder check of ``from_pretrained`` and the older ``"peft_type": "LORA"`` they read.
+    Listed before ``LoraConfig`` among the bases; the class sets ``spp_name`` (its registered name) and ``masks``
+    (what the refusal says it masks)."""
+
+    spp_name: ClassVar[str]
+    masks: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        self.peft_type = peft_type(self.spp_name)
+        bad = [key for key in UNSUPPORTED if getattr(self, key)]
+        if bad:
+            raise ValueError(f"{type(self).__name__}: {bad[0]}={getattr(self, bad[0])!r} is not supported ("
+                             f"{self.masks}); leave it at its default")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None, **kwargs: Any) -> Any:
+        """peft's ``from_pretrained``, the folder's files checked and its recorded base in ``spp_trained_on``."""
+        parent = super()
+        return from_folder(lambda: parent.from_pretrained(pretrained_model_name_or_path, subfolder, **kwargs),
+                           pretrained_model_name_or_path, subfolder)
+
+    @classmethod
+    def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
+        """Also reads a folder spp wrote before it recorded its own peft type (``"peft_type": "LORA"`` there)."""
+        if kwargs.get("peft_type") == "LORA":
+            kwargs["peft_type"] = str(peft_type(cls.spp_name).value)
+        return super().check_kwargs(**kwargs)  # type: ignore[misc]
+
+
+class MaskedLoraModelMixin:
+    """What spp's tuners built on ``LoraModel`` share: default targets (the model's block projections), GPT-2's
+    ``Conv1D`` held as ``nn.Linear``, a folder's adapter refused on another base than the one it records
+    (:func:`check`), and ``nn.Linear`` targets only, each replaced by the class's ``layer_class``. Listed before
+    ``LoraModel`` among the bases; the class sets ``layer_class`` and ``label`` (its name in refusals)."""
+
+    layer_class: ClassVar[type[nn.Module]]
+    label: ClassVar[str]
+
+    def _prepare_adapter_config(self, peft_config: Any, model_config: dict) -> Any:
+        """``target_modules`` ``None`` or the default list: the model's block projections."""
+        resolve_default_targets(peft_config, self.model)  # type: ignore[attr-defined]
+        return super()._prepare_adapter_config(peft_config, model_config)  # type: ignore[misc]
+
+    def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
+        linearize_conv1d(model)  # GPT-2's Conv1D held as nn.Linear, in place (its state dict keeps Conv1D's layout)
+        check(peft_config, model)
+        super()._prepare_model(peft_config, model)  # type: ignore[misc]
+
+    @classmethod
+    def _create_new_module(cls, lora_config: Any, adapter_name: str, target: nn.Module, **kwargs: Any) -> nn.Module:
+        """A ``layer_class`` layer (mask ``W~ ≠ 0`` of the base layer) for an ``nn.Linear`` target."""
+        base = target.get_base_layer() if isinstance(target, BaseTunerLayer) else target
+        if not isinstance(base, nn.Linear) or kwargs.get("parameter_name") is not None:
+            raise ValueError(f"{cls.label} adapts nn.Linear layers only, but target {kwargs.get('target_name')} is a "
+                             f"{type(base).__name__}; leave it out of the config's target_modules")
+        return cls.layer_class(target, adapter_name, config=lora_config, **kwargs)

@@ -15,57 +15,31 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from peft import LoraConfig, LoraModel, PeftModel
 from peft.tuners.lora.layer import Linear as LoraLinear
-from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from spp.adapters.bitmask import pack_rows, unpack_rows
 from spp.adapters.methods.lora.method import PEFT_TYPE, read_lora_star_config
 from spp.adapters.registry import describe_dir
-from spp.models.conv1d import linearize_conv1d
-from spp.peft.architecture import resolve_default_targets
-from spp.peft.base_record import check, from_folder
-from spp.peft.registration import LORA_STAR_NAME, peft_type
-
-UNSUPPORTED = ("use_dora", "fan_in_fan_out", "lora_bias")
-"""LoRA settings LoRA*'s re-masked merge has no form of here."""
+from spp.peft.base_record import MaskedLoraConfigMixin, MaskedLoraModelMixin, from_folder
+from spp.peft.registration import LORA_STAR_NAME
 
 
 @dataclass
-class LoraStarConfig(LoraConfig):
+class LoraStarConfig(MaskedLoraConfigMixin, LoraConfig):
     """LoRA* for peft: a ``LoraConfig`` (same keys and defaults) whose merge re-masks (``(W~ + s·B A) ⊙ M``).
 
     ``use_dora``, ``fan_in_fan_out`` and ``lora_bias`` are refused. ``spp_trained_on``: the base the folder records.
     """
 
+    spp_name: ClassVar[str] = LORA_STAR_NAME
+    masks: ClassVar[str] = "LoRA* re-masks a plain LoRA update of nn.Linear layers"
+
     spp_trained_on: dict[str, Any] | None = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.peft_type = peft_type(LORA_STAR_NAME)
-        bad = [key for key in UNSUPPORTED if getattr(self, key)]
-        if bad:
-            raise ValueError(f"LoraStarConfig: {bad[0]}={getattr(self, bad[0])!r} is not supported (LoRA* re-masks a "
-                             "plain LoRA update of nn.Linear layers); leave it at its default")
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
-                        **kwargs: Any) -> LoraStarConfig:
-        """peft's ``from_pretrained``, the folder's files checked and its recorded base in ``spp_trained_on``."""
-        return from_folder(lambda: super(LoraStarConfig, cls).from_pretrained(pretrained_model_name_or_path,
-                                                                              subfolder, **kwargs),
-                           pretrained_model_name_or_path, subfolder)
-
-    @classmethod
-    def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
-        """Also reads a LoRA* folder of before (``"peft_type": "LORA"``) when asked for explicitly."""
-        if kwargs.get("peft_type") == "LORA":
-            kwargs["peft_type"] = PEFT_TYPE
-        return super().check_kwargs(**kwargs)
 
 
 class LoraStarLinear(LoraLinear):
@@ -87,29 +61,12 @@ class LoraStarLinear(LoraLinear):
         return "lora_star_" + super().__repr__()
 
 
-class LoraStarModel(LoraModel):
+class LoraStarModel(MaskedLoraModelMixin, LoraModel):
     """peft's LoRA tuner with :class:`LoraStarLinear` layers; default targets and GPT-2 as in
     :mod:`spp.peft.architecture`; a folder's adapter is refused on another base than the one it records."""
 
-    def _prepare_adapter_config(self, peft_config: LoraConfig, model_config: dict) -> LoraConfig:
-        """``target_modules`` ``None`` or the default list: the model's block projections."""
-        resolve_default_targets(peft_config, self.model)
-        return super()._prepare_adapter_config(peft_config, model_config)
-
-    def _prepare_model(self, peft_config: LoraConfig, model: nn.Module) -> None:
-        linearize_conv1d(model)  # GPT-2's Conv1D held as nn.Linear, in place
-        check(peft_config, model)
-        super()._prepare_model(peft_config, model)
-
-    @staticmethod
-    def _create_new_module(lora_config: LoraConfig, adapter_name: str, target: nn.Module,
-                           **kwargs: Any) -> nn.Module:
-        """A ``LoraStarLinear`` (mask ``W~ ≠ 0`` of the base layer) for an ``nn.Linear`` target."""
-        base = target.get_base_layer() if isinstance(target, BaseTunerLayer) else target
-        if not isinstance(base, nn.Linear) or kwargs.get("parameter_name") is not None:
-            raise ValueError(f"LoRA* adapts nn.Linear layers only, but target {kwargs.get('target_name')} is a "
-                             f"{type(base).__name__}; leave it out of LoraStarConfig.target_modules")
-        return LoraStarLinear(target, adapter_name, config=lora_config, **kwargs)
+    layer_class: ClassVar[type[nn.Module]] = LoraStarLinear
+    label: ClassVar[str] = "LoRA*"
 
 
 def from_lora_star_adapter(model: nn.Module, directory: str | os.PathLike, adapter_name: str = "default",

@@ -12,27 +12,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from peft import LoraConfig, LoraModel, PeftModel
-from peft.tuners.tuners_utils import BaseTunerLayer
 from torch import nn
 
 from spp.adapters.base import read_json_file
 from spp.adapters.methods.lora.config import LoRAConfig as _SppDefaults
 from spp.adapters.methods.sparse_lora.layer import FORMAT, META_NAME, PEFT_TYPE, SparseLoraLinear, sparse_lora_layers
-from spp.models.conv1d import linearize_conv1d
-from spp.peft.architecture import resolve_default_targets
-from spp.peft.base_record import check, from_folder
-from spp.peft.registration import SPARSE_LORA_NAME, SPARSE_LORA_PREFIX, peft_type
+from spp.peft.base_record import MaskedLoraConfigMixin, MaskedLoraModelMixin
+from spp.peft.registration import SPARSE_LORA_NAME, SPARSE_LORA_PREFIX
 from spp.projections import DEFAULT_TARGETS
-
-UNSUPPORTED = ("use_dora", "fan_in_fan_out", "lora_bias")
-"""LoRA settings SparsePEFT has no masked form of."""
 
 
 @dataclass
-class SparseLoraConfig(LoraConfig):
+class SparseLoraConfig(MaskedLoraConfigMixin, LoraConfig):
     """SparsePEFT for ``peft.get_peft_model``: a ``LoraConfig`` (same keys) whose update is masked by the pruning
     mask in training and in the merge ``W~ + s·(B A) ⊙ M`` (zeros kept).
 
@@ -41,65 +35,25 @@ class SparseLoraConfig(LoraConfig):
     decoder blocks. ``use_dora``, ``fan_in_fan_out`` and ``lora_bias`` are refused.
     """
 
+    spp_name: ClassVar[str] = SPARSE_LORA_NAME
+    masks: ClassVar[str] = "SparsePEFT masks a plain LoRA update of nn.Linear layers"
+
     target_modules: list[str] | str | None = field(default_factory=lambda: list(DEFAULT_TARGETS))
     r: int = _SppDefaults.r
     lora_alpha: float = _SppDefaults.lora_alpha
     lora_dropout: float = _SppDefaults.dropout
     spp_trained_on: dict[str, Any] | None = None
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self.peft_type = peft_type(SPARSE_LORA_NAME)
-        bad = [key for key in UNSUPPORTED if getattr(self, key)]
-        if bad:
-            raise ValueError(f"SparseLoraConfig: {bad[0]}={getattr(self, bad[0])!r} is not supported (SparsePEFT masks "
-                             "a plain LoRA update of nn.Linear layers); leave it at its default")
 
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
-                        **kwargs: Any) -> SparseLoraConfig:
-        """peft's ``from_pretrained``, the folder's files checked and its recorded base in ``spp_trained_on``."""
-        return from_folder(lambda: super(SparseLoraConfig, cls).from_pretrained(pretrained_model_name_or_path,
-                                                                                subfolder, **kwargs),
-                           pretrained_model_name_or_path, subfolder)
-
-    @classmethod
-    def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
-        """``SparseLoraConfig.from_pretrained`` also reads a folder spp wrote before it recorded
-        ``"peft_type": "SPARSE_LORA"`` (``"LORA"`` there)."""
-        if kwargs.get("peft_type") == "LORA":
-            kwargs["peft_type"] = PEFT_TYPE
-        return super().check_kwargs(**kwargs)
-
-
-class SparseLoraModel(LoraModel):
+class SparseLoraModel(MaskedLoraModelMixin, LoraModel):
     """peft's LoRA tuner whose layers are spp's ``SparseLoraLinear`` (in ``named_modules`` order, as
     ``inject_sparse_lora``: same initial ``A`` from the same seed); default targets and GPT-2 as in
     :mod:`spp.peft.architecture`."""
 
     prefix: str = SPARSE_LORA_PREFIX
 
-    def _prepare_adapter_config(self, peft_config: LoraConfig, model_config: dict) -> LoraConfig:
-        """``target_modules`` ``None`` or the default list: the model's block projections."""
-        resolve_default_targets(peft_config, self.model)
-        return super()._prepare_adapter_config(peft_config, model_config)
-
-    def _prepare_model(self, peft_config: LoraConfig, model: nn.Module) -> None:
-        """GPT-2's ``Conv1D`` layers become ``nn.Linear`` (their state dict keeps ``Conv1D``'s layout); a folder's
-        adapter is refused on another base than the one it records (:func:`spp.peft.base_record.check`)."""
-        linearize_conv1d(model)  # GPT-2's Conv1D held as nn.Linear, in place
-        check(peft_config, model)
-        super()._prepare_model(peft_config, model)
-
-    @staticmethod
-    def _create_new_module(lora_config: LoraConfig, adapter_name: str, target: nn.Module,
-                           **kwargs: Any) -> nn.Module:
-        """A ``SparseLoraLinear`` (mask ``W~ ≠ 0`` of the base layer) for an ``nn.Linear`` target."""
-        base = target.get_base_layer() if isinstance(target, BaseTunerLayer) else target
-        if not isinstance(base, nn.Linear) or kwargs.get("parameter_name") is not None:
-            raise ValueError(f"SparsePEFT adapts nn.Linear layers only, but target {kwargs.get('target_name')} is a "
-                             f"{type(base).__name__}; leave it out of SparseLoraConfig.target_modules")
-        return SparseLoraLinear(target, adapter_name, config=lora_config, **kwargs)
+    layer_class: ClassVar[type[nn.Module]] = SparseLoraLinear
+    label: ClassVar[str] = "SparsePEFT"
 
 
 def _read_meta(path: Path, directory: str | os.PathLike) -> dict[str, Any] | None:
