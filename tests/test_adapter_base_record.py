@@ -109,11 +109,12 @@ def test_eval_refuses_another_model_or_pruning_before_loading(lora_run, tmp_path
     with pytest.raises(UserError, match=r"calibration.nsamples=4 when trained, 8 here"):
         run_eval_job(_eval(job, adapter, "pruner=wanda", "sparsity=nm2_4", "calibration=c4",
                            "calibration.nsamples=8", "calibration.seqlen=128"), tmp_path)
-    with pytest.raises(UserError, match=r"calibration.nsamples=4 when trained, 32 here.*calibration.sampling=None "
-                                        r"when trained, 'document' here") as err:  # eval.py's default calibration
+    with pytest.raises(UserError, match=r"calibration.nsamples=4 when trained, 32 here; calibration.seqlen=128 when "
+                                        r"trained, 512 here —") as err:  # eval.py's default calibration (its sampling
+        # is c4's default, document, as the run's null: the same draw, not named as a difference)
         run_eval_job(_eval(job, adapter, "pruner=wanda", "sparsity=nm2_4"), tmp_path)
-    assert ("calibration=c4 calibration.nsamples=4 calibration.seqlen=128 calibration.seed=0 calibration.sampling=null"
-            in err.value.fix)
+    assert ("calibration=c4 calibration.nsamples=4 calibration.seqlen=128 calibration.seed=0 "
+            "calibration.sampling=document") in err.value.fix
     with pytest.raises(UserError, match=r"pruner.name='wanda' when trained, 'magnitude' here"):
         run_eval_job(_eval(job, adapter, "pruner=magnitude", "sparsity=nm2_4"), tmp_path)
 

@@ -43,7 +43,7 @@ from spp.pruning.cache.store import (
     list_entries,
     remove_entry,
 )
-from spp.pruning.calibration_data import resolve_calibration_file
+from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
 from spp.pruning.config import CACHE_KEY, UNORDERED, CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult, prune_offloaded, resolve_device, validate_for_model
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
@@ -124,6 +124,7 @@ def cache_key(
     if needs_calibration(pruner):
         calib = dataclasses.asdict(calibration)
         calib.pop("batch_size")
+        calib["sampling"] = sampling_of(calibration)  # null is the source's default: the same draw, the same key
         calib["file_sha256"] = file_sha256(resolve_calibration_file(calibration, data_dir))
         key["calibration"] = calib
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
