@@ -5,15 +5,12 @@ files, and the "resume with" line of a ``run_dir`` with a space or a non-ASCII l
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from cli_runner import MARK, RUNNER
+from cli_runner import run_cases
 from train_helpers import compose_train
 
 from spp.errors import UserError
@@ -49,16 +46,7 @@ def outcomes(tmp_path_factory) -> dict[str, tuple[object, str]]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     cases = _cases(tmp)
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(list(cases.items()))], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    found, lines = {}, []
-    for line in proc.stderr.splitlines():
-        if line.startswith(MARK):
-            _, name, code = line.split()
-            found[name] = (int(code) if code.lstrip("-").isdigit() else code, "\n".join(lines))
-            lines = []
-        else:
-            lines.append(line)
+    proc, found = run_cases(cases, env, REPO_ROOT, 600)
     assert set(cases) <= set(found), proc.stderr[-4000:]
     return found
 

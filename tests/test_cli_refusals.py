@@ -8,15 +8,12 @@ loading weights fails the test.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cli_runner import MARK, RUNNER
+from cli_runner import run_cases
 from train_helpers import tiny_job
 
 from spp.errors import UserError
@@ -75,18 +72,9 @@ def outcomes(tmp_path_factory) -> dict[str, Any]:
            "WANDB_MODE": "offline", "PYTHONPATH": str(REPO_ROOT)}
     env.pop("HYDRA_FULL_ERROR", None)
     cases = _cases(tmp)
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(list(cases.items()))], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc, outcomes = run_cases(cases, env, REPO_ROOT, 900)
     assert proc.returncode == 0, proc.stderr[-5000:]
-    found: dict[str, Any] = {"tmp": tmp}
-    lines: list[str] = []
-    for line in proc.stderr.splitlines():
-        if line.startswith(MARK):
-            _, name, code = line.split()
-            found[name] = (int(code) if code.lstrip("-").isdigit() else code, "\n".join(lines))
-            lines = []
-        else:
-            lines.append(line)
+    found: dict[str, Any] = {"tmp": tmp, **outcomes}
     assert set(cases) <= set(found), proc.stderr[-5000:]
     return found
 
