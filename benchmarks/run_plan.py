@@ -4,6 +4,9 @@ overrides are in every row) and planned on the ``meta`` device; nothing is loade
 
     python benchmarks/run_plan.py   # writes docs/results/run_plan.json and the table in docs/plan.md
 
+It also plans block-wise reconstruction alone (``reconstruct=blockwise trainer.max_steps=0``) of each model on one
+80 GB GPU: ``docs/results/run_plan_reconstruct.json`` and the second table in ``docs/plan.md``.
+
 ``tests/test_plan_committed.py`` regenerates both and compares them with the committed files.
 """
 
@@ -18,6 +21,7 @@ from hydra import compose, initialize_config_dir
 
 from spp.planning.hardware import GIB, GPU_NODE
 from spp.planning.job import plan_job
+from spp.planning.reconstruction import HIDDEN_SETS
 from spp.planning.report import as_json, replace_between, time_text, write_committed
 from spp.preflight.model_files import model_arch
 from spp.training.config import load_job, register_configs
@@ -100,9 +104,68 @@ def with_table(doc: str, table: str) -> str:
     return replace_between(doc, BEGIN, END, table)
 
 
+RECONSTRUCT = ("reconstruct=blockwise", "trainer.max_steps=0", "trainer.devices=1", "trainer.device_memory_gib=79.2")
+"""Block-wise reconstruction only (no training step) on one H100 80 GB (79.2 GiB as CUDA reports it), the schema's
+128 windows x 2048 tokens, 3 epochs, SPP's form; the models in their bf16 weights."""
+RECONSTRUCT_DTYPES = ("float32", "bfloat16")
+"""``reconstruct.dtype``: the schema's default, then bf16."""
+RECONSTRUCT_JSON = ROOT / "docs" / "results" / "run_plan_reconstruct.json"
+RECONSTRUCT_BEGIN, RECONSTRUCT_END = "<!-- run-plan-reconstruct:begin -->\n", "<!-- run-plan-reconstruct:end -->\n"
+
+
+def reconstruct_rows() -> list[dict[str, Any]]:
+    """One plan per model x ``reconstruct.dtype``, on the machine ``plan=true`` assumes for these overrides."""
+    from spp.planning.job import plan_hardware
+
+    register_configs()
+    rows = []
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        for model in MODELS:
+            for dtype in RECONSTRUCT_DTYPES:
+                overrides = [f"model={model}", *RECONSTRUCT, f"reconstruct.dtype={dtype}"]
+                job = load_job(compose("train", overrides=overrides))
+                plan = plan_job(job, model_arch(job.model), "gpu", "hub", plan_hardware(job, "gpu")[0])
+                rows.append({"overrides": overrides, "reconstruct_dtype": dtype, **as_json(plan)})
+    return rows
+
+
+def _reconstruct_cells(row: dict[str, Any]) -> list[str]:
+    phase = _phase(row, "reconstruct")
+    sets = [v for k, v in phase["device"].items() if k in HIDDEN_SETS]
+    terms = {f"{len(sets)} x {sets[0] / GIB:.1f} hidden states": sum(sets),
+             **{f"{k} {v / GIB:.1f}": v for k, v in phase["device"].items() if k not in HIDDEN_SETS}}
+    top = sorted(terms.items(), key=lambda kv: -kv[1])[:3]
+    mine = [p for p in row["problems"] if p["phase"] == "reconstruct"]
+    rest = sorted({p["phase"] for p in row["problems"]} - {"reconstruct"})
+    fits = "yes" if not mine else "; ".join(f"no: {p['fix'].split(' (')[0]}" for p in mine)
+    return [f"{phase['device_bytes'] / GIB:.1f} ({', '.join(k for k, _v in top)})",
+            f"{phase['host_rank0_node_bytes'] / GIB:.0f}", time_text(phase["seconds_total"]), fits,
+            ", ".join(rest) or "-"]
+
+
+def reconstruct_markdown(rows: list[dict[str, Any]]) -> str:
+    """The reconstruct-only table of ``docs/plan.md``: the reconstruct phase of each model on one GPU."""
+    head = ["model", "reconstruct.dtype", "GPU GiB (largest terms)", "host GiB, rank 0", "est. time", "fits 1 GPU",
+            "other phases of train.py that do not fit 1 GPU"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [f"| `{r['model']}` | {r['reconstruct_dtype']} | " + " | ".join(_reconstruct_cells(r)) + " |"
+              for r in rows]
+    hw = rows[0]["hardware"]
+    note = (f"Composed with `python train.py model=<model> {' '.join(RECONSTRUCT)} reconstruct.dtype=<dtype> "
+            f"plan=true`. GPU of {hw['device_gib']:g} GiB; host {hw['host_gib']:.0f} GiB per node (assumed); "
+            f"{hw['train_tflops']:.0f} TFLOP/s in bf16 and {hw['prune_fp32_tflops']:.0f} in fp32 (assumed). "
+            "\"fits\" is the reconstruct phase within the GPU and the node; the last column names the phases of "
+            "the same train.py job that do not fit one GPU (it places the whole model on the GPU even without a "
+            "training step, and evaluates it there).")
+    return "\n".join([*lines, "", textwrap.fill(note, width=116)]) + "\n"
+
+
 def main() -> None:
     rows = plan_rows()
     write_committed(JSON_PATH, as_text(rows), DOC_PATH, BEGIN, END, markdown(rows))
+    again = reconstruct_rows()
+    write_committed(RECONSTRUCT_JSON, as_text(again), DOC_PATH, RECONSTRUCT_BEGIN, RECONSTRUCT_END,
+                    reconstruct_markdown(again))
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ ALL_GROUPS = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name 
 # Written out here, not read from the configs: what each command is meant to compose.
 USED = {
     "train.py": ["adapter", "budget", "calibration", "data", "debug", "eval", "experiment", "logger", "model",
-                 "objective", "pruner", "sparsity", "strategy", "trainer"],
-    "eval.py": ["calibration", "eval", "logger", "model", "pruner", "sparsity"],
-    "prune.py": ["calibration", "model", "pruner", "sparsity"],
+                 "objective", "pruner", "reconstruct", "sparsity", "strategy", "trainer"],
+    "eval.py": ["calibration", "eval", "logger", "model", "pruner", "reconstruct", "sparsity"],
+    "prune.py": ["calibration", "model", "pruner", "reconstruct", "sparsity"],
 }
 
 

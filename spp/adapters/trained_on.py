@@ -61,6 +61,8 @@ def describe(record: Mapping[str, Any]) -> str:
     model = record.get("model") or {}
     pruning = record.get("pruning")
     how = f"pruned {pruning.get('pruner')} {pruning.get('sparsity')}" if pruning else "dense"
+    if record.get("reconstruction"):
+        how += " and reconstructed block by block"
     return f"{model.get('name')} ({model.get('identity')}, {model.get('dtype')}) {how}"
 
 
@@ -76,6 +78,12 @@ def recipe(record: Mapping[str, Any]) -> str:
             parts.append(f"calibration={calib['source']}")
         parts += [f"calibration.{k}={'null' if calib[k] is None else calib[k]}"
                   for k in ("nsamples", "seqlen", "seed", "sampling") if k in calib]
+    rec = ((record.get("reconstruction") or {}).get("key") or {}).get("reconstruct") or {}
+    if rec:
+        parts.append("reconstruct=blockwise")
+        parts += [f"reconstruct.{k}={'null' if rec[k] is None else rec[k]}"
+                  for k in ("form", "loss", "inputs", "source", "nsamples", "seqlen", "seed", "epochs", "batch_size",
+                            "lr", "schedule", "dtype") if k in rec]
     return " ".join(parts)
 
 

@@ -19,6 +19,7 @@ from spp.adapters.trained_on import refusal
 from spp.eval.job_config import EvalJobConfig
 from spp.models.loading import model_identity, resolve_source
 from spp.pruning.cache import cache_key
+from spp.pruning.reconstruction.cache import reconstruct_key
 
 IGNORED = ("code_version", "model")
 """Cache-key fields not compared here: the code version (the zero pattern decides) and the model (compared apart)."""
@@ -66,9 +67,25 @@ def base_differences(cfg: EvalJobConfig, record: dict[str, Any], prunes: bool) -
     elif not prunes and pruning is not None:
         differences.append(f"pruned {pruning.get('pruner')} {pruning.get('sparsity')} when trained, dense here")
     elif prunes:
-        key, _ = cache_key(model_cfg, cfg.pruner, cfg.sparsity, cfg.calibration, cfg.data_dir)
+        key, digest = cache_key(model_cfg, cfg.pruner, cfg.sparsity, cfg.calibration, cfg.data_dir)
         differences += key_differences(pruning.get("key") or {}, json.loads(json.dumps(key)))  # as recorded
+        differences += reconstruction_differences(cfg, record.get("reconstruction"), key, digest)
     return differences
+
+
+def reconstruction_differences(cfg: EvalJobConfig, recorded: dict[str, Any] | None, pruning_key: dict[str, Any],
+                               pruning_digest: str) -> list[str]:
+    """How the reconstruction ``cfg`` runs differs from the recorded one (the same zeros, other weights)."""
+    if not recorded:
+        return ["reconstruct=blockwise here, none when trained"] if cfg.reconstruct.enabled else []
+    if not cfg.reconstruct.enabled:
+        return ["reconstructed block by block when trained (reconstruct=blockwise), not here"]
+    key, _ = reconstruct_key(pruning_key, pruning_digest, cfg.reconstruct, cfg.data_dir)
+    trained, here = recorded.get("key") or {}, json.loads(json.dumps(key, default=str))
+    return [f"reconstruct.{k}={trained.get('reconstruct', {}).get(k)!r} when trained, "
+            f"{here['reconstruct'].get(k)!r} here" for k in sorted(here["reconstruct"])
+            if trained.get("reconstruct", {}).get(k) != here["reconstruct"].get(k)] or (
+        ["the reconstruction's calibration file or form options differ"] if trained != here else [])
 
 
 def check_adapter_base(cfg: EvalJobConfig, prunes: bool) -> None:

@@ -10,6 +10,7 @@ from spp.eval.config import EvalConfig
 from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.reconstruction.config import ReconstructConfig
 
 
 @dataclass
@@ -22,6 +23,8 @@ class EvalJobConfig:
         pruner: Pruner applied before evaluation (``none`` = evaluate the weights as loaded).
         sparsity: Target pattern (``dense`` = no pruning).
         calibration: Calibration data of the pruner (part of the cache key).
+        reconstruct: Block-wise reconstruction after pruning (``reconstruct=blockwise``: the base of an adapter a
+            reconstructed run trained; its cache entry is reused).
         eval: What to measure (``conf/eval/*.yaml``).
         logger: Lightning loggers that receive the metrics and, on W&B, the table.
         adapter_dir: SPP adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``) loaded
@@ -44,6 +47,7 @@ class EvalJobConfig:
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     sparsity: SparsityConfig = field(default_factory=SparsityConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggersConfig = field(default_factory=LoggersConfig)
     adapter_dir: str | None = None

@@ -32,6 +32,7 @@ from spp.paths import data_provenance
 from spp.projections import DEFAULT_TARGETS, find_projections, in_blocks
 from spp.pruning import get_or_prune, prune_model
 from spp.pruning.calibration_data import check_calibration_source
+from spp.pruning.reconstruction.phase import get_or_reconstruct
 from spp.pruning.registry import needs_calibration
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,9 @@ def preflight(cfg: EvalJobConfig) -> None:
             source_file(source, cfg.data_dir)
     if cfg.eval.tasks and not cfg.eval.online:
         task_data_files(list(cfg.eval.tasks), cfg.data_dir)
+    if cfg.reconstruct.enabled and not wants_pruning(cfg):
+        raise UserError("reconstruct=blockwise reconstructs the model this job prunes, but it prunes nothing",
+                        "set pruner= and sparsity= as the run did (or reconstruct=none)", key="reconstruct")
     if cfg.adapter_dir:
         describe_dir(cfg.adapter_dir)  # a folder an adapter method wrote, its files whole
         check_adapter_base(cfg, wants_pruning(cfg))  # on the model and pruning it records
@@ -165,7 +169,12 @@ def _in_memory(cfg: EvalJobConfig, info: dict[str, Any]) -> tuple[torch.nn.Modul
     masks: dict[str, torch.Tensor] = {}
     if wants_pruning(cfg):
         start = time.perf_counter()
-        if cfg.use_cache:
+        if cfg.reconstruct.enabled:
+            result, rebuilt = get_or_reconstruct(model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity,
+                                                 cfg.calibration, cfg.reconstruct,
+                                                 cfg.cache_dir if cfg.use_cache else None, cfg.data_dir, device)
+            info["reconstruction"] = rebuilt.summary()
+        elif cfg.use_cache:
             result = get_or_prune(model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
                                   cfg.cache_dir, data_dir=cfg.data_dir, device=device)
         else:

@@ -97,6 +97,7 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
     for key, value in (summary.get("gap_closed") or {}).items():
         if key.startswith("gap_closed"):
             out[f"final/{key}"] = float(value)
+    out.update(reconstruction_metrics(summary.get("reconstruction")))
     zero_shot = (summary.get("zero_shot") or {}).get("metrics") or {}
     out.update({f"final/{key}": value for key, value in task_metrics(zero_shot).items()})
     sparsity = summary.get("sparsity") or {}
@@ -107,6 +108,19 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
         out["final/trainable_params"] = float(summary["params"]["trainable"])
     if (summary.get("merge") or {}).get("removed_fraction") is not None:
         out["final/remask_removed_fraction"] = float(summary["merge"]["removed_fraction"])
+    return out
+
+
+def reconstruction_metrics(record: dict[str, Any] | None) -> dict[str, float]:
+    """Block-wise reconstruction's losses as ``final/reconstruct_...`` scalars: each block's loss at its start and
+    end (``..._block07_start``), and their means over the blocks."""
+    out: dict[str, float] = {}
+    for block in (record or {}).get("blocks") or []:
+        for end in ("start", "end"):
+            out[f"final/reconstruct_loss_block{block['block']:02d}_{end}"] = float(block[f"loss_{end}"])
+    for end in ("start", "end"):
+        if (record or {}).get(f"loss_{end}_mean") is not None:
+            out[f"final/reconstruct_loss_{end}_mean"] = float(record[f"loss_{end}_mean"])
     return out
 
 

@@ -7,6 +7,7 @@ them together; else larger or more GPUs / a larger node:
 
 * fit: activation checkpointing, a smaller per-device batch (a divisor of the global batch), FSDP2, more GPUs;
 * prune: a smaller calibration batch, more GPUs (the hidden states are split over the ranks);
+* reconstruct: ``reconstruct.dtype=bfloat16``, fewer windows, more GPUs (the windows are split over the ranks);
 * place (DeepSpeed: the whole model on every GPU before partitioning): FSDP2;
 * evaluate: batches of one window / request.
 """
@@ -91,6 +92,13 @@ def remedies(spec: RunSpec, phase: str) -> list[tuple[str, RunSpec]]:
         out += [(f"calibration.batch_size={b}", replace(spec, calibration=replace(cal, batch_size=b)))
                 for b in _batches(cal.batch_size, None)]
         out += [(f"trainer.devices={n}", replace(spec, devices=n)) for n in more]
+    elif phase == "reconstruct" and spec.reconstruct is not None:
+        rc = spec.reconstruct
+        if rc.act_bytes > 2:
+            out.append(("reconstruct.dtype=bfloat16", replace(spec, reconstruct=replace(rc, act_bytes=2))))
+        out += [(f"reconstruct.nsamples={n}", replace(spec, reconstruct=replace(rc, nsamples=n)))
+                for n in _batches(rc.nsamples, None)]
+        out += [(f"trainer.devices={n}", replace(spec, devices=n)) for n in more]  # the windows split
     elif phase == "place":  # DeepSpeed materialises the whole model on every GPU first; FSDP2 does not
         fsdp = replace(spec.train, checkpointing=True)
         out.append(("strategy=fsdp", replace(spec, strategy="fsdp", train=fsdp)))
@@ -136,8 +144,12 @@ def _merge(base: RunSpec, other: RunSpec) -> RunSpec:
     strategy = "fsdp" if "fsdp" in (base.strategy, other.strategy) else base.strategy
     ev = replace(base.eval, batch=min(base.eval.batch, other.eval.batch),
                  lm_eval_batch=min(base.eval.lm_eval_batch, other.eval.lm_eval_batch))
+    rc = base.reconstruct
+    if rc is not None and other.reconstruct is not None:
+        rc = replace(rc, act_bytes=min(rc.act_bytes, other.reconstruct.act_bytes),
+                     nsamples=min(rc.nsamples, other.reconstruct.nsamples))
     return replace(base, train=train, calibration=cal, strategy=strategy, eval=ev,
-                   devices=max(base.devices, other.devices))
+                   devices=max(base.devices, other.devices), reconstruct=rc)
 
 
 def _changes(old: RunSpec, new: RunSpec) -> list[str]:
@@ -153,6 +165,11 @@ def _changes(old: RunSpec, new: RunSpec) -> list[str]:
         out.append(f"trainer.devices={new.devices}")
     if new.calibration.batch_size != old.calibration.batch_size:
         out.append(f"calibration.batch_size={new.calibration.batch_size}")
+    if new.reconstruct is not None and old.reconstruct is not None:
+        if new.reconstruct.act_bytes != old.reconstruct.act_bytes:
+            out.append("reconstruct.dtype=bfloat16")
+        if new.reconstruct.nsamples != old.reconstruct.nsamples:
+            out.append(f"reconstruct.nsamples={new.reconstruct.nsamples}")
     if (new.eval.batch, new.eval.lm_eval_batch) != (old.eval.batch, old.eval.lm_eval_batch):
         out.append(f"eval.batch_size={new.eval.batch} eval.lm_eval_batch_size={new.eval.lm_eval_batch}")
     return out

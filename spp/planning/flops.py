@@ -57,6 +57,6 @@ def train_tokens(spec: RunSpec) -> int:
     fewer) times the tokens per example."""
     train = spec.train
     examples = train.examples * train.epochs
-    if train.max_steps > 0:
+    if train.max_steps >= 0:  # 0: no step
         examples = min(examples, train.max_steps * train.global_batch)
     return examples * train.tokens_per_example

@@ -16,6 +16,7 @@ from typing import Any
 
 from spp.planning.hardware import GIB, Hardware, for_accelerator
 from spp.planning.pruning import Calibration
+from spp.planning.reconstruction import reconstruct_spec
 from spp.planning.run import RunPlan, plan_run
 from spp.planning.shapes import shape_from_arch
 from spp.planning.spec import AdapterSpec, EvalSpec, RunSpec, TrainSpec
@@ -168,7 +169,8 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
                    updates_weights=bool(updates),
                    calibration=Calibration(cal.nsamples, cal.seqlen, cal.batch_size),
                    true_sequential=bool(job.pruner.true_sequential), export_merged=bool(job.export.merged),
-                   export_adapter=bool(job.export.adapter), teacher=teacher_outputs(job))
+                   export_adapter=bool(job.export.adapter), teacher=teacher_outputs(job),
+                   reconstruct=reconstruct_spec(job, arch))
 
 
 def teacher_outputs(job: Any) -> str:
@@ -271,8 +273,12 @@ def check_job(job: Any, arch: dict[str, Any]) -> RunPlan | None:
     if not set(SHAPE_KEYS) <= set(arch):
         return None
     kind = accelerator_kind(str(job.trainer.accelerator), plan_only=False)
+    from spp.errors import UserError
+
     try:
         plan = plan_job(job, arch, kind, model_source(job), job_hardware(job, kind, detect=True))
+    except UserError:  # a setting the plan cannot use (reconstruct.form): the user's to fix, not a model's
+        raise
     except (ValueError, KeyError, TypeError) as err:  # an architecture transformers cannot build on meta
         log.warning("preflight: no memory plan for model %s (%s: %s); not checked", job.model.name,
                     type(err).__name__, err)

@@ -157,7 +157,11 @@ def fit_device_bytes(spec: RunSpec, hw: Hardware) -> dict[str, int]:
     """Every term of one training device (GPU, or the CPU process under ``kind=cpu``), the dense teacher's too."""
     teacher, teacher_step = teacher_terms(spec)
     step = {**training_activations(spec), **adapter_transients(spec), **teacher_step}
-    terms = {**resident_weights(spec), **teacher, **optimizer_terms(spec), **step}
+    optimizer = optimizer_terms(spec)
+    if spec.train.max_steps == 0 and spec.strategy != "deepspeed":
+        # no step (a reconstruction-only run): the model is placed, AdamW's moments are made at the first step
+        step, optimizer = {}, {"adapter": optimizer["adapter"]}
+    terms = {**resident_weights(spec), **teacher, **optimizer, **step}
     if spec.kind == "gpu":
         terms["cuda_context"] = hw.process_device_bytes
     else:

@@ -64,6 +64,12 @@ def text(plan: RunPlan, sources: dict[str, str] | None = None) -> str:
         lines.append(f"training activations per micro-batch ({s.train.micro_batch} x {s.train.seqlen} tokens): "
                      f"{_gib(with_ckpt)} GiB with activation checkpointing, {_gib(without)} GiB without (this job: "
                      f"{'with' if s.train.checkpointing else 'without'})")
+    if s.reconstruct is not None:
+        rc = s.reconstruct
+        lines.append(f"reconstruction: form {rc.form} ({rc.trainable_params / 1e6:.2f} M trainable per block), "
+                     f"{rc.nsamples} x {rc.seqlen}-token windows, {rc.epochs} epoch(s), "
+                     f"{'bfloat16' if rc.act_bytes == 2 else 'float32'}, inputs from the "
+                     f"{'reconstructed' if rc.sparse_inputs else 'dense'} prefix")
     if any(p.name == "evaluate" for p in plan.phases):
         lines.append(f"evaluation: {plan.placement.how}: {plan.placement.reason}")
     peak_phase = max(plan.phases, key=lambda p: p.host_rank0_node).name

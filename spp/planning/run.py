@@ -5,6 +5,8 @@ The placement it models is this codebase's (``docs/architecture.md``, ``docs/pla
 * **load**: global rank 0 reads the weights into host memory; the other ranks build a ``meta`` skeleton.
 * **prune**: rank 0 keeps the weights at home in host memory; every rank onloads one decoder block at a time to
   its device and runs its share of the calibration batches and perplexity windows (``spp.planning.pruning``).
+* **reconstruct** (``reconstruct=blockwise``): the same placement, with rank 0's dense copy beside its home; each
+  block trains its form against the dense block's outputs (``spp.planning.reconstruction``).
 * **fit**: each rank gets its part from rank 0 (FSDP2 / ZeRO-3: a 1/N shard of the frozen weights; DDP / ZeRO-2 /
   one device: a replica) and trains the adapter (``spp.planning.memory``).
 * **export**: the merged model is written block by block, one block at a time per rank.
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from spp.planning import pruning
+from spp.planning import pruning, reconstruction
 from spp.planning.flops import forward_flops, train_flops, train_tokens
 from spp.planning.hardware import CPU_HOST, GIB, Hardware
 from spp.planning.memory import activation_choices, fit_device_bytes, forward_bytes, optimizer_terms, resident_weights
@@ -47,7 +49,7 @@ class PhasePlan:
     """One phase: bytes by term on one device, in global rank 0's process and in any other rank's; disk; time.
 
     Attributes:
-        name: ``load``, ``prune``, ``fit``, ``export`` or ``evaluate``.
+        name: ``load``, ``prune``, ``reconstruct``, ``fit``, ``export`` or ``evaluate``.
         where: Where the phase computes, in words (``GPU``, ``CPU``, ``host``, ``2 replicas x 4 GPUs``).
         device: Terms on one GPU (empty on a CPU run: they are in the host terms).
         rank0: Terms in global rank 0's process.
@@ -134,6 +136,8 @@ def prune_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
     rank0 = {**_process(hw), "weights": shape.weight_bytes, **on_host, **tokenize}
     if spec.has_teacher:  # the frozen dense copy, kept from load until the fit phase places it
         rank0["dense_teacher_copy"] = shape.weight_bytes
+    elif spec.reconstruct is not None:  # the dense copy reconstruction trains against, taken before pruning
+        rank0["dense_copy"] = shape.weight_bytes
     disk: dict[str, int] = {}
     seconds: dict[str, float] = {}
     if spec.prunes:
@@ -350,6 +354,8 @@ def plan_run(spec: RunSpec, hw: Hardware) -> RunPlan:
                  EvalPlacement(spec.world, 0, "cpu", f"on CPUs each of the {spec.world} process(es) evaluates as a "
                                                      "replica of its own (spp.eval.evaluate)"))
     phases = [load_phase(spec, hw), prune_phase(spec, hw)]
+    if spec.reconstruct is not None:
+        phases.append(PhasePlan("reconstruct", *reconstruction.phase_parts(spec, hw)))
     if spec.adapter.trains:
         if spec.strategy == "deepspeed" and spec.kind == "gpu":
             phases.append(deepspeed_place_phase(spec, hw))

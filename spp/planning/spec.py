@@ -116,6 +116,40 @@ class EvalSpec:
 
 
 @dataclass(frozen=True)
+class ReconstructSpec:
+    """Block-wise reconstruction (``reconstruct=blockwise``; ``spp.planning.reconstruction``), its form's tensors
+    counted on a ``meta`` block (``spp.planning.reconstruction.form_tensors``).
+
+    Attributes:
+        form: The trainable form (an adapter method).
+        nsamples: Calibration windows over every rank.
+        seqlen: Tokens per window.
+        epochs: Passes over the windows per block.
+        act_bytes: Bytes per value of ``reconstruct.dtype`` (the block, the kept hidden states, the activations).
+        sparse_inputs: ``reconstruct.inputs=sparse`` (the reconstructed prefix's outputs are kept beside the dense
+            hidden states).
+        trainable_params: Values the form trains in one block (whole tensors: what the gradients and AdamW hold).
+        trainable_bytes: Their bytes (each tensor in its dtype).
+        added_bytes: Bytes the form adds to one block (its own parameters and buffers; masked full: its packed
+            masks only, its trained tensors are the block's weights).
+        dropout_inputs: Input features per token whose dropped-out copy (and mask) the form keeps for backward.
+        largest_adapted: Values of the largest adapted weight (SPP builds its merged weight in forward).
+    """
+
+    form: str = "spp"
+    nsamples: int = 128
+    seqlen: int = 2048
+    epochs: int = 3
+    act_bytes: int = 4
+    sparse_inputs: bool = True
+    trainable_params: int = 0
+    trainable_bytes: int = 0
+    added_bytes: int = 0
+    dropout_inputs: int = 0
+    largest_adapted: int = 0
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """Everything a run plan needs (see the module docstring).
 
@@ -142,6 +176,7 @@ class RunSpec:
             (``objective=ce``), ``logits`` or ``block_outputs`` (``objective=distill``; its feature term). With a
             teacher, rank 0 keeps a frozen copy of the dense weights from load to placement, and the fit phase
             holds the teacher placed like the student and runs its forward without gradients.
+        reconstruct: Block-wise reconstruction after pruning (``None``: ``reconstruct=none``).
     """
 
     shape: ModelShape
@@ -163,6 +198,7 @@ class RunSpec:
     export_merged: bool = True
     export_adapter: bool = True
     teacher: str = "none"
+    reconstruct: ReconstructSpec | None = None
 
     @property
     def has_teacher(self) -> bool:

@@ -13,6 +13,7 @@ from spp.errors import UserError
 from spp.planning.job import check_job
 from spp.preflight.data_files import check_calibration, check_data_source, check_ppl_sources
 from spp.preflight.model_files import model_arch
+from spp.preflight.reconstruction import check_reconstruct
 from spp.preflight.shapes import check_shapes, check_targets
 from spp.preflight.vocab import check_vocab
 from spp.pruning.registry import get_pruner, needs_calibration
@@ -44,6 +45,7 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
     check_shapes(arch, adapter=job.adapter, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
     check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity, adapter=job.adapter)
     check_vocab(job.model, arch)
+    check_reconstruct(job.reconstruct, arch, job.data_dir, job.model)
     check_job(job, arch)  # the memory plan: every phase fits this machine's GPUs and host memory (docs/plan.md)
     if get_method(job.adapter.name).trains:
         check_data_source(job.data.source, job.data_dir)
@@ -67,6 +69,7 @@ def preflight_prune(job: Any) -> dict[str, Any]:
     check_shapes(arch, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
     check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity)
     check_vocab(job.model, arch)
+    check_reconstruct(job.reconstruct, arch, job.data_dir, job.model)
     if calibrates:
         check_calibration(job.calibration, job.data_dir, job.model)
     if job.use_cache and job.pruner.name != "none" and not job.sparsity.is_dense:

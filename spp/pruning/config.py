@@ -12,6 +12,7 @@ from hydra.core.config_store import ConfigStore
 
 from spp.models.config import ModelConfig
 from spp.projections import DEFAULT_TARGETS
+from spp.pruning.reconstruction.config import ReconstructConfig
 
 SPARSITY_KINDS: tuple[str, ...] = ("dense", "unstructured", "nm")
 CALIBRATION_SOURCES: dict[str, str] = {
@@ -179,6 +180,7 @@ class PruneJobConfig:
         pruner: How to prune.
         sparsity: Which pattern.
         calibration: Calibration data.
+        reconstruct: Block-wise reconstruction against the dense model after pruning (``reconstruct=blockwise``).
         data_dir: Directory holding full-size data (``c4/...``, ``wikitext2/...``); null = defaults.
         seed: Global seed (calibration sampling has its own ``calibration.seed``).
         cache_dir: Root of the pruning cache.
@@ -196,6 +198,7 @@ class PruneJobConfig:
     pruner: PrunerConfig = field(default_factory=lambda: PrunerConfig(name="wanda"))
     sparsity: SparsityConfig = field(default_factory=lambda: SparsityConfig(name="nm2_4", kind="nm", n=2, m=4))
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
     data_dir: str | None = None
     seed: int = 0
     cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"

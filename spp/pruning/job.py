@@ -15,19 +15,44 @@ import torch
 from omegaconf import OmegaConf
 
 from spp.atomic import write_dir_atomic, write_json_atomic, write_text_atomic
-from spp.distributed import launch_processes
+from spp.distributed import DistContext, launch_processes
 from spp.models.loading import load_for_rank, load_tokenizer
 from spp.models.offload import OffloadedModel
 from spp.pruning.cache import READ_MARGIN_S, prune_cached
 from spp.pruning.config import PruneJobConfig
-from spp.pruning.engine import prune_offloaded
+from spp.pruning.engine import PruneResult, prune_offloaded
 from spp.pruning.patterns import sparsity_summary
+from spp.pruning.reconstruction.engine import ReconstructResult
+from spp.pruning.reconstruction.phase import frozen_copy, probe, reconstruct_phase
 from spp.pruning.targets import target_linears
+
+
+def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenizer: Any,
+                           ctx: DistContext) -> tuple[OffloadedModel, PruneResult, ReconstructResult | None]:
+    """Offload ``model``, prune it (through the cache unless ``use_cache=false``), then reconstruct it when asked;
+    every rank. The dense copy the reconstruction trains against is taken before pruning, and only when no finished
+    reconstruction entry exists (the probe)."""
+    found = probe(job.reconstruct, job.model, job.pruner, job.sparsity, job.calibration,
+                  job.cache_dir if job.use_cache else None, job.data_dir, ctx)
+    dense = frozen_copy(model) if found.needs_dense else None
+    off = OffloadedModel(model, ctx)
+    if job.use_cache:
+        result = prune_cached(off, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
+                              job.data_dir, lock_timeout_s=job.cache_lock_timeout_s)
+    else:
+        result = prune_offloaded(off, tokenizer, job.pruner, job.sparsity, job.calibration, job.data_dir)
+    if not job.reconstruct.enabled:
+        return off, result, None
+    return off, result, reconstruct_phase(off, dense, tokenizer, result.masks, job.pruner, found, job.data_dir,
+                                          job.cache_lock_timeout_s)
 
 
 def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
     """Load, prune (through the cache unless ``use_cache=false``), audit and save; returns the timing record
     (``None`` on ranks other than 0).
+
+    With ``reconstruct=blockwise`` the pruned model is then reconstructed block by block against the dense model
+    (through its own cache entry) and ``reconstruction.json`` holds the per-block losses.
 
     Writes ``mask_summary.json`` (per-layer and overall exact-zero sparsity, N:M audit), ``report.md``,
     ``timing.json`` (with ``cache_hit``) and, with ``save_model``, ``model/`` (``save_pretrained`` + tokenizer).
@@ -38,16 +63,14 @@ def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
     torch.manual_seed(job.seed)
     model, tokenizer = load_for_rank(job.model, ctx.rank), load_tokenizer(job.model)
     timing: dict[str, Any] = {"load_model": time.perf_counter() - t_start, "ranks": ctx.world}
-    off = OffloadedModel(model, ctx)
-    if job.use_cache:
-        result = prune_cached(off, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
-                              job.data_dir, lock_timeout_s=job.cache_lock_timeout_s)
-    else:
-        result = prune_offloaded(off, tokenizer, job.pruner, job.sparsity, job.calibration, job.data_dir)
+    off, result, reconstruction = _prune_and_reconstruct(job, model, tokenizer, ctx)
     model = off.restore()
     if not ctx.is_main:
         return None
     timing.update(prune=result.timings, cache_hit=result.cache_hit, cache_path=result.cache_path)
+    if reconstruction is not None:
+        timing["reconstruct"] = reconstruction.timings
+        write_json_atomic(output_dir / "reconstruction.json", reconstruction.summary())
     nm = (job.sparsity.n, job.sparsity.m) if job.sparsity.kind == "nm" else (None, None)
     summary = sparsity_summary({n: m.weight for n, m in target_linears(model, job.pruner.targets).items()}, *nm)
     summary.update(
@@ -72,4 +95,9 @@ def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
     print(result.report.to_markdown().splitlines()[-1])
     print(f"overall sparsity {summary['overall']['sparsity']:.4f} (target {job.sparsity.target_ratio:.4f}); "
           f"cache {'hit' if result.cache_hit else 'miss'}; outputs in {output_dir}")
+    if reconstruction is not None:
+        record = reconstruction.summary()
+        print(f"reconstruction ({job.reconstruct.form}): {len(record['blocks'])} blocks, mean "
+              f"{job.reconstruct.loss.value} {record['loss_start_mean']:.4g} -> {record['loss_end_mean']:.4g}; cache "
+              f"{'hit' if reconstruction.cache_hit else 'miss'}; per block: {output_dir / 'reconstruction.json'}")
     return timing

@@ -26,6 +26,7 @@ from spp.generation import FIXED_PROMPT
 from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.training.objectives import ObjectiveConfig
 
 
@@ -85,7 +86,8 @@ class TrainerConfig:
         warmup_ratio: Share of optimisation steps spent in linear warm-up (authors: 0.03).
         scheduler: Decay after warm-up: ``linear`` (authors), ``cosine`` or ``constant``.
         max_epochs: Epochs (the paper: 3 for 7-30B, 1 for 65B/70B).
-        max_steps: Stop after this many optimiser steps (``-1`` = epochs decide).
+        max_steps: Stop after this many optimiser steps (``-1`` = epochs decide; ``0`` = none: with
+            ``reconstruct=blockwise``, reconstruct only, then merge, audit, export and evaluate).
         global_batch_size: Examples per optimiser step over all devices; sets gradient accumulation to
             ``global / (per-device batch * world size)``. ``None`` = use ``accumulate_grad_batches``.
         accumulate_grad_batches: Micro-batches per optimiser step when ``global_batch_size`` is ``None``.
@@ -163,7 +165,8 @@ class TrainerConfig:
             (self.accumulate_grad_batches >= 1, "trainer.accumulate_grad_batches must be >= 1"),
             (self.global_batch_size is None or self.global_batch_size >= 1,
              f"trainer.global_batch_size={self.global_batch_size} must be >= 1 or null"),
-            (self.max_steps == -1 or self.max_steps >= 1, f"trainer.max_steps={self.max_steps}: -1 or >= 1"),
+            (self.max_steps >= -1, f"trainer.max_steps={self.max_steps}: -1 (epochs decide), 0 (no optimiser step: "
+             "a reconstruction-only run still merges, audits, exports and evaluates) or >= 1"),
             (self.max_epochs >= 1, f"trainer.max_epochs={self.max_epochs} must be >= 1"),
             (self.curve_every_n_steps is None or self.curve_every_n_steps >= 1,
              f"trainer.curve_every_n_steps={self.curve_every_n_steps} must be >= 1 or null (off)"),
@@ -299,6 +302,8 @@ class TrainJobConfig:
         data_dir: Data root (else ``../shared/data`` when it exists, then the repo's ``data/``).
         seed: Global seed (model init of ``tiny``, dropout, shuffling).
         cache_dir: Pruning cache (a sweep over adapter settings prunes once).
+        reconstruct: Block-wise reconstruction after pruning, before training (``reconstruct=blockwise``;
+            :class:`~spp.pruning.reconstruction.config.ReconstructConfig`, ``docs/reconstruction.md``).
         run_dir: Output directory; ``None`` = Hydra's job output directory (or ``outputs/train`` outside Hydra).
         dense_ppl: Measure the dense model's perplexity before pruning (cached).
         pruned_ppl: Measure the pruned model's perplexity before training (cached).
@@ -323,6 +328,7 @@ class TrainJobConfig:
     pruner: PrunerConfig = field(default_factory=PrunerConfig)
     sparsity: SparsityConfig = field(default_factory=SparsityConfig)
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -41,6 +41,7 @@ from spp.export.manifest import ExportManifest, adapter_record
 from spp.export.merged import ExportInputs, export_streamed, remove_stale_export
 from spp.models.loading import load_skeleton, model_identity
 from spp.pruning.cache import cache_key
+from spp.pruning.reconstruction.cache import reconstruct_key
 from spp.training.callbacks.pruning import PrunedModel
 from spp.training.config import TrainJobConfig
 from spp.training.phases import FitResult
@@ -91,7 +92,8 @@ def on_rank0(ctx: DistContext, work: Callable[[], T]) -> T:
 def provenance(job: TrainJobConfig, pruned: PrunedModel | None = None) -> dict[str, Any]:
     """What the adapter was trained on top of (stored in ``adapter_config.json`` and ``spp_export.json``); with the
     pruning phase's result (rank 0, for the adapter files) also the record every loading path checks
-    (:mod:`spp.adapters.trained_on`): the model's identity, the pruning cache key, the zero pattern's fingerprint."""
+    (:mod:`spp.adapters.trained_on`): the model's identity, the pruning cache key, the zero pattern's fingerprint and,
+    after ``reconstruct=blockwise``, the reconstruction's key (the same zeros, other weights)."""
     names = {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name}}
     if pruned is None or not len(pruned.zeros):
         return names
@@ -101,7 +103,9 @@ def provenance(job: TrainJobConfig, pruned: PrunedModel | None = None) -> dict[s
     record = {"model": {"name": job.model.name, "identity": model_identity(job.model), "dtype": job.model.torch_dtype},
               "pruning": None if dense else {"pruner": job.pruner.name, "sparsity": job.sparsity.name,
                                              "cache_key": digest, "key": key},
-              "masks": {**zero_fingerprint(pruned.zeros), "targets": sorted(job.pruner.targets)}}
+              "masks": {**zero_fingerprint(pruned.zeros), "targets": sorted(job.pruner.targets)},
+              "reconstruction": None if dense or not job.reconstruct.enabled else
+              dict(zip(("key", "cache_key"), reconstruct_key(key, digest, job.reconstruct, job.data_dir), strict=True))}
     return {**names, RECORD: record}
 
 

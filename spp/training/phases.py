@@ -79,7 +79,8 @@ def pruning_settings(job: TrainJobConfig) -> PruningSettings:
     return PruningSettings(job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir, job.data_dir,
                            job.eval, job.dense_ppl, job.pruned_ppl,
                            (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None,
-                           job.cache_lock_timeout_s, keep_dense=teacher)
+                           job.cache_lock_timeout_s, keep_dense=teacher,
+                           reconstruct=job.reconstruct)
 
 
 def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],

@@ -72,9 +72,14 @@ def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pr
         "run": {"name": ids["name"], "group": ids["group"], "tags": ids["tags"], "run_dir": str(run_dir),
                 "model": job.model.name, "pruner": job.pruner.name, "sparsity": job.sparsity.name,
                 "adapter": job.adapter.name, "r": getattr(job.adapter, "r", None), "objective": job.objective.name},
-        "perplexity": {"dense": pruned.ppl.get("dense"), "pruned": pruned.ppl.get("pruned"), "merged": final.ppl},
+        "perplexity": {"dense": pruned.ppl.get("dense"), "pruned": pruned.ppl.get("pruned"),
+                       **({"reconstructed": pruned.ppl["reconstructed"]} if pruned.ppl.get("reconstructed") else {}),
+                       "merged": final.ppl},
         "merged_ppl_by_source": final.ppl_by_source,
         "gap_closed": _gap_closed(pruned.ppl.get("dense"), pruned.ppl.get("pruned"), final.ppl),
+        "gap_closed_by_reconstruction": _gap_closed(pruned.ppl.get("dense"), pruned.ppl.get("pruned"),
+                                                    pruned.ppl.get("reconstructed")),
+        "reconstruction": pruned.reconstruction.summary() if pruned.reconstruction is not None else None,
         "zero_shot": final.zero_shot,
         "sparsity": {
             "target": job.sparsity.target_ratio,
@@ -129,7 +134,8 @@ def results_table(summary: dict[str, Any]) -> Table:
     table.add_row(
         f"perplexity{where}",
         f"dense {_fmt_ppl(ppl.get('dense'))} → pruned {_fmt_ppl(ppl.get('pruned'))} → "
-        f"pruned+{label} {_fmt_ppl(ppl.get('merged'))}",
+        + (f"reconstructed {_fmt_ppl(ppl['reconstructed'])} → " if ppl.get("reconstructed") else "")
+        + f"pruned+{label} {_fmt_ppl(ppl.get('merged'))}",
     )
     main = ((summary.get("config") or {}).get("eval") or {}).get("ppl_source")
     for src, entry in (summary.get("merged_ppl_by_source") or {}).items():

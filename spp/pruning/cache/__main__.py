@@ -59,15 +59,34 @@ def _pruning_made_from(key: dict[str, Any]) -> str:
             f", pattern {pattern}, calibration {data}, code version {key.get('code_version')}")
 
 
+def _reconstruction_made_from(key: dict[str, Any]) -> str:
+    rec = key.get("reconstruct", {})
+    options = f" {rec['form_options']}" if rec.get("form_options") else ""
+    return (f"reconstruction of the pruning entry with key {str(key.get('pruning'))[:16]}: form {rec.get('form')}"
+            f"{options}, {rec.get('loss')} from {rec.get('inputs')} inputs, "
+            f"{rec.get('nsamples')} × {rec.get('seqlen')} tokens of {rec.get('path') or rec.get('source')} "
+            f"(sha256 {str(key.get('file_sha256') or '')[:12]}, seed {rec.get('seed')}), {rec.get('epochs')} epochs "
+            f"lr {rec.get('lr')}, code version {key.get('code_version')}")
+
+
+def _status(manifest: dict[str, Any]) -> str:
+    if "blocks" in manifest:  # a reconstruction entry
+        blocks = manifest["blocks"]
+        end = sum(b["loss_end"] for b in blocks) / max(1, len(blocks))
+        return f"{len(blocks)} blocks reconstructed (mean end loss {end:.4g}), created {manifest.get('created')}"
+    overall = manifest.get("overall", {})
+    return f"sparsity {overall.get('sparsity', float('nan')):.4f}, created {manifest.get('created')}"
+
+
 def pruning_entries(cache_dir: Path) -> list[Entry]:
     """The pruning cache's entries."""
     out = []
     for path in list_entries(cache_dir):
         try:
             manifest = read_manifest(path)
-            overall = manifest.get("overall", {})
-            status = f"sparsity {overall.get('sparsity', float('nan')):.4f}, created {manifest.get('created')}"
-            made = _pruning_made_from(manifest.get("key", {}))
+            status = _status(manifest)
+            key = manifest.get("key", {})
+            made = _reconstruction_made_from(key) if "reconstruct" in key else _pruning_made_from(key)
         except CorruptEntryError:
             status, made = "INCOMPLETE (will be rebuilt)", "unknown"
         out.append(Entry("pruning", path, entry_size(path), status, made))

@@ -21,7 +21,6 @@ A user's own script (``docs/pruning.md`` shows one)::
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import time
@@ -47,6 +46,9 @@ from spp.pruning.cache import DEFAULT_LOCK_TIMEOUT_S, READ_MARGIN_S, prune_cache
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult
 from spp.pruning.masks import MaskSet, ZeroPattern
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.engine import ReconstructResult
+from spp.pruning.reconstruction.phase import Probe, frozen_copy, probe, reconstruct_phase
 from spp.training.strategies import is_sharded
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,8 @@ class PruningSettings:
         keep_dense: Keep a frozen copy of the dense model, taken before pruning (the teacher of
             ``objective=distill``): rank 0 a copy of its weights in host memory (one more model), the other ranks
             a copy of their ``meta`` skeleton. It goes to the module's ``set_teacher``.
+        reconstruct: Block-wise reconstruction against the dense model after pruning (``reconstruct=blockwise``;
+            off by default): the pruned perplexity is the model's before it, ``ppl["reconstructed"]`` after.
     """
 
     model: ModelConfig
@@ -89,6 +93,7 @@ class PruningSettings:
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
     keep_masks: bool = False
     keep_dense: bool = False
+    reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
 
 
 @dataclass
@@ -115,14 +120,7 @@ class PrunedModel:
     world: int = 1
     home: dict[str, Any] = field(default_factory=dict)
     dense: nn.Module | None = None
-
-
-def frozen_copy(model: nn.Module) -> nn.Module:
-    """A frozen copy of ``model`` in eval mode (no parameter requires grad): real weights on rank 0, a ``meta``
-    skeleton where ``model`` is one (tied parameters stay tied)."""
-    dense = copy.deepcopy(model)
-    dense.requires_grad_(False)
-    return dense.eval()
+    reconstruction: ReconstructResult | None = None
 
 
 def ppl_text(entry: dict[str, Any] | None) -> str:
@@ -145,9 +143,14 @@ def sample(prompt: str, max_new_tokens: int, model: nn.Module, tokenizer: Any) -
     return out
 
 
-def _ppl(off: OffloadedModel, tokenizer: Any, settings: PruningSettings, which: str) -> dict[str, Any]:
-    """The dense or pruned perplexity over every rank, through the perplexity cache."""
+def _ppl(off: OffloadedModel, tokenizer: Any, settings: PruningSettings, which: str,
+         found: Probe | None = None) -> dict[str, Any]:
+    """The dense, pruned or reconstructed perplexity over every rank, through the perplexity cache (a
+    reconstruction without a cache entry is measured afresh: its weights have no key)."""
+    if which == "reconstructed" and (found is None or found.digest is None):
+        settings = dataclasses.replace(settings, cache_dir=None)
     weights = (weights_key(settings.model) if which == "dense" else
+               found.digest if which == "reconstructed" and found.digest is not None else
                weights_key(settings.model, settings.pruner, settings.sparsity, settings.calibration, settings.data_dir))
     entry = cached_offloaded_perplexity(off, tokenizer, settings.eval, weights, settings.cache_dir, settings.data_dir)
     if off.ctx.is_main:
@@ -169,7 +172,9 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     else:
         settings = identify_built(settings, model, ctx)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.model)
-    dense = frozen_copy(model) if settings.keep_dense else None
+    found = probe(settings.reconstruct, settings.model, settings.pruner, settings.sparsity, settings.calibration,
+                  settings.cache_dir or "~/.cache/spp", settings.data_dir, ctx)
+    dense = frozen_copy(model) if settings.keep_dense or found.needs_dense else None
     samples = {}
     if settings.sample and not ctx.distributed:
         samples["dense"] = sample(*settings.sample, model, tokenizer)
@@ -188,11 +193,21 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     _log_result(result, settings, seconds["prune_or_load"], ctx)
     if measure and settings.pruned_ppl:
         ppl["pruned"] = _ppl(off, tokenizer, settings, "pruned")
+    reconstruction = None
+    if settings.reconstruct.enabled:
+        t0 = time.perf_counter()
+        reconstruction = reconstruct_phase(off, dense, tokenizer, result.masks, settings.pruner, found,
+                                           settings.data_dir, settings.lock_timeout_s)
+        seconds["reconstruct_or_load"] = round(time.perf_counter() - t0, 2)
+        dense = dense if settings.keep_dense else None  # the teacher stays; a copy made for reconstruction goes
+        if measure:
+            ppl["reconstructed"] = _ppl(off, tokenizer, settings, "reconstructed", found)
     model = off.restore(everywhere=everywhere)
     if samples:
         samples["pruned"] = sample(*settings.sample, model, tokenizer)
     zeros = result.zeros if result.zeros is not None else ZeroPattern(result.masks)
-    return PrunedModel(model, tokenizer, result.masks, zeros, result, ppl, seconds, samples, ctx.world, dense=dense)
+    return PrunedModel(model, tokenizer, result.masks, zeros, result, ppl, seconds, samples, ctx.world, dense=dense,
+                       reconstruction=reconstruction)
 
 
 def identify_built(settings: PruningSettings, model: nn.Module, ctx: DistContext) -> PruningSettings:

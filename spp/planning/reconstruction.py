@@ -1,0 +1,194 @@
+"""The reconstruct phase of a run plan (``reconstruct=blockwise``): memory and time of block-wise reconstruction.
+
+The placement is the engine's (``spp.pruning.reconstruction.engine``): global rank 0 keeps the pruned weights and
+the dense copy taken before pruning in host memory; every rank onloads one decoder block at a time and holds its
+share of the calibration windows (``ceil(nsamples / world)``), each a ``seqlen x hidden`` hidden state in
+``reconstruct.dtype``. For block ``i`` three moments alternate, and the phase's peak is the largest:
+
+* **dense**: the dense block (in ``reconstruct.dtype``) runs on the dense hidden states entering it and builds the
+  targets: alive are the dense inputs, the targets being built and (``inputs=sparse``) the reconstructed
+  prefix's outputs, plus one window's forward;
+* **train**: the pruned block with its form attached trains one window at a time (forward, loss, backward; the
+  gradients summed over the ranks in one flat buffer per dtype), beside the three sets of hidden states (two with
+  ``inputs=dense``: the inputs are the dense ones), the form's tensors, their gradients and AdamW's two moments;
+* **end**: the merged block's outputs are kept as the next block's inputs while the end loss is measured: a
+  fourth set (a third with ``inputs=dense``).
+
+Each rank also keeps, per window, what the model passes every block: the position embeddings (``cos`` and
+``sin``, ``seqlen x head_dim`` each, in the model's dtype) and the int64 position ids. On a CPU, rank 0's
+onloaded block is its home tensor itself when ``reconstruct.dtype`` is the model's (``OffloadedModel.onload``
+copies only to another device or dtype).
+
+Time from FLOPs (``spp.planning.flops``' per-token forward of one block: ``2 x`` its matrix weights plus causal
+attention ``2 s q``): per block ``nsamples x seqlen`` tokens through ``3 x epochs`` forward-equivalents of
+training (forward and backward ≈ 3 forwards) and 3 forwards without gradients (the dense targets, the start and
+the end loss), over the ranks, at the training throughput in bf16 and the fp32 one in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spp.planning.hardware import Hardware
+from spp.planning.spec import ReconstructSpec, RunSpec
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+"""``reconstruct.dtype`` -> bytes per value."""
+
+CPU_HEAP_RETENTION = 0.25
+"""On a CPU run glibc keeps freed heap memory resident (its mmap threshold rises to the largest freed block, so the
+windows' hidden states and a window's transients come from the heap), which RSS counts: the run of
+``benchmarks/plan_rss_reconstruct.py`` on 1 process peaked at 1613 and 1720 MiB (two runs) against 1422 MiB with
+``MALLOC_MMAP_THRESHOLD_=131072`` (the live tensors; the plan without this term: 1466), 0.25-0.39 x its 768 MiB of
+hidden states. Charged as this share of the hidden-state sets of the peak moment."""
+
+HIDDEN_SETS = ("dense_inputs", "targets", "sparse_inputs", "block_outputs")
+"""The sets of hidden states of :func:`moments`."""
+
+LOSS_VALUES_PER_FEATURE = 2
+"""The loss keeps ``out - target`` and its square in float32 per token and feature
+(``spp.pruning.reconstruction.loss.window_losses``; a bf16 output and target are first widened: 2 more)."""
+
+
+def form_tensors(arch: dict[str, Any], form: Any, dtype: str) -> dict[str, int]:
+    """The form's tensors on one decoder block of ``arch``, counted by injecting adapter config ``form`` into a
+    ``meta`` block in ``dtype`` (as the engine does to an onloaded block): trainable values and bytes (whole
+    tensors), bytes the form adds (its parameters and buffers), the inputs whose dropped-out copy it keeps, and the
+    largest adapted weight."""
+    import torch
+
+    from spp.adapters.registry import apply_adapter
+    from spp.planning.shapes import skeleton_from_arch
+    from spp.projections import block_projections
+    from spp.pruning.reconstruction.one_block import OneBlock
+    from spp.pruning.targets import decoder_layers
+
+    _prefix, layers = decoder_layers(skeleton_from_arch(arch, 1))
+    block = layers[0].to(getattr(torch, dtype))
+    before = {n: (m, tuple(m.parameters())) for n, m in block_projections(block).items()}
+    size = sum(t.numel() * t.element_size() for t in [*block.parameters(), *block.buffers()])
+    wrapper, _names = apply_adapter(OneBlock(block), form, {})
+    trainable = [p for p in wrapper.parameters() if p.requires_grad]
+    after = sum(t.numel() * t.element_size() for t in [*wrapper.parameters(), *wrapper.buffers()])
+    now = block_projections(wrapper.get_submodule("layers.0"))
+    adapted = [m for n, (m, params) in before.items()
+               if now.get(n) is not m or any(p.requires_grad for p in params)]
+    dropout = float(getattr(form, "dropout", 0.0) or 0.0)
+    return {"trainable_params": sum(p.numel() for p in trainable),
+            "trainable_bytes": sum(p.numel() * p.element_size() for p in trainable), "added_bytes": after - size,
+            "dropout_inputs": sum(m.in_features for m in adapted) if dropout > 0 else 0,
+            "largest_adapted": max((m.in_features * m.out_features for m in adapted), default=0)}
+
+
+def reconstruct_spec(job: Any, arch: dict[str, Any]) -> ReconstructSpec | None:
+    """The :class:`ReconstructSpec` of ``job.reconstruct`` (``None`` for ``reconstruct=none``), read duck-typed."""
+    from spp.pruning.reconstruction.engine import form_config
+
+    cfg = getattr(job, "reconstruct", None)
+    if cfg is None or not cfg.enabled:
+        return None
+    tensors = form_tensors(arch, form_config(cfg), str(cfg.dtype))
+    return ReconstructSpec(form=str(cfg.form), nsamples=int(cfg.nsamples), seqlen=int(cfg.seqlen),
+                           epochs=int(cfg.epochs), act_bytes=DTYPE_BYTES[str(cfg.dtype)],
+                           sparse_inputs=str(getattr(cfg.inputs, "value", cfg.inputs)) == "sparse", **tensors)
+
+
+def hidden_set_bytes(spec: RunSpec) -> int:
+    """One set of this rank's hidden states: ``ceil(nsamples / world) x seqlen x hidden`` in ``reconstruct.dtype``."""
+    rc = _rc(spec)
+    return -(-rc.nsamples // spec.world) * rc.seqlen * spec.shape.hidden * rc.act_bytes
+
+
+def _rc(spec: RunSpec) -> ReconstructSpec:
+    if spec.reconstruct is None:
+        raise ValueError("the job does not reconstruct (reconstruct=none)")
+    return spec.reconstruct
+
+
+def _per_window(spec: RunSpec) -> dict[str, int]:
+    """What one window costs on the device: its call arguments (kept for every window) and the activations of
+    one forward without gradients and of one forward and backward through the formed block (autograd's saved
+    tensors of ``spp.planning.memory.block_activation_bytes``, the form's dropped-out inputs, the loss)."""
+    shape, rc = spec.shape, _rc(spec)
+    a, s, h, q, i = rc.act_bytes, rc.seqlen, shape.hidden, shape.attention_width, shape.intermediate
+    head_dim = q // shape.heads if shape.heads else h
+    loss = s * h * 4 * (LOSS_VALUES_PER_FEATURE + (2 if a < 4 else 0))
+    kept = (4 * shape.norms_per_block * h + a * (2 * h + 5 * q) + 4 * a * i + shape.score_bytes(s, a)
+            + rc.dropout_inputs * (a + 1))
+    spp_merged = rc.largest_adapted * a if rc.form == "spp" else 0  # SPP's merged weight, built in forward
+    return {"call_arguments": 2 * s * head_dim * shape.bytes_per_param + 8 * s,
+            "forward": s * ((2 * h + 2 * q + 3 * i) * a + shape.score_bytes(s, a)) + loss,
+            "train_window": s * kept + loss + spp_merged}
+
+
+def moments(spec: RunSpec, rank0_cpu: bool = False) -> dict[str, dict[str, int]]:
+    """The device terms of one rank at each moment of a block (module docstring): ``dense``, ``train``, ``end``.
+    ``rank0_cpu``: global rank 0 of a CPU run, whose onloaded block is its home when the dtypes agree."""
+    shape, rc, world = spec.shape, _rc(spec), spec.world
+    windows = -(-rc.nsamples // world)
+    one_set = hidden_set_bytes(spec)
+    aliased = rank0_cpu and rc.act_bytes == shape.bytes_per_param
+    block = 0 if aliased else shape.block_params * rc.act_bytes
+    win = _per_window(spec)
+    base = {"dense_inputs": one_set, "targets": one_set, "call_arguments": windows * win["call_arguments"]}
+    if rc.sparse_inputs:
+        base["sparse_inputs"] = one_set
+    form = {"form": rc.added_bytes, "form_gradients": rc.trainable_bytes, "adamw_moments": 2 * rc.trainable_bytes}
+    # a window's forward and backward, or after it the flat buffer the gradients are summed in over the ranks
+    # (spp.pruning.reconstruction.train_block): not alive at once
+    summed = rc.trainable_bytes if world > 1 else 0
+    step = {"window_activations": win["train_window"]} if win["train_window"] >= summed else {"gradient_sum": summed}
+    kept = {"form": rc.added_bytes, "form_gradients": rc.trainable_bytes}  # until the block's step returns
+    out = {"dense": {"dense_block": block, **base, "window_forward": win["forward"]},
+           "train": {"block": block, **base, **form, **step},
+           "end": {"block": block, **base, **kept, "block_outputs": one_set, "window_forward": win["forward"]}}
+    return {name: {k: int(v) for k, v in terms.items() if v} for name, terms in out.items()}
+
+
+def device_terms(spec: RunSpec, hw: Hardware, rank0_cpu: bool = False) -> dict[str, int]:
+    """The terms of the largest moment (:func:`moments`), with the CUDA context on a GPU and glibc's retained
+    heap on a CPU (:data:`CPU_HEAP_RETENTION`)."""
+    peak = max(moments(spec, rank0_cpu).values(), key=lambda terms: sum(terms.values()))
+    if spec.kind == "gpu":
+        return {**peak, "cuda_context": hw.process_device_bytes}
+    return {**peak, "heap_retention": int(CPU_HEAP_RETENTION * sum(v for k, v in peak.items() if k in HIDDEN_SETS))}
+
+
+def host_terms(spec: RunSpec) -> dict[str, int]:
+    """Global rank 0's host terms beside its process: the pruned weights (home), the dense copy (taken before
+    pruning), the packed masks, the drawn windows' ids and one block handed to the cache writer."""
+    shape, rc = spec.shape, _rc(spec)
+    return {"weights": shape.weight_bytes, "dense_copy": shape.weight_bytes,
+            "masks": shape.pruned_params // 8 if spec.prunes else 0, "calibration_ids": rc.nsamples * rc.seqlen * 8,
+            "cache_writer": shape.block_bytes if spec.prunes else 0}
+
+
+def seconds(spec: RunSpec, hw: Hardware) -> dict[str, float]:
+    """Estimated wall seconds (module docstring): the blocks' FLOPs over the ranks, moving the blocks between host
+    and device (dense and pruned onloaded, the pruned one written back) and writing the cache entry."""
+    shape, rc = spec.shape, _rc(spec)
+    forward = 2 * sum(o * i for o, i in shape.block_linears.values()) + 2 * rc.seqlen * shape.attention_width
+    passes = 3 * rc.epochs + 3
+    flops = shape.blocks * rc.nsamples * rc.seqlen * forward * passes / spec.world
+    rate = hw.train_tflops if rc.act_bytes == 2 or spec.kind == "cpu" else hw.prune_fp32_tflops
+    out = {"train": flops / (rate * 1e12)}
+    if spec.kind == "gpu":
+        out["onload"] = 3 * shape.blocks * shape.block_bytes / (hw.pruning(spec.devices).h2d_gbps * 1e9)
+    if spec.prunes:
+        out["cache_write"] = shape.blocks * shape.block_bytes / (hw.disk_gbps * 1e9)
+    return out
+
+
+def phase_parts(spec: RunSpec, hw: Hardware) -> tuple[str, dict[str, int], dict[str, int], dict[str, int], int,
+                                                      dict[str, int], dict[str, float]]:
+    """``(where, device, rank0, rank, processes per node, disk, seconds)`` of the reconstruct phase."""
+    process = {"process": hw.process_host_bytes}
+    host = {k: v for k, v in host_terms(spec).items() if v}
+    if spec.kind == "cpu":  # the device terms are each process's own memory
+        device, rank0 = {}, {**process, **host, **device_terms(spec, hw, rank0_cpu=True)}
+        rank = {**process, **device_terms(spec, hw)}
+    else:
+        device, rank0, rank = device_terms(spec, hw), {**process, **host}, dict(process)
+    disk = {"cache_entry": spec.shape.blocks * spec.shape.block_bytes + spec.shape.pruned_params // 8} \
+        if spec.prunes else {}
+    return (f"{spec.kind.upper()}, a block at a time", device, rank0, rank, spec.devices, disk, seconds(spec, hw))

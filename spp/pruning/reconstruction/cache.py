@@ -1,0 +1,142 @@
+"""The reconstruction cache: reconstruct once per (pruning key, reconstruction settings), re-use afterwards.
+
+An entry sits beside the pruning entries, ``<cache_dir>/pruning/<model identity>/<pruner>-<pattern>-blockwise-
+<key hash>/``, in the pruning cache's format (:mod:`spp.pruning.cache.store`): the packed masks, one weights file
+per decoder block holding every parameter of the reconstructed block, and the manifest (key, per-block losses,
+timings), written last. Reads are lock-free, a writer holds the entry's lock, as for pruning. A sweep over the
+end-to-end stage (adapters, learning rates) thus reuses one reconstruction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import time
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spp.models.offload import OffloadedModel
+from spp.paths import file_sha256
+from spp.pruning.cache import cache_entry_dir
+from spp.pruning.cache.lock import entry_lock
+from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, EntryReader, EntryWriter, remove_entry
+from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
+from spp.pruning.masks import MaskSet
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.engine import ReconstructResult, calibration_of, form_config
+
+RECONSTRUCT_CODE_VERSION = "1"
+"""Bump when a change to the reconstruction code changes its results: old entries then stop matching."""
+
+log = logging.getLogger(__name__)
+
+
+def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: ReconstructConfig,
+                    data_dir: str | None) -> tuple[dict[str, Any], str]:
+    """The fields that determine a reconstruction, and their sha256: the pruning key's digest, every
+    ``reconstruct.*`` field, the form's resolved adapter options, the calibration file's sha256, the code version."""
+    fields = {f.name: _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "name"}
+    calibration = calibration_of(cfg)
+    fields["sampling"] = sampling_of(calibration)
+    key = {
+        "code_version": RECONSTRUCT_CODE_VERSION,
+        "model": pruning_key["model"],
+        "pruning": pruning_digest,
+        "reconstruct": fields,
+        "form": _plain(dataclasses.asdict(form_config(cfg))),
+        "file_sha256": file_sha256(resolve_calibration_file(calibration, data_dir)),
+    }
+    return key, hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "value") and not isinstance(value, (int, float, str)):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in sorted(value.items())}
+    return value
+
+
+def entry_dir(cache_dir: str | Path, pruning_key: dict[str, Any], digest: str) -> Path:
+    """``<cache_dir>/pruning/<model>/<pruner>-<pattern>-blockwise-<digest[:16]>``."""
+    beside = cache_entry_dir(cache_dir, pruning_key, digest)
+    pruner, _, rest = beside.name.partition("-")
+    pattern = rest.rsplit("-", 1)[0]
+    return beside.parent / f"{pruner}-{pattern}-blockwise-{digest[:16]}"
+
+
+def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructResult | None:
+    """Rank 0: apply a finished entry's block parameters to the home weights; ``None`` when there is none, or it was
+    written for other settings or fails its checks before anything is applied."""
+    if not (entry / MANIFEST_FILE).is_file():
+        return None
+    t0 = time.perf_counter()
+    try:
+        reader = EntryReader(entry)
+        if reader.manifest.get("key") != key:
+            raise CorruptEntryError(f"reconstruction cache entry {entry} was written for other settings")
+        names = list(reader.weight_files)
+        missing = [n for n in names if off.canonical(n) not in off.home]
+        if missing or not names:
+            raise CorruptEntryError(f"reconstruction cache entry {entry} does not fit this model")
+    except (CorruptEntryError, KeyError) as err:
+        log.warning("reconstruction cache: %s; reconstructing again", err)
+        return None
+    with torch.no_grad():
+        for name in names:
+            home = off.home[off.canonical(name)]
+            stored = reader.weight(name)
+            if tuple(stored.shape) != tuple(home.shape):
+                raise CorruptEntryError(f"reconstruction cache entry {entry}: {name} has another shape")
+            home.copy_(stored.to(home.dtype))
+    manifest = reader.manifest
+    timings = {"cache_load": round(time.perf_counter() - t0, 3), "original": manifest.get("timings", {})}
+    return ReconstructResult(manifest.get("blocks", []), timings, manifest.get("calibration"), cache_hit=True,
+                             cache_path=str(entry))
+
+
+class EntryWrite:
+    """Rank 0's writer of one entry while reconstruction runs: each finished block's parameters in the background,
+    then the masks and the manifest."""
+
+    def __init__(self, off: OffloadedModel, entry: Path) -> None:
+        self.off, self.entry = off, entry
+        self.writer = EntryWriter(entry)
+
+    def block(self, prefix: str) -> None:
+        """Hand the home parameters of block ``prefix`` (``model.layers.3``) to the writer."""
+        self.writer.add_weights({n: self.off.home[n] for n in self.off.names_under(prefix)})
+
+    def finish(self, masks: MaskSet, key: dict[str, Any], result: ReconstructResult) -> None:
+        """The masks, then the manifest (the entry is finished)."""
+        self.writer.finish(masks, {"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                   "blocks": result.blocks, "timings": result.timings,
+                                   "calibration": result.calibration})
+
+    def abort(self) -> None:
+        """Stop writing and remove the unfinished entry."""
+        self.writer.abort()
+        remove_entry(self.entry)
+
+
+def decide(off: OffloadedModel, entry: Path, key: dict[str, Any], stack: ExitStack,
+           timeout_s: float) -> ReconstructResult | None:
+    """Rank 0: the entry's result when it exists (read lock-free), else ``None`` with the writer's lock held in
+    ``stack`` (checked again under the lock)."""
+    hit = load(off, entry, key)
+    if hit is not None:
+        return hit
+    stack.enter_context(entry_lock(entry, timeout_s))
+    hit = load(off, entry, key)
+    if hit is not None:
+        stack.close()
+        return hit
+    remove_entry(entry)
+    return None

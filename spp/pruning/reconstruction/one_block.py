@@ -1,0 +1,87 @@
+"""One decoder block seen as a model of its own, so an adapter method's ``inject``/``merge`` act on it alone.
+
+:class:`OneBlock` holds the block at ``layers.0`` (``spp.projections.decoder_layers`` finds it there), and the
+block's masks are renamed from ``model.layers.<i>.<path>`` to ``layers.0.<path>``. After the method's merge every
+module of the block that the method replaced is put back as the original object holding the merged tensors: the
+offloaded model writes a block home through the module objects it knows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from spp.adapters.base import set_submodule
+from spp.adapters.config import AdapterConfig
+from spp.adapters.registry import apply_adapter, merge_adapter
+from spp.pruning.masks import MaskSet
+
+PREFIX = "layers.0"
+
+
+class OneBlock(nn.Module):
+    """A module whose only decoder block is ``block`` (at ``layers.0``)."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([block])
+
+    def prepare_inputs_for_generation(self, *args: Any, **kwargs: Any) -> Any:
+        """Asked for by peft's causal-LM wrapper (``adapter=sparse_lora``); one block generates nothing."""
+        raise NotImplementedError("a single decoder block does not generate")
+
+
+def block_masks(masks: MaskSet, block_prefix: str) -> dict[str, torch.Tensor]:
+    """The masks of the linears under ``block_prefix`` (``model.layers.3``), named as inside :class:`OneBlock`."""
+    start = block_prefix + "."
+    return {f"{PREFIX}.{name[len(start):]}": masks[name] for name in masks if name.startswith(start)}
+
+
+class FormedBlock:
+    """A block with a trainable form attached (:meth:`attach`) and later merged back (:meth:`merge`).
+
+    Args:
+        block: The onloaded decoder block (its parameters real, on the device).
+        cfg: The form's adapter config.
+        masks: Its masks, named as in :class:`OneBlock` (:func:`block_masks`).
+    """
+
+    def __init__(self, block: nn.Module, cfg: AdapterConfig, masks: dict[str, torch.Tensor]) -> None:
+        self.cfg, self.masks = cfg, masks
+        self.wrapper = OneBlock(block)
+        self.modules = dict(self.wrapper.named_modules())
+        self.params = {name: dict(m.named_parameters(recurse=False)) for name, m in self.modules.items()}
+
+    def attach(self) -> list[nn.Parameter]:
+        """Inject the form; the tensors to train (every one that requires grad afterwards)."""
+        self.wrapper, _ = apply_adapter(self.wrapper, self.cfg, self.masks)
+        return [p for p in self.wrapper.parameters() if p.requires_grad]
+
+    @property
+    def block(self) -> nn.Module:
+        """The block as the forward pass uses it now (with the form while attached)."""
+        return self.wrapper.get_submodule(PREFIX)
+
+    @torch.no_grad()
+    def merge(self) -> dict[str, Any]:
+        """Merge the form into the block's weights and restore the block's original module objects; returns what
+        the method's merge reports."""
+        merged, stats = merge_adapter(self.wrapper, self.cfg, self.masks)
+        now = dict(merged.named_modules())
+        for name in sorted(self.modules, key=lambda n: n.count(".")):
+            original = self.modules[name]
+            current = now.get(name)
+            if current is None or current is original:
+                continue
+            own = dict(current.named_parameters(recurse=False))
+            for pname, param in self.params[name].items():
+                if pname in own and own[pname] is not param:
+                    param.copy_(own[pname].to(param.dtype))
+            set_submodule(merged, name, original)
+            now = dict(merged.named_modules())
+        for params in self.params.values():
+            for param in params.values():
+                param.requires_grad_(False)
+        return stats

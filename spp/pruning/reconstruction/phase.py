@@ -1,0 +1,160 @@
+"""Reconstruction as a phase after pruning, shared by ``prune.py`` and ``train.py``'s pruning callback.
+
+:func:`probe` (before pruning: every rank learns whether a finished cache entry exists, so the dense copy is made
+only when it will be used), then :func:`reconstruct_phase` (after pruning: apply the entry, or reconstruct on
+every rank against the dense copy while rank 0 writes the entry).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from spp.distributed import DistContext
+from spp.errors import UserError
+from spp.models.config import ModelConfig
+from spp.models.offload import OffloadedModel
+from spp.pruning.cache import READ_MARGIN_S, cache_key
+from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, read_manifest
+from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.masks import MaskSet
+from spp.pruning.reconstruction import cache
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.engine import ReconstructResult, reconstruct_offloaded
+from spp.pruning.registry import NO_PRUNING
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Probe:
+    """Where a reconstruction's entry is and whether it was finished when looked up (rank 0's view, shared)."""
+
+    cfg: ReconstructConfig
+    entry: Path | None = None
+    key: dict[str, Any] | None = None
+    digest: str | None = None
+    hit: bool = False
+
+    @property
+    def needs_dense(self) -> bool:
+        """Reconstruction will run (the dense model is needed)."""
+        return self.cfg.enabled and not self.hit
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A frozen copy of ``model`` in eval mode (no parameter requires grad): real weights on rank 0, a ``meta``
+    skeleton where ``model`` is one (tied parameters stay tied)."""
+    dense = copy.deepcopy(model)
+    dense.requires_grad_(False)
+    return dense.eval()
+
+
+def probe(cfg: ReconstructConfig, model_cfg: ModelConfig, pruner: PrunerConfig, sparsity: SparsityConfig,
+          calibration: CalibrationConfig, cache_dir: str | None, data_dir: str | None, ctx: DistContext) -> Probe:
+    """The entry of this reconstruction (``cache_dir=None``, or nothing pruned: no cache) and whether it is
+    finished; rank 0 decides, every rank learns it."""
+    found = Probe(cfg)
+    if not cfg.enabled or cache_dir is None or sparsity.is_dense or pruner.name == NO_PRUNING:
+        return found
+    if ctx.is_main:
+        pkey, pdigest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
+        found.key, found.digest = cache.reconstruct_key(pkey, pdigest, cfg, data_dir)
+        found.entry = cache.entry_dir(cache_dir, pkey, found.digest)
+        try:
+            found.hit = (found.entry / MANIFEST_FILE).is_file() and read_manifest(found.entry).get("key") == found.key
+        except CorruptEntryError:
+            found.hit = False
+    return ctx.broadcast_object(found, long_wait=True)
+
+
+def reconstruct_phase(off: OffloadedModel, dense: nn.Module | None, tokenizer: PreTrainedTokenizerBase,
+                      masks: MaskSet, pruner: PrunerConfig, found: Probe, data_dir: str | None = None,
+                      lock_timeout_s: float = 7200.0) -> ReconstructResult:
+    """Reconstruct ``off`` (pruned; rank 0's home) against ``dense`` (the frozen dense copy, ``None`` when
+    ``found.hit``), through the cache when ``found.entry`` is set; every rank calls it."""
+    ctx = off.ctx
+    ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
+    if found.hit:
+        hit = cache.load(off, found.entry, found.key) if ctx.is_main else None
+        failed = ctx.broadcast_object(ctx.is_main and hit is None, long_wait=True)
+        if failed:
+            raise UserError(f"the reconstruction cache entry {found.entry} failed its checks while it was read",
+                            "run the job again: it reconstructs afresh and rewrites the entry", key="cache_dir")
+        _log_hit(hit, ctx)
+        return hit or ReconstructResult(cache_hit=True)
+    if dense is None:
+        raise ValueError("reconstruct_phase: the dense model is needed (the probe found no finished entry)")
+    dense_off = OffloadedModel(dense, ctx)
+    try:
+        return _run(off, dense_off, tokenizer, masks, pruner, found, data_dir, lock_timeout_s)
+    finally:
+        dense_off.restore()
+
+
+def _run(off: OffloadedModel, dense: OffloadedModel, tokenizer: PreTrainedTokenizerBase, masks: MaskSet,
+         pruner: PrunerConfig, found: Probe, data_dir: str | None, lock_timeout_s: float) -> ReconstructResult:
+    ctx = off.ctx
+    if found.entry is None:
+        return reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg, data_dir)
+    with ExitStack() as stack:
+        hit = cache.decide(off, found.entry, found.key, stack, lock_timeout_s) if ctx.is_main else None
+        if ctx.broadcast_object(hit is not None, long_wait=True):  # another job wrote it meanwhile
+            _log_hit(hit, ctx)
+            return hit or ReconstructResult(cache_hit=True)
+        writer = cache.EntryWrite(off, found.entry) if ctx.is_main else None
+        try:
+            result = reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg, data_dir,
+                                           on_block=writer.block if writer is not None else None)
+            error = None
+            if writer is not None:
+                try:
+                    writer.finish(masks, found.key, result)
+                except Exception as err:  # noqa: BLE001 - every rank must learn of it
+                    writer.abort()
+                    error = RuntimeError(f"writing the reconstruction cache entry {found.entry} failed: {err}")
+        except BaseException:
+            if writer is not None:
+                writer.abort()
+            raise
+        error = ctx.broadcast_object(error, long_wait=True)
+        if error is not None:
+            raise error
+    result.cache_path = str(found.entry) if ctx.is_main else None
+    return result
+
+
+def _log_hit(hit: ReconstructResult | None, ctx: DistContext) -> None:
+    if ctx.is_main and hit is not None:
+        log.info("reconstruction: cache hit (%s), %d blocks applied in %.1f s", hit.cache_path, len(hit.blocks),
+                 hit.timings.get("cache_load", 0.0))
+
+
+def get_or_reconstruct(model: nn.Module, tokenizer: PreTrainedTokenizerBase, model_cfg: ModelConfig,
+                       pruner: PrunerConfig, sparsity: SparsityConfig, calibration: CalibrationConfig,
+                       cfg: ReconstructConfig, cache_dir: str | None, data_dir: str | None = None,
+                       device: Any = None) -> tuple[Any, ReconstructResult]:
+    """Prune and reconstruct a whole in-memory ``model`` in place in this process, through both caches
+    (``cache_dir=None``: neither); returns the prune result and the reconstruction's (``eval.py`` with
+    ``reconstruct=blockwise``: the base a reconstructed run's adapter was trained on)."""
+    from spp.pruning.cache import prune_cached  # the cache imports the engine; no cycle at import time
+    from spp.pruning.engine import prune_offloaded, resolve_device
+
+    ctx = DistContext(device=resolve_device(device))
+    found = probe(cfg, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir, ctx)
+    dense = frozen_copy(model) if found.needs_dense else None
+    off = OffloadedModel(model, ctx)
+    try:
+        result = (prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir)
+                  if cache_dir is not None else
+                  prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir))
+        return result, reconstruct_phase(off, dense, tokenizer, result.masks, pruner, found, data_dir)
+    finally:
+        off.restore()
