@@ -25,7 +25,12 @@ from spp.paths import SAMPLE_DATA_DIR
 from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_offloaded
 from spp.pruning.masks import MaskSet
-from spp.pruning.reconstruction.config import ReconstructConfig, ReconstructInputs, ReconstructLoss
+from spp.pruning.reconstruction.config import (
+    ReconstructConfig,
+    ReconstructInputs,
+    ReconstructLoss,
+    ReconstructTargets,
+)
 from spp.pruning.reconstruction.engine import ReconstructResult, reconstruct_offloaded
 from spp.pruning.reconstruction.loss import window_losses
 from spp.pruning.reconstruction.phase import frozen_copy, get_or_reconstruct
@@ -167,6 +172,19 @@ def test_pruned_block_loss_falls(form):
         assert 0 < b["loss_end"] < b["loss_start"], (form, b)
 
 
+def test_same_inputs_targets_are_the_dense_block_on_the_reconstructed_prefix():
+    """``targets=same_inputs`` (EBFT's): block 0's inputs are the dense ones either way, so its losses equal the
+    default's; from block 1 on the target is the dense block on the reconstructed prefix, which is closer to what
+    the pruned block can produce than the dense trajectory: a lower starting loss (negative control: block 0)."""
+    model, dense, masks = pruned_tiny()
+    default = reconstruct(model, dense, masks, recon_cfg("spp"))
+    model, dense, masks = pruned_tiny()
+    same = reconstruct(model, dense, masks, recon_cfg("spp", targets="same_inputs"))
+    assert same.blocks[0]["loss_start"] == default.blocks[0]["loss_start"]
+    assert same.blocks[0]["loss_end"] == default.blocks[0]["loss_end"]
+    assert same.blocks[1]["loss_start"] < default.blocks[1]["loss_start"]
+
+
 # -- 3. zeros stay zero ------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("form", FORMS)
@@ -260,7 +278,7 @@ def test_cache_hit_is_bit_identical_without_a_dense_copy(tmp_path, spy):
 
 
 CHANGES = {"lr": 3e-2, "epochs": 1, "form": "norms", "form_options": {"r": 4}, "nsamples": 3,
-           "loss": ReconstructLoss.nmse, "inputs": ReconstructInputs.dense}
+           "loss": ReconstructLoss.nmse, "inputs": ReconstructInputs.dense, "targets": ReconstructTargets.same_inputs}
 
 
 def test_each_reconstruction_field_is_its_own_entry(tmp_path, spy):

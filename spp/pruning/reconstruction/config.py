@@ -25,11 +25,19 @@ class ReconstructLoss(str, Enum):
 
 class ReconstructInputs(str, Enum):
     """What enters block ``i`` while it trains: ``sparse`` (the outputs of the already reconstructed blocks before
-    it) or ``dense`` (the dense model's own hidden states). The targets are always the dense block's outputs on the
-    dense hidden states."""
+    it) or ``dense`` (the dense model's own hidden states); what the outputs must match: ``reconstruct.targets``."""
 
     sparse = "sparse"
     dense = "dense"
+
+
+class ReconstructTargets(str, Enum):
+    """What block ``i``'s outputs are trained to match: ``dense`` (the dense block on the dense model's own hidden
+    states: the dense model's trajectory) or ``same_inputs`` (the dense block on the inputs the pruned block trains
+    on: EBFT's target, Free-Lunch's default). With ``inputs=dense`` the two are the same."""
+
+    dense = "dense"
+    same_inputs = "same_inputs"
 
 
 class ReconstructSchedule(str, Enum):
@@ -54,6 +62,7 @@ class ReconstructConfig:
         form_options: Overrides of the form's adapter options (``{r: 8, dropout: 0.0}``).
         loss: ``mse`` or ``nmse`` (:class:`ReconstructLoss`).
         inputs: ``sparse`` or ``dense`` (:class:`ReconstructInputs`).
+        targets: ``dense`` or ``same_inputs`` (:class:`ReconstructTargets`).
         source: Calibration text: ``c4``, ``wikitext2``, ``alpaca`` or a local file (as ``calibration.source``).
         path: Data file to read instead of the source's default.
         nsamples: Calibration windows.
@@ -74,6 +83,7 @@ class ReconstructConfig:
     form_options: dict[str, Any] = field(default_factory=dict)
     loss: ReconstructLoss = ReconstructLoss.mse
     inputs: ReconstructInputs = ReconstructInputs.sparse
+    targets: ReconstructTargets = ReconstructTargets.dense
     source: str = "c4"
     path: str | None = None
     nsamples: int = 128

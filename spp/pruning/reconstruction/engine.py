@@ -5,7 +5,8 @@ dense copy in host memory). This rank's share of the calibration windows enters 
 ``i``:
 
 1. the dense block is onloaded and its outputs on the dense hidden states are computed: the targets, and the
-   dense hidden states entering block ``i + 1``; the dense block goes back to ``meta``;
+   dense hidden states entering block ``i + 1`` (with ``targets=same_inputs``: its outputs on the pruned block's
+   inputs, EBFT's target); the dense block goes back to ``meta``;
 2. the pruned block is onloaded, gets the trainable form (``reconstruct.form``: any adapter method, through
    :class:`~spp.pruning.reconstruction.one_block.FormedBlock`) and trains on its inputs (the reconstructed prefix's
    outputs, or the dense hidden states) against the targets, every rank on its windows with the gradients summed
@@ -36,7 +37,12 @@ from spp.projections import model_targets
 from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.config import CalibrationConfig
 from spp.pruning.masks import MaskSet
-from spp.pruning.reconstruction.config import ReconstructConfig, ReconstructInputs, ReconstructLoss
+from spp.pruning.reconstruction.config import (
+    ReconstructConfig,
+    ReconstructInputs,
+    ReconstructLoss,
+    ReconstructTargets,
+)
 from spp.pruning.reconstruction.one_block import FormedBlock, block_masks
 from spp.pruning.reconstruction.train_block import mean_loss, train_form
 from spp.pruning.sequential import BlockRunner, Call, buffers_on
@@ -224,13 +230,14 @@ def reconstruct_offloaded(off: OffloadedModel, dense: OffloadedModel, tokenizer:
     try:
         with buffers_on(off.model, off.ctx.device), buffers_on(dense.model, off.ctx.device):
             dense_in, calls = run.capture(tokenizer, data_dir)
+            use_sparse = ReconstructInputs(cfg.inputs) is ReconstructInputs.sparse
+            same = use_sparse and ReconstructTargets(cfg.targets) is ReconstructTargets.same_inputs
             sparse_in = dense_in
             for i in range(len(run.runner.layers)):
-                targets_i = run.dense_block(i, dense_in, calls[i])
-                use_sparse = ReconstructInputs(cfg.inputs) is ReconstructInputs.sparse
+                targets_i = run.dense_block(i, sparse_in if same else dense_in, calls[i])
                 out = run.sparse_block(i, sparse_in if use_sparse else dense_in, targets_i, calls[i])
                 sparse_in = out if use_sparse else sparse_in
-                dense_in = targets_i
+                dense_in = [] if same else targets_i  # same_inputs: no dense trajectory is needed
                 if on_block is not None:
                     on_block(f"{run.runner.prefix}.{i}")
     finally:
