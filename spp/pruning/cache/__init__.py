@@ -36,11 +36,11 @@ from spp.models.offload import OffloadedModel
 from spp.paths import file_sha256
 from spp.pruning.cache.lock import check_locks_span_nodes, entry_lock
 from spp.pruning.cache.store import (
-    MANIFEST_FILE,
     CorruptEntryError,
     EntryReader,
     EntryWriter,
     list_entries,
+    open_for_key,
     remove_entry,
 )
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
@@ -161,13 +161,11 @@ def _load_entry(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity:
                 linears: dict[str, nn.Linear]) -> PruneResult | None:
     """Apply a finished entry to rank 0's home weights, one matrix at a time (no lock); ``None`` on a miss or an
     entry that fails its checks (nothing applied then: every check runs before the first weight changes)."""
-    if not (entry / MANIFEST_FILE).is_file():
-        return None
     t0 = time.perf_counter()
     try:
-        reader = EntryReader(entry)
-        if reader.manifest.get("key") != key:
-            raise CorruptEntryError(f"cache entry {entry} was written for other settings")
+        reader = open_for_key(entry, key)
+        if reader is None:
+            return None
         _check_shapes(reader, linears)
     except CorruptEntryError as err:
         log.warning("pruning cache: %s; pruning again", err)

@@ -215,6 +215,20 @@ class EntryReader:
         return None
 
 
+def open_for_key(entry: Path, key: dict[str, Any]) -> EntryReader | None:
+    """The reader of ``entry`` when it is finished (``None`` when it has no manifest yet).
+
+    Raises:
+        CorruptEntryError: it was written for another key, or a file is missing or fails its checksum.
+    """
+    if not (entry / MANIFEST_FILE).is_file():
+        return None
+    reader = EntryReader(entry)
+    if reader.manifest.get("key") != key:
+        raise CorruptEntryError(f"cache entry {entry} was written for other settings")
+    return reader
+
+
 def entry_size(entry: Path) -> int:
     """Bytes on disk of an entry."""
     return sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())

@@ -24,7 +24,7 @@ from spp.models.offload import OffloadedModel
 from spp.paths import file_sha256
 from spp.pruning.cache import cache_entry_dir
 from spp.pruning.cache.lock import entry_lock
-from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, EntryReader, EntryWriter, remove_entry
+from spp.pruning.cache.store import CorruptEntryError, EntryWriter, open_for_key, remove_entry
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
 from spp.pruning.masks import MaskSet
 from spp.pruning.reconstruction.config import ReconstructConfig
@@ -75,13 +75,11 @@ def entry_dir(cache_dir: str | Path, pruning_key: dict[str, Any], digest: str) -
 def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructResult | None:
     """Rank 0: apply a finished entry's block parameters to the home weights; ``None`` when there is none, or it was
     written for other settings or fails its checks before anything is applied."""
-    if not (entry / MANIFEST_FILE).is_file():
-        return None
     t0 = time.perf_counter()
     try:
-        reader = EntryReader(entry)
-        if reader.manifest.get("key") != key:
-            raise CorruptEntryError(f"reconstruction cache entry {entry} was written for other settings")
+        reader = open_for_key(entry, key)
+        if reader is None:
+            return None
         names = list(reader.weight_files)
         missing = [n for n in names if off.canonical(n) not in off.home]
         if missing or not names:
