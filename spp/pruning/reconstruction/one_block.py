@@ -30,7 +30,7 @@ class OneBlock(nn.Module):
 
     def prepare_inputs_for_generation(self, *args: Any, **kwargs: Any) -> Any:
         """Asked for by peft's causal-LM wrapper (``adapter=sparse_lora``); one block generates nothing."""
-        raise NotImplementedError("a single decoder block does not generate")
+        raise TypeError("a single decoder block does not generate text")
 
 
 def block_masks(masks: MaskSet, block_prefix: str) -> dict[str, torch.Tensor]:
