@@ -313,3 +313,33 @@ def test_the_end_to_end_stage_does_not_change_the_key(tmp_path):
     assert digest("adapter=sparse_lora", "trainer.lr=1e-5") == base
     assert digest("reconstruct.lr=0.5") != base  # the negative control: a reconstruction field does
     assert digest("reconstruct.form=norms") != base
+
+
+def test_a_null_lr_is_the_forms_own_rate(tmp_path):
+    """``reconstruct.lr`` null (the default) trains at the form's ``reconstruct_lr`` and keys as that rate written
+    out (one cache entry for both); another form's null is another rate; the run's record says the rate used."""
+    from train_helpers import tiny_job
+
+    from spp.adapters.registry import get_method
+    from spp.pruning.reconstruction.engine import learning_rate
+    from spp.training.phases import pruning_settings
+
+    def settings(*extra: str):
+        return pruning_settings(tiny_job(tmp_path, "reconstruct=blockwise", *extra))
+
+    def digest(*extra: str) -> str:
+        s = settings(*extra)
+        return phase_module.probe(s.reconstruct, s.model, s.pruner, s.sparsity, s.calibration, s.cache_dir,
+                                  s.data_dir, DistContext()).digest
+
+    assert settings().reconstruct.lr is None
+    assert learning_rate(settings().reconstruct) == get_method("spp").reconstruct_lr == 0.1
+    assert learning_rate(settings("reconstruct.form=masked_full").reconstruct) == 1e-3
+    assert digest() == digest("reconstruct.lr=0.1")
+    assert digest("reconstruct.form=masked_full") == digest("reconstruct.form=masked_full", "reconstruct.lr=0.001")
+    assert digest() != digest("reconstruct.lr=0.05")  # the negative control: another rate is another entry
+    cfg = dataclasses.replace(recon_cfg("norms"), lr=None)
+    result, _ = cached_run(tmp_path, cfg, {"dense_copies": 0, "reconstructions": 0})
+    assert result.summary()["lr"] == get_method("norms").reconstruct_lr
+    hit, _ = cached_run(tmp_path, cfg, {"dense_copies": 0, "reconstructions": 0})
+    assert hit.cache_hit and hit.summary()["lr"] == result.summary()["lr"]

@@ -40,9 +40,9 @@ def entry(shift: float, source: str = "wikitext2", noise: float = 0.0, seed: int
             "ci_low": ppl * 0.9, "ci_high": ppl * 1.1}
 
 
-def write_reference(root: Path) -> None:
+def write_reference(root: Path, pruned: tuple[tuple[str, float], ...] = (("dense", -1.5), ("nm2_4", 0.0))) -> None:
     """``eval.py`` references: dense at BASE - 1.5, Wanda 2:4 pruned at BASE, on test and validation windows."""
-    for name, shift in (("dense", -1.5), ("nm2_4", 0.0)):
+    for name, shift in pruned:
         (root / "reference" / name).mkdir(parents=True)
         record = {"ppl": {"wikitext2": entry(shift), "wikitext2_val": entry(shift, "wikitext2_val")}, "tasks": {},
                   "info": {"timings": {"prune": 60.0, "ppl_wikitext2": 120.0, "ppl_wikitext2_val": 180.0}}}
@@ -52,7 +52,8 @@ def write_reference(root: Path) -> None:
 
 def write_run(root: Path, rel: str, *, form: str | None, lr: float = 0.1, epochs: int = 3, seed: int = 0,
               test: float = 0.0, val: float = 0.0, cpu_s: float = 300.0, hit: bool = False,
-              curve: list[tuple[float, float]] | None = None, noise: float = 0.0) -> Path:
+              curve: list[tuple[float, float]] | None = None, noise: float = 0.0,
+              sparsity: str = "nm2_4", pruned: float = 0.0) -> Path:
     """A ``train.py`` ``summary.json``: merged test NLL ``BASE + test`` (+ seed noise), validation ``BASE + val``, a
     reconstruction of ``cpu_s`` CPU seconds (stored as the original run's on a cache ``hit``), and optionally a
     recovery curve of ``(train_cpu_s, validation shift)`` points every 16 steps."""
@@ -61,11 +62,12 @@ def write_run(root: Path, rel: str, *, form: str | None, lr: float = 0.1, epochs
     timings = {"total": cpu_s, "original": {"cpu_seconds": cpu_s}} if hit else {"total": cpu_s, "cpu_seconds": cpu_s}
     recon = None if form is None else {"blocks": [{"block": 0, "loss_start": 2.0, "loss_end": 1.0}],
                                        "timings": timings, "cache_hit": hit}
-    data = {"run": {"pruner": "wanda", "sparsity": "nm2_4", "adapter": "none" if curve is None else "spp"},
+    data = {"run": {"pruner": "wanda", "sparsity": sparsity, "adapter": "none" if curve is None else "spp"},
             "config": {"seed": seed, "trainer": {"lr": 0.02},
                        "reconstruct": {"name": "none"} if form is None else
                        {"name": "blockwise", "form": form, "lr": lr, "epochs": epochs}},
-            "perplexity": {"dense": entry(-1.5), "pruned": entry(0.0), "merged": entry(test, noise=noise, seed=seed)},
+            "perplexity": {"dense": entry(-1.5), "pruned": entry(pruned),
+                           "merged": entry(test, noise=noise, seed=seed)},
             "merged_ppl_by_source": {"wikitext2_val": entry(val, "wikitext2_val")}, "reconstruction": recon,
             "timings": {"total": 600.0},
             "recovery_curve": [{**entry(s, "wikitext2_val"), "step": 16 * k, "train_cpu_s": t}
@@ -137,6 +139,26 @@ def test_a_finished_grid_at_an_endpoint_names_its_extension(tmp_path: Path):
     for lr, val in ((3e-2, -0.1), (1e-1, -0.2), (3e-1, -0.3)):
         write_run(tmp_path, f"grid/nm2_4/spp/e3/lr{lr:g}", form="spp", lr=lr, val=val)
     assert "| 3e-1 | **no: endpoint** (lr 1e0 not run) |" in report(tmp_path)
+
+
+def test_a_shorter_check_reads_against_its_own_setting(campaign: Path, capsys):
+    """A ``check/`` run (Wanda 2:4's choice at unstructured 50 %, pruned at BASE - 0.9): gap closed against that
+    setting's pruned model, (−0.9 + 1.2) / (−0.9 + 1.5) = 50 % on validation, (−0.9 + 1.05) / 0.6 = 25 % on test; no
+    grid row for it; ``pick`` prints the Wanda 2:4 choice (the runner's ``check`` step reads it) and that run."""
+    write_reference(campaign, (("unstructured50", -0.9),))
+    write_run(campaign, "check/unstructured50/spp/lr0.1/e5", form="spp", epochs=5, sparsity="unstructured50",
+              pruned=-0.9, test=-1.05, val=-1.2, cpu_s=720.0)
+    text = report(campaign)
+    assert "1 then_e2e, 1 check training jobs" in text
+    assert not rows_of(section(text, "Grids"), "| Wanda unstructured 50 % |")
+    row = rows_of(section(text, "Recovery per CPU-minute"), "| Wanda unstructured 50 % |")[0]
+    assert row.startswith("| Wanda unstructured 50 % | SPP form, lr 1e-1, 5 ep. | 12.0 | 50.0 [50.0, 50.0] at 12.0 |")
+    test_row = rows_of(section(text, "Test perplexity"), "| Wanda unstructured 50 % | SPP form")[0]
+    assert "| 25.0 [25.0, 25.0] |" in test_row
+    for setting in ("nm2_4", "unstructured50"):
+        assert cli(["pick", str(campaign), "--setting", setting, "--form", "spp"]) == 0
+        assert capsys.readouterr().out == "0.1 5\n"
+    assert cli(["pick", str(campaign), "--setting", "unstructured75", "--form", "spp"]) == 2
 
 
 def test_runner_queries(campaign: Path, tmp_path: Path, capsys):

@@ -12,8 +12,9 @@
 #   bash experiments/reconstruction/run.sh seq "grid spp nm2_4 3" "grid masked_full nm2_4 3"
 #   bash experiments/reconstruction/run.sh seq "epochs spp nm2_4"   # epochs 1..: at the form's chosen rate
 #   bash experiments/reconstruction/run.sh seq "e2e nm2_4"          # SPP end to end alone (the reference curve)
-#   bash experiments/reconstruction/run.sh seq "then_e2e spp nm2_4" # the chosen reconstruction, then SPP end to end
-#   bash experiments/reconstruction/run.sh seq "seeds spp nm2_4"    # seeds 1, 2 of the chosen reconstruction
+#   bash experiments/reconstruction/run.sh seq "then_e2e spp nm2_4" # the chosen reconstruction (rate and epochs), then SPP
+#   bash experiments/reconstruction/run.sh seq "seeds spp nm2_4"    # seeds 1, 2 of the chosen reconstruction (rate, epochs)
+#   bash experiments/reconstruction/run.sh seq "check spp unstructured50" # references + Wanda 2:4's choice there
 #   DRY=1 ... prints the jobs; STOP_AT=HH:MM starts no job that would end after it (JOB_MINUTES, default 20)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -57,7 +58,7 @@ job() {  # job DIR SCRIPT OVERRIDES...: one run, skipped when done; status 1 whe
 
 rates() {  # rates FORM: the base learning-rate grid of a reconstruction form (half-decade steps)
   case $1 in
-    spp) echo "0.03 0.1 0.3" ;; masked_full) echo "3e-05 0.0001 0.0003" ;; norms) echo "0.001 0.003 0.01" ;;
+    spp) echo "0.03 0.1 0.3" ;; masked_full) echo "3e-05 0.0001 0.0003" ;; norms) echo "0.0003 0.001 0.003" ;;
     *) echo "0.001 0.01 0.1" ;;
   esac
 }
@@ -81,6 +82,9 @@ grid() {  # grid FORM SETTING EPOCHS: the form's rate grid, extended until the c
 }
 
 chosen_lr() { python -m spp.experiments.reconstruction chosen "$R/grid/$2/$1/e$3"; }
+pick() {  # pick FORM SETTING: "LR EPOCHS" of the chosen reconstruction (over the rate and epochs grids)
+  python -m spp.experiments.reconstruction pick "$R" --form "$1" --setting "$2"
+}
 
 epochs() {  # epochs FORM SETTING: epochs 1, 2, 3 (the grid's) and 5 at the rate chosen with 3, until interior
   local f=$1 st=$2 lr e; lr=$(chosen_lr "$f" "$st" 3) || return 1
@@ -94,17 +98,23 @@ e2e() {  # e2e SETTING: SPP end to end alone, two epochs, the validation perplex
     trainer.lr=$SPP_LR trainer.max_epochs=2 trainer.curve_every_n_steps=16
 }
 
-then_e2e() {  # then_e2e FORM SETTING [EPOCHS]: the chosen reconstruction, then SPP end to end as e2e
-  local f=$1 st=$2 e=${3:-3} lr; lr=$(chosen_lr "$f" "$st" "$e") || return 1
+then_e2e() {  # then_e2e FORM SETTING: the chosen reconstruction, then SPP end to end as e2e
+  local f=$1 st=$2 lr e; read -r lr e < <(pick "$f" "$st") && [[ -n $e ]] || return 1
   # shellcheck disable=SC2086
   job "$R/then_e2e/$st/$f/lr$lr/e$e" train.py $C $W pruner="$(pruner_of "$st")" sparsity="$(sparsity_of "$st")" \
     adapter=spp trainer.lr=$SPP_LR trainer.max_epochs=2 trainer.curve_every_n_steps=16 \
     reconstruct.form="$f" reconstruct.lr="$lr" reconstruct.epochs="$e"
 }
 
-seeds() {  # seeds FORM SETTING [EPOCHS]: seeds 1 and 2 of the chosen reconstruction (seed 0 is the grid point)
-  local f=$1 st=$2 e=${3:-3} lr s; lr=$(chosen_lr "$f" "$st" "$e") || return 1
+seeds() {  # seeds FORM SETTING: seeds 1 and 2 of the chosen reconstruction (seed 0 is the grid point)
+  local f=$1 st=$2 lr e s; read -r lr e < <(pick "$f" "$st") && [[ -n $e ]] || return 1
   for s in 1 2; do recon "$R/seeds/$st/$f/lr$lr/e$e/s$s" "$st" "$f" "$lr" "$e" "$s"; done
+}
+
+check() {  # check FORM SETTING: the shorter check at another setting: its references, then the form at Wanda 2:4's choice
+  local f=$1 st=$2 lr e; reference "$st"
+  read -r lr e < <(pick "$f" nm2_4) && [[ -n $e ]] || return 1
+  recon "$R/check/$st/$f/lr$lr/e$e" "$st" "$f" "$lr" "$e" 0
 }
 
 reference() {  # reference SETTING: the dense (with nm2_4) and pruned models' perplexities

@@ -114,6 +114,8 @@ class AdapterMethod(ABC):
             re-masking); pruned positions must stay zero for every method.
         zero3_refusal: Why the method cannot train under DeepSpeed ZeRO-3 (``strategy=deepspeed_stage3``), or
             ``None`` when it can (the preflight refuses the job in one line otherwise).
+        reconstruct_lr: The learning rate block-wise reconstruction uses with this method as its trainable form
+            when ``reconstruct.lr`` is null (``docs/reconstruction.md``).
     """
 
     name: ClassVar[str] = ""
@@ -123,6 +125,7 @@ class AdapterMethod(ABC):
     trains: ClassVar[bool] = True
     kept_zeros_may_change: ClassVar[bool] = False
     zero3_refusal: ClassVar[str | None] = None
+    reconstruct_lr: ClassVar[float] = 1e-2
 
     # ----------------------------------------------------------------------------------------- the life cycle
     @abstractmethod

@@ -14,7 +14,7 @@ from spp.experiments.reconstruction.records import Campaign, Run
 from spp.experiments.reconstruction.selection import half_decade
 
 BASE_RATES: dict[str, tuple[float, ...]] = {"spp": (3e-2, 1e-1, 3e-1), "masked_full": (3e-5, 1e-4, 3e-4),
-                                            "norms": (1e-3, 3e-3, 1e-2)}
+                                            "norms": (3e-4, 1e-3, 3e-3)}
 """Each form's base rate grid, as ``rates()`` of ``experiments/reconstruction/run.sh`` writes it."""
 OTHER_RATES = (1e-3, 1e-2, 1e-1)
 EPOCHS_GRID = (1, 2, 3, 5)
@@ -99,10 +99,11 @@ class Choice:
 
 def choices(c: Campaign) -> list[Choice]:
     """Per (setting, form): the seed-0 run of ``grid/`` and ``epochs/`` with the lowest validation perplexity, and
-    the ``seeds/`` runs at its rate and epochs."""
+    the ``seeds/`` runs at its rate and epochs; at a setting with only a shorter check (``check/``), that run."""
     out = []
-    for s, f in sorted({(r.setting, r.form) for r in c.runs if r.kind == "grid"}, key=lambda k: order(*k)):
+    for s, f in sorted({(r.setting, r.form) for r in c.runs if r.kind in ("grid", "check")}, key=lambda k: order(*k)):
         pool = [r for r in c.runs if r.kind in ("grid", "epochs") and (r.setting, r.form) == (s, f) and r.val]
+        pool = pool or [r for r in c.runs if r.kind == "check" and (r.setting, r.form) == (s, f) and r.val]
         if not pool:
             continue
         best = min(pool, key=val_ppl)

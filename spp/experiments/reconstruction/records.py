@@ -3,10 +3,11 @@
 Layout under the campaign directory: ``reference/dense`` and ``reference/<setting>`` (``eval.py``: dense and pruned
 perplexities), ``grid/<setting>/<form>/e<epochs>/lr<rate>`` (reconstruction alone, seed 0),
 ``epochs/<setting>/<form>/lr<rate>/e<epochs>`` (the same at the chosen rate), ``seeds/<setting>/<form>/lr<rate>/
-e<epochs>/s<seed>``, ``e2e/<setting>/spp`` (SPP end to end alone, with its recovery curve) and
-``then_e2e/<setting>/<form>/lr<rate>/e<epochs>`` (the reconstruction, then SPP end to end). A job is finished when its
-``summary.json`` (``results.json``) exists; ``<dir>.running.log`` / ``<dir>.failed.log`` mark one running or failed.
-What a run trained is read from its recorded config, its kind from its place.
+e<epochs>/s<seed>``, ``e2e/<setting>/spp`` (SPP end to end alone, with its recovery curve),
+``then_e2e/<setting>/<form>/lr<rate>/e<epochs>`` (the reconstruction, then SPP end to end) and
+``check/<setting>/<form>/lr<rate>/e<epochs>`` (the shorter check at another setting: Wanda 2:4's choice there). A job
+is finished when its ``summary.json`` (``results.json``) exists; ``<dir>.running.log`` / ``<dir>.failed.log`` mark
+one running or failed. What a run trained is read from its recorded config, its kind from its place.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Any
 
 from spp.experiments.campaign33.records import TEST_SOURCE, VAL_SOURCE, eval_seconds, setting_of
 
-TRAIN_KINDS = ("grid", "epochs", "seeds", "e2e", "then_e2e")
-RECONSTRUCTION_ALONE = ("grid", "epochs", "seeds")
+TRAIN_KINDS = ("grid", "epochs", "seeds", "e2e", "then_e2e", "check")
+RECONSTRUCTION_ALONE = ("grid", "epochs", "seeds", "check")
 __all__ = ["TEST_SOURCE", "VAL_SOURCE", "Campaign", "Reference", "Run", "load", "recon_cpu_seconds"]
 
 
@@ -104,7 +105,7 @@ def load_run(path: Path, root: Path) -> Run:
     return Run(rel=rel.as_posix(), kind=rel.parts[0],
                setting=setting_of(data["run"]["pruner"], data["run"]["sparsity"]),
                form=rc.get("form") if recon is not None else None,
-               lr=float(rc["lr"]) if recon is not None else None,
+               lr=float(rc["lr"] if rc.get("lr") is not None else recon["lr"]) if recon is not None else None,
                epochs=int(rc["epochs"]) if recon is not None else None, seed=int(cfg["seed"]), test=ppl["merged"],
                val=(data.get("merged_ppl_by_source") or {}).get(VAL_SOURCE), dense_test=ppl.get("dense"),
                pruned_test=ppl.get("pruned"), recon_cpu_s=recon_cpu_seconds(recon),

@@ -122,7 +122,7 @@ def machine_table(c: Campaign) -> list[str]:
 def status_lines(c: Campaign) -> list[str]:
     """How many jobs finished, their job-hours, and those running or failed."""
     hours = (sum(r.total_s or 0.0 for r in c.runs) + sum(r.total_s or 0.0 for r in c.refs)) / 3600
-    kinds = {k: sum(r.kind == k for r in c.runs) for k in ("grid", "epochs", "seeds", "e2e", "then_e2e")}
+    kinds = {k: sum(r.kind == k for r in c.runs) for k in ("grid", "epochs", "seeds", "e2e", "then_e2e", "check")}
     out = [f"Finished: {len(c.refs)} reference evaluations (`eval.py`), "
            + ", ".join(f"{n} {k}" for k, n in kinds.items()) + f" training jobs (`train.py`); {hours:.1f} job-hours "
            "at one thread each (two jobs side by side on 2 cores)."]

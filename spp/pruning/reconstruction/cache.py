@@ -28,7 +28,7 @@ from spp.pruning.cache.store import CorruptEntryError, EntryWriter, open_for_key
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
 from spp.pruning.masks import MaskSet
 from spp.pruning.reconstruction.config import ReconstructConfig
-from spp.pruning.reconstruction.engine import ReconstructResult, calibration_of, form_config
+from spp.pruning.reconstruction.engine import ReconstructResult, calibration_of, form_config, learning_rate
 
 RECONSTRUCT_CODE_VERSION = "1"
 """Bump when a change to the reconstruction code changes its results: old entries then stop matching."""
@@ -41,6 +41,7 @@ def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: Recon
     """The fields that determine a reconstruction, and their sha256: the pruning key's digest, every
     ``reconstruct.*`` field, the form's resolved adapter options, the calibration file's sha256, the code version."""
     fields = {f.name: _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "name"}
+    fields["lr"] = learning_rate(cfg)  # null and the form's own rate written out are one reconstruction
     calibration = calibration_of(cfg)
     fields["sampling"] = sampling_of(calibration)
     key = {
@@ -97,7 +98,7 @@ def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructRe
     manifest = reader.manifest
     timings = {"cache_load": round(time.perf_counter() - t0, 3), "original": manifest.get("timings", {})}
     return ReconstructResult(manifest.get("blocks", []), timings, manifest.get("calibration"), cache_hit=True,
-                             cache_path=str(entry))
+                             cache_path=str(entry), lr=(key.get("reconstruct") or {}).get("lr"))
 
 
 class EntryWrite:

@@ -70,7 +70,8 @@ class ReconstructConfig:
         seed: Seed of the window draw and of each epoch's order.
         epochs: Passes over the windows per block.
         batch_size: Windows per optimiser step (over every rank together).
-        lr: AdamW learning rate of the form's tensors.
+        lr: AdamW learning rate of the form's tensors; ``None`` (the default): the form's own rate
+            (``AdapterMethod.reconstruct_lr``: SPP 0.1, masked full 1e-3, norms 1e-3, chosen on validation PPL).
         weight_decay: AdamW weight decay.
         schedule: ``linear``, ``cosine`` or ``constant`` (:class:`ReconstructSchedule`).
         warmup_steps: Linear warm-up steps of each block.
@@ -91,7 +92,7 @@ class ReconstructConfig:
     seed: int = 0
     epochs: int = 3
     batch_size: int = 4
-    lr: float = 1e-4
+    lr: float | None = None
     weight_decay: float = 0.0
     schedule: ReconstructSchedule = ReconstructSchedule.linear
     warmup_steps: int = 0
@@ -113,7 +114,7 @@ class ReconstructConfig:
             (self.seqlen >= 2, "seqlen", "set it >= 2"),
             (self.epochs >= 1, "epochs", "set it >= 1 (reconstruct=none turns reconstruction off)"),
             (self.batch_size >= 1, "batch_size", "set it >= 1"),
-            (self.lr > 0, "lr", "set a positive learning rate"),
+            (self.lr is None or self.lr > 0, "lr", "set a positive learning rate, or null for the form's own"),
             (self.weight_decay >= 0, "weight_decay", "set it >= 0"),
             (self.warmup_steps >= 0, "warmup_steps", "set it >= 0"),
             (self.dtype in ("float32", "bfloat16"), "dtype", "choose float32 or bfloat16"),

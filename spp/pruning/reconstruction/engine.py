@@ -19,6 +19,7 @@ At most one pruned block and one dense block are on the device at a time, with t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -65,6 +66,7 @@ class ReconstructResult:
         calibration: The draw's record (documents, file), as pruning records its own.
         cache_hit: Whether the reconstructed weights came from the cache.
         cache_path: The entry used or written.
+        lr: The learning rate the blocks trained at (``reconstruct.lr`` or the form's own).
     """
 
     blocks: list[dict[str, Any]] = field(default_factory=list)
@@ -72,13 +74,14 @@ class ReconstructResult:
     calibration: dict[str, Any] | None = None
     cache_hit: bool = False
     cache_path: str | None = None
+    lr: float | None = None
 
     def summary(self) -> dict[str, Any]:
         """The record ``summary.json`` and ``prune.py``'s ``reconstruction.json`` hold."""
         start = [b["loss_start"] for b in self.blocks]
         end = [b["loss_end"] for b in self.blocks]
         return {"blocks": self.blocks, "timings": self.timings, "calibration": self.calibration,
-                "cache_hit": self.cache_hit, "cache_path": self.cache_path,
+                "cache_hit": self.cache_hit, "cache_path": self.cache_path, "lr": self.lr,
                 "loss_start_mean": sum(start) / len(start) if start else None,
                 "loss_end_mean": sum(end) / len(end) if end else None}
 
@@ -112,11 +115,20 @@ def form_config(cfg: ReconstructConfig) -> AdapterConfig:
                         key="reconstruct.form_options") from err
 
 
+def learning_rate(cfg: ReconstructConfig) -> float:
+    """``reconstruct.lr``, or when it is null the form's own rate (``AdapterMethod.reconstruct_lr``)."""
+    if cfg.lr is not None:
+        return float(cfg.lr)
+    form_config(cfg)  # an unknown form is refused in one line here, not as a KeyError
+    return float(get_method(cfg.form).reconstruct_lr)
+
+
 class _Pass:
     """One reconstruction pass: this rank's activations and the per-block steps."""
 
     def __init__(self, off: OffloadedModel, dense: OffloadedModel, masks: MaskSet, targets: list[str],
                  cfg: ReconstructConfig) -> None:
+        cfg = dataclasses.replace(cfg, lr=learning_rate(cfg))
         self.off, self.ctx, self.cfg, self.masks, self.targets = off, off.ctx, cfg, masks, targets
         self.runner, self.dense_runner = BlockRunner(off), BlockRunner(dense)
         self.form = form_config(cfg)
@@ -245,4 +257,5 @@ def reconstruct_offloaded(off: OffloadedModel, dense: OffloadedModel, tokenizer:
         dense.model.train(was_training[1])
     run.timings["total"] = time.perf_counter() - t_start
     run.timings["cpu_seconds"] = time.process_time() - cpu_start  # this process's CPU time (all its threads)
-    return ReconstructResult(run.blocks, {k: round(v, 3) for k, v in run.timings.items()}, run.calibration)
+    return ReconstructResult(run.blocks, {k: round(v, 3) for k, v in run.timings.items()}, run.calibration,
+                             lr=run.cfg.lr)

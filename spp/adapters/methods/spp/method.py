@@ -41,6 +41,7 @@ class SPP(AdapterMethod):
     """SPP: alpha (r x n) and beta (m x 1) scale the frozen pruned weight element-wise."""
 
     name = "spp"
+    reconstruct_lr = 1e-1  # chosen on validation PPL, SmolLM2-135M Wanda 2:4 (reconstruction_smollm2_135m.md)
     config_class = SPPConfig
     label = "SPP"
     table_order = 1
