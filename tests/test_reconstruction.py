@@ -334,9 +334,9 @@ def test_a_null_lr_is_the_forms_own_rate(tmp_path):
 
     assert settings().reconstruct.lr is None
     assert learning_rate(settings().reconstruct) == get_method("spp").reconstruct_lr == 0.1
-    assert learning_rate(settings("reconstruct.form=masked_full").reconstruct) == 1e-3
+    assert learning_rate(settings("reconstruct.form=masked_full").reconstruct) == 3e-3
     assert digest() == digest("reconstruct.lr=0.1")
-    assert digest("reconstruct.form=masked_full") == digest("reconstruct.form=masked_full", "reconstruct.lr=0.001")
+    assert digest("reconstruct.form=masked_full") == digest("reconstruct.form=masked_full", "reconstruct.lr=0.003")
     assert digest() != digest("reconstruct.lr=0.05")  # the negative control: another rate is another entry
     cfg = dataclasses.replace(recon_cfg("norms"), lr=None)
     result, _ = cached_run(tmp_path, cfg, {"dense_copies": 0, "reconstructions": 0})

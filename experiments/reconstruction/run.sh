@@ -86,9 +86,13 @@ pick() {  # pick FORM SETTING: "LR EPOCHS" of the chosen reconstruction (over th
   python -m spp.experiments.reconstruction pick "$R" --form "$1" --setting "$2"
 }
 
-epochs() {  # epochs FORM SETTING: epochs 1, 2, 3 (the grid's) and 5 at the rate chosen with 3, until interior
-  local f=$1 st=$2 lr e; lr=$(chosen_lr "$f" "$st" 3) || return 1
-  for e in 1 2 5; do recon "$R/epochs/$st/$f/lr$lr/e$e" "$st" "$f" "$lr" "$e" 0; done
+epochs() {  # epochs FORM SETTING: epochs 1, 2, 3 (the grid's) and 5 at the rate chosen with 3, doubled until interior
+  local f=$1 st=$2 lr e top=5 best; lr=$(chosen_lr "$f" "$st" 3) || return 1
+  for e in 1 2 5; do recon "$R/epochs/$st/$f/lr$lr/e$e" "$st" "$f" "$lr" "$e" 0 || return 0; done
+  [[ -n ${DRY:-} ]] && return 0
+  while read -r _ best < <(pick "$f" "$st") && [[ $best == "$top" ]]; do
+    top=$((2 * top)); recon "$R/epochs/$st/$f/lr$lr/e$top" "$st" "$f" "$lr" "$top" 0 || return 0
+  done
 }
 
 e2e() {  # e2e SETTING: SPP end to end alone, two epochs, the validation perplexity every 16 steps (the reference)

@@ -71,7 +71,7 @@ class ReconstructConfig:
         epochs: Passes over the windows per block.
         batch_size: Windows per optimiser step (over every rank together).
         lr: AdamW learning rate of the form's tensors; ``None`` (the default): the form's own rate
-            (``AdapterMethod.reconstruct_lr``: SPP 0.1, masked full 1e-3, norms 1e-3, chosen on validation PPL).
+            (``AdapterMethod.reconstruct_lr``: SPP 0.1, masked full 3e-3, norms 1e-3, chosen on validation PPL).
         weight_decay: AdamW weight decay.
         schedule: ``linear``, ``cosine`` or ``constant`` (:class:`ReconstructSchedule`).
         warmup_steps: Linear warm-up steps of each block.

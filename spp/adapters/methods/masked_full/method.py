@@ -33,7 +33,7 @@ class MaskedFull(AdapterMethod):
     """
 
     name = "masked_full"
-    reconstruct_lr = 1e-3  # chosen on validation PPL, SmolLM2-135M Wanda 2:4 (reconstruction_smollm2_135m.md)
+    reconstruct_lr = 3e-3  # chosen on validation PPL, SmolLM2-135M Wanda 2:4 (reconstruction_smollm2_135m.md)
     config_class = MaskedFullConfig
     label = "masked full FT"
     table_order = 4
