@@ -155,6 +155,7 @@ def test_a_shorter_check_reads_against_its_own_setting(campaign: Path, capsys):
     assert row.startswith("| Wanda unstructured 50 % | SPP form, lr 1e-1, 5 ep. | 12.0 | 50.0 [50.0, 50.0] at 12.0 |")
     test_row = rows_of(section(text, "Test perplexity"), "| Wanda unstructured 50 % | SPP form")[0]
     assert "| 25.0 [25.0, 25.0] |" in test_row
+    assert "- Wanda 2:4: best two" in text and "- Wanda unstructured 50 %: best two" not in text  # nothing to rank
     for setting in ("nm2_4", "unstructured50"):
         assert cli(["pick", str(campaign), "--setting", setting, "--form", "spp"]) == 0
         assert capsys.readouterr().out == "0.1 5\n"
@@ -214,7 +215,7 @@ def test_test_table_pairs_each_chosen_run_with_pruned_and_end_to_end(campaign: P
     assert rows["SPP form, lr 1e-1, 5 ep. then SPP end to end"].startswith(
         "| Wanda 2:4 | SPP form, lr 1e-1, 5 ep. then SPP end to end | 22.0 |")
     assert f"| {math.exp(BASE.mean() - 1.5):.2f} [" in rows["dense"]
-    assert "best two on validation PPL (the ones given seeds): SPP form, lr 1e-1, 5 ep. (" in text
+    assert "best two on validation PPL (the runner's `seeds` step): SPP form, lr 1e-1, 5 ep. (" in text
     assert "; masked full FT form, lr 3e-4, 3 ep. (" in text
 
 
@@ -229,8 +230,35 @@ def test_seed_t_interval_matches_scipy_and_the_formula(campaign: Path):
         t_interval([1.0])
     ppl = [entry(-0.6 + 0.05 * s, noise=0.05, seed=s)["ppl"] for s in (0, 1, 2)]
     m, half = statistics.mean(ppl), 4.302653 * statistics.stdev(ppl) / math.sqrt(3)
-    row = rows_of(section(report(campaign), "Seeds of the best two"), "| Wanda 2:4 | SPP |")[0]
+    row = rows_of(section(report(campaign), "Seeds"), "| Wanda 2:4 | SPP |")[0]
     assert f"| 0,1,2 | {', '.join(f'{v:.2f}' for v in ppl)} | {m:.2f} [{m - half:.2f}, {m + half:.2f}] |" in row
+    assert row.endswith("| yes |")
+
+
+def test_seeds_whose_choice_moved_say_so(campaign: Path):
+    """Seeds that ran at the chosen epochs stay in the table when a longer epochs point wins later; the row names the
+    new choice, which has its seed 0 only (negative control: before that run the row says yes)."""
+    write_run(campaign, "epochs/nm2_4/spp/lr0.1/e10", form="spp", epochs=10, test=-0.7, val=-0.7, cpu_s=1440.0)
+    text = report(campaign)
+    row = rows_of(section(text, "Seeds"), "| Wanda 2:4 | SPP |")[0]
+    assert "| 1e-1 | 5 | 0,1,2 |" in row and row.endswith("| **no: 10 ep. at lr 1e-1 (its seed 0 only)** |")
+    assert choices(load(campaign))[0].chosen.epochs == 10 and len(choices(load(campaign))[0].seeds) == 1
+
+
+def test_a_choice_past_the_budget_lists_the_best_within_it(campaign: Path):
+    """The chosen 10 epochs took 24 CPU-min (> 15): the best on validation within 15 CPU-min (5 epochs, 12 min; not
+    the 1 or 2 epochs, worse on validation) is listed in the recovery and test tables too; before, nothing extra."""
+    def spp_rows(text: str, title: str) -> list[str]:
+        return [r for r in rows_of(section(text, title), "| Wanda 2:4 | SPP form, lr 1e-1, ") if "then" not in r]
+
+    assert [r.split(" | ")[1] for r in spp_rows(report(campaign), "Test perplexity")] == ["SPP form, lr 1e-1, 5 ep."]
+    write_run(campaign, "epochs/nm2_4/spp/lr0.1/e10", form="spp", epochs=10, test=-0.7, val=-0.7, cpu_s=1440.0)
+    text = report(campaign)
+    for title in ("Test perplexity", "Recovery per CPU-minute"):
+        assert [r.split(" | ")[1] for r in spp_rows(text, title)] == ["SPP form, lr 1e-1, 10 ep.",
+                                                                     "SPP form, lr 1e-1, 5 ep."]
+    within = spp_rows(text, "Recovery per CPU-minute")[1]
+    assert within.split(" | ")[2] == "12.0" and "no: " in within.split(" | ")[4]
 
 
 def test_machine_and_partial_campaign(tmp_path: Path):

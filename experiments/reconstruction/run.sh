@@ -15,6 +15,7 @@
 #   bash experiments/reconstruction/run.sh seq "then_e2e spp nm2_4" # the chosen reconstruction (rate and epochs), then SPP
 #   bash experiments/reconstruction/run.sh seq "seeds spp nm2_4"    # seeds 1, 2 of the chosen reconstruction (rate, epochs)
 #   bash experiments/reconstruction/run.sh seq "check spp unstructured50" # references + Wanda 2:4's choice there
+#   bash experiments/reconstruction/run.sh seq "check masked_full unstructured50 3" # ... with 3 epochs at its rate
 #   DRY=1 ... prints the jobs; STOP_AT=HH:MM starts no job that would end after it (JOB_MINUTES, default 20)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -90,6 +91,7 @@ epochs() {  # epochs FORM SETTING: epochs 1, 2, 3 (the grid's) and 5 at the rate
   local f=$1 st=$2 lr e top=5 best; lr=$(chosen_lr "$f" "$st" 3) || return 1
   for e in 1 2 5; do recon "$R/epochs/$st/$f/lr$lr/e$e" "$st" "$f" "$lr" "$e" 0 || return 0; done
   [[ -n ${DRY:-} ]] && return 0
+  while [[ -f $R/epochs/$st/$f/lr$lr/e$((2 * top))/summary.json ]]; do top=$((2 * top)); done  # resumed
   while read -r _ best < <(pick "$f" "$st") && [[ $best == "$top" ]]; do
     top=$((2 * top)); recon "$R/epochs/$st/$f/lr$lr/e$top" "$st" "$f" "$lr" "$top" 0 || return 0
   done
@@ -115,9 +117,11 @@ seeds() {  # seeds FORM SETTING: seeds 1 and 2 of the chosen reconstruction (see
   for s in 1 2; do recon "$R/seeds/$st/$f/lr$lr/e$e/s$s" "$st" "$f" "$lr" "$e" "$s"; done
 }
 
-check() {  # check FORM SETTING: the shorter check at another setting: its references, then the form at Wanda 2:4's choice
+check() {  # check FORM SETTING [EPOCHS]: the shorter check at another setting: its references, then the form at
+  # Wanda 2:4's chosen rate and epochs (or EPOCHS at that rate: the recipe that fits the goal's 15 CPU-min)
   local f=$1 st=$2 lr e; reference "$st"
   read -r lr e < <(pick "$f" nm2_4) && [[ -n $e ]] || return 1
+  e=${3:-$e}
   recon "$R/check/$st/$f/lr$lr/e$e" "$st" "$f" "$lr" "$e" 0
 }
 

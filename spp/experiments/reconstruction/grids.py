@@ -113,6 +113,34 @@ def choices(c: Campaign) -> list[Choice]:
     return out
 
 
+def within_budget(c: Campaign, minutes: float) -> list[Run]:
+    """Per graded (setting, form) whose chosen run took longer than ``minutes`` CPU-minutes: its lowest validation
+    PPL among the ``grid/`` and ``epochs/`` runs that took at most ``minutes`` (the goal's budget)."""
+    out = []
+    for ch in choices(c):
+        pool = [r for r in c.runs if r.kind in ("grid", "epochs") and (r.setting, r.form) == (ch.setting, ch.form)
+                and r.val and r.recon_cpu_s is not None and r.recon_min <= minutes]
+        if pool and ch.chosen.recon_min > minutes:
+            out.append(min(pool, key=val_ppl))
+    return out
+
+
+def seeded(c: Campaign) -> list[tuple[Choice, Run | None]]:
+    """Every point with ``seeds/`` runs: its seed-0 ``grid/`` or ``epochs/`` run with the seeds, and the form's
+    chosen run (the point itself, or a later choice when a grid grew after its seeds ran)."""
+    chosen = {(ch.setting, ch.form): ch.chosen for ch in choices(c)}
+    points = sorted({(r.setting, r.form, r.lr, r.epochs) for r in c.runs if r.kind == "seeds"},
+                    key=lambda k: (order(k[0], k[1]), k[3], k[2]))
+    out = []
+    for s, f, lr, e in points:
+        at = [r for r in c.runs if (r.setting, r.form, r.epochs) == (s, f, e) and math.isclose(r.lr, lr)]
+        zero = [r for r in at if r.kind in ("grid", "epochs") and r.seed == 0]
+        if zero:
+            more = sorted((r for r in at if r.kind == "seeds"), key=lambda r: r.seed)
+            out.append((Choice(s, f, zero[0], (zero[0], *more)), chosen.get((s, f))))
+    return out
+
+
 def _cells(grid: Grid) -> str:
     fmt = (lambda r: rate(r.lr)) if grid.axis == "lr" else (lambda r: str(r.epochs))
     return ", ".join(f"{fmt(r)}: " + (f"**{val_ppl(r):.2f}**" if r is grid.chosen else f"{val_ppl(r):.2f}")

@@ -17,7 +17,7 @@ from spp.eval.perplexity import gap_closed, paired_difference
 from spp.experiments.campaign33.labels import method_label, rate, setting_label
 from spp.experiments.campaign33.recovery import entry_at, minutes_to
 from spp.experiments.collect_summaries import markdown_table
-from spp.experiments.reconstruction.grids import choices, order
+from spp.experiments.reconstruction.grids import choices, order, within_budget
 from spp.experiments.reconstruction.records import VAL_SOURCE, Campaign, Run
 
 AT_MINUTES = 15.0
@@ -77,9 +77,10 @@ def line(run: Run, dense: dict[str, Any], pruned: dict[str, Any]) -> Line | None
 
 
 def lines(c: Campaign) -> list[Line]:
-    """Every setting's chosen reconstructions alone, the runs reconstructing then training, and SPP end to end
+    """Every setting's chosen reconstructions alone (and the best within the budget where the chosen one is past
+    it), the runs reconstructing then training, and SPP end to end
     alone, in table order (a setting without both reference evaluations is left out)."""
-    picked = [ch.chosen for ch in choices(c)]
+    picked = [ch.chosen for ch in choices(c)] + within_budget(c, AT_MINUTES)
     picked += sorted((r for r in c.runs if r.kind in ("e2e", "then_e2e") and r.curve),
                      key=lambda r: (*order(r.setting, r.form), r.kind == "then_e2e", r.rel))
     out = []

@@ -14,6 +14,7 @@ from spp.experiments.campaign33.labels import method_label, rate, setting_label
 from spp.experiments.campaign33.stats import gap_closed_per_seed, paired_ratio
 from spp.experiments.collect_summaries import markdown_table
 from spp.experiments.reconstruction.grids import Choice
+from spp.experiments.reconstruction.records import Run
 from spp.experiments.reconstruction.recovery import gap
 
 T_975 = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139)
@@ -57,18 +58,26 @@ def seed_row(ch: Choice) -> list[str] | None:
             f"{ratio.ratio:.3f} [{ratio.low:.3f}, {ratio.high:.3f}]"]
 
 
-def seeds_table(chosen: list[Choice]) -> list[str]:
-    """The chosen reconstructions that have more than one seed (the runner's ``seeds`` step: the best two)."""
-    pairs = [(ch, seed_row(ch)) for ch in chosen if len(ch.seeds) > 1]
-    with_seeds = [(ch, row) for ch, row in pairs if row is not None]
-    if not with_seeds:
+def seeds_table(points: list[tuple[Choice, Run | None]]) -> list[str]:
+    """Every point with more than one seed (the runner's ``seeds`` step: the best two), and whether it is still
+    the form's chosen setting."""
+    rows = []
+    for ch, chosen in points:
+        row = seed_row(ch) if len(ch.seeds) > 1 else None
+        if row is not None:
+            now = ("yes" if chosen is None or chosen.rel == ch.chosen.rel
+                   else f"**no: {chosen.epochs} ep. at lr {rate(chosen.lr)} (its seed 0 only)**")
+            rows.append([*row, now])
+    if not rows:
         return ["Not run yet: no chosen reconstruction has a second seed (`seeds/`).", ""]
     head = ["Setting", "Form", "lr", "epochs", "seeds", "test PPL per seed", "mean [95 % t, seeds]",
             "seed 0 [95 % windows]", "gap closed, test (%) mean [95 % t, seeds]", "seed 0 [95 % windows]",
-            "PPL / pruned [95 % seeds × windows]"]
-    ts = ", ".join(f"t(0.975, {n - 1}) = {T_975[n - 2]:.3f}" for n in sorted({len(ch.seeds) for ch, _ in with_seeds}))
-    return [*markdown_table(head, [row for _, row in with_seeds], 2), "",
-            f"Seeds: 0 is the chosen grid point, the others `seeds/`. The t interval is mean ± t · sd / √n ({ts}): "
+            "PPL / pruned [95 % seeds × windows]", "the chosen setting"]
+    ts = ", ".join(f"t(0.975, {n - 1}) = {T_975[n - 2]:.3f}" for n in sorted({len(ch.seeds) for ch, _ in points
+                                                                                 if len(ch.seeds) > 1}))
+    return [*markdown_table(head, rows, 2), "",
+            f"Seeds: 0 is the grid point, the others `seeds/`. The t interval is mean ± t · sd / √n ({ts}): "
             "with n = 3 seeds it is wide and assumes roughly normal seed-to-seed variation; the window intervals "
-            "cover one seed's windows only; the last column resamples seeds and windows together "
-            "(`spp/experiments/campaign33/stats.py`).", ""]
+            "cover one seed's windows only; the second-to-last column resamples seeds and windows together "
+            "(`spp/experiments/campaign33/stats.py`). A point whose form's choice moved after its seeds ran (a "
+            "grid that grew) says so in the last column.", ""]
