@@ -14,6 +14,7 @@
 #   bash experiments/reconstruction/run.sh seq "e2e nm2_4"          # SPP end to end alone (the reference curve)
 #   bash experiments/reconstruction/run.sh seq "then_e2e spp nm2_4" # the chosen reconstruction (rate and epochs), then SPP
 #   bash experiments/reconstruction/run.sh seq "seeds spp nm2_4"    # seeds 1, 2 of the chosen reconstruction (rate, epochs)
+#   bash experiments/reconstruction/run.sh seq "seeds spp nm2_4 2"  # seed 2 only (one stream per seed)
 #   bash experiments/reconstruction/run.sh seq "check spp unstructured50" # references + Wanda 2:4's choice there
 #   bash experiments/reconstruction/run.sh seq "check masked_full unstructured50 3" # ... with 3 epochs at its rate
 #   DRY=1 ... prints the jobs; STOP_AT=HH:MM starts no job that would end after it (JOB_MINUTES, default 20)
@@ -112,9 +113,10 @@ then_e2e() {  # then_e2e FORM SETTING: the chosen reconstruction, then SPP end t
     reconstruct.form="$f" reconstruct.lr="$lr" reconstruct.epochs="$e"
 }
 
-seeds() {  # seeds FORM SETTING: seeds 1 and 2 of the chosen reconstruction (seed 0 is the grid point)
+seeds() {  # seeds FORM SETTING [SEEDS]: seeds 1 and 2 (or SEEDS, e.g. "2") of the chosen reconstruction (seed 0 is
+  # the grid point); two streams can take one seed each
   local f=$1 st=$2 lr e s; read -r lr e < <(pick "$f" "$st") && [[ -n $e ]] || return 1
-  for s in 1 2; do recon "$R/seeds/$st/$f/lr$lr/e$e/s$s" "$st" "$f" "$lr" "$e" "$s"; done
+  for s in ${3:-1 2}; do recon "$R/seeds/$st/$f/lr$lr/e$e/s$s" "$st" "$f" "$lr" "$e" "$s"; done
 }
 
 check() {  # check FORM SETTING [EPOCHS]: the shorter check at another setting: its references, then the form at
