@@ -154,3 +154,15 @@ def test_import_graph_is_acyclic(level) -> None:
     edges = graph(level)
     found = cycles(edges)
     assert found == [], "import cycles inside spp (function-local imports included):\n" + describe(edges, found)
+
+
+def test_the_package_never_imports_the_lab() -> None:
+    """``lab/`` (studies, paper tables, benchmark helpers) builds on ``spp``; nothing in ``spp`` imports it."""
+    found = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(REPO_ROOT)}:{node.lineno}" for t in targets if t.split(".")[0] == "lab"]
+    assert not found, f"spp imports the lab at {found}"
+    assert (REPO_ROOT / "lab" / "__init__.py").is_file() and not (ROOT / "experiments").exists()

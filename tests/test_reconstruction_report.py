@@ -1,4 +1,4 @@
-"""The reconstruction campaign's report and figure (``python -m spp.experiments.reconstruction report|figure``) on a
+"""The reconstruction campaign's report and figure (``python -m lab.reconstruction report|figure``) on a
 synthetic campaign written in the runner's raw layout (``experiments/reconstruction/run.sh``): selection on validation
 only, the epochs grid, gap closed per CPU-minute against an independent formula (the end-to-end curve offset by the
 reconstruction's CPU time, a cache hit's original time), the seeds' t interval, the machine, a partial campaign, and
@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spp.experiments.campaign33.recovery import minutes_to
-from spp.experiments.reconstruction.__main__ import main as cli
-from spp.experiments.reconstruction.figure import figure_data
-from spp.experiments.reconstruction.grids import BASE_RATES, choices, rate_grids
-from spp.experiments.reconstruction.records import load
-from spp.experiments.reconstruction.report import report
-from spp.experiments.reconstruction.seeds import T_975, t_interval
+from lab.reconstruction.__main__ import main as cli
+from lab.reconstruction.figure import figure_data
+from lab.reconstruction.grids import BASE_RATES, choices, rate_grids
+from lab.reconstruction.records import load
+from lab.reconstruction.report import report
+from lab.reconstruction.seeds import T_975, t_interval
+from lab.recovery.recovery import minutes_to
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOWS = 40
