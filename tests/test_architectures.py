@@ -111,8 +111,8 @@ def test_a_bad_adapter_target_is_refused_in_one_line(adapter, targets, message):
 def _block_by_block(model: torch.nn.Module, ids: torch.Tensor, swap: bool = False) -> tuple[list, torch.Tensor]:
     """Each block's output and the logits through :class:`BlockRunner` (as pruning and offloaded perplexity run
     the model); ``swap`` feeds every block what the model passes block 0 (the old behaviour: a negative control)."""
+    from spp.models.block_runner import BlockRunner, buffers_on
     from spp.models.offload import OffloadedModel
-    from spp.pruning.sequential import BlockRunner, buffers_on
 
     off = OffloadedModel(model, DistContext(device=torch.device("cpu")))
     try:

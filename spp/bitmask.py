@@ -1,9 +1,8 @@
-"""Pruning masks stored one bit per weight (row-wise packed ``uint8``), for the masked adapters.
+"""Pruning masks stored one bit per weight (row-wise packed ``uint8``): the pruning cache, the export's audit and the
+adapters that keep the mask ``M`` alive during training all read and write this one format.
 
-SparsePEFT and masked full fine-tuning keep the mask ``M`` of every adapted layer alive during training. A bool
-tensor costs one byte per weight; packed it costs one bit (m x ceil(n / 8) bytes). Rows are packed separately, so
-a block of rows ``lo:hi`` unpacks on its own (the chunked backward of ``spp.adapters.methods.sparse_lora.layer``
-uses that).
+A bool tensor costs one byte per weight; packed it costs one bit (m x ceil(n / 8) bytes). Rows are packed
+separately, so a block of rows ``lo:hi`` unpacks on its own (a chunked backward can unpack one block at a time).
 """
 
 from __future__ import annotations

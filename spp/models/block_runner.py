@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from spp.models.offload import OffloadedModel
-from spp.pruning.targets import decoder_layers
+from spp.projections import decoder_layers
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 """The arguments after the hidden states, and the keyword arguments, that the model passes one block."""
