@@ -243,6 +243,11 @@ def test_seeds_whose_choice_moved_say_so(campaign: Path):
     row = rows_of(section(text, "Seeds"), "| Wanda 2:4 | SPP |")[0]
     assert "| 1e-1 | 5 | 0,1,2 |" in row and row.endswith("| **no: 10 ep. at lr 1e-1 (its seed 0 only)** |")
     assert choices(load(campaign))[0].chosen.epochs == 10 and len(choices(load(campaign))[0].seeds) == 1
+    for s in (1, 2):  # the new choice's own seeds: both rows listed, the older one points at them
+        write_run(campaign, f"seeds/nm2_4/spp/lr0.1/e10/s{s}", form="spp", epochs=10, test=-0.7, val=-0.7,
+                  cpu_s=1440.0, seed=s)
+    rows = rows_of(section(report(campaign), "Seeds"), "| Wanda 2:4 | SPP |")
+    assert rows[0].endswith("| **no: 10 ep. at lr 1e-1 (its seeds: in this table)** |") and rows[1].endswith("| yes |")
 
 
 def test_a_choice_past_the_budget_lists_the_best_within_it(campaign: Path):

@@ -61,12 +61,13 @@ def seed_row(ch: Choice) -> list[str] | None:
 def seeds_table(points: list[tuple[Choice, Run | None]]) -> list[str]:
     """Every point with more than one seed (the runner's ``seeds`` step: the best two), and whether it is still
     the form's chosen setting."""
-    rows = []
+    rows, with_seeds = [], {ch.chosen.rel for ch, _ in points if len(ch.seeds) > 1}
     for ch, chosen in points:
         row = seed_row(ch) if len(ch.seeds) > 1 else None
         if row is not None:
+            its = "its seeds: in this table" if chosen is not None and chosen.rel in with_seeds else "its seed 0 only"
             now = ("yes" if chosen is None or chosen.rel == ch.chosen.rel
-                   else f"**no: {chosen.epochs} ep. at lr {rate(chosen.lr)} (its seed 0 only)**")
+                   else f"**no: {chosen.epochs} ep. at lr {rate(chosen.lr)} ({its})**")
             rows.append([*row, now])
     if not rows:
         return ["Not run yet: no chosen reconstruction has a second seed (`seeds/`).", ""]
