@@ -1,4 +1,4 @@
-"""Run the architecture matrix (``spp.bench.architectures.CELLS``: 8 families x every pruner, training adapter and
+"""Run the architecture matrix (``lab.bench.architectures.CELLS``: 8 families x every pruner, training adapter and
 pattern, pairwise) and write its raw records and the README's "Supported models" table.
 
     python benchmarks/architectures.py      # about a minute on 2 CPU cores: docs/results/architectures.json + README
@@ -26,7 +26,7 @@ def main() -> None:
     import torch
     import transformers
 
-    from spp.bench.architectures import CELLS, run_cell, supported_table
+    from lab.bench.architectures import CELLS, run_cell, supported_table
     from spp.paths import SAMPLE_DATA_DIR
     from spp.planning.report import write_committed
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from spp.bench.common import cpu_seconds, environment, write_json
+from lab.bench.common import cpu_seconds, environment, write_json
 
 SMOLLM2_SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536))  # (out, in): q/o, k/v, gate/up, down
 

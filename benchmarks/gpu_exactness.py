@@ -31,9 +31,9 @@ import torch
 from torch import nn
 
 from benchmarks.gpu_step_bench import magnitude_2_4_
+from lab.bench.common import environment, write_json
 from spp.adapters.methods.spp.functional import repeat_alpha
 from spp.adapters.methods.spp.model import inject, merge_and_unload, spp_layers
-from spp.bench.common import environment, write_json
 from spp.export.semi_structured import count_2_4_violations
 from spp.models.tiny import tiny_llama
 from spp.projections import DEFAULT_TARGETS

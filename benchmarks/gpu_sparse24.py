@@ -37,9 +37,9 @@ from torch import nn
 
 from benchmarks.gpu_step_bench import SHAPES, cut_model, profile_kernels, share_copy
 from benchmarks.layer_bench import pruned_base
+from lab.bench.common import cuda_time, environment, write_json
 from spp.adapters.methods.spp.layer import SPPLinear
 from spp.adapters.methods.spp.model import inject, merge_and_unload, spp_layers
-from spp.bench.common import cuda_time, environment, write_json
 from spp.export.semi_structured import count_2_4_violations, export_semi_structured
 
 CUDA_NOTE = ("skipped: no CUDA device. PyTorch's 2:4 semi-structured kernels (cuSPARSELt / CUTLASS) exist only "

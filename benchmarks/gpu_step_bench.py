@@ -39,10 +39,10 @@ import torch
 from torch import nn
 
 from benchmarks.layer_bench import pruned_base
+from lab.bench.common import add_ratios, environment, interleaved, write_json
+from lab.bench.variants import LORA_ALPHA, LORA_R, layer_variants, lora_model
 from spp.adapters.methods.spp.layer import IMPLS
 from spp.adapters.methods.spp.model import inject
-from spp.bench.common import add_ratios, environment, interleaved, write_json
-from spp.bench.variants import LORA_ALPHA, LORA_R, layer_variants, lora_model
 from spp.projections import DEFAULT_TARGETS
 
 SPP_R = 16

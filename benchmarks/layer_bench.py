@@ -1,7 +1,7 @@
 """One adapted linear layer, forward + backward: every SPP impl vs peft LoRA r=8 (issue 2, issue 7 part a).
 
 Run: ``nice -n 10 python -m benchmarks.layer_bench`` (about 10 min on 2 CPU cores). Prints medians of time
-and peak memory (RSS delta, see ``spp/bench/common.py``) as ratios to LoRA, interleaved in one process, and
+and peak memory (RSS delta, see ``lab/bench/common.py``) as ratios to LoRA, interleaved in one process, and
 writes ``experiments/results/layer_bench_<device>.json``.
 """
 
@@ -14,7 +14,7 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from spp.bench.common import (
+from lab.bench.common import (
     add_ratios,
     configure_malloc,
     environment,
@@ -22,7 +22,7 @@ from spp.bench.common import (
     markdown,
     write_json,
 )
-from spp.bench.variants import layer_variants
+from lab.bench.variants import layer_variants
 
 LLAMA7B_SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))  # (out, in): q/k/v/o, gate/up, down
 

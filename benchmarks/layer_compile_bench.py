@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
+from lab.bench.common import cpu_seconds, environment, write_json
 from spp.adapters.methods.spp.functional import _blocked_scale
-from spp.bench.common import cpu_seconds, environment, write_json
 
 SMOLLM2_SHAPES = ((1536, 576), (576, 1536), (576, 576), (192, 576))  # gate/up, down, q/o, k/v
 

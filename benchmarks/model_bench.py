@@ -4,7 +4,7 @@ Run from the repository root: ``nice -n 10 python -m benchmarks.model_bench`` â€
 (``python train.py``: embedded SmolLM2-135M, 2:4, SPP r=16 vs LoRA r=8, dropout 0.05, the job's first Alpaca
 batches of 8 records cut at 128 tokens, AdamW wd 0.001, fp32), at 1 and 2 threads. ``--from-config
 <run>/resolved_config.yaml`` takes model, zero pattern, adapter, data and optimizer from a real run
-(``spp.bench.step.StepSetting``), so the figure is the one that run experienced. ``--batch B --seq L`` times
+(``lab.bench.step.StepSetting``), so the figure is the one that run experienced. ``--batch B --seq L`` times
 random tokens of that shape instead (the earlier harness); ``--compile`` adds ``torch.compile``d LoRA and
 SPP-fused variants; ``--autocast bf16`` runs every variant under CPU/GPU bf16 autocast.
 Prints medians (wall time, process CPU time, peak memory, tokens/s) as ratios to LoRA and writes
@@ -29,8 +29,7 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
-from spp import DEFAULT_TARGETS, IMPLS, inject
-from spp.bench.common import (
+from lab.bench.common import (
     add_malloc_option,
     add_ratios,
     apply_malloc,
@@ -41,8 +40,9 @@ from spp.bench.common import (
     trim_heap,
     write_json,
 )
-from spp.bench.step import StepSetting, batch_tokens, load_pruned, make_step, training_batches
-from spp.bench.variants import LORA_R, lora_model
+from lab.bench.step import StepSetting, batch_tokens, load_pruned, make_step, training_batches
+from lab.bench.variants import LORA_R, lora_model
+from spp import DEFAULT_TARGETS, IMPLS, inject
 
 
 @torch.no_grad()

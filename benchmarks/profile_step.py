@@ -26,10 +26,10 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from lab.bench.common import add_malloc_option, apply_malloc, environment, write_json
+from lab.bench.step import StepSetting, load_pruned, make_step, training_batches
+from lab.bench.variants import lora_model
 from spp.adapters.methods.spp.model import inject
-from spp.bench.common import add_malloc_option, apply_malloc, environment, write_json
-from spp.bench.step import StepSetting, load_pruned, make_step, training_batches
-from spp.bench.variants import lora_model
 
 PARTS: tuple[str, ...] = (
     "base fwd product (x W^T)",

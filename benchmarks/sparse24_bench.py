@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from benchmarks.layer_bench import LLAMA7B_SHAPES, pruned_base
 from benchmarks.model_bench import magnitude_2_4_
+from lab.bench.common import cuda_time, environment, write_json
 from spp import inject, merge_and_unload, spp_layers
-from spp.bench.common import cuda_time, environment, write_json
 from spp.export.semi_structured import export_semi_structured
 from spp.models import load_model
 

@@ -8,7 +8,7 @@ For each run directory (``resolved_config.yaml`` + ``csv/metrics.csv``, as ``tra
 
 1. the logged throughput column (``LOGGED_TOKENS_PER_S``, else the older per-batch ``LEGACY_TOKENS_PER_S``) is
    read per logged step, with the batches each value covers (one batch, or ThroughputMonitor's window);
-2. the harness rebuilds that run's step from its ``resolved_config.yaml`` (``spp.bench.step.StepSetting``: model,
+2. the harness rebuilds that run's step from its ``resolved_config.yaml`` (``lab.bench.step.StepSetting``: model,
    zero pattern, adapter, data, optimizer; no ``spp.training`` import), takes the same first-epoch batches from
    the job's data module, and times each covered batch ``--repeats`` times (forward, backward, AdamW,
    ``zero_grad``), all runs' models interleaved in one process at the runs' thread count (``--threads``);
@@ -31,10 +31,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from lab.bench.common import add_malloc_option, apply_malloc, environment, interleaved, write_json
+from lab.bench.step import StepSetting, batch_tokens, load_pruned, make_step, training_batches
+from lab.bench.variants import LORA_ALPHA, lora_model
 from spp.adapters.methods.spp.model import inject
-from spp.bench.common import add_malloc_option, apply_malloc, environment, interleaved, write_json
-from spp.bench.step import StepSetting, batch_tokens, load_pruned, make_step, training_batches
-from spp.bench.variants import LORA_ALPHA, lora_model
 
 LOGGED_TOKENS_PER_S = "train/device/items_per_sec"
 """The CSV column ``train.py`` logs its training throughput under: Lightning's ``ThroughputMonitor`` with

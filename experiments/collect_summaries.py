@@ -1,7 +1,7 @@
 """``python experiments/collect_summaries.py <table> <sweep dir>``: a sweep's runs as a paper table (see
-:mod:`spp.experiments.collect_summaries`)."""
+:mod:`lab.collect_summaries`)."""
 
-from spp.experiments.collect_summaries import main
+from lab.collect_summaries import main
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,8 @@
-"""``python experiments/plan.py <train.py -m overrides>``: dry run of a sweep (see :mod:`spp.experiments.plan`)."""
+"""``python experiments/plan.py <train.py -m overrides>``: dry run of a sweep (see :mod:`lab.plan`)."""
 
 import sys
 
-from spp.experiments.plan import compose_job, main, plan
+from lab.plan import compose_job, main, plan
 
 __all__ = ["compose_job", "main", "plan"]
 

@@ -37,6 +37,8 @@ from spp.planning.job import SHAPE_KEYS, job_hardware, model_source, plan_job
 from spp.planning.pruning import Calibration
 from spp.planning.pruning import plan as pruning_plan
 from spp.planning.shapes import shape_from_arch
+from spp.preflight.model_files import model_arch
+from spp.training.config import TrainJobConfig
 
 MARGIN = 1.10
 """Memory requested per node = the plan's peak x this + :data:`SLACK_GIB`."""
@@ -54,8 +56,6 @@ def task_config(cfg: DictConfig) -> DictConfig:
 
 
 def _arch(model: Any) -> dict[str, Any]:
-    from spp.preflight.model_files import model_arch
-
     arch = model_arch(model)
     if not set(SHAPE_KEYS) <= set(arch):
         raise UserError(f"hydra.launcher.mem_gb=null asks the plan for the memory, but model.path={model.path!r} gives "
@@ -72,8 +72,6 @@ def follows_slurm(cfg: DictConfig) -> bool:
 
 def train_need(cfg: DictConfig, gpus: int, nodes: int) -> tuple[int, list[str]]:
     """``(host bytes per node, problems)`` of a ``train.py`` job on ``gpus`` GPUs (0: CPU) x ``nodes``."""
-    from spp.training.config import TrainJobConfig
-
     job = to_job(task_config(cfg), TrainJobConfig)
     kind = "gpu" if gpus else "cpu"
     if not follows_slurm(cfg) and str(job.trainer.devices).isdigit() and int(job.trainer.devices) != max(gpus, 1):

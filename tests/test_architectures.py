@@ -2,7 +2,7 @@
 as tiny random models built in code (2 blocks; GQA, biases, q/k norms, sliding windows, tied embeddings, fused and
 ``Conv1D`` projections where the family has them).
 
-The cells (:data:`spp.bench.architectures.CELLS`): prune (one of the four pruners, unstructured 50 % or 2:4) -> the
+The cells (:data:`lab.bench.architectures.CELLS`): prune (one of the four pruners, unstructured 50 % or 2:4) -> the
 training adapter -> a few AdamW steps -> streamed export (merge + audit) -> every pruned weight zero in the files ->
 reload with ``AutoModelForCausalLM`` -> logits equal to the in-memory merged model's; pairwise, not the full
 product. ``eval.py``'s evaluation runs on one export per family, ``train.py`` on ``model=tiny_qwen3``. The README's
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from lab.bench.architectures import ADAPTERS, CELLS, FAMILIES, GROUPS, PATTERNS, PRUNERS, run_cell, supported_table
 from spp.adapters import apply_adapter, get_method, make_config, method_names
-from spp.bench.architectures import ADAPTERS, CELLS, FAMILIES, GROUPS, PATTERNS, PRUNERS, run_cell, supported_table
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.eval.config import EvalConfig
@@ -111,8 +111,8 @@ def test_a_bad_adapter_target_is_refused_in_one_line(adapter, targets, message):
 def _block_by_block(model: torch.nn.Module, ids: torch.Tensor, swap: bool = False) -> tuple[list, torch.Tensor]:
     """Each block's output and the logits through :class:`BlockRunner` (as pruning and offloaded perplexity run
     the model); ``swap`` feeds every block what the model passes block 0 (the old behaviour: a negative control)."""
+    from spp.models.block_runner import BlockRunner, buffers_on
     from spp.models.offload import OffloadedModel
-    from spp.pruning.sequential import BlockRunner, buffers_on
 
     off = OffloadedModel(model, DistContext(device=torch.device("cpu")))
     try:

@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from spp.adapters import apply_adapter, get_method, make_config
-from spp.adapters.bitmask import pack_rows
 from spp.adapters.registry import method_names
+from spp.bitmask import pack_rows
 from spp.models.tiny import tiny_llama
 from spp.paths import REPO_ROOT
 from spp.pruning.config import PrunerConfig, SparsityConfig

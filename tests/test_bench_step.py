@@ -1,4 +1,4 @@
-"""spp.bench.step: the timed step is read from a run's resolved_config.yaml; the throughput column is read by name."""
+"""lab.bench.step: the timed step is read from a run's resolved_config.yaml; the throughput column is read by name."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from spp.bench.step import StepSetting, make_step, prune_, training_batches
+from lab.bench.step import StepSetting, make_step, prune_, training_batches
 from spp.models.tiny import tiny_llama, tiny_tokenizer
 
 RESOLVED = {

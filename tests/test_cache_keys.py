@@ -120,7 +120,7 @@ EVAL_CASES: dict[str, tuple[Any, bool]] = {
     "device": ("cpu", False),  # where it runs, like the pruning job's device: rounding only
     "gpus_per_replica": (2, False),  # how the evaluation is spread: the same windows, NLL sums to 1e-6
     "max_memory_per_gpu": ("20GiB", False),  # ... and where a replica's weights sit
-    "log_samples": (True, False),  # lm-eval's per-document records written beside the results (issue 33)
+    "log_samples": (True, False),  # lm-eval's per-document records written beside the results (the recovery study)
 }
 
 

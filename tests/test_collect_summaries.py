@@ -1,4 +1,4 @@
-"""``spp.experiments.collect_summaries``: synthetic ``summary.json`` files → the exact paper-shaped Markdown tables."""
+"""``lab.collect_summaries``: synthetic ``summary.json`` files → the exact paper-shaped Markdown tables."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from spp.experiments import collect_summaries as collect
+from lab import collect_summaries as collect
 
 TASKS = ("spp_boolq", "spp_rte", "spp_hellaswag", "spp_winogrande", "spp_arc_easy", "spp_arc_challenge",
          "spp_openbookqa")

@@ -1,4 +1,4 @@
-"""Issue 16: every committed paper table under experiments/results/ is exactly what the collector produces from
+"""Every committed paper table under experiments/results/ is exactly what the collector produces from
 the committed raw runs (title and command line are read from the table itself)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spp.experiments.collect_summaries import collect
+from lab.collect_summaries import collect
 
 RESULTS = Path(__file__).resolve().parents[1] / "experiments" / "results"
 COMMITTED = {
@@ -18,7 +18,7 @@ COMMITTED = {
     "table6_ablations_smollm2_135m.md": ("table6", "runs/table6_ablations"),
 }
 """Committed table -> (collector table id, raw runs directory). Regenerate one with
-``python -m spp.experiments.collect_summaries <id> experiments/results/<runs> --title "<line 1>" --command "<line 3>"
+``python -m lab.collect_summaries <id> experiments/results/<runs> --title "<line 1>" --command "<line 3>"
 --out experiments/results/<table>``."""
 
 
@@ -38,26 +38,26 @@ def test_committed_table_regenerates_byte_identically(name: str):
         f"{name} differs from the collector's output over {runs}; regenerate it (see COMMITTED's docstring)")
 
 
-CAMPAIGN = RESULTS / "runs" / "campaign16"
+CAMPAIGN = RESULTS / "runs" / "methods_one_epoch"
 
 
-@pytest.mark.parametrize("path", sorted(RESULTS.glob("campaign16_lr_select_*.md")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("methods_one_epoch_lr_select_*.md")), ids=lambda p: p.name)
 def test_committed_lr_grid_regenerates_byte_identically(path: Path):
-    """``python -m spp.experiments.lr_select runs/campaign16/lr_select/<method> --out <file>`` wrote it."""
-    from spp.experiments.lr_select import grid_table, load_grid
+    """``python -m lab.lr_select runs/methods_one_epoch/lr_select/<method> --out <file>`` wrote it."""
+    from lab.lr_select import grid_table, load_grid
 
-    method = path.stem.removeprefix("campaign16_lr_select_")
+    method = path.stem.removeprefix("methods_one_epoch_lr_select_")
     assert grid_table(load_grid(CAMPAIGN / "lr_select" / method)) == path.read_text(encoding="utf-8"), (
         f"{path.name} differs from the grid runs; regenerate it (experiments/README.md, campaign section)")
 
 
-@pytest.mark.parametrize("path", sorted(RESULTS.glob("campaign16_smollm2_135m.md")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(RESULTS.glob("methods_one_epoch_smollm2_135m.md")), ids=lambda p: p.name)
 def test_committed_campaign_table_regenerates_byte_identically(path: Path):
-    """``python -m spp.experiments.campaign runs/campaign16 --title ... --command ... --out <file>`` wrote it."""
-    from spp.experiments.campaign import collect_campaign
+    """``python -m lab.methods_one_epoch runs/methods_one_epoch --title ... --command ... --out <file>`` wrote it."""
+    from lab.methods_one_epoch import collect_campaign
 
     lines = path.read_text(encoding="utf-8").split("\n")
     assert lines[0].startswith("# ") and lines[2].startswith("Command: `") and lines[2].endswith("`")
     title, command = lines[0][2:], lines[2][len("Command: `"):-1]
     assert collect_campaign([CAMPAIGN], title=title, command=command) == path.read_text(encoding="utf-8"), (
-        f"{path.name} differs from the collector's output over runs/campaign16; regenerate it")
+        f"{path.name} differs from the collector's output over runs/methods_one_epoch; regenerate it")

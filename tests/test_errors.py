@@ -231,7 +231,7 @@ def test_provenance_marks_truncated_samples():
     forget_data_reads()
     find_data("boolq/val.jsonl", SAMPLE_DATA_DIR)
     find_data("rte/val.jsonl", SAMPLE_DATA_DIR)
-    rows = {r["path"]: r for r in data_provenance(reset=True)}  # shipped: relative to the checkout (issue 33)
+    rows = {r["path"]: r for r in data_provenance(reset=True)}  # shipped: relative to the checkout (the recovery study)
     assert rows["data/boolq/val.jsonl"]["truncated_sample"] and rows["data/boolq/val.jsonl"]["shipped_sample"]
     assert not rows["data/rte/val.jsonl"]["truncated_sample"] and rows["data/rte/val.jsonl"]["root"] == "repo"
     assert len(rows["data/rte/val.jsonl"]["sha256"]) == 64

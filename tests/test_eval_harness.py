@@ -85,7 +85,7 @@ def test_command_line_equals_in_memory(tmp_path, tiny_model, tiny_tok, sample_da
 
 
 def test_zero_shot_mean_stderr_against_numpy():
-    """Issue 16: the 7-task mean's standard error = sqrt(sum se_i^2) / 7 (independent tasks)."""
+    """the 7-task mean's standard error = sqrt(sum se_i^2) / 7 (independent tasks)."""
     rng = np.random.default_rng(0)
     metrics = {}
     for t in PAPER_MEAN_TASKS:

@@ -1,4 +1,4 @@
-"""Issue 16: per-window NLL, systematic window sample, bootstrap intervals, paired differences and gap closed,
+"""Per-window NLL, systematic window sample, bootstrap intervals, paired differences and gap closed,
 each checked against an independent computation (a float64 loop over the model, numpy/scipy resampling)."""
 
 from __future__ import annotations

@@ -144,7 +144,7 @@ def test_missing_data_file_is_named(tmp_path, monkeypatch):
 
 
 def test_doc_seed_gives_a_seeded_random_order_that_limit_takes_a_prefix_of(sample_data_dir):
-    """Issue 16: eval.limit takes a seeded random sample (same seed -> same documents), MMLU dev never moves."""
+    """eval.limit takes a seeded random sample (same seed -> same documents), MMLU dev never moves."""
     plain = local_data.boolq(data_dir=str(sample_data_dir))["validation"]["idx"]
     a = local_data.boolq(data_dir=str(sample_data_dir), doc_seed=0)["validation"]["idx"]
     b = local_data.boolq(data_dir=str(sample_data_dir), doc_seed=0)["validation"]["idx"]

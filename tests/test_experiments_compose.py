@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from omegaconf import OmegaConf
 
-from spp.experiments import plan
+from lab import plan
 from spp.paths import REPO_ROOT
 
 TABLES = ("table2_zeroshot", "table3_75pct", "table4_lora_star", "table5_mmlu", "table6_ablations")

@@ -72,12 +72,12 @@ def test_a_normal_run_is_not_stopped():
     assert trainer.global_step == 20
 
 
-BLOWN_UP = {f"campaign16/lr_select/{m}" for m in ("lora/lr1e-1", "masked_full/lr1e-1", "sparse_lora/lr1e-1",
+BLOWN_UP = {f"methods_one_epoch/lr_select/{m}" for m in ("lora/lr1e-1", "masked_full/lr1e-1", "sparse_lora/lr1e-1",
                                                   "masked_full/lr1e-2")} | {
-    # issue 33's grids run with the guards off (a diverged rate is a bad grid point); each committed grid point whose
-    # loss blew up is listed here (LoRA*: 4.27 -> 9.0 at step 4 -> 80.7 at step 9; SparsePEFT: 4.27 -> 8.7 at step 7
-    # -> 51.4 at step 9, still 7.8 at the end)
-    "campaign33/grid/nm2_4/lora/lr3e-2", "campaign33/grid/nm2_4/sparse_lora/lr3e-2"}
+    # the recovery study's grids run with the guards off (a diverged rate is a bad grid point); each committed grid
+    # point whose loss blew up is listed here (LoRA*: 4.27 -> 9.0 at step 4 -> 80.7 at step 9; SparsePEFT: 4.27 -> 8.7
+    # at step 7 -> 51.4 at step 9, still 7.8 at the end)
+    "recovery/grid/nm2_4/lora/lr3e-2", "recovery/grid/nm2_4/sparse_lora/lr3e-2"}
 """The recorded runs whose loss blew up (learning-rate sweep trials: 4.3 -> 12 to 87 and still 7 to 10 at the end)."""
 
 

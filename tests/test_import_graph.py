@@ -154,3 +154,48 @@ def test_import_graph_is_acyclic(level) -> None:
     edges = graph(level)
     found = cycles(edges)
     assert found == [], "import cycles inside spp (function-local imports included):\n" + describe(edges, found)
+
+
+def test_the_package_never_imports_the_lab() -> None:
+    """``lab/`` (studies, paper tables, benchmark helpers) builds on ``spp``; nothing in ``spp`` imports it."""
+    found = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(REPO_ROOT)}:{node.lineno}" for t in targets if t.split(".")[0] == "lab"]
+    assert not found, f"spp imports the lab at {found}"
+    assert (REPO_ROOT / "lab" / "__init__.py").is_file() and not (ROOT / "experiments").exists()
+
+
+LAYERING: list[tuple[str, str, str]] = [
+    ("spp.pruning.masks", "spp.adapters", "masks are pruning's: the packed format is spp.bitmask, below both"),
+    ("spp.eval.offloaded", "spp.pruning", "running blocks one at a time is spp.models.block_runner's, not pruning's"),
+    ("spp.export", "spp.adapters.methods", "export reads any method through spp.adapters.base, never one method"),
+    ("spp.models", "spp.pruning", "models sit below pruning"),
+]
+"""``(importer prefix, forbidden target prefix, why)``: imports that would put a module in the wrong layer."""
+
+
+def layering_violations(modules: dict[str, Path]) -> list[str]:
+    """Every import of ``modules`` that :data:`LAYERING` forbids, as ``path:line importer -> target (why)``."""
+    out = []
+    for name, path in modules.items():
+        for target, line in imports_in(path.read_text(), name, path.name == "__init__.py"):
+            for src, dst, why in LAYERING:
+                if (name == src or name.startswith(src + ".")) and (target == dst or target.startswith(dst + ".")):
+                    out.append(f"{path.name}:{line} {name} -> {target} ({why})")
+    return out
+
+
+def test_layering_rules_hold() -> None:
+    assert layering_violations(MODULES) == []
+
+
+def test_layering_rules_catch_a_violation(tmp_path: Path) -> None:
+    """Negative control: ``spp/pruning/masks.py`` importing an adapter module is reported."""
+    bad = REPO_ROOT / "spp" / "pruning" / "masks.py"
+    fake = tmp_path / "masks.py"
+    fake.write_text("from spp.adapters.base import LinearWrapper\n", encoding="utf-8")
+    found = [v for v in layering_violations({"spp.pruning.masks": fake}) if "spp.adapters.base" in v]
+    assert bad.is_file() and len(found) == 1, found

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from lab.table1_params import count_method_parameters, model_arch
 from spp.adapters import apply_adapter, get_method, make_config
 from spp.adapters.methods.norms.method import is_norm, load_norms, norm_parameters
 from spp.adapters.registry import load_adapter_dir, save_adapter_dir
@@ -17,7 +18,6 @@ from spp.errors import UserError
 from spp.models.tiny import tiny_llama
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
-from spp.table1_params import count_method_parameters, model_arch
 from spp.training.callbacks.sparsity_audit import audit, zero_patterns
 
 

@@ -1,4 +1,4 @@
-"""Issue 33: per-document zero-shot records (``eval.log_samples=true``), the majority-class row, and the paired
+"""Per-document zero-shot records (``eval.log_samples=true``), the majority-class row, and the paired
 comparison of two models' accuracies (spp/eval/paired.py) against independent formulas."""
 
 from __future__ import annotations

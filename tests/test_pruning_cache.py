@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import spp.pruning.sequential as sequential
+import spp.models.block_runner as sequential
 from spp.models import ModelConfig, tiny_llama
 from spp.paths import SAMPLE_DATA_DIR
 from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig, get_or_prune

@@ -1,4 +1,4 @@
-"""The reconstruction campaign's report and figure (``python -m spp.experiments.reconstruction report|figure``) on a
+"""The reconstruction campaign's report and figure (``python -m lab.reconstruction report|figure``) on a
 synthetic campaign written in the runner's raw layout (``experiments/reconstruction/run.sh``): selection on validation
 only, the epochs grid, gap closed per CPU-minute against an independent formula (the end-to-end curve offset by the
 reconstruction's CPU time, a cache hit's original time), the seeds' t interval, the machine, a partial campaign, and
@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spp.experiments.campaign33.recovery import minutes_to
-from spp.experiments.reconstruction.__main__ import main as cli
-from spp.experiments.reconstruction.figure import figure_data
-from spp.experiments.reconstruction.grids import BASE_RATES, choices, rate_grids
-from spp.experiments.reconstruction.records import load
-from spp.experiments.reconstruction.report import report
-from spp.experiments.reconstruction.seeds import T_975, t_interval
+from lab.reconstruction.__main__ import main as cli
+from lab.reconstruction.figure import figure_data
+from lab.reconstruction.grids import BASE_RATES, choices, rate_grids
+from lab.reconstruction.records import load
+from lab.reconstruction.report import report
+from lab.reconstruction.seeds import T_975, t_interval
+from lab.recovery.recovery import minutes_to
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOWS = 40
@@ -243,6 +243,11 @@ def test_seeds_whose_choice_moved_say_so(campaign: Path):
     row = rows_of(section(text, "Seeds"), "| Wanda 2:4 | SPP |")[0]
     assert "| 1e-1 | 5 | 0,1,2 |" in row and row.endswith("| **no: 10 ep. at lr 1e-1 (its seed 0 only)** |")
     assert choices(load(campaign))[0].chosen.epochs == 10 and len(choices(load(campaign))[0].seeds) == 1
+    for s in (1, 2):  # the new choice's own seeds: both rows listed, the older one points at them
+        write_run(campaign, f"seeds/nm2_4/spp/lr0.1/e10/s{s}", form="spp", epochs=10, test=-0.7, val=-0.7,
+                  cpu_s=1440.0, seed=s)
+    rows = rows_of(section(report(campaign), "Seeds"), "| Wanda 2:4 | SPP |")
+    assert rows[0].endswith("| **no: 10 ep. at lr 1e-1 (its seeds: in this table)** |") and rows[1].endswith("| yes |")
 
 
 def test_a_choice_past_the_budget_lists_the_best_within_it(campaign: Path):

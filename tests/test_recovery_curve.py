@@ -1,4 +1,4 @@
-"""The recovery curve (``trainer.curve_every_n_steps``, issue 33 item 6): the merged model's ``wikitext2_val``
+"""The recovery curve (``trainer.curve_every_n_steps``): the merged model's ``wikitext2_val``
 perplexity along one run, against the training CPU time. Its last point is the final merged evaluation (SPP and
 LoRA*, re-masked), and training is bit for bit the same with the curve on or off."""
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import spp.adapters.methods.scale_lora.layer as sl
+from lab.table1_params import count_method_parameters, model_arch
 from spp.adapters import apply_adapter, get_method, make_config
 from spp.adapters.methods.scale_lora.layer import (
     ScaleLoRALinear,
@@ -26,7 +27,6 @@ from spp.errors import UserError
 from spp.models.tiny import tiny_llama
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
-from spp.table1_params import count_method_parameters, model_arch
 
 F64 = torch.float64
 

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from peft import PeftModel
 
 import spp.adapters.methods.sparse_lora.layer as sl
-from spp.adapters.bitmask import pack_rows, unpack_rows
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.sparse_lora.layer import (
     SparseLoraLinear,
@@ -24,6 +23,7 @@ from spp.adapters.methods.sparse_lora.layer import (
     sparse_lora_layers,
 )
 from spp.adapters.registry import apply_adapter, get_method, merge_adapter, option_config
+from spp.bitmask import pack_rows, unpack_rows
 from spp.models import tiny_llama
 from spp.projections import DEFAULT_TARGETS
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spp.table1_params import (
+from lab.table1_params import (
     TABLE1_MODELS,
     count_method_parameters,
     count_spp_parameters,

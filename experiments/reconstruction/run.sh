@@ -3,7 +3,7 @@
 # earlier campaigns: every job is one train.py / eval.py run in its own directory, skipped when its summary.json
 # (results.json) exists. Each stream runs one job at a time on one thread (OMP_NUM_THREADS=1).
 #
-# Every job has campaign33's evaluation protocol (WikiText-2 test and validation perplexity, 40 systematic windows
+# Every job has the recovery study's evaluation protocol (WikiText-2 test and validation perplexity, 40 systematic windows
 # of 512 tokens) and pruning (32 C4 windows of 512 tokens); reconstruction trains on its own 32 C4 windows of 512
 # tokens (reconstruct.seed 0). Learning rates and epochs are chosen on the validation perplexity only; a grid whose
 # chosen point is an endpoint is extended by the next half-decade point on that side.
@@ -29,7 +29,7 @@ W="reconstruct=blockwise reconstruct.nsamples=32 reconstruct.seqlen=512"
 E="model=smollm2_135m calibration=c4 calibration.nsamples=32 calibration.seqlen=512 eval.seqlen=512
    eval.max_windows=40 eval.window_sampling=systematic eval.doc_seed=0 eval.extra_ppl_sources=[wikitext2_val]
    eval.tasks=[] logger=[csv] print_config=false"
-SPP_LR=0.02  # SPP's end-to-end rate chosen on validation at Wanda 2:4 (campaign33's grid)
+SPP_LR=0.02  # SPP's end-to-end rate chosen on validation at Wanda 2:4 (the recovery study's grid)
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 pruner_of() { [[ $1 == *_sparsegpt ]] && echo sparsegpt || echo wanda; }
@@ -50,7 +50,7 @@ job() {  # job DIR SCRIPT OVERRIDES...: one run, skipped when done; status 1 whe
   # shellcheck disable=SC2086
   if python "$script" "$@" "$where=$dir" > "$dir.running.log" 2>&1; then
     mv "$dir.running.log" "$dir/stdout.log"
-    python -m spp.experiments.campaign33 machine "$dir" --load-start "$load" > /dev/null
+    python -m lab.recovery machine "$dir" --load-start "$load" > /dev/null
     echo "[reconstruction] $(date -u +%FT%TZ) done  $dir"
   else
     mv "$dir.running.log" "$dir.failed.log"
@@ -78,14 +78,14 @@ grid() {  # grid FORM SETTING EPOCHS: the form's rate grid, extended until the c
   [[ -n ${DRY:-} ]] && return 0
   (( complete )) || return 0
   local next
-  while next=$(python -m spp.experiments.reconstruction extend "$g") && [[ -n $next ]]; do
+  while next=$(python -m lab.reconstruction extend "$g") && [[ -n $next ]]; do
     recon "$g/lr$next" "$st" "$f" "$next" "$e" 0 || return 0
   done
 }
 
-chosen_lr() { python -m spp.experiments.reconstruction chosen "$R/grid/$2/$1/e$3"; }
+chosen_lr() { python -m lab.reconstruction chosen "$R/grid/$2/$1/e$3"; }
 pick() {  # pick FORM SETTING: "LR EPOCHS" of the chosen reconstruction (over the rate and epochs grids)
-  python -m spp.experiments.reconstruction pick "$R" --form "$1" --setting "$2"
+  python -m lab.reconstruction pick "$R" --form "$1" --setting "$2"
 }
 
 epochs() {  # epochs FORM SETTING: epochs 1, 2, 3 (the grid's) and 5 at the rate chosen with 3, doubled until interior

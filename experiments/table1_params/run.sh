@@ -8,9 +8,9 @@ TMP=$(mktemp "$OUT.XXXXXX")
 {
   echo "# Table 1: SPP trainable parameters (r = ${R:-16})"
   echo
-  echo "Command: \`bash experiments/table1_params/run.sh\` (= \`python -m spp.table1_params --r ${R:-16}\`)"
+  echo "Command: \`bash experiments/table1_params/run.sh\` (= \`python -m lab.table1_params --r ${R:-16}\`)"
   echo
-  python -m spp.table1_params --r "${R:-16}" --models llama7b llama13b llama30b llama65b llama2_7b llama2_13b llama2_70b \
+  python -m lab.table1_params --r "${R:-16}" --models llama7b llama13b llama30b llama65b llama2_7b llama2_13b llama2_70b \
     smollm2_135m
 } > "$TMP"
 mv "$TMP" "$OUT"

@@ -35,7 +35,7 @@ class EvalConfig:
         limit: ``limit`` documents of every task (quick runs): a seeded random sample (``doc_seed``); null = all.
         mmlu_limit: ``mmlu_limit`` documents of every MMLU subject, sampled the same way; null = ``limit``.
         doc_seed: Seed of the random document sample that ``limit``/``mmlu_limit`` take from every local task
-            (issue 16); null = the first ``limit`` documents of each file (the old protocol).
+            (the one-epoch methods study); null = the first ``limit`` documents of each file (the old protocol).
         lm_eval_batch_size: lm-eval batch size.
         online: Use lm-eval's standard hub tasks instead of the local copies.
         device: Where to evaluate; null = where the model is (``eval.py``: cuda when available).

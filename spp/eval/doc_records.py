@@ -1,4 +1,4 @@
-"""Per-document records of lm-eval's multiple-choice tasks (``eval.log_samples=true``; issue 33).
+"""Per-document records of lm-eval's multiple-choice tasks (``eval.log_samples=true``; the recovery study).
 
 lm-eval's own logged samples (``simple_evaluate(log_samples=True)``) are reduced to one JSON line per scored
 document: ``task``, ``doc_id``, ``doc_hash`` (lm-eval's hash of the document, so two files can be checked to hold

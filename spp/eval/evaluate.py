@@ -30,7 +30,7 @@ from spp.eval.config import EvalConfig
 from spp.eval.distributed_lm import IN_MEMORY, load_replica_model
 from spp.eval.doc_records import DOC_RECORDS_FILE, doc_records, majority_class
 from spp.eval.harness import run_eval_tasks
-from spp.eval.replicas import ReplicaGroup, replica_devices
+from spp.eval.replicas import ReplicaGroup, replica_devices, replica_perplexity
 from spp.generation import generate_text
 from spp.planning.folder import placement_of_folder
 
@@ -138,8 +138,6 @@ def _load(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGroup
 def _measure(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGroup, tokenizer: Any,
              data_dir: Any, sample: tuple[str, int] | None, label: str, seed: int | None) -> Evaluation:
     """A leader's share of the evaluation (replica 0's result is the one every process gets)."""
-    from spp.eval.replicas import replica_perplexity
-
     start = time.perf_counter()
     model, tokenizer, args = _load(source, eval_cfg, replicas, tokenizer)
     out = Evaluation(seconds={"load": round(time.perf_counter() - start, 2)},

@@ -307,7 +307,7 @@ def _make_lm(model: torch.nn.Module | str | Path, tokenizer: Any, batch_size: in
              replicas: ReplicaGroup | None, max_memory_per_gpu: int | str | None) -> tuple[Any, dict[str, Any]]:
     """lm-eval's model object (over ``replicas`` when given) and the ``--model_args`` it stands for."""
     if replicas is not None:
-        from spp.eval.distributed_lm import replica_lm
+        from spp.eval.distributed_lm import replica_lm  # start-up time: lm-eval's model classes (≈ 6 s) only here
 
         return replica_lm(model, tokenizer, replicas, batch_size, device, max_memory_per_gpu)
     from lm_eval.models.huggingface import HFLM

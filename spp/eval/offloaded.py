@@ -3,7 +3,7 @@
 The same protocol and the same number as :func:`spp.eval.perplexity.perplexity` (windows, batches, per-window
 NLL), computed the way the pruning engine runs calibration data: every rank takes the batches ``b`` with
 ``b mod world == rank``, pushes them through the decoder blocks one onloaded block at a time
-(:class:`~spp.pruning.sequential.BlockRunner`), scores them with the model's own final norm and LM head, and the
+(:class:`~spp.models.block_runner.BlockRunner`), scores them with the model's own final norm and LM head, and the
 per-window NLL sums are added across ranks. So the dense and pruned perplexities of the pruning phase cost ≈ 1/N
 each and no rank waits while another evaluates.
 """
@@ -24,8 +24,8 @@ from spp.atomic import write_json_atomic
 from spp.eval.config import EvalConfig
 from spp.eval.perplexity import PerplexityResult, eval_windows, nll_sums, result_from_sums
 from spp.eval.ppl_cache import ppl_cache_key, ppl_cache_parts, ppl_settings
+from spp.models.block_runner import BlockRunner, buffers_on
 from spp.models.offload import OffloadedModel
-from spp.pruning.sequential import BlockRunner, buffers_on
 
 log = logging.getLogger(__name__)
 

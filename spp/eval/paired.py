@@ -1,4 +1,4 @@
-"""Paired comparison of two models' zero-shot accuracies, document by document (issue 33).
+"""Paired comparison of two models' zero-shot accuracies, document by document (the recovery study).
 
 Given two per-document files (:mod:`spp.eval.doc_records`, ``eval.log_samples=true``) on the same documents, the
 difference of accuracies of each task is the mean of the per-document differences ``d_i = x_a,i - x_b,i``

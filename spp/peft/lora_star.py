@@ -22,9 +22,9 @@ from peft import LoraConfig, LoraModel, PeftModel
 from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
-from spp.adapters.bitmask import pack_rows, unpack_rows
 from spp.adapters.methods.lora.method import PEFT_TYPE, read_lora_star_config
 from spp.adapters.registry import describe_dir
+from spp.bitmask import pack_rows, unpack_rows
 from spp.peft.base_record import MaskedLoraConfigMixin, MaskedLoraModelMixin, from_folder
 from spp.peft.registration import LORA_STAR_NAME
 

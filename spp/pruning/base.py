@@ -49,7 +49,7 @@ class Pruner(ABC):
         config_class: Its config dataclass (set by ``register_pruner``).
         needs_calibration: Whether it needs calibration activations.
         updates_weights: Whether :meth:`solve` returns new values for the kept weights.
-        label: Its name in the paper-shaped tables (``spp.experiments.collect_summaries``); default: ``name``.
+        label: Its name in the paper-shaped tables (``lab.collect_summaries``); default: ``name``.
         table_rank: Its row order in those tables (lower first).
     """
 

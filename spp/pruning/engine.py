@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from spp.distributed import DistContext
 from spp.errors import UserError
+from spp.models.block_runner import BlockCalls, BlockRunner, Call, buffers_on
 from spp.models.conv1d import linearize_conv1d
 from spp.models.offload import OffloadedModel
 from spp.projections import matches, model_targets
@@ -41,7 +42,6 @@ from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import check_layer_fits, sparsity_summary
 from spp.pruning.registry import NO_PRUNING, get_pruner
 from spp.pruning.report import PruneReport, build_report, report_from_layers
-from spp.pruning.sequential import BlockCalls, BlockRunner, Call, buffers_on
 from spp.pruning.statistics import InputStatistics
 from spp.pruning.targets import block_linears, target_linears
 

@@ -1,7 +1,7 @@
 """Pruning masks kept one bit per weight, off the accelerator, and the zero pattern they imply.
 
 A 70B model has 64 G prunable weights: as ``bool`` its masks take 64 GiB per process, packed 8 GiB. :class:`MaskSet`
-keeps every keep-mask row-packed in host memory (:func:`spp.adapters.bitmask.pack_rows`) and unpacks one matrix
+keeps every keep-mask row-packed in host memory (:func:`spp.bitmask.pack_rows`) and unpacks one matrix
 when it is read. :class:`ZeroPattern` is the exact-zero pattern of the pruned weights, stored as the masks plus
 the few *kept* weights that happen to be exactly zero (a quantised checkpoint has some), instead of a second
 bit per weight.
@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 
 import torch
 
-from spp.adapters.bitmask import pack_rows, unpack_rows
+from spp.bitmask import pack_rows, unpack_rows
 
 
 class MaskSet(Mapping[str, torch.Tensor]):

@@ -33,7 +33,7 @@ def pruning_settings(job: Any) -> dict[str, dict[str, Any]]:
     """What decides the pruned weights, as ``settings_of`` groups: the model files' content identity
     (``model.weights``), the pruning cache key's pruner and calibration fields (with the calibration file's sha256),
     the pruning code version and the key's digest (``pruning.*``)."""
-    from spp.models.loading import model_identity
+    from spp.models.loading import model_identity  # start-up time: a preflight refusal never loads transformers
     from spp.pruning.cache import cache_key
 
     if job.pruner.name == "none" or job.sparsity.is_dense:
@@ -49,7 +49,7 @@ def pruning_settings(job: Any) -> dict[str, dict[str, Any]]:
 def world_of(job: Any) -> dict[str, Any]:
     """``{"devices", "num_nodes", "world_size", "strategy"}`` of ``job``: ``trainer.devices`` as a count (``auto``:
     the visible GPUs), and the strategy with ``auto`` resolved (``ddp`` over several processes, else ``single``)."""
-    from spp.planning.job import accelerator_kind, device_count
+    from spp.planning.job import accelerator_kind, device_count  # start-up time: the planner loads transformers
 
     devices = device_count(job.trainer.devices, accelerator_kind(str(job.trainer.accelerator), plan_only=False))
     nodes = int(job.trainer.num_nodes)
@@ -123,7 +123,7 @@ def check_world(checkpoint: str | os.PathLike[str], saved: dict[str, Any] | None
 def saved_world(ckpt: Any) -> dict[str, Any] | None:
     """The world a checkpoint was written by: its ``spp_settings["world"]``, else (an older checkpoint) the world
     size its per-rank random states give, else ``None``."""
-    from spp.training.callbacks.rng_state import RNG_KEY
+    from spp.training.callbacks.rng_state import RNG_KEY  # start-up time: Lightning only when resuming
 
     if not isinstance(ckpt, dict):
         return None

@@ -12,7 +12,7 @@ HellaSwag comes as klosax's pre-processed text (``ctx_a``/``ctx_b`` already join
 llm-foundry's partial-scoring form, OpenBookQA from the official ``test.tsv``, ARC from the original
 AI2 jsonl (numeric answer keys kept, resolved by label index exactly as lm-eval does).
 
-Document sample (issue 16): when the metadata holds ``doc_seed`` (the harness passes ``eval.doc_seed`` whenever
+Document sample: when the metadata holds ``doc_seed`` (the harness passes ``eval.doc_seed`` whenever
 ``eval.limit``/``eval.mmlu_limit`` is set), every evaluated split is returned in a seeded random order
 (``random.Random(doc_seed).shuffle``), so lm-eval's ``limit`` = the first ``limit`` documents of that order = a
 seeded random sample of the file instead of its first documents. MMLU's ``dev`` split (the 5-shot examples)

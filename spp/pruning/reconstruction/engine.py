@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 from spp.adapters.config import AdapterConfig
 from spp.adapters.registry import before_optimizer_step, get_method, option_config
 from spp.errors import UserError
+from spp.models.block_runner import BlockRunner, Call, buffers_on
 from spp.models.offload import OffloadedModel
 from spp.projections import model_targets
 from spp.pruning.calibration_data import draw_calibration
@@ -46,7 +47,6 @@ from spp.pruning.reconstruction.config import (
 )
 from spp.pruning.reconstruction.one_block import FormedBlock, block_masks
 from spp.pruning.reconstruction.train_block import mean_loss, train_form
-from spp.pruning.sequential import BlockRunner, Call, buffers_on
 from spp.pruning.targets import block_linears
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """``RecoveryCurve``: the merged model's WikiText-2 validation perplexity along one training run, against the
-training CPU time spent so far (``trainer.curve_every_n_steps``; issue 33).
+training CPU time spent so far (``trainer.curve_every_n_steps``; the recovery study).
 
 A point is measured when training starts (step 0: the pruned model with the fresh adapter), every N optimiser
 steps, and when training ends (unless its last step was just measured). Each measures the model *as the export

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from spp.adapters.base import freeze_all, target_linears
-from spp.adapters.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.atomic import write_file_atomic
+from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS
 from spp.version import __version__
 

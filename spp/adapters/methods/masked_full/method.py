@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from spp.adapters.base import AdapterMethod, Masks, MergedLayer, linear_tensors
-from spp.adapters.bitmask import unpack_rows
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.masked_full.config import MaskedFullConfig
 from spp.adapters.methods.masked_full.masked_full import (
@@ -21,6 +20,7 @@ from spp.adapters.methods.masked_full.masked_full import (
     restore_gradient_hooks,
     save_masked_full,
 )
+from spp.bitmask import unpack_rows
 from spp.errors import UserError
 
 

@@ -36,9 +36,9 @@ from peft.utils import load_peft_weights, set_peft_model_state_dict
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from spp.adapters.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS, MAX_DELTA_ELEMENTS, row_chunks
 from spp.atomic import write_file_atomic
+from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS, model_targets
 from spp.version import __version__
 
@@ -137,7 +137,7 @@ class MaskedLoRAFunction(torch.autograd.Function):
 
 def masked_lora(xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, packed_mask: torch.Tensor,
                 scale: float) -> torch.Tensor:
-    """The SparsePEFT branch ``s · xd · ((B A) ⊙ M)ᵀ`` (``packed_mask``: :func:`~spp.adapters.bitmask.pack_rows`)."""
+    """The SparsePEFT branch ``s · xd · ((B A) ⊙ M)ᵀ`` (``packed_mask``: :func:`~spp.bitmask.pack_rows`)."""
     return MaskedLoRAFunction.apply(xd, lora_a, lora_b, packed_mask, float(scale))
 
 

@@ -1,8 +1,0 @@
-#!/usr/bin/env bash
-# Stage (git add) the raw files of every FINISHED campaign job (a directory holding summary.json), never a job
-# still running. Use: bash experiments/campaign16/stage_finished.sh && git commit -m "..."
-set -euo pipefail
-cd "$(dirname "$0")/../.."
-R=${R:-experiments/results/runs/campaign16}
-find "$R" -name summary.json -printf '%h\n' | sort | while read -r d; do git add -- "$d"; done
-git diff --cached --stat -- "$R" | tail -1
