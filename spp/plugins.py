@@ -6,7 +6,7 @@ A method is one folder (a Python package whose ``__init__`` registers it: ``spp.
 - the project's own live in ``spp/pruning/pruners/<name>/``, ``spp/adapters/methods/<name>/`` and
   ``spp/training/objectives/<name>/``, their YAML in ``conf/<group>/``;
 - a user's own live anywhere: ``SPP_PLUGINS=/path/to/my_pruner:/path/to/my_adapter`` names the folders. Each folder
-  is imported as a package (its parent put on ``sys.path``) before Hydra composes the config, by
+  is imported as the package ``spp_plugins.<folder name>`` (:data:`NAMESPACE`) before Hydra composes the config, by
   :func:`load_plugins` (every command calls it), and its ``conf/`` is added to Hydra's config search path by
   ``hydra_plugins/spp_plugins`` (a ``SearchPathPlugin``). So ``pruner=my_pruner`` works without editing any file of
   ``spp/``. Child processes (``torchrun``, Lightning's launcher) inherit the variable and load the same plug-ins.
@@ -14,16 +14,21 @@ A method is one folder (a Python package whose ``__init__`` registers it: ``spp.
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import logging
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from spp.errors import UserError
 
 PLUGINS_ENV = "SPP_PLUGINS"
 """Environment variable naming plug-in folders, separated by ``os.pathsep`` (``:`` on Linux)."""
+
+NAMESPACE = "spp_plugins"
+"""The package the plug-in folders are imported under (``spp_plugins.<folder name>``): no installed module's name,
+so a folder named like one (``random``) is imported and registers."""
 
 log = logging.getLogger(__name__)
 _loaded: dict[str, str] = {}
@@ -49,10 +54,11 @@ def plugin_dirs() -> list[Path]:
 
 
 def load_plugins() -> list[str]:
-    """Import every plug-in folder of ``SPP_PLUGINS`` once (its registrations run); returns the module names.
+    """Import every plug-in folder of ``SPP_PLUGINS`` once (its registrations run); returns the folder names.
 
     Raises:
-        UserError: a folder is missing, or two folders have the same name (they would be one module).
+        UserError: a folder is missing, two folders have the same name (they would be one module), or a
+            registration is refused (a name taken, a config whose ``name`` is not the method's).
     """
     names = []
     for path in plugin_dirs():
@@ -61,13 +67,38 @@ def load_plugins() -> list[str]:
             raise UserError(f"{PLUGINS_ENV} names two plug-in folders called {name!r} ({_loaded[name]} and {path})",
                             "rename one of them (a plug-in's folder name is its module name)", key=PLUGINS_ENV)
         if name not in _loaded:
-            if str(path.parent) not in sys.path:
-                sys.path.insert(0, str(path.parent))
-            importlib.import_module(name)
+            _import_folder(name, path)
             _loaded[name] = str(path)
-            log.debug("plug-in %s loaded from %s", name, path)
+            log.debug("plug-in %s loaded from %s as %s.%s", name, path, NAMESPACE, name)
         names.append(name)
     return names
+
+
+def _import_folder(name: str, path: Path) -> ModuleType:
+    """Import plug-in folder ``path`` as ``spp_plugins.<name>`` (:data:`NAMESPACE`): a folder named like an installed
+    or standard-library module (``random``) is still imported, and its relative imports work. Where no installed
+    module has the name, the plug-in is also importable as ``<name>`` (what an lm-eval YAML's ``!function
+    <name>.loader.load`` imports)."""
+    parent = sys.modules.get(NAMESPACE)
+    if parent is None:
+        parent = ModuleType(NAMESPACE, "The plug-in folders of SPP_PLUGINS (spp.plugins).")
+        parent.__path__ = []
+        sys.modules[NAMESPACE] = parent
+    qualified = f"{NAMESPACE}.{name}"
+    spec = importlib.util.spec_from_file_location(qualified, path / "__init__.py",
+                                                  submodule_search_locations=[str(path)])
+    assert spec is not None and spec.loader is not None  # a file location always gives a source loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[qualified] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(qualified, None)
+        raise
+    setattr(parent, name, module)
+    if name.isidentifier() and name not in sys.modules and importlib.util.find_spec(name) is None:
+        sys.modules[name] = module
+    return module
 
 
 def plugin_conf_dirs() -> list[Path]:

@@ -7,6 +7,10 @@ The plug-in (``my_adapter``) scales every row of a target weight by a trained ve
 follows ``docs/architecture.md``'s "How to add an adapter method" steps: a config dataclass, an ``AdapterMethod``,
 ``register`` in the folder's ``__init__``, ``conf/adapter/my_adapter.yaml`` starting ``defaults: [my_adapter_schema,
 _self_]``.
+
+The page's own example (``row_scale``: ``W * scale[:, None]``) is copied from ``docs/architecture.md`` into a
+temporary folder and trained on the tiny model: every pruned zero survives in the export, its scales train, and
+``plan=true`` plans the run's own trainable count (the method's ``inject``, not a model of it by name).
 """
 
 from __future__ import annotations
@@ -19,8 +23,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
+from spp.models.tiny import tiny_llama
 from spp.paths import REPO_ROOT, SAMPLE_DATA_DIR
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DOC = REPO_ROOT / "docs" / "architecture.md"
 
 PLUGIN = '''
 """A per-row scale adapter: W_eff = s ⊙ W (s: out_features x 1), merged in place."""
@@ -204,3 +214,49 @@ def test_a_plugin_adapter_trains_merges_exports_and_evaluates(tmp_path):
     adapted, merged = _ppl(tmp_path / "eval_adapter" / "results.json"), _ppl(tmp_path / "eval_merged" / "results.json")
     assert adapted["window_nll"] == merged["window_nll"] and adapted["ppl"] == merged["ppl"]
     assert merged["ppl"] == pytest.approx(summary["perplexity"]["merged"]["ppl"], rel=1e-12)
+
+
+def doc_files() -> dict[str, str]:
+    """The adapter plug-in's files as ``docs/architecture.md`` shows them: ``{path inside the folder: text}``."""
+    out = {}
+    for part in DOC.read_text().split("<!-- plugin-adapter: ")[1:]:
+        path, rest = part.split(" -->\n", 1)
+        out[path] = rest.split("```", 2)[1].split("\n", 1)[1]
+    return out
+
+
+def _plan(args: list[str], env: dict[str, str]) -> dict:
+    """``train.py <args> plan=true plan_json=-``'s plan."""
+    out = _run(["train.py", *args, "plan=true", "plan_json=-"], env).stdout
+    return json.loads(out[out.index("{"):])
+
+
+def test_the_documented_adapter_trains_keeps_zeros_and_is_planned_as_it_trains(tmp_path):
+    files = doc_files()
+    assert set(files) == {"row_scale/__init__.py", "row_scale/conf/adapter/row_scale.yaml"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    env = {**os.environ, "SPP_PLUGINS": str(tmp_path / "row_scale"), "PYTHONPATH": str(REPO_ROOT)}
+    run = tmp_path / "run"
+    args = ["experiment=tiny_smoke", "adapter=row_scale", "sparsity=nm2_4", "trainer.progress_bar=none"]
+    _run(["train.py", *args, f"run_dir={run}", f"cache_dir={tmp_path / 'cache'}", f"data_dir={SAMPLE_DATA_DIR}",
+          f"hydra.run.dir={tmp_path / 'hydra'}"], env)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["losses"]["optimizer_steps"] == 6
+    rows = sum(m.out_features for n, m in tiny_llama(seed=0).named_modules()
+               if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in TARGETS)
+    assert summary["params"]["trainable"] == rows > 0  # one scale per output row of every target projection
+    scales = load_file(str(run / "adapter" / "row_scale.safetensors"))
+    assert len(scales) == 14 and any(not torch.equal(t, torch.ones_like(t)) for t in scales.values())  # trained
+    merged = {}
+    for path in sorted((run / "merged").glob("*.safetensors")):
+        merged.update(load_file(path))
+    projections = [n for n in merged if n.endswith(".weight") and n.split(".")[-2] in TARGETS]
+    assert len(projections) == 14
+    for name in projections:  # 2:4: every group of 4 weights of a row keeps at least its 2 pruned zeros
+        groups = merged[name].reshape(merged[name].shape[0], -1, 4)
+        assert bool(((groups == 0).sum(-1) >= 2).all()), name
+    plan = _plan(args, env)
+    assert plan["adapter"] == "row_scale" and plan["trainable_params"] == summary["params"]["trainable"]
+

@@ -1,10 +1,15 @@
 """``adapter=norms`` (PERP's retraining baseline): exactly the normalisation weights and the target linears' biases
 train, no linear weight moves (zeros audited before and after the merge), the merge is the identity, its files round
-trip bit-exactly and ``eval.py adapter_dir=``'s loader gives the trained model; Table 1 counts the norm weights."""
+trip bit-exactly and ``eval.py adapter_dir=``'s loader gives the trained model; Table 1 counts the norm weights, and
+so does ``train.py plan=true adapter=norms`` (the plan asks the method)."""
 
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,6 +21,7 @@ from spp.adapters.methods.norms.method import is_norm, load_norms, norm_paramete
 from spp.adapters.registry import load_adapter_dir, save_adapter_dir
 from spp.errors import UserError
 from spp.models.tiny import tiny_llama
+from spp.paths import REPO_ROOT
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
 from spp.training.callbacks.sparsity_audit import audit, zero_patterns
@@ -95,3 +101,19 @@ def test_table1_counts_the_norm_weights(name, expected):
         assert row.total == sum(p.numel() for p in LlamaForCausalLM(model_arch(name)).parameters())
     else:
         assert row.total > 6e9
+
+
+def test_plan_of_norms_counts_the_model_norm_weights(tmp_path):
+    """``train.py experiment=tiny_smoke adapter=norms plan=true``: the plan's trainable count is the tiny model's
+    norm weights counted here (a plan that models adapters by name planned 0)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env.pop("SPP_PLUGINS", None)
+    proc = subprocess.run([sys.executable, "train.py", "experiment=tiny_smoke", "adapter=norms", "plan=true",
+                           "plan_json=-", f"hydra.run.dir={tmp_path}"], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout[proc.stdout.index("{"):])
+    norms = sum(p.numel() for m in tiny_llama(seed=0).modules() if type(m).__name__.endswith("RMSNorm")
+                for p in m.parameters(recurse=False))
+    assert plan["adapter"] == "norms" and plan["trainable_params"] == norms > 0
+    assert plan["optimizer"]["adapter"] == 0  # it trains the model's own tensors: nothing is added to the model

@@ -8,6 +8,8 @@ from dataclasses import replace
 
 import pytest
 
+from spp.adapters.registry import make_config
+from spp.planning.adapter import adapter_spec
 from spp.planning.check import fix, problems
 from spp.planning.flops import matmul_params, train_flops
 from spp.planning.hardware import CPU_HOST, GPU_NODE
@@ -36,8 +38,14 @@ def shape7():
     return shape_from_arch("llama7b", LLAMA_7B, list(DEFAULT_TARGETS))
 
 
+def _adapter(shape, name: str, **values) -> AdapterSpec:
+    """What method ``name`` answers for ``shape``'s model (its ``inject`` on the ``meta`` skeleton, in bf16)."""
+    arch = LLAMA2_70B if shape.blocks == 80 else LLAMA_7B
+    return adapter_spec(make_config(name, **values), arch, shape, "bfloat16")
+
+
 def _spec(shape, **kw) -> RunSpec:
-    adapter = kw.pop("adapter", AdapterSpec("spp", r=16, targets=TARGETS))
+    adapter = kw.pop("adapter", None) or _adapter(shape, "spp", r=16, dropout=0.0)
     train = kw.pop("train", TrainSpec(micro_batch=8, seqlen=512, tokens_per_example=192, checkpointing=True,
                                       examples=1000, global_batch=128))
     return RunSpec(shape=shape, adapter=adapter, train=train, prunes=True, pruner="wanda", **kw)
@@ -50,15 +58,22 @@ def test_shape_counts_every_block_from_two_built_ones(shape70):
     assert untied.params - tied.params == 32000 * 4096  # a tied LM head is the embedding, counted once
 
 
-@pytest.mark.parametrize("name", ["spp", "lora", "sparse_lora", "masked_full", "none"])
+@pytest.mark.parametrize("name", ["spp", "lora", "sparse_lora", "masked_full", "norms", "none"])
 def test_trainable_parameters_per_adapter_method(shape70, name):
     h, i, kv, layers = 8192, 28672, 1024, 80
     dims = [(h, h), (kv, h), (kv, h), (h, h), (i, h), (i, h), (h, i)]  # (out, in): q k v o gate up down
-    expected = {"spp": sum(16 * n + m for m, n in dims), "lora": sum(16 * (n + m) for m, n in dims),
-                "sparse_lora": sum(16 * (n + m) for m, n in dims), "masked_full": sum(m * n for m, n in dims),
-                "none": 0}[name] * layers
-    assert AdapterSpec(name, r=16, targets=TARGETS).params(shape70) == expected
-    assert AdapterSpec("spp", r=16, use_beta=False, targets=("q_proj",)).params(shape70) == 16 * h * layers
+    expected = {"spp": sum(16 * n + m for m, n in dims) * layers, "lora": sum(16 * (n + m) for m, n in dims) * layers,
+                "sparse_lora": sum(16 * (n + m) for m, n in dims) * layers,
+                "masked_full": sum(m * n for m, n in dims) * layers,
+                "norms": 2 * h * layers + h,  # two RMSNorms per block and the final one; LLaMA has no bias
+                "none": 0}[name]
+    values = {"r": 16} if name in ("spp", "lora", "sparse_lora") else {}
+    spec = _adapter(shape70, name, **values)
+    assert spec.trainable == expected and spec.trains == (name != "none")
+    own = name in ("masked_full", "norms")  # they train the model's own tensors, in its dtype (bf16)
+    assert spec.trainable_bytes == expected * (2 if own else 4) and spec.added_bytes == (0 if own else 4 * expected)
+    q_only = _adapter(shape70, "spp", r=16, use_beta=False, alpha_init="zeros", targets=["q_proj"])
+    assert q_only.trainable == 16 * h * layers
 
 
 def test_weights_are_sharded_under_fsdp2_and_zero3_and_replicated_otherwise(shape70):
@@ -73,7 +88,7 @@ def test_weights_are_sharded_under_fsdp2_and_zero3_and_replicated_otherwise(shap
 
 
 def test_optimizer_state_follows_the_strategy(shape70):
-    n = AdapterSpec("spp", r=16, targets=TARGETS).params(shape70)
+    n = _adapter(shape70, "spp", r=16, dropout=0.0).trainable
     ddp = optimizer_terms(_spec(shape70, strategy="ddp", devices=8))
     assert ddp == {"adapter": 4 * n, "gradients": 2 * 4 * n, "optimizer": 2 * 4 * n}  # fp32, DDP buckets
     fsdp = optimizer_terms(_spec(shape70, strategy="fsdp", devices=8))
@@ -81,7 +96,7 @@ def test_optimizer_state_follows_the_strategy(shape70):
     zero = optimizer_terms(_spec(shape70, strategy="deepspeed", zero_stage=3, devices=8))
     assert zero["optimizer"] == 12 * n // 8  # fp32 master + two fp32 moments of the 1/8 partition
     full = optimizer_terms(_spec(shape70, strategy="fsdp", devices=8,
-                                 adapter=AdapterSpec("masked_full", targets=TARGETS)))
+                                 adapter=_adapter(shape70, "masked_full")))
     assert full["adapter"] == 0 and full["optimizer"] == 2 * 2 * shape70.pruned_params // 8  # bf16 moments
 
 
@@ -93,21 +108,21 @@ def test_checkpointing_keeps_one_block_input_per_block(shape7):
     assert training_activations(off)["activations"] == 32 * per_block * tokens
     assert training_activations(on)["activations"] == 32 * tokens * 4096 * 2 + per_block * tokens
     assert training_activations(on)["logits"] == tokens * 32000 * (2 + 12)
-    dropped = replace(on, adapter=AdapterSpec("spp", targets=TARGETS, dropout=0.05))
+    dropped = replace(on, adapter=_adapter(shape7, "spp", dropout=0.05))
     assert block_activation_bytes(dropped) - per_block == (6 * 4096 + 11008) * 3  # inputs of the 7 linears + masks
 
 
 def test_a_frozen_base_has_no_weight_gradient(shape7):
     n = matmul_params(shape7)
     lora = train_flops(_spec(shape7, train=TrainSpec(tokens_per_example=0),
-                             adapter=AdapterSpec("lora", r=16, targets=TARGETS)))
+                             adapter=_adapter(shape7, "lora", r=16)))
     assert lora["forward"] + lora["backward"] == 4 * n  # no attention at 0 tokens of context
-    assert lora["adapter"] == 6 * AdapterSpec("lora", r=16, targets=TARGETS).params(shape7)
+    assert lora["adapter"] == 6 * sum(16 * (o + i) for o, i in shape7.block_linears.values()) * 32
     spp = train_flops(_spec(shape7, train=TrainSpec(tokens_per_example=0)))
     adapted = shape7.pruned_params
     assert spp["adapter"] == 2 * adapted  # G = gᵀx for every adapted linear: SPP costs like a weight gradient
     assert train_flops(_spec(shape7, train=TrainSpec(tokens_per_example=0),
-                             adapter=AdapterSpec("spp", targets=TARGETS, dropout=0.1)))["adapter"] == 6 * adapted
+                             adapter=_adapter(shape7, "spp", dropout=0.1)))["adapter"] == 6 * adapted
 
 
 def test_eval_placement_rule():
@@ -179,5 +194,5 @@ def test_a_dense_teacher_adds_its_weights_outputs_forward_and_host_copy(shape7):
     assert "teacher_forward" not in train_flops(base)
     plan = plan_run(replace(base, teacher="logits"), GPU_NODE)
     assert plan.phase("prune").rank0["dense_teacher_copy"] == w and plan.phase("fit").rank0["teacher_placement"] == w
-    none = replace(base, teacher="logits", adapter=AdapterSpec("none", targets=TARGETS))
+    none = replace(base, teacher="logits", adapter=_adapter(shape7, "none"))
     assert "dense_teacher_copy" not in plan_run(none, GPU_NODE).phase("prune").rank0

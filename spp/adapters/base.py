@@ -189,6 +189,13 @@ class AdapterMethod(ABC):
         ``params.trainable``."""
         return int((summary.get("params") or {}).get("trainable") or 0)
 
+    def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
+        """The method's own work per training token, beyond the frozen base's forward and backward (what the run
+        plan's time counts, ``spp.planning.flops``): ``adapted_weights`` are the weights of the adapted linears over
+        the model, ``trainable`` its trainable values. Default ``6 x trainable`` (its tensors' forward, and backward
+        to their inputs and to themselves, as a LoRA factor)."""
+        return 6 * trainable
+
     def preflight(self, cfg: AdapterConfig, shapes: Shapes | None) -> None:
         """Refuse (:class:`~spp.errors.UserError` naming the key and the fix) a config that cannot work, before any
         weight is loaded: its values against each other and against the adapted projections' ``shapes`` (``None``

@@ -15,7 +15,6 @@ import pkgutil
 from pathlib import Path
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
 from torch import nn
 
 from spp.adapters.base import (
@@ -32,6 +31,7 @@ from spp.atomic import write_file_atomic
 from spp.errors import UserError
 from spp.models.conv1d import linearize_conv1d
 from spp.projections import DEFAULT_TARGETS, find_projections
+from spp.registry import Registry, source_file
 from spp.version import __version__
 
 METHODS_DIR = Path(__file__).resolve().parent / "methods"
@@ -39,16 +39,25 @@ METHODS_DIR = Path(__file__).resolve().parent / "methods"
 MARKER = "adapter_method.json"
 """Written beside every method's adapter files: which method wrote them (what ``eval.py adapter_dir=`` loads)."""
 
-_METHODS: dict[str, AdapterMethod] = {}
+def _unknown(name: str, known: list[str]) -> UserError:
+    return UserError(f"adapter.name={name!r} is not a registered adapter method",
+                     f"use one of {known}, or name its plug-in folder in SPP_PLUGINS", key="adapter.name")
+
+
+METHODS: Registry[AdapterMethod] = Registry("adapter method", "adapter.name", group="adapter", unknown=_unknown)
+"""Every adapter method by name (:func:`register`; the built-in ones are imported on first use)."""
 _builtin_loaded = False
 
 
 def register(method: AdapterMethod) -> AdapterMethod:
     """Register ``method`` under ``method.name`` and its config class as Hydra's ``adapter/<name>_schema``.
 
+    The built-in methods are registered first, so a plug-in that takes one of their names is refused.
+
     Raises:
         TypeError: not an :class:`AdapterMethod`, or its ``config_class`` is not an ``AdapterConfig`` dataclass.
-        ValueError: no name, or another method already holds the name.
+        UserError: no name, a config whose ``name`` does not default to the method's name (``adapter.name`` would
+            compose as another method), or another method already holds the name (naming both files).
     """
     if not isinstance(method, AdapterMethod):
         raise TypeError(f"register: expected an AdapterMethod instance, got {type(method).__name__}")
@@ -56,13 +65,10 @@ def register(method: AdapterMethod) -> AdapterMethod:
     if not (isinstance(cls, type) and issubclass(cls, AdapterConfig)):
         raise TypeError(f"adapter {method.name!r}: config_class must subclass spp.adapters.config.AdapterConfig")
     if not method.name or not method.name.isidentifier():
-        raise ValueError(f"adapter method {type(method).__name__}: name {method.name!r} must be an identifier")
-    held = _METHODS.get(method.name)
-    if held is not None and type(held) is not type(method):
-        raise ValueError(f"adapter method {method.name!r} is registered twice ({type(held).__name__} and "
-                         f"{type(method).__name__}); rename one")
-    _METHODS[method.name] = method
-    ConfigStore.instance().store(group="adapter", name=f"{method.name}_schema", node=cls)
+        raise UserError(f"adapter method {type(method).__name__} ({source_file(method)}): name {method.name!r} is "
+                        "not an identifier", f"set {type(method).__name__}.name to the option's name")
+    load_builtin()
+    METHODS.register(method.name, method, cls)
     return method
 
 
@@ -80,13 +86,13 @@ def load_builtin() -> None:
 def method_names() -> tuple[str, ...]:
     """Every registered adapter method (the built-in ones and the plug-ins loaded), sorted."""
     load_builtin()
-    return tuple(sorted(_METHODS))
+    return tuple(METHODS.names())
 
 
 def methods_in_table_order() -> list[AdapterMethod]:
     """The registered methods in their tables' order (:attr:`AdapterMethod.table_order`, then name)."""
     load_builtin()
-    return sorted(_METHODS.values(), key=lambda m: (m.table_order, m.name))
+    return sorted(METHODS.values(), key=lambda m: (m.table_order, m.name))
 
 
 def get_method(name: str) -> AdapterMethod:
@@ -96,11 +102,7 @@ def get_method(name: str) -> AdapterMethod:
         UserError: no such method (lists the registered ones; key ``adapter.name``).
     """
     load_builtin()
-    if name not in _METHODS:
-        raise UserError(f"adapter.name={name!r} is not a registered adapter method",
-                        f"use one of {list(method_names())}, or name its plug-in folder in SPP_PLUGINS",
-                        key="adapter.name")
-    return _METHODS[name]
+    return METHODS.get(name)
 
 
 def make_config(name: str, **values: Any) -> AdapterConfig:

@@ -13,6 +13,7 @@ a name that is no row and no group is refused (:func:`unknown_task`), never take
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -20,6 +21,7 @@ from typing import Literal
 
 from spp.errors import UserError
 from spp.eval.mmlu_tasks import CATEGORIES, MMLU_SUBJECTS
+from spp.registry import Registry
 
 TASK_DIR: Path = Path(__file__).resolve().parent / "tasks"
 """The project's own YAMLs: lm-eval's ``include_path`` (also for the ``lm_eval`` command line)."""
@@ -62,7 +64,18 @@ class EvalTask:
     include_path: Path = TASK_DIR
 
 
-_TASKS: dict[str, EvalTask] = {}
+def unknown_task(name: str, known: list[str] | None = None) -> UserError:
+    """The one-line refusal of an unknown ``eval.tasks`` entry, naming every accepted task."""
+    own = [t for t, row in _TASKS.items() if row.kind != "mmlu"]
+    names = ", ".join([ZERO_SHOT_GROUP, MMLU_GROUP, *own, f"{MMLU_GROUP}_<category or subject>"])
+    return UserError(f"unknown eval task {name!r} in eval.tasks; known: {names} (or the same without 'spp_')",
+                     "fix eval.tasks, or register the task (docs/architecture.md, 'How to add an evaluation task')",
+                     key="eval.tasks")
+
+
+REGISTRY: Registry[EvalTask] = Registry("eval task", "eval.tasks", unknown=unknown_task)
+"""Every task's row by name (:func:`register_task`)."""
+_TASKS: dict[str, EvalTask] = REGISTRY.entries
 TASKS: MappingProxyType[str, EvalTask] = MappingProxyType(_TASKS)
 """Every registered task by name (read-only; add rows with :func:`register_task`)."""
 _sealed = False
@@ -72,15 +85,18 @@ def register_task(task: EvalTask) -> EvalTask:
     """Add ``task`` to the table (registering the same row twice is a no-op); returns it.
 
     Raises:
-        UserError: the name or online name is taken, the name is reserved (``spp_mmlu*``, a group), the kind is
-            unknown, or a plug-in task asks to count in the paper's 7-task mean.
+        UserError: the name or online name is taken (naming the file that holds it and the caller's), the name is
+            reserved (``spp_mmlu*``, a group), the kind is unknown, or a plug-in task asks to count in the paper's
+            7-task mean.
     """
     if _TASKS.get(task.name) == task:
         return task
     fix = "give the task another name (see docs/architecture.md, 'How to add an evaluation task')"
+    caller = inspect.currentframe().f_back.f_code.co_filename  # type: ignore[union-attr]
     taken = known_tasks() | set(aliases())
     if task.name in taken or task.online_name in taken:
-        raise UserError(f"eval task {task.name!r} (online name {task.online_name!r}): the name is already taken", fix)
+        raise UserError(f"eval task {task.name!r} (online name {task.online_name!r}): the name is already taken "
+                        f"(by {_holder(task)}; again by {caller})", fix)
     if _sealed and (task.kind == "mmlu" or task.name.startswith(MMLU_GROUP)):
         raise UserError(f"eval task {task.name!r}: spp_mmlu* names and kind='mmlu' are the 57 MMLU subjects", fix)
     if task.kind not in ("zero_shot", "mmlu"):
@@ -89,8 +105,16 @@ def register_task(task: EvalTask) -> EvalTask:
     if _sealed and task.in_paper_mean:
         raise UserError(f"eval task {task.name!r}: the paper's mean is its seven tasks ({', '.join(PAPER_MEAN_TASKS)})",
                         "register it with in_paper_mean=False (it is reported beside them)")
-    _TASKS[task.name] = task
+    REGISTRY.register(task.name, task, source=caller)
     return task
+
+
+def _holder(task: EvalTask) -> str:
+    """The file that registered the row whose name or online name ``task`` takes (this one for a group's name)."""
+    for name, row in _TASKS.items():
+        if {task.name, task.online_name} & {name, row.online_name}:
+            return REGISTRY.sources[name]
+    return __file__
 
 
 def get_task(name: str) -> EvalTask:
@@ -99,18 +123,7 @@ def get_task(name: str) -> EvalTask:
     Raises:
         UserError: no such task (:func:`unknown_task`).
     """
-    if name not in _TASKS:
-        raise unknown_task(name)
-    return _TASKS[name]
-
-
-def unknown_task(name: str) -> UserError:
-    """The one-line refusal of an unknown ``eval.tasks`` entry, naming every accepted task."""
-    own = [t for t, row in _TASKS.items() if row.kind != "mmlu"]
-    known = ", ".join([ZERO_SHOT_GROUP, MMLU_GROUP, *own, f"{MMLU_GROUP}_<category or subject>"])
-    return UserError(f"unknown eval task {name!r} in eval.tasks; known: {known} (or the same without 'spp_')",
-                     "fix eval.tasks, or register the task (docs/architecture.md, 'How to add an evaluation task')",
-                     key="eval.tasks")
+    return REGISTRY.get(name)
 
 
 def group_members(group: str) -> list[str] | None:

@@ -7,10 +7,11 @@ lookups cost nothing; ``s`` tokens of context):
   = heads x head dimension, ``h`` for LLaMA);
 * backward of a **frozen** base: only the activation gradients, ``2 N`` plus twice the attention forward. The
   frozen weights get no weight gradient, so the ``6 N`` rule of full training does not hold;
-* the adapter's own work per token: SPP (``spp.adapters.methods.spp.functional``) forms ``G = gᵀx`` for every adapted
-  linear (``2 N_a``, ``N_a`` = adapted weights), and with dropout on it runs a second full-size product forward
-  and backward (``+2 N_a`` each); masked full fine-tuning computes the weight gradients (``2 N_a``); LoRA and
-  SparsePEFT run their ``r x (in + out)`` factors forward (``2 r (in + out)``) and backward (twice that);
+* the adapter's own work per token, as its method states it (``AdapterMethod.train_flops``): SPP forms
+  ``G = gᵀx`` for every adapted linear (``2 N_a``, ``N_a`` = adapted weights), and with dropout on it runs a
+  second full-size product forward and backward (``+2 N_a`` each); masked full fine-tuning computes the weight
+  gradients (``2 N_a``); LoRA, SparsePEFT and by default any method run their trainable tensors forward
+  (``2 r (in + out)`` for a LoRA factor pair) and backward (twice that);
 * activation checkpointing recomputes every block's forward once more;
 * a dense teacher (``objective=distill``) runs one forward per token without gradients (``2 N`` plus attention).
 """
@@ -37,14 +38,9 @@ def train_flops(spec: RunSpec) -> dict[str, int]:
     s = spec.train.tokens_per_example
     attention = 2 * s * shape.attention_width * shape.blocks
     n = matmul_params(shape)
-    adapted = adapter.adapted_weights(shape)
     parts = {"forward": 2 * n + attention, "backward": 2 * n + 2 * attention}
-    if adapter.name == "spp":
-        parts["adapter"] = 2 * adapted + (4 * adapted if adapter.dropout > 0 else 0)
-    elif adapter.name == "masked_full":
-        parts["adapter"] = 2 * adapted
-    elif adapter.trains:
-        parts["adapter"] = 6 * adapter.params(shape)
+    if adapter.trains:
+        parts["adapter"] = adapter.flops  # the method's own (AdapterMethod.train_flops)
     if spec.train.checkpointing:
         parts["recompute"] = 2 * (n - shape.vocab * shape.hidden) + attention
     if spec.has_teacher:

@@ -14,12 +14,13 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from spp.planning.adapter import adapter_spec
 from spp.planning.hardware import GIB, Hardware, for_accelerator
 from spp.planning.pruning import Calibration
 from spp.planning.reconstruction import reconstruct_spec
 from spp.planning.run import RunPlan, plan_run
 from spp.planning.shapes import shape_from_arch
-from spp.planning.spec import AdapterSpec, EvalSpec, RunSpec, TrainSpec
+from spp.planning.spec import EvalSpec, RunSpec, TrainSpec
 from spp.projections import DEFAULT_TARGETS
 
 RECORDS = {"alpaca/cleaned_partial/alpaca_data_cleaned_0.json": 1551, "alpaca/cleaned_partial": 50921,
@@ -137,16 +138,6 @@ def _eval_spec(job: Any, prunes: bool, per_char: float) -> EvalSpec:
                     lm_eval_batch=ev.lm_eval_batch_size)
 
 
-def _adapter_spec(job: Any) -> AdapterSpec:
-    a = job.adapter
-    dtype = str(getattr(a.dtype, "value", a.dtype))
-    impl = getattr(a, "impl", None)  # each method has its own keys: the ones it lacks take their neutral values
-    return AdapterSpec(name=a.name, r=int(getattr(a, "r", 0)), use_beta=bool(getattr(a, "use_beta", False)),
-                       param_bytes={"float64": 8, "float32": 4}.get(dtype, 2), targets=tuple(a.targets),
-                       dropout=float(getattr(a, "dropout", 0.0)),
-                       keeps_weight=str(getattr(impl, "value", impl)) == "fused_cached")
-
-
 def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: int | None = None,
              nodes: int | None = None) -> RunSpec:
     """The :class:`RunSpec` of ``job`` on ``kind`` (``gpu``/``cpu``) with its model ``arch``; ``devices`` and
@@ -164,7 +155,8 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
     updates = prunes and get_pruner(job.pruner).updates_weights
     return RunSpec(shape=shape, kind=kind, devices=devices, nodes=nodes, strategy=strategy, zero_stage=stage,
                    act_bytes=precision_bytes(str(job.trainer.precision), kind), source=source,
-                   adapter=_adapter_spec(job), train=_train_spec(job, devices * nodes, per_char),
+                   adapter=adapter_spec(job.adapter, arch, shape, str(job.model.torch_dtype)),
+                   train=_train_spec(job, devices * nodes, per_char),
                    eval=_eval_spec(job, prunes, per_char), pruner=job.pruner.name, prunes=prunes,
                    updates_weights=bool(updates),
                    calibration=Calibration(cal.nsamples, cal.seqlen, cal.batch_size),

@@ -81,12 +81,6 @@ def activation_choices(spec: RunSpec) -> tuple[int, int]:
                  for c in (True, False))
 
 
-def _trainable(spec: RunSpec) -> tuple[int, int]:
-    """``(trainable parameters, bytes each)``."""
-    pb = spec.shape.bytes_per_param if spec.adapter.name == "masked_full" else spec.adapter.param_bytes
-    return spec.adapter.params(spec.shape), pb
-
-
 def optimizer_terms(spec: RunSpec) -> dict[str, int]:
     """Adapter, gradients and AdamW state on one device.
 
@@ -96,18 +90,17 @@ def optimizer_terms(spec: RunSpec) -> dict[str, int]:
     reduce-scattered. DeepSpeed (ZeRO-2 and 3) keeps an fp32 master copy and the two fp32 moments of its 1/N
     partition (12 bytes per parameter / N), fp32 gradient partitions and one reduce bucket.
     """
-    n, pb = _trainable(spec)
+    n, nb = spec.adapter.trainable, spec.adapter.trainable_bytes
     world, shape = spec.world, spec.shape
-    masked_full = spec.adapter.name == "masked_full"
-    params = 0 if masked_full else (n * pb // world if spec.sharded else n * pb)
+    added = spec.adapter.added_bytes  # the method's own tensors (masked full, norms: the model's weights, counted)
+    params = added // world if spec.sharded else added
     if spec.strategy == "deepspeed":
-        return {"adapter": params, "gradients": 4 * n // world + min(n, DEEPSPEED_BUCKET) * pb,
-                "optimizer": 12 * n // world}
+        bucket = min(n, DEEPSPEED_BUCKET) * nb // max(n, 1)
+        return {"adapter": params, "gradients": 4 * n // world + bucket, "optimizer": 12 * n // world}
     if spec.strategy == "fsdp":
-        return {"adapter": params, "gradients": n * pb // world + n * pb // shape.blocks,
-                "optimizer": 2 * n * pb // world}
+        return {"adapter": params, "gradients": nb // world + nb // shape.blocks, "optimizer": 2 * nb // world}
     buckets = 2 if spec.strategy == "ddp" else 1
-    return {"adapter": params, "gradients": buckets * n * pb, "optimizer": 2 * n * pb}
+    return {"adapter": params, "gradients": buckets * nb, "optimizer": 2 * nb}
 
 
 def resident_weights(spec: RunSpec) -> dict[str, int]:

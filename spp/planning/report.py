@@ -53,7 +53,7 @@ def table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
 def text(plan: RunPlan, sources: dict[str, str] | None = None) -> str:
     """The plan as printed by ``plan=true``: the job, the machine, one row per phase, placement, peaks, fit."""
     s, sources = plan.spec, sources or {}
-    trainable = s.adapter.params(s.shape)
+    trainable = s.adapter.trainable
     weights = _gib(s.shape.weight_bytes)
     lines = [f"plan: {s.shape.name} ({s.shape.params / 1e9:.2f} B parameters, weights {weights} GiB),"
              f" {s.strategy_label} on {s.devices} {'GPU' if s.kind == 'gpu' else 'CPU process'}(s) x {s.nodes} "

@@ -164,9 +164,8 @@ def _dataset_bytes(spec: RunSpec) -> int:
 def _checkpoint_bytes(spec: RunSpec) -> int:
     """One adapter-only checkpoint: the trainable tensors and AdamW's state (DeepSpeed: its fp32 master and
     moments)."""
-    n = spec.adapter.params(spec.shape)
-    pb = spec.shape.bytes_per_param if spec.adapter.name == "masked_full" else spec.adapter.param_bytes
-    return n * pb + (12 * n if spec.strategy == "deepspeed" else 2 * n * pb)
+    n, nb = spec.adapter.trainable, spec.adapter.trainable_bytes
+    return nb + (12 * n if spec.strategy == "deepspeed" else 2 * nb)
 
 
 def fit_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
@@ -217,8 +216,7 @@ def export_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
     shape = spec.shape
     largest = max((o * i for o, i in spec.adapter.dims(shape)), default=0)
     merge = {"block": shape.block_bytes, "merge_fp32": 2 * 4 * largest}
-    n = spec.adapter.params(shape)
-    gathered = 0 if spec.adapter.name == "masked_full" else n * spec.adapter.param_bytes
+    gathered = spec.adapter.added_bytes
     host = {"serialised_block": shape.block_bytes}
     device: dict[str, int] = {}
     if spec.sharded and spec.kind == "gpu":
@@ -329,7 +327,7 @@ class RunPlan:
         s = self.spec
         return {"model": s.shape.name, "params": s.shape.params, "weight_bytes": s.shape.weight_bytes,
                 "kind": s.kind, "devices_per_node": s.devices, "nodes": s.nodes, "strategy": s.strategy_label,
-                "adapter": s.adapter.name, "trainable_params": s.adapter.params(s.shape),
+                "adapter": s.adapter.name, "trainable_params": s.adapter.trainable,
                 "peak_device_bytes": self.peak_device_bytes, "peak_host_node_bytes": self.peak_host_node_bytes,
                 "peak_rank0_bytes": self.peak_process_bytes(True), "peak_rank_bytes": self.peak_process_bytes(False),
                 "seconds": round(self.seconds, 1), "phases": [p.to_dict() for p in self.phases],

@@ -13,13 +13,18 @@ from spp.projections import is_default, matches
 
 @dataclass(frozen=True)
 class AdapterSpec:
-    """The adapter that trains (``adapter.*``).
+    """The adapter that trains (``adapter.*``), as its method answers for this model (``spp.planning.adapter``).
 
     Attributes:
-        name: ``spp``, ``lora``, ``sparse_lora``, ``masked_full`` or ``none`` (another name is counted as LoRA).
-        r: SPP rows of alpha / LoRA rank.
-        use_beta: SPP's beta column.
-        param_bytes: Bytes per trainable value (``adapter.dtype``; masked full trains the weights in their dtype).
+        name: The adapter method.
+        trains: Whether there is a training phase (the method's ``trains``).
+        trainable: Trainable values over the model: the tensors the method's ``inject`` makes trainable (whole
+            tensors: what the gradients and AdamW hold; the run's ``params.trainable``).
+        trainable_bytes: Their bytes, each tensor in its dtype (fp32 adapter tensors; masked full and norms train
+            the model's own tensors, in its dtype).
+        added_bytes: Bytes of the trainable tensors the method adds to the model (not the model's own weights):
+            what is gathered for the adapter files and written there.
+        flops: The method's own work per training token (``AdapterMethod.train_flops``).
         targets: Module-name suffixes that are adapted.
         dropout: Dropout on the adapter branch (> 0 keeps a dropped-out copy of each adapted input).
         keeps_weight: SPP's ``fused_cached`` impl keeps each adapted weight's merged copy between forward and
@@ -27,36 +32,19 @@ class AdapterSpec:
     """
 
     name: str = "spp"
-    r: int = 16
-    use_beta: bool = True
-    param_bytes: int = 4
+    trains: bool = True
+    trainable: int = 0
+    trainable_bytes: int = 0
+    added_bytes: int = 0
+    flops: int = 0
     targets: tuple[str, ...] = ()
     dropout: float = 0.0
     keeps_weight: bool = False
-
-    @property
-    def trains(self) -> bool:
-        """Whether there is a training phase."""
-        return self.name != "none"
 
     def dims(self, shape: ModelShape) -> list[tuple[int, int]]:
         """``(out, in)`` of each adapted linear of one block."""
         every = is_default(self.targets)  # the default list stands for every block projection of any family
         return [d for n, d in shape.block_linears.items() if every or matches(f"model.layers.0.{n}", self.targets)]
-
-    def params(self, shape: ModelShape) -> int:
-        """Trainable parameters over the model: SPP ``r x in`` (alpha) + ``out x 1`` (beta) per adapted linear;
-        LoRA / SparsePEFT ``r x (in + out)``; masked full ``out x in`` (every adapted weight); none 0."""
-        dims = self.dims(shape)
-        if self.name == "none":
-            return 0
-        if self.name == "spp":
-            per_block = sum(self.r * i + (o if self.use_beta else 0) for o, i in dims)
-        elif self.name == "masked_full":
-            per_block = sum(o * i for o, i in dims)
-        else:
-            per_block = sum(self.r * (i + o) for o, i in dims)
-        return per_block * shape.blocks
 
     def adapted_weights(self, shape: ModelShape) -> int:
         """Weights of the adapted linears over the model."""

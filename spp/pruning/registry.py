@@ -14,15 +14,22 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from hydra.core.config_store import ConfigStore
-
+from spp.errors import UserError
 from spp.pruning.base import Pruner
 from spp.pruning.config import CACHE_KEY, KEY_REASON, PrunerConfig
+from spp.registry import Registry
 
 NO_PRUNING = "none"
 """The ``pruner=none`` name: nothing is pruned, no cache entry."""
 
-_PRUNERS: dict[str, tuple[type[PrunerConfig], type[Pruner]]] = {}
+
+def _unknown(name: str, known: list[str]) -> UserError:
+    return UserError(f"pruner.name={name!r} is not a pruner", f"choose one of {known} (pruner=<name>), or none; a "
+                     "plug-in's pruner needs its folder in SPP_PLUGINS", key="pruner.name")
+
+
+PRUNERS: Registry[type[Pruner]] = Registry("pruner", "pruner.name", group="pruner", unknown=_unknown)
+"""Every pruner's class by name (its config class is the class's ``config_class``)."""
 
 
 def register_pruner(name: str, config_cls: type[PrunerConfig], pruner_cls: type[Pruner]) -> None:
@@ -31,50 +38,39 @@ def register_pruner(name: str, config_cls: type[PrunerConfig], pruner_cls: type[
     Registering the same classes again (a re-import) is a no-op.
 
     Raises:
-        TypeError: the classes are not a ``PrunerConfig`` dataclass and a ``Pruner``, a field left out of the cache
-            key gives no reason, or ``config_cls.name`` does not default to ``name``.
-        ValueError: ``name`` is taken by other classes, or is ``none``.
+        TypeError: the classes are not a ``PrunerConfig`` dataclass and a ``Pruner``, or a field left out of the
+            cache key gives no reason.
+        UserError: ``config_cls.name`` does not default to ``name``, ``name`` is taken by other classes (naming
+            both files), or is ``none``.
     """
     if not (isinstance(config_cls, type) and issubclass(config_cls, PrunerConfig)
             and dataclasses.is_dataclass(config_cls)):
         raise TypeError(f"pruner {name!r}: its config must be a dataclass subclass of PrunerConfig, not {config_cls}")
     if not (isinstance(pruner_cls, type) and issubclass(pruner_cls, Pruner)):
         raise TypeError(f"pruner {name!r}: {pruner_cls} is not a subclass of spp.pruning.base.Pruner")
-    if config_cls.__dataclass_fields__["name"].default != name:
-        raise TypeError(f"pruner {name!r}: {config_cls.__name__}.name must default to {name!r}")
     for f in dataclasses.fields(config_cls):
         if f.metadata.get(CACHE_KEY, True) is not True and not f.metadata.get(KEY_REASON):
             raise TypeError(f"pruner {name!r}: field {f.name} is left out of the cache key without a "
                             f"metadata[{KEY_REASON!r}] saying why")
     if name == NO_PRUNING:
-        raise ValueError(f"pruner name {NO_PRUNING!r} means no pruning; choose another name")
-    old = _PRUNERS.get(name)
-    if old is not None and tuple(_qualname(c) for c in old) != (_qualname(config_cls), _qualname(pruner_cls)):
-        raise ValueError(f"pruner {name!r} is registered already (by {_qualname(old[1])}); choose another name")
-    pruner_cls.name, pruner_cls.config_class = name, config_cls
-    _PRUNERS[name] = (config_cls, pruner_cls)
-    ConfigStore.instance().store(group="pruner", name=f"{name}_schema", node=config_cls)
-
-
-def _qualname(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
+        raise UserError(f"pruner name {NO_PRUNING!r} means no pruning", "choose another name")
+    PRUNERS.register(name, pruner_cls, config_cls)
+    if PRUNERS.get(name) is pruner_cls:  # not a second import of the same file under another module name
+        pruner_cls.name, pruner_cls.config_class = name, config_cls
 
 
 def pruner_names() -> list[str]:
     """Every registered pruner's name, sorted (``none`` not included)."""
-    return sorted(_PRUNERS)
+    return PRUNERS.names()
 
 
 def pruner_class(name: str) -> type[Pruner]:
     """The :class:`Pruner` subclass registered as ``name``.
 
     Raises:
-        ValueError: ``none`` or an unknown name (lists the known ones).
+        UserError: ``none`` or an unknown name (lists the known ones).
     """
-    if name not in _PRUNERS:
-        raise ValueError(f"pruner.name={name!r} is not a pruner; choose one of {pruner_names()} (pruner=<name>), or "
-                         "none; a plug-in's pruner needs its folder in SPP_PLUGINS")
-    return _PRUNERS[name][1]
+    return PRUNERS.get(name)
 
 
 def resolve_config(cfg: PrunerConfig) -> PrunerConfig:
@@ -108,7 +104,7 @@ def get_pruner(cfg: PrunerConfig) -> Pruner:
     """The pruner ``cfg.name`` names, built from ``cfg`` (:func:`resolve_config`).
 
     Raises:
-        ValueError: ``none`` or an unknown name (lists the known ones).
+        UserError: ``none`` or an unknown name (lists the known ones).
     """
     cfg = resolve_config(cfg)
     return pruner_class(cfg.name)(cfg)

@@ -31,7 +31,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from spp.adapters.config import AdapterConfig
-from spp.adapters.registry import before_optimizer_step, get_method, option_config
+from spp.adapters.registry import before_optimizer_step, get_method, method_names, option_config
 from spp.errors import UserError
 from spp.models.block_runner import BlockRunner, Call, buffers_on
 from spp.models.offload import OffloadedModel
@@ -98,15 +98,15 @@ def form_config(cfg: ReconstructConfig) -> AdapterConfig:
     Raises:
         UserError: an unknown form, a form that trains nothing (``none``), or an option the form does not have.
     """
+    forms = [name for name in method_names() if get_method(name).trains]  # the registry's, plug-ins included
     try:
         method = get_method(cfg.form)
     except (KeyError, ValueError) as err:
         raise UserError(f"reconstruct.form={cfg.form!r} is not an adapter method ({err})",
-                        "set reconstruct.form to spp, masked_full, norms, scale_lora or sparse_lora",
-                        key="reconstruct.form") from err
+                        f"set reconstruct.form to one of {forms}", key="reconstruct.form") from err
     if not method.trains:
-        raise UserError(f"reconstruct.form={cfg.form} trains nothing", "choose a form that trains (spp, masked_full, "
-                        "norms, ...) or reconstruct=none", key="reconstruct.form")
+        raise UserError(f"reconstruct.form={cfg.form} trains nothing",
+                        f"choose a form that trains ({', '.join(forms)}) or reconstruct=none", key="reconstruct.form")
     try:
         return option_config(cfg.form, **dict(cfg.form_options))
     except Exception as err:  # noqa: BLE001 - OmegaConf's own errors name the key; one line for the user

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-from hydra.core.config_store import ConfigStore
 from torch import nn
 
 from spp.errors import UserError
 from spp.projections import decoder_layers
+from spp.registry import Registry
 
 TEACHER_OUTPUTS = ("none", "logits", "block_outputs")
 """What an objective needs of the teacher per batch: nothing, its logits, or its logits and every decoder block's
@@ -95,22 +95,33 @@ class Objective(ABC):
         """The loss of one micro-batch (``input_ids``, ``attention_mask``, ``labels`` with -100 where not scored)."""
 
 
-_REGISTRY: dict[str, type[Objective]] = {}
+def _unknown(name: str, known: list[str]) -> UserError:
+    return UserError(f"objective.name={name!r} is not a registered training objective",
+                     f"use objective={' | objective='.join(known)}, or a plug-in's (SPP_PLUGINS)", key="objective")
+
+
+OBJECTIVES: Registry[type[Objective]] = Registry("training objective", "objective", group="objective",
+                                                unknown=_unknown)
+"""Every objective's class by name (:func:`register_objective`)."""
 
 
 def register_objective(cls: type[Objective]) -> type[Objective]:
     """Register ``cls`` under ``cls.name`` and its config as ``objective/<name>_schema`` in Hydra's ConfigStore
-    (idempotent; usable as a class decorator)."""
+    (idempotent; usable as a class decorator).
+
+    Raises:
+        TypeError: its ``config_class`` is not an :class:`ObjectiveConfig`.
+        UserError: its config's ``name`` does not default to ``cls.name``, or another objective holds the name.
+    """
     if not issubclass(cls.config_class, ObjectiveConfig):
         raise TypeError(f"{cls.__name__}.config_class must subclass ObjectiveConfig")
-    _REGISTRY[cls.name] = cls
-    ConfigStore.instance().store(group="objective", name=f"{cls.name}_schema", node=cls.config_class)
+    cls.name = OBJECTIVES.register(getattr(cls, "name", None), cls, cls.config_class)  # name: the config's default
     return cls
 
 
 def objective_names() -> list[str]:
     """The registered objectives (the project's own and the plug-ins loaded so far)."""
-    return sorted(_REGISTRY)
+    return OBJECTIVES.names()
 
 
 def get_objective(name: str) -> type[Objective]:
@@ -119,11 +130,7 @@ def get_objective(name: str) -> type[Objective]:
     Raises:
         UserError: no objective has that name (names the known ones).
     """
-    if name not in _REGISTRY:
-        raise UserError(f"objective.name={name!r} is not a registered training objective",
-                        f"use objective={' | objective='.join(objective_names())}, or a plug-in's (SPP_PLUGINS)",
-                        key="objective")
-    return _REGISTRY[name]
+    return OBJECTIVES.get(name)
 
 
 def build_objective(cfg: ObjectiveConfig | None, layer_cls: type[nn.Module] | None = None) -> Objective:

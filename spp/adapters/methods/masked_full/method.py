@@ -70,6 +70,10 @@ class MaskedFull(AdapterMethod):
         return {"layers": len(layers), **{k: sum(s[k] for s in layers.values())
                                           for k in ("kept_params", "trainable_params", "pruned_nonzero")}}
 
+    def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
+        """The weight gradients of the adapted linears (``2 N_a``)."""
+        return 2 * adapted_weights
+
     def trained_parameters(self, model: nn.Module, sparsity: float | None = None) -> int:
         """The weights that move: the kept entries of the adapted layers (``(1 - sparsity)`` of each adapted weight
         when ``sparsity`` is given, for a model on ``meta``); ``count_parameters`` counts whole tensors."""

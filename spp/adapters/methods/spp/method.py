@@ -64,6 +64,11 @@ class SPP(AdapterMethod):
             raise self.wrong_adapter_dir(directory, err) from err
         return model, SPPConfig(targets=list(config["targets"]), **config["layer_kwargs"])
 
+    def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
+        """``G = gᵀx`` for every adapted linear (``2 N_a``, like a weight gradient); with dropout a second full-size
+        product forward and backward (``+4 N_a``)."""
+        return 2 * adapted_weights + (4 * adapted_weights if dropout > 0 else 0)
+
     def preflight(self, cfg: AdapterConfig, shapes: Shapes | None) -> None:
         """``adapter.scale`` > 0, and ``r`` divides every adapted projection's out-features."""
         if not cfg.scale > 0:

@@ -1,0 +1,132 @@
+"""One shape for every registry by name: pruners, adapter methods, training objectives and evaluation tasks.
+
+A :class:`Registry` maps a name to an entry (a class, an instance or a row) and, for a Hydra group, stores the
+entry's config dataclass in the ConfigStore as ``<group>/<name>_schema``. ``register`` takes the name from the
+config's ``name`` default when there is one and refuses a name that does not match it; a second entry under a name
+is refused in one line naming the two source files; ``get`` refuses an unknown name in one line listing the known
+ones. Registering the same entry again (a re-import, or the same file imported under another module name) is a
+no-op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, ItemsView, ValuesView
+from typing import Any, Generic, TypeVar
+
+from spp.errors import UserError
+
+T = TypeVar("T")
+
+Unknown = Callable[[str, list[str]], UserError]
+"""Builds the refusal of an unknown name from the name and the known names."""
+
+
+def source_file(obj: Any) -> str:
+    """The file that defines ``obj`` (its class for an instance), or its qualified name when there is none."""
+    target = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
+    try:
+        return inspect.getsourcefile(target) or f"{target.__module__}.{target.__qualname__}"
+    except TypeError:  # a built-in class
+        return f"{target.__module__}.{target.__qualname__}"
+
+
+def config_name(config_cls: type | None) -> str | None:
+    """The default of a config dataclass's ``name`` field (``None``: no such field, or no default)."""
+    if config_cls is None or not dataclasses.is_dataclass(config_cls):
+        return None
+    field = {f.name: f for f in dataclasses.fields(config_cls)}.get("name")
+    if field is None or field.default is dataclasses.MISSING:
+        return None
+    return str(field.default)
+
+
+def _identity(entry: Any) -> tuple[str, str]:
+    """What makes two registrations the same entry: its defining file and qualified name."""
+    target = entry if inspect.isclass(entry) or inspect.isfunction(entry) else type(entry)
+    return source_file(entry), getattr(target, "__qualname__", repr(target))
+
+
+class Registry(Generic[T]):
+    """Entries by name (module docstring).
+
+    Args:
+        kind: What an entry is, in messages (``pruner``, ``adapter method``, ...).
+        key: The config key that names an entry (``pruner.name``), for the refusal of an unknown name.
+        group: The Hydra config group whose ``<name>_schema`` a registration stores (``None``: none).
+        unknown: Builds the refusal of an unknown name (default: ``<key>=<name> is not a registered <kind>``).
+    """
+
+    def __init__(self, kind: str, key: str, group: str | None = None, unknown: Unknown | None = None) -> None:
+        self.kind, self.key, self.group = kind, key, group
+        self.unknown = unknown or self._unknown
+        self.entries: dict[str, T] = {}
+        self.sources: dict[str, str] = {}
+
+    def register(self, name: str | None, entry: T, config_cls: type | None = None,
+                 source: str | None = None) -> str:
+        """Register ``entry`` under ``name`` (``None``: the config's ``name`` default); returns the name.
+
+        ``source``: the file named when the name is taken (default: the file defining ``entry``).
+
+        Raises:
+            UserError: no name, a name that is not the config's ``name`` default, or a name another entry holds.
+        """
+        default = config_name(config_cls)
+        name = name or default
+        if not name:
+            raise UserError(f"{self.kind} {_label(entry)} has no name",
+                            f"give its config a `name` field defaulting to the option's name ({source_file(entry)})")
+        if default is not None and default != name and config_cls is not None:
+            raise UserError(f"{self.kind} {name!r}: its config {config_cls.__name__}.name defaults to {default!r}, "
+                            f"not {name!r}", f"set `name: str = {name!r}` in {config_cls.__name__} "
+                            f"({source_file(config_cls)})")
+        source = source or source_file(entry)
+        held = self.entries.get(name)
+        if held is not None:
+            if held is entry or _identity(held) == _identity(entry) and self.sources[name] == source:
+                return name
+            raise UserError(f"{self.kind} {name!r} is registered twice: by {self.sources[name]} and by {source}",
+                            "rename one of them (its `name` and its option's YAML)")
+        self.entries[name], self.sources[name] = entry, source
+        if self.group is not None and config_cls is not None:
+            from hydra.core.config_store import ConfigStore
+
+            ConfigStore.instance().store(group=self.group, name=f"{name}_schema", node=config_cls)
+        return name
+
+    def get(self, name: str) -> T:
+        """The entry registered as ``name``.
+
+        Raises:
+            UserError: no such entry (one line listing the known names).
+        """
+        if name not in self.entries:
+            raise self.unknown(name, self.names())
+        return self.entries[name]
+
+    def names(self) -> list[str]:
+        """Every registered name, sorted."""
+        return sorted(self.entries)
+
+    def values(self) -> ValuesView[T]:
+        """Every entry, in registration order."""
+        return self.entries.values()
+
+    def items(self) -> ItemsView[str, T]:
+        """``(name, entry)`` pairs, in registration order."""
+        return self.entries.items()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def _unknown(self, name: str, known: list[str]) -> UserError:
+        return UserError(f"{self.key}={name!r} is not a registered {self.kind}", f"use one of {known}, or name "
+                         "its plug-in folder in SPP_PLUGINS", key=self.key)
+
+
+def _label(entry: Any) -> str:
+    """An entry's class name, for a message."""
+    target = entry if inspect.isclass(entry) else type(entry)
+    return target.__name__

@@ -1,0 +1,74 @@
+"""``spp.registry.Registry``, the one shape of the pruner, adapter-method, objective and eval-task registries: the
+name comes from the config's ``name`` default and must match it, a second entry under a name is refused in one line
+naming both files, a re-registration of the same entry is a no-op, an unknown name is one line listing the known."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from spp.adapters.registry import METHODS
+from spp.errors import UserError
+from spp.eval.task_table import REGISTRY as TASKS
+from spp.pruning.registry import PRUNERS
+from spp.registry import Registry
+from spp.training.objectives.base import OBJECTIVES
+
+
+@dataclass
+class NamedConfig:
+    name: str = "alpha"
+
+
+@dataclass
+class UnnamedConfig:
+    size: int = 1
+
+
+class Entry:
+    """An entry defined in this file."""
+
+
+def test_the_name_comes_from_the_config_default_and_must_match_it():
+    reg: Registry[type] = Registry("thing", "thing.name")
+    assert reg.register(None, Entry, NamedConfig) == "alpha" and reg.get("alpha") is Entry
+    with pytest.raises(UserError) as err:
+        reg.register("beta", Entry, NamedConfig)
+    assert "thing 'beta': its config NamedConfig.name defaults to 'alpha', not 'beta'" in str(err.value)
+    assert __file__ in str(err.value) and "\n" not in str(err.value)
+    assert reg.register("gamma", Entry, UnnamedConfig) == "gamma"  # no name field: the given name
+    with pytest.raises(UserError, match="has no name"):
+        reg.register(None, Entry, UnnamedConfig)
+
+
+def test_a_duplicate_names_both_files_and_the_same_entry_again_is_a_no_op():
+    reg: Registry[object] = Registry("thing", "thing.name")
+    first = Entry()
+    reg.register("alpha", first)
+    assert reg.register("alpha", Entry()) == "alpha" and reg.get("alpha") is first  # same class, same file
+    with pytest.raises(UserError) as err:
+        reg.register("alpha", NamedConfig(), source="/elsewhere/plugin/__init__.py")
+    text = str(err.value)
+    assert text.startswith("thing 'alpha' is registered twice: by ") and "\n" not in text
+    assert __file__ in text and "/elsewhere/plugin/__init__.py" in text
+
+
+def test_an_unknown_name_is_one_line_listing_the_known_ones():
+    reg: Registry[type] = Registry("thing", "thing.name")
+    reg.register("b", Entry)
+    reg.register("a", NamedConfig)
+    with pytest.raises(UserError) as err:
+        reg.get("c")
+    assert "thing.name='c' is not a registered thing" in str(err.value) and "['a', 'b']" in str(err.value)
+    assert err.value.key == "thing.name" and reg.names() == ["a", "b"] and "a" in reg
+
+
+def test_the_project_registries_share_the_shape():
+    from spp.adapters.registry import method_names
+
+    method_names()  # the built-in methods, imported on first use
+    for reg, name in ((PRUNERS, "wanda"), (METHODS, "spp"), (OBJECTIVES, "ce"), (TASKS, "spp_boolq")):
+        assert isinstance(reg, Registry) and name in reg.names()
+        with pytest.raises(UserError):
+            reg.get("no_such_name")
