@@ -20,7 +20,6 @@ import inspect
 import re
 import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -28,12 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from spp.eval.job_config import EvalJobConfig
 from spp.generation import GenerateJobConfig
+from spp.paths import CONF_DIR
 from spp.plugins import plugin_conf_dirs
 from spp.pruning.config import PruneJobConfig
 from spp.training.config import TrainJobConfig
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-"""The repository's Hydra config directory (the commands' ``config_path``)."""
 
 WIDTH = 118
 
@@ -98,8 +95,17 @@ COMMANDS: dict[str, Command] = {
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
-    """The ``Attributes:`` entries of a dataclass docstring, ``{name: text}`` (continuation lines joined)."""
-    doc = inspect.getdoc(cls) or ""
+    """The ``Attributes:`` entries of a dataclass docstring and of its bases' (a class's own entry wins),
+    ``{name: text}`` (continuation lines joined)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        out.update(_own_attribute_docs(klass.__doc__ or ""))
+    return out
+
+
+def _own_attribute_docs(text: str) -> dict[str, str]:
+    """The ``Attributes:`` entries of one docstring."""
+    doc = inspect.cleandoc(text)
     out: dict[str, str] = {}
     section = False
     current: str | None = None
