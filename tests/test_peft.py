@@ -26,7 +26,7 @@ from spp.adapters.methods.sparse_lora.layer import (
     save_sparse_lora,
     sparse_lora_layers,
 )
-from spp.adapters.methods.spp.config import SPPConfig as PaperSPPConfig
+from spp.adapters.methods.spp.config import SPPAdapterConfig as PaperSPPConfig
 from spp.adapters.methods.spp.model import inject, merge_and_unload, spp_layers
 from spp.adapters.registry import get_method, load_adapter_dir, masks_from_weights, save_adapter_dir
 from spp.models.conv1d import Conv1DAsLinear
