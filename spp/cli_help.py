@@ -36,7 +36,7 @@ WIDTH = 118
 
 
 @dataclass(frozen=True)
-class Command:
+class CommandHelp:
     """What ``--help`` needs of one command: its script, primary config, typed job and curated keys/examples."""
 
     script: str
@@ -56,8 +56,8 @@ PRESETS = {
 }
 """Descriptions of the groups that have no schema of their own (they set keys of other groups)."""
 
-COMMANDS: dict[str, Command] = {
-    "train": Command(
+COMMANDS: dict[str, CommandHelp] = {
+    "train": CommandHelp(
         "train.py", "train", TrainJobConfig,
         keys=(("adapter.r", "8"), ("adapter.scale", "2.0"), ("adapter.dropout", "0.0"), ("sparsity.ratio", "0.6"),
               ("trainer.lr", "1e-3"), ("trainer.max_epochs", "3"), ("trainer.max_steps", "100"),
@@ -71,7 +71,7 @@ COMMANDS: dict[str, Command] = {
                   ("python train.py print_config=true", "print the config tree (always saved to the run dir)"),
                   ("python train.py --cfg job", "print the composed config and exit")),
     ),
-    "evaluate": Command(
+    "evaluate": CommandHelp(
         "eval.py", "evaluate", EvalJobConfig,
         keys=(("model.path", "outputs/train/<run>/merged"), ("eval.tasks", "[spp_zeroshot]"),
               ("eval.seqlen", "512"), ("eval.max_windows", "4"), ("eval.limit", "20"), ("sparsity.ratio", "0.6")),
@@ -79,14 +79,14 @@ COMMANDS: dict[str, Command] = {
                    "evaluate a merged model; the output folder is named from its spp_export.json"),
                   ("python eval.py --cfg job", "print the composed config and exit")),
     ),
-    "prune": Command(
+    "prune": CommandHelp(
         "prune.py", "prune", PruneJobConfig,
         keys=(("model.path", "/data/llama-7b"), ("sparsity.ratio", "0.6"), ("calibration.nsamples", "32"),
               ("calibration.seqlen", "512")),
         commands=(("python -m spp.pruning.cache list", "what the pruning and perplexity caches hold"),
                   ("python prune.py --cfg job", "print the composed config and exit")),
     ),
-    "generate": Command(
+    "generate": CommandHelp(
         "generate.py", "generate", GenerateJobConfig,
         keys=(("model.path", "outputs/train/<run>/merged"),),
         commands=(("python generate.py --cfg job", "print the composed config and exit"),),

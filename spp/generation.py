@@ -218,6 +218,6 @@ class GenerateJobConfig(JobConfig):
                 raise ValueError(message)
 
 
-def register_configs() -> None:
+def register_generate_schema() -> None:
     """Store :class:`GenerateJobConfig` as ``generate_schema`` in Hydra's ConfigStore (idempotent)."""
     ConfigStore.instance().store(name="generate_schema", node=GenerateJobConfig)

@@ -485,7 +485,7 @@ def _compose(script: str, overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from spp.eval.job_config import register_configs as register_eval
+    from spp.eval.job_config import register_eval_schema as register_eval
     from spp.experiments.plan import compose_job
     from spp.paths import CONF_DIR
 

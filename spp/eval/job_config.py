@@ -49,6 +49,6 @@ class EvalJobConfig(FabricJobConfig):
     print_config: bool = False
 
 
-def register_configs() -> None:
+def register_eval_schema() -> None:
     """Store :class:`EvalJobConfig` as ``evaluate_schema`` in Hydra's ConfigStore (idempotent)."""
     ConfigStore.instance().store(name="evaluate_schema", node=EvalJobConfig)

@@ -197,6 +197,6 @@ class PruneJobConfig(CacheLockJobConfig, FabricJobConfig):
     save_model: bool = True
 
 
-def register_prune_configs() -> None:
+def register_prune_schema() -> None:
     """Register ``PruneJobConfig`` in Hydra's ConfigStore as ``prune_schema`` (the first default of prune.yaml)."""
     ConfigStore.instance().store(name="prune_schema", node=PruneJobConfig)

@@ -47,7 +47,7 @@ def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenize
                                           job.cache_lock_timeout_s)
 
 
-def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
+def prune_job(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
     """Load, prune (through the cache unless ``use_cache=false``), audit and save; returns the timing record
     (``None`` on ranks other than 0).
 

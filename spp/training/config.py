@@ -3,7 +3,7 @@
 Groups owned here: ``adapter`` (spp, lora, none), ``objective`` (the training loss: its schema per option is
 registered by ``spp.training.objectives``), ``trainer``, ``strategy``, ``logger`` (csv, wandb,
 tensorboard, several at once), plus the ``experiment`` and ``debug`` presets (global packages, no schema of
-their own). :func:`register_configs` stores the top-level :class:`TrainJobConfig` in Hydra's ConfigStore as
+their own). :func:`register_train_schema` stores the top-level :class:`TrainJobConfig` in Hydra's ConfigStore as
 ``train_schema`` so every group option is merged into a typed node and a misspelled key or a wrong type fails
 at compose time with the key named.
 """
@@ -389,7 +389,7 @@ def curve_refusal(job: TrainJobConfig, world: int | None = None) -> None:
                          "strategy=auto or trainer.curve_every_n_steps=null")
 
 
-def register_configs() -> None:
+def register_train_schema() -> None:
     """Store :class:`TrainJobConfig` as ``train_schema`` in Hydra's ConfigStore (idempotent)."""
     ConfigStore.instance().store(name="train_schema", node=TrainJobConfig)
 

@@ -125,7 +125,7 @@ class PrunedModel:
     reconstruction: ReconstructResult | None = None
 
 
-def ppl_text(entry: dict[str, Any] | None) -> str:
+def ppl_log_text(entry: dict[str, Any] | None) -> str:
     """``30.64 [27.1, 34.5] (wikitext2, seqlen 512, 8 windows; 41.2 s)`` — a perplexity entry in one log line."""
     if not entry:
         return "-"
@@ -156,7 +156,7 @@ def _ppl(off: OffloadedModel, tokenizer: Any, settings: PruningSettings, which: 
                weights_key(settings.model, settings.pruner, settings.sparsity, settings.calibration, settings.data_dir))
     entry = cached_offloaded_perplexity(off, tokenizer, settings.eval, weights, settings.cache_dir, settings.data_dir)
     if off.ctx.is_main:
-        log.info("%s perplexity: %s", which, ppl_text(entry))
+        log.info("%s perplexity: %s", which, ppl_log_text(entry))
     return entry
 
 
