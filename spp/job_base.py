@@ -1,12 +1,6 @@
-"""The keys the commands' job configs share, each with its default, doc and check once.
-
-:class:`JobConfig` holds what every command has (``data_dir``, ``seed``, ``cache_dir``; ``conf/shared.yaml``
-holds only the Hydra settings they share);
-:class:`CacheLockJobConfig` adds the wait for another job's pruning cache entry (``train.py``, ``prune.py``);
-:class:`FabricJobConfig` the processes Lightning Fabric launches and the cache switch (``eval.py``, ``prune.py``).
-A job config inherits them (their keys come first in the composed config); every ``__post_init__`` calls
-``super().__post_init__()``, so each check runs once whatever the mix.
-"""
+"""The keys the job configs share, each with its default, doc and check once: every command's (:class:`JobConfig`),
+the cache lock's (:class:`CacheLockJobConfig`, train and prune) and Fabric's processes' (:class:`FabricJobConfig`, eval
+and prune); each ``__post_init__`` calls ``super().__post_init__()``, so every check runs once whatever the mix."""
 
 from __future__ import annotations
 
@@ -16,9 +10,6 @@ from spp.paths import CACHE_DIR_CONFIG
 
 DEFAULT_LOCK_TIMEOUT_S = 7200.0
 """How long a job waits for another job writing the same cache entry before it gives up (``cache_lock_timeout_s``)."""
-
-ACCELERATORS = ("auto", "cpu", "gpu")
-"""The values of ``accelerator``."""
 
 
 @dataclass
@@ -80,5 +71,5 @@ class FabricJobConfig(JobConfig):
         super().__post_init__()
         if self.devices < 1 or self.num_nodes < 1:
             raise ValueError(f"devices={self.devices} and num_nodes={self.num_nodes} must be >= 1")
-        if self.accelerator not in ACCELERATORS:
+        if self.accelerator not in ("auto", "cpu", "gpu"):
             raise ValueError(f"accelerator={self.accelerator!r} must be auto, cpu or gpu")
