@@ -45,9 +45,9 @@ def planned(args: list[str]) -> dict[str, Any]:
 
     from spp.planning.job import plan_output
     from spp.preflight.model_files import model_arch
-    from spp.training.config import load_job, register_configs
+    from spp.training.config import load_job, register_train_schema
 
-    register_configs()
+    register_train_schema()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         job = load_job(compose("train", overrides=[*args, "trainer.accelerator=cpu"]))
     _text, plan = plan_output(job, model_arch(job.model))

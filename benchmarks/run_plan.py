@@ -24,7 +24,7 @@ from spp.planning.job import plan_job
 from spp.planning.reconstruction import HIDDEN_SETS
 from spp.planning.report import as_json, replace_between, time_text, write_committed
 from spp.preflight.model_files import model_arch
-from spp.training.config import load_job, register_configs
+from spp.training.config import load_job, register_train_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("llama7b", "llama13b", "llama30b", "llama65b", "llama2_7b", "llama2_13b", "llama2_70b")
@@ -44,7 +44,7 @@ TARGET_GIB = 72
 
 def plan_rows() -> list[dict[str, Any]]:
     """One plan per model x setup, on :data:`~spp.planning.hardware.GPU_NODE` (80 GiB GPUs, host not checked)."""
-    register_configs()
+    register_train_schema()
     rows = []
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for model in MODELS:
@@ -117,7 +117,7 @@ def reconstruct_rows() -> list[dict[str, Any]]:
     """One plan per model x ``reconstruct.dtype``, on the machine ``plan=true`` assumes for these overrides."""
     from spp.planning.job import plan_hardware
 
-    register_configs()
+    register_train_schema()
     rows = []
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for model in MODELS:

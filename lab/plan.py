@@ -22,7 +22,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from spp.paths import CONF_DIR
-from spp.training.config import register_configs
+from spp.training.config import register_train_schema
 
 PLAN_KEYS = ("model.name", "pruner.name", "sparsity.name", "adapter.name", "adapter.r", "adapter.use_beta",
              "adapter.alpha_init", "adapter.beta_init", "adapter.residual", "trainer.lr", "trainer.max_epochs",
@@ -46,7 +46,7 @@ def compose_job(overrides: Sequence[str]) -> DictConfig:
         hydra.errors.ConfigCompositionException: a key that does not exist or a wrong type.
         ValueError: a value out of range (raised by the config dataclasses' ``__post_init__``, naming the key).
     """
-    register_configs()
+    register_train_schema()
     job = [o for o in overrides if not o.lstrip("+~").startswith("hydra.")]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=job)

@@ -20,7 +20,6 @@ import inspect
 import re
 import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -28,18 +27,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from spp.eval.job_config import EvalJobConfig
 from spp.generation import GenerateJobConfig
+from spp.paths import CONF_DIR
 from spp.plugins import plugin_conf_dirs
 from spp.pruning.config import PruneJobConfig
 from spp.training.config import TrainJobConfig
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-"""The repository's Hydra config directory (the commands' ``config_path``)."""
 
 WIDTH = 118
 
 
 @dataclass(frozen=True)
-class Command:
+class CommandHelp:
     """What ``--help`` needs of one command: its script, primary config, typed job and curated keys/examples."""
 
     script: str
@@ -59,8 +56,8 @@ PRESETS = {
 }
 """Descriptions of the groups that have no schema of their own (they set keys of other groups)."""
 
-COMMANDS: dict[str, Command] = {
-    "train": Command(
+COMMANDS: dict[str, CommandHelp] = {
+    "train": CommandHelp(
         "train.py", "train", TrainJobConfig,
         keys=(("adapter.r", "8"), ("adapter.scale", "2.0"), ("adapter.dropout", "0.0"), ("sparsity.ratio", "0.6"),
               ("trainer.lr", "1e-3"), ("trainer.max_epochs", "3"), ("trainer.max_steps", "100"),
@@ -74,7 +71,7 @@ COMMANDS: dict[str, Command] = {
                   ("python train.py print_config=true", "print the config tree (always saved to the run dir)"),
                   ("python train.py --cfg job", "print the composed config and exit")),
     ),
-    "evaluate": Command(
+    "evaluate": CommandHelp(
         "eval.py", "evaluate", EvalJobConfig,
         keys=(("model.path", "outputs/train/<run>/merged"), ("eval.tasks", "[spp_zeroshot]"),
               ("eval.seqlen", "512"), ("eval.max_windows", "4"), ("eval.limit", "20"), ("sparsity.ratio", "0.6")),
@@ -82,14 +79,14 @@ COMMANDS: dict[str, Command] = {
                    "evaluate a merged model; the output folder is named from its spp_export.json"),
                   ("python eval.py --cfg job", "print the composed config and exit")),
     ),
-    "prune": Command(
+    "prune": CommandHelp(
         "prune.py", "prune", PruneJobConfig,
         keys=(("model.path", "/data/llama-7b"), ("sparsity.ratio", "0.6"), ("calibration.nsamples", "32"),
               ("calibration.seqlen", "512")),
         commands=(("python -m spp.pruning.cache list", "what the pruning and perplexity caches hold"),
                   ("python prune.py --cfg job", "print the composed config and exit")),
     ),
-    "generate": Command(
+    "generate": CommandHelp(
         "generate.py", "generate", GenerateJobConfig,
         keys=(("model.path", "outputs/train/<run>/merged"),),
         commands=(("python generate.py --cfg job", "print the composed config and exit"),),
@@ -98,8 +95,17 @@ COMMANDS: dict[str, Command] = {
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
-    """The ``Attributes:`` entries of a dataclass docstring, ``{name: text}`` (continuation lines joined)."""
-    doc = inspect.getdoc(cls) or ""
+    """The ``Attributes:`` entries of a dataclass docstring and of its bases' (a class's own entry wins),
+    ``{name: text}`` (continuation lines joined)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        out.update(_own_attribute_docs(klass.__doc__ or ""))
+    return out
+
+
+def _own_attribute_docs(text: str) -> dict[str, str]:
+    """The ``Attributes:`` entries of one docstring."""
+    doc = inspect.cleandoc(text)
     out: dict[str, str] = {}
     section = False
     current: str | None = None

@@ -18,6 +18,7 @@ from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerB
 
 from spp.data.prompts import RESPONSE_SPLIT, user_prompt
 from spp.export.semi_structured import export_semi_structured
+from spp.job_base import JobConfig
 from spp.models.config import ModelConfig
 from spp.projections import DEFAULT_TARGETS
 
@@ -164,8 +165,9 @@ def to_sparse24(model: PreTrainedModel, dtype: torch.dtype = torch.bfloat16, dev
 
 
 @dataclass
-class GenerateJobConfig:
-    """``generate.py`` (``conf/generate.yaml``): load a model, generate one completion, print it with tokens/s.
+class GenerateJobConfig(JobConfig):
+    """``generate.py`` (``conf/generate.yaml``): load a model, generate one completion, print it with tokens/s
+    (of the shared keys it reads only ``seed``: the sampling seed).
 
     Attributes:
         model: The model to load; a trained run's export is ``model.path=<run_dir>/merged``.
@@ -176,7 +178,6 @@ class GenerateJobConfig:
         do_sample: ``false`` = greedy (deterministic); ``true`` = nucleus sampling.
         temperature: Sampling temperature (``do_sample=true`` only).
         top_p: Nucleus mass (``do_sample=true`` only).
-        seed: Sampling seed.
         device: ``cpu``, ``cuda``, ``cuda:1``; null = CUDA when available, else CPU.
         dtype: Override ``model.torch_dtype`` (``float32``, ``bfloat16``, ``float16``); null = keep it.
         sparse24: Run the 7 projections as PyTorch 2:4 semi-structured sparse tensors (CUDA sm80+, a model
@@ -185,8 +186,6 @@ class GenerateJobConfig:
         output_file: Where the JSON record goes; null = ``generation.json`` in Hydra's run directory.
         tokenizer: Folder (or hub id) to load the tokenizer from; null = ``model.path``. For a merged model
             copied without its tokenizer files, point it at the base model's folder.
-        data_dir: Data root shared by every command (``conf/shared.yaml``; unused here).
-        cache_dir: Cache root shared by every command (``conf/shared.yaml``; unused here).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -197,18 +196,16 @@ class GenerateJobConfig:
     do_sample: bool = False
     temperature: float = 0.7
     top_p: float = 0.9
-    seed: int = 0
     device: str | None = None
     dtype: str | None = None
     sparse24: bool = False
     warmup: int = 0
     output_file: str | None = None
     tokenizer: str | None = None
-    data_dir: str | None = None
-    cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
 
     def __post_init__(self) -> None:
         """Value ranges, checked when the config is built (before any weight is read)."""
+        super().__post_init__()
         checks = [
             (self.max_new_tokens >= 1, f"max_new_tokens={self.max_new_tokens} must be >= 1"),
             (self.warmup >= 0, f"warmup={self.warmup} must be >= 0"),
@@ -221,6 +218,6 @@ class GenerateJobConfig:
                 raise ValueError(message)
 
 
-def register_configs() -> None:
+def register_generate_schema() -> None:
     """Store :class:`GenerateJobConfig` as ``generate_schema`` in Hydra's ConfigStore (idempotent)."""
     ConfigStore.instance().store(name="generate_schema", node=GenerateJobConfig)

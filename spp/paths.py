@@ -21,6 +21,13 @@ SHARED_DATA_DIR: Path = REPO_ROOT.parent / "shared" / "data"
 """Optional full-size copies beside the checkout (present on the project's own machines only)."""
 
 CONF_DIR: Path = REPO_ROOT / "conf"
+"""The Hydra config directory of the commands (``config_path``)."""
+
+CACHE_DIR_ENV = "SPP_CACHE_DIR"
+"""The environment variable that moves the default cache root (pruning and perplexity caches)."""
+
+CACHE_DIR_CONFIG = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
+"""The ``cache_dir`` config default: :func:`default_cache_dir` as an OmegaConf interpolation."""
 
 TRUNCATED_SAMPLES: tuple[str, ...] = (
     "boolq/val.jsonl",
@@ -173,3 +180,8 @@ def data_provenance(reset: bool = False) -> list[dict[str, Any]]:
     if reset:
         _READ.clear()
     return rows
+
+
+def default_cache_dir() -> Path:
+    """``$SPP_CACHE_DIR``, else ``~/.cache/spp``: the cache root when no ``cache_dir`` is given."""
+    return Path(os.environ.get(CACHE_DIR_ENV, Path.home() / ".cache" / "spp"))

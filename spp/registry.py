@@ -23,7 +23,7 @@ Unknown = Callable[[str, list[str]], UserError]
 """Builds the refusal of an unknown name from the name and the known names."""
 
 
-def source_file(obj: Any) -> str:
+def defined_in(obj: Any) -> str:
     """The file that defines ``obj`` (its class for an instance), or its qualified name when there is none."""
     target = obj if inspect.isclass(obj) or inspect.isfunction(obj) else type(obj)
     try:
@@ -45,7 +45,7 @@ def config_name(config_cls: type | None) -> str | None:
 def _identity(entry: Any) -> tuple[str, str]:
     """What makes two registrations the same entry: its defining file and qualified name."""
     target = entry if inspect.isclass(entry) or inspect.isfunction(entry) else type(entry)
-    return source_file(entry), getattr(target, "__qualname__", repr(target))
+    return defined_in(entry), getattr(target, "__qualname__", repr(target))
 
 
 class Registry(Generic[T]):
@@ -77,12 +77,12 @@ class Registry(Generic[T]):
         name = name or default
         if not name:
             raise UserError(f"{self.kind} {_label(entry)} has no name",
-                            f"give its config a `name` field defaulting to the option's name ({source_file(entry)})")
+                            f"give its config a `name` field defaulting to the option's name ({defined_in(entry)})")
         if default is not None and default != name and config_cls is not None:
             raise UserError(f"{self.kind} {name!r}: its config {config_cls.__name__}.name defaults to {default!r}, "
                             f"not {name!r}", f"set `name: str = {name!r}` in {config_cls.__name__} "
-                            f"({source_file(config_cls)})")
-        source = source or source_file(entry)
+                            f"({defined_in(config_cls)})")
+        source = source or defined_in(entry)
         held = self.entries.get(name)
         if held is not None:
             if held is entry or _identity(held) == _identity(entry) and self.sources[name] == source:

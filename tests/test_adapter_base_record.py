@@ -21,7 +21,7 @@ from train_helpers import tiny_job
 from transformers import AutoModelForCausalLM
 
 import spp.peft  # noqa: F401  (registers SPP / SPARSE_LORA / LORA_STAR with peft)
-from spp.adapters.methods.spp.config import SPPConfig as PaperSPPConfig
+from spp.adapters.methods.spp.config import SPPAdapterConfig as PaperSPPConfig
 from spp.adapters.methods.spp.model import inject
 from spp.adapters.registry import MARKER, describe_dir, get_method, load_adapter_dir, save_adapter_dir, trained_on
 from spp.adapters.trained_on import RECORD, model_fingerprint, zero_fingerprint

@@ -144,10 +144,10 @@ from omegaconf import OmegaConf
 from spp.errors import UserError
 from spp.paths import CONF_DIR
 from spp.plugins import load_plugins
-from spp.training.config import load_job, register_configs
+from spp.training.config import load_job, register_train_schema
 
 load_plugins()
-register_configs()
+register_train_schema()
 out = {}
 with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
     cfg = compose("train", overrides=["adapter=my_adapter", "adapter.init=0.5"])

@@ -14,7 +14,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from spp.errors import UserError
-from spp.eval.job_config import register_configs
+from spp.eval.job_config import register_eval_schema
 from spp.eval.perplexity import perplexity
 from spp.eval.runner import preflight, run_eval_job
 from spp.paths import CONF_DIR, REPO_ROOT, SAMPLE_DATA_DIR
@@ -24,7 +24,7 @@ TINY = ["model=tiny", "eval.seqlen=64", "eval.max_windows=2", f"data_dir={SAMPLE
 
 def _compose(*overrides: str):
     """The typed job, converted once as ``eval.py`` does."""
-    register_configs()
+    register_eval_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return OmegaConf.to_object(compose(config_name="evaluate", overrides=[*TINY, *overrides]))
 

@@ -28,13 +28,13 @@ COMMANDS = {"train": "train.py", "prune": "prune.py", "evaluate": "eval.py", "ge
 
 def _register(config_name: str) -> None:
     if config_name == "train":
-        from spp.training.config import register_configs
+        from spp.training.config import register_train_schema as register_configs
     elif config_name == "prune":
-        from spp.pruning.config import register_prune_configs as register_configs
+        from spp.pruning.config import register_prune_schema as register_configs
     elif config_name == "evaluate":
-        from spp.eval.job_config import register_configs
+        from spp.eval.job_config import register_eval_schema as register_configs
     else:
-        from spp.generation import register_configs
+        from spp.generation import register_generate_schema as register_configs
     register_configs()
 
 

@@ -9,7 +9,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from spp.eval.job_config import EvalJobConfig, register_configs
+from spp.eval.job_config import EvalJobConfig, register_eval_schema
 from spp.eval.tables import final_metrics
 from spp.loggers import (
     CSVLoggerConfig,
@@ -48,7 +48,7 @@ def test_run_tags_from_plain_names_and_wandb_overrides():
 
 @pytest.mark.usefixtures("no_wandb_key")
 def test_loggers_from_the_composed_group_write_under_the_run_dir(tmp_path):
-    register_configs()
+    register_eval_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("evaluate", overrides=["model=tiny", "logger=[wandb,tensorboard]"])
     job: EvalJobConfig = OmegaConf.to_object(cfg)

@@ -12,9 +12,9 @@ from spp.adapters.methods.lora.remask import (
     LORA_TARGETS,
     inject_lora,
     lora_layers,
-    masks_from_weights,
     merge_and_remask,
 )
+from spp.adapters.registry import masks_from_weights
 from spp.models import tiny_llama
 
 Q0 = "model.layers.0.self_attn.q_proj"

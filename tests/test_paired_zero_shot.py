@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from spp.eval.doc_records import DOC_RECORDS_FILE, majority_class, read_doc_records, write_doc_records
-from spp.eval.job_config import register_configs
+from spp.eval.job_config import register_eval_schema
 from spp.eval.paired import MEAN_ROW, main, paired_accuracy
 from spp.eval.runner import run_eval_job
 from spp.paths import CONF_DIR, SAMPLE_DATA_DIR
@@ -64,7 +64,7 @@ def test_paired_refuses_different_documents_and_reports_majority_class():
 
 def test_eval_job_writes_per_document_records(tmp_path, capsys):
     """eval.py on a tiny model, two shipped task samples, 3 documents each: lm-eval's own per-document results."""
-    register_configs()
+    register_eval_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose(config_name="evaluate", overrides=[
             "model=tiny", "eval.ppl=false", f"data_dir={SAMPLE_DATA_DIR}", "print_config=false", "logger=csv",

@@ -26,7 +26,7 @@ from spp.adapters.methods.sparse_lora.layer import (
     save_sparse_lora,
     sparse_lora_layers,
 )
-from spp.adapters.methods.spp.config import SPPConfig as PaperSPPConfig
+from spp.adapters.methods.spp.config import SPPAdapterConfig as PaperSPPConfig
 from spp.adapters.methods.spp.model import inject, merge_and_unload, spp_layers
 from spp.adapters.registry import get_method, load_adapter_dir, masks_from_weights, save_adapter_dir
 from spp.models.conv1d import Conv1DAsLinear
@@ -41,7 +41,7 @@ from spp.peft import (
     from_sparse_lora_adapter,
     from_spp_adapter,
 )
-from spp.peft.registration import register
+from spp.peft.registration import register_with_peft
 from spp.projections import DEFAULT_TARGETS, find_projections, matches
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
@@ -121,19 +121,19 @@ def test_defaults_are_the_papers_and_peft_knows_spp():
 
 
 def test_registration_is_idempotent():
-    register(SPPConfig, SPPModel)
+    register_with_peft(SPPConfig, SPPModel)
     importlib.reload(spp.peft)  # the package's import registers again: a no-op
     assert PEFT_TYPE_TO_TUNER_MAPPING[PeftType.SPP] is SPPModel
     assert PEFT_TYPE_TO_TUNER_MAPPING[PeftType.SPARSE_LORA] is SparseLoraModel
     # the same classes re-created by a re-imported module replace the old ones; a foreign 'spp' method is refused
     again = type("SPPModel", (SPPModel,), {"__module__": SPPModel.__module__})
     try:
-        register(SPPConfig, again)
+        register_with_peft(SPPConfig, again)
         assert PEFT_TYPE_TO_TUNER_MAPPING[PeftType.SPP] is again
         with pytest.raises(RuntimeError, match="already has a method named 'spp'"):
-            register(SPPConfig, type("Other", (SPPModel,), {"__module__": "elsewhere"}))
+            register_with_peft(SPPConfig, type("Other", (SPPModel,), {"__module__": "elsewhere"}))
     finally:
-        register(SPPConfig, SPPModel)
+        register_with_peft(SPPConfig, SPPModel)
     assert PEFT_TYPE_TO_TUNER_MAPPING[PeftType.SPP] is SPPModel and PEFT_TYPE_TO_CONFIG_MAPPING["SPP"] is SPPConfig
 
 

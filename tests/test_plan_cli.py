@@ -169,9 +169,9 @@ def test_slurm_submission_below_the_plan_is_refused_in_one_line(outcomes):
 # ------------------------------------------------------------------------------------ Slurm, resolved in-process
 def _launch(overrides: list[str], jobs: list[list[str]], tmp: Path, monkeypatch) -> dict[str, Any]:
     """What ``hydra/launcher=slurm`` hands submitit for ``jobs`` (``sbatch`` replaced by a recorder)."""
-    from spp.training.config import register_configs
+    from spp.training.config import register_train_schema
 
-    register_configs()
+    register_train_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=[*overrides, f"hydra.sweep.dir={tmp}"], return_hydra_config=True)
     launcher = instantiate(cfg.hydra.launcher)

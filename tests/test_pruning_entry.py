@@ -18,14 +18,14 @@ from transformers import AutoModelForCausalLM
 
 from spp.paths import CONF_DIR, REPO_ROOT, SAMPLE_DATA_DIR
 from spp.pruning import check_nm
-from spp.pruning.config import PruneJobConfig, register_prune_configs
-from spp.pruning.job import run
+from spp.pruning.config import PruneJobConfig, register_prune_schema
+from spp.pruning.job import prune_job
 
 GROUPS = {g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in ("pruner", "sparsity", "calibration")}
 
 
 def _compose(overrides: list[str]) -> PruneJobConfig:
-    register_prune_configs()
+    register_prune_schema()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("prune", overrides=overrides)
     return OmegaConf.to_object(cfg)
@@ -72,7 +72,7 @@ def test_prune_entry_point_saves_a_pruned_model_summary_and_timing(tmp_path: Pat
         "calibration.seqlen=64", f"cache_dir={tmp_path / 'cache'}", f"data_dir={SAMPLE_DATA_DIR}", "device=cpu",
     ])
     out = tmp_path / "run"
-    timing = run(job, out)
+    timing = prune_job(job, out)
     summary = json.loads((out / "mask_summary.json").read_text())
     assert summary["overall"]["sparsity"] == pytest.approx(0.5) and summary["overall"]["nm_valid"] is True
     assert len(summary["layers"]) == 14 and summary["pruner"] == "wanda"
@@ -82,7 +82,7 @@ def test_prune_entry_point_saves_a_pruned_model_summary_and_timing(tmp_path: Pat
     q = saved.model.layers[1].self_attn.q_proj.weight
     assert check_nm(q, 2, 4).exact_groups == q.numel() // 4
     assert (out / "model" / "tokenizer.json").is_file()
-    again = run(job, tmp_path / "run2")
+    again = prune_job(job, tmp_path / "run2")
     assert again["cache_hit"] is True
     resaved = AutoModelForCausalLM.from_pretrained(tmp_path / "run2" / "model")
     pairs = zip(saved.state_dict().values(), resaved.state_dict().values(), strict=True)

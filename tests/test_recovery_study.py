@@ -486,7 +486,7 @@ def _compose(script: str, overrides: list[str]):
     from omegaconf import OmegaConf
 
     from lab.plan import compose_job
-    from spp.eval.job_config import register_configs as register_eval
+    from spp.eval.job_config import register_eval_schema as register_eval
     from spp.paths import CONF_DIR
 
     if script == "train.py":

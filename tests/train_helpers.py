@@ -8,14 +8,14 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from spp.paths import CONF_DIR, SAMPLE_DATA_DIR
-from spp.training.config import TrainJobConfig, load_job, register_configs
+from spp.training.config import TrainJobConfig, load_job, register_train_schema
 
 TINY_RUN = ["model=tiny", "debug=fast", "pruner=wanda", "sparsity=nm2_4", "logger=csv"]
 
 
 def compose_train(overrides: list[str] | None = None) -> DictConfig:
     """Compose the ``train`` config with ``overrides`` (no Hydra run: ``run_dir`` must be given for jobs)."""
-    register_configs()
+    register_train_schema()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=list(overrides or []))
 

@@ -36,7 +36,13 @@ Shapes = dict[str, tuple[int, int]]
 
 __all__ = ["AdapterMethod", "ExternalParameters", "Full", "Masks", "MergedLayer", "ParamCounts", "Shapes",
            "check_tensor_file", "count_parameters", "freeze_all", "linear_tensors", "load_tensor_file",
-           "read_json_file", "set_submodule", "target_linears"]
+           "read_json_file", "set_submodule", "target_linears", "CONFIG_NAME", "WEIGHTS_NAME"]
+
+CONFIG_NAME = "adapter_config.json"
+"""The settings file of an adapter folder (peft's name, so peft reads spp's folders)."""
+
+WEIGHTS_NAME = "adapter_model.safetensors"
+"""The tensors file of an adapter folder (peft's name)."""
 
 
 class ParamCounts(NamedTuple):

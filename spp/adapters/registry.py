@@ -31,7 +31,7 @@ from spp.atomic import write_file_atomic
 from spp.errors import UserError
 from spp.models.conv1d import linearize_conv1d
 from spp.projections import DEFAULT_TARGETS, find_projections
-from spp.registry import Registry, source_file
+from spp.registry import Registry, defined_in
 from spp.version import __version__
 
 METHODS_DIR = Path(__file__).resolve().parent / "methods"
@@ -65,7 +65,7 @@ def register(method: AdapterMethod) -> AdapterMethod:
     if not (isinstance(cls, type) and issubclass(cls, AdapterConfig)):
         raise TypeError(f"adapter {method.name!r}: config_class must subclass spp.adapters.config.AdapterConfig")
     if not method.name or not method.name.isidentifier():
-        raise UserError(f"adapter method {type(method).__name__} ({source_file(method)}): name {method.name!r} is "
+        raise UserError(f"adapter method {type(method).__name__} ({defined_in(method)}): name {method.name!r} is "
                         "not an identifier", f"set {type(method).__name__}.name to the option's name")
     load_builtin()
     METHODS.register(method.name, method, cls)

@@ -56,7 +56,7 @@ def model_fingerprint(model: nn.Module, targets: list[str] | tuple[str, ...] = D
     return zero_fingerprint({name: module.weight.detach() == 0 for name, module in layers.items()})
 
 
-def describe(record: Mapping[str, Any]) -> str:
+def describe_base(record: Mapping[str, Any]) -> str:
     """``tiny (tiny-1a2b3c4d5e6f7a8b, float32) pruned wanda nm2_4``: the base a record names, in a few words."""
     model = record.get("model") or {}
     pruning = record.get("pruning")
@@ -87,10 +87,10 @@ def recipe(record: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def refusal(what: str, record: Mapping[str, Any], difference: str, key: str = "adapter_dir",
+def base_refusal(what: str, record: Mapping[str, Any], difference: str, key: str = "adapter_dir",
             path: Any = None) -> UserError:
     """The one-line refusal: ``what`` was trained on the recorded base, and how this base differs."""
-    return UserError(f"{what} was trained on {describe(record)}, not on this base: {difference}",
+    return UserError(f"{what} was trained on {describe_base(record)}, not on this base: {difference}",
                      f"load it on the base it was trained on ({recipe(record)}), or "
                      "evaluate that run's merged export (model.path=<run_dir>/merged)", key=key, path=path)
 
@@ -120,9 +120,9 @@ def check_base(record: Mapping[str, Any] | None, model: nn.Module, what: str, ke
     try:
         here = model_fingerprint(model, tuple(masks.get("targets") or DEFAULT_TARGETS))
     except UserError as err:
-        raise refusal(what, record, f"its pruned layers do not exist here ({err.what})", key, path) from err
+        raise base_refusal(what, record, f"its pruned layers do not exist here ({err.what})", key, path) from err
     if here["sha256"] != masks["sha256"]:
         difference = (f"the zero pattern differs ({masks['zeros']:,} zeros of {masks['total']:,} weights in "
                       f"{masks['layers']} layers when trained, {here['zeros']:,} of {here['total']:,} in "
                       f"{here['layers']} here)")
-        raise refusal(what, record, difference, key, path)
+        raise base_refusal(what, record, difference, key, path)

@@ -15,7 +15,7 @@ from spp.atomic import remove_stale_temporaries
 from spp.commands.entry import Command, hydra_output_dir
 from spp.errors import UserError
 from spp.eval.harness import zero_shot_mean
-from spp.eval.job_config import EvalJobConfig, register_configs
+from spp.eval.job_config import EvalJobConfig, register_eval_schema
 from spp.eval.run_name import register_eval_resolvers
 from spp.eval.runner import preflight, run_eval_job
 from spp.eval.tables import markdown_report
@@ -49,11 +49,11 @@ def run(job: EvalJobConfig) -> float | None:
     return record.ppl[job.eval.ppl_source]["ppl"] if record.ppl else None
 
 
-def register() -> None:
+def register_eval() -> None:
     """Store the schemas and the run-name resolvers ``conf/evaluate.yaml`` uses."""
-    register_configs()
+    register_eval_schema()
     register_eval_resolvers()
 
 
-COMMAND = Command("eval.py", "evaluate", EvalJobConfig, run, register)
+COMMAND = Command("eval.py", "evaluate", EvalJobConfig, run, register_eval)
 """``python eval.py ...``: composes ``conf/evaluate.yaml`` into :class:`EvalJobConfig` and runs :func:`run`."""

@@ -20,7 +20,7 @@ from spp.generation import (
     GenerationResult,
     format_prompt,
     generate_text,
-    register_configs,
+    register_generate_schema,
     to_sparse24,
 )
 from spp.models import load_model
@@ -110,5 +110,5 @@ def _to_device(job: GenerateJobConfig, model: PreTrainedModel, dtype_name: str, 
         raise UserError.from_message(f"sparse24=true: {err}") from err
 
 
-COMMAND = Command("generate.py", "generate", GenerateJobConfig, run, register_configs)
+COMMAND = Command("generate.py", "generate", GenerateJobConfig, run, register_generate_schema)
 """``python generate.py ...``: composes ``conf/generate.yaml`` into :class:`GenerateJobConfig`, runs :func:`run`."""

@@ -1,7 +1,7 @@
 """``prune.py``: prune a model alone and write it, with its mask summary, report and timings.
 
 :func:`run` checks the job (:func:`spp.preflight.preflight_prune`), takes the output folder's lock and runs
-:func:`spp.pruning.job.run`; the job config is :class:`spp.pruning.config.PruneJobConfig`.
+:func:`spp.pruning.job.prune_job`; the job config is :class:`spp.pruning.config.PruneJobConfig`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 from spp.atomic import remove_stale_temporaries
 from spp.commands.entry import Command, hydra_output_dir
 from spp.preflight.jobs import preflight_prune
-from spp.pruning.config import PruneJobConfig, register_prune_configs
-from spp.pruning.job import run as prune_job
+from spp.pruning.config import PruneJobConfig, register_prune_schema
+from spp.pruning.job import prune_job
 from spp.run_lock import hold_run_dir
 
 
@@ -25,5 +25,5 @@ def run(job: PruneJobConfig) -> None:
         prune_job(job, out_dir)
 
 
-COMMAND = Command("prune.py", "prune", PruneJobConfig, run, register_prune_configs)
+COMMAND = Command("prune.py", "prune", PruneJobConfig, run, register_prune_schema)
 """``python prune.py ...``: composes ``conf/prune.yaml`` into :class:`PruneJobConfig` and runs :func:`run`."""

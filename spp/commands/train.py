@@ -31,7 +31,7 @@ from spp.preflight.model_files import model_arch
 from spp.run_lock import hold_run_dir, is_job_leader
 from spp.sweeps import require_objective_recorded, require_validation_objective
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
-from spp.training.config import TrainJobConfig, register_configs
+from spp.training.config import TrainJobConfig, register_train_schema
 from spp.training.finalize import FinalizeResult, finalize
 from spp.training.phases import fit, job_device
 from spp.training.report import build_summary, print_results, sweep_objective
@@ -127,5 +127,5 @@ def show_plan(job: TrainJobConfig) -> None:
         print(f"plan written: {job.plan_json}")
 
 
-COMMAND = Command("train.py", "train", TrainJobConfig, run, register_configs)
+COMMAND = Command("train.py", "train", TrainJobConfig, run, register_train_schema)
 """``python train.py ...``: composes ``conf/train.yaml`` into :class:`TrainJobConfig` and runs :func:`run`."""

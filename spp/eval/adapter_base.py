@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from spp.adapters.registry import trained_on
-from spp.adapters.trained_on import refusal
+from spp.adapters.trained_on import base_refusal
 from spp.eval.job_config import EvalJobConfig
 from spp.models.loading import model_identity, resolve_source
 from spp.pruning.cache import cache_key
@@ -103,4 +103,4 @@ def check_adapter_base(cfg: EvalJobConfig, prunes: bool) -> None:
         return
     differences = base_differences(cfg, record, prunes)
     if differences:
-        raise refusal(f"adapter_dir={cfg.adapter_dir!r}", record, "; ".join(differences[:3]), path=cfg.adapter_dir)
+        raise base_refusal(f"adapter_dir={cfg.adapter_dir!r}", record, "; ".join(differences[:3]), path=cfg.adapter_dir)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from spp.eval.config import EvalConfig
+from spp.job_base import FabricJobConfig
 from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
@@ -14,9 +15,11 @@ from spp.pruning.reconstruction.config import ReconstructConfig
 
 
 @dataclass
-class EvalJobConfig:
+class EvalJobConfig(FabricJobConfig):
     """What ``eval.py`` evaluates: (a) ``model.path=<dir>``, or (b) model + pruner + sparsity (through the
-    pruning cache) + optional ``adapter_dir``.
+    pruning cache) + optional ``adapter_dir``. ``results.json`` / ``results.md`` go to ``output_dir``; with
+    ``devices`` > 1 the processes share the perplexity windows and lm-eval documents of a saved model folder
+    (``model.path``); the shared keys are :class:`~spp.job_base.FabricJobConfig`'s.
 
     Attributes:
         model: The model to load (a merged export is ``model.path=<run_dir>/merged``).
@@ -30,17 +33,8 @@ class EvalJobConfig:
         adapter_dir: SPP adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``) loaded
             on top of the (pruned) model; null = none.
         label: Row name in the table; null = ``<model.name> <pruner.name> <sparsity.name>[ +adapter]``.
-        data_dir: Data root (else ``../shared/data`` when it exists, then the repo's ``data/``).
-        seed: Global seed.
-        cache_dir: Pruning cache root.
-        use_cache: Read / write the pruning cache.
-        output_dir: Where ``results.json`` / ``results.md`` go; null = Hydra's run directory.
         print_config: Print the resolved config as a Rich tree (always saved as
             ``<output_dir>/resolved_config.yaml``).
-        accelerator: ``auto``, ``cpu`` or ``gpu``: where the processes evaluate (``eval.device`` wins when set).
-        devices: Processes per node (Lightning Fabric starts them, or takes those ``torchrun``/``srun`` started):
-            they share the perplexity windows and lm-eval documents of a saved model folder (``model.path``).
-        num_nodes: Nodes.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -52,23 +46,9 @@ class EvalJobConfig:
     logger: LoggersConfig = field(default_factory=LoggersConfig)
     adapter_dir: str | None = None
     label: str | None = None
-    data_dir: str | None = None
-    seed: int = 0
-    cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
-    use_cache: bool = True
-    output_dir: str | None = None
     print_config: bool = False
-    accelerator: str = "auto"
-    devices: int = 1
-    num_nodes: int = 1
-
-    def __post_init__(self) -> None:
-        if self.devices < 1 or self.num_nodes < 1:
-            raise ValueError(f"devices={self.devices} and num_nodes={self.num_nodes} must be >= 1")
-        if self.accelerator not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"accelerator={self.accelerator!r} must be auto, cpu or gpu")
 
 
-def register_configs() -> None:
+def register_eval_schema() -> None:
     """Store :class:`EvalJobConfig` as ``evaluate_schema`` in Hydra's ConfigStore (idempotent)."""
     ConfigStore.instance().store(name="evaluate_schema", node=EvalJobConfig)

@@ -19,7 +19,7 @@ import torch
 from spp.atomic import write_json_atomic
 
 EXPORT_FILE = "spp_export.json"
-FORMAT = 2
+MANIFEST_FORMAT = 2
 """2: ``status``, ``audit`` and ``layout`` added (format 1, before issue 30, had adapter, dtype and pruning)."""
 
 STATUSES = ("ok", "diverged")
@@ -37,7 +37,7 @@ class ExportManifest:
         audit: The zero audit of the merged weights made on the way out (``layers``, ``zeros``, ``total``,
             ``sparsity``, ``kept_zeros_changed`` = ``kept_zeros_filled`` + ``kept_weights_zeroed``).
         layout: How the weights were written (``shards``, ``writers``: ranks that wrote blocks).
-        format: Schema version (:data:`FORMAT`).
+        format: Schema version (:data:`MANIFEST_FORMAT`).
     """
 
     adapter: dict[str, Any]
@@ -46,7 +46,7 @@ class ExportManifest:
     status: str = "ok"
     audit: dict[str, Any] = field(default_factory=dict)
     layout: dict[str, Any] = field(default_factory=dict)
-    format: int = FORMAT
+    format: int = MANIFEST_FORMAT
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

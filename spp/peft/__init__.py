@@ -15,12 +15,12 @@ from spp.peft.layer import SPPLayer
 from spp.peft.loading import from_spp_adapter
 from spp.peft.lora_star import LoraStarConfig, LoraStarModel, from_lora_star_adapter
 from spp.peft.model import SPPModel
-from spp.peft.registration import LORA_STAR_NAME, SPARSE_LORA_NAME, SPARSE_LORA_PREFIX, peft_type, register
+from spp.peft.registration import LORA_STAR_NAME, SPARSE_LORA_NAME, SPARSE_LORA_PREFIX, peft_type, register_with_peft
 from spp.peft.sparse_lora import SparseLoraConfig, SparseLoraModel, from_sparse_lora_adapter
 
-register(SPPConfig, SPPModel)
-register(SparseLoraConfig, SparseLoraModel, name=SPARSE_LORA_NAME, prefix=SPARSE_LORA_PREFIX)
-register(LoraStarConfig, LoraStarModel, name=LORA_STAR_NAME, prefix=SPARSE_LORA_PREFIX)
+register_with_peft(SPPConfig, SPPModel)
+register_with_peft(SparseLoraConfig, SparseLoraModel, name=SPARSE_LORA_NAME, prefix=SPARSE_LORA_PREFIX)
+register_with_peft(LoraStarConfig, LoraStarModel, name=LORA_STAR_NAME, prefix=SPARSE_LORA_PREFIX)
 
 __all__ = ["LoraStarConfig", "LoraStarModel", "SPPConfig", "SPPLayer", "SPPModel", "SparseLoraConfig",
            "SparseLoraModel", "from_lora_star_adapter", "from_sparse_lora_adapter", "from_spp_adapter", "peft_type"]

@@ -3,7 +3,7 @@ when peft injects the adapter (``PeftModel.from_pretrained``, ``load_adapter``).
 
 A config read from a folder (:func:`from_folder`) holds the folder's record in its ``spp_trained_on`` field (``{}``
 when the folder records none); a config made in code holds ``None`` and nothing is checked. The tuners call
-:func:`check` on the plain base model before they replace any layer.
+:func:`check_recorded_base` on the plain base model before they replace any layer.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def from_folder(load: Callable[[], C], path: str | os.PathLike, subfolder: str |
     return config
 
 
-def check(config: PeftConfig, model: nn.Module) -> None:
+def check_recorded_base(config: PeftConfig, model: nn.Module) -> None:
     """Refuse ``model`` when it is not the base ``config``'s folder records (warn when the folder records none);
     nothing for a config made in code."""
     record: dict[str, Any] | None = getattr(config, "spp_trained_on", None)
@@ -93,8 +93,8 @@ class MaskedLoraConfigMixin:
 class MaskedLoraModelMixin:
     """What spp's tuners built on ``LoraModel`` share: default targets (the model's block projections), GPT-2's
     ``Conv1D`` held as ``nn.Linear``, a folder's adapter refused on another base than the one it records
-    (:func:`check`), and ``nn.Linear`` targets only, each replaced by the class's ``layer_class``. Listed before
-    ``LoraModel`` among the bases; the class sets ``layer_class`` and ``label`` (its name in refusals)."""
+    (:func:`check_recorded_base`), and ``nn.Linear`` targets only, each replaced by the class's ``layer_class``.
+    Listed before ``LoraModel`` among the bases; the class sets ``layer_class`` and ``label`` (its name in refusals)."""
 
     layer_class: ClassVar[type[nn.Module]]
     label: ClassVar[str]
@@ -106,7 +106,7 @@ class MaskedLoraModelMixin:
 
     def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
         linearize_conv1d(model)  # GPT-2's Conv1D held as nn.Linear, in place (its state dict keeps Conv1D's layout)
-        check(peft_config, model)
+        check_recorded_base(peft_config, model)
         super()._prepare_model(peft_config, model)  # type: ignore[misc]
 
     @classmethod

@@ -9,7 +9,8 @@ from typing import Any
 from peft.config import PeftConfig
 
 from spp.adapters.methods.spp import io as spp_io
-from spp.adapters.methods.spp.config import SPPConfig as _PaperDefaults
+from spp.adapters.methods.spp.config import LAYER_KEYS
+from spp.adapters.methods.spp.config import SPPAdapterConfig as _PaperDefaults
 from spp.adapters.methods.spp.layer import _check_settings
 from spp.peft.base_record import from_folder
 from spp.peft.registration import peft_type
@@ -84,7 +85,7 @@ class SPPConfig(PeftConfig):
 
     def layer_kwargs(self) -> dict[str, Any]:
         """The :class:`~spp.adapters.methods.spp.layer.SPPLinear` keyword arguments (``spp.inject``'s)."""
-        return {key: getattr(self, key) for key in spp_io.LAYER_KEYS}
+        return {key: getattr(self, key) for key in LAYER_KEYS}
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,

@@ -9,8 +9,8 @@ from typing import Any
 from peft import PeftModel
 from torch import nn
 
-from spp.adapters.base import read_json_file
-from spp.adapters.methods.spp.io import CONFIG_NAME, PEFT_TYPE, WEIGHTS_NAME
+from spp.adapters.base import CONFIG_NAME, WEIGHTS_NAME, read_json_file
+from spp.adapters.methods.spp.io import PEFT_TYPE
 from spp.peft.config import SPPConfig
 
 

@@ -11,7 +11,7 @@ from torch import nn
 
 from spp.models.conv1d import linearize_conv1d
 from spp.peft.architecture import resolve_default_targets
-from spp.peft.base_record import check
+from spp.peft.base_record import check_recorded_base
 from spp.peft.config import SPPConfig
 from spp.peft.layer import SPPLayer
 from spp.peft.registration import PREFIX
@@ -60,9 +60,10 @@ class SPPModel(BaseTuner):
 
     def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
         """GPT-2's ``Conv1D`` layers become ``nn.Linear`` (their state dict keeps ``Conv1D``'s layout); a folder's
-        adapter is refused on another base than the one it records (:func:`spp.peft.base_record.check`)."""
+        adapter is refused on another base than the one it records
+        (:func:`spp.peft.base_record.check_recorded_base`)."""
         linearize_conv1d(model)  # GPT-2's Conv1D held as nn.Linear, in place
-        check(peft_config, model)
+        check_recorded_base(peft_config, model)
 
     def _create_and_replace(self, peft_config: SPPConfig, adapter_name: str, target: nn.Module, target_name: str,
                             parent: nn.Module, current_key: str, parameter_name: str | None = None,

@@ -3,8 +3,9 @@
 peft's :func:`peft.utils.register_peft_method` accepts only names that :class:`peft.PeftType` lists, and that enum
 has no way to add a member from outside peft; :func:`peft_type` adds ``SPP`` (or ``SPARSE_LORA``) to it (the same
 member object peft's own members are: a ``str`` equal to its name, so ``"SPP"`` read from ``adapter_config.json``
-finds it in peft's mappings). :func:`register` then calls ``register_peft_method`` once per process; calling it again
-(a second import, ``importlib.reload``) points peft at the current classes instead of failing on the duplicate name.
+finds it in peft's mappings). :func:`register_with_peft` then calls ``register_peft_method`` once per process;
+calling it again (a second import, ``importlib.reload``) points peft at the current classes instead of failing on
+the duplicate name.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def peft_type(name: str = NAME) -> PeftType:
     return member
 
 
-def register(config_cls: type, model_cls: type, name: str = NAME, prefix: str = PREFIX) -> None:
+def register_with_peft(config_cls: type, model_cls: type, name: str = NAME, prefix: str = PREFIX) -> None:
     """Register ``config_cls`` / ``model_cls`` as peft's method ``name`` (``get_peft_model``,
     ``PeftModel.from_pretrained``); a no-op when they are registered already.
 

@@ -24,7 +24,7 @@ from spp.pruning.engine import PruneResult, prune_model
 from spp.pruning.patterns import NMCheck, check_nm, sparsity_summary
 from spp.pruning.registry import get_pruner, pruner_config, pruner_names, register_pruner
 from spp.pruning.report import PruneReport
-from spp.pruning.targets import current_masks, target_linears
+from spp.pruning.targets import current_masks, prunable_linears
 
 __all__ = [
     "ATTENTION_TARGETS",
@@ -50,5 +50,5 @@ __all__ = [
     "pruner_names",
     "register_pruner",
     "sparsity_summary",
-    "target_linears",
+    "prunable_linears",
 ]

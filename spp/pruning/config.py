@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
+from spp.job_base import CacheLockJobConfig, FabricJobConfig
 from spp.models.config import ModelConfig
 from spp.projections import DEFAULT_TARGETS
 from spp.pruning.reconstruction.config import ReconstructConfig
@@ -172,8 +173,10 @@ class CalibrationConfig:
 
 
 @dataclass
-class PruneJobConfig:
-    """Top-level config of ``prune.py`` (``conf/prune.yaml``).
+class PruneJobConfig(CacheLockJobConfig, FabricJobConfig):
+    """Top-level config of ``prune.py`` (``conf/prune.yaml``): the pruned model and its records go to
+    ``output_dir``; the shared keys are :class:`~spp.job_base.CacheLockJobConfig`'s and
+    :class:`~spp.job_base.FabricJobConfig`'s.
 
     Attributes:
         model: Which model to prune.
@@ -181,17 +184,8 @@ class PruneJobConfig:
         sparsity: Which pattern.
         calibration: Calibration data.
         reconstruct: Block-wise reconstruction against the dense model after pruning (``reconstruct=blockwise``).
-        data_dir: Directory holding full-size data (``c4/...``, ``wikitext2/...``); null = defaults.
-        seed: Global seed (calibration sampling has its own ``calibration.seed``).
-        cache_dir: Root of the pruning cache.
-        use_cache: Re-use / write the cache; false always prunes and writes nothing there.
         device: Where each block is processed (``cuda``, ``cpu``, ``cuda:1``); null = cuda when available.
         save_model: Write the pruned model with ``save_pretrained`` (and the tokenizer) to the run directory.
-        output_dir: Run directory; null = Hydra's run directory.
-        cache_lock_timeout_s: Seconds to wait for another job that is writing the same cache entry.
-        accelerator: ``auto``, ``cpu`` or ``gpu``: where the ranks prune (``device`` wins when set).
-        devices: Processes per node (Lightning Fabric launches them, or takes those ``torchrun``/``srun`` started).
-        num_nodes: Nodes.
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -199,19 +193,10 @@ class PruneJobConfig:
     sparsity: SparsityConfig = field(default_factory=lambda: SparsityConfig(name="nm2_4", kind="nm", n=2, m=4))
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
-    data_dir: str | None = None
-    seed: int = 0
-    cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
-    use_cache: bool = True
     device: str | None = None
     save_model: bool = True
-    output_dir: str | None = None
-    cache_lock_timeout_s: float = 7200.0
-    accelerator: str = "auto"
-    devices: int = 1
-    num_nodes: int = 1
 
 
-def register_prune_configs() -> None:
+def register_prune_schema() -> None:
     """Register ``PruneJobConfig`` in Hydra's ConfigStore as ``prune_schema`` (the first default of prune.yaml)."""
     ConfigStore.instance().store(name="prune_schema", node=PruneJobConfig)

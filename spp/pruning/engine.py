@@ -43,7 +43,7 @@ from spp.pruning.patterns import check_layer_fits, sparsity_summary
 from spp.pruning.registry import NO_PRUNING, get_pruner
 from spp.pruning.report import PruneReport, build_report, report_from_layers
 from spp.pruning.statistics import InputStatistics
-from spp.pruning.targets import block_linears, target_linears
+from spp.pruning.targets import block_linears, prunable_linears
 
 TRUE_SEQUENTIAL_GROUPS: tuple[tuple[str, ...], ...] = (
     ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn"),
@@ -95,7 +95,7 @@ def validate_for_model(
             blocksize) or an unknown pruner, naming the config key or the layer.
     """
     pruner, sparsity, calibration = pruner.validate(), sparsity.validate(), calibration.validate()
-    linears = target_linears(model, pruner.targets)
+    linears = prunable_linears(model, pruner.targets)
     if not sparsity.is_dense and pruner.name != NO_PRUNING:
         for name, linear in linears.items():
             check_layer_fits(name, linear.weight.shape, sparsity)

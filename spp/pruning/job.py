@@ -24,7 +24,7 @@ from spp.pruning.engine import PruneResult, prune_offloaded
 from spp.pruning.patterns import sparsity_summary
 from spp.pruning.reconstruction.engine import ReconstructResult
 from spp.pruning.reconstruction.phase import frozen_copy, probe, reconstruct_phase
-from spp.pruning.targets import target_linears
+from spp.pruning.targets import prunable_linears
 
 
 def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenizer: Any,
@@ -47,7 +47,7 @@ def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenize
                                           job.cache_lock_timeout_s)
 
 
-def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
+def prune_job(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
     """Load, prune (through the cache unless ``use_cache=false``), audit and save; returns the timing record
     (``None`` on ranks other than 0).
 
@@ -72,7 +72,7 @@ def run(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
         timing["reconstruct"] = reconstruction.timings
         write_json_atomic(output_dir / "reconstruction.json", reconstruction.summary())
     nm = (job.sparsity.n, job.sparsity.m) if job.sparsity.kind == "nm" else (None, None)
-    summary = sparsity_summary({n: m.weight for n, m in target_linears(model, job.pruner.targets).items()}, *nm)
+    summary = sparsity_summary({n: m.weight for n, m in prunable_linears(model, job.pruner.targets).items()}, *nm)
     summary.update(
         model=job.model.name, pruner=job.pruner.name, sparsity=job.sparsity.name,
         target_ratio=job.sparsity.target_ratio,

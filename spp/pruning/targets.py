@@ -9,7 +9,7 @@ from torch import nn
 
 from spp.projections import DEFAULT_TARGETS, block_projections, decoder_layers, find_projections, matches, names_in
 
-__all__ = ["block_linears", "current_masks", "decoder_layers", "target_linears"]
+__all__ = ["block_linears", "current_masks", "decoder_layers", "prunable_linears"]
 
 
 def block_linears(block: nn.Module, targets: Iterable[str]) -> dict[str, nn.Linear]:
@@ -19,7 +19,7 @@ def block_linears(block: nn.Module, targets: Iterable[str]) -> dict[str, nn.Line
     return {name: module for name, module in block_projections(block).items() if matches(name, targets)}
 
 
-def target_linears(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, nn.Linear]:
+def prunable_linears(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, nn.Linear]:
     """All prunable linears in decoder order, keyed by qualified name (``model.layers.0.self_attn.q_proj``); the
     default targets stand for every linear projection of the blocks (:func:`spp.projections.resolve_targets`).
 

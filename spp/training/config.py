@@ -3,7 +3,7 @@
 Groups owned here: ``adapter`` (spp, lora, none), ``objective`` (the training loss: its schema per option is
 registered by ``spp.training.objectives``), ``trainer``, ``strategy``, ``logger`` (csv, wandb,
 tensorboard, several at once), plus the ``experiment`` and ``debug`` presets (global packages, no schema of
-their own). :func:`register_configs` stores the top-level :class:`TrainJobConfig` in Hydra's ConfigStore as
+their own). :func:`register_train_schema` stores the top-level :class:`TrainJobConfig` in Hydra's ConfigStore as
 ``train_schema`` so every group option is merged into a typed node and a misspelled key or a wrong type fails
 at compose time with the key named.
 """
@@ -23,6 +23,7 @@ from spp.data.config import DataConfig
 from spp.errors import to_job
 from spp.eval.config import EvalConfig
 from spp.generation import FIXED_PROMPT
+from spp.job_base import CacheLockJobConfig
 from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
@@ -295,13 +296,11 @@ class GuardsConfig:
 
 
 @dataclass
-class TrainJobConfig:
-    """The typed top-level config of ``train.py`` (``conf/train.yaml``).
+class TrainJobConfig(CacheLockJobConfig):
+    """The typed top-level config of ``train.py`` (``conf/train.yaml``); the shared keys are
+    :class:`~spp.job_base.CacheLockJobConfig`'s.
 
     Attributes:
-        data_dir: Data root (else ``../shared/data`` when it exists, then the repo's ``data/``).
-        seed: Global seed (model init of ``tiny``, dropout, shuffling).
-        cache_dir: Pruning cache (a sweep over adapter settings prunes once).
         reconstruct: Block-wise reconstruction after pruning, before training (``reconstruct=blockwise``;
             :class:`~spp.pruning.reconstruction.config.ReconstructConfig`, ``docs/reconstruction.md``).
         run_dir: Output directory; ``None`` = Hydra's job output directory (or ``outputs/train`` outside Hydra).
@@ -316,8 +315,6 @@ class TrainJobConfig:
             WikiText-2 *validation* perplexity: needs ``wikitext2_val`` in ``eval.ppl_source`` or
             ``eval.extra_ppl_sources``), ``ppl_merged`` (WikiText-2 *test* perplexity: for reporting, never for
             selection) or ``none``.
-        cache_lock_timeout_s: Seconds to wait for another job that is writing the same pruning cache entry
-            (then one line and exit 2).
         plan: Print the job's memory and time plan (per phase: device, GPU GiB per device, host GiB per node,
             disk, time; ``docs/plan.md``) from the model's config alone and exit, reading no weight or data file.
         plan_json: With ``plan=true``, also write the plan as JSON to this file (``-`` = stdout, instead of the
@@ -338,16 +335,12 @@ class TrainJobConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
-    data_dir: str | None = None
-    seed: int = 0
-    cache_dir: str = "${oc.env:SPP_CACHE_DIR,${oc.env:HOME}/.cache/spp}"
     run_dir: str | None = None
     dense_ppl: bool = True
     pruned_ppl: bool = True
     print_config: bool = False
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     sweep_objective: SweepObjective = SweepObjective.val_loss
-    cache_lock_timeout_s: float = 7200.0
     plan: bool = False
     plan_json: str | None = None
 
@@ -359,8 +352,7 @@ class TrainJobConfig:
                              "and keep eval.ppl=true")
         if self.trainer.curve_every_n_steps is not None:
             curve_refusal(self)
-        if not self.cache_lock_timeout_s > 0:
-            raise ValueError(f"cache_lock_timeout_s={self.cache_lock_timeout_s} must be > 0 (seconds)")
+        super().__post_init__()
         if self.trainer.global_batch_size is not None and self.trainer.global_batch_size % self.data.train_batch_size:
             raise ValueError(
                 f"trainer.global_batch_size={self.trainer.global_batch_size} is not a multiple of "
@@ -397,7 +389,7 @@ def curve_refusal(job: TrainJobConfig, world: int | None = None) -> None:
                          "strategy=auto or trainer.curve_every_n_steps=null")
 
 
-def register_configs() -> None:
+def register_train_schema() -> None:
     """Store :class:`TrainJobConfig` as ``train_schema`` in Hydra's ConfigStore (idempotent)."""
     ConfigStore.instance().store(name="train_schema", node=TrainJobConfig)
 

@@ -29,7 +29,7 @@ def _plain(obj: Any, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
             if keys is None or k in keys}
 
 
-def pruning_settings(job: Any) -> dict[str, dict[str, Any]]:
+def pruning_groups(job: Any) -> dict[str, dict[str, Any]]:
     """What decides the pruned weights, as ``settings_of`` groups: the model files' content identity
     (``model.weights``), the pruning cache key's pruner and calibration fields (with the calibration file's sha256),
     the pruning code version and the key's digest (``pruning.*``)."""
@@ -61,10 +61,10 @@ def world_of(job: Any) -> dict[str, Any]:
 
 def settings_of(job: Any) -> dict[str, Any]:
     """The settings a checkpoint must match to be resumed (stored as ``spp_settings``): the adapter, the model (name,
-    path, content identity), everything that decides the pruned weights (:func:`pruning_settings`), the data and
+    path, content identity), everything that decides the pruned weights (:func:`pruning_groups`), the data and
     the optimisation (:data:`RESUME_DATA_KEYS`, :data:`RESUME_TRAINER_KEYS`), and the processes (:func:`world_of`,
     compared by :func:`check_world`)."""
-    pruning = pruning_settings(job)
+    pruning = pruning_groups(job)
     return {"world": world_of(job), "adapter": _plain(job.adapter),
             "model": {"name": job.model.name, "path": job.model.path, **pruning.pop("model")},
             "pruner": {"name": job.pruner.name, **pruning.pop("pruner", {})}, "sparsity": _plain(job.sparsity),

@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 from spp.atomic import is_disk_full
 from spp.distributed import DistContext
 from spp.errors import UserError
+from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
 from spp.models.loading import model_identity
 from spp.models.offload import OffloadedModel
@@ -53,9 +54,6 @@ from spp.pruning.report import report_from_layers
 
 PRUNING_CODE_VERSION = "2"  # 2: SparseGPT's Hessian summed exactly (the same masks on any number of ranks)
 """Bump when a change to the pruning code changes its results: old cache entries then stop matching."""
-
-DEFAULT_LOCK_TIMEOUT_S = 7200.0
-"""How long a job waits for another job writing the same entry before it gives up (``cache_lock_timeout_s``)."""
 
 READ_MARGIN_S = 3600.0
 """Beyond ``cache_lock_timeout_s``: how long rank 0 may take alone to read the weights, apply or finish an entry."""

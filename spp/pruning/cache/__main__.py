@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spp.paths import default_cache_dir
 from spp.pruning.cache.store import CorruptEntryError, entry_size, list_entries, read_manifest, remove_entry
-
-
-def default_cache_dir() -> Path:
-    """``$SPP_CACHE_DIR`` or ``~/.cache/spp`` (the ``cache_dir`` config default)."""
-    return Path(os.environ.get("SPP_CACHE_DIR", Path.home() / ".cache" / "spp"))
 
 
 @dataclass

@@ -30,7 +30,7 @@ from spp.errors import UserError
 
 log = logging.getLogger(__name__)
 
-UNSUPPORTED = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
+UNSUPPORTED_ERRNOS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 """``flock`` errors that mean the filesystem does not support locks (not that the lock is held)."""
 
 _probed: set[str] = set()
@@ -53,7 +53,7 @@ def check_locks_work(path: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(fd, fcntl.LOCK_UN)
     except OSError as err:
-        if err.errno in UNSUPPORTED:
+        if err.errno in UNSUPPORTED_ERRNOS:
             raise UserError(
                 f"the filesystem of the pruning cache {directory} does not support file locks (flock: "
                 f"{os.strerror(err.errno)}), so concurrent jobs could prune and write the same entry twice",

@@ -48,7 +48,7 @@ class ReconstructSchedule(str, Enum):
     constant = "constant"
 
 
-METHODS = ("none", "blockwise")
+RECONSTRUCTIONS = ("none", "blockwise")
 
 
 @dataclass
@@ -109,7 +109,7 @@ class ReconstructConfig:
     def validate(self) -> ReconstructConfig:
         """Raise :class:`UserError` naming the key when a value is out of range; return ``self``."""
         checks = [
-            (self.name in METHODS, "name", f"choose one of {list(METHODS)}"),
+            (self.name in RECONSTRUCTIONS, "name", f"choose one of {list(RECONSTRUCTIONS)}"),
             (self.nsamples >= 1, "nsamples", "set it >= 1"),
             (self.seqlen >= 2, "seqlen", "set it >= 2"),
             (self.epochs >= 1, "epochs", "set it >= 1 (reconstruct=none turns reconstruction off)"),

@@ -34,6 +34,7 @@ from spp.adapters.config import AdapterConfig
 from spp.adapters.registry import before_optimizer_step, get_method, method_names, option_config
 from spp.errors import UserError
 from spp.models.block_runner import BlockRunner, Call, buffers_on
+from spp.models.config import DTYPES
 from spp.models.offload import OffloadedModel
 from spp.projections import model_targets
 from spp.pruning.calibration_data import draw_calibration
@@ -50,8 +51,6 @@ from spp.pruning.reconstruction.train_block import mean_loss, train_form
 from spp.pruning.targets import block_linears
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass

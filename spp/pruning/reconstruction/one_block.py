@@ -18,7 +18,7 @@ from spp.adapters.config import AdapterConfig
 from spp.adapters.registry import apply_adapter, merge_adapter
 from spp.pruning.masks import MaskSet
 
-PREFIX = "layers.0"
+BLOCK_PATH = "layers.0"
 
 
 class OneBlock(nn.Module):
@@ -36,7 +36,7 @@ class OneBlock(nn.Module):
 def block_masks(masks: MaskSet, block_prefix: str) -> dict[str, torch.Tensor]:
     """The masks of the linears under ``block_prefix`` (``model.layers.3``), named as inside :class:`OneBlock`."""
     start = block_prefix + "."
-    return {f"{PREFIX}.{name[len(start):]}": masks[name] for name in masks if name.startswith(start)}
+    return {f"{BLOCK_PATH}.{name[len(start):]}": masks[name] for name in masks if name.startswith(start)}
 
 
 class FormedBlock:
@@ -62,7 +62,7 @@ class FormedBlock:
     @property
     def block(self) -> nn.Module:
         """The block as the forward pass uses it now (with the form while attached)."""
-        return self.wrapper.get_submodule(PREFIX)
+        return self.wrapper.get_submodule(BLOCK_PATH)
 
     @torch.no_grad()
     def merge(self) -> dict[str, Any]:

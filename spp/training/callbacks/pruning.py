@@ -37,12 +37,14 @@ from spp.eval.config import EvalConfig
 from spp.eval.offloaded import cached_offloaded_perplexity
 from spp.eval.ppl_cache import weights_key
 from spp.generation import generate_text
+from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
 from spp.models.conv1d import linearize_conv1d
 from spp.models.identity import built_config, weights_fingerprint
 from spp.models.loading import load_for_rank, load_tokenizer
 from spp.models.offload import OffloadedModel
-from spp.pruning.cache import DEFAULT_LOCK_TIMEOUT_S, READ_MARGIN_S, prune_cached
+from spp.paths import default_cache_dir
+from spp.pruning.cache import READ_MARGIN_S, prune_cached
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult
 from spp.pruning.masks import MaskSet, ZeroPattern
@@ -64,7 +66,7 @@ class PruningSettings:
         sparsity: Which pattern.
         calibration: Calibration data.
         cache_dir: Root of the pruning and perplexity caches (``None``: the pruning cache is still used under
-            ``~/.cache/spp``; perplexities are not cached).
+            :func:`~spp.paths.default_cache_dir`; perplexities are not cached).
         data_dir: Data root override.
         eval: Perplexity settings (``None``: no perplexity is measured).
         dense_ppl: Measure the dense model's perplexity before pruning.
@@ -123,7 +125,7 @@ class PrunedModel:
     reconstruction: ReconstructResult | None = None
 
 
-def ppl_text(entry: dict[str, Any] | None) -> str:
+def ppl_log_text(entry: dict[str, Any] | None) -> str:
     """``30.64 [27.1, 34.5] (wikitext2, seqlen 512, 8 windows; 41.2 s)`` — a perplexity entry in one log line."""
     if not entry:
         return "-"
@@ -154,7 +156,7 @@ def _ppl(off: OffloadedModel, tokenizer: Any, settings: PruningSettings, which: 
                weights_key(settings.model, settings.pruner, settings.sparsity, settings.calibration, settings.data_dir))
     entry = cached_offloaded_perplexity(off, tokenizer, settings.eval, weights, settings.cache_dir, settings.data_dir)
     if off.ctx.is_main:
-        log.info("%s perplexity: %s", which, ppl_text(entry))
+        log.info("%s perplexity: %s", which, ppl_log_text(entry))
     return entry
 
 
@@ -172,8 +174,9 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     else:
         settings = identify_built(settings, model, ctx)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.model)
+    cache_dir = settings.cache_dir or str(default_cache_dir())
     found = probe(settings.reconstruct, settings.model, settings.pruner, settings.sparsity, settings.calibration,
-                  settings.cache_dir or "~/.cache/spp", settings.data_dir, ctx)
+                  cache_dir, settings.data_dir, ctx)
     dense = frozen_copy(model) if settings.keep_dense or found.needs_dense else None
     samples = {}
     if settings.sample and not ctx.distributed:
@@ -187,7 +190,7 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
                  settings.sparsity.name, ctx.world, settings.calibration.nsamples, settings.calibration.seqlen,
                  settings.calibration.source)
     result = prune_cached(off, tokenizer, settings.model, settings.pruner, settings.sparsity, settings.calibration,
-                          settings.cache_dir or "~/.cache/spp", settings.data_dir, keep_masks=settings.keep_masks,
+                          cache_dir, settings.data_dir, keep_masks=settings.keep_masks,
                           lock_timeout_s=settings.lock_timeout_s)
     seconds["prune_or_load"] = round(time.perf_counter() - t0, 2)
     _log_result(result, settings, seconds["prune_or_load"], ctx)

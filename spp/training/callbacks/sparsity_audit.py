@@ -13,19 +13,17 @@ from torch import nn
 from spp.adapters.base import AdapterMethod
 from spp.adapters.registry import get_method, method_names
 from spp.distributed import DistContext
+from spp.export.merged import plain_name
 from spp.gathering import Gatherer, gatherer_for
 from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
 
 log = logging.getLogger(__name__)
-WRAPPER_PREFIXES = ("base_model.model.",)
 WRAPPER_SUFFIXES = (".base_layer", ".base")
 
 
 def original_name(name: str) -> str:
     """Strip adapter wrappers (PEFT's ``base_model.model.`` / ``.base_layer``, SPP's ``.base``) from a path."""
-    for prefix in WRAPPER_PREFIXES:
-        if name.startswith(prefix):
-            name = name[len(prefix):]
+    name = plain_name(name)
     for suffix in WRAPPER_SUFFIXES:
         if name.endswith(suffix):
             name = name[: -len(suffix)]

@@ -12,7 +12,7 @@ from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, Masks, MergedLayer, linear_tensors, read_json_file
+from spp.adapters.base import CONFIG_NAME, AdapterMethod, Masks, MergedLayer, linear_tensors, read_json_file
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.lora.config import LoRAConfig
 from spp.adapters.methods.lora.remask import (
@@ -27,7 +27,6 @@ from spp.errors import UserError
 
 PEFT_TYPE = "LORA_STAR"
 """``adapter_config.json``'s ``peft_type`` of a LoRA* folder (``spp.peft.LoraStarConfig``); ``LORA`` before."""
-PEFT_CONFIG = "adapter_config.json"
 
 
 def read_lora_star_config(directory: str | Path) -> LoraConfig:
@@ -37,9 +36,9 @@ def read_lora_star_config(directory: str | Path) -> LoraConfig:
     Raises:
         FileNotFoundError: no ``adapter_config.json``. ValueError: another ``peft_type``, or a damaged file.
     """
-    path = Path(directory) / PEFT_CONFIG
+    path = Path(directory) / CONFIG_NAME
     if not path.is_file():
-        raise FileNotFoundError(f"No {PEFT_CONFIG} in {directory}; expected the adapter folder of an adapter=lora run")
+        raise FileNotFoundError(f"No {CONFIG_NAME} in {directory}; expected the adapter folder of an adapter=lora run")
     saved = read_json_file(path)
     if saved.get("peft_type") not in ("LORA", PEFT_TYPE):
         raise ValueError(f"{path} is not a LoRA* adapter (peft_type={saved.get('peft_type')!r})")
@@ -69,7 +68,7 @@ class LoRAStar(AdapterMethod):
         of merging it as plain LoRA (``W~ + s·B A`` fills every pruned zero); ``spp.peft`` registers the type with
         a merge that re-masks."""
         model.save_pretrained(directory)
-        path = Path(directory) / PEFT_CONFIG
+        path = Path(directory) / CONFIG_NAME
         text = json.dumps({**read_json_file(path), "peft_type": PEFT_TYPE}, indent=2, sort_keys=True)
         write_file_atomic(path, lambda p: p.write_text(text + "\n"))
 

@@ -58,19 +58,6 @@ def lora_layers(model: PeftModel) -> Iterator[tuple[str, LoraLayer]]:
             yield name, module
 
 
-def masks_from_weights(model: nn.Module, targets: Sequence[str] = LORA_TARGETS) -> dict[str, torch.Tensor]:
-    """Return ``{module name: weight != 0}`` for the target linears of a pruned (not yet adapted) model.
-
-    For when the pruning masks are not at hand: the zeros of the pruned model are its mask (pruned
-    weights are exactly zero; a kept weight that happens to be exactly zero is treated as pruned).
-    """
-    return {
-        name: module.weight.detach() != 0
-        for name, module in model.named_modules()
-        if isinstance(module, nn.Linear) and name.rsplit(".", 1)[-1] in targets
-    }
-
-
 @dataclass
 class LayerRemaskStats:
     """What re-masking removed from one merged layer.

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, Masks, freeze_all, read_adapter_files
+from spp.adapters.base import WEIGHTS_NAME, AdapterMethod, Masks, freeze_all, read_adapter_files
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.norms.config import NormsConfig
 from spp.atomic import write_file_atomic
@@ -21,7 +21,6 @@ from spp.version import __version__
 
 FORMAT = "norms"
 META_NAME = "norms.json"
-WEIGHTS_NAME = "adapter_model.safetensors"
 
 
 def is_norm(module: nn.Module) -> bool:

@@ -30,14 +30,20 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from spp.adapters.base import LinearWrapper, freeze_all, read_adapter_files, set_submodule, target_linears
+from spp.adapters.base import (
+    WEIGHTS_NAME,
+    LinearWrapper,
+    freeze_all,
+    read_adapter_files,
+    set_submodule,
+    target_linears,
+)
 from spp.adapters.chunks import row_chunks
 from spp.atomic import write_file_atomic
 from spp.version import __version__
 
 FORMAT = "scale_lora"
 META_NAME = "scale_lora.json"
-WEIGHTS_NAME = "adapter_model.safetensors"
 
 
 def _compute_dtype(x: torch.Tensor) -> torch.dtype:

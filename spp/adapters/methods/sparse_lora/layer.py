@@ -36,6 +36,7 @@ from peft.utils import load_peft_weights, set_peft_model_state_dict
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from spp.adapters.base import CONFIG_NAME
 from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS, MAX_DELTA_ELEMENTS, row_chunks
 from spp.atomic import write_file_atomic
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
@@ -44,7 +45,6 @@ from spp.version import __version__
 
 FORMAT = "sparse_lora"
 META_NAME = "sparse_lora.json"
-CONFIG_NAME = "adapter_config.json"
 PEFT_TYPE = "SPARSE_LORA"
 """``adapter_config.json``'s ``peft_type``: ``peft.PeftModel.from_pretrained`` reads the folder as SparsePEFT once
 ``spp.peft`` is imported (folders written before say ``"LORA"``; spp's loader reads both)."""

@@ -1,7 +1,7 @@
 """``adapter=spp``: SPP itself (paper Sec. 3.2): its config (``config``), the equations (``functional``), the layer
 (``layer``), model-level inject / merge (``model``), adapter files (``io``) and the registered method (``method``)."""
 
-from spp.adapters.methods.spp.config import Impl, Init, SPPConfig
+from spp.adapters.methods.spp.config import Impl, Init, SPPAdapterConfig
 from spp.adapters.methods.spp.functional import (
     SPPFusedFunction,
     adapted_weight,
@@ -24,7 +24,7 @@ __all__ = [
     "METHOD",
     "Impl",
     "Init",
-    "SPPConfig",
+    "SPPAdapterConfig",
     "SPPFusedFunction",
     "SPPLinear",
     "adapted_weight",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import ClassVar
 
 from spp.adapters.config import AdapterConfig, check_dropout, check_rank
@@ -28,7 +28,7 @@ class Impl(Choice):
 
 
 @dataclass
-class SPPConfig(AdapterConfig):
+class SPPAdapterConfig(AdapterConfig):
     """SPP: ``alpha`` (r x n) and ``beta`` (m x 1) scale the frozen pruned weight element-wise (Eq. 5/6).
 
     Attributes:
@@ -61,3 +61,8 @@ class SPPConfig(AdapterConfig):
         check_dropout(self.dropout)
         if not math.isfinite(self.scale):
             raise ValueError(f"adapter.scale={self.scale} must be a finite number")
+
+
+LAYER_KEYS = tuple(f.name for f in fields(SPPAdapterConfig) if f.name not in {g.name for g in fields(AdapterConfig)})
+"""SPP's own settings (``r`` ... ``residual``): the :class:`~spp.adapters.methods.spp.layer.SPPLinear` keyword
+arguments an adapter folder records, in :class:`SPPAdapterConfig`'s order."""

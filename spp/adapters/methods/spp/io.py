@@ -11,24 +11,21 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from spp.adapters.base import load_tensor_file, read_json_file
+from spp.adapters.base import CONFIG_NAME, WEIGHTS_NAME, load_tensor_file, read_json_file
+from spp.adapters.methods.spp.config import LAYER_KEYS
 from spp.adapters.methods.spp.model import adapter_state_dict, inject, spp_layers
 from spp.atomic import write_file_atomic
 from spp.version import __version__
 
-CONFIG_NAME = "adapter_config.json"
-WEIGHTS_NAME = "adapter_model.safetensors"
 FORMAT = "spp"
 PEFT_TYPE = "SPP"
 """``adapter_config.json``'s ``peft_type``: ``peft.PeftModel.from_pretrained`` reads the folder once ``spp.peft`` is
 imported (it registers SPP with peft); spp's own loader reads ``format``."""
-LAYER_KEYS = ("r", "scale", "dropout", "alpha_init", "beta_init", "use_beta", "impl", "residual")
 
 
 def _layer_kwargs(layer: Any) -> dict[str, Any]:
-    return {"r": layer.r, "scale": layer.scale, "dropout": layer.dropout_p, "alpha_init": layer.alpha_init,
-            "beta_init": layer.beta_init, "use_beta": layer.use_beta, "impl": layer.impl,
-            "residual": layer.residual}
+    """An ``SPPLinear``'s settings under :data:`LAYER_KEYS` (its dropout probability is ``dropout_p``)."""
+    return {key: getattr(layer, "dropout_p" if key == "dropout" else key) for key in LAYER_KEYS}
 
 
 def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: dict[str, Any] | None = None) -> Path:

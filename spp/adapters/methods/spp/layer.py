@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spp.adapters.base import LinearWrapper
+from spp.adapters.methods.spp.config import Impl, Init, SPPAdapterConfig
 from spp.adapters.methods.spp.functional import (
     SPPFusedFunction,
     adapted_weight,
@@ -19,17 +20,17 @@ from spp.adapters.methods.spp.functional import (
     repeat_alpha,
 )
 
-IMPLS: tuple[str, ...] = ("fused", "naive", "blocked", "fused_cached")
+IMPLS: tuple[str, ...] = tuple(str(impl) for impl in Impl)
 """Exact implementations of Eq. 6: ``fused`` (custom autograd, 3 full-size products per step without dropout),
 ``naive`` (materializes Eq. 5), ``blocked`` (the paper's Eq. 7), ``fused_cached`` (``fused`` that keeps the
 forward's ``W_eff`` / ``W'`` for the backward instead of rebuilding it: + one out x in tensor per layer)."""
 
 FUSED_IMPLS: tuple[str, ...] = ("fused", "fused_cached")
 
-DEFAULT_IMPL = "fused"
+DEFAULT_IMPL = str(SPPAdapterConfig.impl)
 """Fastest measured on CPU (``benchmarks/layer_bench.py``, results in ``experiments/results/``)."""
 
-INITS: tuple[str, ...] = ("kaiming", "zeros", "ones")
+INITS: tuple[str, ...] = tuple(str(init) for init in Init)
 
 
 def _divisors(m: int, limit: int = 24) -> list[int]:
@@ -107,15 +108,15 @@ class SPPLinear(LinearWrapper):
     def __init__(
         self,
         base: nn.Linear,
-        r: int = 16,
-        scale: float = 2.0,
-        dropout: float = 0.05,
-        alpha_init: str = "kaiming",
-        beta_init: str = "zeros",
-        use_beta: bool = True,
+        r: int = SPPAdapterConfig.r,
+        scale: float = SPPAdapterConfig.scale,
+        dropout: float = SPPAdapterConfig.dropout,
+        alpha_init: str = str(SPPAdapterConfig.alpha_init),
+        beta_init: str = str(SPPAdapterConfig.beta_init),
+        use_beta: bool = SPPAdapterConfig.use_beta,
         impl: str = DEFAULT_IMPL,
         name: str | None = None,
-        residual: bool = True,
+        residual: bool = SPPAdapterConfig.residual,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()

@@ -11,19 +11,20 @@ from torch import nn
 
 from spp.adapters.base import AdapterMethod, ExternalParameters, Full, Masks, MergedLayer, Shapes, linear_tensors
 from spp.adapters.config import AdapterConfig
-from spp.adapters.methods.spp.config import SPPConfig
+from spp.adapters.methods.spp.config import LAYER_KEYS, SPPAdapterConfig
 from spp.adapters.methods.spp.functional import adapted_weight, merge_factor
 from spp.adapters.methods.spp.io import load_adapter, read_adapter_config, save_adapter
 from spp.adapters.methods.spp.layer import SPPLinear
 from spp.adapters.methods.spp.model import external_parameters, inject, merge_and_unload
+from spp.choices import Choice
 from spp.errors import UserError
 
 
-def layer_kwargs(cfg: SPPConfig) -> dict[str, Any]:
-    """The :class:`~spp.adapters.methods.spp.layer.SPPLinear` keyword arguments held by an ``adapter=spp`` config."""
-    return {"r": cfg.r, "scale": cfg.scale, "dropout": cfg.dropout, "alpha_init": str(cfg.alpha_init),
-            "beta_init": str(cfg.beta_init), "use_beta": cfg.use_beta, "impl": str(cfg.impl),
-            "residual": cfg.residual, "dtype": cfg.torch_dtype}
+def layer_kwargs(cfg: SPPAdapterConfig) -> dict[str, Any]:
+    """The :class:`~spp.adapters.methods.spp.layer.SPPLinear` keyword arguments held by an ``adapter=spp`` config
+    (a choice as its bare value)."""
+    values = {key: getattr(cfg, key) for key in LAYER_KEYS}
+    return {**{k: str(v) if isinstance(v, Choice) else v for k, v in values.items()}, "dtype": cfg.torch_dtype}
 
 
 def check_rank_divides(r: int, outs: dict[str, int]) -> None:
@@ -42,7 +43,7 @@ class SPP(AdapterMethod):
 
     name = "spp"
     reconstruct_lr = 1e-1  # chosen on validation PPL, SmolLM2-135M Wanda 2:4 (reconstruction_smollm2_135m.md)
-    config_class = SPPConfig
+    config_class = SPPAdapterConfig
     label = "SPP"
     table_order = 1
 
@@ -62,7 +63,7 @@ class SPP(AdapterMethod):
             model = load_adapter(model, directory)
         except (FileNotFoundError, ValueError) as err:
             raise self.wrong_adapter_dir(directory, err) from err
-        return model, SPPConfig(targets=list(config["targets"]), **config["layer_kwargs"])
+        return model, SPPAdapterConfig(targets=list(config["targets"]), **config["layer_kwargs"])
 
     def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
         """``G = gᵀx`` for every adapted linear (``2 N_a``, like a weight gradient); with dropout a second full-size

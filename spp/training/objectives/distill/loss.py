@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-IGNORE_INDEX = -100
+from spp.data.tokenization import IGNORE_INDEX
 
 
 def loss_positions(labels: torch.Tensor) -> torch.Tensor:
