@@ -1,4 +1,6 @@
-"""Re-draw the truncated eval samples of data/ as seeded random subsets of the full-size copies (the one-epoch methods study).
+"""Re-draw the truncated eval samples of data/ as seeded random subsets of the full-size copies.
+
+The one-epoch methods study reads these samples.
 
 Every sampled file keeps whole records byte-for-byte and in their original order; only which records are kept
 changes (``random.Random(f"{SEED}/<relative path>").sample`` of the record indices, sorted). Use:
