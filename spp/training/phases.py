@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -24,7 +23,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import nn
 
 from spp.adapters.base import ParamCounts, count_parameters
-from spp.adapters.registry import apply_adapter, get_method
+from spp.adapters.registry import apply_adapter
 from spp.data.alpaca import AlpacaDataModule
 from spp.distributed import local_device
 from spp.models.loading import load_tokenizer
@@ -36,8 +35,8 @@ from spp.training.callbacks.recovery_curve import RecoveryCurve, curve_callbacks
 from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit
 from spp.training.config import ProgressBar, TrainJobConfig
 from spp.training.module import SPPModule
-from spp.training.objectives import build_objective
 from spp.training.resume_checks import settings_of
+from spp.training.run import Run
 from spp.training.strategies import decoder_layer_class, gather_trainable, is_sharded
 from spp.training.trainer import build_trainer, peak_memory, progress_mode, train_seconds
 
@@ -72,35 +71,37 @@ def job_device(job: TrainJobConfig) -> torch.device:
     return local_device(job.trainer.accelerator)
 
 
-def pruning_settings(job: TrainJobConfig) -> PruningSettings:
-    """What the pruning callback needs of ``job``; the dense model is kept (``keep_dense``) when the training
+def pruning_callback_settings(run: Run) -> PruningSettings:
+    """What the pruning callback needs of the run; the dense model is kept (``keep_dense``) when the training
     objective has a teacher and something trains."""
-    teacher = get_method(job.adapter.name).trains and build_objective(job.objective).needs_teacher
+    job = run.job
     return PruningSettings(job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir, job.data_dir,
                            job.eval, job.dense_ppl, job.pruned_ppl,
                            (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None,
-                           job.cache_lock_timeout_s, keep_dense=teacher,
-                           reconstruct=job.reconstruct)
+                           job.cache_lock_timeout_s, keep_dense=run.methods.keeps_dense,
+                           reconstruct=job.reconstruct, pruner_method=run.methods.pruner,
+                           form=run.methods.form)
 
 
-def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
-        callbacks: list[Callback] | None = None) -> tuple[PrunedModel, FitResult]:
+def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None) -> tuple[PrunedModel, FitResult]:
     """Prune (in the Trainer's setup, every rank) and train the adapter (every rank); returns both results."""
+    job, run_dir = run.job, run.run_dir
     quiet_lightning()
     L.seed_everything(job.seed, workers=True)
     tokenizer = load_tokenizer(job.model)
-    pruning = PruningCallback(pruning_settings(job), tokenizer, everywhere=False)
-    if not get_method(job.adapter.name).trains:
-        return _untrained(job, pruning)
+    pruning = PruningCallback(pruning_callback_settings(run), tokenizer, everywhere=False)
+    if not run.methods.trains:
+        return _untrained(run, pruning)
     datamodule = AlpacaDataModule(tokenizer, job.data, data_dir=job.data_dir,
                                   progress=progress_mode(job.trainer.progress_bar) in (ProgressBar.rich,
                                                                                        ProgressBar.tqdm))
     datamodule.setup("fit")  # bad data (e.g. every prompt longer than data.max_length) fails before the Trainer
     module = SPPModule(None, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls),
-                       adapter=job.adapter, seed=job.seed, objective=job.objective)
+                       adapter=job.adapter, seed=job.seed, objective=run.methods.objective,
+                       method=run.methods.adapter)
     auditor = SparsityAuditCallback(source=pruning)
-    guards = GuardsCallback(settings_of(job), job.guards)
-    curve = curve_callbacks(job, run_dir, tokenizer, get_method(job.adapter.name))  # before pruning: its setup checks
+    guards = GuardsCallback(settings_of(job, run.identity), job.guards)
+    curve = curve_callbacks(job, run_dir, tokenizer, run.methods.adapter)  # before pruning: its setup checks
     trainer = build_trainer(job, run_dir, loggers, [*curve, pruning, auditor, guards, *(callbacks or [])])
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
@@ -126,9 +127,9 @@ def _curve_points(trainer: L.Trainer) -> list[dict[str, Any]] | None:
     return curve.points if curve is not None else None
 
 
-def _untrained(job: TrainJobConfig, pruning: PruningCallback) -> tuple[PrunedModel, FitResult]:
+def _untrained(run: Run, pruning: PruningCallback) -> tuple[PrunedModel, FitResult]:
     """``adapter=none``: prune in this process (no Trainer), attach nothing, audit."""
-    pruned = pruning.run_alone(job_device(job))
-    model, _ = apply_adapter(pruned.model, job.adapter, pruned.masks)
+    pruned = pruning.run_alone(job_device(run.job))
+    model, _ = apply_adapter(pruned.model, run.job.adapter, pruned.masks)
     report = audit(model, pruned.masks, pruned.zeros, when="fit_start")
     return pruned, FitResult(model, {}, count_parameters(model), audits=[{"when": "fit_start", "step": 0, **report}])

@@ -31,6 +31,7 @@ import lightning as L
 from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import nn
 
+from spp.adapters.base import AdapterMethod
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.eval.config import EvalConfig
@@ -44,6 +45,7 @@ from spp.models.identity import built_config, weights_fingerprint
 from spp.models.loading import load_for_rank, load_tokenizer
 from spp.models.offload import OffloadedModel
 from spp.paths import default_cache_dir
+from spp.pruning.base import Pruner
 from spp.pruning.cache import READ_MARGIN_S, prune_cached
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult
@@ -80,6 +82,8 @@ class PruningSettings:
             a copy of their ``meta`` skeleton. It goes to the module's ``set_teacher``.
         reconstruct: Block-wise reconstruction against the dense model after pruning (``reconstruct=blockwise``;
             off by default): the pruned perplexity is the model's before it, ``ppl["reconstructed"]`` after.
+        pruner_method: The resolved pruner (a job's ``Run`` holds it; ``None``: resolved from ``pruner``).
+        form: The resolved reconstruction form (``None``: resolved from ``reconstruct.form``).
     """
 
     model: ModelConfig
@@ -96,6 +100,8 @@ class PruningSettings:
     keep_masks: bool = False
     keep_dense: bool = False
     reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
+    pruner_method: Pruner | None = None
+    form: AdapterMethod | None = None
 
 
 @dataclass
@@ -191,7 +197,7 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
                  settings.calibration.source)
     result = prune_cached(off, tokenizer, settings.model, settings.pruner, settings.sparsity, settings.calibration,
                           cache_dir, settings.data_dir, keep_masks=settings.keep_masks,
-                          lock_timeout_s=settings.lock_timeout_s)
+                          lock_timeout_s=settings.lock_timeout_s, method=settings.pruner_method)
     seconds["prune_or_load"] = round(time.perf_counter() - t0, 2)
     _log_result(result, settings, seconds["prune_or_load"], ctx)
     if measure and settings.pruned_ppl:
@@ -200,7 +206,7 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     if settings.reconstruct.enabled:
         t0 = time.perf_counter()
         reconstruction = reconstruct_phase(off, dense, tokenizer, result.masks, settings.pruner, found,
-                                           settings.data_dir, settings.lock_timeout_s)
+                                           settings.data_dir, settings.lock_timeout_s, settings.form)
         seconds["reconstruct_or_load"] = round(time.perf_counter() - t0, 2)
         dense = dense if settings.keep_dense else None  # the teacher stays; a copy made for reconstruction goes
         if measure:
