@@ -95,15 +95,16 @@ def _run_locked(run: Run, callbacks: list[Callback] | None, start: float) -> dic
         close_process_group()
         if not fitted.is_global_zero:
             return None
-        timings = {**pruned.seconds, "train": fitted.seconds, **{f"finalize_{k}": v for k, v in final.seconds.items()},
+        timings = {**pruned.record.seconds, "train": fitted.record.seconds,
+                   **{f"finalize_{k}": v for k, v in final.seconds.items()},
                    "total": round(time.perf_counter() - start, 2)}
-        summary = build_summary(job, run_dir, ids, pruned, fitted, final, timings)
+        summary = build_summary(run, ids, pruned, fitted, final, timings)
         summary.update(status=final.status, diverged=final.diverged, data_files=data_provenance())
-        log_final_metrics(loggers, final_metrics(summary), step=fitted.steps)
+        log_final_metrics(loggers, final_metrics(summary), step=fitted.record.steps)
     finally:
         finish_wandb()
-    if final.doc_records is not None:
-        write_doc_records(run_dir / DOC_RECORDS_FILE, final.doc_records)
+    if final.evaluation is not None and final.evaluation.doc_records is not None:
+        write_doc_records(run_dir / DOC_RECORDS_FILE, final.evaluation.doc_records)
     write_json_atomic(run_dir / "summary.json", summary)
     print_results(summary)
     _raise_failure(final, run_dir)

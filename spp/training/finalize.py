@@ -36,13 +36,13 @@ from spp.atomic import is_disk_full, write_dir_atomic
 from spp.deepspeed_support import is_deepspeed
 from spp.distributed import DistContext
 from spp.errors import UserError
-from spp.eval.evaluate import evaluate
+from spp.eval.evaluate import Evaluation, evaluate
 from spp.export.manifest import ExportManifest, adapter_record
 from spp.export.merged import ExportInputs, export_streamed, remove_stale_export
 from spp.models.loading import load_skeleton
-from spp.training.callbacks.pruning import PrunedModel
+from spp.training.callbacks.pruning import PrunedModel, PruningRecord
 from spp.training.config import TrainJobConfig
-from spp.training.phases import FitResult
+from spp.training.phases import FitResult, TrainingRecord
 from spp.training.run import Run
 from spp.training.strategies import trained_weights_dtype
 from spp.training.trainer import resolve_precision
@@ -56,22 +56,19 @@ DIVERGED_DIR = "merged.diverged"
 
 @dataclass
 class FinalizeResult:
-    """The finalize phase's result: merge statistics, the merged model's audit and scores, and output paths."""
+    """The finalize phase's result: the export's merge statistics and audit, the export's :class:`Evaluation`
+    (``None`` when nothing was evaluated), output folders, seconds by part, and the run's status (``ok``,
+    ``diverged`` with the guards' reasons, ``export_failed`` with its error)."""
 
-    merge: dict[str, Any]
-    audit: dict[str, Any]
-    ppl: dict[str, Any] | None = None
-    ppl_by_source: dict[str, dict[str, Any]] = field(default_factory=dict)
-    zero_shot: dict[str, Any] | None = None
-    doc_records: list[dict[str, Any]] | None = None
+    merge: dict[str, Any] = field(default_factory=dict)
+    audit: dict[str, Any] = field(default_factory=dict)
+    evaluation: Evaluation | None = None
     merged_dir: str | None = None
     adapter_dir: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     status: str = "ok"
     diverged: list[str] = field(default_factory=list)
-    sample: dict[str, Any] | None = None
     export_error: UserError | None = None
-    evaluation: dict[str, Any] = field(default_factory=dict)
 
 
 def on_rank0(ctx: DistContext, work: Callable[[], T]) -> T:
@@ -201,7 +198,7 @@ def finalize(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext 
     """Adapter files, export, evaluation and guards, on every rank (see the module docstring)."""
     ctx = ctx or DistContext()
     job, run_dir = run.job, run.run_dir
-    result = FinalizeResult(merge={}, audit={})
+    result = FinalizeResult()
     start = time.perf_counter()
     if job.export.adapter and run.methods.trains:
         result.adapter_dir = on_rank0(ctx, lambda: save_adapter_files(run, pruned, fitted))
@@ -216,11 +213,9 @@ def finalize(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext 
         return result
     sample = (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None
     evaluation = evaluate(target, job.eval, ctx, data_dir=job.data_dir, sample=sample, label="merged")
-    result.ppl, result.zero_shot, result.sample = evaluation.ppl, evaluation.zero_shot, evaluation.sample
-    result.ppl_by_source, result.doc_records = evaluation.ppl_by_source, evaluation.doc_records
-    result.evaluation = evaluation.record()
+    result.evaluation = evaluation
     result.seconds.update(evaluation.seconds)
-    result.diverged = divergence(job, pruned, fitted, result, run.methods.trains)
+    result.diverged = divergence(job, pruned.record, fitted.record, evaluation, run.methods.trains)
     result.status, result.merged_dir = on_rank0(ctx, lambda: _place(job, run_dir, target, result.diverged))
     return result
 
@@ -293,7 +288,7 @@ def loss_rise(losses: list[float]) -> str | None:
     return None
 
 
-def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, result: FinalizeResult,
+def divergence(job: TrainJobConfig, pruned: PruningRecord, fitted: TrainingRecord, evaluation: Evaluation,
                trained: bool = True) -> list[str]:
     """Why the run must not be reported as a success (``guards.*``); empty when it may (``trained``: the adapter
     method trains, so its training loss is judged).
@@ -305,7 +300,7 @@ def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, resu
         return []
     reasons = []
     before = (pruned.ppl.get("pruned") or {}).get("ppl")
-    after = (result.ppl or {}).get("ppl")
+    after = (evaluation.ppl or {}).get("ppl")
     ratio = job.guards.max_ppl_ratio
     if after is not None and not math.isfinite(after):
         reasons.append(f"merged perplexity is {after}")

@@ -44,26 +44,52 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class FitResult:
-    """The fit phase's result: the adapted model as this rank holds it (whole, or its shards when ``sharded``), the
-    gathered trainable tensors (rank 0), losses (the objective's, and its parts in ``train_parts``), audits, data
-    summary, time and memory, and the recovery curve's points (``trainer.curve_every_n_steps``; ``None`` when off)."""
+class TrainingRecord:
+    """What the report reads of training: parameter counts, optimiser steps, losses (the objective's, and its parts
+    in ``train_parts``), audits, data summary, time and memory, and the recovery curve's points
+    (``trainer.curve_every_n_steps``; ``None`` when off)."""
 
-    model: nn.Module | None
-    state: dict[str, torch.Tensor]
     params: ParamCounts
     steps: int = 0
     train_losses: list[float] = field(default_factory=list)
     val_losses: list[float] = field(default_factory=list)
+    train_parts: dict[str, list[float]] = field(default_factory=dict)
     audits: list[dict[str, Any]] = field(default_factory=list)
     data: dict[str, Any] | None = None
     seconds: float = 0.0
-    is_global_zero: bool = True
     memory: dict[str, Any] = field(default_factory=dict)
+    recovery_curve: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class FitResult:
+    """The fit phase's result: what finalize reads — the adapted model as this rank holds it (whole, or its shards
+    when ``sharded``; DeepSpeed's module when ``deepspeed``) and the gathered trainable tensors (rank 0) — and the
+    :class:`TrainingRecord` the report reads."""
+
+    model: nn.Module | None
+    state: dict[str, torch.Tensor]
+    record: TrainingRecord
+    is_global_zero: bool = True
     sharded: bool = False
     deepspeed: bool = False
-    train_parts: dict[str, list[float]] = field(default_factory=dict)
-    recovery_curve: list[dict[str, Any]] | None = None
+
+
+class KeepPrunedWeights(Callback):
+    """The fit phase's hold on the pruned weights for the finalize phase: in ``setup``, after the pruning callback
+    and before ``configure_model`` shards, global rank 0 keeps references to them (``PrunedModel.home``, no copy)
+    when the strategy shards the model or is DeepSpeed, so the adapter files can be written from a model rebuilt on
+    the CPU (:func:`spp.training.finalize.rebuild`)."""
+
+    def __init__(self, pruning: PruningCallback) -> None:
+        self.pruning = pruning
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Keep the references once (sharding drops the module's own)."""
+        pruned = self.pruning.pruned
+        if (trainer.is_global_zero and pruned is not None and not pruned.home and pruned.model is not None
+                and (is_sharded(trainer.strategy) or isinstance(trainer.strategy, DeepSpeedStrategy))):
+            pruned.home = dict(pruned.model.state_dict())
 
 
 def job_device(job: TrainJobConfig) -> torch.device:
@@ -102,7 +128,8 @@ def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None
     auditor = SparsityAuditCallback(source=pruning)
     guards = GuardsCallback(settings_of(job, run.identity), job.guards)
     curve = curve_callbacks(job, run_dir, tokenizer, run.methods.adapter)  # before pruning: its setup checks
-    trainer = build_trainer(job, run_dir, loggers, [*curve, pruning, auditor, guards, *(callbacks or [])])
+    trainer = build_trainer(job, run_dir, loggers, [*curve, pruning, KeepPrunedWeights(pruning), auditor, guards,
+                                                    *(callbacks or [])])
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     losses = module.train_losses
@@ -114,11 +141,11 @@ def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None
     memory = peak_memory(trainer.strategy.root_device)
     for logger in loggers:
         logger.log_metrics({"train/peak_memory_mib": memory["peak_mib"]}, step=trainer.global_step)
-    return pruning.pruned, FitResult(module.model, state, module.params, trainer.global_step, module.train_losses,
-                                     module.val_losses, auditor.reports, datamodule.summary(),
-                                     round(train_seconds(trainer), 2), trainer.is_global_zero, memory,
-                                     is_sharded(trainer.strategy), isinstance(trainer.strategy, DeepSpeedStrategy),
-                                     module.train_parts, _curve_points(trainer))
+    record = TrainingRecord(module.params, trainer.global_step, module.train_losses, module.val_losses,
+                            module.train_parts, auditor.reports, datamodule.summary(), round(train_seconds(trainer), 2),
+                            memory, _curve_points(trainer))
+    return pruning.pruned, FitResult(module.model, state, record, trainer.is_global_zero, is_sharded(trainer.strategy),
+                                     isinstance(trainer.strategy, DeepSpeedStrategy))
 
 
 def _curve_points(trainer: L.Trainer) -> list[dict[str, Any]] | None:
@@ -132,4 +159,5 @@ def _untrained(run: Run, pruning: PruningCallback) -> tuple[PrunedModel, FitResu
     pruned = pruning.run_alone(job_device(run.job))
     model, _ = apply_adapter(pruned.model, run.job.adapter, pruned.masks)
     report = audit(model, pruned.masks, pruned.zeros, when="fit_start")
-    return pruned, FitResult(model, {}, count_parameters(model), audits=[{"when": "fit_start", "step": 0, **report}])
+    return pruned, FitResult(model, {}, TrainingRecord(count_parameters(model),
+                                                       audits=[{"when": "fit_start", "step": 0, **report}]))

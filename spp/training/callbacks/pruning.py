@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import nn
 
 from spp.adapters.base import AdapterMethod
@@ -53,7 +52,6 @@ from spp.pruning.masks import MaskSet, ZeroPattern
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import ReconstructResult
 from spp.pruning.reconstruction.phase import Probe, frozen_copy, probe, reconstruct_phase
-from spp.training.strategies import is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -105,30 +103,44 @@ class PruningSettings:
 
 
 @dataclass
+class PruningRecord:
+    """What the report reads of the pruning phase: the prune result (cache hit, timings, report; rank 0), the
+    ``dense`` / ``pruned`` / ``reconstructed`` perplexities, seconds by part, the completions (``sample``) and the
+    reconstruction's result (``reconstruct=blockwise``)."""
+
+    result: PruneResult
+    ppl: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reconstruction: ReconstructResult | None = None
+
+
+@dataclass
 class PrunedModel:
-    """The pruning phase's result: the pruned (frozen, CPU) model and what the later phases need of pruning.
+    """The pruning phase's result: the pruned (frozen, CPU) model, its masks and zero pattern (what training and
+    finalize read), and the phase's :class:`PruningRecord` (what the report reads).
 
     On ranks other than 0 ``model`` is the ``meta`` skeleton (unless restored everywhere) and ``masks``,
-    ``zeros``, ``result.report`` are empty. ``home`` (rank 0, when the training strategy shards the model, or is
-    DeepSpeed, whose module copies of the trained tensors ``bf16-mixed`` rounds): the
-    pruned weights by name, the same tensors the model held before sharding (no copy), kept so the finalize
-    phase can rebuild the adapted model on the CPU for the adapter files. ``dense`` (``keep_dense``): the frozen
-    dense model as loaded, until the callback hands it to the module. ``model``, the module that is then trained in
-    place, is ``None`` once the finalize phase has released it (``spp.training.finalize.release``).
+    ``zeros``, ``record.result.report`` are empty. ``home`` (rank 0, when the training strategy shards the model,
+    or is DeepSpeed, whose module copies of the trained tensors ``bf16-mixed`` rounds; kept by the fit phase): the
+    pruned weights by name, the same tensors the model held before sharding (no copy), so the finalize phase can
+    rebuild the adapted model on the CPU for the adapter files. ``dense`` (``keep_dense``): the frozen dense model
+    as loaded, until the callback hands it to the module. ``model``, the module that is then trained in place, is
+    ``None`` once the finalize phase has released it (``spp.training.finalize.release``).
     """
 
     model: nn.Module | None
     tokenizer: Any
     masks: MaskSet
     zeros: ZeroPattern
-    result: PruneResult
-    ppl: dict[str, dict[str, Any]] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    samples: dict[str, dict[str, Any]] = field(default_factory=dict)
-    world: int = 1
+    record: PruningRecord
     home: dict[str, Any] = field(default_factory=dict)
     dense: nn.Module | None = None
-    reconstruction: ReconstructResult | None = None
+
+    @property
+    def result(self) -> PruneResult:
+        """The prune result (``record.result``)."""
+        return self.record.result
 
 
 def ppl_log_text(entry: dict[str, Any] | None) -> str:
@@ -215,8 +227,8 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     if samples:
         samples["pruned"] = sample(*settings.sample, model, tokenizer)
     zeros = result.zeros if result.zeros is not None else ZeroPattern(result.masks)
-    return PrunedModel(model, tokenizer, result.masks, zeros, result, ppl, seconds, samples, ctx.world, dense=dense,
-                       reconstruction=reconstruction)
+    return PrunedModel(model, tokenizer, result.masks, zeros, PruningRecord(result, ppl, seconds, samples,
+                                                                            reconstruction), dense=dense)
 
 
 def identify_built(settings: PruningSettings, model: nn.Module, ctx: DistContext) -> PruningSettings:
@@ -296,9 +308,6 @@ class PruningCallback(L.Callback):
         if self.pruned.dense is not None and hasattr(pl_module, "set_teacher"):
             pl_module.set_teacher(self.pruned.dense)  # the module owns it now: freed when training ends
             self.pruned.dense = None
-        if ctx.is_main and not self.everywhere and (is_sharded(trainer.strategy)
-                                                    or isinstance(trainer.strategy, DeepSpeedStrategy)):
-            self.pruned.home = dict(self.pruned.model.state_dict())  # references: sharding drops the module's own
 
     def run_alone(self, device: Any = None) -> PrunedModel:
         """The same phase without a Trainer, in this process on ``device`` (``adapter=none``: nothing to train)."""
