@@ -109,3 +109,11 @@ def test_run_job_resolves_each_name_once(tmp_path, counted):
     assert counted == {"get_method": 1, "get_pruner": 1, "build_run": 1}
     no_validation_reason(job)  # the negative control: a phase resolving on its own is counted
     assert counted["get_method"] == 2
+
+
+def test_a_reconstructing_run_resolves_its_form_once(tmp_path, counted):
+    """The reconstruction's key (in the Run's identity) is computed with the resolved form, not a second lookup."""
+    run = build_run(tiny_job(tmp_path, "reconstruct=blockwise"), tmp_path / "run")
+    assert run.methods.form.name == "spp" and run.identity.reconstruction is not None
+    assert counted == {"get_method": 2, "get_pruner": 1, "build_run": 0}  # the adapter and the form; the pruner
+    assert run.identity.keys == ((run.identity.key, run.identity.digest), run.identity.reconstruction)

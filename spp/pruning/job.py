@@ -34,7 +34,7 @@ def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenize
     reconstruction entry exists (the probe). ``methods``: the resolved pruner and form (``.pruner``, ``.form``)."""
     method, form = (methods.pruner, methods.form) if methods is not None else (None, None)
     found = probe(job.reconstruct, job.model, job.pruner, job.sparsity, job.calibration,
-                  job.cache_dir if job.use_cache else None, job.data_dir, ctx)
+                  job.cache_dir if job.use_cache else None, job.data_dir, ctx, form=form)
     dense = frozen_copy(model) if found.needs_dense else None
     off = OffloadedModel(model, ctx)
     if job.use_cache:

@@ -106,7 +106,7 @@ def pruning_callback_settings(run: Run) -> PruningSettings:
                            (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None,
                            job.cache_lock_timeout_s, keep_dense=run.methods.keeps_dense,
                            reconstruct=job.reconstruct, pruner_method=run.methods.pruner,
-                           form=run.methods.form)
+                           form=run.methods.form, identity=run.identity)
 
 
 def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None) -> tuple[PrunedModel, FitResult]:

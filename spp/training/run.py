@@ -71,9 +71,21 @@ class PruningIdentity:
     digest: str | None = None
     reconstruction: tuple[dict[str, Any], str] | None = None
 
+    @property
+    def keys(self) -> tuple[tuple[dict[str, Any], str], tuple[dict[str, Any], str] | None] | None:
+        """``((pruning key, digest), reconstruction (key, digest) or None)``; ``None`` when nothing is pruned."""
+        return None if self.key is None else ((self.key, self.digest), self.reconstruction)
 
-def pruning_identity(job: Any) -> PruningIdentity:
-    """The model identity and cache keys of ``job`` (reads the calibration file's sha256 when the pruner needs one)."""
+    @property
+    def pruned_weights(self) -> str:
+        """What identifies the pruned weights in the perplexity cache: the key's digest (the model's identity when
+        nothing is pruned)."""
+        return self.digest if self.digest is not None else self.model
+
+
+def pruning_identity(job: Any, form: AdapterMethod | None = None) -> PruningIdentity:
+    """The model identity and cache keys of ``job`` (reads the calibration file's sha256 when the pruner needs one;
+    ``form``: the resolved reconstruction form, or None)."""
     from spp.models.loading import model_identity  # start-up time: a preflight refusal never loads transformers
     from spp.pruning.cache import cache_key
     from spp.pruning.reconstruction.cache import reconstruct_key
@@ -82,7 +94,7 @@ def pruning_identity(job: Any) -> PruningIdentity:
     if not prunes(job.pruner, job.sparsity):
         return PruningIdentity(model_identity(job.model))
     key, digest = cache_key(job.model, job.pruner, job.sparsity, job.calibration, job.data_dir)
-    rebuilt = reconstruct_key(key, digest, job.reconstruct, job.data_dir) if job.reconstruct.enabled else None
+    rebuilt = reconstruct_key(key, digest, job.reconstruct, job.data_dir, form) if job.reconstruct.enabled else None
     return PruningIdentity(key["model"], key, digest, rebuilt)
 
 
@@ -105,4 +117,5 @@ class Run:
 
 def build_run(job: Any, run_dir: Path, methods: Methods | None = None) -> Run:
     """The job's :class:`Run`: ``methods`` (resolved here when not given) and the identity of its weights."""
-    return Run(job, methods if methods is not None else resolve_methods(job), Path(run_dir), pruning_identity(job))
+    methods = methods if methods is not None else resolve_methods(job)
+    return Run(job, methods, Path(run_dir), pruning_identity(job, methods.form))

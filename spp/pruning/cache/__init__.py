@@ -232,6 +232,7 @@ def prune_cached(
     keep_masks: bool = False,
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
     method: Pruner | None = None,
+    entry_key: tuple[dict[str, Any], str] | None = None,
 ) -> PruneResult:
     """Prune ``off`` on every rank of ``off.ctx``, or apply the cache entry for these settings.
 
@@ -243,8 +244,8 @@ def prune_cached(
     or for rank 0's disk never hits the training process group's timeout; an error on rank 0 ends every rank. A job
     on several nodes first checks that the cache's locks hold across them
     (:func:`~spp.pruning.cache.lock.check_locks_span_nodes`). ``pruner=none`` or ``sparsity=dense`` is a no-op
-    with all-True masks and no cache entry. ``method``: the resolved pruner (a job's ``Run`` holds it; resolved from
-    ``pruner`` when not given).
+    with all-True masks and no cache entry. ``method``: the resolved pruner and ``entry_key``: the
+    entry's ``(key, digest)`` (a job's ``Run`` holds both; resolved and computed from the configs when not given).
     """
     ctx = off.ctx
     linears = validate_for_model(off.model, pruner, sparsity, calibration, method)
@@ -257,7 +258,7 @@ def prune_cached(
         hit: PruneResult | None = None
         error: UserError | None = None
         if ctx.is_main:
-            key, digest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
+            key, digest = entry_key or cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
             entry = cache_entry_dir(cache_dir, key, digest)
             try:
                 hit = _decide(off, entry, key, sparsity, linears, stack, lock_timeout_s)

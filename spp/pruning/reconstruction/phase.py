@@ -33,6 +33,9 @@ from spp.pruning.resolve import prunes
 
 log = logging.getLogger(__name__)
 
+Keys = tuple[tuple[dict[str, Any], str], tuple[dict[str, Any], str]]
+"""The pruning cache key and the reconstruction's, each ``(key, sha256 digest)``."""
+
 
 @dataclass
 class Probe:
@@ -59,15 +62,19 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 
 def probe(cfg: ReconstructConfig, model_cfg: ModelConfig, pruner: PrunerConfig, sparsity: SparsityConfig,
-          calibration: CalibrationConfig, cache_dir: str | None, data_dir: str | None, ctx: DistContext) -> Probe:
+          calibration: CalibrationConfig, cache_dir: str | None, data_dir: str | None, ctx: DistContext, *,
+          form: AdapterMethod | None = None, keys: Keys | None = None) -> Probe:
     """The entry of this reconstruction (``cache_dir=None``, or nothing pruned: no cache) and whether it is
-    finished; rank 0 decides, every rank learns it."""
+    finished; rank 0 decides, every rank learns it. ``form``: the resolved form; ``keys``: the pruning and
+    reconstruction cache keys, each ``(key, digest)``, when the caller has them (a job's ``Run``), else computed."""
     found = Probe(cfg)
     if not cfg.enabled or cache_dir is None or not prunes(pruner, sparsity):
         return found
     if ctx.is_main:
-        pkey, pdigest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
-        found.key, found.digest = cache.reconstruct_key(pkey, pdigest, cfg, data_dir)
+        if keys is None:
+            pkey, pdigest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
+            keys = ((pkey, pdigest), cache.reconstruct_key(pkey, pdigest, cfg, data_dir, form))
+        (pkey, _), (found.key, found.digest) = keys
         found.entry = cache.entry_dir(cache_dir, pkey, found.digest)
         try:
             found.hit = (found.entry / MANIFEST_FILE).is_file() and read_manifest(found.entry).get("key") == found.key

@@ -82,6 +82,8 @@ class PruningSettings:
             off by default): the pruned perplexity is the model's before it, ``ppl["reconstructed"]`` after.
         pruner_method: The resolved pruner (a job's ``Run`` holds it; ``None``: resolved from ``pruner``).
         form: The resolved reconstruction form (``None``: resolved from ``reconstruct.form``).
+        identity: The model's identity and cache keys (a job's ``Run.identity``: ``spp.training.run.PruningIdentity``;
+            ``None``: computed from the configs; dropped for a model the module built, which is keyed by its weights).
     """
 
     model: ModelConfig
@@ -100,6 +102,7 @@ class PruningSettings:
     reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
     pruner_method: Pruner | None = None
     form: AdapterMethod | None = None
+    identity: Any = None
 
 
 @dataclass
@@ -169,13 +172,21 @@ def _ppl(off: OffloadedModel, tokenizer: Any, settings: PruningSettings, which: 
     reconstruction without a cache entry is measured afresh: its weights have no key)."""
     if which == "reconstructed" and (found is None or found.digest is None):
         settings = dataclasses.replace(settings, cache_dir=None)
-    weights = (weights_key(settings.model) if which == "dense" else
-               found.digest if which == "reconstructed" and found.digest is not None else
-               weights_key(settings.model, settings.pruner, settings.sparsity, settings.calibration, settings.data_dir))
+    weights = (found.digest if which == "reconstructed" and found.digest is not None else
+               _weights_key(settings, which == "dense"))
     entry = cached_offloaded_perplexity(off, tokenizer, settings.eval, weights, settings.cache_dir, settings.data_dir)
     if off.ctx.is_main:
         log.info("%s perplexity: %s", which, ppl_log_text(entry))
     return entry
+
+
+def _weights_key(settings: PruningSettings, dense: bool) -> str:
+    """The perplexity cache's key of the dense or the pruned weights: from ``settings.identity`` when given."""
+    known = settings.identity
+    if dense:
+        return known.model if known is not None else weights_key(settings.model)
+    return (known.pruned_weights if known is not None else
+            weights_key(settings.model, settings.pruner, settings.sparsity, settings.calibration, settings.data_dir))
 
 
 def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: Any, ctx: DistContext,
@@ -193,8 +204,9 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
         settings = identify_built(settings, model, ctx)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.model)
     cache_dir = settings.cache_dir or str(default_cache_dir())
+    keys = settings.identity.keys if settings.identity is not None else None
     found = probe(settings.reconstruct, settings.model, settings.pruner, settings.sparsity, settings.calibration,
-                  cache_dir, settings.data_dir, ctx)
+                  cache_dir, settings.data_dir, ctx, form=settings.form, keys=keys)
     dense = frozen_copy(model) if settings.keep_dense or found.needs_dense else None
     samples = {}
     if settings.sample and not ctx.distributed:
@@ -209,7 +221,8 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
                  settings.calibration.source)
     result = prune_cached(off, tokenizer, settings.model, settings.pruner, settings.sparsity, settings.calibration,
                           cache_dir, settings.data_dir, keep_masks=settings.keep_masks,
-                          lock_timeout_s=settings.lock_timeout_s, method=settings.pruner_method)
+                          lock_timeout_s=settings.lock_timeout_s, method=settings.pruner_method,
+                          entry_key=keys[0] if keys is not None else None)
     seconds["prune_or_load"] = round(time.perf_counter() - t0, 2)
     _log_result(result, settings, seconds["prune_or_load"], ctx)
     if measure and settings.pruned_ppl:
@@ -238,7 +251,7 @@ def identify_built(settings: PruningSettings, model: nn.Module, ctx: DistContext
     weights differ from what ``settings.model`` loads never gets another model's cache entry."""
     linearize_conv1d(model)
     fingerprint = ctx.broadcast_object(weights_fingerprint(model) if ctx.is_main else None, long_wait=True)
-    return dataclasses.replace(settings, model=built_config(settings.model, fingerprint))
+    return dataclasses.replace(settings, model=built_config(settings.model, fingerprint), identity=None)
 
 
 def module_network(module: nn.Module) -> tuple[str, nn.Module | None]:
