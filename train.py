@@ -22,8 +22,9 @@ The whole job (``spp/training/phases.py``), on every rank that the launcher (Lig
 of the job (``docs/plan.md``) and exits without reading a weight. Composes ``conf/train.yaml``, converted once
 into :class:`spp.training.config.TrainJobConfig` (every value checked there).
 
-The way in: ``spp/commands/train.py`` — ``run`` (``plan=true``, the sweep checks) and ``run_job`` (the phases above,
-under the run directory's lock, then ``summary.json``, W&B and the guards' verdict); the entry point the four
+The way in: ``spp/commands/train.py`` — ``run`` (``plan=true``, the sweep checks) and ``run_job`` (the job's names
+resolved once into a frozen ``Run``, ``spp/training/run.py``, which every phase above reads; the phases under the
+run directory's lock, then ``summary.json``, W&B and the guards' verdict); the entry point the four
 commands share (environment, ``--help``, the override check, Hydra, one-line errors) is ``spp/commands/entry.py``.
 """
 

@@ -298,10 +298,11 @@ def test_each_reconstruction_field_is_its_own_entry(tmp_path, spy):
 def test_the_end_to_end_stage_does_not_change_the_key(tmp_path):
     from train_helpers import tiny_job
 
-    from spp.training.phases import pruning_settings
+    from spp.training.phases import pruning_callback_settings
+    from spp.training.run import build_run
 
     def digest(*extra: str) -> str:
-        settings = pruning_settings(tiny_job(tmp_path, "reconstruct=blockwise", *extra))
+        settings = pruning_callback_settings(build_run(tiny_job(tmp_path, "reconstruct=blockwise", *extra), tmp_path))
         found = phase_module.probe(settings.reconstruct, settings.model, settings.pruner, settings.sparsity,
                                    settings.calibration, settings.cache_dir, settings.data_dir, DistContext())
         assert found.digest is not None and not found.hit
@@ -322,10 +323,11 @@ def test_a_null_lr_is_the_forms_own_rate(tmp_path):
 
     from spp.adapters.registry import get_method
     from spp.pruning.reconstruction.engine import learning_rate
-    from spp.training.phases import pruning_settings
+    from spp.training.phases import pruning_callback_settings
+    from spp.training.run import build_run
 
     def settings(*extra: str):
-        return pruning_settings(tiny_job(tmp_path, "reconstruct=blockwise", *extra))
+        return pruning_callback_settings(build_run(tiny_job(tmp_path, "reconstruct=blockwise", *extra), tmp_path))
 
     def digest(*extra: str) -> str:
         s = settings(*extra)

@@ -227,7 +227,7 @@ def _main(run_dir: str, *overrides: str) -> None:
     if patch == "no_buffers":
         spp.training.strategies.broadcast_buffers = lambda model, ctx: None
     if patch == "no_grad_hooks":
-        spp.training.module.after_placement = lambda model: None  # masked_full: no hooks back after placement
+        spp.training.module.SPPModule._after_placement = lambda self: None  # masked_full: no hooks after placement
     run_job(tiny_job(Path(run_dir), *overrides))
 
 

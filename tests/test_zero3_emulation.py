@@ -57,10 +57,11 @@ from spp.models.config import DTYPES
 from spp.models.tiny import tiny_llama, tiny_tokenizer
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
-from spp.training.callbacks.pruning import PrunedModel
+from spp.training.callbacks.pruning import PrunedModel, PruningRecord
 from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, original_name, zero_patterns
 from spp.training.finalize import FinalizeResult
-from spp.training.phases import FitResult
+from spp.training.phases import FitResult, TrainingRecord
+from spp.training.run import build_run
 from spp.training.strategies import AdapterDeepSpeedStrategy, trained_weights_dtype
 
 needs_deepspeed = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
@@ -392,16 +393,16 @@ def test_audit_through_the_emulation_sees_the_zeros_and_catches_a_revived_weight
 
 def _export(job: Any, model: nn.Module, result: Any, emulate: bool, monkeypatch: pytest.MonkeyPatch) -> Path:
     """``finalize.export`` of ``model`` (as it is, or held as ZeRO-3 partitions through the emulation)."""
-    fitted = FitResult(model, {}, count_parameters(model), deepspeed=emulate, sharded=emulate)
-    pruned = PrunedModel(model, tiny_tokenizer(), result.masks, result.zeros, result)
-    outcome = FinalizeResult(merge={}, audit={})
-    run_dir = Path(job.run_dir) / ("zero3" if emulate else "whole")
+    fitted = FitResult(model, {}, TrainingRecord(count_parameters(model)), deepspeed=emulate, sharded=emulate)
+    pruned = PrunedModel(model, tiny_tokenizer(), result.masks, result.zeros, PruningRecord(result))
+    outcome = FinalizeResult()
+    run = build_run(job, Path(job.run_dir) / ("zero3" if emulate else "whole"))
     if not emulate:
-        return finalize.export(job, pruned, fitted, run_dir, DistContext(), outcome)
+        return finalize.export(run, pruned, fitted, DistContext(), outcome)
     with Zero3Emulation(model) as emu:
         monkeypatch.setattr(merged, "gatherer_for", lambda _model: emu)  # ZeroGatherer's part, played by the emulation
         assert all(p.data.dim() == 1 and p.data.numel() == 0 for p in model.parameters())  # as DeepSpeed leaves them
-        return finalize.export(job, pruned, fitted, run_dir, DistContext(), outcome)
+        return finalize.export(run, pruned, fitted, DistContext(), outcome)
 
 
 @pytest.mark.parametrize(("torch_dtype", "precision", "expected"), [

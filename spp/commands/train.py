@@ -35,6 +35,7 @@ from spp.training.config import TrainJobConfig, register_train_schema
 from spp.training.finalize import FinalizeResult, finalize
 from spp.training.phases import fit, job_device
 from spp.training.report import build_summary, print_results, sweep_objective
+from spp.training.run import Methods, Run, build_run, resolve_methods
 from spp.training.val_schedule import no_validation_reason
 
 
@@ -43,8 +44,10 @@ def run(job: TrainJobConfig) -> float | None:
     if job.plan:
         return show_plan(job)
     require_validation_objective(str(job.sweep_objective))  # an Optuna sweep selects on validation data only
-    require_objective_recorded(str(job.sweep_objective), lambda: no_validation_reason(job))  # ... and needs one
-    summary = run_job(job)
+    methods = resolve_methods(job)
+    require_objective_recorded(str(job.sweep_objective),  # ... and needs one
+                               lambda: no_validation_reason(job, methods.adapter))
+    summary = run_job(job, methods=methods)
     return sweep_objective(summary, job.sweep_objective) if summary else None
 
 
@@ -55,23 +58,28 @@ def run_dir_of(job: TrainJobConfig) -> Path:
     return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path("outputs/train").resolve()
 
 
-def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None) -> dict | None:
+def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None,
+            methods: Methods | None = None) -> dict | None:
     """Run ``fit`` (pruning in the Trainer's setup callback, then training) → ``finalize`` and report; returns the
     summary on global rank 0 (``None`` elsewhere).
 
-    After the preflight, the job's leader holds ``<run_dir>/.spp-run.lock`` until its last file is written: a
-    second job on the same ``run_dir`` is refused in one line (``spp.run_lock``), before any clean-up or load.
+    The job's names are resolved once (``methods``, :func:`~spp.training.run.resolve_methods` when not given) and,
+    after the preflight, its :class:`~spp.training.run.Run` is built once; every phase reads that. The job's leader
+    holds ``<run_dir>/.spp-run.lock`` until its last file is written: a second job on the same ``run_dir`` is
+    refused in one line (``spp.run_lock``), before any clean-up or load.
     """
     start = time.perf_counter()
     run_dir = run_dir_of(job)
     forget_data_reads()
-    preflight_train(job, resolve_resume(job.trainer.resume_from, run_dir / "checkpoints"))
+    methods = methods if methods is not None else resolve_methods(job)
+    preflight_train(job, resolve_resume(job.trainer.resume_from, run_dir / "checkpoints"), methods)
     with hold_run_dir(run_dir, "run_dir"):
-        return _run_locked(job, run_dir, callbacks, start)
+        return _run_locked(build_run(job, run_dir, methods), callbacks, start)
 
 
-def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | None, start: float) -> dict | None:
+def _run_locked(run: Run, callbacks: list[Callback] | None, start: float) -> dict | None:
     """The three phases and the report, inside the run directory's lock (:func:`run_job`)."""
+    job, run_dir = run.job, run.run_dir
     if is_job_leader():
         remove_stale_temporaries(run_dir, [Path(job.cache_dir).expanduser() / "pruning",
                                            Path(job.cache_dir).expanduser() / "ppl"])
@@ -82,20 +90,21 @@ def _run_locked(job: TrainJobConfig, run_dir: Path, callbacks: list[Callback] | 
                    objective=job.objective.name)
     loggers = build_loggers(job.logger, run_dir, ids)
     try:
-        pruned, fitted = fit(job, run_dir, loggers, callbacks)
-        final = finalize(job, pruned, fitted, run_dir, DistContext.current(job_device(job)))
+        pruned, fitted = fit(run, loggers, callbacks)
+        final = finalize(run, pruned, fitted, DistContext.current(job_device(job)))
         close_process_group()
         if not fitted.is_global_zero:
             return None
-        timings = {**pruned.seconds, "train": fitted.seconds, **{f"finalize_{k}": v for k, v in final.seconds.items()},
+        timings = {**pruned.record.seconds, "train": fitted.record.seconds,
+                   **{f"finalize_{k}": v for k, v in final.seconds.items()},
                    "total": round(time.perf_counter() - start, 2)}
-        summary = build_summary(job, run_dir, ids, pruned, fitted, final, timings)
+        summary = build_summary(run, ids, pruned, fitted, final, timings)
         summary.update(status=final.status, diverged=final.diverged, data_files=data_provenance())
-        log_final_metrics(loggers, final_metrics(summary), step=fitted.steps)
+        log_final_metrics(loggers, final_metrics(summary), step=fitted.record.steps)
     finally:
         finish_wandb()
-    if final.doc_records is not None:
-        write_doc_records(run_dir / DOC_RECORDS_FILE, final.doc_records)
+    if final.evaluation is not None and final.evaluation.doc_records is not None:
+        write_doc_records(run_dir / DOC_RECORDS_FILE, final.evaluation.doc_records)
     write_json_atomic(run_dir / "summary.json", summary)
     print_results(summary)
     _raise_failure(final, run_dir)

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from spp.adapters.registry import get_method
 from spp.atomic import check_writable_dir
 from spp.deepspeed_support import check_deepspeed
 from spp.errors import UserError
@@ -16,8 +15,10 @@ from spp.preflight.model_files import model_arch
 from spp.preflight.reconstruction import check_reconstruct
 from spp.preflight.shapes import check_shapes, check_targets
 from spp.preflight.vocab import check_vocab
-from spp.pruning.registry import get_pruner, needs_calibration
+from spp.pruning.base import Pruner
+from spp.pruning.registry import needs_calibration
 from spp.training.resume_checks import check_resume
+from spp.training.run import Methods, resolve_methods
 
 CACHE_DIR_FIX = "point cache_dir= (or the SPP_CACHE_DIR environment variable) at a directory you can write to"
 
@@ -30,11 +31,13 @@ def check_positive(values: dict[str, float]) -> None:
                             key=key)
 
 
-def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
-    """Everything ``train.py`` can check before loading a weight; returns the model's arch fields."""
-    if get_method(job.adapter.name).trains:
-        check_deepspeed(job.strategy, job.trainer.accelerator, get_method(job.adapter.name))
-    check_pruner(job.pruner, job.sparsity)
+def preflight_train(job: Any, resume: str | None = None, methods: Methods | None = None) -> dict[str, Any]:
+    """Everything ``train.py`` can check before loading a weight; returns the model's arch fields. ``methods``: the
+    job's resolved methods (:func:`~spp.training.run.resolve_methods`, called here when not given)."""
+    methods = methods if methods is not None else resolve_methods(job)
+    if methods.trains:
+        check_deepspeed(job.strategy, job.trainer.accelerator, methods.adapter)
+    check_pruner(methods.pruner, job.sparsity)
     arch = model_arch(job.model)
     check_positive({"trainer.lr": job.trainer.lr})
     seqlens = {"data.max_length": job.data.max_length}
@@ -42,12 +45,14 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
         seqlens["calibration.seqlen"] = job.calibration.seqlen
     if job.eval.ppl:
         seqlens["eval.seqlen"] = job.eval.seqlen
-    check_shapes(arch, adapter=job.adapter, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
-    check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity, adapter=job.adapter)
+    check_shapes(arch, adapter=job.adapter, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens,
+                 method=methods.adapter)
+    check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity, adapter=job.adapter,
+                  method=methods.adapter)
     check_vocab(job.model, arch)
-    check_reconstruct(job.reconstruct, arch, job.data_dir, job.model)
+    check_reconstruct(job.reconstruct, arch, job.data_dir, job.model, methods.form)
     check_job(job, arch)  # the memory plan: every phase fits this machine's GPUs and host memory (docs/plan.md)
-    if get_method(job.adapter.name).trains:
+    if methods.trains:
         check_data_source(job.data.source, job.data_dir)
     if job.pruner.name != "none" and not job.sparsity.is_dense and needs_calibration(job.pruner):
         check_calibration(job.calibration, job.data_dir, job.model)
@@ -60,16 +65,17 @@ def preflight_train(job: Any, resume: str | None = None) -> dict[str, Any]:
     return arch
 
 
-def preflight_prune(job: Any) -> dict[str, Any]:
-    """Everything ``prune.py`` can check before loading a weight."""
+def preflight_prune(job: Any, methods: Methods | None = None) -> dict[str, Any]:
+    """Everything ``prune.py`` can check before loading a weight (``methods``: as :func:`preflight_train`'s)."""
+    methods = methods if methods is not None else resolve_methods(job)
     arch = model_arch(job.model)
-    check_pruner(job.pruner, job.sparsity)
+    check_pruner(methods.pruner, job.sparsity)
     calibrates = needs_calibration(job.pruner)
     seqlens = {"calibration.seqlen": job.calibration.seqlen} if calibrates else {}
     check_shapes(arch, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
     check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity)
     check_vocab(job.model, arch)
-    check_reconstruct(job.reconstruct, arch, job.data_dir, job.model)
+    check_reconstruct(job.reconstruct, arch, job.data_dir, job.model, methods.form)
     if calibrates:
         check_calibration(job.calibration, job.data_dir, job.model)
     if job.use_cache and job.pruner.name != "none" and not job.sparsity.is_dense:
@@ -77,13 +83,13 @@ def preflight_prune(job: Any) -> dict[str, Any]:
     return arch
 
 
-def check_pruner(pruner: Any, sparsity: Any) -> None:
-    """The pruner exists (a plug-in's only when ``SPP_PLUGINS`` names its folder) and accepts the pattern
-    (:meth:`spp.pruning.base.Pruner.check`: SparseGPT's ``blocksize`` vs ``sparsity.m``)."""
-    if pruner.name == "none" or sparsity.is_dense:
+def check_pruner(pruner: Pruner | None, sparsity: Any) -> None:
+    """The resolved pruner (``None``: nothing is pruned; an unknown name was refused when it was resolved) accepts
+    the pattern (:meth:`spp.pruning.base.Pruner.check`: SparseGPT's ``blocksize`` vs ``sparsity.m``)."""
+    if pruner is None:
         return
     try:
-        get_pruner(pruner).check(sparsity)
+        pruner.check(sparsity)
     except ValueError as err:
         raise UserError.from_message(str(err)) from err
 

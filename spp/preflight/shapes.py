@@ -11,10 +11,11 @@ from typing import Any
 
 import torch
 
-from spp.adapters.registry import get_method
+from spp.adapters.base import AdapterMethod
 from spp.errors import UserError
 from spp.planning.shapes import skeleton_from_arch
 from spp.projections import block_projections, decoder_layers, matches, resolve_targets
+from spp.pruning.resolve import resolve_adapter
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,12 @@ def arch_layers(arch: dict[str, Any]) -> ArchLayers | None:
 
 
 def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = None, pruner: Any = None,
-                 seqlens: dict[str, int] | None = None) -> None:
+                 seqlens: dict[str, int] | None = None, method: AdapterMethod | None = None) -> None:
     """Every shape rule of the run against the arch: the adapter method's own (:meth:`~spp.adapters.base.
-    AdapterMethod.preflight`, e.g. SPP's ``r | out_features``), N:M's ``m | in_features``, the sequence lengths
-    within ``max_position_embeddings``."""
+    AdapterMethod.preflight`, e.g. SPP's ``r | out_features``; ``method``: the resolved method of ``adapter``, else
+    resolved here), N:M's ``m | in_features``, the sequence lengths within ``max_position_embeddings``."""
+    if adapter is not None and method is None:
+        method = resolve_adapter(adapter.name)
     layers = arch_layers(arch)
     max_pos = arch.get("max_position_embeddings") or (layers.max_positions if layers else None)
     for key, value in (seqlens or {}).items():
@@ -84,14 +87,12 @@ def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = N
                             f"set {key}<={max_pos}", key=key)
     if layers is None:
         if adapter is not None:
-            get_method(adapter.name).preflight(adapter, None)
+            method.preflight(adapter, None)
         log.info("preflight: the model's shapes are unknown before loading (hub id without model.arch); "
                  "shape checks run after loading")
         return
     if adapter is not None:  # the method's own rules (SPP: r divides every out_features)
-        trains = get_method(adapter.name).trains
-        get_method(adapter.name).preflight(adapter, layers.shapes(list(adapter.targets), "adapter.targets")
-                                           if trains else None)
+        method.preflight(adapter, layers.shapes(list(adapter.targets), "adapter.targets") if method.trains else None)
     if sparsity is not None and pruner is not None and sparsity.kind == "nm" and pruner.name != "none":
         m = int(sparsity.m)
         shapes = layers.shapes(list(pruner.targets), "pruner.targets")
@@ -104,14 +105,15 @@ def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = N
 
 
 def check_targets(arch: dict[str, Any], path: str, *, pruner: Any = None, sparsity: Any = None,
-                  adapter: Any = None) -> None:
+                  adapter: Any = None, method: AdapterMethod | None = None) -> None:
     """``pruner.targets`` and ``adapter.targets`` each name linear projections of the architecture's decoder
     blocks (every name must match one; the default list stands for all of them: :func:`spp.projections.
-    resolve_targets`), checked on the meta block before any weight is read."""
+    resolve_targets`), checked on the meta block before any weight is read (``method``: the resolved method of
+    ``adapter``, else resolved here)."""
     layers = arch_layers(arch)
     if layers is None:
         return
     if pruner is not None and pruner.name != "none" and sparsity is not None and not sparsity.is_dense:
         resolve_targets(layers.block, list(pruner.targets), "pruner.targets")
-    if adapter is not None and get_method(adapter.name).trains:
+    if adapter is not None and (method if method is not None else resolve_adapter(adapter.name)).trains:
         resolve_targets(layers.block, list(adapter.targets), "adapter.targets")

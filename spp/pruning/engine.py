@@ -40,8 +40,9 @@ from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import check_layer_fits, sparsity_summary
-from spp.pruning.registry import NO_PRUNING, get_pruner
+from spp.pruning.registry import NO_PRUNING
 from spp.pruning.report import PruneReport, build_report, report_from_layers
+from spp.pruning.resolve import prunes, resolve_pruner
 from spp.pruning.statistics import InputStatistics
 from spp.pruning.targets import block_linears, prunable_linears
 
@@ -86,9 +87,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 
 def validate_for_model(
-    model: nn.Module, pruner: PrunerConfig, sparsity: SparsityConfig, calibration: CalibrationConfig
+    model: nn.Module, pruner: PrunerConfig, sparsity: SparsityConfig, calibration: CalibrationConfig,
+    method: Pruner | None = None,
 ) -> dict[str, nn.Linear]:
     """Check every setting against the model before any work (shapes only: a ``meta`` skeleton will do).
+    ``method``: the resolved pruner (a job's ``Run`` holds it; resolved from ``pruner`` when not given).
 
     Raises:
         ValueError: bad ratio / N:M / targets / seqlen, a pruner's own refusal (:meth:`Pruner.check`: SparseGPT's
@@ -99,7 +102,7 @@ def validate_for_model(
     if not sparsity.is_dense and pruner.name != NO_PRUNING:
         for name, linear in linears.items():
             check_layer_fits(name, linear.weight.shape, sparsity)
-        method = get_pruner(pruner)
+        method = method if method is not None else resolve_pruner(pruner)
         method.check(sparsity)
         if method.needs_calibration:
             max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -120,6 +123,7 @@ def prune_model(
     calibration: CalibrationConfig | None = None,
     data_dir: str | None = None,
     device: str | torch.device | None = None,
+    method: Pruner | None = None,
 ) -> PruneResult:
     """Prune the target linears of a whole in-memory ``model`` in place, in this process.
 
@@ -135,11 +139,13 @@ def prune_model(
         calibration: Calibration settings (defaults: C4, 128 x 2048, seed 0).
         data_dir: Data root override (see ``spp.paths.find_data``).
         device: Where each block is processed; None = CUDA when available.
+        method: The resolved pruner (None: resolved from ``pruner``).
     """
     linearize_conv1d(model)  # a GPT-2 model built by the caller: its Conv1D projections as nn.Linear (a no-op else)
     off = OffloadedModel(model, DistContext(device=resolve_device(device)))
     try:
-        return prune_offloaded(off, tokenizer, pruner, sparsity, calibration or CalibrationConfig(), data_dir)
+        return prune_offloaded(off, tokenizer, pruner, sparsity, calibration or CalibrationConfig(), data_dir,
+                               method=method)
     finally:
         off.restore()
 
@@ -153,21 +159,23 @@ def prune_offloaded(
     data_dir: str | None = None,
     keep_masks: bool = False,
     on_block: Callable[[str], None] | None = None,
+    method: Pruner | None = None,
 ) -> PruneResult:
     """Prune ``off`` block by block on every rank of ``off.ctx`` (see the module docstring); rank 0's home ends
     pruned. ``keep_masks`` keeps the masks on every rank (rank 0 always keeps them). ``on_block(prefix)`` is
     called with each block's module name (``model.layers.3``) once the block is final and written home (the cache
-    streams its weights to disk from there)."""
+    streams its weights to disk from there). ``method``: the resolved pruner (None: resolved from ``pruner``)."""
     t_start = time.perf_counter()
     model = off.model
-    linears = validate_for_model(model, pruner, sparsity, calibration)
-    if sparsity.is_dense or pruner.name == NO_PRUNING:
+    linears = validate_for_model(model, pruner, sparsity, calibration, method)
+    if not prunes(pruner, sparsity):
         return _unpruned(off, linears, sparsity, t_start)
+    method = method if method is not None else resolve_pruner(pruner, sparsity)
     was_training = model.training
     model.eval()  # no dropout in the calibration forward passes
     try:
         with buffers_on(model, off.ctx.device):
-            run = _Run(off, get_pruner(pruner), sparsity, keep_masks or off.ctx.is_main, on_block)
+            run = _Run(off, method, sparsity, keep_masks or off.ctx.is_main, on_block)
             run.prune(tokenizer, calibration, data_dir, pruner.true_sequential)
     finally:
         model.train(was_training)

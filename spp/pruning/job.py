@@ -27,29 +27,31 @@ from spp.pruning.reconstruction.phase import frozen_copy, probe, reconstruct_pha
 from spp.pruning.targets import prunable_linears
 
 
-def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenizer: Any,
-                           ctx: DistContext) -> tuple[OffloadedModel, PruneResult, ReconstructResult | None]:
+def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenizer: Any, ctx: DistContext,
+                           methods: Any = None) -> tuple[OffloadedModel, PruneResult, ReconstructResult | None]:
     """Offload ``model``, prune it (through the cache unless ``use_cache=false``), then reconstruct it when asked;
     every rank. The dense copy the reconstruction trains against is taken before pruning, and only when no finished
-    reconstruction entry exists (the probe)."""
+    reconstruction entry exists (the probe). ``methods``: the resolved pruner and form (``.pruner``, ``.form``)."""
+    method, form = (methods.pruner, methods.form) if methods is not None else (None, None)
     found = probe(job.reconstruct, job.model, job.pruner, job.sparsity, job.calibration,
-                  job.cache_dir if job.use_cache else None, job.data_dir, ctx)
+                  job.cache_dir if job.use_cache else None, job.data_dir, ctx, form=form)
     dense = frozen_copy(model) if found.needs_dense else None
     off = OffloadedModel(model, ctx)
     if job.use_cache:
         result = prune_cached(off, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
-                              job.data_dir, lock_timeout_s=job.cache_lock_timeout_s)
+                              job.data_dir, lock_timeout_s=job.cache_lock_timeout_s, method=method)
     else:
-        result = prune_offloaded(off, tokenizer, job.pruner, job.sparsity, job.calibration, job.data_dir)
+        result = prune_offloaded(off, tokenizer, job.pruner, job.sparsity, job.calibration, job.data_dir, method=method)
     if not job.reconstruct.enabled:
         return off, result, None
     return off, result, reconstruct_phase(off, dense, tokenizer, result.masks, job.pruner, found, job.data_dir,
-                                          job.cache_lock_timeout_s)
+                                          job.cache_lock_timeout_s, form)
 
 
-def prune_job(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
+def prune_job(job: PruneJobConfig, output_dir: Path, methods: Any = None) -> dict[str, Any] | None:
     """Load, prune (through the cache unless ``use_cache=false``), audit and save; returns the timing record
-    (``None`` on ranks other than 0).
+    (``None`` on ranks other than 0). ``methods``: the job's resolved pruner and form (``spp.training.run.Methods``,
+    which ``prune.py`` resolves once; ``None``: resolved from the configs).
 
     With ``reconstruct=blockwise`` the pruned model is then reconstructed block by block against the dense model
     (through its own cache entry) and ``reconstruction.json`` holds the per-block losses.
@@ -63,7 +65,7 @@ def prune_job(job: PruneJobConfig, output_dir: Path) -> dict[str, Any] | None:
     torch.manual_seed(job.seed)
     model, tokenizer = load_for_rank(job.model, ctx.rank), load_tokenizer(job.model)
     timing: dict[str, Any] = {"load_model": time.perf_counter() - t_start, "ranks": ctx.world}
-    off, result, reconstruction = _prune_and_reconstruct(job, model, tokenizer, ctx)
+    off, result, reconstruction = _prune_and_reconstruct(job, model, tokenizer, ctx, methods)
     model = off.restore()
     if not ctx.is_main:
         return None

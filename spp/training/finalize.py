@@ -30,21 +30,20 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from spp.adapters.registry import apply_adapter, get_method, save_adapter_dir
+from spp.adapters.registry import apply_adapter, save_adapter_dir
 from spp.adapters.trained_on import RECORD, zero_fingerprint
 from spp.atomic import is_disk_full, write_dir_atomic
 from spp.deepspeed_support import is_deepspeed
 from spp.distributed import DistContext
 from spp.errors import UserError
-from spp.eval.evaluate import evaluate
+from spp.eval.evaluate import Evaluation, evaluate
 from spp.export.manifest import ExportManifest, adapter_record
 from spp.export.merged import ExportInputs, export_streamed, remove_stale_export
-from spp.models.loading import load_skeleton, model_identity
-from spp.pruning.cache import cache_key
-from spp.pruning.reconstruction.cache import reconstruct_key
-from spp.training.callbacks.pruning import PrunedModel
+from spp.models.loading import load_skeleton
+from spp.training.callbacks.pruning import PrunedModel, PruningRecord
 from spp.training.config import TrainJobConfig
-from spp.training.phases import FitResult
+from spp.training.phases import FitResult, TrainingRecord
+from spp.training.run import Run
 from spp.training.strategies import trained_weights_dtype
 from spp.training.trainer import resolve_precision
 
@@ -57,22 +56,19 @@ DIVERGED_DIR = "merged.diverged"
 
 @dataclass
 class FinalizeResult:
-    """The finalize phase's result: merge statistics, the merged model's audit and scores, and output paths."""
+    """The finalize phase's result: the export's merge statistics and audit, the export's :class:`Evaluation`
+    (``None`` when nothing was evaluated), output folders, seconds by part, and the run's status (``ok``,
+    ``diverged`` with the guards' reasons, ``export_failed`` with its error)."""
 
-    merge: dict[str, Any]
-    audit: dict[str, Any]
-    ppl: dict[str, Any] | None = None
-    ppl_by_source: dict[str, dict[str, Any]] = field(default_factory=dict)
-    zero_shot: dict[str, Any] | None = None
-    doc_records: list[dict[str, Any]] | None = None
+    merge: dict[str, Any] = field(default_factory=dict)
+    audit: dict[str, Any] = field(default_factory=dict)
+    evaluation: Evaluation | None = None
     merged_dir: str | None = None
     adapter_dir: str | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     status: str = "ok"
     diverged: list[str] = field(default_factory=list)
-    sample: dict[str, Any] | None = None
     export_error: UserError | None = None
-    evaluation: dict[str, Any] = field(default_factory=dict)
 
 
 def on_rank0(ctx: DistContext, work: Callable[[], T]) -> T:
@@ -89,23 +85,23 @@ def on_rank0(ctx: DistContext, work: Callable[[], T]) -> T:
     return outcome
 
 
-def provenance(job: TrainJobConfig, pruned: PrunedModel | None = None) -> dict[str, Any]:
+def provenance(run: Run, pruned: PrunedModel | None = None) -> dict[str, Any]:
     """What the adapter was trained on top of (stored in ``adapter_config.json`` and ``spp_export.json``); with the
     pruning phase's result (rank 0, for the adapter files) also the record every loading path checks
     (:mod:`spp.adapters.trained_on`): the model's identity, the pruning cache key, the zero pattern's fingerprint and,
-    after ``reconstruct=blockwise``, the reconstruction's key (the same zeros, other weights)."""
+    after ``reconstruct=blockwise``, the reconstruction's key (the same zeros, other weights); all from the run's
+    :class:`~spp.training.run.PruningIdentity`."""
+    job, ident = run.job, run.identity
     names = {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name}}
     if pruned is None or not len(pruned.zeros):
         return names
-    dense = job.pruner.name == "none" or job.sparsity.is_dense
-    key, digest = (None, None) if dense else cache_key(job.model, job.pruner, job.sparsity, job.calibration,
-                                                       job.data_dir)
-    record = {"model": {"name": job.model.name, "identity": model_identity(job.model), "dtype": job.model.torch_dtype},
+    dense = ident.key is None
+    record = {"model": {"name": job.model.name, "identity": ident.model, "dtype": job.model.torch_dtype},
               "pruning": None if dense else {"pruner": job.pruner.name, "sparsity": job.sparsity.name,
-                                             "cache_key": digest, "key": key},
+                                             "cache_key": ident.digest, "key": ident.key},
               "masks": {**zero_fingerprint(pruned.zeros), "targets": sorted(job.pruner.targets)},
-              "reconstruction": None if dense or not job.reconstruct.enabled else
-              dict(zip(("key", "cache_key"), reconstruct_key(key, digest, job.reconstruct, job.data_dir), strict=True))}
+              "reconstruction": None if ident.reconstruction is None else
+              dict(zip(("key", "cache_key"), ident.reconstruction, strict=True))}
     return {**names, RECORD: record}
 
 
@@ -124,14 +120,14 @@ def rebuild(job: TrainJobConfig, pruned: PrunedModel, state: dict[str, torch.Ten
     return model
 
 
-def save_adapter_files(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path) -> str:
+def save_adapter_files(run: Run, pruned: PrunedModel, fitted: FitResult) -> str:
     """Rank 0: the adapter files in ``<run_dir>/adapter`` (atomic; a full disk is one :class:`UserError`)."""
-    method = get_method(job.adapter.name)
+    job, method = run.job, run.methods.adapter
     # sharded (FSDP2, ZeRO-3), or DeepSpeed's module copies rounded to bf16: rebuild with the gathered fp32 tensors
     model = fitted.model if not (fitted.sharded or fitted.deepspeed) else rebuild(job, pruned, fitted.state)
-    path = run_dir / "adapter"
+    path = run.run_dir / "adapter"
     try:
-        write_dir_atomic(path, lambda tmp: save_adapter_dir(method, model, tmp, provenance(job, pruned), job.adapter))
+        write_dir_atomic(path, lambda tmp: save_adapter_dir(method, model, tmp, provenance(run, pruned), job.adapter))
     except Exception as err:
         if not is_disk_full(err):
             raise
@@ -141,23 +137,22 @@ def save_adapter_files(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResu
     return str(path)
 
 
-def _manifest(job: TrainJobConfig, fitted: FitResult) -> ExportManifest:
+def _manifest(run: Run) -> ExportManifest:
     """``spp_export.json``'s contents. The weights' dtype comes from the configuration (``model.torch_dtype``, cast
     by the resolved ``trainer.precision`` when a Trainer ran: :func:`trained_weights_dtype`), never from the
-    parameters ``fitted`` holds: ZeRO-3 partitions are flat (1-D) and empty outside a gather."""
-    trained = get_method(job.adapter.name).trains
+    parameters the fit phase holds: ZeRO-3 partitions are flat (1-D) and empty outside a gather."""
+    job, trained = run.job, run.methods.trains
     precision = resolve_precision(job.trainer.precision, job.trainer.accelerator) if trained else "32-true"
     dtype = trained_weights_dtype(job.model.torch_dtype, precision, trained and is_deepspeed(job.strategy))
-    return ExportManifest(adapter=adapter_record(job.adapter), dtype=str(dtype), **provenance(job))
+    return ExportManifest(adapter=adapter_record(job.adapter), dtype=str(dtype), **provenance(run))
 
 
-def export(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path, ctx: DistContext,
-           result: FinalizeResult) -> Path | None:
+def export(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext, result: FinalizeResult) -> Path | None:
     """Every rank: the streamed export (``merged/``, or a temporary folder for evaluation only); ``None`` when the
     disk filled up (``result`` then says ``export_failed``)."""
-    method = get_method(job.adapter.name)
-    target = run_dir / ("merged" if job.export.merged else ".merged.evaluate")
-    inputs = ExportInputs(method, pruned.zeros if ctx.is_main else None, pruned.tokenizer, _manifest(job, fitted),
+    job, method = run.job, run.methods.adapter
+    target = run.run_dir / ("merged" if job.export.merged else ".merged.evaluate")
+    inputs = ExportInputs(method, pruned.zeros if ctx.is_main else None, pruned.tokenizer, _manifest(run),
                           method.kept_zeros_may_change, fitted.state if fitted.deepspeed else {})
     try:
         exported = export_streamed(fitted.model, inputs, target, ctx)
@@ -199,31 +194,28 @@ def release(fitted: FitResult, pruned: PrunedModel) -> None:
                     "stays in use during evaluation", ", ".join(holders) or "an unknown holder")
 
 
-def finalize(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, run_dir: Path,
-             ctx: DistContext | None = None) -> FinalizeResult:
+def finalize(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext | None = None) -> FinalizeResult:
     """Adapter files, export, evaluation and guards, on every rank (see the module docstring)."""
     ctx = ctx or DistContext()
-    method = get_method(job.adapter.name)
-    result = FinalizeResult(merge={}, audit={})
+    job, run_dir = run.job, run.run_dir
+    result = FinalizeResult()
     start = time.perf_counter()
-    if job.export.adapter and method.trains:
-        result.adapter_dir = on_rank0(ctx, lambda: save_adapter_files(job, pruned, fitted, run_dir))
+    if job.export.adapter and run.methods.trains:
+        result.adapter_dir = on_rank0(ctx, lambda: save_adapter_files(run, pruned, fitted))
         result.seconds["save_adapter"] = round(time.perf_counter() - start, 2)
     pruned.home = {}  # the pruned weights rank 0 kept for the adapter files: evaluation loads the export instead
     if ctx.is_main:
         clear_previous_exports(job, run_dir)
     needed = job.export.merged or job.eval.ppl or bool(job.eval.tasks) or job.sample.enabled
-    target = export(job, pruned, fitted, run_dir, ctx, result) if needed else None
+    target = export(run, pruned, fitted, ctx, result) if needed else None
     release(fitted, pruned)
     if target is None:
         return result
     sample = (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None
     evaluation = evaluate(target, job.eval, ctx, data_dir=job.data_dir, sample=sample, label="merged")
-    result.ppl, result.zero_shot, result.sample = evaluation.ppl, evaluation.zero_shot, evaluation.sample
-    result.ppl_by_source, result.doc_records = evaluation.ppl_by_source, evaluation.doc_records
-    result.evaluation = evaluation.record()
+    result.evaluation = evaluation
     result.seconds.update(evaluation.seconds)
-    result.diverged = divergence(job, pruned, fitted, result)
+    result.diverged = divergence(job, pruned.record, fitted.record, evaluation, run.methods.trains)
     result.status, result.merged_dir = on_rank0(ctx, lambda: _place(job, run_dir, target, result.diverged))
     return result
 
@@ -296,8 +288,10 @@ def loss_rise(losses: list[float]) -> str | None:
     return None
 
 
-def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, result: FinalizeResult) -> list[str]:
-    """Why the run must not be reported as a success (``guards.*``); empty when it may.
+def divergence(job: TrainJobConfig, pruned: PruningRecord, fitted: TrainingRecord, evaluation: Evaluation,
+               trained: bool = True) -> list[str]:
+    """Why the run must not be reported as a success (``guards.*``); empty when it may (``trained``: the adapter
+    method trains, so its training loss is judged).
 
     Diverged: the merged perplexity is not finite or exceeds ``guards.max_ppl_ratio`` × the pruned model's, or
     (``guards.loss_must_fall``) the training loss rose beyond its noise (:func:`loss_rise`).
@@ -306,13 +300,13 @@ def divergence(job: TrainJobConfig, pruned: PrunedModel, fitted: FitResult, resu
         return []
     reasons = []
     before = (pruned.ppl.get("pruned") or {}).get("ppl")
-    after = (result.ppl or {}).get("ppl")
+    after = (evaluation.ppl or {}).get("ppl")
     ratio = job.guards.max_ppl_ratio
     if after is not None and not math.isfinite(after):
         reasons.append(f"merged perplexity is {after}")
     elif after is not None and before is not None and math.isfinite(before) and after > ratio * before:
         reasons.append(f"merged perplexity {after:.4g} > guards.max_ppl_ratio={ratio:g} x pruned {before:.4g}")
-    rise = loss_rise(fitted.train_losses) if job.guards.loss_must_fall and get_method(job.adapter.name).trains else None
+    rise = loss_rise(fitted.train_losses) if job.guards.loss_must_fall and trained else None
     if rise:
         reasons.append(rise)
     return reasons

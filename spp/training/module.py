@@ -12,12 +12,12 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 from transformers import get_scheduler
 
-from spp.adapters.base import Masks, ParamCounts, count_parameters
+from spp.adapters.base import AdapterMethod, Masks, ParamCounts, count_parameters
 from spp.adapters.config import AdapterConfig
 from spp.adapters.registry import after_placement, apply_adapter, before_optimizer_step
 from spp.distributed import DistContext
 from spp.training.config import StrategyConfig, TrainerConfig
-from spp.training.objectives import ObjectiveConfig, build_objective
+from spp.training.objectives import Objective, ObjectiveConfig, build_objective
 from spp.training.strategies import has_meta_parameters, replicate_from_rank0, shard_from_rank0, shard_model
 from spp.training.teacher import match_dtype, place_teacher
 
@@ -51,7 +51,9 @@ class SPPModule(L.LightningModule):
         decoder_layer_cls: The decoder-block class sharded by FSDP2.
         adapter: Attach this adapter in ``configure_model`` (the model then comes from the pruning callback).
         seed: Seed of the adapter's initialisation (the same on every rank).
-        objective: The training objective's config (``None``: cross-entropy).
+        objective: The training objective, or its config (``None``: cross-entropy).
+        method: The adapter method of ``adapter`` (a job's ``Run`` holds it); its placement and optimizer-step hooks
+            run on the model (``None``: every registered method's, each acting on its own layers only).
     """
 
     def __init__(
@@ -62,7 +64,8 @@ class SPPModule(L.LightningModule):
         decoder_layer_cls: type[nn.Module] | None = None,
         adapter: AdapterConfig | None = None,
         seed: int = 0,
-        objective: ObjectiveConfig | None = None,
+        objective: Objective | ObjectiveConfig | None = None,
+        method: AdapterMethod | None = None,
     ) -> None:
         super().__init__()
         self.model = model
@@ -75,7 +78,9 @@ class SPPModule(L.LightningModule):
         self.params: ParamCounts | None = None
         self.trainable_names = [] if model is None else [n for n, p in model.named_parameters() if p.requires_grad]
         self._compiled: list[Any] = []  # a list, so nn.Module does not register the compiled view as a child
-        self.objective = build_objective(objective, decoder_layer_cls)
+        built = isinstance(objective, Objective)
+        self.objective = objective if built else build_objective(objective, decoder_layer_cls)
+        self.method = method
         self._teacher: list[nn.Module] = []  # a list too: no strategy wraps, casts or checkpoints the teacher
         self._configured = False
         self._losses: list[torch.Tensor] = []
@@ -106,7 +111,7 @@ class SPPModule(L.LightningModule):
         else:
             if from_rank0:
                 replicate_from_rank0(self.model, ctx, strategy)
-            after_placement(self.model)  # masked_full: the mask hook on the weight objects now trained
+            self._after_placement()  # masked_full: the mask hook on the weight objects now trained
         if self._teacher:
             place_teacher(self._teacher[0], ctx, from_rank0, mesh, self.decoder_layer_cls)
         if self.cfg.compile:
@@ -196,7 +201,17 @@ class SPPModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """Each method's hook before clipping and the step (masked full fine-tuning zeroes the pruned entries of the
         possibly sharded gradients: :meth:`~spp.adapters.base.AdapterMethod.before_optimizer_step`)."""
-        before_optimizer_step(self.model)
+        if self.method is not None:
+            self.method.before_optimizer_step(self.model)
+        else:
+            before_optimizer_step(self.model)
+
+    def _after_placement(self) -> None:
+        """The adapter method's hook once the model is placed (every registered method's without ``method``)."""
+        if self.method is not None:
+            self.method.after_placement(self.model)
+        else:
+            after_placement(self.model)
 
     # ----------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict[str, Any]:

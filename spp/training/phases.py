@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -24,7 +23,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import nn
 
 from spp.adapters.base import ParamCounts, count_parameters
-from spp.adapters.registry import apply_adapter, get_method
+from spp.adapters.registry import apply_adapter
 from spp.data.alpaca import AlpacaDataModule
 from spp.distributed import local_device
 from spp.models.loading import load_tokenizer
@@ -36,8 +35,8 @@ from spp.training.callbacks.recovery_curve import RecoveryCurve, curve_callbacks
 from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit
 from spp.training.config import ProgressBar, TrainJobConfig
 from spp.training.module import SPPModule
-from spp.training.objectives import build_objective
 from spp.training.resume_checks import settings_of
+from spp.training.run import Run
 from spp.training.strategies import decoder_layer_class, gather_trainable, is_sharded
 from spp.training.trainer import build_trainer, peak_memory, progress_mode, train_seconds
 
@@ -45,26 +44,52 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class FitResult:
-    """The fit phase's result: the adapted model as this rank holds it (whole, or its shards when ``sharded``), the
-    gathered trainable tensors (rank 0), losses (the objective's, and its parts in ``train_parts``), audits, data
-    summary, time and memory, and the recovery curve's points (``trainer.curve_every_n_steps``; ``None`` when off)."""
+class TrainingRecord:
+    """What the report reads of training: parameter counts, optimiser steps, losses (the objective's, and its parts
+    in ``train_parts``), audits, data summary, time and memory, and the recovery curve's points
+    (``trainer.curve_every_n_steps``; ``None`` when off)."""
 
-    model: nn.Module | None
-    state: dict[str, torch.Tensor]
     params: ParamCounts
     steps: int = 0
     train_losses: list[float] = field(default_factory=list)
     val_losses: list[float] = field(default_factory=list)
+    train_parts: dict[str, list[float]] = field(default_factory=dict)
     audits: list[dict[str, Any]] = field(default_factory=list)
     data: dict[str, Any] | None = None
     seconds: float = 0.0
-    is_global_zero: bool = True
     memory: dict[str, Any] = field(default_factory=dict)
+    recovery_curve: list[dict[str, Any]] | None = None
+
+
+@dataclass
+class FitResult:
+    """The fit phase's result: what finalize reads — the adapted model as this rank holds it (whole, or its shards
+    when ``sharded``; DeepSpeed's module when ``deepspeed``) and the gathered trainable tensors (rank 0) — and the
+    :class:`TrainingRecord` the report reads."""
+
+    model: nn.Module | None
+    state: dict[str, torch.Tensor]
+    record: TrainingRecord
+    is_global_zero: bool = True
     sharded: bool = False
     deepspeed: bool = False
-    train_parts: dict[str, list[float]] = field(default_factory=dict)
-    recovery_curve: list[dict[str, Any]] | None = None
+
+
+class KeepPrunedWeights(Callback):
+    """The fit phase's hold on the pruned weights for the finalize phase: in ``setup``, after the pruning callback
+    and before ``configure_model`` shards, global rank 0 keeps references to them (``PrunedModel.home``, no copy)
+    when the strategy shards the model or is DeepSpeed, so the adapter files can be written from a model rebuilt on
+    the CPU (:func:`spp.training.finalize.rebuild`)."""
+
+    def __init__(self, pruning: PruningCallback) -> None:
+        self.pruning = pruning
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """Keep the references once (sharding drops the module's own)."""
+        pruned = self.pruning.pruned
+        if (trainer.is_global_zero and pruned is not None and not pruned.home and pruned.model is not None
+                and (is_sharded(trainer.strategy) or isinstance(trainer.strategy, DeepSpeedStrategy))):
+            pruned.home = dict(pruned.model.state_dict())
 
 
 def job_device(job: TrainJobConfig) -> torch.device:
@@ -72,36 +97,39 @@ def job_device(job: TrainJobConfig) -> torch.device:
     return local_device(job.trainer.accelerator)
 
 
-def pruning_settings(job: TrainJobConfig) -> PruningSettings:
-    """What the pruning callback needs of ``job``; the dense model is kept (``keep_dense``) when the training
+def pruning_callback_settings(run: Run) -> PruningSettings:
+    """What the pruning callback needs of the run; the dense model is kept (``keep_dense``) when the training
     objective has a teacher and something trains."""
-    teacher = get_method(job.adapter.name).trains and build_objective(job.objective).needs_teacher
+    job = run.job
     return PruningSettings(job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir, job.data_dir,
                            job.eval, job.dense_ppl, job.pruned_ppl,
                            (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None,
-                           job.cache_lock_timeout_s, keep_dense=teacher,
-                           reconstruct=job.reconstruct)
+                           job.cache_lock_timeout_s, keep_dense=run.methods.keeps_dense,
+                           reconstruct=job.reconstruct, pruner_method=run.methods.pruner,
+                           form=run.methods.form, identity=run.identity)
 
 
-def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
-        callbacks: list[Callback] | None = None) -> tuple[PrunedModel, FitResult]:
+def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None) -> tuple[PrunedModel, FitResult]:
     """Prune (in the Trainer's setup, every rank) and train the adapter (every rank); returns both results."""
+    job, run_dir = run.job, run.run_dir
     quiet_lightning()
     L.seed_everything(job.seed, workers=True)
     tokenizer = load_tokenizer(job.model)
-    pruning = PruningCallback(pruning_settings(job), tokenizer, everywhere=False)
-    if not get_method(job.adapter.name).trains:
-        return _untrained(job, pruning)
+    pruning = PruningCallback(pruning_callback_settings(run), tokenizer, everywhere=False)
+    if not run.methods.trains:
+        return _untrained(run, pruning)
     datamodule = AlpacaDataModule(tokenizer, job.data, data_dir=job.data_dir,
                                   progress=progress_mode(job.trainer.progress_bar) in (ProgressBar.rich,
                                                                                        ProgressBar.tqdm))
     datamodule.setup("fit")  # bad data (e.g. every prompt longer than data.max_length) fails before the Trainer
     module = SPPModule(None, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls),
-                       adapter=job.adapter, seed=job.seed, objective=job.objective)
+                       adapter=job.adapter, seed=job.seed, objective=run.methods.objective,
+                       method=run.methods.adapter)
     auditor = SparsityAuditCallback(source=pruning)
-    guards = GuardsCallback(settings_of(job), job.guards)
-    curve = curve_callbacks(job, run_dir, tokenizer, get_method(job.adapter.name))  # before pruning: its setup checks
-    trainer = build_trainer(job, run_dir, loggers, [*curve, pruning, auditor, guards, *(callbacks or [])])
+    guards = GuardsCallback(settings_of(job, run.identity), job.guards)
+    curve = curve_callbacks(job, run_dir, tokenizer, run.methods.adapter)  # before pruning: its setup checks
+    trainer = build_trainer(job, run_dir, loggers, [*curve, pruning, KeepPrunedWeights(pruning), auditor, guards,
+                                                    *(callbacks or [])])
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     losses = module.train_losses
@@ -113,11 +141,11 @@ def fit(job: TrainJobConfig, run_dir: Path, loggers: list[Logger],
     memory = peak_memory(trainer.strategy.root_device)
     for logger in loggers:
         logger.log_metrics({"train/peak_memory_mib": memory["peak_mib"]}, step=trainer.global_step)
-    return pruning.pruned, FitResult(module.model, state, module.params, trainer.global_step, module.train_losses,
-                                     module.val_losses, auditor.reports, datamodule.summary(),
-                                     round(train_seconds(trainer), 2), trainer.is_global_zero, memory,
-                                     is_sharded(trainer.strategy), isinstance(trainer.strategy, DeepSpeedStrategy),
-                                     module.train_parts, _curve_points(trainer))
+    record = TrainingRecord(module.params, trainer.global_step, module.train_losses, module.val_losses,
+                            module.train_parts, auditor.reports, datamodule.summary(), round(train_seconds(trainer), 2),
+                            memory, _curve_points(trainer))
+    return pruning.pruned, FitResult(module.model, state, record, trainer.is_global_zero, is_sharded(trainer.strategy),
+                                     isinstance(trainer.strategy, DeepSpeedStrategy))
 
 
 def _curve_points(trainer: L.Trainer) -> list[dict[str, Any]] | None:
@@ -126,9 +154,10 @@ def _curve_points(trainer: L.Trainer) -> list[dict[str, Any]] | None:
     return curve.points if curve is not None else None
 
 
-def _untrained(job: TrainJobConfig, pruning: PruningCallback) -> tuple[PrunedModel, FitResult]:
+def _untrained(run: Run, pruning: PruningCallback) -> tuple[PrunedModel, FitResult]:
     """``adapter=none``: prune in this process (no Trainer), attach nothing, audit."""
-    pruned = pruning.run_alone(job_device(job))
-    model, _ = apply_adapter(pruned.model, job.adapter, pruned.masks)
+    pruned = pruning.run_alone(job_device(run.job))
+    model, _ = apply_adapter(pruned.model, run.job.adapter, pruned.masks)
     report = audit(model, pruned.masks, pruned.zeros, when="fit_start")
-    return pruned, FitResult(model, {}, count_parameters(model), audits=[{"when": "fit_start", "step": 0, **report}])
+    return pruned, FitResult(model, {}, TrainingRecord(count_parameters(model),
+                                                       audits=[{"when": "fit_start", "step": 0, **report}]))

@@ -5,19 +5,20 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
+from spp.eval.evaluate import Evaluation
 from spp.eval.perplexity import gap_closed
 from spp.sweeps import objective_value
 from spp.training.callbacks.pruning import PrunedModel
-from spp.training.config import SweepObjective, TrainJobConfig
+from spp.training.config import SweepObjective
 from spp.training.finalize import FinalizeResult
 from spp.training.phases import FitResult
+from spp.training.run import Run
 
 VERSIONED = ("spp", "torch", "lightning", "transformers", "peft", "hydra-core", "lm_eval", "datasets", "wandb")
 
@@ -63,40 +64,45 @@ def _gap_closed(dense: dict[str, Any] | None, pruned: dict[str, Any] | None,
         return None
 
 
-def build_summary(job: TrainJobConfig, run_dir: Path, ids: Mapping[str, Any], pruned: PrunedModel,
-                  fitted: FitResult, final: FinalizeResult, timings: dict[str, float]) -> dict[str, Any]:
-    """Everything a table or plot needs from this job (written to ``summary.json``)."""
+def build_summary(run: Run, ids: Mapping[str, Any], pruned: PrunedModel, fitted: FitResult, final: FinalizeResult,
+                  timings: dict[str, float]) -> dict[str, Any]:
+    """Everything a table or plot needs from this job (written to ``summary.json``): the pruning phase's
+    :class:`~spp.training.callbacks.pruning.PruningRecord`, training's :class:`~spp.training.phases.TrainingRecord`
+    and the finalize phase's result."""
+    job, run_dir = run.job, run.run_dir
     kept = sum(int(m.sum()) for m in pruned.masks.values())
     total = sum(m.numel() for m in pruned.masks.values())
+    ppl, trained, merged = pruned.record.ppl, fitted.record, final.evaluation or Evaluation()
     return {
         "run": {"name": ids["name"], "group": ids["group"], "tags": ids["tags"], "run_dir": str(run_dir),
                 "model": job.model.name, "pruner": job.pruner.name, "sparsity": job.sparsity.name,
                 "adapter": job.adapter.name, "r": getattr(job.adapter, "r", None), "objective": job.objective.name},
-        "perplexity": {"dense": pruned.ppl.get("dense"), "pruned": pruned.ppl.get("pruned"),
-                       **({"reconstructed": pruned.ppl["reconstructed"]} if pruned.ppl.get("reconstructed") else {}),
-                       "merged": final.ppl},
-        "merged_ppl_by_source": final.ppl_by_source,
-        "gap_closed": _gap_closed(pruned.ppl.get("dense"), pruned.ppl.get("pruned"), final.ppl),
-        "gap_closed_by_reconstruction": _gap_closed(pruned.ppl.get("dense"), pruned.ppl.get("pruned"),
-                                                    pruned.ppl.get("reconstructed")),
-        "reconstruction": pruned.reconstruction.summary() if pruned.reconstruction is not None else None,
-        "zero_shot": final.zero_shot,
+        "perplexity": {"dense": ppl.get("dense"), "pruned": ppl.get("pruned"),
+                       **({"reconstructed": ppl["reconstructed"]} if ppl.get("reconstructed") else {}),
+                       "merged": merged.ppl},
+        "merged_ppl_by_source": merged.ppl_by_source,
+        "gap_closed": _gap_closed(ppl.get("dense"), ppl.get("pruned"), merged.ppl),
+        "gap_closed_by_reconstruction": _gap_closed(ppl.get("dense"), ppl.get("pruned"), ppl.get("reconstructed")),
+        "reconstruction": (pruned.record.reconstruction.summary() if pruned.record.reconstruction is not None
+                           else None),
+        "zero_shot": merged.zero_shot,
         "sparsity": {
             "target": job.sparsity.target_ratio,
             "before": (total - kept) / total if total else 0.0,
             "after": final.audit.get("sparsity"),
-            "audits": [*fitted.audits, {"when": "merged", **final.audit}],
+            "audits": [*trained.audits, {"when": "merged", **final.audit}],
         },
-        "params": fitted.params.to_dict(),
-        "memory": fitted.memory,
-        "samples": {"prompt": job.sample.prompt, **pruned.samples, "merged": final.sample} if final.sample else None,
-        "recovery_curve": fitted.recovery_curve,
-        "losses": _loss_summary(fitted.train_losses, fitted.val_losses, fitted.steps, fitted.train_parts),
-        "data": fitted.data,
+        "params": trained.params.to_dict(),
+        "memory": trained.memory,
+        "samples": {"prompt": job.sample.prompt, **pruned.record.samples, "merged": merged.sample}
+        if merged.sample else None,
+        "recovery_curve": trained.recovery_curve,
+        "losses": _loss_summary(trained.train_losses, trained.val_losses, trained.steps, trained.train_parts),
+        "data": trained.data,
         "pruning": {"cache_hit": pruned.result.cache_hit, "timings": pruned.result.timings,
                     "report": pruned.result.report.overall},
         "merge": final.merge,
-        "evaluation": final.evaluation,
+        "evaluation": merged.record() if final.evaluation is not None else {},
         "timings": timings,
         "outputs": {"merged_dir": final.merged_dir, "adapter_dir": final.adapter_dir,
                     "export_error": str(final.export_error) if final.export_error is not None else None,

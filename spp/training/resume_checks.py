@@ -29,18 +29,20 @@ def _plain(obj: Any, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
             if keys is None or k in keys}
 
 
-def pruning_groups(job: Any) -> dict[str, dict[str, Any]]:
+def pruning_groups(job: Any, identity: Any = None) -> dict[str, dict[str, Any]]:
     """What decides the pruned weights, as ``settings_of`` groups: the model files' content identity
     (``model.weights``), the pruning cache key's pruner and calibration fields (with the calibration file's sha256),
-    the pruning code version and the key's digest (``pruning.*``)."""
-    from spp.models.loading import model_identity  # start-up time: a preflight refusal never loads transformers
-    from spp.pruning.cache import cache_key
+    the pruning code version and the key's digest (``pruning.*``). ``identity``: the run's
+    :class:`~spp.training.run.PruningIdentity` (computed here when not given)."""
+    if identity is None:
+        from spp.training.run import pruning_identity  # start-up time: a preflight refusal never loads transformers
 
-    if job.pruner.name == "none" or job.sparsity.is_dense:
-        return {"model": {"weights": model_identity(job.model)}}
-    key, digest = cache_key(job.model, job.pruner, job.sparsity, job.calibration, job.data_dir)
+        identity = pruning_identity(job)
+    if identity.key is None:
+        return {"model": {"weights": identity.model}}
+    key = identity.key
     groups = {"model": {"weights": key["model"]}, "pruner": dict(key["pruner"]),
-              "pruning": {"code_version": key["code_version"], "cache_key": digest[:16]}}
+              "pruning": {"code_version": key["code_version"], "cache_key": identity.digest[:16]}}
     if "calibration" in key:
         groups["calibration"] = dict(key["calibration"])
     return groups
@@ -59,12 +61,12 @@ def world_of(job: Any) -> dict[str, Any]:
     return {"devices": devices, "num_nodes": nodes, "world_size": devices * nodes, "strategy": strategy}
 
 
-def settings_of(job: Any) -> dict[str, Any]:
+def settings_of(job: Any, identity: Any = None) -> dict[str, Any]:
     """The settings a checkpoint must match to be resumed (stored as ``spp_settings``): the adapter, the model (name,
     path, content identity), everything that decides the pruned weights (:func:`pruning_groups`), the data and
     the optimisation (:data:`RESUME_DATA_KEYS`, :data:`RESUME_TRAINER_KEYS`), and the processes (:func:`world_of`,
-    compared by :func:`check_world`)."""
-    pruning = pruning_groups(job)
+    compared by :func:`check_world`; ``identity``: the run's ``PruningIdentity``, or None)."""
+    pruning = pruning_groups(job, identity)
     return {"world": world_of(job), "adapter": _plain(job.adapter),
             "model": {"name": job.model.name, "path": job.model.path, **pruning.pop("model")},
             "pruner": {"name": job.pruner.name, **pruning.pop("pruner", {})}, "sparsity": _plain(job.sparsity),

@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from spp.adapters.registry import get_method
+from spp.adapters.base import AdapterMethod
 from spp.data.config import HUB_PREFIX, validation_split_size
 from spp.data.records import load_alpaca_records
+from spp.pruning.resolve import resolve_adapter
 from spp.training.config import TrainJobConfig
 from spp.training.trainer import accumulation, world_size
 
@@ -52,10 +53,11 @@ def training_batches_per_epoch(job: TrainJobConfig) -> int | None:
     return math.ceil(per_rank / data.train_batch_size)
 
 
-def no_validation_reason(job: TrainJobConfig) -> str | None:
-    """Why ``job`` will log no validation loss, as ``"<what> — <fix>"``; ``None`` when it will (or may)."""
+def no_validation_reason(job: TrainJobConfig, method: AdapterMethod | None = None) -> str | None:
+    """Why ``job`` will log no validation loss, as ``"<what> — <fix>"``; ``None`` when it will (or may).
+    ``method``: the job's resolved adapter method (resolved here when not given)."""
     tcfg, data = job.trainer, job.data
-    if not get_method(job.adapter.name).trains:
+    if not (method if method is not None else resolve_adapter(job.adapter.name)).trains:
         return f"adapter={job.adapter.name} trains nothing, so nothing is validated — choose a trained adapter"
     if isinstance(tcfg.limit_val_batches, (int, float)) and float(tcfg.limit_val_batches) == 0.0:
         return (f"trainer.limit_val_batches={tcfg.limit_val_batches} runs no validation batch — "

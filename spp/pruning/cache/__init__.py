@@ -35,6 +35,7 @@ from spp.models.config import ModelConfig
 from spp.models.loading import model_identity
 from spp.models.offload import OffloadedModel
 from spp.paths import file_sha256
+from spp.pruning.base import Pruner
 from spp.pruning.cache.lock import check_locks_span_nodes, entry_lock
 from spp.pruning.cache.store import (
     CorruptEntryError,
@@ -49,8 +50,9 @@ from spp.pruning.config import CACHE_KEY, UNORDERED, CalibrationConfig, PrunerCo
 from spp.pruning.engine import PruneResult, prune_offloaded, resolve_device, validate_for_model
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import sparsity_summary
-from spp.pruning.registry import NO_PRUNING, get_pruner, needs_calibration, resolve_config
+from spp.pruning.registry import needs_calibration, resolve_config
 from spp.pruning.report import report_from_layers
+from spp.pruning.resolve import prunes, resolve_pruner
 
 PRUNING_CODE_VERSION = "2"  # 2: SparseGPT's Hessian summed exactly (the same masks on any number of ranks)
 """Bump when a change to the pruning code changes its results: old cache entries then stop matching."""
@@ -229,6 +231,8 @@ def prune_cached(
     *,
     keep_masks: bool = False,
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    method: Pruner | None = None,
+    entry_key: tuple[dict[str, Any], str] | None = None,
 ) -> PruneResult:
     """Prune ``off`` on every rank of ``off.ctx``, or apply the cache entry for these settings.
 
@@ -240,19 +244,21 @@ def prune_cached(
     or for rank 0's disk never hits the training process group's timeout; an error on rank 0 ends every rank. A job
     on several nodes first checks that the cache's locks hold across them
     (:func:`~spp.pruning.cache.lock.check_locks_span_nodes`). ``pruner=none`` or ``sparsity=dense`` is a no-op
-    with all-True masks and no cache entry.
+    with all-True masks and no cache entry. ``method``: the resolved pruner and ``entry_key``: the
+    entry's ``(key, digest)`` (a job's ``Run`` holds both; resolved and computed from the configs when not given).
     """
     ctx = off.ctx
-    linears = validate_for_model(off.model, pruner, sparsity, calibration)
-    if sparsity.is_dense or pruner.name == NO_PRUNING:
+    linears = validate_for_model(off.model, pruner, sparsity, calibration, method)
+    if not prunes(pruner, sparsity):
         return prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks)
+    method = method if method is not None else resolve_pruner(pruner, sparsity)
     ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
     check_locks_span_nodes(ctx, Path(cache_dir).expanduser() / "pruning")
     with ExitStack() as stack:
         hit: PruneResult | None = None
         error: UserError | None = None
         if ctx.is_main:
-            key, digest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
+            key, digest = entry_key or cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
             entry = cache_entry_dir(cache_dir, key, digest)
             try:
                 hit = _decide(off, entry, key, sparsity, linears, stack, lock_timeout_s)
@@ -264,24 +270,28 @@ def prune_cached(
         if decision == "hit":  # rank 0 holds the result, the others need nothing more
             return _hit_result(off, hit, sparsity, keep_masks)
         writer = EntryWriter(entry) if ctx.is_main else None
-        result = _prune_writing(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks, writer, linears)
+        result = _prune_writing(off, tokenizer, (pruner, method), sparsity, calibration, data_dir, keep_masks, writer,
+                                linears)
         _finish(off, writer, result, key if ctx.is_main else {})
         result.cache_path = str(entry) if ctx.is_main else None
     return result
 
 
-def _prune_writing(off: OffloadedModel, tokenizer: PreTrainedTokenizerBase | None, pruner: PrunerConfig,
-                   sparsity: SparsityConfig, calibration: CalibrationConfig, data_dir: str | None, keep_masks: bool,
-                   writer: EntryWriter | None, linears: dict[str, nn.Linear]) -> PruneResult:
-    """:func:`prune_offloaded`, with rank 0 handing each finished block's weights to ``writer`` (pruners that
-    update weights); on an error the unfinished entry is removed."""
+def _prune_writing(off: OffloadedModel, tokenizer: PreTrainedTokenizerBase | None,
+                   pruning: tuple[PrunerConfig, Pruner], sparsity: SparsityConfig, calibration: CalibrationConfig,
+                   data_dir: str | None, keep_masks: bool, writer: EntryWriter | None,
+                   linears: dict[str, nn.Linear]) -> PruneResult:
+    """:func:`prune_offloaded` with ``pruning`` (the config and its resolved pruner), rank 0 handing each finished
+    block's weights to ``writer`` (pruners that update weights); on an error the unfinished entry is removed."""
+    pruner, method = pruning
     on_block = None
-    if writer is not None and get_pruner(pruner).updates_weights:
+    if writer is not None and method.updates_weights:
         def on_block(prefix: str) -> None:
             writer.add_weights({n: off.home[off.canonical(f"{n}.weight")] for n in linears
                                 if n.startswith(prefix + ".")})
     try:
-        return prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks, on_block=on_block)
+        return prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks, on_block=on_block,
+                               method=method)
     except BaseException:
         if writer is not None:
             writer.abort()
@@ -334,8 +344,10 @@ def get_or_prune(
     cache_dir: str | Path,
     data_dir: str | None = None,
     device: str | torch.device | None = None,
+    method: Pruner | None = None,
 ) -> PruneResult:
-    """Prune a whole in-memory ``model`` in place in this process, through the cache (:func:`prune_cached`).
+    """Prune a whole in-memory ``model`` in place in this process, through the cache (:func:`prune_cached`;
+    ``method``: the resolved pruner, or None).
 
     On a hit the stored masks (and SparseGPT's updated weights) are applied with no calibration forward pass; on
     a miss, or when the entry is partial or fails its checksum, the model is pruned block by block on ``device``
@@ -343,6 +355,7 @@ def get_or_prune(
     """
     off = OffloadedModel(model, DistContext(device=resolve_device(device)))
     try:
-        return prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir)
+        return prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir,
+                            method=method)
     finally:
         off.restore()

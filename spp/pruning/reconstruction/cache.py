@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from spp.adapters.base import AdapterMethod
 from spp.models.offload import OffloadedModel
 from spp.paths import file_sha256
 from spp.pruning.cache import cache_entry_dir
@@ -37,11 +38,12 @@ log = logging.getLogger(__name__)
 
 
 def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: ReconstructConfig,
-                    data_dir: str | None) -> tuple[dict[str, Any], str]:
+                    data_dir: str | None, form: AdapterMethod | None = None) -> tuple[dict[str, Any], str]:
     """The fields that determine a reconstruction, and their sha256: the pruning key's digest, every
-    ``reconstruct.*`` field, the form's resolved adapter options, the calibration file's sha256, the code version."""
+    ``reconstruct.*`` field, the form's resolved adapter options, the calibration file's sha256, the code version
+    (``form``: the resolved form, or None)."""
     fields = {f.name: _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "name"}
-    fields["lr"] = learning_rate(cfg)  # null and the form's own rate written out are one reconstruction
+    fields["lr"] = learning_rate(cfg, form)  # null and the form's own rate written out are one reconstruction
     calibration = calibration_of(cfg)
     fields["sampling"] = sampling_of(calibration)
     key = {
@@ -49,7 +51,7 @@ def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: Recon
         "model": pruning_key["model"],
         "pruning": pruning_digest,
         "reconstruct": fields,
-        "form": _plain(dataclasses.asdict(form_config(cfg))),
+        "form": _plain(dataclasses.asdict(form_config(cfg, form))),
         "file_sha256": file_sha256(resolve_calibration_file(calibration, data_dir)),
     }
     return key, hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()

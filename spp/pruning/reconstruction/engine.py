@@ -30,8 +30,9 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from spp.adapters.base import AdapterMethod
 from spp.adapters.config import AdapterConfig
-from spp.adapters.registry import before_optimizer_step, get_method, method_names, option_config
+from spp.adapters.registry import before_optimizer_step, option_config
 from spp.errors import UserError
 from spp.models.block_runner import BlockRunner, Call, buffers_on
 from spp.models.config import DTYPES
@@ -48,6 +49,7 @@ from spp.pruning.reconstruction.config import (
 )
 from spp.pruning.reconstruction.one_block import FormedBlock, block_masks
 from spp.pruning.reconstruction.train_block import mean_loss, train_form
+from spp.pruning.resolve import form_method
 from spp.pruning.targets import block_linears
 
 log = logging.getLogger(__name__)
@@ -91,21 +93,15 @@ def calibration_of(cfg: ReconstructConfig) -> CalibrationConfig:
                              seed=cfg.seed, batch_size=1)
 
 
-def form_config(cfg: ReconstructConfig) -> AdapterConfig:
-    """The form's adapter config: ``conf/adapter/<form>.yaml`` with ``reconstruct.form_options`` over it.
+def form_config(cfg: ReconstructConfig, method: AdapterMethod | None = None) -> AdapterConfig:
+    """The form's adapter config: ``conf/adapter/<form>.yaml`` with ``reconstruct.form_options`` over it (``method``:
+    the resolved form, a job's ``Run`` holds it; resolved from ``reconstruct.form`` when not given).
 
     Raises:
         UserError: an unknown form, a form that trains nothing (``none``), or an option the form does not have.
     """
-    forms = [name for name in method_names() if get_method(name).trains]  # the registry's, plug-ins included
-    try:
-        method = get_method(cfg.form)
-    except (KeyError, ValueError) as err:
-        raise UserError(f"reconstruct.form={cfg.form!r} is not an adapter method ({err})",
-                        f"set reconstruct.form to one of {forms}", key="reconstruct.form") from err
-    if not method.trains:
-        raise UserError(f"reconstruct.form={cfg.form} trains nothing",
-                        f"choose a form that trains ({', '.join(forms)}) or reconstruct=none", key="reconstruct.form")
+    if method is None:
+        form_method(cfg.form)  # an unknown or untrained form is refused in one line
     try:
         return option_config(cfg.form, **dict(cfg.form_options))
     except Exception as err:  # noqa: BLE001 - OmegaConf's own errors name the key; one line for the user
@@ -114,24 +110,24 @@ def form_config(cfg: ReconstructConfig) -> AdapterConfig:
                         key="reconstruct.form_options") from err
 
 
-def learning_rate(cfg: ReconstructConfig) -> float:
-    """``reconstruct.lr``, or when it is null the form's own rate (``AdapterMethod.reconstruct_lr``)."""
+def learning_rate(cfg: ReconstructConfig, method: AdapterMethod | None = None) -> float:
+    """``reconstruct.lr``, or when it is null the form's own rate (``AdapterMethod.reconstruct_lr``; ``method``: the
+    resolved form, or None)."""
     if cfg.lr is not None:
         return float(cfg.lr)
-    form_config(cfg)  # an unknown form is refused in one line here, not as a KeyError
-    return float(get_method(cfg.form).reconstruct_lr)
+    return float((method if method is not None else form_method(cfg.form)).reconstruct_lr)
 
 
 class _Pass:
     """One reconstruction pass: this rank's activations and the per-block steps."""
 
     def __init__(self, off: OffloadedModel, dense: OffloadedModel, masks: MaskSet, targets: list[str],
-                 cfg: ReconstructConfig) -> None:
-        cfg = dataclasses.replace(cfg, lr=learning_rate(cfg))
+                 cfg: ReconstructConfig, method: AdapterMethod) -> None:
+        cfg = dataclasses.replace(cfg, lr=learning_rate(cfg, method))
         self.off, self.ctx, self.cfg, self.masks, self.targets = off, off.ctx, cfg, masks, targets
         self.runner, self.dense_runner = BlockRunner(off), BlockRunner(dense)
-        self.form = form_config(cfg)
-        self.method = get_method(cfg.form)
+        self.form = form_config(cfg, method)
+        self.method = method
         self.dtype = DTYPES[cfg.dtype]
         self.timings = {"calibration_data": 0.0, "capture": 0.0, "dense": 0.0, "train": 0.0}
         self.blocks: list[dict[str, Any]] = []
@@ -229,13 +225,14 @@ def _check_zeros(block: nn.Module, masks: dict[str, torch.Tensor], prefix: str) 
 
 def reconstruct_offloaded(off: OffloadedModel, dense: OffloadedModel, tokenizer: PreTrainedTokenizerBase,
                           masks: MaskSet, pruner_targets: Any, cfg: ReconstructConfig, data_dir: str | None = None,
-                          on_block: Callable[[str], None] | None = None) -> ReconstructResult:
+                          on_block: Callable[[str], None] | None = None,
+                          form: AdapterMethod | None = None) -> ReconstructResult:
     """Reconstruct ``off`` (pruned) against ``dense`` block by block on every rank of ``off.ctx`` (the module
     docstring); rank 0's home ends reconstructed. ``masks`` are rank 0's pruning masks; ``on_block(prefix)`` is
-    called once a block is final and written home."""
+    called once a block is final and written home; ``form``: the resolved form (None: from ``reconstruct.form``)."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
     targets = model_targets(off.model, pruner_targets, "pruner.targets")
-    run = _Pass(off, dense, masks, targets, cfg)
+    run = _Pass(off, dense, masks, targets, cfg, form if form is not None else form_method(cfg.form))
     was_training = (off.model.training, dense.model.training)
     off.model.eval(), dense.model.eval()
     try:

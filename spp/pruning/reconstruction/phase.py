@@ -17,6 +17,7 @@ from typing import Any
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from spp.adapters.base import AdapterMethod
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.models.config import ModelConfig
@@ -28,9 +29,12 @@ from spp.pruning.masks import MaskSet
 from spp.pruning.reconstruction import cache
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import ReconstructResult, reconstruct_offloaded
-from spp.pruning.registry import NO_PRUNING
+from spp.pruning.resolve import prunes
 
 log = logging.getLogger(__name__)
+
+Keys = tuple[tuple[dict[str, Any], str], tuple[dict[str, Any], str]]
+"""The pruning cache key and the reconstruction's, each ``(key, sha256 digest)``."""
 
 
 @dataclass
@@ -58,15 +62,19 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 
 def probe(cfg: ReconstructConfig, model_cfg: ModelConfig, pruner: PrunerConfig, sparsity: SparsityConfig,
-          calibration: CalibrationConfig, cache_dir: str | None, data_dir: str | None, ctx: DistContext) -> Probe:
+          calibration: CalibrationConfig, cache_dir: str | None, data_dir: str | None, ctx: DistContext, *,
+          form: AdapterMethod | None = None, keys: Keys | None = None) -> Probe:
     """The entry of this reconstruction (``cache_dir=None``, or nothing pruned: no cache) and whether it is
-    finished; rank 0 decides, every rank learns it."""
+    finished; rank 0 decides, every rank learns it. ``form``: the resolved form; ``keys``: the pruning and
+    reconstruction cache keys, each ``(key, digest)``, when the caller has them (a job's ``Run``), else computed."""
     found = Probe(cfg)
-    if not cfg.enabled or cache_dir is None or sparsity.is_dense or pruner.name == NO_PRUNING:
+    if not cfg.enabled or cache_dir is None or not prunes(pruner, sparsity):
         return found
     if ctx.is_main:
-        pkey, pdigest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
-        found.key, found.digest = cache.reconstruct_key(pkey, pdigest, cfg, data_dir)
+        if keys is None:
+            pkey, pdigest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
+            keys = ((pkey, pdigest), cache.reconstruct_key(pkey, pdigest, cfg, data_dir, form))
+        (pkey, _), (found.key, found.digest) = keys
         found.entry = cache.entry_dir(cache_dir, pkey, found.digest)
         try:
             found.hit = (found.entry / MANIFEST_FILE).is_file() and read_manifest(found.entry).get("key") == found.key
@@ -77,9 +85,10 @@ def probe(cfg: ReconstructConfig, model_cfg: ModelConfig, pruner: PrunerConfig, 
 
 def reconstruct_phase(off: OffloadedModel, dense: nn.Module | None, tokenizer: PreTrainedTokenizerBase,
                       masks: MaskSet, pruner: PrunerConfig, found: Probe, data_dir: str | None = None,
-                      lock_timeout_s: float = 7200.0) -> ReconstructResult:
+                      lock_timeout_s: float = 7200.0, form: AdapterMethod | None = None) -> ReconstructResult:
     """Reconstruct ``off`` (pruned; rank 0's home) against ``dense`` (the frozen dense copy, ``None`` when
-    ``found.hit``), through the cache when ``found.entry`` is set; every rank calls it."""
+    ``found.hit``), through the cache when ``found.entry`` is set; every rank calls it. ``form``: the resolved
+    reconstruction form (a job's ``Run`` holds it; None: resolved from ``found.cfg.form``)."""
     ctx = off.ctx
     ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
     if found.hit:
@@ -94,16 +103,18 @@ def reconstruct_phase(off: OffloadedModel, dense: nn.Module | None, tokenizer: P
         raise ValueError("reconstruct_phase: the dense model is needed (the probe found no finished entry)")
     dense_off = OffloadedModel(dense, ctx)
     try:
-        return _run(off, dense_off, tokenizer, masks, pruner, found, data_dir, lock_timeout_s)
+        return _run(off, dense_off, tokenizer, masks, (pruner, form), found, data_dir, lock_timeout_s)
     finally:
         dense_off.restore()
 
 
 def _run(off: OffloadedModel, dense: OffloadedModel, tokenizer: PreTrainedTokenizerBase, masks: MaskSet,
-         pruner: PrunerConfig, found: Probe, data_dir: str | None, lock_timeout_s: float) -> ReconstructResult:
+         pruning: tuple[PrunerConfig, AdapterMethod | None], found: Probe, data_dir: str | None,
+         lock_timeout_s: float) -> ReconstructResult:
     ctx = off.ctx
+    pruner, form = pruning
     if found.entry is None:
-        return reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg, data_dir)
+        return reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg, data_dir, form=form)
     with ExitStack() as stack:
         hit = cache.decide(off, found.entry, found.key, stack, lock_timeout_s) if ctx.is_main else None
         if ctx.broadcast_object(hit is not None, long_wait=True):  # another job wrote it meanwhile
@@ -112,7 +123,7 @@ def _run(off: OffloadedModel, dense: OffloadedModel, tokenizer: PreTrainedTokeni
         writer = cache.EntryWrite(off, found.entry) if ctx.is_main else None
         try:
             result = reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg, data_dir,
-                                           on_block=writer.block if writer is not None else None)
+                                           on_block=writer.block if writer is not None else None, form=form)
             error = None
             if writer is not None:
                 try:

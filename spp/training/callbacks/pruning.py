@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch import nn
 
+from spp.adapters.base import AdapterMethod
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.eval.config import EvalConfig
@@ -44,6 +44,7 @@ from spp.models.identity import built_config, weights_fingerprint
 from spp.models.loading import load_for_rank, load_tokenizer
 from spp.models.offload import OffloadedModel
 from spp.paths import default_cache_dir
+from spp.pruning.base import Pruner
 from spp.pruning.cache import READ_MARGIN_S, prune_cached
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult
@@ -51,7 +52,6 @@ from spp.pruning.masks import MaskSet, ZeroPattern
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import ReconstructResult
 from spp.pruning.reconstruction.phase import Probe, frozen_copy, probe, reconstruct_phase
-from spp.training.strategies import is_sharded
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,10 @@ class PruningSettings:
             a copy of their ``meta`` skeleton. It goes to the module's ``set_teacher``.
         reconstruct: Block-wise reconstruction against the dense model after pruning (``reconstruct=blockwise``;
             off by default): the pruned perplexity is the model's before it, ``ppl["reconstructed"]`` after.
+        pruner_method: The resolved pruner (a job's ``Run`` holds it; ``None``: resolved from ``pruner``).
+        form: The resolved reconstruction form (``None``: resolved from ``reconstruct.form``).
+        identity: The model's identity and cache keys (a job's ``Run.identity``: ``spp.training.run.PruningIdentity``;
+            ``None``: computed from the configs; dropped for a model the module built, which is keyed by its weights).
     """
 
     model: ModelConfig
@@ -96,33 +100,50 @@ class PruningSettings:
     keep_masks: bool = False
     keep_dense: bool = False
     reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
+    pruner_method: Pruner | None = None
+    form: AdapterMethod | None = None
+    identity: Any = None
+
+
+@dataclass
+class PruningRecord:
+    """What the report reads of the pruning phase: the prune result (cache hit, timings, report; rank 0), the
+    ``dense`` / ``pruned`` / ``reconstructed`` perplexities, seconds by part, the completions (``sample``) and the
+    reconstruction's result (``reconstruct=blockwise``)."""
+
+    result: PruneResult
+    ppl: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    samples: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reconstruction: ReconstructResult | None = None
 
 
 @dataclass
 class PrunedModel:
-    """The pruning phase's result: the pruned (frozen, CPU) model and what the later phases need of pruning.
+    """The pruning phase's result: the pruned (frozen, CPU) model, its masks and zero pattern (what training and
+    finalize read), and the phase's :class:`PruningRecord` (what the report reads).
 
     On ranks other than 0 ``model`` is the ``meta`` skeleton (unless restored everywhere) and ``masks``,
-    ``zeros``, ``result.report`` are empty. ``home`` (rank 0, when the training strategy shards the model, or is
-    DeepSpeed, whose module copies of the trained tensors ``bf16-mixed`` rounds): the
-    pruned weights by name, the same tensors the model held before sharding (no copy), kept so the finalize
-    phase can rebuild the adapted model on the CPU for the adapter files. ``dense`` (``keep_dense``): the frozen
-    dense model as loaded, until the callback hands it to the module. ``model``, the module that is then trained in
-    place, is ``None`` once the finalize phase has released it (``spp.training.finalize.release``).
+    ``zeros``, ``record.result.report`` are empty. ``home`` (rank 0, when the training strategy shards the model,
+    or is DeepSpeed, whose module copies of the trained tensors ``bf16-mixed`` rounds; kept by the fit phase): the
+    pruned weights by name, the same tensors the model held before sharding (no copy), so the finalize phase can
+    rebuild the adapted model on the CPU for the adapter files. ``dense`` (``keep_dense``): the frozen dense model
+    as loaded, until the callback hands it to the module. ``model``, the module that is then trained in place, is
+    ``None`` once the finalize phase has released it (``spp.training.finalize.release``).
     """
 
     model: nn.Module | None
     tokenizer: Any
     masks: MaskSet
     zeros: ZeroPattern
-    result: PruneResult
-    ppl: dict[str, dict[str, Any]] = field(default_factory=dict)
-    seconds: dict[str, float] = field(default_factory=dict)
-    samples: dict[str, dict[str, Any]] = field(default_factory=dict)
-    world: int = 1
+    record: PruningRecord
     home: dict[str, Any] = field(default_factory=dict)
     dense: nn.Module | None = None
-    reconstruction: ReconstructResult | None = None
+
+    @property
+    def result(self) -> PruneResult:
+        """The prune result (``record.result``)."""
+        return self.record.result
 
 
 def ppl_log_text(entry: dict[str, Any] | None) -> str:
@@ -151,13 +172,21 @@ def _ppl(off: OffloadedModel, tokenizer: Any, settings: PruningSettings, which: 
     reconstruction without a cache entry is measured afresh: its weights have no key)."""
     if which == "reconstructed" and (found is None or found.digest is None):
         settings = dataclasses.replace(settings, cache_dir=None)
-    weights = (weights_key(settings.model) if which == "dense" else
-               found.digest if which == "reconstructed" and found.digest is not None else
-               weights_key(settings.model, settings.pruner, settings.sparsity, settings.calibration, settings.data_dir))
+    weights = (found.digest if which == "reconstructed" and found.digest is not None else
+               _weights_key(settings, which == "dense"))
     entry = cached_offloaded_perplexity(off, tokenizer, settings.eval, weights, settings.cache_dir, settings.data_dir)
     if off.ctx.is_main:
         log.info("%s perplexity: %s", which, ppl_log_text(entry))
     return entry
+
+
+def _weights_key(settings: PruningSettings, dense: bool) -> str:
+    """The perplexity cache's key of the dense or the pruned weights: from ``settings.identity`` when given."""
+    known = settings.identity
+    if dense:
+        return known.model if known is not None else weights_key(settings.model)
+    return (known.pruned_weights if known is not None else
+            weights_key(settings.model, settings.pruner, settings.sparsity, settings.calibration, settings.data_dir))
 
 
 def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: Any, ctx: DistContext,
@@ -175,8 +204,9 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
         settings = identify_built(settings, model, ctx)
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.model)
     cache_dir = settings.cache_dir or str(default_cache_dir())
+    keys = settings.identity.keys if settings.identity is not None else None
     found = probe(settings.reconstruct, settings.model, settings.pruner, settings.sparsity, settings.calibration,
-                  cache_dir, settings.data_dir, ctx)
+                  cache_dir, settings.data_dir, ctx, form=settings.form, keys=keys)
     dense = frozen_copy(model) if settings.keep_dense or found.needs_dense else None
     samples = {}
     if settings.sample and not ctx.distributed:
@@ -191,7 +221,8 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
                  settings.calibration.source)
     result = prune_cached(off, tokenizer, settings.model, settings.pruner, settings.sparsity, settings.calibration,
                           cache_dir, settings.data_dir, keep_masks=settings.keep_masks,
-                          lock_timeout_s=settings.lock_timeout_s)
+                          lock_timeout_s=settings.lock_timeout_s, method=settings.pruner_method,
+                          entry_key=keys[0] if keys is not None else None)
     seconds["prune_or_load"] = round(time.perf_counter() - t0, 2)
     _log_result(result, settings, seconds["prune_or_load"], ctx)
     if measure and settings.pruned_ppl:
@@ -200,7 +231,7 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     if settings.reconstruct.enabled:
         t0 = time.perf_counter()
         reconstruction = reconstruct_phase(off, dense, tokenizer, result.masks, settings.pruner, found,
-                                           settings.data_dir, settings.lock_timeout_s)
+                                           settings.data_dir, settings.lock_timeout_s, settings.form)
         seconds["reconstruct_or_load"] = round(time.perf_counter() - t0, 2)
         dense = dense if settings.keep_dense else None  # the teacher stays; a copy made for reconstruction goes
         if measure:
@@ -209,8 +240,8 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     if samples:
         samples["pruned"] = sample(*settings.sample, model, tokenizer)
     zeros = result.zeros if result.zeros is not None else ZeroPattern(result.masks)
-    return PrunedModel(model, tokenizer, result.masks, zeros, result, ppl, seconds, samples, ctx.world, dense=dense,
-                       reconstruction=reconstruction)
+    return PrunedModel(model, tokenizer, result.masks, zeros, PruningRecord(result, ppl, seconds, samples,
+                                                                            reconstruction), dense=dense)
 
 
 def identify_built(settings: PruningSettings, model: nn.Module, ctx: DistContext) -> PruningSettings:
@@ -220,7 +251,7 @@ def identify_built(settings: PruningSettings, model: nn.Module, ctx: DistContext
     weights differ from what ``settings.model`` loads never gets another model's cache entry."""
     linearize_conv1d(model)
     fingerprint = ctx.broadcast_object(weights_fingerprint(model) if ctx.is_main else None, long_wait=True)
-    return dataclasses.replace(settings, model=built_config(settings.model, fingerprint))
+    return dataclasses.replace(settings, model=built_config(settings.model, fingerprint), identity=None)
 
 
 def module_network(module: nn.Module) -> tuple[str, nn.Module | None]:
@@ -290,9 +321,6 @@ class PruningCallback(L.Callback):
         if self.pruned.dense is not None and hasattr(pl_module, "set_teacher"):
             pl_module.set_teacher(self.pruned.dense)  # the module owns it now: freed when training ends
             self.pruned.dense = None
-        if ctx.is_main and not self.everywhere and (is_sharded(trainer.strategy)
-                                                    or isinstance(trainer.strategy, DeepSpeedStrategy)):
-            self.pruned.home = dict(self.pruned.model.state_dict())  # references: sharding drops the module's own
 
     def run_alone(self, device: Any = None) -> PrunedModel:
         """The same phase without a Trainer, in this process on ``device`` (``adapter=none``: nothing to train)."""
