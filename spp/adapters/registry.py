@@ -30,6 +30,7 @@ from spp.adapters.trained_on import RECORD, check_base
 from spp.atomic import write_file_atomic
 from spp.errors import UserError
 from spp.models.conv1d import linearize_conv1d
+from spp.paths import CONF_DIR
 from spp.projections import DEFAULT_TARGETS, find_projections
 from spp.registry import Registry, defined_in
 from spp.version import __version__
@@ -114,8 +115,6 @@ def option_config(name: str, conf_dir: Path | None = None, **overrides: Any) -> 
     """The typed config ``adapter=<name>`` composes to (its schema, ``<conf_dir>/adapter/<name>.yaml`` without its
     defaults list, then ``overrides``): what a notebook or test gets without Hydra. ``conf_dir``: the project's."""
     from omegaconf import OmegaConf
-
-    from spp.paths import CONF_DIR
 
     yaml = OmegaConf.load(Path(conf_dir or CONF_DIR) / "adapter" / f"{name}.yaml")
     values = {k: v for k, v in OmegaConf.to_container(yaml).items() if k != "defaults"}

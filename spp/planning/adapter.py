@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from spp.adapters.registry import apply_adapter, get_method
 from spp.planning.shapes import ModelShape, skeleton_from_arch
 from spp.planning.spec import AdapterSpec
 
@@ -25,8 +28,6 @@ def adapter_spec(cfg: Any, arch: dict[str, Any], shape: ModelShape, model_dtype:
     Raises:
         UserError: an unknown method; ``ValueError``: targets that match no layer of the model.
     """
-    from spp.adapters.registry import get_method
-
     method = get_method(cfg.name)
     impl = getattr(cfg, "impl", None)  # each method has its own keys: the ones it lacks take their neutral values
     dropout = float(getattr(cfg, "dropout", 0.0) or 0.0)
@@ -43,10 +44,6 @@ def adapter_spec(cfg: Any, arch: dict[str, Any], shape: ModelShape, model_dtype:
 def trainable_tensors(cfg: Any, arch: dict[str, Any], blocks: int, model_dtype: str) -> dict[str, int]:
     """What the method's ``inject`` makes trainable on the ``meta`` skeleton of ``arch`` with ``blocks`` decoder
     blocks: values, bytes, and bytes of the tensors it added (not parameters of the skeleton before)."""
-    import torch
-
-    from spp.adapters.registry import apply_adapter
-
     dtype = getattr(torch, model_dtype) if model_dtype in MODEL_DTYPES else torch.bfloat16
     model = skeleton_from_arch(arch, blocks).to(dtype)
     before = list(model.parameters())  # held, so that no new tensor takes the id of a freed one

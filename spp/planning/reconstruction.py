@@ -29,8 +29,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from spp.adapters.registry import apply_adapter
 from spp.planning.hardware import Hardware
+from spp.planning.shapes import skeleton_from_arch
 from spp.planning.spec import ReconstructSpec, RunSpec
+from spp.projections import block_projections
+from spp.pruning.reconstruction.engine import form_config
+from spp.pruning.reconstruction.one_block import OneBlock
+from spp.pruning.targets import decoder_layers
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 """``reconstruct.dtype`` -> bytes per value."""
@@ -55,14 +63,6 @@ def form_tensors(arch: dict[str, Any], form: Any, dtype: str) -> dict[str, int]:
     ``meta`` block in ``dtype`` (as the engine does to an onloaded block): trainable values and bytes (whole
     tensors), bytes the form adds (its parameters and buffers), the inputs whose dropped-out copy it keeps, and the
     largest adapted weight."""
-    import torch
-
-    from spp.adapters.registry import apply_adapter
-    from spp.planning.shapes import skeleton_from_arch
-    from spp.projections import block_projections
-    from spp.pruning.reconstruction.one_block import OneBlock
-    from spp.pruning.targets import decoder_layers
-
     _prefix, layers = decoder_layers(skeleton_from_arch(arch, 1))
     block = layers[0].to(getattr(torch, dtype))
     before = {n: (m, tuple(m.parameters())) for n, m in block_projections(block).items()}
@@ -82,8 +82,6 @@ def form_tensors(arch: dict[str, Any], form: Any, dtype: str) -> dict[str, int]:
 
 def reconstruct_spec(job: Any, arch: dict[str, Any]) -> ReconstructSpec | None:
     """The :class:`ReconstructSpec` of ``job.reconstruct`` (``None`` for ``reconstruct=none``), read duck-typed."""
-    from spp.pruning.reconstruction.engine import form_config
-
     cfg = getattr(job, "reconstruct", None)
     if cfg is None or not cfg.enabled:
         return None
