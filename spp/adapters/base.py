@@ -202,6 +202,25 @@ class AdapterMethod(ABC):
         to their inputs and to themselves, as a LoRA factor)."""
         return 6 * trainable
 
+    def resident_terms(self, adapted_weights: int) -> dict[str, int]:
+        """Bytes its layers keep on every device beside the weights, never sharded, by term (the run plan's); the
+        adapted linears hold ``adapted_weights`` weights over the model. Default: none."""
+        return {}
+
+    def forward_transient_values(self, largest_weight: int) -> int:
+        """Values (in the activations' dtype) its forward builds for one adapted linear and keeps until backward;
+        the run plan counts the largest linear, of ``largest_weight`` weights. Default: none."""
+        return 0
+
+    def backward_transient_bytes(self, largest_weight: int) -> int:
+        """Bytes its backward builds at once for one adapted linear (the largest). Default: none."""
+        return 0
+
+    def keeps_merged_weights(self, cfg: AdapterConfig) -> bool:
+        """Whether every adapted linear keeps a merged copy of its weight from forward to backward (the run plan's
+        ``cached_weights``). Default: no."""
+        return False
+
     def preflight(self, cfg: AdapterConfig, shapes: Shapes | None) -> None:
         """Refuse (:class:`~spp.errors.UserError` naming the key and the fix) a config that cannot work, before any
         weight is loaded: its values against each other and against the adapted projections' ``shapes`` (``None``

@@ -134,7 +134,7 @@ def seconds(shape: ModelShape, world: int, hw: Hardware, cal: Calibration, prune
     return out
 
 
-def plan(shape: ModelShape, world: int, pruner: str = "sparsegpt", hw: Hardware | None = None,
+def plan(shape: ModelShape, world: int, pruner: str, hw: Hardware | None = None,
          cal: Calibration | None = None, true_sequential: bool = False) -> dict[str, Any]:
     """The pruning plan of ``shape`` on ``world`` GPUs: memory per node and device, time, and the assumptions."""
     hw, cal = hw or Hardware(), cal or Calibration()

@@ -70,6 +70,10 @@ class MaskedFull(AdapterMethod):
         return {"layers": len(layers), **{k: sum(s[k] for s in layers.values())
                                           for k in ("kept_params", "trainable_params", "pruned_nonzero")}}
 
+    def resident_terms(self, adapted_weights: int) -> dict[str, int]:
+        """Each adapted layer's packed mask (a bit per weight) on every device."""
+        return {"mask_buffers": adapted_weights // 8}
+
     def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
         """The weight gradients of the adapted linears (``2 N_a``)."""
         return 2 * adapted_weights

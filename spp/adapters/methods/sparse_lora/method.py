@@ -55,6 +55,10 @@ class SparseLoRA(AdapterMethod):
         """A SparsePEFT layer's ``W~ + s·(B A) ⊙ M`` (its own ``effective_weight``, gathered)."""
         return full(module.effective_weight()) if isinstance(module, SparseLoraLinear) else None
 
+    def resident_terms(self, adapted_weights: int) -> dict[str, int]:
+        """Each adapted layer's packed mask (a bit per weight) on every device."""
+        return {"mask_buffers": adapted_weights // 8}
+
     def external_parameters(self, model: nn.Module) -> ExternalParameters:
         """The masked branch reads ``lora_A`` / ``lora_B`` weights without calling those modules."""
         return external_parameters(model)
