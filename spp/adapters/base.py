@@ -113,8 +113,6 @@ class AdapterMethod(ABC):
         name: The ``adapter.name`` value (and ``conf/adapter/<name>.yaml``).
         config_class: Its config dataclass (a subclass of :class:`~spp.adapters.config.AdapterConfig`), stored in
             Hydra's ConfigStore as ``adapter/<name>_schema``.
-        label: The method's name in tables (``SPP``, ``LoRA*``).
-        table_order: Its place among the methods in tables (smaller first).
         trains: Whether the method has a training loop (``none`` has not).
         kept_zeros_may_change: The merge may fill kept weights that happened to be exactly zero (LoRA*
             re-masking); pruned positions must stay zero for every method.
@@ -126,8 +124,6 @@ class AdapterMethod(ABC):
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type[AdapterConfig]] = AdapterConfig
-    label: ClassVar[str] = ""
-    table_order: ClassVar[int] = 100
     trains: ClassVar[bool] = True
     kept_zeros_may_change: ClassVar[bool] = False
     zero3_refusal: ClassVar[str | None] = None
@@ -189,11 +185,6 @@ class AdapterMethod(ABC):
         that requires grad. ``sparsity`` (the pruned fraction) is for methods that train only the kept weights of
         a model on the ``meta`` device, where the masks are unknown."""
         return count_parameters(model).trainable
-
-    def trained_from_summary(self, summary: dict[str, Any]) -> int:
-        """The same count read back from a run's ``summary.json`` (the campaign tables); default its
-        ``params.trainable``."""
-        return int((summary.get("params") or {}).get("trainable") or 0)
 
     def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
         """The method's own work per training token, beyond the frozen base's forward and backward (what the run

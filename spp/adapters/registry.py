@@ -90,12 +90,6 @@ def method_names() -> tuple[str, ...]:
     return tuple(METHODS.names())
 
 
-def methods_in_table_order() -> list[AdapterMethod]:
-    """The registered methods in their tables' order (:attr:`AdapterMethod.table_order`, then name)."""
-    load_builtin()
-    return sorted(METHODS.values(), key=lambda m: (m.table_order, m.name))
-
-
 def get_method(name: str) -> AdapterMethod:
     """The registered method called ``name``.
 

@@ -28,8 +28,6 @@ class SparseLoRA(AdapterMethod):
 
     name = "sparse_lora"
     config_class = SparseLoRAConfig
-    label = "SparsePEFT"
-    table_order = 2
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         return inject_sparse_lora(model, masks, targets=tuple(cfg.targets), r=cfg.r, alpha=cfg.lora_alpha,

@@ -44,8 +44,6 @@ class SPP(AdapterMethod):
     name = "spp"
     reconstruct_lr = 1e-1  # chosen on validation PPL, SmolLM2-135M Wanda 2:4 (reconstruction_smollm2_135m.md)
     config_class = SPPAdapterConfig
-    label = "SPP"
-    table_order = 1
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         return inject(model, targets=tuple(cfg.targets), **layer_kwargs(cfg))
