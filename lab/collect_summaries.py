@@ -17,48 +17,20 @@ import json
 import math
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lab.labels import pruner_rank, pruner_row_label, pruner_variant
 from spp.atomic import write_text_atomic
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.tables import PAPER_COLUMNS
 from spp.eval.task_table import MMLU_GROUP
-from spp.pruning.base import Pruner
-from spp.pruning.registry import NO_PRUNING, pruner_class, pruner_names
 
 TABLE_IDS = ("table2", "table3", "table4", "table5", "table6")
 
 
-class _PrunerTable(Mapping[str, Any]):
-    """A read-only view of what each registered pruner says about its table rows (``spp.pruning.base.Pruner``'s
-    ``label``, ``table_rank``), plus ``none``'s; a pruner that is not registered here (a plug-in not loaded) is
-    missing, so ``.get(name, default)`` falls back."""
-
-    def __init__(self, none: Any, read: Callable[[type[Pruner]], Any]) -> None:
-        self._none, self._read = none, read
-
-    def __getitem__(self, name: str) -> Any:
-        if name == NO_PRUNING:
-            return self._none
-        try:
-            return self._read(pruner_class(name))
-        except ValueError:
-            raise KeyError(name) from None
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([NO_PRUNING, *pruner_names()])
-
-    def __len__(self) -> int:
-        return 1 + len(pruner_names())
-
-
-PRUNER_LABELS: Mapping[str, str] = _PrunerTable("None", lambda cls: cls.label or cls.name)
-"""Pruner name -> its label in the tables (``Wanda``)."""
-PRUNER_RANK: Mapping[str, int] = _PrunerTable(0, lambda cls: cls.table_rank)
-"""Pruner name -> its row order in the tables."""
 ADAPTER_SUFFIX = {"none": "", "spp": "+SPP", "lora": "+LoRA*"}
 ADAPTER_RANK = {"none": 0, "lora": 1, "spp": 2}
 SPP_DEFAULT = {"use_beta": True, "alpha_init": "kaiming", "beta_init": "zeros", "residual": True}
@@ -128,7 +100,7 @@ def load_run(path: Path) -> Run:
     key = RunKey(
         model=cfg["model"]["name"],
         pruner=pr["name"],
-        initial=_table_variant(pr),
+        initial=pruner_variant(pr),
         sparsity_kind=sp["kind"],
         ratio=float(ratio or 0.0),
         n=sp.get("n"),
@@ -163,14 +135,6 @@ def load_run(path: Path) -> Run:
     )
 
 
-def _table_variant(settings: dict[str, Any]) -> str | None:
-    """What else tells a pruner's rows apart (DS⊘T: its initial method; :meth:`Pruner.table_variant`)."""
-    try:
-        return pruner_class(settings["name"]).table_variant(settings)
-    except ValueError:
-        return None
-
-
 def find_summaries(roots: Iterable[str | Path]) -> list[Path]:
     """Every ``summary.json`` below ``roots`` (sorted).
 
@@ -189,11 +153,7 @@ def find_summaries(roots: Iterable[str | Path]) -> list[Path]:
 
 def method_label(key: RunKey) -> str:
     """``Wanda``, ``Wanda+DS⊘T``, ``Wanda+SPP``, ``Wanda+LoRA*``, ``None`` (dense) as in the paper."""
-    try:
-        base = pruner_class(key.pruner).table_label(key.initial)
-    except ValueError:
-        base = PRUNER_LABELS.get(key.pruner, key.pruner)
-    return base + ADAPTER_SUFFIX.get(key.adapter, f"+{key.adapter}")
+    return pruner_row_label(key.pruner, key.initial) + ADAPTER_SUFFIX.get(key.adapter, f"+{key.adapter}")
 
 
 def sparsity_label(key: RunKey) -> str:
@@ -303,7 +263,7 @@ def _model_order(groups: dict[RunKey, list[Run]]) -> dict[str, int]:
 def table_zero_shot(groups: dict[RunKey, list[Run]]) -> list[str]:
     """Tables 2/8: per-task zero-shot ``acc`` (%), the 7-task Average, and WikiText-2 perplexity."""
     order = _model_order(groups)
-    keys = sorted(groups, key=lambda k: (order[k.model], k.sparsity_kind != "dense", PRUNER_RANK.get(k.pruner, 9),
+    keys = sorted(groups, key=lambda k: (order[k.model], k.sparsity_kind != "dense", pruner_rank(k.pruner),
                                          sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9), k.r))
     head = ["Model", "Method", "Sparsity", *(t for _, t in PAPER_COLUMNS), "Average", "PPL", "Gap closed (%)",
             "Seeds"]
@@ -320,7 +280,7 @@ def table_high_sparsity(groups: dict[RunKey, list[Run]]) -> list[str]:
     """Table 3: at 75 % (unstructured75, 2:8): Wanda vs Wanda+DS⊘T vs Wanda+SPP, LM-eval mean and perplexity."""
     order = _model_order(groups)
     keys = sorted(groups, key=lambda k: (order[k.model], sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9),
-                                         PRUNER_RANK.get(k.pruner, 9), k.r))
+                                         pruner_rank(k.pruner), k.r))
     head = ["Model", "Method", "Sparsity", "LM-eval", "PPL (↓)", "Gap closed (%)", "Seeds"]
     rows = [[k.model, method_label(k), sparsity_label(k), mean_cell(groups[k]), ppl_cell(groups[k]),
              gap_cell(groups[k]), _seeds(groups[k])] for k in keys]
@@ -331,7 +291,7 @@ def table_lora_star(groups: dict[RunKey, list[Run]]) -> list[str]:
     """Table 4: LoRA* (LoRA merged then re-masked) vs SPP: zero-shot, perplexity, share of the update re-masked."""
     order = _model_order(groups)
     keys = sorted(groups, key=lambda k: (order[k.model], sparsity_rank(k), ADAPTER_RANK.get(k.adapter, 9),
-                                         PRUNER_RANK.get(k.pruner, 9), k.r, -k.lr))
+                                         pruner_rank(k.pruner), k.r, -k.lr))
     head = ["Model", "Method", "Sparsity", "r", "lr", *(t for _, t in PAPER_COLUMNS), "Average", "PPL",
             "Gap closed (%)", "Train loss (last)", "Trainable", "Update removed by re-mask (%)", "Seeds"]
     rows = []
@@ -353,7 +313,7 @@ def table_mmlu(groups: dict[RunKey, list[Run]]) -> list[str]:
     models = sorted(order, key=order.get)
     rows_keys: dict[tuple, dict[str, list[Run]]] = {}
     for k, g in groups.items():
-        row = (k.sparsity_kind != "dense", PRUNER_RANK.get(k.pruner, 9), sparsity_rank(k),
+        row = (k.sparsity_kind != "dense", pruner_rank(k.pruner), sparsity_rank(k),
                ADAPTER_RANK.get(k.adapter, 9), k.r, method_label(k), sparsity_label(k))
         rows_keys.setdefault(row, {})[k.model] = g
     head = ["Method", "Sparsity", *models]
@@ -376,7 +336,7 @@ def table_ablation(groups: dict[RunKey, list[Run]]) -> list[str]:
     """Tables 6/7: r, with/without beta, zero-init of alpha / beta / neither, residual form; LM-eval and PPL."""
     order = _model_order(groups)
 
-    keys = sorted(groups, key=lambda k: (order[k.model], PRUNER_RANK.get(k.pruner, 9), sparsity_rank(k),
+    keys = sorted(groups, key=lambda k: (order[k.model], pruner_rank(k.pruner), sparsity_rank(k),
                                          ADAPTER_RANK.get(k.adapter, 9), k.r, is_spp_default(k),
                                          _zero_init(k), not k.use_beta))
     head = ["Model", "Method", "Sparsity", "Zero-init", "W_β", "r", "Residual", "LM-eval", "PPL pruned", "PPL",

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lab import labels
 from lab.collect_summaries import (
-    PRUNER_LABELS,
     Run,
     RunKey,
     cell,
@@ -41,17 +41,10 @@ from lab.collect_summaries import (
     sparsity_label,
     sparsity_rank,
 )
-from spp.adapters.registry import get_method, method_names, methods_in_table_order
+from lab.labels import method_labels, trained_from_summary
 from spp.atomic import write_text_atomic
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.perplexity import paired_difference
-
-
-def method_labels() -> dict[str, str]:
-    """Adapter name -> the method's name in the tables (its :attr:`~spp.adapters.base.AdapterMethod.label`), in
-    table order: every registered method, plug-ins included."""
-    return {m.name: m.label or m.name for m in methods_in_table_order()}
-
 
 THROUGHPUT_COLUMN = "train/device/items_per_sec"
 """The training tokens/s ``train.py`` logs (Lightning's ``ThroughputMonitor``, one device)."""
@@ -96,12 +89,9 @@ def load_campaign_run(path: Path) -> CampaignRun:
 
 
 def trained_parameters(run: Run, data: dict[str, Any]) -> int:
-    """Parameters that training can change, as the run's method counts them from its summary
-    (:meth:`~spp.adapters.base.AdapterMethod.trained_from_summary`: the adapter's tensors, or for masked full
-    fine-tuning the kept weights of the adapted projections); ``params.trainable`` for an unregistered method."""
-    if run.key.adapter in method_names():
-        return get_method(run.key.adapter).trained_from_summary(data)
-    return run.trainable
+    """Parameters that training can change, read from the run's summary (:func:`lab.labels.trained_from_summary`:
+    the adapter's tensors, or for masked full fine-tuning the kept weights of the adapted projections)."""
+    return trained_from_summary(run.key.adapter, data)
 
 
 def load_campaign(roots: Iterable[str | Path]) -> list[CampaignRun]:
@@ -132,7 +122,7 @@ def method_name(key: RunKey) -> str:
 
 def pruner_label(key: RunKey) -> str:
     """The pruner's name in the tables (``Wanda``, ``SparseGPT``, …)."""
-    return PRUNER_LABELS.get(key.pruner, key.pruner)
+    return labels.pruner_label(key.pruner)
 
 
 def model_label(key: RunKey) -> str:

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from lab.collect_summaries import sparsity_label
-from lab.methods_one_epoch import Z95, group_campaign, load_campaign, method_labels, model_label
+from lab.labels import method_labels
+from lab.methods_one_epoch import Z95, group_campaign, load_campaign, model_label
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 
 

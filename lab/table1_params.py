@@ -21,18 +21,14 @@ import torch
 from omegaconf import OmegaConf
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, PreTrainedConfig
 
+from lab.labels import trained_methods
 from spp.adapters.base import count_parameters
-from spp.adapters.registry import get_method, make_config, methods_in_table_order
+from spp.adapters.registry import get_method, make_config
 from spp.paths import CONF_DIR
 from spp.projections import DEFAULT_TARGETS
 
 TABLE1_MODELS: tuple[str, ...] = ("llama7b", "llama13b", "llama30b", "llama65b", "llama2_7b", "llama2_13b",
                                   "llama2_70b")
-
-
-def trained_methods() -> tuple[str, ...]:
-    """The adapter methods of the comparison table: every registered one that trains, in table order."""
-    return tuple(m.name for m in methods_in_table_order() if m.trains)
 
 
 @dataclass(frozen=True)

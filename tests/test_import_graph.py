@@ -2,11 +2,14 @@
 inside functions alike) is read with ``ast``; the graph between subpackages (``spp.training``, ``spp.eval``,
 ``spp.pruning``, ``spp.adapters``, ``spp.models``, ``spp.data``, ... and top-level modules such as ``spp.atomic``)
 must be acyclic, and so must the graph between modules; no module inside ``spp`` imports the ``spp`` package
-itself (``import spp`` / ``from spp import ...``)."""
+itself (``import spp`` / ``from spp import ...``); the layering rules of :data:`LAYERING` hold; an ``spp`` import
+inside a function says on its line why it is not at the top."""
 
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from collections import defaultdict
 from pathlib import Path
 
@@ -173,6 +176,11 @@ LAYERING: list[tuple[str, str, str]] = [
     ("spp.eval.offloaded", "spp.pruning", "running blocks one at a time is spp.models.block_runner's, not pruning's"),
     ("spp.export", "spp.adapters.methods", "export reads any method through spp.adapters.base, never one method"),
     ("spp.models", "spp.pruning", "models sit below pruning"),
+    ("spp.planning", "spp.adapters.methods", "the planner asks a method through the adapter registry"),
+    ("spp.planning", "spp.pruning.pruners", "the planner asks a pruner through the pruner registry"),
+    ("spp.planning", "spp.training", "plans are plain values (spp.planning.spec); the training phases read them"),
+    ("spp.adapters.base", "spp.adapters.methods", "the interface knows no method"),
+    ("spp.pruning.base", "spp.pruning.pruners", "the interface knows no pruner"),
 ]
 """``(importer prefix, forbidden target prefix, why)``: imports that would put a module in the wrong layer."""
 
@@ -199,3 +207,47 @@ def test_layering_rules_catch_a_violation(tmp_path: Path) -> None:
     fake.write_text("from spp.adapters.base import LinearWrapper\n", encoding="utf-8")
     found = [v for v in layering_violations({"spp.pruning.masks": fake}) if "spp.adapters.base" in v]
     assert bad.is_file() and len(found) == 1, found
+
+
+def uncommented_local_imports(text: str, name: str) -> list[int]:
+    """Lines of ``spp`` imports inside a function body of source ``text`` (module ``name``) that carry no ``#``
+    comment saying why they are not at the top (optional dependency, start-up time, the cycle). A run of
+    consecutive import statements shares the comment of its first line."""
+    comments = {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+                if tok.type == tokenize.COMMENT}
+    tree = ast.parse(text)
+    out: list[int] = []
+    for func in ast.walk(tree):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        for body in [getattr(n, "body", None) for n in ast.walk(func)] + [getattr(n, "orelse", None)
+                                                                        for n in ast.walk(func)]:
+            if not isinstance(body, list):
+                continue
+            covered = False  # the previous statement was a commented import
+            for stmt in body:
+                if not isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                    covered = False
+                    continue
+                lines = set(range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1))
+                covered = covered or bool(lines & comments)
+                mod = ast.Module(body=[stmt], type_ignores=[])
+                if imports_in(ast.unparse(mod), name) and not covered:
+                    out.append(stmt.lineno)
+    return sorted(set(out))
+
+
+def test_function_local_spp_imports_say_why() -> None:
+    """An ``spp`` import inside a function is hoisted to the module's top unless a comment on it says why."""
+    found = [f"{path.relative_to(REPO_ROOT)}:{line}" for name, path in MODULES.items()
+             for line in uncommented_local_imports(path.read_text(encoding="utf-8"), name)]
+    assert found == [], f"move these imports to the top of their module, or say why on the line: {found}"
+
+
+def test_function_local_import_rule_catches_a_bare_import() -> None:
+    """Negative control: an uncommented local import is caught, a commented one and its run are not."""
+    text = ("import os\n\ndef f():\n    from spp.atomic import write_file_atomic\n    return 1\n\n"
+            "def g():\n    from spp.errors import UserError  # start-up time\n    from spp.paths import REPO_ROOT\n"
+            "    import json\n    return json\n\nclass C:\n    def h(self):\n        if os:\n"
+            "            import spp.bitmask\n")
+    assert uncommented_local_imports(text, "spp.x") == [4, 16]

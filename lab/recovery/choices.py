@@ -7,10 +7,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lab.labels import adapters_in_table_order
 from lab.recovery.records import SETTINGS, Campaign, TrainRun
 from lab.recovery.selection import BASE_GRIDS, base_grid, settled_anchor
 from lab.recovery.stats import PairedRatio, paired_ratio
-from spp.adapters.registry import methods_in_table_order
 
 REFERENCE = "spp"
 """Every method is compared against SPP."""
@@ -52,7 +52,7 @@ class Choice:
 
 def method_order(method: str) -> tuple[int, str]:
     """Table order: the registered methods' order, a distilled variant right after its method."""
-    names = [m.name for m in methods_in_table_order()]
+    names = adapters_in_table_order()
     base, _, variant = method.partition("+")
     return (names.index(base) if base in names else len(names), variant)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lab.methods_one_epoch import method_labels
+from lab.labels import method_labels
 from lab.recovery.records import SETTINGS
 
 

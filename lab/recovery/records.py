@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spp.adapters.registry import get_method, method_names
+from lab.labels import trained_from_summary
 from spp.eval.doc_records import DOC_RECORDS_FILE, read_doc_records
 
 TRAIN_KINDS = ("grid", "seeds", "distill", "recovery", "recovery_check", "export", "rerun")
@@ -98,10 +98,7 @@ def method_of(data: dict[str, Any]) -> str:
 
 
 def _trained(data: dict[str, Any]) -> int:
-    adapter = data["run"]["adapter"]
-    if adapter in method_names():
-        return get_method(adapter).trained_from_summary(data)
-    return int((data.get("params") or {}).get("trainable") or 0)
+    return trained_from_summary(data["run"]["adapter"], data)
 
 
 def load_train_run(path: Path, root: Path) -> TrainRun:

@@ -113,8 +113,6 @@ class AdapterMethod(ABC):
         name: The ``adapter.name`` value (and ``conf/adapter/<name>.yaml``).
         config_class: Its config dataclass (a subclass of :class:`~spp.adapters.config.AdapterConfig`), stored in
             Hydra's ConfigStore as ``adapter/<name>_schema``.
-        label: The method's name in tables (``SPP``, ``LoRA*``).
-        table_order: Its place among the methods in tables (smaller first).
         trains: Whether the method has a training loop (``none`` has not).
         kept_zeros_may_change: The merge may fill kept weights that happened to be exactly zero (LoRA*
             re-masking); pruned positions must stay zero for every method.
@@ -126,8 +124,6 @@ class AdapterMethod(ABC):
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type[AdapterConfig]] = AdapterConfig
-    label: ClassVar[str] = ""
-    table_order: ClassVar[int] = 100
     trains: ClassVar[bool] = True
     kept_zeros_may_change: ClassVar[bool] = False
     zero3_refusal: ClassVar[str | None] = None
@@ -190,17 +186,31 @@ class AdapterMethod(ABC):
         a model on the ``meta`` device, where the masks are unknown."""
         return count_parameters(model).trainable
 
-    def trained_from_summary(self, summary: dict[str, Any]) -> int:
-        """The same count read back from a run's ``summary.json`` (the campaign tables); default its
-        ``params.trainable``."""
-        return int((summary.get("params") or {}).get("trainable") or 0)
-
     def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
         """The method's own work per training token, beyond the frozen base's forward and backward (what the run
         plan's time counts, ``spp.planning.flops``): ``adapted_weights`` are the weights of the adapted linears over
         the model, ``trainable`` its trainable values. Default ``6 x trainable`` (its tensors' forward, and backward
         to their inputs and to themselves, as a LoRA factor)."""
         return 6 * trainable
+
+    def resident_terms(self, adapted_weights: int) -> dict[str, int]:
+        """Bytes its layers keep on every device beside the weights, never sharded, by term (the run plan's); the
+        adapted linears hold ``adapted_weights`` weights over the model. Default: none."""
+        return {}
+
+    def forward_transient_values(self, largest_weight: int) -> int:
+        """Values (in the activations' dtype) its forward builds for one adapted linear and keeps until backward;
+        the run plan counts the largest linear, of ``largest_weight`` weights. Default: none."""
+        return 0
+
+    def backward_transient_bytes(self, largest_weight: int) -> int:
+        """Bytes its backward builds at once for one adapted linear (the largest). Default: none."""
+        return 0
+
+    def keeps_merged_weights(self, cfg: AdapterConfig) -> bool:
+        """Whether every adapted linear keeps a merged copy of its weight from forward to backward (the run plan's
+        ``cached_weights``). Default: no."""
+        return False
 
     def preflight(self, cfg: AdapterConfig, shapes: Shapes | None) -> None:
         """Refuse (:class:`~spp.errors.UserError` naming the key and the fix) a config that cannot work, before any

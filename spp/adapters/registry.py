@@ -30,6 +30,7 @@ from spp.adapters.trained_on import RECORD, check_base
 from spp.atomic import write_file_atomic
 from spp.errors import UserError
 from spp.models.conv1d import linearize_conv1d
+from spp.paths import CONF_DIR
 from spp.projections import DEFAULT_TARGETS, find_projections
 from spp.registry import Registry, defined_in
 from spp.version import __version__
@@ -89,12 +90,6 @@ def method_names() -> tuple[str, ...]:
     return tuple(METHODS.names())
 
 
-def methods_in_table_order() -> list[AdapterMethod]:
-    """The registered methods in their tables' order (:attr:`AdapterMethod.table_order`, then name)."""
-    load_builtin()
-    return sorted(METHODS.values(), key=lambda m: (m.table_order, m.name))
-
-
 def get_method(name: str) -> AdapterMethod:
     """The registered method called ``name``.
 
@@ -114,8 +109,6 @@ def option_config(name: str, conf_dir: Path | None = None, **overrides: Any) -> 
     """The typed config ``adapter=<name>`` composes to (its schema, ``<conf_dir>/adapter/<name>.yaml`` without its
     defaults list, then ``overrides``): what a notebook or test gets without Hydra. ``conf_dir``: the project's."""
     from omegaconf import OmegaConf
-
-    from spp.paths import CONF_DIR
 
     yaml = OmegaConf.load(Path(conf_dir or CONF_DIR) / "adapter" / f"{name}.yaml")
     values = {k: v for k, v in OmegaConf.to_container(yaml).items() if k != "defaults"}

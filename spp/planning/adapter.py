@@ -4,13 +4,17 @@ never heard of (a plug-in's, ``norms``) is planned as it trains.
 The method's own ``inject`` runs on the model's ``meta`` skeleton (``spp.planning.shapes.skeleton_from_arch``, in
 the model's dtype) built with one and with two decoder blocks: what it makes trainable in the second block is
 what every further block adds, the rest (the first block and what is outside the blocks, such as a final norm)
-is counted once. The method states its own work per token (``AdapterMethod.train_flops``).
+is counted once. The method states its own work per token (``AdapterMethod.train_flops``) and what its layers
+hold beside the tensors it trains (``resident_terms``, ``forward_transient_values``, ``backward_transient_bytes``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from spp.adapters.registry import apply_adapter, get_method
 from spp.planning.shapes import ModelShape, skeleton_from_arch
 from spp.planning.spec import AdapterSpec
 
@@ -25,28 +29,27 @@ def adapter_spec(cfg: Any, arch: dict[str, Any], shape: ModelShape, model_dtype:
     Raises:
         UserError: an unknown method; ``ValueError``: targets that match no layer of the model.
     """
-    from spp.adapters.registry import get_method
-
     method = get_method(cfg.name)
-    impl = getattr(cfg, "impl", None)  # each method has its own keys: the ones it lacks take their neutral values
     dropout = float(getattr(cfg, "dropout", 0.0) or 0.0)
     counts = {"trainable": 0, "trainable_bytes": 0, "added_bytes": 0}
     if method.trains:
         one, two = (trainable_tensors(cfg, arch, blocks, model_dtype) for blocks in (1, 2))
         counts = {k: one[k] + (shape.blocks - 1) * (two[k] - one[k]) for k in counts}
     spec = AdapterSpec(name=str(cfg.name), trains=bool(method.trains), targets=tuple(cfg.targets), dropout=dropout,
-                       keeps_weight=str(getattr(impl, "value", impl)) == "fused_cached", **counts)
-    flops = method.train_flops(spec.adapted_weights(shape), spec.trainable, dropout) if method.trains else 0
-    return AdapterSpec(**{**vars(spec), "flops": int(flops)})
+                       keeps_weight=method.keeps_merged_weights(cfg), **counts)
+    if not method.trains:
+        return spec
+    adapted = spec.adapted_weights(shape)
+    largest = max((o * i for o, i in spec.dims(shape)), default=0)
+    return AdapterSpec(**{**vars(spec), "flops": int(method.train_flops(adapted, spec.trainable, dropout)),
+                          "resident": tuple(method.resident_terms(adapted).items()),
+                          "forward_transient_values": method.forward_transient_values(largest),
+                          "backward_transient_bytes": method.backward_transient_bytes(largest)})
 
 
 def trainable_tensors(cfg: Any, arch: dict[str, Any], blocks: int, model_dtype: str) -> dict[str, int]:
     """What the method's ``inject`` makes trainable on the ``meta`` skeleton of ``arch`` with ``blocks`` decoder
     blocks: values, bytes, and bytes of the tensors it added (not parameters of the skeleton before)."""
-    import torch
-
-    from spp.adapters.registry import apply_adapter
-
     dtype = getattr(torch, model_dtype) if model_dtype in MODEL_DTYPES else torch.bfloat16
     model = skeleton_from_arch(arch, blocks).to(dtype)
     before = list(model.parameters())  # held, so that no new tensor takes the id of a freed one

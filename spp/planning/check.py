@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from spp.errors import UserError
-from spp.planning.run import RunPlan, plan_run
+from spp.planning.run import RunPlan, eval_forward, plan_run
 from spp.planning.spec import RunSpec
 
 GIB = 2**30
@@ -55,8 +55,6 @@ def problems(plan: RunPlan) -> list[Problem]:
 def _no_replica(plan: RunPlan, device: int) -> Problem:
     """A GPU job whose merged model fits no group of its node's GPUs (with the evaluation batch): evaluating it on
     the CPU would take days, so it counts as not fitting; ``need`` is a GPU's part with every GPU of a node."""
-    from spp.planning.run import eval_forward
-
     spec = plan.spec
     share = spec.shape.weight_bytes // spec.devices + (spec.shape.block_bytes if spec.devices > 1 else 0)
     terms = {"weights": share, **eval_forward(spec), "cuda_context": plan.hardware.process_device_bytes}

@@ -14,14 +14,19 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from spp.errors import UserError
+from spp.models.loading import resolve_source
 from spp.planning.adapter import adapter_spec
+from spp.planning.check import check
 from spp.planning.hardware import GIB, Hardware, for_accelerator
 from spp.planning.pruning import Calibration
 from spp.planning.reconstruction import reconstruct_spec
+from spp.planning.report import as_json, text
 from spp.planning.run import RunPlan, plan_run
 from spp.planning.shapes import shape_from_arch
 from spp.planning.spec import EvalSpec, RunSpec, TrainSpec
 from spp.projections import DEFAULT_TARGETS
+from spp.pruning.registry import get_pruner
 
 RECORDS = {"alpaca/cleaned_partial/alpaca_data_cleaned_0.json": 1551, "alpaca/cleaned_partial": 50921,
            "hub:yahma/alpaca-cleaned": 51760}
@@ -142,8 +147,6 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
              nodes: int | None = None) -> RunSpec:
     """The :class:`RunSpec` of ``job`` on ``kind`` (``gpu``/``cpu``) with its model ``arch``; ``devices`` and
     ``nodes`` replace ``trainer.devices`` / ``trainer.num_nodes`` (the Slurm launcher's request)."""
-    from spp.pruning.registry import get_pruner
-
     dtype_bytes = {"float32": 4, "float64": 8}.get(str(job.model.torch_dtype), 2)
     shape = shape_from_arch(job.model.name, arch, list(job.pruner.targets) or list(DEFAULT_TARGETS), dtype_bytes)
     devices = devices or device_count(job.trainer.devices, kind)
@@ -240,8 +243,6 @@ def accelerator_kind(accelerator: str, plan_only: bool) -> str:
 
 def model_source(job: Any) -> str:
     """Where the weights come from: ``tiny``, ``gguf``, ``dir`` or ``hub`` (no file is read)."""
-    from spp.models.loading import resolve_source
-
     try:
         return resolve_source(job.model)[0]
     except FileNotFoundError:
@@ -260,13 +261,9 @@ def check_job(job: Any, arch: dict[str, Any]) -> RunPlan | None:
     """The preflight check of a run (``spp.preflight.jobs.preflight_train``): plan the job on this machine (its GPU and
     host memory, or the ``trainer.*_memory_gib`` keys) and raise the one-line :class:`~spp.errors.UserError` of
     the first phase that does not fit. ``None`` when the arch is unknown (a hub id without ``model.arch``)."""
-    from spp.planning.check import check
-
     if not set(SHAPE_KEYS) <= set(arch):
         return None
     kind = accelerator_kind(str(job.trainer.accelerator), plan_only=False)
-    from spp.errors import UserError
-
     try:
         plan = plan_job(job, arch, kind, model_source(job), job_hardware(job, kind, detect=True))
     except UserError:  # a setting the plan cannot use (reconstruct.form): the user's to fix, not a model's
@@ -300,9 +297,6 @@ def plan_hardware(job: Any, kind: str) -> tuple[Hardware, dict[str, str]]:
 
 def plan_output(job: Any, arch: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """``plan=true``: the plan's text and JSON, on :func:`plan_hardware`'s machine."""
-    from spp.errors import UserError
-    from spp.planning.report import as_json, text
-
     missing = [k for k in SHAPE_KEYS if k not in arch]
     if missing:
         raise UserError(f"plan=true needs the model's shape, but model.path={job.model.path!r} gives no "

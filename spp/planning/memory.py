@@ -33,10 +33,6 @@ from dataclasses import replace
 from spp.planning.hardware import Hardware
 from spp.planning.spec import RunSpec
 
-CHUNK_ELEMENTS = 1 << 24
-"""SPP's fused backward works on row chunks of at most this many values (a chunk of the adapted weight and one of
-its gradient, fp32; ``spp.adapters.methods.spp.functional.BACKWARD_CHUNK_ELEMENTS``)."""
-
 CPU_HEAP_RETENTION = {True: 0.99, False: 0.17}
 """On a CPU run glibc keeps freed heap memory resident (its mmap threshold rises to the largest freed block, up to
 32 MiB, so a step's many smaller tensors come from the heap and stay there), which RSS counts. Measured on one SPP
@@ -47,9 +43,6 @@ checkpointing."""
 
 DEEPSPEED_BUCKET = 200_000_000
 """Lightning's DeepSpeed ``reduce_bucket_size`` (elements)."""
-
-MASKED_BUFFER_METHODS = ("masked_full", "sparse_lora")
-"""Methods that keep a bit-packed mask buffer on every adapted layer (not sharded: every device holds them all)."""
 
 
 def block_activation_bytes(spec: RunSpec) -> int:
@@ -117,18 +110,15 @@ def resident_weights(spec: RunSpec) -> dict[str, int]:
     else:
         gathered = 2 * shape.block_bytes + shape.outside_params * shape.bytes_per_param
         weights = {"weights": shape.weight_bytes // spec.world, "gathered": gathered}
-    if spec.adapter.name in MASKED_BUFFER_METHODS:
-        weights["mask_buffers"] = spec.adapter.adapted_weights(shape) // 8
+    weights.update(spec.adapter.resident if spec.adapter.trains else {})  # the method's (packed masks), not sharded
     return weights
 
 
 def adapter_transients(spec: RunSpec) -> dict[str, int]:
-    """What the adapter's forward and backward build for one linear at a time: SPP's merged weight of the largest
-    adapted linear and its backward chunks."""
-    if spec.adapter.name != "spp":
-        return {}
-    largest = max((o * i for o, i in spec.adapter.dims(spec.shape)), default=0)
-    return {"adapter_transients": largest * spec.act_bytes + 2 * 4 * min(largest, CHUNK_ELEMENTS)}
+    """What the adapter's forward and backward build for one linear at a time, the largest, as its method says
+    (SPP: the merged weight and its backward's row chunks)."""
+    a = spec.adapter
+    return {"adapter_transients": a.forward_transient_values * spec.act_bytes + a.backward_transient_bytes}
 
 
 def teacher_terms(spec: RunSpec) -> tuple[dict[str, int], dict[str, int]]:

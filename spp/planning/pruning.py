@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from spp.planning.shapes import ModelShape
+from spp.pruning.registry import NO_PRUNING, get_pruner, pruner_config
 
 GIB = 2**30
 
@@ -76,8 +77,6 @@ def _solve_bytes(shape: ModelShape) -> int:
 def uses_hessian(pruner: str) -> bool:
     """Whether pruner ``pruner`` (at its default settings) accumulates Hessians and solves them on owner ranks, as
     SparseGPT does: its memory and time are then counted as SparseGPT's, else as a cheap per-matrix rule's."""
-    from spp.pruning.registry import NO_PRUNING, get_pruner, pruner_config
-
     try:
         return pruner != NO_PRUNING and get_pruner(pruner_config(pruner)).uses_hessian
     except ValueError:  # a plug-in not loaded here: counted as a cheap rule
@@ -135,7 +134,7 @@ def seconds(shape: ModelShape, world: int, hw: Hardware, cal: Calibration, prune
     return out
 
 
-def plan(shape: ModelShape, world: int, pruner: str = "sparsegpt", hw: Hardware | None = None,
+def plan(shape: ModelShape, world: int, pruner: str, hw: Hardware | None = None,
          cal: Calibration | None = None, true_sequential: bool = False) -> dict[str, Any]:
     """The pruning plan of ``shape`` on ``world`` GPUs: memory per node and device, time, and the assumptions."""
     hw, cal = hw or Hardware(), cal or Calibration()

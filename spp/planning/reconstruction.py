@@ -29,8 +29,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from spp.adapters.registry import apply_adapter, get_method
 from spp.planning.hardware import Hardware
+from spp.planning.shapes import skeleton_from_arch
 from spp.planning.spec import ReconstructSpec, RunSpec
+from spp.projections import block_projections
+from spp.pruning.reconstruction.engine import form_config
+from spp.pruning.reconstruction.one_block import OneBlock
+from spp.pruning.targets import decoder_layers
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 """``reconstruct.dtype`` -> bytes per value."""
@@ -55,14 +63,6 @@ def form_tensors(arch: dict[str, Any], form: Any, dtype: str) -> dict[str, int]:
     ``meta`` block in ``dtype`` (as the engine does to an onloaded block): trainable values and bytes (whole
     tensors), bytes the form adds (its parameters and buffers), the inputs whose dropped-out copy it keeps, and the
     largest adapted weight."""
-    import torch
-
-    from spp.adapters.registry import apply_adapter
-    from spp.planning.shapes import skeleton_from_arch
-    from spp.projections import block_projections
-    from spp.pruning.reconstruction.one_block import OneBlock
-    from spp.pruning.targets import decoder_layers
-
     _prefix, layers = decoder_layers(skeleton_from_arch(arch, 1))
     block = layers[0].to(getattr(torch, dtype))
     before = {n: (m, tuple(m.parameters())) for n, m in block_projections(block).items()}
@@ -82,15 +82,16 @@ def form_tensors(arch: dict[str, Any], form: Any, dtype: str) -> dict[str, int]:
 
 def reconstruct_spec(job: Any, arch: dict[str, Any]) -> ReconstructSpec | None:
     """The :class:`ReconstructSpec` of ``job.reconstruct`` (``None`` for ``reconstruct=none``), read duck-typed."""
-    from spp.pruning.reconstruction.engine import form_config
-
     cfg = getattr(job, "reconstruct", None)
     if cfg is None or not cfg.enabled:
         return None
-    tensors = form_tensors(arch, form_config(cfg), str(cfg.dtype))
+    form = form_config(cfg)
+    tensors = form_tensors(arch, form, str(cfg.dtype))
+    kept = get_method(form.name).forward_transient_values(tensors["largest_adapted"])
     return ReconstructSpec(form=str(cfg.form), nsamples=int(cfg.nsamples), seqlen=int(cfg.seqlen),
                            epochs=int(cfg.epochs), act_bytes=DTYPE_BYTES[str(cfg.dtype)],
-                           sparse_inputs=str(getattr(cfg.inputs, "value", cfg.inputs)) == "sparse", **tensors)
+                           sparse_inputs=str(getattr(cfg.inputs, "value", cfg.inputs)) == "sparse",
+                           forward_transient_values=kept, **tensors)
 
 
 def hidden_set_bytes(spec: RunSpec) -> int:
@@ -115,10 +116,10 @@ def _per_window(spec: RunSpec) -> dict[str, int]:
     loss = s * h * 4 * (LOSS_VALUES_PER_FEATURE + (2 if a < 4 else 0))
     kept = (4 * shape.norms_per_block * h + a * (2 * h + 5 * q) + 4 * a * i + shape.score_bytes(s, a)
             + rc.dropout_inputs * (a + 1))
-    spp_merged = rc.largest_adapted * a if rc.form == "spp" else 0  # SPP's merged weight, built in forward
+    kept_for_backward = rc.forward_transient_values * a  # the form's own (SPP: its merged weight)
     return {"call_arguments": 2 * s * head_dim * shape.bytes_per_param + 8 * s,
             "forward": s * ((2 * h + 2 * q + 3 * i) * a + shape.score_bytes(s, a)) + loss,
-            "train_window": s * kept + loss + spp_merged}
+            "train_window": s * kept + loss + kept_for_backward}
 
 
 def moments(spec: RunSpec, rank0_cpu: bool = False) -> dict[str, dict[str, int]]:

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from spp.paths import REPO_ROOT
 from spp.planning.check import as_dicts, describe, problems
 from spp.planning.memory import activation_choices
 from spp.planning.run import RunPlan
@@ -110,8 +111,6 @@ def replace_between(doc: str, begin: str, end: str, table: str) -> str:
 
 def write_committed(json_path: Path, json_text: str, doc_path: Path, begin: str, end: str, table: str) -> None:
     """Write a benchmark's raw JSON and its table in ``doc_path``; print the table and name both files."""
-    from spp.paths import REPO_ROOT
-
     json_path.write_text(json_text)
     doc_path.write_text(replace_between(doc_path.read_text(), begin, end, table))
     print(table, end="")

@@ -27,11 +27,16 @@ class AdapterSpec:
         flops: The method's own work per training token (``AdapterMethod.train_flops``).
         targets: Module-name suffixes that are adapted.
         dropout: Dropout on the adapter branch (> 0 keeps a dropped-out copy of each adapted input).
-        keeps_weight: SPP's ``fused_cached`` impl keeps each adapted weight's merged copy between forward and
-            backward.
+        keeps_weight: Each adapted weight's merged copy is kept between forward and backward
+            (``AdapterMethod.keeps_merged_weights``).
+        resident: Bytes its layers keep on every device beside the weights, by term
+            (``AdapterMethod.resident_terms``).
+        forward_transient_values: What forward builds for the largest adapted linear and keeps until backward, in
+            activation values (``AdapterMethod.forward_transient_values``).
+        backward_transient_bytes: What backward builds at once for it (``AdapterMethod.backward_transient_bytes``).
     """
 
-    name: str = "spp"
+    name: str = ""
     trains: bool = True
     trainable: int = 0
     trainable_bytes: int = 0
@@ -40,6 +45,9 @@ class AdapterSpec:
     targets: tuple[str, ...] = ()
     dropout: float = 0.0
     keeps_weight: bool = False
+    resident: tuple[tuple[str, int], ...] = ()
+    forward_transient_values: int = 0
+    backward_transient_bytes: int = 0
 
     def dims(self, shape: ModelShape) -> list[tuple[int, int]]:
         """``(out, in)`` of each adapted linear of one block."""
@@ -121,10 +129,12 @@ class ReconstructSpec:
         added_bytes: Bytes the form adds to one block (its own parameters and buffers; masked full: its packed
             masks only, its trained tensors are the block's weights).
         dropout_inputs: Input features per token whose dropped-out copy (and mask) the form keeps for backward.
-        largest_adapted: Values of the largest adapted weight (SPP builds its merged weight in forward).
+        largest_adapted: Values of the largest adapted weight.
+        forward_transient_values: What the form's forward builds for that weight and keeps until backward, in
+            values of ``reconstruct.dtype`` (``AdapterMethod.forward_transient_values``).
     """
 
-    form: str = "spp"
+    form: str = ""
     nsamples: int = 128
     seqlen: int = 2048
     epochs: int = 3
@@ -135,6 +145,7 @@ class ReconstructSpec:
     added_bytes: int = 0
     dropout_inputs: int = 0
     largest_adapted: int = 0
+    forward_transient_values: int = 0
 
 
 @dataclass(frozen=True)

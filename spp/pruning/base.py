@@ -21,7 +21,6 @@ talks to this interface.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -49,16 +48,12 @@ class Pruner(ABC):
         config_class: Its config dataclass (set by ``register_pruner``).
         needs_calibration: Whether it needs calibration activations.
         updates_weights: Whether :meth:`solve` returns new values for the kept weights.
-        label: Its name in the paper-shaped tables (``lab.collect_summaries``); default: ``name``.
-        table_rank: Its row order in those tables (lower first).
     """
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type[PrunerConfig]] = PrunerConfig
     needs_calibration: ClassVar[bool] = True
     updates_weights: ClassVar[bool] = False
-    label: ClassVar[str] = ""
-    table_rank: ClassVar[int] = 9
 
     def __init__(self, cfg: PrunerConfig) -> None:
         self.cfg = cfg
@@ -86,17 +81,6 @@ class Pruner(ABC):
     def solve(self, leaf: str, weight: torch.Tensor, stats: InputStatistics | None,
               sparsity: SparsityConfig) -> MatrixOutcome:
         """The decision for one (out, in) matrix; ``leaf`` is its path inside the block (``self_attn.q_proj``)."""
-
-    @classmethod
-    def table_variant(cls, settings: Mapping[str, Any]) -> str | None:
-        """What else tells this pruner's table rows apart, from a run's ``pruner`` settings (DS⊘T: its initial
-        method); ``None`` by default."""
-        return None
-
-    @classmethod
-    def table_label(cls, variant: str | None = None) -> str:
-        """The method's name in a table row (``Wanda``; DS⊘T: ``Wanda+DS⊘T``)."""
-        return cls.label or cls.name
 
 
 def required(stats: InputStatistics | None, name: str) -> InputStatistics:

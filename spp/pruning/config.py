@@ -189,7 +189,7 @@ class PruneJobConfig(CacheLockJobConfig, FabricJobConfig):
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)
-    pruner: PrunerConfig = field(default_factory=lambda: PrunerConfig(name="wanda"))
+    pruner: PrunerConfig = field(default_factory=PrunerConfig)  # conf/prune.yaml chooses wanda
     sparsity: SparsityConfig = field(default_factory=lambda: SparsityConfig(name="nm2_4", kind="nm", n=2, m=4))
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)

@@ -58,7 +58,8 @@ class ReconstructConfig:
     Attributes:
         name: ``none`` or ``blockwise``.
         form: The trainable form of each block: any registered adapter method (``spp``, ``masked_full``,
-            ``norms``, ``scale_lora``, ``sparse_lora``); its options come from ``conf/adapter/<form>.yaml``.
+            ``norms``, ``scale_lora``, ``sparse_lora``); its options come from ``conf/adapter/<form>.yaml``. Its
+            default is set once, in ``conf/reconstruct/blockwise.yaml``.
         form_options: Overrides of the form's adapter options (``{r: 8, dropout: 0.0}``).
         loss: ``mse`` or ``nmse`` (:class:`ReconstructLoss`).
         inputs: ``sparse`` or ``dense`` (:class:`ReconstructInputs`).
@@ -80,7 +81,7 @@ class ReconstructConfig:
     """
 
     name: str = "none"
-    form: str = "spp"
+    form: str = ""
     form_options: dict[str, Any] = field(default_factory=dict)
     loss: ReconstructLoss = ReconstructLoss.mse
     inputs: ReconstructInputs = ReconstructInputs.sparse
@@ -110,6 +111,8 @@ class ReconstructConfig:
         """Raise :class:`UserError` naming the key when a value is out of range; return ``self``."""
         checks = [
             (self.name in RECONSTRUCTIONS, "name", f"choose one of {list(RECONSTRUCTIONS)}"),
+            (bool(self.form) or not self.enabled, "form", "name an adapter method (conf/reconstruct/blockwise.yaml "
+             "sets spp)"),
             (self.nsamples >= 1, "nsamples", "set it >= 1"),
             (self.seqlen >= 2, "seqlen", "set it >= 2"),
             (self.epochs >= 1, "epochs", "set it >= 1 (reconstruct=none turns reconstruction off)"),

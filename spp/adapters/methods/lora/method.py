@@ -50,8 +50,6 @@ class LoRAStar(AdapterMethod):
 
     name = "lora"
     config_class = LoRAConfig
-    label = "LoRA*"
-    table_order = 3
     kept_zeros_may_change = True
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:

@@ -35,8 +35,6 @@ class MaskedFull(AdapterMethod):
     name = "masked_full"
     reconstruct_lr = 3e-3  # chosen on validation PPL, SmolLM2-135M Wanda 2:4 (reconstruction_smollm2_135m.md)
     config_class = MaskedFullConfig
-    label = "masked full FT"
-    table_order = 4
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         on_meta = any(p.is_meta for p in model.parameters())  # Table 1 builds models on meta: nothing to allocate
@@ -70,6 +68,10 @@ class MaskedFull(AdapterMethod):
         return {"layers": len(layers), **{k: sum(s[k] for s in layers.values())
                                           for k in ("kept_params", "trainable_params", "pruned_nonzero")}}
 
+    def resident_terms(self, adapted_weights: int) -> dict[str, int]:
+        """Each adapted layer's packed mask (a bit per weight) on every device."""
+        return {"mask_buffers": adapted_weights // 8}
+
     def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
         """The weight gradients of the adapted linears (``2 N_a``)."""
         return 2 * adapted_weights
@@ -80,10 +82,6 @@ class MaskedFull(AdapterMethod):
         if sparsity is None:
             return kept_parameters(model)
         return sum(round(p.numel() * (1.0 - sparsity)) for p in model.parameters() if p.requires_grad)
-
-    def trained_from_summary(self, summary: dict[str, Any]) -> int:
-        """``merge.kept_params`` of the run (its ``params.trainable`` counts whole tensors)."""
-        return int((summary.get("merge") or {}).get("kept_params") or super().trained_from_summary(summary))
 
     def after_placement(self, model: nn.Module) -> None:
         """The gradient-mask hook back on the weight objects placement made (:func:`restore_gradient_hooks`)."""

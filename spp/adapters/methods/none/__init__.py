@@ -17,8 +17,6 @@ class NoAdapter(AdapterMethod):
 
     name = "none"
     config_class = AdapterConfig
-    label = "pruned"
-    table_order = 0
     trains = False
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:

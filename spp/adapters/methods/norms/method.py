@@ -91,8 +91,6 @@ class Norms(AdapterMethod):
     name = "norms"
     reconstruct_lr = 1e-3  # chosen on validation PPL, SmolLM2-135M Wanda 2:4 (reconstruction_smollm2_135m.md)
     config_class = NormsConfig
-    label = "norms only"
-    table_order = 6
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         freeze_all(model)

@@ -27,8 +27,6 @@ class ScaleLoRA(AdapterMethod):
 
     name = "scale_lora"
     config_class = ScaleLoRAConfig
-    label = "ScaleLoRA"
-    table_order = 5
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         return inject_scale_lora(model, tuple(cfg.targets), r=cfg.r, dtype=cfg.torch_dtype)

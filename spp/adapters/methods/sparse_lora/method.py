@@ -28,8 +28,6 @@ class SparseLoRA(AdapterMethod):
 
     name = "sparse_lora"
     config_class = SparseLoRAConfig
-    label = "SparsePEFT"
-    table_order = 2
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         return inject_sparse_lora(model, masks, targets=tuple(cfg.targets), r=cfg.r, alpha=cfg.lora_alpha,
@@ -54,6 +52,10 @@ class SparseLoRA(AdapterMethod):
     def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
         """A SparsePEFT layer's ``W~ + s·(B A) ⊙ M`` (its own ``effective_weight``, gathered)."""
         return full(module.effective_weight()) if isinstance(module, SparseLoraLinear) else None
+
+    def resident_terms(self, adapted_weights: int) -> dict[str, int]:
+        """Each adapted layer's packed mask (a bit per weight) on every device."""
+        return {"mask_buffers": adapted_weights // 8}
 
     def external_parameters(self, model: nn.Module) -> ExternalParameters:
         """The masked branch reads ``lora_A`` / ``lora_B`` weights without calling those modules."""

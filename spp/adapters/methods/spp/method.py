@@ -11,8 +11,8 @@ from torch import nn
 
 from spp.adapters.base import AdapterMethod, ExternalParameters, Full, Masks, MergedLayer, Shapes, linear_tensors
 from spp.adapters.config import AdapterConfig
-from spp.adapters.methods.spp.config import LAYER_KEYS, SPPAdapterConfig
-from spp.adapters.methods.spp.functional import adapted_weight, merge_factor
+from spp.adapters.methods.spp.config import LAYER_KEYS, Impl, SPPAdapterConfig
+from spp.adapters.methods.spp.functional import BACKWARD_CHUNK_ELEMENTS, adapted_weight, merge_factor
 from spp.adapters.methods.spp.io import load_adapter, read_adapter_config, save_adapter
 from spp.adapters.methods.spp.layer import SPPLinear
 from spp.adapters.methods.spp.model import external_parameters, inject, merge_and_unload
@@ -44,8 +44,6 @@ class SPP(AdapterMethod):
     name = "spp"
     reconstruct_lr = 1e-1  # chosen on validation PPL, SmolLM2-135M Wanda 2:4 (reconstruction_smollm2_135m.md)
     config_class = SPPAdapterConfig
-    label = "SPP"
-    table_order = 1
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         return inject(model, targets=tuple(cfg.targets), **layer_kwargs(cfg))
@@ -69,6 +67,18 @@ class SPP(AdapterMethod):
         """``G = gᵀx`` for every adapted linear (``2 N_a``, like a weight gradient); with dropout a second full-size
         product forward and backward (``+4 N_a``)."""
         return 2 * adapted_weights + (4 * adapted_weights if dropout > 0 else 0)
+
+    def forward_transient_values(self, largest_weight: int) -> int:
+        """The merged weight ``W'`` of Eq. 6, built in forward."""
+        return largest_weight
+
+    def backward_transient_bytes(self, largest_weight: int) -> int:
+        """The fused backward's row chunk of ``W'`` and of its gradient (fp32, ``BACKWARD_CHUNK_ELEMENTS`` at most)."""
+        return 2 * 4 * min(largest_weight, BACKWARD_CHUNK_ELEMENTS)
+
+    def keeps_merged_weights(self, cfg: AdapterConfig) -> bool:
+        """``impl=fused_cached`` keeps each forward's ``W'`` for its backward."""
+        return str(getattr(cfg, "impl", "")) == str(Impl.fused_cached)
 
     def preflight(self, cfg: AdapterConfig, shapes: Shapes | None) -> None:
         """``adapter.scale`` > 0, and ``r`` divides every adapted projection's out-features."""

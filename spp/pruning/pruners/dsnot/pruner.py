@@ -3,9 +3,7 @@ refined by :func:`~spp.pruning.pruners.dsnot.rule.dsnot_refine`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -15,7 +13,6 @@ from spp.pruning.config import CACHE_KEY, KEY_REASON, UNORDERED, PrunerConfig, S
 from spp.pruning.pruners.dsnot.rule import dsnot_refine
 from spp.pruning.pruners.sparsegpt.rule import inverse_hessian_factor
 from spp.pruning.pruners.wanda.rule import wanda_scores
-from spp.pruning.registry import pruner_class
 from spp.pruning.statistics import InputStatistics
 
 INITIAL_METHODS: tuple[str, ...] = ("wanda", "sparsegpt", "magnitude")
@@ -68,7 +65,6 @@ class DSnoTConfig(PrunerConfig):
 class DSnoT(Pruner):
     """Training-free mask refinement from an initial mask (Zhang et al., 2024)."""
 
-    table_rank = 4
     cfg: DSnoTConfig
 
     @property
@@ -102,17 +98,3 @@ class DSnoT(Pruner):
                 "dsnot_error_before": float(res.error_before.abs().sum()),
                 "dsnot_error_after": float(res.error_after.abs().sum())}
         return MatrixOutcome(res.mask, None, info)
-
-    @classmethod
-    def table_variant(cls, settings: Mapping[str, Any]) -> str | None:
-        initial = settings.get("initial_method")
-        return None if initial is None else str(initial)
-
-    @classmethod
-    def table_label(cls, variant: str | None = None) -> str:
-        initial = variant or "wanda"
-        try:
-            base = pruner_class(initial).table_label()
-        except ValueError:
-            base = initial
-        return f"{base}+DS⊘T"

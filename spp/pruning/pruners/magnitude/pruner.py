@@ -29,8 +29,6 @@ class Magnitude(Pruner):
     """Keep the largest |W| (one threshold per matrix, or per N:M group)."""
 
     needs_calibration = False
-    label = "Magnitude"
-    table_rank = 3
 
     def solve(self, leaf: str, weight: torch.Tensor, stats: InputStatistics | None,
               sparsity: SparsityConfig) -> MatrixOutcome:

@@ -39,8 +39,6 @@ class SparseGPT(Pruner):
     """OBS pruning with weight reconstruction from the Hessian (Frantar & Alistarh, 2023)."""
 
     updates_weights = True
-    label = "SparseGPT"
-    table_rank = 1
     cfg: SparseGPTConfig
 
     @property

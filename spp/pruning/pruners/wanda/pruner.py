@@ -23,8 +23,6 @@ class WandaConfig(PrunerConfig):
 class Wanda(Pruner):
     """Keep the largest |W_ij| · ‖X_j‖₂ per output row (Sun et al., 2024)."""
 
-    label = "Wanda"
-    table_rank = 2
 
     def solve(self, leaf: str, weight: torch.Tensor, stats: InputStatistics | None,
               sparsity: SparsityConfig) -> MatrixOutcome:
