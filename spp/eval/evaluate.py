@@ -50,13 +50,6 @@ class Evaluation:
         return {"placement": self.placement, "seconds": self.seconds}
 
 
-def model_bytes(source: str | Path | nn.Module) -> int:
-    """Bytes of the weights: the safetensors files of a folder, or the tensors of an in-memory model."""
-    if isinstance(source, nn.Module):
-        return sum(p.numel() * p.element_size() for p in source.parameters())
-    return sum(f.stat().st_size for f in Path(source).glob("*.safetensors"))
-
-
 def gpus_per_replica(eval_cfg: EvalConfig, source: str | Path | nn.Module, ctx: DistContext) -> int:
     """``eval.gpus_per_replica``, else the plan's fewest GPUs of this node that hold the model with its evaluation
     batch; 1 on CPUs and for an in-memory model."""

@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -107,24 +107,6 @@ class EntryWriter:
     def abort(self) -> None:
         """Stop the background writes (the caller removes the unfinished entry)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-
-
-def write_entry(
-    entry: Path,
-    masks: Mapping[str, torch.Tensor],
-    weights: Iterable[dict[str, torch.Tensor]] | None,
-    manifest: dict[str, Any],
-) -> None:
-    """Write a whole entry at once through an :class:`EntryWriter`: the weights one file per group (one decoder
-    block: never the whole model serialised at once), the packed masks, then the manifest."""
-    writer = EntryWriter(entry)
-    try:
-        for group in weights or []:
-            writer.add_weights(group)
-        writer.finish(masks, manifest)
-    except BaseException:
-        writer.abort()
-        raise
 
 
 def read_manifest(entry: Path) -> dict[str, Any]:
