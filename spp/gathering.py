@@ -22,8 +22,7 @@ class Gatherer:
 
     @contextmanager
     def gathered(self, module: nn.Module) -> Iterator[None]:
-        """Inside the block every parameter of ``module`` (its children's too) can be read whole through
-        :meth:`full`."""
+        """Inside the block every parameter of ``module`` (children too) can be read whole through :meth:`full`."""
         yield
 
     def full(self, t: torch.Tensor) -> torch.Tensor:

@@ -148,8 +148,8 @@ def model_targets(model: nn.Module, targets: Iterable[str], key: str = "adapter.
 
 
 def find_projections(model: nn.Module, targets: Iterable[str], key: str = "adapter.targets") -> dict[str, nn.Module]:
-    """The linear projections of ``model``'s decoder blocks named by ``targets`` (as :func:`resolve_targets`), by
-    qualified name in model order."""
+    """The linear projections of ``model``'s blocks named by ``targets`` (as :func:`resolve_targets`), in model
+    order."""
     try:
         prefix, layers = decoder_layers(model)
     except ValueError:  # a module without decoder blocks (a unit test's Sequential): explicit names anywhere

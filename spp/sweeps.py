@@ -99,8 +99,7 @@ def _objective_value(job_return: JobReturn) -> float | None:
 
 
 class SweepTrialsCallback(Callback):
-    """Record each job's objective (``<run>/objective.json``) and gather them in ``<sweep>/trials.json``, the best
-    by ``direction``."""
+    """Record each job's objective (``<run>/objective.json``) and gather them in ``<sweep>/trials.json``."""
 
     def __init__(self, direction: str = "minimize") -> None:
         if direction not in ("minimize", "maximize"):

@@ -1,5 +1,4 @@
-"""``AlpacaDataModule``: Stanford-Alpaca instruction tuning data for Lightning (load, validate, split, tokenise,
-batch)."""
+"""``AlpacaDataModule``: Alpaca instruction-tuning data for Lightning (load, validate, split, tokenise, batch)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Structured config of the ``data`` group (``conf/data/*.yaml``): where the Alpaca records come from and how
-they are tokenised, split and batched."""
+"""Structured config of the ``data`` group (``conf/data/*.yaml``): Alpaca records, tokenisation, split, batches."""
 
 from __future__ import annotations
 

@@ -293,8 +293,7 @@ def result_from_sums(per_window: torch.Tensor, windows: Windows) -> PerplexityRe
 @torch.no_grad()
 def score_windows(model: torch.nn.Module, windows: Windows, batch_size: int, batches: Iterable[int],
                   device: torch.device | str, quiet: bool = False) -> torch.Tensor:
-    """Summed next-token NLL (float64, CPU) of every window; only the windows of ``batches`` are scored, the
-    others are left 0."""
+    """Summed next-token NLL (float64, CPU) of every window; windows outside ``batches`` are left 0."""
     sums = torch.zeros(windows.ids.size(0), dtype=torch.float64)
     chunks = windows.batches(batch_size)
     was_training = model.training

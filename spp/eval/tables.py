@@ -28,8 +28,7 @@ ACC_NORM_TASKS: tuple[str, ...] = tuple(t for t in PAPER_MEAN_TASKS if TASKS[t].
 
 @dataclass
 class EvalRecord:
-    """Everything measured for one evaluated model (one table row); ``limit=None`` is every document, ``info`` free-form
-    provenance."""
+    """Everything measured for one evaluated model (one table row); ``limit=None`` is every document."""
 
     label: str
     ppl: dict[str, dict[str, Any]] = field(default_factory=dict)

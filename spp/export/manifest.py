@@ -1,5 +1,4 @@
-"""``spp_export.json``: what a merged model exported by ``train.py`` is (adapter, dtype, pruning, zero audit,
-layout, ``status``). The one schema, written and read here."""
+"""``spp_export.json``: what a merged model exported by ``train.py`` is. The one schema, written and read here."""
 
 from __future__ import annotations
 

@@ -156,8 +156,8 @@ def _zero_refs(ctx: DistContext, zeros: ZeroPattern | None, block: str) -> dict[
 
 def _audit(tensors: dict[str, torch.Tensor], refs: dict[str, tuple[torch.Tensor, torch.Tensor]],
            kept_may_change: bool) -> list[int]:
-    """``[layers, zeros, total, kept zeros filled, kept weights zeroed]`` over the merged weights of one block
-    (raises on a violation)."""
+    """``[layers, zeros, total, kept zeros filled, kept weights zeroed]`` of one block's merged weights (raises on a
+    violation)."""
     counts = [0] * AUDIT_COUNTS
     for name, (mask, expected) in refs.items():
         weight = tensors.get(f"{name}.weight")

@@ -45,11 +45,7 @@ def _as_config(cfg: ModelConfig | Mapping[str, Any] | str) -> ModelConfig:
 
 
 def embedded_gguf_path(package: str = EMBEDDED_PACKAGE) -> Path:
-    """Locate the ``.gguf`` file inside an installed PyPI package without importing the package.
-
-    Raises:
-        FileNotFoundError: the package is not installed or holds no GGUF file (with the install command).
-    """
+    """Locate the ``.gguf`` file inside an installed PyPI package without importing the package."""
     try:
         dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError as err:
@@ -65,11 +61,7 @@ def embedded_gguf_path(package: str = EMBEDDED_PACKAGE) -> Path:
 
 
 def resolve_source(cfg: ModelConfig) -> tuple[str, str, str | None]:
-    """Classify ``cfg.path`` as ``("tiny"|"gguf"|"dir"|"hub", location, gguf_file)``.
-
-    Raises:
-        FileNotFoundError: a local path that does not exist, or a directory without weights.
-    """
+    """Classify ``cfg.path`` as ``("tiny"|"gguf"|"dir"|"hub", location, gguf_file)``."""
     path = cfg.path
     if path == "tiny":
         return "tiny", "tiny", None

@@ -65,8 +65,7 @@ class MaskSet(Mapping[str, torch.Tensor]):
 
 
 class ZeroPattern(Mapping[str, torch.Tensor]):
-    """The exact-zero pattern (True = zero) of pruned weights: every pruned position plus the kept zeros (flat
-    indices by name)."""
+    """The exact-zero pattern (True = zero) of pruned weights: every pruned position plus the kept zeros."""
 
     def __init__(self, masks: MaskSet, kept_zeros: Mapping[str, torch.Tensor] | None = None) -> None:
         self.masks = masks

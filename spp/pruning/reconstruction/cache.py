@@ -98,8 +98,7 @@ def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructRe
 
 
 class EntryWrite:
-    """Rank 0's writer of one entry while reconstruction runs: each finished block's parameters in the background,
-    then the masks and the manifest."""
+    """Rank 0's writer of one entry: each finished block's parameters in the background, then masks and manifest."""
 
     def __init__(self, off: OffloadedModel, entry: Path) -> None:
         self.off, self.entry = off, entry

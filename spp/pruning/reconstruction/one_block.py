@@ -57,8 +57,7 @@ class FormedBlock:
 
     @torch.no_grad()
     def merge(self) -> dict[str, Any]:
-        """Merge the form into the block's weights and restore the block's original module objects; returns what
-        the method's merge reports."""
+        """Merge the form into the block's weights, restore its original modules; returns the method's merge report."""
         merged, stats = merge_adapter(self.wrapper, self.cfg, self.masks)
         now = dict(merged.named_modules())
         for name in sorted(self.modules, key=lambda n: n.count(".")):

@@ -82,8 +82,7 @@ def train_form(params: list[nn.Parameter], forward: Forward, targets: list[torch
 
 
 def _sum_gradients(params: list[nn.Parameter], ctx: DistContext) -> None:
-    """Every parameter's gradient summed over the ranks (one flat buffer per dtype); a rank with no window in the
-    step adds zeros."""
+    """Every parameter's gradient summed over the ranks (one flat buffer per dtype); a rank without windows adds 0."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)

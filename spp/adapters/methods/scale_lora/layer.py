@@ -44,8 +44,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class ScaleLoRAFunction(torch.autograd.Function):
-    """``x (W ⊙ (B A))ᵀ + bias`` with the hand-written gradients of the module docstring (``W`` and ``bias`` are
-    frozen: no gradient for them)."""
+    """``x (W ⊙ (B A))ᵀ + bias`` with the module docstring's hand-written gradients (``W``, ``bias`` frozen)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
@@ -138,8 +137,7 @@ def scale_lora_layers(model: nn.Module) -> dict[str, ScaleLoRALinear]:
 
 def inject_scale_lora(model: nn.Module, targets: Sequence[str], r: int = 8,
                       dtype: torch.dtype | None = None) -> nn.Module:
-    """Replace every target ``nn.Linear`` by a :class:`ScaleLoRALinear` and freeze everything else; ``ValueError`` when
-    targets match nothing or ScaleLoRA is already there."""
+    """Replace every target ``nn.Linear`` by a :class:`ScaleLoRALinear` and freeze everything else."""
     if scale_lora_layers(model):
         raise ValueError("inject_scale_lora: the model already holds ScaleLoRA layers; merge them first")
     found = target_linears(model, tuple(targets))
