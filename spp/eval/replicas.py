@@ -26,7 +26,6 @@ DEFAULT_TIMEOUT_S = 6 * 3600
 """How long a replica (or a waiting non-leader) may wait for the others: a whole evaluation at 70B."""
 
 
-
 @dataclass(frozen=True)
 class ReplicaLayout:
     """Which replica this process belongs to (global rank = ``node * local_world + local_rank``, as torchrun and srun
