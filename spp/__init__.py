@@ -1,9 +1,7 @@
 """spp: sparsity-preserved parameter-efficient fine-tuning of pruned LLMs (SPP, ICML 2024).
 
-The names below are imported on first use (``from spp import inject`` or ``spp.inject``): ``import spp`` itself
-imports nothing, so a command can set its environment defaults (``TQDM_DISABLE``, read by tqdm at import) in
-:mod:`spp.commands.entry` before torch, transformers or tqdm load.
-"""
+Public names are imported on first use, so ``import spp`` loads nothing and a command can set environment defaults
+(``TQDM_DISABLE``) before torch, transformers or tqdm load."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Atomic writes for every file the framework produces: a temporary sibling, then ``os.replace``.
-
-Readers never see a half-written file or folder, and an interrupted write leaves the previous version in place;
-:func:`remove_stale_temporaries` removes the temporaries a killed run left.
-"""
+"""Atomic writes for every file the framework produces: a temporary sibling, then ``os.replace``."""
 
 from __future__ import annotations
 
@@ -35,12 +31,10 @@ def publish(tmp: str | os.PathLike[str], path: str | os.PathLike[str], directory
 
 
 def follow_umask(root: str | os.PathLike[str]) -> None:
-    """Give every file under ``root`` mode ``0666 & ~umask`` and every folder ``0777 & ~umask``.
+    """Give every file under ``root`` mode ``0666 & ~umask`` and every folder ``0777 & ~umask`` (links untouched).
 
-    What a library writes into an export folder may be owner-only (``save_pretrained`` writes its safetensors
-    through a 0600 temporary file); on a shared cluster the user's umask decides who may read a result.
-    Symbolic links are left alone.
-    """
+    Libraries may write owner-only files (``save_pretrained`` goes through a 0600 temporary); on a shared cluster the
+    user's umask decides who may read a result."""
     mask = _umask()
     for folder, dirs, files in os.walk(root):
         for name in dirs:
@@ -77,11 +71,9 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
 
 
 def write_dir_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]) -> Path:
-    """Fill a temporary folder beside ``path`` with ``writer(tmp_dir)`` and move it into place.
+    """Fill a temporary folder beside ``path`` with ``writer(tmp_dir)`` and move it into place (umask permissions).
 
-    An existing ``path`` is moved aside first and deleted only after the new folder is in place. Everything in
-    the folder gets the permissions of the user's umask (:func:`follow_umask`), the folder itself too.
-    """
+    An existing ``path`` is moved aside first and deleted only after the new folder is in place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
@@ -105,19 +97,8 @@ def check_writable_dir(path: str | os.PathLike[str], key: str, fix: str | None =
                        value: str | os.PathLike[str] | None = None) -> Path:
     """Create ``path`` if missing and prove it writable by creating and removing a temporary file in it.
 
-    Run before any model is loaded, so a read-only ``cache_dir`` or ``run_dir`` fails in one line instead of
-    with a traceback after minutes of work. Root ignores permission bits; the probe is a real write, so what it
-    accepts a later write accepts too.
-
-    Args:
-        path: The directory.
-        key: The config key that sets it, named in the error.
-        fix: How to fix it (default: point ``key`` at a writable directory).
-        value: ``key``'s value when ``path`` is a folder inside it (``<cache_dir>/pruning``).
-
-    Raises:
-        UserError: naming ``key``, the path and the operating system's reason.
-    """
+    Run before any model loads, so a read-only directory fails in one line naming ``key``; the probe is a real write
+    because root ignores permission bits. ``value`` is ``key``'s value when ``path`` is a folder inside it."""
     path = Path(path).expanduser()
     where = f"{key}={str(value if value is not None else path)!r}" + (f": {path}" if value is not None else "")
     try:
@@ -163,9 +144,8 @@ STALE_DIRS = (".merged.", ".adapter.", ".model.")
 
 def remove_stale_temporaries(run_dir: str | os.PathLike[str] | None, cache_dirs: list[str | os.PathLike[str]] = (),
                              min_age_s: float = 600.0) -> list[str]:
-    """Remove what killed runs left: export folders ``.merged.*`` / ``.adapter.*`` / ``.model.*`` and ``.*.tmp``
-    files in ``run_dir``; ``*.tmp`` files in the caches untouched for ``min_age_s`` (a live writer keeps its file
-    fresh). Logs one line per removal; returns the removed paths."""
+    """Remove what killed runs left: ``.merged.*`` / ``.adapter.*`` / ``.model.*`` folders and ``.*.tmp`` files in
+    ``run_dir``; cache ``*.tmp`` files untouched for ``min_age_s`` (a live writer keeps its file fresh)."""
     removed: list[str] = []
     now = time.time()
     if run_dir is not None and Path(run_dir).is_dir():

@@ -1,9 +1,5 @@
-"""Pruning masks stored one bit per weight (row-wise packed ``uint8``): the pruning cache, the export's audit and the
-adapters that keep the mask ``M`` alive during training all read and write this one format.
-
-A bool tensor costs one byte per weight; packed it costs one bit (m x ceil(n / 8) bytes). Rows are packed
-separately, so a block of rows ``lo:hi`` unpacks on its own (a chunked backward can unpack one block at a time).
-"""
+"""Pruning masks stored one bit per weight (row-wise packed ``uint8``, m x ceil(n / 8) bytes), the one format of
+the cache, the export audit and the mask-keeping adapters; rows ``lo:hi`` unpack on their own."""
 
 from __future__ import annotations
 
@@ -31,12 +27,8 @@ def unpack_rows(packed: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def checked_mask(name: str, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """The pruning mask of layer ``name`` as bool on the weight's device, checked against the pruned weight.
-
-    Raises:
-        ValueError: shape differs from the weight, values other than 0/1, or a pruned position whose weight is
-            non-zero (the masks are not this model's pruning masks).
-    """
+    """The pruning mask of layer ``name`` as bool on the weight's device; ``ValueError`` on a shape mismatch, values
+    other than 0/1, or a non-zero pruned weight (not this model's masks)."""
     if tuple(mask.shape) != tuple(weight.shape):
         raise ValueError(f"mask for {name!r} has shape {tuple(mask.shape)} but the weight is "
                          f"{tuple(weight.shape)} (out, in); pass the pruning masks of this model")

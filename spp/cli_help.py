@@ -1,17 +1,8 @@
 """``--help`` of the commands, rendered from the structured configs so it cannot drift from them.
 
-Each command's primary config sets ``hydra.help.template: ${spp_help:<command>}``; the resolver registered by
-:func:`register_help` renders, at ``--help`` time and from the composed config (so ``python train.py model=tiny
---help`` shows the tiny model's values):
-
-* the command's purpose and its common commands (the ``# Use:`` lines heading ``conf/<command>.yaml``, plus a few
-  fixed ones);
-* one line per config group the command composes (read from that file's ``defaults`` list, so a command lists
-  only its own groups): the group schema's docstring summary, its options (default marked ``*``) and, for the
-  preset groups without a schema, each option's one-line comment;
-* one line per top-level key and per important nested key: its value now, the first sentence of its
-  ``Attributes:`` entry in the dataclass docstring, and an example.
-"""
+The ``${spp_help:<command>}`` resolver renders the purpose and common commands (``# Use:`` lines), one line per
+config group the command composes, and per key its current value, the first sentence of its ``Attributes:`` entry
+and an example."""
 
 from __future__ import annotations
 
@@ -155,11 +146,7 @@ def _field_type(cls: type, name: str) -> type | None:
 
 
 def key_doc(job: type, key: str) -> str:
-    """The docstring entry of a dotted key (``trainer.lr``) of the job dataclass.
-
-    Raises:
-        KeyError: the key does not exist in the schema.
-    """
+    """The docstring entry of a dotted key (``trainer.lr``) of the job dataclass (``KeyError`` when absent)."""
     cls: type | None = job
     *parents, leaf = key.split(".")
     for part in parents:

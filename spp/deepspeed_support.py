@@ -1,18 +1,8 @@
 """What ``strategy=deepspeed_stage2|3`` needs before any weight is read, and DeepSpeed's checkpoint directory.
 
-Lightning's ``DeepSpeedStrategy`` (``spp.training.strategies.AdapterDeepSpeedStrategy``) saves a checkpoint as a
-*directory* (``DeepSpeedEngine.save_checkpoint(path, tag="checkpoint")``)::
-
-    adapter-step000200.ckpt/            <- the path Lightning names (and ``last.ckpt`` links to)
-    ├── latest                          <- text: the tag, "checkpoint"
-    ├── zero_to_fp32.py
-    └── checkpoint/
-        ├── mp_rank_00_model_states.pt                       (ZeRO-2: module tensors + Lightning's client state)
-        ├── zero_pp_rank_<r>_mp_rank_00_model_states.pt      (ZeRO-3: one per rank, each with the client state)
-        └── [bf16_]zero_pp_rank_<r>_mp_rank_00_optim_states.pt   (each rank's optimizer partition)
-
-This module sits below ``spp.training`` so that ``spp.preflight`` can use it too.
-"""
+A DeepSpeed checkpoint is a directory: ``latest`` (the tag), ``<tag>/`` with ``mp_rank_00_model_states.pt``
+(ZeRO-2) or one ``zero_pp_rank_<r>_mp_rank_00_model_states.pt`` per rank (ZeRO-3) and the optimizer partitions.
+It sits below ``spp.training`` so ``spp.preflight`` can use it."""
 
 from __future__ import annotations
 
@@ -38,18 +28,8 @@ def is_deepspeed(strategy: Any) -> bool:
 
 
 def check_deepspeed(strategy: Any, accelerator: str, adapter: Any = None) -> None:
-    """Refuse, before any weight is read, a DeepSpeed job that cannot run here.
-
-    Args:
-        strategy: The ``strategy`` group (``name``, ``stage``).
-        accelerator: ``trainer.accelerator``.
-        adapter: The adapter method (:class:`spp.adapters.base.AdapterMethod`: ``name``, ``zero3_refusal``);
-            ``None`` skips that check.
-
-    Raises:
-        UserError: DeepSpeed is not installed or does not import, there is no CUDA GPU (Lightning's DeepSpeed
-            strategy runs on CUDA only), or the adapter method cannot train under ZeRO-3.
-    """
+    """Refuse, before any weight is read, a DeepSpeed job that cannot run here: DeepSpeed missing, no CUDA GPU
+    (Lightning's DeepSpeed runs on CUDA only), or an adapter that cannot train under ZeRO-3 (``adapter=None`` skips)."""
     if not is_deepspeed(strategy):
         return
     label = f"strategy=deepspeed_stage{strategy.stage}"
@@ -74,10 +54,8 @@ def check_deepspeed(strategy: Any, accelerator: str, adapter: Any = None) -> Non
 
 
 def checkpoint_tag_dir(path: str | Path) -> Path | None:
-    """The tag directory (``<path>/<tag>``) of a DeepSpeed checkpoint directory, or ``None`` if ``path`` is not one.
-
-    The tag is read from ``<path>/latest``; without that file, the only sub-directory holding a model-states file.
-    """
+    """The tag directory of a DeepSpeed checkpoint directory (from ``<path>/latest``, else the only sub-directory with
+    a model-states file), or ``None`` if ``path`` is not one."""
     root = Path(path)
     if not root.is_dir():
         return None
@@ -100,14 +78,8 @@ def client_state_file(path: str | Path) -> Path | None:
 
 
 def check_resume_format(strategy: Any, checkpoint: str | Path) -> Path:
-    """The file holding ``checkpoint``'s client state (itself, or the one inside a DeepSpeed directory), after
-    checking that the strategy can load it: DeepSpeed resumes from its own directories only, the other strategies
-    from a ``.ckpt`` file.
-
-    Raises:
-        UserError: a DeepSpeed directory under another strategy or another ZeRO stage, or a file under DeepSpeed
-            (names the key).
-    """
+    """The file holding ``checkpoint``'s client state, after checking the strategy can load it (DeepSpeed only its own
+    directories of the same stage, the others only ``.ckpt`` files)."""
     state = client_state_file(checkpoint)
     if is_deepspeed(strategy) and state is None:
         raise UserError(f"trainer.resume_from={str(checkpoint)!r} is not a DeepSpeed checkpoint directory, and "

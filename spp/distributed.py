@@ -1,11 +1,7 @@
 """The processes of one job: who this process is, which device it owns, and the few collectives pruning uses.
 
-:class:`DistContext` wraps ``torch.distributed`` so that block-by-block pruning and the perplexity pass run the
-same code in one process (every collective is then a no-op) and on N ranks. :func:`cluster_environment` asks
-Lightning which launcher started the process, in Lightning's own order (torchrun, then ``srun``, LSF, MPI, else
-Lightning's launcher), so :func:`local_device` gives task *k* of a node ``cuda:k`` whether ``LOCAL_RANK`` or only
-``SLURM_LOCALID`` is set.
-"""
+The same code runs in one process (collectives are no-ops) and on N ranks. The launcher is found in Lightning's
+order, so task *k* of a node gets ``cuda:k`` whether ``LOCAL_RANK`` or only ``SLURM_LOCALID`` is set."""
 
 from __future__ import annotations
 
@@ -79,13 +75,7 @@ def _shared_wait_group() -> tuple[float | None, Any]:
 class DistContext:
     """Rank, world size and device of this process, with sum/broadcast collectives that vanish when alone.
 
-    Attributes:
-        rank: Global rank.
-        world: Number of processes.
-        device: Where this rank computes (its GPU, or the CPU).
-        bytes_sent: Bytes this rank broadcast or reduced so far (a progress/diagnostic count).
-        wait_s: Timeout of the *wait group* (:meth:`allow_long_waits`); ``None`` until one is made.
-    """
+    ``bytes_sent`` counts what this rank broadcast or reduced; ``wait_s`` is the wait group's timeout once made."""
 
     rank: int = 0
     world: int = 1
@@ -96,9 +86,8 @@ class DistContext:
 
     @classmethod
     def current(cls, device: torch.device | str | None = None) -> DistContext:
-        """The context of the initialised process group (or a single process) computing on ``device``; with a
-        process group, this process's heartbeat runs from now on (:mod:`spp.rank_watch`: a rank that dies or hangs
-        is named in one line)."""
+        """The context of the initialised process group (or a single process) on ``device``; with a group, this
+        process's heartbeat starts (:mod:`spp.rank_watch`)."""
         dev = torch.device(device) if device is not None else torch.device("cpu")
         if dist.is_available() and dist.is_initialized():
             rank_watch.start_for_process_group()
@@ -146,16 +135,12 @@ class DistContext:
         return tensor
 
     def allow_long_waits(self, timeout_s: float) -> None:
-        """Make the *wait group*: a CPU (gloo) group over every rank whose timeout is ``timeout_s`` (kept when the
-        existing one is at least as long).
+        """Make the *wait group*: a gloo group over every rank with timeout ``timeout_s`` (an existing longer one kept).
 
-        Collectives with ``long_wait=True`` go through it: the ones where the other ranks wait, idle by design,
-        while global rank 0 does something of known but possibly long length alone (reads the weights, waits for
-        another job's cache lock, applies or finishes a cache entry). The training process group's timeout
-        (``strategy.timeout_s``) must not bound those. Every rank must call this at the same point, *before* the
-        long work starts: creating a group is itself a collective under the job's own timeout. The group is the
-        process's: a context made later by :meth:`current` (the finalize phase's) uses it too.
-        """
+        Collectives with ``long_wait=True`` use it: the others idle by design while rank 0 works alone (reading weights,
+        a cache lock), which ``strategy.timeout_s`` must not bound. Every rank calls it at the same point before the
+        long
+        work: creating a group is itself a collective under the job's timeout."""
         global _WAIT_GROUP
         if self._wait_group is None:
             self.wait_s, self._wait_group = _shared_wait_group()
@@ -210,10 +195,8 @@ def launch_processes(accelerator: str = "auto", devices: int = 1, num_nodes: int
                      device: str | None = None) -> DistContext:
     """Start (or join) a command's processes with Lightning Fabric and return this one's context.
 
-    ``devices=N`` starts N processes on this machine; processes already started together by ``torchrun`` or
-    ``srun`` are taken as they are, however many ``devices`` says. ``device`` (``cpu``, ``cuda:1``) overrides where
-    a single process computes. ``prune.py`` and ``eval.py`` run on N ranks this way.
-    """
+    ``devices=N`` starts N processes; processes started by ``torchrun`` or ``srun`` are taken as they are. ``device``
+    overrides where a single process computes."""
     from lightning.fabric import Fabric
 
     env = cluster_environment()

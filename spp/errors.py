@@ -1,14 +1,7 @@
 """One error surface for ``train.py``, ``prune.py`` and ``eval.py`` (see ``docs/errors.md``).
 
-The project's own errors (a bad config value, a missing or unreadable data or model file, a resume checkpoint
-that does not match, a guard that stopped a run) are :class:`UserError`: *what is wrong* and *how to fix it*.
-:func:`cli_errors` wraps a command's body inside its ``@hydra.main`` function (Hydra prints a traceback for any
-exception that leaves it) and turns such errors into exactly one line on stderr::
-
-    train.py: error: adapter.r=7 does not divide out_features=576 of q_proj — use adapter.r in {1, 2, 3, 4, ...}
-
-and exit status 2. Anything else (a bug) keeps its traceback.
-"""
+:class:`UserError` says what is wrong and how to fix it; :func:`cli_errors` prints it as one line on stderr
+(``train.py: error: ...``) with exit status 2. Anything else (a bug) keeps its traceback."""
 
 from __future__ import annotations
 
@@ -121,12 +114,10 @@ def register_error_translator(translate: typing.Callable[[BaseException], UserEr
 
 
 def as_user_error(exc: BaseException) -> UserError | None:
-    """The :class:`UserError` behind ``exc``, or ``None`` for an unexpected (internal) error.
+    """The :class:`UserError` behind ``exc``, or ``None`` for an internal error.
 
-    ``UserError`` anywhere in the ``__cause__`` chain counts; so does a ``FileNotFoundError`` whose message names
-    a config key (``model.path=...``, ``data_dir=...``: how the loaders word a missing user file), and whatever a
-    registered translator recognises (a collective that failed because another rank died or hung).
-    """
+    Counts: a ``UserError`` in the ``__cause__`` chain, a ``FileNotFoundError`` naming a config key (``model.path=``),
+    and whatever a registered translator recognises (a collective failed by a dead rank)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -165,11 +156,8 @@ def cli_errors(cmd: str) -> Iterator[None]:
 
 
 def to_job(cfg: DictConfig, schema: type) -> Any:
-    """Convert a composed config once into its typed job, as :class:`UserError` on any bad key or value.
-
-    Unknown keys are rejected first (:func:`reject_unknown_keys`); a ``ValueError`` from a dataclass's
-    ``__post_init__`` or an OmegaConf validation error becomes a UserError naming the key.
-    """
+    """Convert a composed config once into its typed job; an unknown key, a ``__post_init__`` ``ValueError`` or an
+    OmegaConf validation error becomes a :class:`UserError` naming the key."""
     reject_unknown_keys(cfg, schema)
     try:
         return OmegaConf.to_object(cfg)
@@ -181,10 +169,8 @@ def to_job(cfg: DictConfig, schema: type) -> Any:
 def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None:
     """Raise UserError for a key of ``cfg`` that no field of the dataclass ``schema`` declares.
 
-    Hydra applies ``+key=value`` overrides with the struct flag lifted (that is what ``+`` means: add a key), so a
-    structured node accepts the new key and ``OmegaConf.to_object`` then sets it as a stray attribute that nothing
-    reads. This walks the composed tree against the dataclass fields (``Any`` and ``dict`` fields take any key).
-    """
+    Hydra's ``+key=value`` lifts the struct flag, and ``OmegaConf.to_object`` then sets a stray attribute nothing
+    reads. ``Any`` and ``dict`` fields take any key."""
     hints = typing.get_type_hints(schema)
     fields = {f.name for f in dataclasses.fields(schema)}
     for key in cfg.keys():
@@ -209,12 +195,8 @@ def _subclasses(cls: type) -> list[type]:
 
 
 def _reject_in_node(node: DictConfig, declared: type, prefix: str) -> None:
-    """:func:`reject_unknown_keys` for a node whose field is declared as ``declared``.
-
-    A config group whose options extend a base schema (``objective=distill``'s ``DistillConfig`` in a field
-    declared ``ObjectiveConfig``) is checked against the node's own type. An untyped node (a command line's keys
-    before composition) passes when the declared schema or any subclass of it declares its keys.
-    """
+    """:func:`reject_unknown_keys` for a node declared ``declared``: a typed node by its own type (a group option's
+    subclass), an untyped one against the declared schema or any subclass."""
     actual = OmegaConf.get_type(node)
     if isinstance(actual, type) and dataclasses.is_dataclass(actual) and issubclass(actual, declared):
         reject_unknown_keys(node, actual, prefix=prefix)

@@ -1,23 +1,8 @@
 """Reading whole parameters that a sharded strategy split over the ranks, one module at a time.
 
-A :class:`Gatherer` says how: :meth:`~Gatherer.gathered` makes every parameter of one module (its children's too)
-readable in full for the duration of a ``with`` block, and :meth:`~Gatherer.full` turns one parameter read inside it
-into its whole value. Three strategies keep parameters apart:
-
-- none (one process, DDP, DeepSpeed ZeRO-2): every rank holds every parameter whole (:class:`Gatherer`).
-- FSDP2: a parameter is a ``DTensor`` shard; ``full_tensor()`` gathers it (:class:`DTensorGatherer`).
-- DeepSpeed ZeRO-3: a parameter's ``data`` is an empty tensor (numel 0) outside the forward/backward of the module
-  that owns it; ``deepspeed.zero.GatheredParameters`` gathers a list of them (:class:`ZeroGatherer`).
-
-Each is a collective where the parameters are sharded: every rank must gather the same modules in the same order.
-The sparsity audit (``spp.training.callbacks.sparsity_audit``) and the streamed export (``spp.export.merged``) read
-sharded models through it.
-The CPU emulation of ZeRO-3's contract in ``tests/test_zero3_emulation.py`` is a fourth implementation.
-
-ZeRO-3 also needs to know which parameters a module reads without calling their owner
-(:meth:`spp.adapters.base.AdapterMethod.external_parameters`): :func:`register_external_parameters`. After training
-under DeepSpeed the trained values are the optimizer's fp32 masters: :func:`deepspeed_master_tensors`.
-"""
+:class:`Gatherer` (one process, DDP, ZeRO-2: parameters whole), :class:`DTensorGatherer` (FSDP2 ``full_tensor``)
+and :class:`ZeroGatherer` (ZeRO-3 ``GatheredParameters``; outside its owner's forward a parameter is empty). Each
+is a collective when sharded: every rank gathers the same modules in the same order."""
 
 from __future__ import annotations
 
@@ -37,8 +22,7 @@ class Gatherer:
 
     @contextmanager
     def gathered(self, module: nn.Module) -> Iterator[None]:
-        """Inside the block every parameter of ``module`` (its children's too) can be read whole through
-        :meth:`full`."""
+        """Inside the block every parameter of ``module`` (children too) can be read whole through :meth:`full`."""
         yield
 
     def full(self, t: torch.Tensor) -> torch.Tensor:
@@ -47,9 +31,8 @@ class Gatherer:
 
 
 class DTensorGatherer(Gatherer):
-    """FSDP2: a sharded parameter is a ``DTensor``; ``full_tensor()`` all-gathers it (plain tensors pass through).
-    A module that is an FSDP2 unit (a decoder block, the root) is unsharded whole for the block (its parameters are
-    then plain tensors in the module: what the streamed export merges) and resharded after."""
+    """FSDP2: ``full_tensor()`` all-gathers a ``DTensor`` (plain tensors pass through); an FSDP2 unit is unsharded
+    whole for the block and resharded after."""
 
     @contextmanager
     def gathered(self, module: nn.Module) -> Iterator[None]:
@@ -110,11 +93,8 @@ def register_external_parameters(pairs: ExternalParameters, register: Any = None
 def deepspeed_master_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """Under DeepSpeed (ZeRO-2 or ZeRO-3): the trainable parameters' fp32 master values, whole, on CPU, by name.
 
-    With ``precision=bf16-mixed`` DeepSpeed casts the whole module to bf16 and keeps the fp32 values in its
-    optimizer, so the module's own copies are rounded; ``safe_get_full_fp32_param`` assembles the optimizer's
-    (a collective: every rank calls it, parameter by parameter in the same order). A parameter DeepSpeed keeps no
-    master for (fp32 ZeRO-2) is its own master.
-    """
+    With ``bf16-mixed`` the module's copies are rounded; the masters are in the optimizer (a collective: every rank
+    calls it in the same order). A parameter without a master (fp32 ZeRO-2) is its own."""
     from deepspeed.utils import safe_get_full_fp32_param
 
     out: dict[str, torch.Tensor] = {}

@@ -1,10 +1,8 @@
-"""Text generation from a (merged, pruned) causal LM: the Alpaca prompt, greedy or sampled decoding, tokens/s,
-and the optional 2:4 semi-structured path (``generate.py``, and one completion at the end of the training job).
+"""Text generation from a (merged, pruned) causal LM: Alpaca prompt, greedy or sampled decoding, tokens/s, and
+an optional 2:4 semi-structured path.
 
-The 2:4 path converts the merged model's projections with :func:`spp.export.semi_structured.export_semi_structured`
-(PyTorch's ``to_sparse_semi_structured``: cuSPARSELt / CUTLASS kernels, CUDA sm80+). After SPP's merge
-``W ⊙ (1 + s·Repeat(α)⊙β)`` (paper Eq. 4-6) every pruned zero stays zero, so a model pruned 2:4 is still 2:4.
-"""
+SPP's merge ``W ⊙ (1 + s·Repeat(α)⊙β)`` (paper Eq. 4-6) keeps every pruned zero, so a 2:4-pruned model stays 2:4
+for PyTorch's ``to_sparse_semi_structured`` kernels (CUDA sm80+)."""
 
 from __future__ import annotations
 
@@ -34,19 +32,8 @@ FIXED_PROMPT: str = "What is the capital of France?"
 class GenerationResult:
     """One completion and how fast it came.
 
-    Attributes:
-        prompt: The user's prompt as given.
-        text: What the model was conditioned on (the prompt after the template).
-        completion: The decoded new tokens only (special tokens skipped, surrounding whitespace stripped).
-        new_tokens: Number of generated tokens (EOS included when the model stopped on it).
-        seconds: Wall time of ``model.generate`` (prefill + decode; CUDA synchronised).
-        tokens_per_s: ``new_tokens / seconds``.
-        device: Where the model ran (``cpu``, ``cuda:0``).
-        dtype: The model's parameter dtype.
-        sampled: ``False`` = greedy decoding.
-        sparse24: The projections ran as 2:4 semi-structured sparse tensors.
-        token_ids: The generated token ids.
-    """
+    ``text`` is the prompt after the template; ``completion`` the new tokens only, stripped; ``seconds`` the wall time
+    of ``model.generate`` (CUDA synchronised); ``new_tokens`` includes EOS when the model stopped on it."""
 
     prompt: str
     text: str
@@ -66,11 +53,7 @@ class GenerationResult:
 
 
 def format_prompt(prompt: str, template: str = "alpaca", input: str = "") -> str:
-    """Apply the prompt ``template``: ``alpaca`` (the training template up to ``### Response:\\n``) or ``none``.
-
-    Raises:
-        ValueError: an unknown template (names the key and the allowed values).
-    """
+    """Apply the prompt ``template``: ``alpaca`` (the training template up to ``### Response:\\n``) or ``none``."""
     if template == "alpaca":
         return user_prompt(prompt, input)
     if template == "none":
@@ -99,15 +82,9 @@ def generate_text(
 ) -> GenerationResult:
     """Generate one completion for ``prompt`` with ``model`` where it is (device and dtype untouched).
 
-    Greedy by default (``do_sample=False``: deterministic, ``temperature``/``top_p`` unused); with
-    ``do_sample=True`` nucleus sampling under ``seed`` (the global RNG state is restored afterwards, so a
-    training job's randomness is not disturbed). The model's own ``generation_config`` sampling defaults are
-    ignored: only the arguments here decide. The prompt is tokenised as in training (the tokenizer's special
-    tokens, e.g. LLaMA's BOS, included).
-
-    Raises:
-        ValueError: bad ``max_new_tokens``, ``temperature``, ``top_p`` or ``template`` (named).
-    """
+    Greedy by default; ``do_sample=True`` is nucleus sampling under ``seed``, restoring the global RNG state. The
+    model's ``generation_config`` sampling defaults are ignored. The prompt is tokenised as in training (BOS
+    included)."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
     if do_sample and not temperature > 0:
@@ -147,18 +124,10 @@ def generate_text(
 
 def to_sparse24(model: PreTrainedModel, dtype: torch.dtype = torch.bfloat16, device: str = "cuda",
                 targets: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
-    """Move ``model`` to ``device`` (CUDA) in ``dtype`` and turn every 2:4 target projection into a
-    semi-structured sparse tensor.
+    """Move ``model`` to CUDA ``device`` in ``dtype`` and turn every 2:4 target projection into a semi-structured
+    sparse tensor; their names.
 
-    The 2:4 pattern and the kernels' shape limits are checked on every layer first (on any device), then CUDA.
-
-    Returns:
-        Names of the converted layers.
-
-    Raises:
-        ValueError: a target layer is not 2:4 (named, with the fix), or has an unsupported shape.
-        RuntimeError: no CUDA GPU (no 2:4 kernels on CPU).
-    """
+    The 2:4 pattern and shape limits are checked on every layer first (on any device), then CUDA."""
     if torch.cuda.is_available():
         model.to(device, dtype)
     return export_semi_structured(model, targets)

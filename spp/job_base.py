@@ -1,6 +1,5 @@
-"""The keys the job configs share, each with its default, doc and check once: every command's (:class:`JobConfig`),
-the cache lock's (:class:`CacheLockJobConfig`, train and prune) and Fabric's processes' (:class:`FabricJobConfig`, eval
-and prune); each ``__post_init__`` calls ``super().__post_init__()``, so every check runs once whatever the mix."""
+"""The keys the job configs share, each with its default, doc and check once; every ``__post_init__`` calls
+``super().__post_init__()``, so every check runs once whatever the mix."""
 
 from __future__ import annotations
 

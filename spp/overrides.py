@@ -1,14 +1,8 @@
 """Command-line overrides checked against the command's schema before Hydra composes anything.
 
-Hydra answers an unknown key given without ``+`` (``adapter.rr=16``) with its own composition error, which
-advises ``+adapter.rr=16``: wrong, the key does not exist. :func:`checked_overrides` wraps a command's
-``@hydra.main`` function and, before Hydra runs, rejects such a key with the message the project gives for
-``+adapter.rr=16`` (:func:`spp.errors.reject_unknown_keys`: the key and the closest valid one), as one line and
-exit status 2. A key below a group whose options carry their own schema (``pruner.blocksize``, a key of
-``pruner=sparsegpt`` only) is judged against the option chosen (:func:`option_key_error`). Everything it is not
-sure about (config groups, ``hydra.*``, ``+``/``++``/``~`` overrides, keys below ``Any``/``dict`` fields,
-unparsable arguments, options that do not compose) is left to Hydra and to the check after composition.
-"""
+Hydra answers an unknown key without ``+`` (``adapter.rr=16``) by advising ``+adapter.rr=16``, which is wrong;
+this rejects it in one line with the closest valid key. What it is not sure about (groups, ``hydra.*``, ``+``/``~``
+overrides, ``Any`` fields, unparsable lines) is left to Hydra and the check after composition."""
 
 from __future__ import annotations
 
@@ -51,12 +45,8 @@ def parsed_overrides(argv: Sequence[str]) -> list[Override]:
 
 
 def plain_override_keys(argv: Sequence[str]) -> list[str]:
-    """The keys of the plain ``key=value`` overrides in a command line (not ``+``/``++``/``~``, no ``@package``).
-
-    Hydra's own argument parser separates its flags (``-m``, ``--cfg job``, ``-cp``, ...) from the overrides and its
-    override parser reads them (sweeps such as ``a=1,2`` included). Returns ``[]`` when either cannot parse the
-    line: Hydra then reports the problem itself.
-    """
+    """The keys of the plain ``key=value`` overrides in a command line (not ``+``/``++``/``~``, no ``@package``), read
+    by Hydra's own parsers; ``[]`` when they cannot parse it (Hydra then reports the problem)."""
     return plain_keys(parsed_overrides(argv))
 
 
@@ -83,11 +73,8 @@ def unknown_override(keys: Sequence[str], schema: type, config_name: str | None 
                      overrides: Sequence[Override] = ()) -> UserError | None:
     """The :class:`UserError` for the first key that no field of ``schema`` declares, else ``None``.
 
-    A key naming a config group (``model=tiny``, ``hydra/launcher=local``) or under ``hydra.`` is skipped. A key
-    below a group whose options carry their own schema (``pruner.blocksize``: ``pruner=sparsegpt`` types the node
-    as ``SparseGPTConfig``) is judged against the option the command line chooses (:func:`option_key_error`, with
-    the primary config ``config_name`` and the line's ``overrides``).
-    """
+    Group keys and ``hydra.`` are skipped; a key under a group whose options carry their own schema
+    (``pruner.blocksize``) is judged against the chosen option (:func:`option_key_error`)."""
     groups = config_groups()
     fields = typing.get_type_hints(schema)
     for key in keys:
@@ -110,14 +97,11 @@ def unknown_override(keys: Sequence[str], schema: type, config_name: str | None 
 
 def option_key_error(config_name: str, group: str, rest: Sequence[str],
                      overrides: Sequence[Override] = ()) -> UserError | None:
-    """Whether key ``<group>.<rest>`` exists for every option of ``group`` that the command line chooses (each value
-    of a sweep ``pruner=wanda,sparsegpt``; else the primary config's default): the error for the first option that
-    lacks it, else ``None`` (also when the options cannot be composed: Hydra then names the problem).
+    """The error for the first option of ``group`` the command line chooses (each value of a sweep, else the
+    default) whose schema lacks key ``<group>.<rest>``, else ``None`` (also when the options do not compose).
 
-    Generic over groups: an option's schema is the dataclass its composed node is typed by (the YAML's ``defaults:
-    [<name>_schema, _self_]``). A key another option of the group has gets ``pruner=wanda has no key
-    pruner.blocksize (its keys: ...)``; a misspelling ``did you mean pruner.blocksize=?``.
-    """
+    An option's schema is the dataclass its composed node is typed by; a key of another option gets
+    ``pruner=wanda has no key pruner.blocksize (its keys: ...)``, a misspelling ``did you mean``."""
     for option, own in chosen_options(config_name, group, overrides) or []:
         err = _schema_error(rest, own, prefix=f"{group}.")
         if err is None:
@@ -186,13 +170,10 @@ def _first_value(override: Override, value: str | None) -> str:
 
 
 def checked_overrides(cmd: str, schema: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a ``@hydra.main`` function: unknown plain keys of ``sys.argv`` exit 2 with one line first.
+    """Decorate a ``@hydra.main`` function (use above it): unknown plain keys of ``sys.argv`` exit 2 with one line.
 
-    Use it above ``@hydra.main`` (``cmd`` is the script name the message starts with, ``schema`` the command's
-    typed job; the primary config's name is read from ``@hydra.main``'s ``config_name``). A call with a config
-    (Hydra's ``cfg_passthrough``) is passed through unchecked. The plug-ins of ``SPP_PLUGINS`` are imported first
-    (:func:`spp.plugins.load_plugins`), so their options compose and their schemas judge their keys.
-    """
+    A call with a config (``cfg_passthrough``) passes unchecked. ``SPP_PLUGINS`` are imported first, so their options
+    compose and their schemas judge their keys."""
 
     def decorate(hydra_main: Callable[..., Any]) -> Callable[..., Any]:
         config_name = inspect.getclosurevars(hydra_main).nonlocals.get("config_name")

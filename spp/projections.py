@@ -1,11 +1,8 @@
 """Which layers are pruned and adapted: the linear projections of a model's decoder blocks, found from the model.
 
-The default target list is LLaMA's seven projection names (the paper's setting, Sec. 4). On another architecture
-that default means *every linear projection of its decoder blocks* (Phi-3's fused ``qkv_proj``/``gate_up_proj``,
-OPT's ``out_proj``/``fc1``/``fc2``, GPT-2's ``c_attn``/``c_proj``/``c_fc``), the embeddings and the LM head left
-out. An explicit list is checked name by name: each must match a linear projection, or the run stops in one line
-naming the key and what does match.
-"""
+The default targets are LLaMA's seven projections (paper Sec. 4); on another architecture they mean every linear
+projection of the blocks (Phi-3's fused ones, OPT's, GPT-2's ``Conv1D``), embeddings and LM head left out. An
+explicit list must match linear projections name by name."""
 
 from __future__ import annotations
 
@@ -37,12 +34,8 @@ def is_projection(module: nn.Module) -> bool:
 
 
 def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """Return (qualified name, ModuleList) of the model's decoder blocks (``model.layers``, ``model.decoder.layers``,
-    ``transformer.h``): the first ModuleList with ``config.num_hidden_layers`` entries.
-
-    Raises:
-        ValueError: no such ModuleList exists.
-    """
+    """(qualified name, ModuleList) of the model's decoder blocks: the first ModuleList with
+    ``config.num_hidden_layers`` entries (``ValueError`` when none)."""
     config = getattr(model, "config", None)
     expected = getattr(config, "num_hidden_layers", None)
     for name, module in model.named_modules():
@@ -113,14 +106,8 @@ def resolve_targets(block: nn.Module, targets: Iterable[str], key: str = "pruner
                     default: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
     """The target names to use on a model whose decoder blocks look like ``block``.
 
-    The default list (``default``: :data:`DEFAULT_TARGETS`, or :data:`ATTENTION_TARGETS` for the attention ones)
-    becomes the block's own projection names. An explicit list is returned as it is once every name has matched a
-    linear projection of the block.
-
-    Raises:
-        UserError: an empty list, or a name that matches no module of the block or only modules that are not linear
-            projections (one line naming ``key`` and the projections there are).
-    """
+    The default list (:data:`DEFAULT_TARGETS` or :data:`ATTENTION_TARGETS`) becomes the block's own projection names;
+    an explicit list is returned once every name matched a linear projection (else a ``UserError`` naming ``key``)."""
     targets = list([targets] if isinstance(targets, str) else targets)
     projections = block_projections(block)
     if is_default(targets, default):
@@ -161,12 +148,8 @@ def model_targets(model: nn.Module, targets: Iterable[str], key: str = "adapter.
 
 
 def find_projections(model: nn.Module, targets: Iterable[str], key: str = "adapter.targets") -> dict[str, nn.Module]:
-    """The linear projections of ``model``'s decoder blocks named by ``targets`` (resolved as
-    :func:`resolve_targets`), by qualified name in model order.
-
-    Raises:
-        UserError: see :func:`resolve_targets`.
-    """
+    """The linear projections of ``model``'s blocks named by ``targets`` (as :func:`resolve_targets`), in model
+    order."""
     try:
         prefix, layers = decoder_layers(model)
     except ValueError:  # a module without decoder blocks (a unit test's Sequential): explicit names anywhere

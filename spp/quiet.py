@@ -1,14 +1,7 @@
 """Targeted filters for library boilerplate, so a job's log says what the job does.
 
-Dropped (each by its exact message, nothing else from these libraries is touched):
-
-* Lightning's start-up lines (``GPU available``, ``TPU available``, ``HPU available``, the litlogger / litmodels
-  advertising tips, the ``Trainer(limit_val_batches=1.0)`` / ``Trainer(val_check_interval=1.0)`` notices,
-  ``Loading `train_dataloader` to estimate ...``, ``Seed set to N``);
-* Lightning's warnings that do not apply to this project: the ``ThroughputMonitor`` ``flops_per_batch`` notice
-  (only token throughput is logged), "your dataloader is not resumable" (``AlpacaDataModule`` restores its
-  position through its own ``state_dict``) and torch's ``LeafSpec`` deprecation raised inside Lightning.
-"""
+Each filter drops one exact message (Lightning's start-up lines and tips, warnings that do not apply here such as
+"your dataloader is not resumable", torch's ``LeafSpec`` deprecation); nothing else is touched."""
 
 from __future__ import annotations
 

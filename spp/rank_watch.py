@@ -1,21 +1,10 @@
 """Which rank stopped a distributed job, in one line: a heartbeat per rank in the job's store, read when a
 collective fails.
 
-gloo and NCCL say only "Connection reset by peer [10.0.0.7]:40711" (a peer died) or "Timed out waiting 1800000ms"
-(a peer did not come), naming no rank. So every rank of a job runs a daemon thread (:func:`start`, called by
-:meth:`spp.distributed.DistContext.current`) that bumps ``spp/rank_watch/<n>/beat/<rank>`` in the process group's
-store every :data:`HEARTBEAT_S` seconds, with where its main thread is (``<n>`` counts the process groups of this
-process, so a second job in it never reads the first one's records). When a collective raises,
-:func:`rank_failure` (hooked into every command's error surface, :func:`spp.errors.cli_errors`) marks this rank
-as failed, watches the beats
-for :data:`GRACE_S` seconds and names the culprits:
-
-* **dead**: its beat stopped and it did not leave through Python (killed, out of memory, a crash, ``os._exit``);
-* **stopped**: it left through Python (``exit/<rank>``: its own error line says why);
-* **stuck**: its beat runs, but it is not in the collective (after a timeout): where it is;
-* the store itself gone: its host died (global rank 0 under ``srun`` or Lightning's launcher; under ``torchrun``
-  the agent holds it).
-"""
+gloo and NCCL name no rank ("Connection reset by peer", "Timed out"). Each rank's daemon thread bumps its beat in
+the store every :data:`HEARTBEAT_S` s with where its main thread is; on a failed collective :func:`rank_failure`
+watches the beats for :data:`GRACE_S` s and names ranks **dead** (beat stopped), **stopped** (left through
+Python), **stuck** (beating, not in the collective), or the store's host gone."""
 
 from __future__ import annotations
 
@@ -234,8 +223,7 @@ def _names(ranks: list[int]) -> str:
 def rank_failure(exc: BaseException) -> UserError | None:
     """A collective's failure as one line naming the rank that caused it and the phase; ``None`` for another error.
 
-    Every rank that gets here marks itself as failed first, so the others do not blame it.
-    """
+    This rank marks itself failed first, so the others do not blame it."""
     if not is_comms_error(exc) or (_watch is None and int(os.environ.get("WORLD_SIZE", "1") or 1) < 2):
         return None
     phase, where = phase_of(exc.__traceback__)

@@ -1,17 +1,8 @@
-"""One job per run directory: an exclusive, non-blocking lock on ``<run_dir>/.spp-run.lock`` for the whole job.
+"""One job per run directory: an exclusive, non-blocking ``flock`` on ``<run_dir>/.spp-run.lock`` for the whole job.
 
-Two jobs writing one run directory interleave: the CSV logger crashes, or ``summary.json`` and ``merged/`` of one
-job end up beside the other's ``resolved_config.yaml``, and the second job's clean-up of temporaries
-(:func:`spp.atomic.remove_stale_temporaries`) deletes the first one's export in progress. The job's leader
-takes the lock before that clean-up and keeps it until its last file is written; a second job is refused in one
-line naming the holder.
-
-Only the job's leader (global rank 0) takes it. Lightning starts the other ranks of a job by running the same
-script again with ``LOCAL_RANK`` set (``torchrun`` and SLURM set ``RANK`` / ``SLURM_PROCID`` for every rank, a
-multi-node launch ``NODE_RANK``): those processes belong to the job that holds the lock and skip it. The lock is an
-``fcntl.flock`` on an open file, so the kernel releases it when the process ends, however it ends (``kill -9``
-leaves no stale lock).
-"""
+Two jobs in one run directory mix their files and one's clean-up deletes the other's export in progress. Only the
+leader (global rank 0) takes it; ranks Lightning restarts with ``LOCAL_RANK`` set skip it. The kernel releases an
+``flock`` however the process ends (``kill -9`` leaves no stale lock)."""
 
 from __future__ import annotations
 
@@ -68,17 +59,10 @@ def _claim(fd: int) -> None:
 @contextmanager
 def hold_run_dir(run_dir: str | os.PathLike[str], key: str = "run_dir",
                  leader: bool | None = None) -> Iterator[Path]:
-    """Create ``run_dir`` (it must be writable) and, in the job's leader, hold its lock until the block ends.
+    """Create ``run_dir`` (writable) and, in the job's leader, hold its lock until the block ends.
 
-    Args:
-        run_dir: The job's output directory.
-        key: The config key that sets it (``run_dir`` for ``train.py``, ``output_dir`` for the others), named in
-            the error.
-        leader: Whether this process takes the lock; ``None``: :func:`is_job_leader`.
-
-    Raises:
-        UserError: ``run_dir`` is not writable, or another job holds its lock (naming its pid and host).
-    """
+    ``key`` is named in the error; ``leader=None`` asks :func:`is_job_leader`. A held lock raises ``UserError`` naming
+    the holder's pid and host."""
     run_dir = check_writable_dir(run_dir, key)
     if not (is_job_leader() if leader is None else leader) or fcntl is None:
         yield run_dir

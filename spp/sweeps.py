@@ -1,11 +1,8 @@
-"""Hyper-parameter sweeps on validation numbers (``hydra/sweeper=optuna_lr``): the check a job makes that an
-Optuna search optimises a validation objective, and a Hydra callback that writes every job's objective next to
-its run and, when the multirun ends, all trials of the sweep to ``<sweep dir>/trials.json``.
+"""Hyper-parameter sweeps on validation numbers (``hydra/sweeper=optuna_lr``): the check that an Optuna search
+optimises a validation objective, and a callback writing each trial to ``<sweep dir>/trials.json``.
 
-The Optuna sweeper keeps its study in memory (optuna 2.x's RDB storage does not work with SQLAlchemy 2) and
-writes only the best point to ``optimization_results.yaml``; this callback keeps the rest: each trial's
-overrides (the sampled learning rate), its status and the value the job returned.
-"""
+The Optuna sweeper keeps its study in memory (optuna 2.x's RDB storage fails with SQLAlchemy 2) and writes only
+the best point."""
 
 from __future__ import annotations
 
@@ -36,9 +33,8 @@ VAL_PPL_SOURCE = "wikitext2_val"
 
 
 def objective_value(summary: dict[str, Any], objective: str) -> float | None:
-    """The value ``objective`` names in a run's ``summary.json``: ``val_loss`` (the last Alpaca validation loss),
-    ``ppl_val_merged`` (the merged model's ``wikitext2_val`` perplexity), ``ppl_merged`` (its ``eval.ppl_source``
-    perplexity, WikiText-2 *test* by default: for reporting only); ``None`` when the run did not measure it."""
+    """The value ``objective`` names in a run's ``summary.json`` (``val_loss``, ``ppl_val_merged``, or ``ppl_merged``
+    on the test split, for reporting only); ``None`` when the run did not measure it."""
     if objective == "val_loss":
         val = (summary.get("losses") or {}).get("val") or []
         return float(val[-1]) if val else None
@@ -60,14 +56,8 @@ def optuna_sweep() -> bool:
 
 
 def require_validation_objective(objective: str | None, allowed: Sequence[str] = VALIDATION_OBJECTIVES) -> None:
-    """Refuse a job of an Optuna sweep whose ``sweep_objective`` is not a validation metric.
-
-    Call it at the start of a job (``train.py``); it does nothing outside a Hydra multirun or under another
-    sweeper. Choosing a learning rate on the test split would leak the split into the numbers reported on it.
-
-    Raises:
-        UserError: naming the key, the allowed values and the fix (``cli_errors`` prints it as one line).
-    """
+    """Refuse an Optuna sweep job whose ``sweep_objective`` is not a validation metric: choosing on the test split
+    would leak it into the numbers reported on it. Does nothing outside an Optuna multirun."""
     if optuna_sweep() and objective not in allowed:
         raise UserError(
             f"sweep_objective={objective}: an Optuna sweep selects hyper-parameters, so the job must return a "
@@ -79,16 +69,10 @@ def require_validation_objective(objective: str | None, allowed: Sequence[str] =
 
 
 def require_objective_recorded(objective: str | None, missing: Callable[[], str | None]) -> None:
-    """Refuse an Optuna sweep whose jobs cannot record their ``val_loss`` (``sweep_objective``), before the first
-    trial.
+    """Refuse, before the first trial, an Optuna sweep whose jobs cannot record ``val_loss``.
 
-    A trial that returns no value makes Optuna fail after every trial has trained, merged and evaluated ("No
-    trials are completed yet"). ``missing`` (called only for such a sweep) says why no validation loss will be
-    logged, as ``"<what> — <fix>"``, or returns ``None``.
-
-    Raises:
-        UserError: naming the keys that prevent validation and how to make it run.
-    """
+    Optuna fails only after every trial trained ("No trials are completed yet"). ``missing`` says why, as
+    ``"<what> — <fix>"``, or returns ``None``."""
     if not optuna_sweep() or objective != "val_loss":
         return
     reason = missing()
@@ -115,11 +99,7 @@ def _objective_value(job_return: JobReturn) -> float | None:
 
 
 class SweepTrialsCallback(Callback):
-    """Record each job's objective (``<run>/objective.json``) and gather them (``<sweep>/trials.json``).
-
-    Args:
-        direction: ``minimize`` or ``maximize``: which trial ``trials.json`` marks as best.
-    """
+    """Record each job's objective (``<run>/objective.json``) and gather them in ``<sweep>/trials.json``."""
 
     def __init__(self, direction: str = "minimize") -> None:
         if direction not in ("minimize", "maximize"):

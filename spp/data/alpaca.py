@@ -1,5 +1,4 @@
-"""``AlpacaDataModule``: Stanford-Alpaca instruction tuning data for Lightning (load, validate, split, tokenise,
-batch)."""
+"""``AlpacaDataModule``: Alpaca instruction-tuning data for Lightning (load, validate, split, tokenise, batch)."""
 
 from __future__ import annotations
 
@@ -59,18 +58,8 @@ def _with_overrides(cfg: DataConfig | None, overrides: Mapping[str, Any]) -> Dat
 class AlpacaDataModule(L.LightningDataModule):
     """Alpaca instruction-tuning data: records → template → tokens → train/validation loaders.
 
-    Args:
-        tokenizer: The model's tokenizer (its EOS is appended; its pad id fills padded positions, EOS when it
-            has none).
-        cfg: The typed ``data`` config (default ``DataConfig()``).
-        data_dir: Root searched first for relative ``data.source`` paths (top-level config key ``data_dir``).
-        progress: Show a progress bar while tokenising.
-        **overrides: ``DataConfig`` fields that replace those of ``cfg`` (e.g. ``max_examples=64``).
-
-    After ``setup()``: ``train_dataset`` / ``val_dataset`` (``TokenizedDataset``), ``train_records`` /
-    ``val_records`` (in source order), ``record_set`` (with the skipped malformed records), and
-    ``num_train_tokens`` etc.
-    """
+    Relative ``data.source`` paths are searched under ``data_dir`` first; ``overrides`` replace ``cfg`` fields
+    (``max_examples=64``). The pad id falls back to EOS when the tokenizer has none."""
 
     def __init__(
         self,
@@ -135,9 +124,8 @@ class AlpacaDataModule(L.LightningDataModule):
     def _tokenize(self, records: list[AlpacaRecord], split: str) -> tuple[list[AlpacaRecord], list[Feature]]:
         """Tokenise ``records`` and drop those without a loss-carrying token (counted in ``dropped_no_loss``).
 
-        With ``data.train_on_inputs=false`` a prompt that fills ``data.max_length`` leaves no response token: such
-        an example teaches nothing, and a batch made of them has a ``nan`` loss.
-        """
+        With ``train_on_inputs=false`` a prompt that fills ``max_length`` has no response token; a batch of them has a
+        ``nan`` loss."""
         cfg = self.cfg
         features = tokenize_records(records, self.tokenizer, max_length=cfg.max_length, add_eos=cfg.add_eos,
                                     train_on_inputs=cfg.train_on_inputs, progress=self.progress)
@@ -173,11 +161,8 @@ class AlpacaDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader | ResumableLoader:
         """Shuffled training batches; the order depends only on ``(data.seed, epoch)``, so resumes repeat it.
 
-        A ``DistributedSampler`` over the trainer's world size is used even on one process: Lightning calls its
-        ``set_epoch`` every epoch and keeps it (it does not add another one under DDP). Under a trainer the loader
-        is wrapped in a :class:`~spp.data.resumable.ResumableLoader` that skips the batches a resumed checkpoint
-        had already trained on.
-        """
+        A ``DistributedSampler`` is used even on one process: Lightning calls its ``set_epoch`` and adds none of its own
+        under DDP. Under a trainer the loader skips the batches a resumed checkpoint already trained on."""
         train, _ = self._require_setup()
         world_size, rank = self._world()
         sampler = DistributedSampler(

@@ -12,20 +12,11 @@ from spp.data.tokenization import IGNORE_INDEX, Feature
 
 @dataclass(frozen=True)
 class PadCollator:
-    """Pad a list of features to the longest one (rounded up to ``pad_to_multiple_of``).
+    """Pad a list of features to the longest one (rounded up to ``pad_to_multiple_of``); labels pad with -100.
 
-    A batch with no loss-carrying label (every label -100 after the causal shift) is refused: its loss would be
-    ``nan``, which the guards would then blame on the learning rate.
-
-    Same result as ``transformers.DataCollatorForSeq2Seq(label_pad_token_id=-100)`` for these features, but it
-    holds only the pad id (no tokenizer), so it neither reads nor changes the shared tokenizer's padding side
-    and pickles cheaply into DataLoader workers.
-
-    Attributes:
-        pad_token_id: Id written into padded ``input_ids`` positions (their attention mask is 0).
-        pad_to_multiple_of: Round the padded length up to a multiple of this (``None``: no rounding).
-        padding_side: ``right`` or ``left``.
-    """
+    A batch with no loss-carrying label is refused: its loss would be ``nan``, which the guards would blame on the
+    learning rate. Unlike ``DataCollatorForSeq2Seq`` it holds only the pad id, so it never touches the shared
+    tokenizer's padding side and pickles cheaply into DataLoader workers."""
 
     pad_token_id: int
     pad_to_multiple_of: int | None = None

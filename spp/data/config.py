@@ -1,5 +1,4 @@
-"""Structured config of the ``data`` group (``conf/data/*.yaml``): where the Alpaca records come from and how
-they are tokenised, split and batched."""
+"""Structured config of the ``data`` group (``conf/data/*.yaml``): Alpaca records, tokenisation, split, batches."""
 
 from __future__ import annotations
 
@@ -61,11 +60,7 @@ class DataConfig:
         self.validate()
 
     def validate(self) -> DataConfig:
-        """Check value ranges and return ``self``.
-
-        Raises:
-            ValueError: naming the offending ``data.*`` key and what it accepts.
-        """
+        """Check value ranges and return ``self``; a ``ValueError`` names the offending ``data.*`` key."""
         checks = [
             (self.max_length >= 2, f"data.max_length must be >= 2, got {self.max_length}"),
             (self.val_size >= 0, f"data.val_size must be >= 0, got {self.val_size}"),
@@ -97,12 +92,8 @@ class DataConfig:
 
 
 def validation_split_size(n_records: int, val_size: int, max_val_fraction: float) -> int:
-    """Number of held-out validation records for ``n_records`` valid records.
-
-    Rule: ``min(val_size, floor(max_val_fraction * n_records))``, raised to 1 when that is 0 although
-    ``val_size > 0`` and ``n_records >= 2`` (so small runs still get a validation loss), and never more than
-    ``n_records - 1`` (at least one training record stays).
-    """
+    """Held-out records for ``n_records``: ``min(val_size, floor(max_val_fraction * n))``, at least 1 when
+    ``val_size > 0`` and ``n >= 2``, at most ``n - 1``."""
     if val_size <= 0 or n_records < 2:
         return 0
     size = min(val_size, math.floor(max_val_fraction * n_records + 1e-9))

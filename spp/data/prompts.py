@@ -21,10 +21,7 @@ RESPONSE_SPLIT: str = "### Response:"
 
 
 def user_prompt(instruction: str, input: str = "") -> str:
-    """Return the prompt up to and including ``### Response:\\n`` (what the model is conditioned on).
-
-    An empty ``input`` selects the shorter no-input template, as alpaca-lora's ``Prompter`` does.
-    """
+    """The prompt up to and including ``### Response:\\n``; an empty ``input`` takes alpaca-lora's no-input template."""
     if input:
         return PROMPT_WITH_INPUT.format(instruction=instruction, input=input)
     return PROMPT_NO_INPUT.format(instruction=instruction)

@@ -58,11 +58,7 @@ def natural_key(path: Path) -> list[int | str]:
 
 
 def list_split_files(directory: Path) -> list[Path]:
-    """Return the ``*.json``/``*.jsonl`` files of ``directory`` in numeric (natural) order.
-
-    Raises:
-        FileNotFoundError: the directory holds no such file.
-    """
+    """The ``*.json``/``*.jsonl`` files of ``directory`` in natural order (``FileNotFoundError`` when none)."""
     files = [p for p in directory.iterdir() if p.is_file() and p.suffix in RECORD_SUFFIXES]
     if not files:
         raise FileNotFoundError(
@@ -73,11 +69,7 @@ def list_split_files(directory: Path) -> list[Path]:
 
 
 def read_json_records(path: str | os.PathLike[str]) -> list[Any]:
-    """Parse a JSON array file or a JSON-lines file (detected from the first non-blank character).
-
-    Raises:
-        ValueError: the file is not valid JSON; the message names the file, line, column and offset.
-    """
+    """Parse a JSON array or JSON-lines file (by its first non-blank character); errors name file, line and column."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     stripped = text.lstrip()
@@ -107,11 +99,8 @@ def read_json_records(path: str | os.PathLike[str]) -> list[Any]:
 
 
 def validate_record(raw: Any) -> AlpacaRecord | str:
-    """Return the record, or the reason it is malformed.
-
-    ``instruction`` and ``output`` must be non-empty strings; ``input`` may be missing or ``null`` (read as
-    ``""``) but otherwise must be a string.
-    """
+    """The record, or why it is malformed: ``instruction`` and ``output`` non-empty strings, ``input`` a string or
+    missing / ``null`` (read as ``""``)."""
     if not isinstance(raw, dict):
         return f"expected an object, got {type(raw).__name__}"
     for key in ("instruction", "output"):
@@ -169,12 +158,8 @@ def load_alpaca_records(
 ) -> RecordSet:
     """Load and validate Alpaca records from a file, a directory of split files, or ``hub:<id>``.
 
-    Malformed records are skipped, counted and logged with their file and index.
-
-    Raises:
-        FileNotFoundError: a local source that is found nowhere (the message lists the places searched).
-        ValueError: a file that is not valid JSON (with line and column), or no valid record at all.
-    """
+    Malformed records are skipped and logged with file and index. A source found nowhere raises
+    ``FileNotFoundError`` listing the places searched; invalid JSON or no valid record raises ``ValueError``."""
     sources: list[str] = []
     records: list[AlpacaRecord] = []
     skipped: list[SkippedRecord] = []

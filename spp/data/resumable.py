@@ -1,14 +1,8 @@
-"""Exact mid-epoch resume: a training-loader wrapper that fast-forwards past the batches already trained on.
+"""Exact mid-epoch resume: a training-loader wrapper that skips the batches already trained on.
 
-Lightning 2.x restarts an interrupted epoch from its first batch. With a step-based LR schedule the loader is
-created early (``estimated_stepping_batches`` in ``configure_optimizers``), before the loop state is restored,
-so a stateful loader never gets its state back. The data module therefore saves ``(epoch, batches done)`` in
-the checkpoint through its own ``state_dict`` / ``load_state_dict`` (Lightning calls both), and the loader skips
-the batches already trained on when the resumed epoch's first batch is requested (lazily, after the restore).
-With the data module's seeded per-epoch ``DistributedSampler`` the resumed run sees exactly the batches of the
-uninterrupted one. The count is of this rank's own shard, so it holds for the world size it was saved with only:
-a resume on another world size or strategy is refused before any load (``spp.training.resume_checks.check_world``).
-"""
+Lightning 2.x restarts an interrupted epoch from its first batch, and a loader built before the loop state is
+restored never gets its state back; so the data module checkpoints ``(epoch, batches done)`` itself. The count is
+of this rank's shard: a resume on another world size is refused (``spp.training.resume_checks.check_world``)."""
 
 from __future__ import annotations
 
@@ -17,13 +11,9 @@ from typing import Any
 
 
 class ResumableLoader:
-    """Wrap a ``DataLoader``; behaves like it (len, sampler, dataset) and fast-forwards after a resume.
+    """A ``DataLoader`` wrapper (len, sampler, dataset as the loader) that fast-forwards after a resume.
 
-    Args:
-        loader: The training ``DataLoader``.
-        position: Returns ``(epoch, batches processed in that epoch)`` from the trainer's loop progress.
-        pending: The data module's restored ``{"epoch", "batches_done"}`` state (filled on resume).
-    """
+    ``position`` returns ``(epoch, batches done)`` from the trainer's loop; ``pending`` is the restored state."""
 
     def __init__(self, loader: Any, position: Callable[[], tuple[int, int]], pending: dict[str, int]) -> None:
         self.loader = loader

@@ -17,20 +17,14 @@ Feature = dict[str, list[int]]
 
 
 def carries_loss(labels: list[int]) -> bool:
-    """Whether a feature has a token that counts in the causal-LM loss.
+    """Whether a feature has a token that counts in the causal-LM loss (labels shift by one: the first never counts).
 
-    The loss compares position ``t``'s prediction with label ``t + 1`` (labels shift by one), so the first label
-    never counts. A batch of features without one would give ``0 / 0 = nan``.
-    """
+    A batch of features without one would give ``0 / 0 = nan``."""
     return any(t != IGNORE_INDEX for t in labels[1:])
 
 
 def require_eos(tokenizer: PreTrainedTokenizerBase) -> int:
-    """Return the tokenizer's EOS id.
-
-    Raises:
-        ValueError: the tokenizer defines no EOS token (set ``data.add_eos=false`` or give it one).
-    """
+    """The tokenizer's EOS id; ``ValueError`` when it has none (set ``data.add_eos=false`` or give it one)."""
     if tokenizer.eos_token_id is None:
         raise ValueError(
             f"tokenizer {type(tokenizer).__name__} has no eos_token; set data.add_eos=false or use a tokenizer "
@@ -48,14 +42,10 @@ def tokenize_records(
     chunk_size: int = 1000,
     progress: bool = True,
 ) -> list[Feature]:
-    """Tokenise records into ``input_ids`` / ``attention_mask`` / ``labels`` lists.
+    """Tokenise records into ``input_ids`` / ``attention_mask`` / ``labels`` lists, truncated at ``max_length``.
 
-    The full prompt (template + output) is tokenised with truncation at ``max_length``; EOS is appended when
-    the sequence is shorter than ``max_length`` and does not already end in EOS. ``labels`` copy the ids; with
-    ``train_on_inputs=False`` the first ``len(tokenise(user prompt))`` labels become -100, so only the response
-    (and EOS) carries loss. A prompt that fills ``max_length`` leaves no such token (:func:`carries_loss`);
-    ``AlpacaDataModule`` drops those features and counts them.
-    """
+    EOS is appended when there is room. With ``train_on_inputs=False`` the user prompt's labels become -100, so only
+    the response carries loss."""
     eos_id = require_eos(tokenizer) if add_eos else None
     features: list[Feature] = []
     bar = tqdm(total=len(records), desc="tokenising Alpaca", unit="rec", disable=not progress, leave=False)

@@ -1,12 +1,5 @@
-"""``eval.py adapter_dir=``: the base the job builds, compared before any weight is read with the one the adapter
-folder records (:mod:`spp.adapters.trained_on`).
-
-The model's identity (:func:`spp.models.loading.model_identity`, taken in the recorded dtype so that a dtype change
-alone is left to the zero-pattern check) and the pruning cache key (pruner, pattern, calibration; not the code
-version) must be the recorded ones. A saved folder evaluated as it is (``model.path=<dir>`` without ``pruner=``: e.g.
-``prune.py``'s ``<run>/model``) has no settings to compare; its zero pattern is checked after loading
-(:func:`spp.adapters.registry.load_adapter_dir`), as is every base.
-"""
+"""``eval.py adapter_dir=``: the base the job builds must be the one the adapter folder records, checked before any
+weight is read (model identity in the recorded dtype, pruning cache key); zero patterns are checked after loading."""
 
 from __future__ import annotations
 
@@ -89,13 +82,10 @@ def reconstruction_differences(cfg: EvalJobConfig, recorded: dict[str, Any] | No
 
 
 def check_adapter_base(cfg: EvalJobConfig, prunes: bool) -> None:
-    """Refuse, before any model is loaded, an ``adapter_dir=`` recorded on another model or pruning than ``cfg``'s
-    (``prunes``: whether the job prunes). Nothing to compare for a folder without the record, or a saved model
-    folder evaluated as it is (both are checked by their zero pattern after loading).
+    """Refuse, before any model is loaded, an ``adapter_dir=`` recorded on another model or pruning than ``cfg``'s.
 
-    Raises:
-        UserError: one line naming the recorded base, how this one differs, and the fix (key ``adapter_dir``).
-    """
+    A folder without the record, or a saved model evaluated as it is, has nothing to compare (its zero pattern is
+    checked after loading)."""
     record = trained_on(cfg.adapter_dir) if cfg.adapter_dir else None
     if not record:
         return

@@ -1,7 +1,6 @@
 """Merge several ``results.json`` files (one per evaluated model) into one Table-2-shaped Markdown table.
 
-Use: ``python -m spp.eval.collect_results --out experiments/results/table.md run_a/results.json run_b/results.json``
-"""
+Use: ``python -m spp.eval.collect_results --out experiments/results/table.md run_a/results.json run_b/results.json``"""
 
 from __future__ import annotations
 
@@ -18,11 +17,7 @@ RECORD_FIELDS = ("label", "ppl", "tasks", "limit", "info")
 
 
 def load_records(paths: Iterable[str | os.PathLike[str]]) -> list[EvalRecord]:
-    """Read the records of each ``results.json`` in order.
-
-    Raises:
-        FileNotFoundError: a missing file; ValueError: a file that is not an ``eval.py`` results file.
-    """
+    """Read the records of each ``results.json`` in order (``ValueError`` for a file that is not ``eval.py``'s)."""
     records: list[EvalRecord] = []
     for path in map(Path, paths):
         if not path.is_file():

@@ -1,7 +1,4 @@
-"""Structured config of the ``eval`` group (``conf/eval/*.yaml``), shared by ``train.py`` and ``eval.py``.
-
-The top-level job of ``eval.py`` is :class:`spp.eval.job_config.EvalJobConfig`.
-"""
+"""Structured config of the ``eval`` group (``conf/eval/*.yaml``), shared by ``train.py`` and ``eval.py``."""
 
 from __future__ import annotations
 
@@ -26,7 +23,7 @@ class EvalConfig:
         seqlen: Perplexity window in tokens (2048 for LLaMA-1; 4096 for LLaMA-2); must not exceed the
             model's ``max_position_embeddings``.
         max_windows: Evaluate ``max_windows`` windows chosen by ``window_sampling``; null = all.
-        window_sampling: ``first`` = the first ``max_windows`` windows (the pre-issue-16 protocol: one article
+        window_sampling: ``first`` = the first ``max_windows`` windows (one article
             of WikiText-2); ``systematic`` = every ``k``-th window, ``k = n // max_windows`` of the split's ``n``
             windows, so the sample spans the split (stated in the result as ``sampling``/``stride``).
         batch_size: Perplexity windows per forward pass.
@@ -35,7 +32,7 @@ class EvalConfig:
         limit: ``limit`` documents of every task (quick runs): a seeded random sample (``doc_seed``); null = all.
         mmlu_limit: ``mmlu_limit`` documents of every MMLU subject, sampled the same way; null = ``limit``.
         doc_seed: Seed of the random document sample that ``limit``/``mmlu_limit`` take from every local task
-            (the one-epoch methods study); null = the first ``limit`` documents of each file (the old protocol).
+            (the one-epoch methods study); null = the first ``limit`` documents of each file.
         lm_eval_batch_size: lm-eval batch size.
         online: Use lm-eval's standard hub tasks instead of the local copies.
         device: Where to evaluate; null = where the model is (``eval.py``: cuda when available).

@@ -1,16 +1,9 @@
 """lm-eval's ``HFLM`` over replicas: its documents split across the leaders of a :class:`ReplicaGroup`.
 
-lm-eval 0.4 does everything distributed through the model object: ``lm.rank`` / ``lm.world_size`` pick the
-documents of a process (document ``i`` on rank ``i % world``, padded with repeated requests to equal counts) and
-``lm.all_gather`` / ``lm.gather_object`` / ``lm.barrier`` bring the per-document metrics (and logged samples) to
-rank 0, which aggregates them. :class:`DistributedHFLM` answers those with the replica index and count and the
-leaders' gloo group, so the evaluator runs unchanged.
-
-The model is always handed to ``HFLM`` as an object, also from a directory (:func:`load_replica_model`): given a
-path, ``HFLM`` would make an ``accelerate.Accelerator`` of its own, which under ``torchrun`` takes every process
-of the job as a data-parallel rank and, with ``parallelize=True``, gives each process every ``LOCAL_WORLD_SIZE``-th
-GPU, not its replica's consecutive GPUs.
-"""
+lm-eval 0.4 distributes through the model object (``rank``, ``world_size``, ``all_gather``, ``barrier``), so
+answering those with the replica index, count and leaders' gloo group runs the evaluator unchanged. The model is
+always passed as an object: given a path, ``HFLM`` makes its own ``Accelerator``, which under ``torchrun`` takes
+every process as a rank and, with ``parallelize=True``, gives each every ``LOCAL_WORLD_SIZE``-th GPU."""
 
 from __future__ import annotations
 
@@ -30,12 +23,7 @@ IN_MEMORY = "<in-memory model>"
 class DistributedHFLM(HFLM):
     """An ``HFLM`` whose rank and world size are the replica index and count (``replicas=None``: one process).
 
-    Args:
-        pretrained: The causal LM (whole on this replica: one device, or spread with a ``device_map``).
-        tokenizer: Its tokenizer (object, or a directory to load it from).
-        replicas: The job's replicas; this process must be a leader.
-        **kwargs: ``HFLM`` arguments (``batch_size``, ``max_length``, ...).
-    """
+    ``pretrained`` is whole on this replica (one device, or a ``device_map``); this process must be a leader."""
 
     def __init__(self, pretrained: torch.nn.Module, tokenizer: Any, replicas: ReplicaGroup | None = None,
                  **kwargs: Any) -> None:
@@ -63,13 +51,8 @@ class DistributedHFLM(HFLM):
 def load_replica_model(path: str | os.PathLike[str], devices: list[int], device: str | None = None,
                        dtype: str | torch.dtype = "auto",
                        max_memory_per_gpu: int | str | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Load a saved causal LM for one replica: whole on ``device`` (the CPU, or one GPU of ``devices``) or spread
-    over the replica's GPUs ``devices`` with accelerate's ``device_map="auto"`` (at most ``max_memory_per_gpu``
-    each; ``None`` = their free memory).
-
-    Returns:
-        ``(model, model_args)``: the model in eval mode, and the lm-eval ``--model_args`` placing it the same way.
-    """
+    """Load a saved causal LM for one replica, whole on ``device`` or spread over ``devices`` with accelerate's
+    ``device_map="auto"``; returns it in eval mode with the lm-eval ``--model_args`` placing it the same way."""
     from transformers import AutoModelForCausalLM
 
     args: dict[str, Any] = {"pretrained": str(path), "dtype": str(dtype)}
@@ -89,12 +72,8 @@ def load_replica_model(path: str | os.PathLike[str], devices: list[int], device:
 def replica_lm(model: torch.nn.Module | str | os.PathLike[str], tokenizer: Any, replicas: ReplicaGroup,
                batch_size: int | str = 1, device: str | None = None,
                max_memory_per_gpu: int | str | None = None) -> tuple[DistributedHFLM, dict[str, Any]]:
-    """This leader's :class:`DistributedHFLM` for an in-memory ``model`` (used where it is) or a model directory
-    (loaded over this replica's GPUs, see :func:`load_replica_model`; ``tokenizer=None`` reads the directory's).
-
-    Returns:
-        ``(lm, model_args)``: the lm-eval model and the ``--model_args`` it corresponds to (for the record).
-    """
+    """This leader's :class:`DistributedHFLM` for an in-memory ``model`` or a model directory, and its equivalent
+    ``--model_args``; ``tokenizer=None`` reads the directory's."""
     if isinstance(model, (str, Path)):
         gpus = [] if device == "cpu" else replica_devices(replicas.layout)
         module, args = load_replica_model(model, gpus, device, max_memory_per_gpu=max_memory_per_gpu)

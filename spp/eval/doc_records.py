@@ -1,13 +1,8 @@
 """Per-document records of lm-eval's multiple-choice tasks (``eval.log_samples=true``; the recovery study).
 
-lm-eval's own logged samples (``simple_evaluate(log_samples=True)``) are reduced to one JSON line per scored
-document: ``task``, ``doc_id``, ``doc_hash`` (lm-eval's hash of the document, so two files can be checked to hold
-the same documents), ``gold`` (the correct choice's index), ``loglikelihoods`` (lm-eval's log-likelihood of each
-choice), ``greedy`` (whether each choice is the greedy continuation) and the per-document metrics lm-eval computed
-(``acc``, and ``acc_norm`` where the task reports it). Nothing is re-scored here. The file sits beside
-``results.json`` (``eval.py``) or ``summary.json`` (``train.py``) as :data:`DOC_RECORDS_FILE`;
-:mod:`spp.eval.paired` compares two of them document by document.
-"""
+One JSON line per scored document, reduced from lm-eval's logged samples (nothing re-scored): task, doc id,
+``doc_hash`` (so two files can be checked to hold the same documents), gold, per-choice log-likelihoods,
+``acc``/``acc_norm``."""
 
 from __future__ import annotations
 
@@ -76,11 +71,7 @@ def write_doc_records(path: str | os.PathLike[str], records: list[dict[str, Any]
 
 
 def read_doc_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The records of a file :func:`write_doc_records` wrote, or of the file of that name in a run directory.
-
-    Raises:
-        FileNotFoundError: no such file (one line naming it and how to get one).
-    """
+    """The records of a file :func:`write_doc_records` wrote, or of the file of that name in a run directory."""
     path = Path(path)
     file = path / DOC_RECORDS_FILE if path.is_dir() else path
     if not file.is_file():

@@ -1,16 +1,7 @@
-"""One evaluation for ``train.py`` (the merged model it exported) and ``eval.py`` (any saved or in-memory model):
-perplexity and lm-eval tasks, spread over the job's processes.
+"""One evaluation (perplexity and lm-eval tasks) for ``train.py``'s export and ``eval.py``, spread over replicas.
 
-The processes form *replicas* (:mod:`spp.eval.replicas`): each replica's leader holds the whole model, on its own
-GPU or spread over ``eval.gpus_per_replica`` GPUs of its node (accelerate ``device_map``, lm-eval's
-``parallelize=True``); the leaders split the perplexity batches (batch ``b`` on replica ``b mod R``, the numbers
-of one process) and lm-eval's documents (:class:`~spp.eval.distributed_lm.DistributedHFLM`); replica 0's results
-reach every process. By default a replica is the fewest GPUs that hold the model beside its evaluation batch, as
-the run's plan decides it (:func:`spp.planning.placement.placement_of_folder`; ``docs/plan.md``: 7B and 13B in bf16
-one 80 GB GPU each, so 8 replicas on 8 GPUs), because a model spread with ``device_map`` runs its GPUs one after
-the other while replicas run side by side. One process is one replica. What ran is recorded in
-:attr:`Evaluation.placement` (``summary.json`` → ``evaluation``).
-"""
+A replica is the fewest GPUs that hold the model (the run's plan, ``docs/plan.md``): a model spread with
+``device_map`` runs its GPUs one after the other, while replicas run side by side."""
 
 from __future__ import annotations
 
@@ -41,19 +32,9 @@ log = logging.getLogger(__name__)
 class Evaluation:
     """What :func:`evaluate` measured (the same on every process).
 
-    Attributes:
-        ppl: The ``eval.ppl_source`` perplexity (``PerplexityResult.to_dict()`` + ``seconds``), or ``None``.
-        ppl_by_source: Every source measured (``eval.ppl_source`` and ``eval.extra_ppl_sources``).
-        zero_shot: ``metrics``, ``zero_shot_mean``, ``mmlu_acc``, ``limit``, ``mmlu_limit``, ``num_fewshot`` of the
-            lm-eval tasks, or ``None``.
-        task_versions: lm-eval's task versions.
-        sample: A greedy completion of the sample prompt (global rank 0 generated it), or ``None``.
-        seconds: Wall seconds by part (``load``, ``ppl_<source>``, ``zero_shot``, ``sample``).
-        placement: Replicas, GPUs per replica, how (``single``, ``data_parallel``, ``parallelize``), lm-eval's
-            equivalent ``--model_args``.
-        doc_records: With ``eval.log_samples``: one record per scored document (:mod:`spp.eval.doc_records`);
-            ``zero_shot`` then also holds ``majority_class`` (per task, of the scored documents).
-    """
+    ``ppl`` is ``PerplexityResult.to_dict()`` + ``seconds``; ``sample`` a greedy completion by global rank 0;
+    ``seconds`` wall time by part; with ``eval.log_samples``, ``doc_records`` holds one record per scored document
+    and ``zero_shot`` also ``majority_class``."""
 
     ppl: dict[str, Any] | None = None
     ppl_by_source: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -69,17 +50,9 @@ class Evaluation:
         return {"placement": self.placement, "seconds": self.seconds}
 
 
-def model_bytes(source: str | Path | nn.Module) -> int:
-    """Bytes of the weights: the safetensors files of a folder, or the tensors of an in-memory model."""
-    if isinstance(source, nn.Module):
-        return sum(p.numel() * p.element_size() for p in source.parameters())
-    return sum(f.stat().st_size for f in Path(source).glob("*.safetensors"))
-
-
 def gpus_per_replica(eval_cfg: EvalConfig, source: str | Path | nn.Module, ctx: DistContext) -> int:
-    """``eval.gpus_per_replica``, else the plan's placement of the folder on this node's GPUs
-    (:func:`spp.planning.placement.placement_of_folder`: the fewest GPUs that hold the model with its evaluation
-    batch); 1 on CPUs and for an in-memory model."""
+    """``eval.gpus_per_replica``, else the plan's fewest GPUs of this node that hold the model with its evaluation
+    batch; 1 on CPUs and for an in-memory model."""
     if eval_cfg.gpus_per_replica is not None:
         return int(eval_cfg.gpus_per_replica)
     device = torch.device(eval_cfg.device) if eval_cfg.device else ctx.device
@@ -99,19 +72,10 @@ def gpus_per_replica(eval_cfg: EvalConfig, source: str | Path | nn.Module, ctx: 
 def evaluate(source: str | os.PathLike[str] | nn.Module, eval_cfg: EvalConfig, ctx: DistContext | None = None, *,
              tokenizer: Any = None, data_dir: str | os.PathLike[str] | None = None,
              sample: tuple[str, int] | None = None, label: str = "model", seed: int | None = None) -> Evaluation:
-    """Perplexity and lm-eval tasks of ``source`` (a model folder, or an in-memory model in one process), on every
-    process of ``ctx``: every process must call it; every process returns the same :class:`Evaluation`.
+    """Perplexity and lm-eval tasks of ``source`` (a saved model folder, or an in-memory model in one process).
 
-    Args:
-        source: A saved causal LM (``save_pretrained`` layout, tokenizer beside it) or an in-memory model.
-        eval_cfg: The ``eval`` group (sources, windows, tasks, limits, replicas).
-        ctx: The job's processes (default: this process alone).
-        tokenizer: The tokenizer (default: the folder's).
-        data_dir: Data root override.
-        sample: ``(prompt, max_new_tokens)`` of a greedy completion by global rank 0.
-        label: Names the model in the log lines (``merged``).
-        seed: lm-eval's seeds (``None`` = its defaults).
-    """
+    Every process of ``ctx`` must call it and gets the same :class:`Evaluation`; ``sample`` is the
+    ``(prompt, max_new_tokens)`` of a greedy completion by global rank 0."""
     ctx = ctx or DistContext()
     source = source if isinstance(source, nn.Module) else Path(source)
     replicas = ReplicaGroup.create(ctx, gpus_per_replica(eval_cfg, source, ctx))

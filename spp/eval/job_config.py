@@ -16,10 +16,8 @@ from spp.pruning.reconstruction.config import ReconstructConfig
 
 @dataclass
 class EvalJobConfig(FabricJobConfig):
-    """What ``eval.py`` evaluates: (a) ``model.path=<dir>``, or (b) model + pruner + sparsity (through the
-    pruning cache) + optional ``adapter_dir``. ``results.json`` / ``results.md`` go to ``output_dir``; with
-    ``devices`` > 1 the processes share the perplexity windows and lm-eval documents of a saved model folder
-    (``model.path``); the shared keys are :class:`~spp.job_base.FabricJobConfig`'s.
+    """What ``eval.py`` evaluates: ``model.path=<dir>``, or model + pruner + sparsity (through the pruning cache) +
+    optional ``adapter_dir``.
 
     Attributes:
         model: The model to load (a merged export is ``model.path=<run_dir>/merged``).

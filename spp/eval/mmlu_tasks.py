@@ -1,12 +1,8 @@
 """The 57 MMLU subjects, their lm-eval categories, and the generator of the ``spp_mmlu`` task YAMLs.
 
-The YAMLs under ``spp/eval/tasks/mmlu/`` are produced by :func:`write_mmlu_yamls` (a test checks that the
-files on disk equal its output). They mirror lm-eval's ``mmlu`` (``mmlu/default``): the same prompt,
-``A``-``D`` choices, per-subject description, the first 5 dev rows as few-shot examples (``first_n``
-sampler), 5-shot, ``acc``; subjects are grouped into stem / other / social_sciences / humanities and every
-group averages ``acc`` weighted by the number of documents, as lm-eval aggregates ``mmlu``.
-Regenerate with ``python -m spp.eval.mmlu_tasks``.
-"""
+The YAMLs mirror lm-eval's ``mmlu/default`` (prompt, 5-shot from the first dev rows, ``acc`` averaged by document
+count per group); a test checks the files equal :func:`write_mmlu_yamls`. Regenerate with
+``python -m spp.eval.mmlu_tasks``."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
 """Perplexity of a model that is not whole on any device, with its windows split over the ranks.
 
-The same protocol and the same number as :func:`spp.eval.perplexity.perplexity` (windows, batches, per-window
-NLL), computed the way the pruning engine runs calibration data: every rank takes the batches ``b`` with
-``b mod world == rank``, pushes them through the decoder blocks one onloaded block at a time
-(:class:`~spp.models.block_runner.BlockRunner`), scores them with the model's own final norm and LM head, and the
-per-window NLL sums are added across ranks. So the dense and pruned perplexities of the pruning phase cost ≈ 1/N
-each and no rank waits while another evaluates.
-"""
+The same number as :func:`spp.eval.perplexity.perplexity`: rank ``r`` scores batches ``b mod world == r`` one
+onloaded block at a time and the per-window NLL sums are added, so each rank pays about 1/N."""
 
 from __future__ import annotations
 

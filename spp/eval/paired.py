@@ -1,17 +1,10 @@
 """Paired comparison of two models' zero-shot accuracies, document by document (the recovery study).
 
-Given two per-document files (:mod:`spp.eval.doc_records`, ``eval.log_samples=true``) on the same documents, the
-difference of accuracies of each task is the mean of the per-document differences ``d_i = x_a,i - x_b,i``
-(``x`` = 1 when the model answered document ``i`` correctly). Its standard error is ``sd(d) / sqrt(n)`` (sample
-standard deviation, ``n - 1``), which is far smaller than the unpaired ``sqrt(se_a^2 + se_b^2)`` when the two
-models agree on most documents; the interval is ``diff ± z_(1-α/2) · se`` (normal approximation), and the minimum
-detectable difference at the given power is ``(z_(1-α/2) + z_power) · se``: the true difference a two-sided test
-at level α would detect with that probability, given the paired variance observed. The mean over tasks (tasks on
-disjoint documents, so independent) has ``se = sqrt(sum se_t^2) / T``.
+Per task, ``diff`` is the mean of ``d_i = x_a,i - x_b,i`` with ``se = sd(d) / sqrt(n)`` (far smaller than the
+unpaired ``sqrt(se_a^2 + se_b^2)`` when the models mostly agree), interval ``diff ± z_(1-α/2) · se``, minimum
+detectable difference ``(z_(1-α/2) + z_power) · se``; the mean over T tasks has ``se = sqrt(sum se_t^2) / T``.
 
-Use: ``python -m spp.eval.paired A B [--metric acc_norm]`` (``A``, ``B``: the JSONL files or the run/output
-directories holding them) prints one Markdown row per task, ``A - B`` in points.
-"""
+Use: ``python -m spp.eval.paired A B [--metric acc_norm]`` (JSONL files or run directories); one row per task."""
 
 from __future__ import annotations
 
@@ -31,21 +24,8 @@ MEAN_ROW = "mean of tasks"
 
 @dataclass(frozen=True)
 class PairedAccuracy:
-    """One task's paired comparison (accuracies as fractions; ``diff = acc_a - acc_b``).
-
-    Attributes:
-        task: Task name (or :data:`MEAN_ROW`).
-        n: Documents scored by both models.
-        acc_a: Accuracy of ``a`` on those documents.
-        acc_b: Accuracy of ``b`` on them.
-        diff: ``acc_a - acc_b``.
-        se: Standard error of ``diff`` from the paired differences.
-        low: Lower end of the interval.
-        high: Upper end of the interval.
-        mdd: Minimum detectable difference at ``POWER`` (two-sided, level ``1 - LEVEL``).
-        a_only: Documents ``a`` got right and ``b`` wrong.
-        b_only: Documents ``b`` got right and ``a`` wrong.
-    """
+    """One task's paired comparison (accuracies as fractions; ``diff = acc_a - acc_b``; ``n`` documents scored by
+    both; ``mdd`` at ``POWER``, two-sided, level ``1 - LEVEL``; ``a_only``: documents only ``a`` got right)."""
 
     task: str
     n: int
@@ -74,10 +54,7 @@ def _paired_values(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: str
                                                                                                     float]]]:
     """``{task: [(x_a, x_b), ...]}`` over the documents both files scored (same task, doc id and doc hash).
 
-    Raises:
-        ValueError: a document of the same task and id with a different hash (not the same documents), or no
-            document in common, or records without ``metric``.
-    """
+    A same task and id with another hash (not the same documents) or no document in common raises ``ValueError``."""
     index = {(r["task"], r["doc_id"]): r for r in b}
     out: dict[str, list[tuple[float, float]]] = {}
     for ra in a:
@@ -109,12 +86,7 @@ def _row(task: str, pairs: list[tuple[float, float]], z: float, z_power: float) 
 
 def paired_accuracy(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: str = "acc", level: float = LEVEL,
                     power: float = POWER) -> list[PairedAccuracy]:
-    """One :class:`PairedAccuracy` per task both files scored, then the unweighted mean over those tasks
-    (:data:`MEAN_ROW`; ``n`` = all documents, ``se = sqrt(sum se_t^2) / T``).
-
-    Raises:
-        ValueError: see :func:`_paired_values`; ``level`` or ``power`` outside (0, 1).
-    """
+    """One :class:`PairedAccuracy` per task both files scored, then their unweighted mean (:data:`MEAN_ROW`)."""
     if not (0 < level < 1 and 0 < power < 1):
         raise ValueError(f"level={level} and power={power} must be in (0, 1)")
     z, z_power = _z(level, power)

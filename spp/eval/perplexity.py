@@ -1,19 +1,8 @@
 """Token-level perplexity over non-overlapping windows (the WikiText-2 protocol of SparseGPT / Wanda / SPP).
 
-Protocol (docs/design.md §3): the raw WikiText-2 *test* rows are joined with ``"\\n\\n"`` and tokenized once; the
-token stream is cut into non-overlapping windows of ``seqlen`` tokens, the tail shorter than ``seqlen`` is
-dropped, and ``PPL = exp(mean next-token NLL)`` over every predicted token of every window. All windows have
-the same length, so this equals Wanda's ``exp(sum_w loss_w * seqlen / (n * seqlen))``. This is *not*
-lm-eval's ``wikitext`` task (document-level rolling word perplexity); never compare the two.
-
-Uncertainty: the result keeps the mean NLL of every window and its start offset, so a table can give
-a 95 % percentile-bootstrap interval of the perplexity over windows (:func:`bootstrap_ppl_interval`) and
-*paired* intervals between two models measured on the same windows (:func:`paired_difference`,
-:func:`gap_closed`). ``sampling="systematic"`` with ``max_windows=m`` evaluates every ``k``-th window,
-``k = n // m`` of the ``n`` windows of the split (windows ``o, o+k, ..., o+(m-1)k``, offset ``o`` centring them),
-so the sample spans the whole split instead of its first article; ``sampling="first"`` keeps the first ``m``
-(the old protocol).
-"""
+The raw test rows are joined with ``"\\n\\n"``, tokenized once and cut into ``seqlen`` windows (tail dropped);
+``PPL = exp(mean next-token NLL)``, equal to Wanda's. Not lm-eval's ``wikitext`` (rolling word perplexity): never
+compare the two. Per-window NLLs are kept for bootstrap and paired intervals."""
 
 from __future__ import annotations
 
@@ -49,24 +38,11 @@ CI_LEVEL = 0.95
 
 @dataclass
 class PerplexityResult:
-    """Result of :func:`perplexity`.
+    """Result of :func:`perplexity`; NLLs in nats, ``tokens = windows * (seqlen - 1)``.
 
-    Attributes:
-        ppl: ``exp(nll_mean)``.
-        nll_mean: Mean next-token negative log-likelihood (nats) over all scored tokens.
-        seqlen: Window length in tokens.
-        windows: Number of windows evaluated.
-        tokens: Number of scored (predicted) tokens, ``windows * (seqlen - 1)``.
-        source: What was evaluated (``wikitext2``, ``c4`` or a file path).
-        window_nll: Mean next-token NLL of each evaluated window (nats), in evaluation order.
-        window_starts: Token offset of each evaluated window in the tokenized split.
-        sampling: ``first`` (the first ``windows`` windows) or ``systematic`` (every ``stride``-th window).
-        stride: Step between evaluated windows, in windows (1 for ``first``).
-        split_windows: Number of whole windows in the split (the population sampled from).
-        ci_low: Lower end of the 95 % percentile-bootstrap interval of ``ppl`` over windows.
-        ci_high: Upper end of that interval.
-        ci_resamples: Bootstrap resamples behind the interval (seed :data:`BOOTSTRAP_SEED`).
-    """
+    ``window_nll`` / ``window_starts`` are per evaluated window (token offsets in the split); ``split_windows`` the
+    population sampled from; ``ci_low`` / ``ci_high`` the 95 % percentile-bootstrap interval of ``ppl`` over windows
+    (seed :data:`BOOTSTRAP_SEED`)."""
 
     ppl: float
     nll_mean: float
@@ -102,12 +78,7 @@ def _read_rows(path: Path) -> list[str]:
 
 
 def source_file(source: str, data_dir: str | os.PathLike[str] | None = None) -> Path | None:
-    """The local file a perplexity source reads (``None`` for the hub source ``hf:wikitext2``).
-
-    Raises:
-        FileNotFoundError: the local file is missing (names the key and the searched paths).
-        ValueError: an unknown source.
-    """
+    """The local file a perplexity source reads (``None`` for the hub source ``hf:wikitext2``)."""
     if source == HUB_WIKITEXT2:
         return None
     if source == "wikitext2":
@@ -126,21 +97,9 @@ def source_file(source: str, data_dir: str | os.PathLike[str] | None = None) -> 
 
 
 def load_eval_text(source: str = "wikitext2", data_dir: str | os.PathLike[str] | None = None) -> tuple[str, str]:
-    """Return ``(text, label)`` for a perplexity source.
-
-    Args:
-        source: ``"wikitext2"`` (local raw test split, rows joined by ``"\\n\\n"``), ``"wikitext2_val"`` (the
-            local raw validation split, joined the same way: the split a sweep may select on), ``"c4"`` (the local
-            C4 sample: the first 1,000 documents of C4 *train* shard 0, not the validation shard SparseGPT
-            uses; first 1,100 documents joined by ``" "`` as in SparseGPT's ``get_c4``), ``"hf:wikitext2"``
-            (the hub dataset; needs network), or a path to a ``.json``/``.jsonl`` file of ``{"text": ...}``
-            rows (joined by ``"\\n\\n"``) or a plain ``.txt`` file.
-        data_dir: Data root override (config key ``data_dir``).
-
-    Raises:
-        FileNotFoundError: the local file is missing (names the searched paths).
-        ValueError: an unknown source.
-    """
+    """``(text, label)`` for a perplexity source: ``wikitext2`` / ``wikitext2_val`` (raw rows joined by ``"\\n\\n"``),
+    ``c4`` (first 1,100 documents of the local sample of C4 *train* shard 0 joined by ``" "``, as SparseGPT's
+    ``get_c4``), ``hf:wikitext2`` (hub), or a ``.json``/``.jsonl`` of ``{"text": ...}`` rows or ``.txt`` path."""
     if source == HUB_WIKITEXT2:
         from datasets import load_dataset  # heavy optional path (network); only for the hub source
 
@@ -170,13 +129,8 @@ def check_seqlen(seqlen: int, max_positions: int | None) -> None:
 def window_indices(n: int, max_windows: int | None, sampling: str = "first") -> list[int]:
     """Indices of the windows to evaluate among the ``n`` whole windows of a split.
 
-    ``first``: ``0 .. m-1``. ``systematic``: every ``k``-th window, ``k = n // m``, i.e. ``o, o+k, ..., o+(m-1)k``
-    with ``o = (n - 1 - (m-1)k) // 2`` centring the sample, so ``m`` windows span the split; with ``m >= n`` (or
-    ``max_windows=None``) both give all ``n`` windows.
-
-    Raises:
-        ValueError: an unknown ``sampling`` (config key ``eval.window_sampling``).
-    """
+    ``first``: ``0 .. m-1``; ``systematic``: ``o, o+k, ..., o+(m-1)k`` with ``k = n // m`` and ``o`` centring the
+    sample, so the windows span the split; with ``m >= n`` or ``None`` both give all ``n``."""
     if sampling not in WINDOW_SAMPLING:
         raise ValueError(f"eval.window_sampling={sampling!r} must be one of {', '.join(WINDOW_SAMPLING)}")
     m = n if max_windows is None else min(n, int(max_windows))
@@ -189,15 +143,8 @@ def window_indices(n: int, max_windows: int | None, sampling: str = "first") -> 
 
 def tokenize_windows(text: str, tokenizer: Any, seqlen: int, max_windows: int | None = None,
                      sampling: str = "first") -> tuple[torch.Tensor, list[int], int]:
-    """Tokenize ``text`` once, cut it into non-overlapping ``seqlen`` windows (tail dropped), pick some.
-
-    Returns:
-        ``(windows, starts, n)``: long tensor ``(m, seqlen)`` of the picked windows (see :func:`window_indices`),
-        their token offsets, and the number ``n`` of whole windows in the text.
-
-    Raises:
-        ValueError: the text holds fewer than ``seqlen`` tokens.
-    """
+    """Tokenize ``text`` once and cut it into ``seqlen`` windows: ``(picked windows (m, seqlen), their token offsets,
+    n whole windows)``."""
     ids = tokenizer(text, return_tensors="pt", verbose=False).input_ids[0]
     n = ids.numel() // seqlen
     if n < 1:
@@ -238,24 +185,15 @@ def _paired(*results: dict[str, Any] | PerplexityResult) -> np.ndarray:
 
 
 def window_nll_matrix(*results: dict[str, Any] | PerplexityResult) -> np.ndarray:
-    """The per-window NLLs of results measured on the same windows, one row per result (``(len(results), windows)``).
-
-    Raises:
-        ValueError: the results are not on the same windows (source, seqlen, window starts) or lack per-window NLL.
-    """
+    """The per-window NLLs of results measured on the same windows, shape ``(len(results), windows)``."""
     return _paired(*results)
 
 
 def paired_difference(a: dict[str, Any] | PerplexityResult, b: dict[str, Any] | PerplexityResult,
                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                       level: float = CI_LEVEL) -> dict[str, float]:
-    """Paired comparison of ``a`` against ``b`` on the same windows.
-
-    Returns:
-        ``log_ppl_diff`` = ``log ppl_a - log ppl_b`` (= mean over windows of ``nll_a - nll_b``) with its
-        percentile-bootstrap interval (windows resampled jointly), and ``ppl_ratio`` = ``ppl_a / ppl_b`` =
-        ``exp(log_ppl_diff)`` with the exponentiated interval.
-    """
+    """Paired comparison of ``a`` against ``b`` on the same windows, with percentile-bootstrap intervals (windows
+    resampled jointly): ``log_ppl_diff`` (mean of ``nll_a - nll_b``) and ``ppl_ratio = exp(log_ppl_diff)``."""
     x = _paired(a, b)
     d = x[0] - x[1]
     idx = np.random.default_rng(seed).integers(0, d.size, size=(resamples, d.size))
@@ -272,11 +210,7 @@ def gap_closed(dense: dict[str, Any] | PerplexityResult, pruned: dict[str, Any] 
                merged: dict[str, Any] | PerplexityResult, resamples: int = BOOTSTRAP_RESAMPLES,
                seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL) -> dict[str, float]:
     """Fraction of the log-perplexity gap closed, ``(log ppl_pruned - log ppl_merged) / (log ppl_pruned -
-    log ppl_dense)``, with a paired percentile-bootstrap interval (the same resampled windows for all three).
-
-    Raises:
-        ValueError: the results are not on the same windows, or lack per-window NLL.
-    """
+    log ppl_dense)``, with a paired percentile-bootstrap interval (the same resampled windows for all three)."""
     x = _paired(dense, pruned, merged)
     if not x[1].mean() > x[0].mean():
         raise ValueError("gap closed needs a pruned model worse than the dense one (no log-perplexity gap)")
@@ -326,11 +260,7 @@ class Windows:
 def eval_windows(tokenizer: Any, source: str = "wikitext2", seqlen: int = 2048, max_windows: int | None = None,
                  batch_size: int = 1, data_dir: str | os.PathLike[str] | None = None, sampling: str = "first",
                  max_positions: int | None = None) -> Windows:
-    """Check the settings, read and tokenize ``source`` and pick the windows to score.
-
-    Raises:
-        ValueError: ``seqlen`` longer than the model's context, ``batch_size`` < 1, an unknown source.
-    """
+    """Check the settings, read and tokenize ``source`` and pick the windows to score."""
     check_seqlen(seqlen, max_positions)
     if batch_size < 1:
         raise ValueError(f"eval.batch_size={batch_size} must be >= 1")
@@ -363,8 +293,7 @@ def result_from_sums(per_window: torch.Tensor, windows: Windows) -> PerplexityRe
 @torch.no_grad()
 def score_windows(model: torch.nn.Module, windows: Windows, batch_size: int, batches: Iterable[int],
                   device: torch.device | str, quiet: bool = False) -> torch.Tensor:
-    """Summed next-token NLL (float64, CPU) of every window; only the windows of ``batches`` are scored, the
-    others are left 0."""
+    """Summed next-token NLL (float64, CPU) of every window; windows outside ``batches`` are left 0."""
     sums = torch.zeros(windows.ids.size(0), dtype=torch.float64)
     chunks = windows.batches(batch_size)
     was_training = model.training
@@ -393,25 +322,8 @@ def perplexity(
     """Perplexity of ``model`` on non-overlapping ``seqlen``-token windows of ``source``.
 
     ``PPL = exp( (1 / (W (L-1))) * sum_w sum_{t=1}^{L-1} -log p(x_{w,t} | x_{w,<t}) )`` with ``W`` windows
-    of ``L = seqlen`` tokens. :func:`spp.eval.offloaded.offloaded_perplexity` is the same number for a model
-    that is not whole on one device, over N ranks.
-
-    Args:
-        model: A causal LM returning ``.logits`` (HF ``*ForCausalLM``, pruned, SPP-wrapped or merged).
-        tokenizer: Its tokenizer (called once on the whole text, with its default special tokens).
-        source: See :func:`load_eval_text` (``wikitext2``, ``c4``, ``hf:wikitext2`` or a file path).
-        seqlen: Window length; must not exceed ``model.config.max_position_embeddings``.
-        max_windows: Evaluate only ``max_windows`` windows, chosen by ``sampling``; ``None`` = all (for
-            ``c4``: the first 256, as in SparseGPT).
-        batch_size: Windows per forward pass.
-        data_dir: Data root override (config key ``data_dir``).
-        device: Where to run; defaults to the device of the model's first parameter.
-        sampling: ``first`` (the first ``max_windows``) or ``systematic`` (every ``k``-th window spanning the
-            split); see :func:`window_indices`.
-
-    Raises:
-        ValueError: ``seqlen`` longer than the model's context, ``batch_size`` < 1, an unknown source.
-    """
+    of ``L = seqlen`` tokens. ``max_windows=None`` takes all windows (for ``c4`` the first 256, as SparseGPT);
+    ``device`` defaults to the model's first parameter's."""
     config = getattr(model, "config", None)
     windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
                            getattr(config, "max_position_embeddings", None))

@@ -1,11 +1,8 @@
 """Perplexity with a small on-disk cache, so a sweep measures the dense and the pruned model once.
 
-An entry ``<cache_dir>/ppl/<key>.json`` is keyed on what decides the number: the weights (model identity, plus
-the pruning cache key for a pruned model), the perplexity settings (window length, number of windows, batch),
-how the text is read from the file, and the **sha256 of the resolved data file** — not the source's name, so
-``eval.ppl_source=wikitext2`` read from another ``data_dir`` holding a different file never hits an entry
-measured on the first. A non-finite perplexity is returned but never cached.
-"""
+The key holds the weights' identity, the perplexity settings, the reader and the **sha256 of the resolved data
+file**, not the source's name (another ``data_dir`` with another file never hits). Non-finite results are not
+cached."""
 
 from __future__ import annotations
 
@@ -62,15 +59,8 @@ def weights_key(
 
 
 def data_key(source: str, data_dir: str | os.PathLike[str] | None = None) -> dict[str, str]:
-    """How the text is read (``reader``) and the sha256 of the file it is read from (``file_sha256``).
-
-    The reader is the protocol, not the name: ``c4`` (first documents joined by spaces, 256 windows by
-    default), ``txt`` (a plain text file), ``rows`` (the ``text`` rows of a JSON file joined by blank lines:
-    ``wikitext2`` and any ``.json``/``.jsonl`` path), or ``hf:wikitext2`` (the hub dataset, no local file).
-
-    Raises:
-        FileNotFoundError / ValueError: as :func:`spp.eval.perplexity.source_file`.
-    """
+    """How the text is read (``reader``: ``c4``, ``txt``, ``rows`` or ``hf:wikitext2``, the protocol rather than the
+    name) and the sha256 of the file it is read from."""
     path = source_file(source, data_dir)
     if path is None:
         return {"reader": HUB_WIKITEXT2, "file_sha256": ""}
@@ -99,21 +89,9 @@ def cached_perplexity(
     data_dir: str | os.PathLike[str] | None = None,
     device: torch.device | str | None = None,
 ) -> dict[str, Any]:
-    """``eval.ppl_source`` perplexity of ``model`` with the ``eval`` settings, read from the cache when there.
+    """``eval.ppl_source`` perplexity of ``model``, read from the cache when there (``cache_dir=None``: no cache).
 
-    Args:
-        model: The model to measure (dense or pruned).
-        tokenizer: Its tokenizer.
-        eval_cfg: The ``eval`` group (``ppl_source``, ``seqlen``, ``max_windows``, ``batch_size``,
-            ``window_sampling``).
-        weights: What identifies the weights, from :func:`weights_key`.
-        cache_dir: Cache root; ``None`` disables caching.
-        data_dir: Data root override.
-        device: Where to run.
-
-    Returns:
-        ``PerplexityResult.to_dict()`` plus ``seconds`` and ``cache_hit``.
-    """
+    Returns ``PerplexityResult.to_dict()`` plus ``seconds`` and ``cache_hit``."""
     path = None
     if cache_dir is not None:
         path = Path(cache_dir).expanduser() / "ppl" / f"{ppl_cache_key(weights, eval_cfg, data_dir)}.json"

@@ -1,19 +1,9 @@
 """Evaluation spread over *replicas*: processes that each hold a whole model and share the evaluation's work.
 
-A job runs one process per GPU (``torchrun``/``srun``). For evaluation the processes of a node form replicas of
-``k = gpus_per_replica`` consecutive local ranks: the first of them (local rank ``r`` with ``r % k == 0``) is the
-replica's *leader*, loads the whole model over the replica's ``k`` GPUs (accelerate ``device_map``, see
-:func:`replica_devices`) and evaluates; the other ``k - 1`` processes of the replica hold nothing and wait at the
-end (:meth:`ReplicaGroup.share`). The leaders split the work data-parallel over a gloo process group of their own:
-lm-eval's documents (:class:`spp.eval.distributed_lm.DistributedHFLM`) and the perplexity batches
-(:func:`replica_perplexity`, batch ``b`` on replica ``b % R``, the same numbers as one process).
-
-Why the smallest ``k`` that holds the model beside its evaluation batch (the run's plan decides it:
-:func:`spp.planning.placement.eval_placement`): a model split with ``device_map`` runs its GPUs one after the other
-(naive pipeline), so ``k`` GPUs of a replica give about one GPU's throughput, while ``R`` replicas give ``R`` times
-it. ``docs/plan.md`` lists the placement of the paper's models (7B and 13B in bf16: ``k = 1``, 8 replicas on 8
-GPUs of 80 GB).
-"""
+Each node's processes form replicas of ``k = gpus_per_replica`` consecutive local ranks; the first (the leader)
+loads the model over the ``k`` GPUs and evaluates, the others wait. The leaders split documents and perplexity
+batches over a gloo group of their own. ``k`` is the smallest that holds the model: ``device_map`` runs its GPUs
+one after the other, so ``R`` replicas give ``R`` times the throughput of one."""
 
 from __future__ import annotations
 
@@ -36,15 +26,10 @@ DEFAULT_TIMEOUT_S = 6 * 3600
 """How long a replica (or a waiting non-leader) may wait for the others: a whole evaluation at 70B."""
 
 
-
 @dataclass(frozen=True)
 class ReplicaLayout:
-    """Which replica this process belongs to, for ``world`` processes with ``local_world`` per node (global rank =
-    ``node * local_world + local_rank``, as torchrun and srun number them) and ``gpus_per_replica`` GPUs each.
-
-    Raises:
-        UserError: ``gpus_per_replica`` < 1 or not dividing the processes per node, or uneven nodes.
-    """
+    """Which replica this process belongs to (global rank = ``node * local_world + local_rank``, as torchrun and srun
+    number them); ``gpus_per_replica`` must divide the processes per node."""
 
     rank: int = 0
     world: int = 1
@@ -119,12 +104,8 @@ def replica_layout(ctx: DistContext, gpus_per_replica: int = 1, local_world: int
 
 
 def replica_devices(layout: ReplicaLayout, device_count: int | None = None) -> list[int]:
-    """CUDA device indices of this replica's ``device_map`` (``[]`` on a machine without CUDA). A one-GPU replica
-    takes the process's own GPU, ``cuda:<local rank mod visible GPUs>`` as :func:`spp.distributed.local_device`.
-
-    Raises:
-        UserError: the process sees fewer GPUs than its replica spans (e.g. srun ``--gpus-per-task=1``).
-    """
+    """CUDA device indices of this replica's ``device_map`` (``[]`` without CUDA); a one-GPU replica takes the
+    process's own GPU. Fewer visible GPUs than the replica spans (srun ``--gpus-per-task=1``) raise ``UserError``."""
     count = torch.cuda.device_count() if device_count is None else device_count
     if count == 0:
         return []
@@ -152,9 +133,7 @@ def max_memory_map(devices: list[int], per_gpu: int | str | None) -> dict[int, i
 class ReplicaGroup:
     """The replicas of a job and the gloo process group over their leaders (``None`` with one replica).
 
-    Made by every process at the same point (:meth:`create`: creating a group is a collective over all ranks).
-    The collectives below are called by the leaders only, except :meth:`share`, which every process calls.
-    """
+    Creating it is a collective over all ranks; the other collectives are for leaders only, except :meth:`share`."""
 
     def __init__(self, ctx: DistContext, layout: ReplicaLayout, group: Any = None) -> None:
         self.ctx, self.layout, self.group = ctx, layout, group
@@ -162,10 +141,7 @@ class ReplicaGroup:
     @classmethod
     def create(cls, ctx: DistContext | None = None, gpus_per_replica: int = 1, local_world: int | None = None,
                timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplicaGroup:
-        """The replicas of ``ctx`` (default: the current process group) with ``gpus_per_replica`` GPUs each.
-
-        Every rank must call it; leaders and the others may then wait ``timeout_s`` for one another.
-        """
+        """The replicas of ``ctx`` (default: the current process group); every rank calls it."""
         ctx = ctx if ctx is not None else DistContext.current()
         layout = replica_layout(ctx, gpus_per_replica, local_world)
         group = None
@@ -246,16 +222,8 @@ class ReplicaGroup:
 
 @dataclass
 class ReplicaPlacement:
-    """How an evaluation was spread (recorded in ``summary.json``).
-
-    Attributes:
-        replicas: Number of replicas ``R`` (processes holding a whole model).
-        gpus_per_replica: GPUs each replica's model is spread over (``k``).
-        how: ``single`` (R = k = 1), ``data_parallel`` (R > 1, k = 1), ``parallelize`` (R = 1, k > 1),
-            ``data_parallel+parallelize`` (both).
-        world: Processes of the job.
-        lm_eval_model_args: lm-eval's ``--model_args`` that give the same model placement from its command line.
-    """
+    """How an evaluation was spread (``summary.json``): ``replicas`` R, ``gpus_per_replica`` k, ``how`` (``single``,
+    ``data_parallel``, ``parallelize`` or both), and lm-eval's equivalent ``--model_args``."""
 
     replicas: int = 1
     gpus_per_replica: int = 1
@@ -280,9 +248,8 @@ def replica_perplexity(model: torch.nn.Module, tokenizer: Any, replicas: Replica
                        seqlen: int = 2048, max_windows: int | None = None, batch_size: int = 1,
                        data_dir: str | os.PathLike[str] | None = None, device: str | torch.device | None = None,
                        sampling: str = "first") -> PerplexityResult:
-    """:func:`spp.eval.perplexity.perplexity` (same windows, batches and numbers) with batch ``b`` scored by
-    replica ``b % R`` and the per-window NLL sums added over the replicas (float64). Called by every leader;
-    every leader returns the result."""
+    """:func:`spp.eval.perplexity.perplexity` with batch ``b`` scored by replica ``b % R`` and the per-window NLL sums
+    added in float64 (the same numbers); every leader calls it and gets the result."""
     if not replicas.is_leader:
         raise RuntimeError("replica_perplexity runs on replica leaders only (the others hold no model)")
     config = getattr(model, "config", None)

@@ -1,12 +1,8 @@
 """The name of an evaluation's output folder, from what is evaluated.
 
-A merged model exported by ``train.py`` carries ``spp_export.json`` beside its weights (adapter name and rank,
-dtype, and the pruning it was trained on: model, pruner, sparsity); ``eval.py model.path=<run>/merged`` is then
-written under ``outputs/eval/<model>/<pruner>-<sparsity>/<adapter>-r<r>/<time>`` instead of the defaults of the
-groups it did not set (``smollm2_135m/none-dense``). An adapter loaded with ``adapter_dir=`` names the folder the
-same way from its ``adapter_method.json``. ``conf/evaluate.yaml`` uses it as ``${spp_eval_name:...}`` in
-``hydra.run.dir``; :func:`register_eval_resolvers` registers that resolver.
-"""
+An export's ``spp_export.json`` (or an ``adapter_dir``'s ``adapter_method.json``) names it
+``outputs/eval/<model>/<pruner>-<sparsity>/<adapter>-r<r>/<time>``, used as ``${spp_eval_name:...}`` in
+``conf/evaluate.yaml``."""
 
 from __future__ import annotations
 

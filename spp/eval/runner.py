@@ -39,11 +39,7 @@ log = logging.getLogger(__name__)
 
 
 def context_length(model_cfg: ModelConfig) -> int | None:
-    """The model's ``max_position_embeddings`` read without loading weights (``None`` when unknown).
-
-    Raises:
-        FileNotFoundError: ``model.path`` is missing or a directory without weights.
-    """
+    """The model's ``max_position_embeddings`` read without loading weights (``None`` when unknown)."""
     kind, where, gguf_file = resolve_source(model_cfg)
     if kind == "tiny":
         return int({**TINY_ARCH, **dict(model_cfg.arch)}["max_position_embeddings"])
@@ -55,11 +51,7 @@ def context_length(model_cfg: ModelConfig) -> int | None:
 
 
 def wants_pruning(cfg: EvalJobConfig) -> bool:
-    """Whether the job prunes (pruner and sparsity both set), after checking that they agree.
-
-    Raises:
-        ValueError: a pruner without a sparsity pattern, or a sparsity pattern without a pruner.
-    """
+    """Whether the job prunes: pruner and sparsity both set (one without the other raises ``ValueError``)."""
     pruner, dense = cfg.pruner.name, cfg.sparsity.kind == "dense"
     if pruner == "none" and not dense:
         raise ValueError(f"sparsity={cfg.sparsity.name} needs a pruner: add pruner=wanda (or magnitude, sparsegpt)")
@@ -69,11 +61,8 @@ def wants_pruning(cfg: EvalJobConfig) -> bool:
 
 
 def preflight(cfg: EvalJobConfig) -> None:
-    """Check every input before any model is loaded; each problem raises one clear error naming its key.
-
-    Value ranges are already checked by the config dataclasses (``__post_init__``); this checks what needs the
-    file system: the model's context length, the perplexity and task data files, the adapter directory.
-    """
+    """Check what needs the file system before any model is loaded (context length, data files, adapter directory);
+    value ranges are the config dataclasses' job."""
     wants_pruning(cfg)
     check_model_tokenizer(cfg.model)
     max_pos = context_length(cfg.model)
@@ -194,13 +183,8 @@ def _in_memory(cfg: EvalJobConfig, info: dict[str, Any]) -> tuple[torch.nn.Modul
 def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord | None:
     """Evaluate the model ``cfg`` describes and write ``results.json`` / ``results.md`` into ``output_dir``.
 
-    A saved folder is evaluated by every process the job runs (``devices``, ``torchrun``, ``srun``) through
-    :func:`spp.eval.evaluate.evaluate`, the same function ``train.py`` evaluates its export with; a model pruned
-    or adapted here is evaluated in this process.
-
-    Returns:
-        The record written (one table row), on global rank 0; ``None`` elsewhere.
-    """
+    A saved folder is evaluated by every process of the job; a model pruned or adapted here in this process. Returns
+    the record (one table row) on global rank 0, ``None`` elsewhere."""
     preflight(cfg)
     ctx = launch_processes(cfg.accelerator, cfg.devices, cfg.num_nodes, cfg.eval.device)
     folder = is_folder(cfg)

@@ -1,10 +1,7 @@
-"""Evaluation records, the paper's Table 2 layout in Markdown, ``results.json``, and logging to Lightning loggers.
+"""Evaluation records, the paper's Table 2 in Markdown, ``results.json``, and logging to Lightning loggers.
 
-Table 2 of the paper (like Wanda's) lists per-task zero-shot **accuracy** (lm-eval ``acc``) for BoolQ, RTE,
-HellaSwag, WinoGrande, ARC-e, ARC-c, OBQA and their unweighted mean ("Average"). lm-eval also reports
-``acc_norm`` (length-normalised) for HellaSwag, ARC-e, ARC-c and OBQA; those go in a separate table so the
-two conventions are never mixed in one average.
-"""
+Table 2 (like Wanda's) lists lm-eval ``acc`` per task and the unweighted 7-task mean; ``acc_norm`` goes in a
+separate table so the two conventions never mix in one average."""
 
 from __future__ import annotations
 
@@ -31,15 +28,7 @@ ACC_NORM_TASKS: tuple[str, ...] = tuple(t for t in PAPER_MEAN_TASKS if TASKS[t].
 
 @dataclass
 class EvalRecord:
-    """Everything measured for one evaluated model (one table row).
-
-    Attributes:
-        label: Row name (e.g. ``smollm2_135m wanda nm2_4``).
-        ppl: ``{source: PerplexityResult.to_dict()}``.
-        tasks: ``HarnessResult.metrics`` (``{task: {acc, acc_norm, ..}}``), empty when no task ran.
-        limit: lm-eval per-task document limit (``None`` = all).
-        info: Free-form provenance (model path, pruner, sparsity, adapter dir, measured sparsity, timings).
-    """
+    """Everything measured for one evaluated model (one table row); ``limit=None`` is every document."""
 
     label: str
     ppl: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -76,13 +65,8 @@ def task_metrics(tasks: dict[str, dict[str, float]]) -> dict[str, float]:
 
 
 def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """A training job's end results as flat ``final/...`` scalars for the loggers (W&B charts and run summary, CSV).
-
-    Perplexities (dense, pruned, merged); ``acc`` / ``acc_norm`` per lm-eval task (MMLU included) and the 7-task
-    mean, named as ``eval.py`` logs them (:func:`task_metrics`); sparsity before / after the merge; trainable
-    parameters; and for LoRA* the share of the update re-masking removed. Log them with
-    :func:`spp.loggers.log_final_metrics`.
-    """
+    """A training job's end results as flat ``final/...`` scalars for the loggers, named as ``eval.py`` logs them:
+    perplexities, per-task accuracies and the 7-task mean, sparsity before / after the merge, trainable parameters."""
     out: dict[str, float] = {}
     for stage, entry in (summary.get("perplexity") or {}).items():
         if entry:

@@ -1,15 +1,8 @@
-"""The one table of evaluation tasks: every lm-eval task ``eval.tasks`` accepts is a row here (:class:`EvalTask`).
+"""The one table of evaluation tasks: every lm-eval task ``eval.tasks`` accepts is a row (:class:`EvalTask`).
 
-Everything else about task names is derived from it: the paper's 7-task mean (:data:`PAPER_MEAN_TASKS`), the online
-names (:func:`online_names`), the short names (:func:`aliases`), the accepted names (:func:`known_tasks`), the local
-files each task reads (``EvalTask.data_files``, found by :func:`spp.paths.find_data`) and the ``include_path`` folders
-lm-eval searches for the YAMLs (:func:`include_paths`). The project's own rows (the seven zero-shot tasks, the 57
-MMLU subjects) are registered below; a plug-in folder (``SPP_PLUGINS``, :mod:`spp.plugins`) adds its own with
-:func:`register_task`, its YAML in its own folder (``docs/architecture.md``, "How to add an evaluation task").
-
-MMLU is named explicitly: ``spp_mmlu`` (group), ``spp_mmlu_<category>`` (groups) and ``spp_mmlu_<subject>`` (rows);
-a name that is no row and no group is refused (:func:`unknown_task`), never taken for an MMLU subject.
-"""
+Task names, the paper mean, data files and ``include_path`` folders derive from it; plug-ins add rows with
+:func:`register_task`. MMLU is named explicitly (``spp_mmlu``, ``spp_mmlu_<category>``, ``spp_mmlu_<subject>``);
+an unknown name is refused, never taken for an MMLU subject."""
 
 from __future__ import annotations
 
@@ -39,18 +32,9 @@ TaskKind = Literal["zero_shot", "mmlu"]
 class EvalTask:
     """One lm-eval task that ``eval.tasks`` accepts.
 
-    Attributes:
-        name: The offline task name (its YAML's ``task:``), e.g. ``spp_boolq``.
-        online_name: lm-eval's standard task it mirrors (``eval.online=true`` runs this one; also a short name).
-        data_files: Files it reads, relative to a data root (``data_dir``; :func:`spp.paths.find_data`).
-        loader: The ``custom_dataset`` function its YAML names (``!function <loader>``).
-        metric: The metric reported for it (lm-eval's name, ``acc``).
-        in_paper_mean: Counts in the paper's 7-task mean (the project's own seven only).
-        kind: ``zero_shot`` or ``mmlu`` (an MMLU subject: 5-shot, ``eval.mmlu_limit``).
-        title: Column title in the tables.
-        acc_norm: lm-eval also reports ``acc_norm`` (the separate length-normalised table).
-        include_path: The folder holding its YAML (lm-eval ``include_path``).
-    """
+    ``name`` is its YAML's ``task:``; ``online_name`` lm-eval's standard task it mirrors (``eval.online=true``);
+    ``data_files`` are relative to a data root; ``loader`` the ``custom_dataset`` function its YAML names; ``kind`` is
+    ``zero_shot`` or ``mmlu`` (5-shot)."""
 
     name: str
     online_name: str
@@ -82,13 +66,10 @@ _sealed = False
 
 
 def register_task(task: EvalTask) -> EvalTask:
-    """Add ``task`` to the table (registering the same row twice is a no-op); returns it.
+    """Add ``task`` to the table and return it (twice is a no-op).
 
-    Raises:
-        UserError: the name or online name is taken (naming the file that holds it and the caller's), the name is
-            reserved (``spp_mmlu*``, a group), the kind is unknown, or a plug-in task asks to count in the paper's
-            7-task mean.
-    """
+    A taken or reserved (``spp_mmlu*``) name, an unknown kind, or a plug-in task in the paper's mean raises
+    ``UserError``."""
     if _TASKS.get(task.name) == task:
         return task
     fix = "give the task another name (see docs/architecture.md, 'How to add an evaluation task')"
@@ -118,11 +99,7 @@ def _holder(task: EvalTask) -> str:
 
 
 def get_task(name: str) -> EvalTask:
-    """The row of ``name`` (an offline task name, not a group).
-
-    Raises:
-        UserError: no such task (:func:`unknown_task`).
-    """
+    """The row of ``name`` (an offline task name, not a group); ``UserError`` when there is none."""
     return REGISTRY.get(name)
 
 

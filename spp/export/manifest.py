@@ -1,11 +1,4 @@
-"""``spp_export.json``: what a merged model exported by ``train.py`` is. The one schema, written and read here.
-
-It sits beside the weights of every export (``<run>/merged``): the adapter it was trained with, the weights' dtype,
-the pruning it was trained on top of (model, pruner, sparsity), the zero audit made while the weights were written,
-how they were laid out, and a ``status``: ``ok``, or ``diverged`` when the run's guards refused the result (the
-export is then renamed ``merged.diverged``; see ``spp.training.phases.finalize``). ``eval.py`` names its output
-folder from it (``spp.eval.run_name``).
-"""
+"""``spp_export.json``: what a merged model exported by ``train.py`` is. The one schema, written and read here."""
 
 from __future__ import annotations
 
@@ -29,16 +22,8 @@ STATUSES = ("ok", "diverged")
 class ExportManifest:
     """The contents of ``spp_export.json``.
 
-    Attributes:
-        adapter: The ``adapter`` config the model was trained with (``name``, ``r``, ...), JSON values.
-        dtype: dtype of the exported weights (``torch.float32``).
-        pruning: ``{"model", "pruner", "sparsity"}`` it was trained on top of.
-        status: ``ok`` or ``diverged`` (the guards refused the run; the folder is ``merged.diverged``).
-        audit: The zero audit of the merged weights made on the way out (``layers``, ``zeros``, ``total``,
-            ``sparsity``, ``kept_zeros_changed`` = ``kept_zeros_filled`` + ``kept_weights_zeroed``).
-        layout: How the weights were written (``shards``, ``writers``: ranks that wrote blocks).
-        format: Schema version (:data:`MANIFEST_FORMAT`).
-    """
+    ``status`` is ``ok`` or ``diverged`` (the guards refused the run; the folder is ``merged.diverged``). ``audit``'s
+    ``kept_zeros_changed`` = ``kept_zeros_filled`` + ``kept_weights_zeroed``."""
 
     adapter: dict[str, Any]
     dtype: str
@@ -53,11 +38,7 @@ class ExportManifest:
             raise ValueError(f"spp_export.json status={self.status!r}: must be one of {list(STATUSES)}")
 
     def torch_dtype(self) -> torch.dtype:
-        """:attr:`dtype` as a floating-point ``torch.dtype`` (what ``config.json``'s ``dtype`` is written from).
-
-        Raises:
-            ValueError: it names none (e.g. empty: the ZeRO-3 exports of before issue 49, which nothing loads).
-        """
+        """:attr:`dtype` as a floating-point ``torch.dtype``; ``ValueError`` when it names none (an empty one)."""
         name = self.dtype.removeprefix("torch.")
         value = getattr(torch, name, None) if name else None
         if not isinstance(value, torch.dtype) or not value.is_floating_point:

@@ -1,23 +1,9 @@
 """The merged sparse model, written block by block: never merged whole, never whole on one device.
 
-``export_streamed`` runs on every rank of the job once training is over, on the model as each rank holds it (a
-replica under DDP or one process; 1/N shards under FSDP2 or ZeRO-3). Decoder block ``i`` is written by rank
-``i mod N``:
-
-1. under a sharding strategy every rank takes part in materialising the block (:mod:`spp.gathering`: FSDP2
-   ``unshard``, ZeRO-3 ``GatheredParameters``), which is the only time the block is whole, and only one block is;
-2. the writer asks the adapter method for each adapted layer's merged weight (``AdapterMethod.merged_layer``: the
-   method's own merge, on a copy of one layer), takes the block's other tensors as they are, audits every merged
-   weight against the pruning mask and the pruned model's zero pattern (``check_layer_zeros``, with the block's
-   masks sent by rank 0), and writes the block as its own safetensors shard;
-3. rank 0 writes what sits outside the blocks (embeddings, final norm, an untied LM head) as the last shard, then
-   the index (``model.safetensors.index.json``), ``config.json``, the generation config, the tokenizer and
-   ``spp_export.json`` (:class:`~spp.export.manifest.ExportManifest`), and publishes the folder by renaming it.
-
-The tensors are the ones ``save_pretrained`` of the whole merged model writes, under the same names (tied weights
-once), in a different sharding; ``AutoModelForCausalLM.from_pretrained`` loads the folder. Nothing half-written
-is ever at ``path``: the shards go to a temporary folder beside it (on a filesystem every rank sees).
-"""
+Block ``i`` is materialised by every rank (FSDP2 ``unshard``, ZeRO-3 gather), merged by the adapter method's own
+per-layer merge, audited against the masks and written as its own shard by rank ``i mod N``; rank 0 writes the
+rest, the index, config, tokenizer and ``spp_export.json``. The tensors are those ``save_pretrained`` writes,
+sharded differently. Shards go to a temporary folder beside ``path``, renamed when complete."""
 
 from __future__ import annotations
 
@@ -61,15 +47,8 @@ EXPORT_SLACK_BYTES = 32 * 2**20
 class ExportInputs:
     """What the export needs besides the model.
 
-    Attributes:
-        method: The adapter method the model was trained with.
-        zeros: The pruned model's exact-zero pattern (masks + kept zeros), on rank 0 (``None`` elsewhere).
-        tokenizer: Saved beside the weights (rank 0).
-        manifest: ``spp_export.json``'s contents; the audit and layout are filled in.
-        kept_zeros_may_change: The method's merge may fill kept weights that were exactly zero (LoRA*).
-        overrides: Values to merge instead of the module's own, by parameter name in ``model`` (DeepSpeed's fp32
-            masters of the trained tensors, whose module copies ``bf16-mixed`` rounded to bf16).
-    """
+    ``zeros`` (masks + kept zeros) is on rank 0 only. ``overrides`` are values merged instead of the module's own, by
+    parameter name (DeepSpeed's fp32 masters, whose module copies ``bf16-mixed`` rounded)."""
 
     method: AdapterMethod
     zeros: ZeroPattern | None
@@ -108,9 +87,8 @@ def plain_name(name: str) -> str:
 
 def _tensors(module: nn.Module, prefix: str, skip: list[str],
              overrides: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """``module``'s parameters and persistent buffers by plain name, except those inside the modules ``skip``; a
-    parameter named (fully) in ``overrides`` takes that value in its own dtype (a trained tensor that is not part of
-    an adapted layer, such as ``adapter=norms``' normalisation weights)."""
+    """``module``'s parameters and persistent buffers by plain name, except inside ``skip``; ``overrides`` replace
+    values in their own dtype (``adapter=norms``' trained norm weights)."""
     out: dict[str, torch.Tensor] = {}
     overrides = overrides or {}
     items = list(module.named_parameters()) + [
@@ -140,13 +118,8 @@ def _overridden(module: nn.Module, name: str, overrides: Mapping[str, torch.Tens
 def merged_block_tensors(block: nn.Module, prefix: str, method: AdapterMethod, masks: Mapping[str, torch.Tensor],
                          overrides: Mapping[str, torch.Tensor] | None = None
                          ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, Any]]]:
-    """The plain tensors of one (whole) decoder block as the merged model holds them, by plain name, and what the
-    merge reports of each adapted layer.
-
-    Each adapted layer is merged by ``method`` (:meth:`~spp.adapters.base.AdapterMethod.merged_layer`); every other
-    tensor of the block is taken as it is. ``prefix`` is the block's name in ``model`` (``model.layers.3``);
-    ``overrides`` replace parameter values by full name before the merge (:attr:`ExportInputs.overrides`).
-    """
+    """The plain tensors of one whole decoder block as the merged model holds them, and each adapted layer's merge
+    report; adapted layers are merged by ``method.merged_layer``, other tensors taken as they are."""
     out: dict[str, torch.Tensor] = {}
     stats: dict[str, dict[str, Any]] = {}
     adapted: list[str] = []
@@ -183,8 +156,8 @@ def _zero_refs(ctx: DistContext, zeros: ZeroPattern | None, block: str) -> dict[
 
 def _audit(tensors: dict[str, torch.Tensor], refs: dict[str, tuple[torch.Tensor, torch.Tensor]],
            kept_may_change: bool) -> list[int]:
-    """``[layers, zeros, total, kept zeros filled, kept weights zeroed]`` over the merged weights of one block
-    (raises on a violation)."""
+    """``[layers, zeros, total, kept zeros filled, kept weights zeroed]`` of one block's merged weights (raises on a
+    violation)."""
     counts = [0] * AUDIT_COUNTS
     for name, (mask, expected) in refs.items():
         weight = tensors.get(f"{name}.weight")
@@ -245,9 +218,8 @@ def needed_bytes(model: nn.Module) -> int:
 
 
 def remove_stale_export(path: Path) -> None:
-    """Remove the export a previous run left at ``path`` before a new one is written: it belongs to other weights
-    (another adapter, rank, seed), and would otherwise stay beside this run's files, and load as if it were this
-    run's, when this export fails (a full disk)."""
+    """Remove a previous run's export at ``path``: it belongs to other weights and would otherwise load as this run's
+    when this export fails (a full disk)."""
     if path.is_dir() and not path.is_symlink():
         logging.getLogger(__name__).info("removing the previous export %s: this run's export replaces it", path)
         shutil.rmtree(path)
@@ -256,9 +228,8 @@ def remove_stale_export(path: Path) -> None:
 
 
 def _begin(path: Path, ctx: DistContext, needed: int) -> Path:
-    """Rank 0 removes a previous export at ``path`` (a reused ``run_dir``'s: stale from now on, whether or not this
-    export succeeds), checks the free space and makes the temporary folder beside ``path``; every rank gets its
-    name."""
+    """Rank 0 removes a stale export at ``path``, checks the free space and makes the temporary folder; every rank gets
+    its name."""
     outcome: Any = None
     if ctx.is_main:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -348,16 +319,10 @@ def _finish(model: nn.Module, inputs: ExportInputs, tmp: Path, path: Path, recor
 
 
 def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ctx: DistContext) -> ExportResult:
-    """Write the merged model of ``model`` to ``path`` block by block on every rank (see the module docstring).
+    """Write the merged model of ``model`` to ``path`` block by block; every rank calls it and gets the same result.
 
-    Every rank must call it. Returns the same result on every rank.
-
-    Raises:
-        UserError: too little disk space (before anything is written) or the disk filled up (nothing kept), on
-            every rank.
-        SparsityViolation: a merged weight revived a pruned position, on every rank (nothing kept).
-        ValueError: the manifest's dtype names no floating-point dtype (before anything is written).
-    """
+    Too little disk, a full disk (``UserError``) or a revived pruned weight (``SparsityViolation``) fail on every
+    rank with nothing kept."""
     start = time.perf_counter()
     path = Path(path)
     inputs.manifest.torch_dtype()  # config.json's dtype must name one before anything is written

@@ -1,10 +1,7 @@
 """Export a merged 2:4 model's linear weights to PyTorch's semi-structured sparse format (CUDA only).
 
-After ``spp.merge_and_unload`` a 2:4-pruned model keeps its 2:4 pattern (paper Sec. 3.2), so its projections
-can run on sparse tensor cores via ``torch.sparse.to_sparse_semi_structured``. These kernels exist only on
-CUDA GPUs (compute capability 8.0+); on CPU there is no 2:4 speed-up and the dense merged model is the one to
-use.
-"""
+The merge keeps the 2:4 pattern (paper Sec. 3.2), so the projections run on sparse tensor cores (compute
+capability 8.0+); on CPU there is no speed-up."""
 
 from __future__ import annotations
 
@@ -34,20 +31,9 @@ def is_2_4(weight: torch.Tensor) -> bool:
 
 
 def export_semi_structured(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> list[str]:
-    """Replace the weights of the target ``nn.Linear`` layers by semi-structured 2:4 sparse tensors.
+    """Convert the target ``nn.Linear`` weights of a merged fp16/bf16 CUDA model to 2:4 sparse tensors; their names.
 
-    Args:
-        model: A merged model (``spp.merge_and_unload`` done) on a CUDA device, in fp16 or bf16.
-        targets: Module-name suffixes to convert (the default: every linear projection of the decoder blocks).
-
-    Returns:
-        Names of the converted layers.
-
-    Raises:
-        ValueError: adapter layers still present, no target matched, or a weight is not 2:4 / has the wrong dtype
-            or too small a shape (checked for every layer before anything is converted).
-        RuntimeError: CUDA is not available (no 2:4 kernels on CPU).
-    """
+    Every layer is checked (no adapter left, 2:4, dtype, shape) before any is converted."""
     targets = tuple(targets)
     if any(isinstance(m, LinearWrapper) or hasattr(m, "base_layer") for m in model.modules()):  # spp's or peft's
         raise ValueError("export_semi_structured: merge the adapters first (spp.merge_and_unload(model)).")

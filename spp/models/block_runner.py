@@ -1,19 +1,8 @@
-"""Running token batches through an offloaded model one decoder block at a time (pruning and perplexity).
+"""Run token batches through an offloaded model one decoder block at a time (pruning and perplexity).
 
-:class:`BlockRunner` drives an :class:`~spp.models.offload.OffloadedModel`:
-
-* :meth:`~BlockRunner.head` onloads what sits before the blocks (embeddings, rotary) and runs the model's forward
-  with every block replaced by a recorder: it keeps the hidden states entering block 0 and, for *each* block, the
-  other arguments the model passes it (attention mask, ``position_embeddings``, ...), which differ between blocks
-  when an architecture mixes sliding-window and full attention (Gemma-2/3, Qwen2/3 with ``max_window_layers``);
-* :meth:`~BlockRunner.block` onloads one block (rank 0's weights, broadcast), :meth:`~BlockRunner.run` pushes
-  the batches through it;
-* :meth:`~BlockRunner.logits` runs the model's own forward with every block replaced by a pass-through that returns the
-  final hidden states, so the final norm, the LM head and anything an architecture adds after its blocks run
-  unchanged.
-
-Only one block and the activations of this rank's batches are on the device at a time.
-"""
+The head records, for each block, the arguments the model passes it (masks, ``position_embeddings``): they differ
+between blocks when an architecture mixes sliding-window and full attention (Gemma-2/3, Qwen2/3). Only one block and
+this rank's activations are on the device at a time."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
-"""Cast a causal LM to a dtype as ``from_pretrained(dtype=...)`` leaves it: every parameter in the dtype, each
-floating buffer in the dtype transformers builds it in. RoPE's ``inv_freq`` / ``original_inv_freq`` are computed
-in float32 explicitly and stay float32 in a bfloat16 model; ``nn.Module.to(bfloat16)`` would round them (an angle
-error of up to 2.5 rad at position 2047 for head_dim 128). Buffers transformers builds in the default dtype
-(Gemma-2's ``embed_scale``) follow the model's dtype."""
+"""Cast a causal LM to a dtype as ``from_pretrained(dtype=...)`` leaves it: floating buffers keep transformers' dtype.
+
+RoPE's ``inv_freq`` stays float32 in a bfloat16 model; ``nn.Module.to(bfloat16)`` would round it (an angle error of
+up to 2.5 rad at position 2047 for head_dim 128)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""GPT-2's ``Conv1D`` projections held as ``nn.Linear``, so every pruner and adapter sees one layout.
+"""GPT-2's ``Conv1D`` projections held as ``nn.Linear`` (``W.T``), so every pruner and adapter sees one layout.
 
-transformers' ``Conv1D`` (GPT-2 and its kin) computes ``x @ W + b`` with ``W`` stored ``[in, out]``: the transpose
-of ``nn.Linear``'s ``[out, in]``. Rather than teach every pruner, N:M group axis and adapter both layouts,
-:func:`linearize_conv1d` swaps each ``Conv1D`` for a :class:`Conv1DAsLinear` (an ``nn.Linear`` holding ``W.T``)
-when the model is loaded. Its ``state_dict`` and :func:`conv1d_layout` give the tensors back in ``Conv1D``'s layout,
-so ``save_pretrained``, the streamed export and ``AutoModelForCausalLM`` reloads see a plain GPT-2 checkpoint.
-"""
+The ``state_dict`` and :func:`conv1d_layout` give the tensors back in ``Conv1D``'s ``[in, out]`` layout, so saved
+checkpoints stay plain GPT-2."""
 
 from __future__ import annotations
 

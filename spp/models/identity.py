@@ -1,9 +1,4 @@
-"""The identity of weights built in memory (a user's own module), for the pruning and perplexity cache keys.
-
-:func:`spp.models.loading.model_identity` names a model by its source (files by content, ``tiny`` by seed, a hub
-id by name). Weights a user built or changed in memory have no such source: :func:`built_config` stamps the
-config with a sha256 of the tensors themselves (:func:`weights_fingerprint`), and ``model_identity`` uses it.
-"""
+"""The identity of weights built in memory (a sha256 of the tensors), for the pruning and perplexity cache keys."""
 
 from __future__ import annotations
 
@@ -35,9 +30,9 @@ def _tensor_digest(tensor: torch.Tensor) -> str:
 
 
 def weights_fingerprint(model: nn.Module) -> str:
-    """sha256 over every state-dict tensor's name, dtype, shape and the sha256 of its bytes. Every byte is read
-    (0.4 GiB/s measured on this project's shared 2-core CPU: about 30 s for a 7B model in bf16); the tensors are
-    hashed in parallel threads (hashlib releases the GIL)."""
+    """sha256 over every state-dict tensor's name, dtype, shape and bytes, hashed in threads (hashlib releases the GIL).
+
+    Every byte is read: about 30 s for a 7B model in bf16 on a 2-core CPU."""
     state = model.state_dict(keep_vars=False)
     with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
         digests = list(pool.map(_tensor_digest, state.values()))

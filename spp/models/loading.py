@@ -45,11 +45,7 @@ def _as_config(cfg: ModelConfig | Mapping[str, Any] | str) -> ModelConfig:
 
 
 def embedded_gguf_path(package: str = EMBEDDED_PACKAGE) -> Path:
-    """Locate the ``.gguf`` file inside an installed PyPI package without importing the package.
-
-    Raises:
-        FileNotFoundError: the package is not installed or holds no GGUF file (with the install command).
-    """
+    """Locate the ``.gguf`` file inside an installed PyPI package without importing the package."""
     try:
         dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError as err:
@@ -65,11 +61,7 @@ def embedded_gguf_path(package: str = EMBEDDED_PACKAGE) -> Path:
 
 
 def resolve_source(cfg: ModelConfig) -> tuple[str, str, str | None]:
-    """Classify ``cfg.path`` as ``("tiny"|"gguf"|"dir"|"hub", location, gguf_file)``.
-
-    Raises:
-        FileNotFoundError: a local path that does not exist, or a directory without weights.
-    """
+    """Classify ``cfg.path`` as ``("tiny"|"gguf"|"dir"|"hub", location, gguf_file)``."""
     path = cfg.path
     if path == "tiny":
         return "tiny", "tiny", None
@@ -129,16 +121,8 @@ def load_model(
     dtype: torch.dtype | str | None = None,
     with_tokenizer: bool = True,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase | None]:
-    """Load the causal LM described by ``cfg`` (on CPU, in eval mode) and, optionally, its tokenizer.
-
-    Args:
-        cfg: A ``ModelConfig``, a mapping of its fields (Hydra node), or a bare path / hub id.
-        dtype: Override ``cfg.torch_dtype``.
-        with_tokenizer: Also load the tokenizer.
-
-    Raises:
-        FileNotFoundError: a missing or unreadable path, named in the message.
-    """
+    """Load the causal LM of ``cfg`` (a ``ModelConfig``, a mapping of its fields, or a path / hub id) on CPU, in eval
+    mode, and optionally its tokenizer. A missing or unreadable path raises ``FileNotFoundError`` naming it."""
     cfg = _as_config(cfg)
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or DTYPES[cfg.torch_dtype]
     kind, where, gguf_file = resolve_source(cfg)
@@ -162,11 +146,7 @@ def load_model(
 
 
 def load_config(cfg: ModelConfig | Mapping[str, Any] | str) -> Any:
-    """The model's ``PretrainedConfig`` alone (``config.json``, the GGUF header, or the tiny arch): no weight read.
-
-    Raises:
-        FileNotFoundError: a missing or unreadable path, named in the message.
-    """
+    """The model's ``PretrainedConfig`` alone (``config.json``, the GGUF header, or the tiny arch): no weight read."""
     cfg = _as_config(cfg)
     kind, where, gguf_file = resolve_source(cfg)
     if kind == "tiny":
@@ -179,11 +159,7 @@ def load_config(cfg: ModelConfig | Mapping[str, Any] | str) -> Any:
 
 def load_skeleton(cfg: ModelConfig | Mapping[str, Any] | str, *, dtype: torch.dtype | str | None = None
                   ) -> PreTrainedModel:
-    """The causal LM of ``cfg`` with every parameter on the ``meta`` device (buffers real), built from its config.
-
-    What the ranks other than 0 hold while pruning and before their shards arrive (``spp.models.offload``):
-    the structure and dtypes, no weights.
-    """
+    """The causal LM of ``cfg`` with every parameter on the ``meta`` device (buffers real), built from its config."""
     from accelerate import init_empty_weights
 
     cfg = _as_config(cfg)
@@ -247,16 +223,11 @@ def _safetensors_sample(fh: Any, size: int, digest: Any) -> bool:
 
 
 def file_fingerprint(path: str | os.PathLike[str]) -> str:
-    """A content fingerprint of one model file, cheap on any size: sha256 of its size and of
+    """A content fingerprint of one model file: sha256 of its size and of sampled bytes, cheap on any size.
 
-    * the whole file up to :data:`WHOLE_FILE_BYTES` (configs, tokenizers, small weights);
-    * for a ``.safetensors`` file, its header (names, dtypes, shapes, offsets) and the first, middle and last
-      :data:`SLICE_BYTES` of every tensor (a few MB on a 70B model): new weights of the same shapes differ there;
-    * otherwise (GGUF, ``.bin``), the first 4 MiB (GGUF header and metadata), the last 1 MiB and 256 slices spread
-      over the rest.
-
-    A file replaced by one with other weights gets another fingerprint even with the same size and mtime (``cp -p``).
-    """
+    Small files are read whole; a ``.safetensors`` file by its header and the first, middle and last
+    :data:`SLICE_BYTES` of every tensor; other files by head, tail and 256 spread slices. A file replaced by other
+    weights of the same size and mtime (``cp -p``) gets another fingerprint."""
     path = Path(path)
     size = path.stat().st_size
     digest = hashlib.sha256(f"{size}:".encode())
@@ -273,13 +244,10 @@ def file_fingerprint(path: str | os.PathLike[str]) -> str:
 
 
 def model_identity(cfg: ModelConfig | Mapping[str, Any] | str) -> str:
-    """A stable string that identifies the weights ``cfg`` loads (used in the pruning and perplexity cache keys).
+    """A stable string naming the weights ``cfg`` loads, for the pruning and perplexity cache keys.
 
-    Local files are identified by content (:func:`file_fingerprint` of each file of the model directory, or of the
-    GGUF file, with its name), not by path or modification time: a model copied elsewhere keeps its identity, a
-    file replaced by another with the same size and mtime does not. ``tiny`` by its architecture and seed; a hub
-    id by its name; weights built in memory (:class:`~spp.models.identity.BuiltModelConfig`) by their content.
-    """
+    Local files by content (not path or mtime, so a copied model keeps its identity), ``tiny`` by arch and seed, a hub
+    id by name, weights built in memory by their content."""
     cfg = _as_config(cfg)
     if isinstance(cfg, BuiltModelConfig) and cfg.weights:
         return f"{cfg.name}-built-{cfg.weights[:16]}"

@@ -1,13 +1,8 @@
-"""A model whose weights stay off the compute device: the module is a ``meta`` skeleton, rank 0 keeps the weights.
+"""A model whose weights stay off the compute device: a ``meta`` skeleton on every rank, the weights on rank 0's host.
 
-This is the placement of the pruning phase (llm-compressor's sequential pipeline is the model): every rank holds
-the module *structure* with its parameters on the ``meta`` device (buffers such as the rotary frequencies stay
-real); global rank 0 alone also holds every parameter in host memory, its *home*. A decoder block is *onloaded*
-when it is needed: rank 0 copies its home tensors to its device (or uses them in place when the device is the
-home's) and broadcasts them to the other ranks' devices; *offloading* writes the (pruned) tensors back to the
-home and returns the block to ``meta``. So a model is never whole on an accelerator, and the ranks other than 0
-never hold a copy of the weights. :meth:`OffloadedModel.restore` puts rank 0's home back into the module.
-"""
+The pruning phase's placement (as llm-compressor's sequential pipeline): a block is onloaded when needed (rank 0
+copies it to its device and broadcasts it) and offloaded back to rank 0's home, so a model is never whole on an
+accelerator and other ranks never hold a copy of the weights."""
 
 from __future__ import annotations
 
@@ -34,18 +29,10 @@ def params_to_meta(model: nn.Module) -> None:
 
 
 class OffloadedModel:
-    """``model`` turned into a skeleton whose parameters rank 0 keeps at home (see the module docstring).
+    """``model`` as a skeleton whose parameters rank 0 keeps at home (not copied; other ranks' are dropped).
 
-    Tied parameters (an LM head sharing the embedding) stay one tensor: each unique parameter has one canonical
-    name (its first name in ``named_parameters(remove_duplicate=False)``) and every module holding it is updated
-    together.
-
-    Args:
-        model: A real model on rank 0 (its parameters become the home, not copied); any model, real or ``meta``,
-            on the other ranks (their parameters are dropped).
-        ctx: The job's processes. The first collective (the layout check) goes through its wait group when one
-            was made (:meth:`~spp.distributed.DistContext.allow_long_waits`) before rank 0 started loading.
-    """
+    Tied parameters (an LM head sharing the embedding) stay one tensor under their first name. The first collective
+    goes through ``ctx``'s wait group when one was made before rank 0 started loading."""
 
     def __init__(self, model: nn.Module, ctx: DistContext) -> None:
         self.model = model
@@ -146,10 +133,7 @@ class OffloadedModel:
             self.offload(names, write_back=write_back)
 
     def restore(self, everywhere: bool = False) -> nn.Module:
-        """Put rank 0's home back into the module (no copy) and return the module.
-
-        The other ranks stay ``meta``, or with ``everywhere`` receive a host copy of every parameter from rank 0.
-        """
+        """Put rank 0's home back into the module (no copy); with ``everywhere`` other ranks receive a host copy."""
         for name, meta in self._meta.items():
             if self.ctx.is_main:
                 tensor = self.home[name]

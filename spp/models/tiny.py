@@ -1,10 +1,8 @@
-"""Tiny random models of every supported family and a byte-level tokenizer, built in code (nothing downloaded).
+"""Tiny random 2-block models of every supported family and a byte-level tokenizer, built in code.
 
-``arch.model_type`` picks the family (``llama`` when absent): :data:`TINY_FAMILIES` gives each a 2-block config
-with dims divisible by r = 16 and by 4 (2:4), GQA where the family has it, and its own quirks on: Qwen2's q/k/v
-biases; Qwen3's q/k norms and a sliding-window block before a full-attention one; Mistral's and Gemma-2's sliding
-window, shorter than the test sequences; Gemma-2's tied embeddings and soft-capping; Phi-3's fused projections;
-OPT's ReLU MLP and biases; GPT-2's ``Conv1D``."""
+Dims divide by r = 16 and by 4 (2:4); each family keeps its quirks (Qwen2 q/k/v biases, Qwen3 q/k norms and
+mixed attention, sliding windows shorter than the test sequences, tied embeddings, Phi-3 fused projections, OPT's
+ReLU MLP, GPT-2's ``Conv1D``)."""
 
 from __future__ import annotations
 

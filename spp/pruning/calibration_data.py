@@ -1,16 +1,8 @@
 """Calibration windows: ``nsamples`` random windows of ``seqlen`` tokens from C4, WikiText-2, Alpaca or a file.
 
-Document sampling follows Wanda/SparseGPT's C4 loader: with ``random.seed(seed)``, draw a random document until
-its tokenization is longer than ``seqlen``, then a random window of exactly ``seqlen`` tokens inside it. Stream
-sampling (WikiText-2, Alpaca, local files) joins all texts with blank lines, tokenizes once and draws random
-windows from the stream.
-
-What a source can supply is checked first (:func:`check_supply`, also run by the preflight before the model
-loads): document sampling needs at least ``nsamples`` documents longer than ``seqlen`` tokens (the reference's
-shard holds thousands, so its windows come from as many documents as windows, bar a rare repeat); stream sampling
-needs a stream of at least ``nsamples * seqlen`` tokens. Each draw logs and records (:class:`CalibrationDraw`) how
-many distinct documents its windows come from (document sampling) or how much of the stream they cover.
-"""
+Document sampling follows Wanda/SparseGPT's C4 loader (``random.seed(seed)``, a random document longer than
+``seqlen``, a random window in it); stream sampling joins the texts with blank lines and draws windows from the
+stream. :func:`check_supply` refuses a source that would repeat documents or is too short."""
 
 from __future__ import annotations
 
@@ -34,11 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def resolve_calibration_file(calibration: CalibrationConfig, data_dir: str | None = None) -> Path:
-    """The data file ``calibration`` reads (``calibration.path``, the named source's file, or a path source).
-
-    Raises:
-        FileNotFoundError: naming every searched place and the config key to change.
-    """
+    """The data file ``calibration`` reads; ``FileNotFoundError`` names every searched place and the key to change."""
     rel = calibration.path or CALIBRATION_SOURCES.get(calibration.source, calibration.source)
     try:
         return find_data(rel, data_dir)
@@ -89,12 +77,7 @@ def sampling_of(calibration: CalibrationConfig) -> str:
 
 @dataclass
 class Supply:
-    """The tokenized part of a calibration source that :func:`check_supply` read (reused by the sampler).
-
-    Attributes:
-        documents: Token ids of the documents read so far, by index (document sampling).
-        stream: Token ids of all texts joined with blank lines (stream sampling).
-    """
+    """The tokenized part of a calibration source that :func:`check_supply` read (reused by the sampler)."""
 
     documents: dict[int, list[int]] = field(default_factory=dict)
     stream: list[int] | None = None
@@ -121,9 +104,8 @@ def _refuse(what: str, fix: str, where: str, key: str = "calibration.nsamples") 
 
 def check_supply(texts: list[str], tokenizer: PreTrainedTokenizerBase, calibration: CalibrationConfig,
                  where: str, supply: Supply | None = None) -> Supply:
-    """Refuse (:class:`UserError`, one line) a source that cannot supply ``nsamples`` windows of ``seqlen`` tokens:
-    for document sampling fewer than ``nsamples`` documents longer than ``seqlen`` tokens (the windows would repeat
-    documents), for stream sampling a stream shorter than ``nsamples * seqlen`` tokens. Returns what it tokenized."""
+    """Refuse (:class:`UserError`) a source that cannot supply ``nsamples`` windows of ``seqlen`` tokens (fewer
+    documents longer than ``seqlen``, or a stream under ``nsamples * seqlen`` tokens); returns what it tokenized."""
     seqlen, nsamples = calibration.seqlen, calibration.nsamples
     supply = supply or Supply()
     larger = "point calibration.path at a larger file (the paper: C4's en/c4-train.00000-of-01024.json.gz, see " \
@@ -181,18 +163,8 @@ def check_calibration_source(calibration: CalibrationConfig, data_dir: str | Non
 
 @dataclass
 class CalibrationDraw:
-    """The windows a draw made and where they come from (logged, and recorded as the prune result's
-    ``report.overall["calibration"]``).
-
-    Attributes:
-        windows: Token ids, shape (nsamples, seqlen).
-        file: The data file.
-        sampling: ``document`` or ``stream``.
-        texts: Documents (records) in the file.
-        distinct_documents: Documents the windows come from (document sampling; None for a stream).
-        stream_tokens: Tokens of the joined stream (stream sampling; None for documents).
-        covered_tokens: Tokens of the stream inside at least one window (stream sampling).
-    """
+    """The windows a draw made, ``(nsamples, seqlen)``, and where they come from (the prune result's
+    ``report.overall["calibration"]``); the document counts are ``None`` for a stream and vice versa."""
 
     windows: torch.Tensor
     file: str
@@ -224,11 +196,7 @@ def sample_windows(
     texts: list[str], tokenizer: PreTrainedTokenizerBase, calibration: CalibrationConfig, where: str = "data",
     supply: Supply | None = None,
 ) -> CalibrationDraw:
-    """Draw ``calibration.nsamples`` windows of ``calibration.seqlen`` tokens (after :func:`check_supply`).
-
-    Raises:
-        UserError: the source cannot supply them (:func:`check_supply`).
-    """
+    """Draw ``calibration.nsamples`` windows of ``calibration.seqlen`` tokens (after :func:`check_supply`)."""
     seqlen, nsamples = calibration.seqlen, calibration.nsamples
     supply = check_supply(texts, tokenizer, calibration, where, supply)
     rng = random.Random(calibration.seed)

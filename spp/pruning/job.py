@@ -1,9 +1,6 @@
-"""What ``prune.py`` does: load a model, prune it (through the cache) on one or N ranks, audit the zeros, save it.
+"""What ``prune.py`` does: load a model, prune it (through the cache) on one or N Fabric ranks, audit, save it.
 
-The ranks come from Lightning Fabric: ``devices=N`` starts them on one machine, and processes started together by
-``torchrun`` or ``srun`` are taken as they are. Every rank runs its share of the calibration batches; global rank
-0 holds the weights and writes the outputs.
-"""
+Every rank runs its share of the calibration batches; global rank 0 holds the weights and writes the outputs."""
 
 from __future__ import annotations
 
@@ -29,9 +26,8 @@ from spp.pruning.targets import prunable_linears
 
 def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenizer: Any, ctx: DistContext,
                            methods: Any = None) -> tuple[OffloadedModel, PruneResult, ReconstructResult | None]:
-    """Offload ``model``, prune it (through the cache unless ``use_cache=false``), then reconstruct it when asked;
-    every rank. The dense copy the reconstruction trains against is taken before pruning, and only when no finished
-    reconstruction entry exists (the probe). ``methods``: the resolved pruner and form (``.pruner``, ``.form``)."""
+    """Offload ``model``, prune it, then reconstruct it when asked; every rank. The dense copy is taken before pruning,
+    only when no finished reconstruction entry exists. ``methods``: the resolved pruner and form."""
     method, form = (methods.pruner, methods.form) if methods is not None else (None, None)
     found = probe(job.reconstruct, job.model, job.pruner, job.sparsity, job.calibration,
                   job.cache_dir if job.use_cache else None, job.data_dir, ctx, form=form)
@@ -49,16 +45,11 @@ def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenize
 
 
 def prune_job(job: PruneJobConfig, output_dir: Path, methods: Any = None) -> dict[str, Any] | None:
-    """Load, prune (through the cache unless ``use_cache=false``), audit and save; returns the timing record
-    (``None`` on ranks other than 0). ``methods``: the job's resolved pruner and form (``spp.training.run.Methods``,
-    which ``prune.py`` resolves once; ``None``: resolved from the configs).
+    """Load, prune (through the cache unless ``use_cache=false``), reconstruct when asked, audit and save.
+    ``methods``: the resolved pruner and form (``spp.training.run.Methods``; ``None``: resolved from the configs).
 
-    With ``reconstruct=blockwise`` the pruned model is then reconstructed block by block against the dense model
-    (through its own cache entry) and ``reconstruction.json`` holds the per-block losses.
-
-    Writes ``mask_summary.json`` (per-layer and overall exact-zero sparsity, N:M audit), ``report.md``,
-    ``timing.json`` (with ``cache_hit``) and, with ``save_model``, ``model/`` (``save_pretrained`` + tokenizer).
-    """
+    Writes ``mask_summary.json``, ``report.md``, ``timing.json`` and with ``save_model`` ``model/``; returns the timing
+    record on rank 0 (``None`` elsewhere)."""
     ctx = launch_processes(job.accelerator, job.devices, job.num_nodes, job.device)
     ctx.allow_long_waits(job.cache_lock_timeout_s + READ_MARGIN_S)  # the others wait while rank 0 loads alone
     t_start = time.perf_counter()

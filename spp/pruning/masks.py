@@ -1,11 +1,7 @@
 """Pruning masks kept one bit per weight, off the accelerator, and the zero pattern they imply.
 
-A 70B model has 64 G prunable weights: as ``bool`` its masks take 64 GiB per process, packed 8 GiB. :class:`MaskSet`
-keeps every keep-mask row-packed in host memory (:func:`spp.bitmask.pack_rows`) and unpacks one matrix
-when it is read. :class:`ZeroPattern` is the exact-zero pattern of the pruned weights, stored as the masks plus
-the few *kept* weights that happen to be exactly zero (a quantised checkpoint has some), instead of a second
-bit per weight.
-"""
+A 70B model's masks take 64 GiB as ``bool``, 8 GiB packed. :class:`ZeroPattern` stores the masks plus the few kept
+weights that are exactly zero (a quantised checkpoint has some) instead of a second bit per weight."""
 
 from __future__ import annotations
 
@@ -69,12 +65,7 @@ class MaskSet(Mapping[str, torch.Tensor]):
 
 
 class ZeroPattern(Mapping[str, torch.Tensor]):
-    """The exact-zero pattern (True = zero) of pruned weights: every pruned position plus the kept zeros.
-
-    Args:
-        masks: The keep-masks.
-        kept_zeros: Flat indices of kept weights that are exactly zero, by name (absent = none).
-    """
+    """The exact-zero pattern (True = zero) of pruned weights: every pruned position plus the kept zeros."""
 
     def __init__(self, masks: MaskSet, kept_zeros: Mapping[str, torch.Tensor] | None = None) -> None:
         self.masks = masks
@@ -100,11 +91,7 @@ class ZeroPattern(Mapping[str, torch.Tensor]):
 
 
 def kept_zero_indices(name: str, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Flat indices (int64, CPU) of kept weights that are exactly zero; checks every pruned weight is zero.
-
-    Raises:
-        RuntimeError: a pruned position holds a non-zero weight (the mask was not applied).
-    """
+    """Flat indices (int64, CPU) of kept weights that are exactly zero; a non-zero pruned weight raises."""
     w = weight.detach()
     mask = mask.to(w.device)
     if bool((w[~mask] != 0).any()):

@@ -1,8 +1,6 @@
-"""Sparsity patterns: turning scores into keep-masks, N:M validity checks and sparsity summaries.
+"""Sparsity patterns: scores to keep-masks (**True = kept**), N:M checks and sparsity summaries.
 
-Masks are boolean with **True = weight kept**. N:M means N weights kept in every group of M consecutive input
-columns of each output row (``2:4`` = 50 % sparse, ``2:8`` = 75 % sparse).
-"""
+N:M keeps N weights in every group of M consecutive input columns of each row (``2:4`` = 50 %, ``2:8`` = 75 %)."""
 
 from __future__ import annotations
 
@@ -45,10 +43,7 @@ def prune_lowest_global(scores: torch.Tensor, ratio: float) -> torch.Tensor:
 
 
 def keep_top_n_of_m(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
-    """Keep-mask holding the ``n`` highest scores in every group of ``m`` consecutive columns of each row.
-
-    The ``m - n`` lowest of each group are pruned (ties broken by column index, lower index pruned first).
-    """
+    """Keep the ``n`` highest scores in every group of ``m`` consecutive columns (ties: lower index pruned first)."""
     rows, cols = scores.shape
     if cols % m:
         raise ValueError(f"N:M needs the number of columns ({cols}) to be a multiple of M={m}")
@@ -59,13 +54,8 @@ def keep_top_n_of_m(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
 
 
 def mask_from_scores(scores: torch.Tensor, sparsity: SparsityConfig, scope: str = "row") -> torch.Tensor:
-    """Keep-mask from importance scores (higher = more important).
-
-    Args:
-        scores: (out, in) scores.
-        sparsity: The pattern.
-        scope: Comparison group of unstructured sparsity: ``row`` (Wanda, DS⊘T) or ``matrix`` (magnitude).
-    """
+    """Keep-mask from (out, in) scores, higher = more important; unstructured ``scope`` compares per ``row`` (Wanda,
+    DS⊘T) or per ``matrix`` (magnitude)."""
     if sparsity.kind == "dense":
         return torch.ones_like(scores, dtype=torch.bool)
     if sparsity.kind == "nm":
@@ -79,14 +69,7 @@ def mask_from_scores(scores: torch.Tensor, sparsity: SparsityConfig, scope: str 
 
 @dataclass
 class NMCheck:
-    """Result of an N:M audit; truthy when every group is valid.
-
-    Attributes:
-        valid: No group keeps more than N weights.
-        violations: Number of groups keeping more than N.
-        groups: Number of groups checked.
-        exact_groups: Groups keeping exactly N (the rest keep fewer, e.g. dead inputs).
-    """
+    """Result of an N:M audit, truthy when no group keeps more than N; ``exact_groups`` keep exactly N."""
 
     valid: bool
     violations: int
@@ -98,16 +81,7 @@ class NMCheck:
 
 
 def check_nm(mask_or_weight: torch.Tensor, n: int, m: int) -> NMCheck:
-    """Audit an N:M pattern group by group.
-
-    Args:
-        mask_or_weight: A bool keep-mask, or a weight (nonzeros count as kept), shape (out, in).
-        n: Maximum number of kept weights per group.
-        m: Group size along the input dimension.
-
-    Raises:
-        ValueError: in_features is not a multiple of ``m``.
-    """
+    """Audit an N:M pattern group by group on a bool keep-mask or a weight (nonzeros kept), shape (out, in)."""
     kept = mask_or_weight if mask_or_weight.dtype == torch.bool else mask_or_weight != 0
     kept = kept.reshape(-1, kept.shape[-1])
     if kept.shape[1] % m:
@@ -129,14 +103,7 @@ def sparsity_summary(
 ) -> dict[str, Any]:
     """Per-layer and overall fraction of zeros, with an N:M audit when ``n`` and ``m`` are given.
 
-    Args:
-        tensors: Layer name -> bool keep-mask or weight (see ``current_masks``).
-        n: Kept weights per group for the N:M audit (optional).
-        m: Group size for the N:M audit (optional).
-
-    Returns:
-        ``{"layers": {name: {shape, zeros, numel, sparsity[, nm_valid, nm_violations]}}, "overall": {...}}``.
-    """
+    Returns ``{"layers": {name: {shape, zeros, numel, sparsity[, nm_valid, nm_violations]}}, "overall": {...}}``."""
     layers: dict[str, dict[str, Any]] = {}
     zeros_total = numel_total = violations_total = 0
     for name, tensor in tensors.items():

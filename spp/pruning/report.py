@@ -42,13 +42,8 @@ def build_report(
     sparsity: SparsityConfig,
     extras: dict[str, dict[str, Any]] | None = None,
 ) -> PruneReport:
-    """Audit the pruned weights: exact zeros per layer and overall, and every N:M group.
-
-    Args:
-        weights: Qualified name -> pruned weight.
-        sparsity: The pattern that was requested (N:M audit when ``kind == "nm"``).
-        extras: Qualified name -> extra fields (seconds, pruner diagnostics).
-    """
+    """Audit the pruned weights: exact zeros per layer and overall, and every N:M group (``extras``: per-layer fields
+    such as seconds)."""
     nm = (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
     return report_from_layers(sparsity_summary(weights, *nm)["layers"], sparsity, extras)
 

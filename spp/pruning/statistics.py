@@ -1,15 +1,8 @@
-"""Running statistics of a linear layer's inputs, accumulated over calibration batches by forward hooks and
-summed across ranks.
+"""Running statistics of a linear layer's inputs over calibration batches, summed across ranks exactly.
 
-Each rank runs its share of the calibration batches (batch ``b`` belongs to rank ``b mod world``). The
-per-feature sums (Wanda's ‖X_j‖², DS⊘T's Σ x_j) are kept per batch in fp32 and, at :meth:`reduce`, gathered and
-added in fp64 in *global batch order*: exactly the additions one process makes, so the masks do not depend on the
-number of ranks. The Hessian X Xᵀ (SparseGPT) is too large to keep per batch, so its sum is made *exact*: each
-batch's fp32 X Xᵀ is rounded onto a fixed-point grid set by that batch alone (int64, :data:`FRACTION_BITS` bits
-below a power of two at or above its largest entry, on a coarse exponent grid) and added as integers, one integer
-accumulator per grid exponent. Integer sums do not depend on their order, so the Hessian has the same bits however
-the batches are split over ranks and whatever order the collective adds them in.
-"""
+Per-feature sums are kept per batch and added in fp64 in global batch order, as one process would. The Hessian
+X Xᵀ is rounded per batch onto a fixed-point grid (:data:`FRACTION_BITS`) and summed as int64, so its bits do not
+depend on how batches are split over ranks or the collective's order."""
 
 from __future__ import annotations
 
@@ -29,11 +22,7 @@ EXPONENT_GRID = 8
 
 
 def _bucket(gram: torch.Tensor) -> int | None:
-    """The bucket exponent E of one batch's X Xᵀ (every |entry| < 2**E), or None when it is all zero.
-
-    Raises:
-        ValueError: an entry is not finite.
-    """
+    """The bucket exponent E of one batch's X Xᵀ (every |entry| < 2**E), ``None`` when all zero; non-finite raises."""
     top = float(gram.abs().max())
     if not math.isfinite(top):
         raise ValueError("non-finite input")
@@ -44,10 +33,8 @@ def _bucket(gram: torch.Tensor) -> int | None:
 
 
 def fixed_point(gram: torch.Tensor, exponent: int) -> torch.Tensor:
-    """``gram`` (fp32, overwritten) scaled in place to multiples of 2**(exponent - FRACTION_BITS), rounded to
-    integers (still fp32); a positive diagonal entry stays ≥ 1 (an input feature that is ever non-zero is never taken
-    for a dead one). Scaling by a power of two and rounding to an integer are exact in fp32 (every |entry| < 2**42
-    after scaling), so no wider copy is made."""
+    """``gram`` (fp32, overwritten) scaled to multiples of 2**(exponent - FRACTION_BITS) and rounded (exact in fp32);
+    a positive diagonal stays ≥ 1, so a feature that is ever non-zero is never taken for dead."""
     shift = FRACTION_BITS - exponent
     while shift:  # in steps whose factor fp32 holds (a bucket far below 1 needs a factor above 2**127)
         step = max(-126, min(126, shift))
@@ -75,15 +62,8 @@ def add_integers(total: torch.Tensor, scaled: torch.Tensor) -> None:
 class InputStatistics:
     """Accumulates what the pruners need from the inputs X (tokens x in_features) of one linear layer.
 
-    Sums are over every calibration token; normalisations are per calibration *sequence*, as in the
-    reference repositories (this fixes the scale DS⊘T's update threshold is expressed in).
-
-    Args:
-        in_features: Width of the layer input.
-        device: Where the accumulators live.
-        hessian: Also accumulate X Xᵀ (SparseGPT).
-        moments: Also accumulate the per-feature sum (DS⊘T's mean / variance / per-sequence sum).
-    """
+    Sums are over tokens, normalisations per calibration *sequence*, as the reference repositories (this fixes the
+    scale of DS⊘T's update threshold)."""
 
     def __init__(self, in_features: int, device: torch.device | str, hessian: bool = False, moments: bool = False):
         self.in_features = in_features

@@ -20,22 +20,13 @@ def block_linears(block: nn.Module, targets: Iterable[str]) -> dict[str, nn.Line
 
 
 def prunable_linears(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, nn.Linear]:
-    """All prunable linears in decoder order, keyed by qualified name (``model.layers.0.self_attn.q_proj``); the
-    default targets stand for every linear projection of the blocks (:func:`spp.projections.resolve_targets`).
-
-    Raises:
-        UserError: a target matches no linear projection of the blocks (lists the ones that exist).
-    """
+    """All prunable linears in decoder order, by qualified name; a target matching none raises ``UserError``."""
     return find_projections(model, targets, "pruner.targets")
 
 
 def current_masks(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, torch.Tensor]:
-    """Nonzero pattern (True = nonzero) of every target linear, keyed by the linear's qualified name.
-
-    Works after SPP injection too: a pruned weight living at ``<name>.base.weight`` is reported as ``<name>``
-    (and preferred over any ``<name>.weight`` of the wrapper). The default targets stand for every linear
-    projection of the decoder blocks.
-    """
+    """Nonzero pattern (True = nonzero) of every target linear by qualified name; after SPP injection a pruned
+    ``<name>.base.weight`` is reported as ``<name>``."""
     targets = names_in(model, targets, "pruner.targets")
     masks: dict[str, torch.Tensor] = {}
     from_base: set[str] = set()

@@ -1,15 +1,7 @@
-"""The zero audit of one weight matrix against its pruning mask: what every audit of the project checks.
+"""The zero audit of one weight matrix against its pruning mask, used by the training callback and the export.
 
-The training callback (``spp.training.callbacks.sparsity_audit``) and the streamed export (``spp.export.merged``)
-both call :func:`check_layer_zeros` on each layer's effective or merged weight. The two directions a zero pattern
-can move in are judged apart:
-
-- a weight the mask pruned that is non-zero (*revived*) always raises: sparsity was lost;
-- a kept weight that was exactly zero at pruning time and is not any more (*filled*) raises unless the method
-  declares it (LoRA*'s re-masking fills such weights);
-- a kept weight that *became* exactly zero (*zeroed*: an additive update ``W + ΔW`` or a product ``W ⊙ S`` that
-  rounds to 0.0 in float arithmetic) is counted and reported, never raised: the model has more zeros, never fewer.
-"""
+A *revived* pruned weight always raises; a *filled* kept zero raises unless the method declares it (LoRA*'s
+re-masking); a kept weight rounded to exactly zero (*zeroed*) is only counted: more zeros, never fewer."""
 
 from __future__ import annotations
 
@@ -33,9 +25,8 @@ class LayerZeros(NamedTuple):
 
 def check_layer_zeros(name: str, w: torch.Tensor, mask: torch.Tensor, expected: torch.Tensor | None,
                       kept_zeros_may_change: bool, when: str) -> LayerZeros:
-    """The audit of one layer's effective weight ``w`` against ``mask`` (True = kept) and the pruning-time zero
-    pattern ``expected`` (``None`` = ``~mask``); raises :class:`SparsityViolation` on a revived weight, or on a
-    filled kept zero unless ``kept_zeros_may_change``."""
+    """Audit one layer's effective weight ``w`` against ``mask`` (True = kept) and the pruning-time zero pattern
+    ``expected`` (``None`` = ``~mask``); raises :class:`SparsityViolation`."""
     zero = (w == 0).cpu()
     mask = mask.to(torch.bool).cpu()
     if zero.shape != mask.shape:

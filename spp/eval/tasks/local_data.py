@@ -1,23 +1,8 @@
-"""Loaders that turn the local copies of the eval sets into the row shapes lm-eval's own tasks expect.
+"""lm-eval ``custom_dataset`` loaders that turn the local copies of the eval sets into lm-eval's row shapes.
 
-Each function is an lm-eval ``custom_dataset`` (``!function local_data.<name>`` in the task YAMLs beside
-this file). lm-eval calls it with the task's ``metadata`` and ``dataset_kwargs``; the data root is taken
-from ``data_dir`` in that metadata (``TaskManager(metadata={"data_dir": ...})`` or the CLI's
-``--metadata '{"data_dir": "..."}'``), else ``$SPP_DATA_DIR``, else ``../shared/data``, else the repo's
-``data/`` samples (see :func:`spp.paths.find_data`); which file a task reads is its row of
-:mod:`spp.eval.task_table` (:func:`task_file`).
-
-Differences from the hub versions that the local copies force (documented in ``spp/eval/README.md``):
-HellaSwag comes as klosax's pre-processed text (``ctx_a``/``ctx_b`` already joined), WinoGrande as
-llm-foundry's partial-scoring form, OpenBookQA from the official ``test.tsv``, ARC from the original
-AI2 jsonl (numeric answer keys kept, resolved by label index exactly as lm-eval does).
-
-Document sample: when the metadata holds ``doc_seed`` (the harness passes ``eval.doc_seed`` whenever
-``eval.limit``/``eval.mmlu_limit`` is set), every evaluated split is returned in a seeded random order
-(``random.Random(doc_seed).shuffle``), so lm-eval's ``limit`` = the first ``limit`` documents of that order = a
-seeded random sample of the file instead of its first documents. MMLU's ``dev`` split (the 5-shot examples)
-is never reordered.
-"""
+The data root comes from ``data_dir`` in the task metadata (:func:`spp.paths.find_data`). Differences the local
+copies force are in ``spp/eval/README.md``. With ``doc_seed`` in the metadata every split except MMLU's ``dev`` is
+shuffled, so lm-eval's ``limit`` takes a seeded random sample, not the first documents."""
 
 from __future__ import annotations
 
@@ -67,9 +52,7 @@ BOOL_LABELS: dict[Any, int] = {False: 0, True: 1, "false": 0, "true": 1}  # 0 ==
 
 
 def boolq(**kwargs: Any) -> datasets.DatasetDict:
-    """SuperGLUE BoolQ validation; ``label`` (``"false"``/``"true"`` strings in the local copy, or JSON bools)
-    -> 0 = no, 1 = yes, as in ``super_glue/boolq``.
-    """
+    """SuperGLUE BoolQ validation; ``label`` (``"false"``/``"true"`` strings or bools) -> 0 = no, 1 = yes."""
     rows = []
     for i, r in enumerate(_jsonl(task_file("spp_boolq", kwargs))):
         key = r["label"].lower() if isinstance(r["label"], str) else r["label"]
@@ -80,11 +63,8 @@ def boolq(**kwargs: Any) -> datasets.DatasetDict:
 
 
 def rte(**kwargs: Any) -> datasets.DatasetDict:
-    """RTE validation in GLUE's shape (``sentence1``, ``sentence2``, label 0 = entailment) for lm-eval's ``rte``.
-
-    The SuperGLUE and GLUE RTE validation sets hold the same 277 pairs; only field names and the label
-    encoding differ.
-    """
+    """RTE validation in GLUE's shape (``sentence1``, ``sentence2``, label 0 = entailment); the same 277 pairs as
+    SuperGLUE's."""
     rows = []
     for i, r in enumerate(_jsonl(task_file("spp_rte", kwargs))):
         label = r["label"]
@@ -108,12 +88,8 @@ def hellaswag_preprocess(text: str) -> str:
 
 
 def capitalize_last_fragment(query: str) -> str:
-    """Approximate lm-eval's ``ctx_a + " " + ctx_b.capitalize()`` on an already joined context.
-
-    klosax's text keeps ``ctx_b`` lower-case (``"... on a roof. he"``). ``ctx_b`` is the fragment after the
-    last sentence end, so its first letter is upper-cased when it is lower-case. (``str.capitalize`` also
-    lower-cases the rest of ``ctx_b``; that is not reproduced, since ``ctx_b``'s extent is unknown.)
-    """
+    """Approximate lm-eval's ``ctx_a + " " + ctx_b.capitalize()`` on klosax's already joined context by upper-casing
+    the fragment after the last sentence end (the rest of ``ctx_b`` is not lower-cased: its extent is unknown)."""
     cut = max(query.rfind(". "), query.rfind(": "))
     if cut < 0:
         return query
@@ -142,11 +118,8 @@ def hellaswag(**kwargs: Any) -> datasets.DatasetDict:
 
 
 def winogrande(**kwargs: Any) -> datasets.DatasetDict:
-    """WinoGrande (xl) validation in llm-foundry's form: ``context_options``, ``continuation``, ``gold``.
-
-    lm-eval's ``winogrande`` builds exactly this decomposition from ``sentence``/``option1``/``option2``
-    (contexts = prefix before ``_`` + option, continuation = the stripped text after ``_``).
-    """
+    """WinoGrande (xl) validation in llm-foundry's form (``context_options``, ``continuation``, ``gold``): the same
+    decomposition lm-eval's ``winogrande`` builds."""
     rows = [
         {
             "context_options": list(r["context_options"]),
@@ -187,11 +160,8 @@ _OBQA_CHOICE = re.compile(r"\(([A-D])\) ")
 
 
 def parse_obqa_choices(field: str) -> tuple[list[str], list[str]]:
-    """Split ``"(A) x (B) y (C) z (D) w"`` into ``(["A".."D"], ["x".."w"])``.
-
-    Raises:
-        ValueError: the field does not hold the four markers in order.
-    """
+    """Split ``"(A) x (B) y (C) z (D) w"`` into ``(["A".."D"], ["x".."w"])`` (``ValueError`` when markers are
+    missing)."""
     parts = _OBQA_CHOICE.split(field)
     labels, texts = parts[1::2], [t.strip() for t in parts[2::2]]
     if labels != list("ABCD") or parts[0].strip():
@@ -228,11 +198,7 @@ def _mmlu_rows(path: Path, subject: str) -> list[dict[str, Any]]:
 
 
 def mmlu(subject: str = "", **kwargs: Any) -> datasets.DatasetDict:
-    """One MMLU subject in HF ``cais/mmlu`` shape (``question``, ``choices``, ``answer`` index); test + dev.
-
-    Args:
-        subject: The subject (file name minus ``_test.csv``), from the task's ``dataset_kwargs``.
-    """
+    """One MMLU ``subject`` (from ``dataset_kwargs``) in ``cais/mmlu`` shape; test + dev."""
     if not subject:
         raise ValueError("MMLU task needs dataset_kwargs.subject (e.g. 'anatomy')")
     return datasets.DatasetDict(

@@ -1,13 +1,8 @@
 """``python -m spp.pruning.cache list|clear [--cache-dir DIR] [--kind all|pruning|ppl] [--match TEXT]``.
 
-Shows or empties both on-disk caches under ``cache_dir``: the pruning cache (``pruning/<model>/<pruner>-<pattern>-
-<digest>/``: masks and the pruned weights' zero pattern, see ``store.py``) and the perplexity cache
-(``ppl/<key>.json``, written by ``spp/eval/ppl_cache.py``). ``list`` prints one line per entry with its size and
-one with what it was made from (model, pruner, pattern, calibration data; for a perplexity: the weights, window
-length and count, and the data file). ``--match`` keeps the entries whose path or description contains the text
-(``--match wanda``, ``--match nm2_4``, ``--match smollm2``); ``clear`` removes exactly the entries ``list`` shows
-with the same filters.
-"""
+Shows or empties the pruning cache (``pruning/<model>/<pruner>-<pattern>-<digest>/``) and the perplexity cache
+(``ppl/<key>.json``) under ``cache_dir``, one line per entry with its size and what it was made from. ``--match``
+keeps entries whose path or description contains the text; ``clear`` removes exactly what ``list`` shows."""
 
 from __future__ import annotations
 

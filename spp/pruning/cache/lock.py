@@ -1,15 +1,8 @@
 """The writer's lock of a pruning cache entry: exclusive, with a timeout, and refused where ``flock`` does not work.
 
-Only a job that is about to *write* an entry takes ``<entry>.lock`` (``fcntl.flock`` through ``filelock``); a
-finished entry is read without it. A second job that misses the same key waits for the lock (logging that it
-does) and then finds the entry written. Three failures end the job with one line:
-
-* a lock still held after ``cache_lock_timeout_s`` seconds;
-* a filesystem on which ``flock`` fails (Lustre mounted without ``flock``, some NFS setups): :func:`check_locks_work`;
-* a filesystem on which ``flock`` succeeds but only within one node (Lustre mounted with ``localflock``), where
-  two jobs on different nodes would both prune and write the same entry. One process cannot see that, so a job
-  spanning several nodes tests it across them: :func:`check_locks_span_nodes`.
-"""
+Only a writer takes ``<entry>.lock``; a finished entry is read without it. A filesystem whose ``flock`` works only
+within one node (Lustre ``localflock``) would let two nodes write the same entry, so multi-node jobs test it
+across nodes (:func:`check_locks_span_nodes`)."""
 
 from __future__ import annotations
 
@@ -38,12 +31,9 @@ _spanned: set[str] = set()
 
 
 def check_locks_work(path: Path) -> None:
-    """Try an ``flock`` on the lock file ``path`` (once per directory and process): taken and released, or held
-    by another job, both mean locks work.
+    """Try an ``flock`` on ``path`` (once per directory and process); ``UserError`` when the filesystem refuses it.
 
-    Raises:
-        UserError: the filesystem refuses ``flock`` (names the directory and the fix).
-    """
+    A lock held by another job also means locks work."""
     directory = path.parent
     if str(directory) in _probed:
         return
@@ -87,13 +77,8 @@ def _try_lock(path: Path) -> bool | None:
 def check_locks_span_nodes(ctx: DistContext, directory: Path) -> None:
     """In a job spanning several nodes: check that a lock taken on rank 0's node excludes the other nodes.
 
-    Rank 0 holds an exclusive ``flock`` on a probe file in ``directory``; the first rank of every other node
-    tries to take it without waiting. Granted means the locks are local to each node (Lustre ``localflock``).
-    Every rank takes part (once per directory and process); a job on one node returns at once.
-
-    Raises:
-        UserError: on every rank, when another node was granted the lock (names the nodes and the fix).
-    """
+    Rank 0 holds the lock while the first rank of every other node tries it; granted means node-local locks and
+    raises ``UserError`` on every rank. Every rank calls it; one node returns at once."""
     if not ctx.distributed or str(directory) in _spanned:
         return
     hosts = ctx.gather_objects(socket.gethostname(), long_wait=True)
@@ -123,11 +108,7 @@ def check_locks_span_nodes(ctx: DistContext, directory: Path) -> None:
 
 @contextmanager
 def entry_lock(entry: Path, timeout_s: float = 7200.0) -> Iterator[None]:
-    """Hold the exclusive writer's lock ``<entry>.lock``; log while waiting for it; give up after ``timeout_s``.
-
-    Raises:
-        UserError: the filesystem refuses locks, or another job held the lock for ``timeout_s`` seconds.
-    """
+    """Hold the exclusive writer's lock ``<entry>.lock``, logging while waiting; ``UserError`` after ``timeout_s``."""
     check_locks_work(Path(f"{entry}.lock"))
     lock = FileLock(f"{entry}.lock")
     try:

@@ -1,14 +1,8 @@
 """On-disk pruning cache entries: packed masks (+ SparseGPT weights) in safetensors and a manifest with checksums.
 
-An entry is a directory ``<cache_dir>/pruning/<model identity>/<pruner>-<pattern>-<key hash>/`` holding
-``state.safetensors`` (the bit-packed masks), for SparseGPT one ``weights-<k>.safetensors`` per decoder block, and
-``manifest.json``. Every file is written to a temporary file then renamed; the manifest is written last and records
-each file's sha256, computed once from the bytes written, so a partial or corrupted entry is detected by its reader
-(:class:`EntryReader`), which reads every file once: the checksum and the tensors come from the same bytes.
-
-:class:`EntryWriter` writes while pruning runs: each decoder block's weights file is written by a background thread
-as soon as the block is final, so at the end only the masks and the manifest remain.
-"""
+Entry ``<cache_dir>/pruning/<model identity>/<pruner>-<pattern>-<key hash>/``: ``state.safetensors``, one
+``weights-<k>.safetensors`` per block, and ``manifest.json`` written last with every file's sha256, so a partial
+or corrupted entry is detected; a reader hashes and decodes the same bytes (each file read once)."""
 
 from __future__ import annotations
 
@@ -17,7 +11,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -75,14 +69,8 @@ def _write_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[
 class EntryWriter:
     """Writes one entry while pruning runs (rank 0, under the entry's writer lock).
 
-    :meth:`add_weights` hands one group of final weights (a decoder block) to a background thread that serialises,
-    hashes and writes it while the next block is pruned (the tensors are read, not copied: a finished block's
-    weights do not change again). :meth:`finish` waits for it, writes the packed masks and then the manifest with
-    every file's sha256; until then the entry has no manifest and counts as absent. :meth:`abort` stops writing.
-
-    Args:
-        entry: The entry directory (created; an older manifest in it is removed first).
-    """
+    Each block's final weights are written by a background thread while the next block is pruned (read, not copied:
+    they no longer change). Until :meth:`finish` writes the manifest the entry counts as absent."""
 
     def __init__(self, entry: Path) -> None:
         entry.mkdir(parents=True, exist_ok=True)
@@ -104,11 +92,7 @@ class EntryWriter:
         self.files[name] = _write_tensors(tensors, self.entry / name, metadata)
 
     def finish(self, masks: Mapping[str, torch.Tensor], manifest: dict[str, Any]) -> None:
-        """Wait for the weights files, write the packed masks, then the manifest (the entry is then finished).
-
-        Raises:
-            OSError: a write failed (the disk is full, ...); the entry stays without a manifest.
-        """
+        """Wait for the weights files, write the packed masks, then the manifest; on a failed write no manifest."""
         try:
             for future in self._pending:
                 future.result()
@@ -125,30 +109,8 @@ class EntryWriter:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def write_entry(
-    entry: Path,
-    masks: Mapping[str, torch.Tensor],
-    weights: Iterable[dict[str, torch.Tensor]] | None,
-    manifest: dict[str, Any],
-) -> None:
-    """Write a whole entry at once through an :class:`EntryWriter`: the weights one file per group (one decoder
-    block: never the whole model serialised at once), the packed masks, then the manifest."""
-    writer = EntryWriter(entry)
-    try:
-        for group in weights or []:
-            writer.add_weights(group)
-        writer.finish(masks, manifest)
-    except BaseException:
-        writer.abort()
-        raise
-
-
 def read_manifest(entry: Path) -> dict[str, Any]:
-    """Parse an entry's manifest.
-
-    Raises:
-        CorruptEntryError: missing or unparsable manifest.
-    """
+    """Parse an entry's manifest (``CorruptEntryError`` when missing or unparsable)."""
     try:
         return json.loads((entry / MANIFEST_FILE).read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -158,15 +120,8 @@ def read_manifest(entry: Path) -> dict[str, Any]:
 class EntryReader:
     """A finished entry, opened for reading one matrix at a time (no lock: a finished entry never changes).
 
-    Opening checks that every file the manifest names exists and the masks file's sha256 (it is small: one bit per
-    weight), so the masks and the entry's shapes are sound before anything is applied. A weights file is read
-    once, when its first tensor is asked for: its bytes are hashed and decoded together (one block in memory at a
-    time), so the entry is read once from disk and a 70B entry is never held whole.
-
-    Raises:
-        CorruptEntryError: no manifest, a missing file, a checksum mismatch or an undecodable file (for a weights
-            file, from :meth:`weight`).
-    """
+    Opening checks every file exists and the masks' sha256; a weights file is hashed and decoded together when first
+    read, one block in memory at a time, so a 70B entry is never held whole."""
 
     def __init__(self, entry: Path) -> None:
         self.entry = entry
@@ -216,11 +171,8 @@ class EntryReader:
 
 
 def open_for_key(entry: Path, key: dict[str, Any]) -> EntryReader | None:
-    """The reader of ``entry`` when it is finished (``None`` when it has no manifest yet).
-
-    Raises:
-        CorruptEntryError: it was written for another key, or a file is missing or fails its checksum.
-    """
+    """The reader of ``entry`` when it is finished (``None`` without a manifest); ``CorruptEntryError`` on a key or
+    checksum mismatch."""
     if not (entry / MANIFEST_FILE).is_file():
         return None
     reader = EntryReader(entry)

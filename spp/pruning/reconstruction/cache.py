@@ -1,11 +1,7 @@
-"""The reconstruction cache: reconstruct once per (pruning key, reconstruction settings), re-use afterwards.
+"""The reconstruction cache: one entry per (pruning key, reconstruction settings), so a sweep reuses it.
 
-An entry sits beside the pruning entries, ``<cache_dir>/pruning/<model identity>/<pruner>-<pattern>-blockwise-
-<key hash>/``, in the pruning cache's format (:mod:`spp.pruning.cache.store`): the packed masks, one weights file
-per decoder block holding every parameter of the reconstructed block, and the manifest (key, per-block losses,
-timings), written last. Reads are lock-free, a writer holds the entry's lock, as for pruning. A sweep over the
-end-to-end stage (adapters, learning rates) thus reuses one reconstruction.
-"""
+Entries sit beside the pruning entries (``...-blockwise-<key hash>/``) in their format: masks, one weights file
+per block, the manifest written last; lock-free reads, a locked writer."""
 
 from __future__ import annotations
 
@@ -104,8 +100,7 @@ def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructRe
 
 
 class EntryWrite:
-    """Rank 0's writer of one entry while reconstruction runs: each finished block's parameters in the background,
-    then the masks and the manifest."""
+    """Rank 0's writer of one entry: each finished block's parameters in the background, then masks and manifest."""
 
     def __init__(self, off: OffloadedModel, entry: Path) -> None:
         self.off, self.entry = off, entry

@@ -11,12 +11,8 @@ EPS = 1e-12
 
 
 def window_losses(out: torch.Tensor, target: torch.Tensor, loss: ReconstructLoss | str) -> torch.Tensor:
-    """One loss per window, shape ``(batch,)``, computed in float32 or wider.
-
-    ``mse``: mean over tokens and features of ``(h − h_dense)²``. ``nmse``: per token ``‖h − h_dense‖² /
-    ‖h_dense‖²``, averaged over the window's tokens (scale-free, so a block with large activations does not
-    dominate the progress lines).
-    """
+    """One loss per window, shape ``(batch,)``, in float32 or wider: ``mse`` over tokens and features, or ``nmse``
+    ``‖h − h_dense‖² / ‖h_dense‖²`` per token (scale-free, so large activations do not dominate)."""
     out, target = _wide(out), _wide(target)
     sq = (out - target).pow(2)
     if ReconstructLoss(loss) is ReconstructLoss.mse:

@@ -1,10 +1,7 @@
-"""One decoder block seen as a model of its own, so an adapter method's ``inject``/``merge`` act on it alone.
+"""One decoder block seen as a model of its own (at ``layers.0``), so an adapter method acts on it alone.
 
-:class:`OneBlock` holds the block at ``layers.0`` (``spp.projections.decoder_layers`` finds it there), and the
-block's masks are renamed from ``model.layers.<i>.<path>`` to ``layers.0.<path>``. After the method's merge every
-module of the block that the method replaced is put back as the original object holding the merged tensors: the
-offloaded model writes a block home through the module objects it knows.
-"""
+After the merge, replaced modules are put back as the original objects holding the merged tensors: the offloaded
+model writes a block home through the module objects it knows."""
 
 from __future__ import annotations
 
@@ -40,13 +37,7 @@ def block_masks(masks: MaskSet, block_prefix: str) -> dict[str, torch.Tensor]:
 
 
 class FormedBlock:
-    """A block with a trainable form attached (:meth:`attach`) and later merged back (:meth:`merge`).
-
-    Args:
-        block: The onloaded decoder block (its parameters real, on the device).
-        cfg: The form's adapter config.
-        masks: Its masks, named as in :class:`OneBlock` (:func:`block_masks`).
-    """
+    """An onloaded block with a trainable form attached (:meth:`attach`) and later merged back (:meth:`merge`)."""
 
     def __init__(self, block: nn.Module, cfg: AdapterConfig, masks: dict[str, torch.Tensor]) -> None:
         self.cfg, self.masks = cfg, masks
@@ -66,8 +57,7 @@ class FormedBlock:
 
     @torch.no_grad()
     def merge(self) -> dict[str, Any]:
-        """Merge the form into the block's weights and restore the block's original module objects; returns what
-        the method's merge reports."""
+        """Merge the form into the block's weights, restore its original modules; returns the method's merge report."""
         merged, stats = merge_adapter(self.wrapper, self.cfg, self.masks)
         now = dict(merged.named_modules())
         for name in sorted(self.modules, key=lambda n: n.count(".")):

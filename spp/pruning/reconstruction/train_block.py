@@ -1,6 +1,5 @@
-"""Training one block's form on every rank: each rank holds its share of the windows, the gradients are summed
-across ranks at each step, so every rank takes the same optimiser step (the 1-process step, up to the order of
-float additions)."""
+"""Training one block's form on every rank: gradients summed across ranks at each step, so every rank takes the
+1-process optimiser step (up to the order of float additions)."""
 
 from __future__ import annotations
 
@@ -55,10 +54,8 @@ def train_form(params: list[nn.Parameter], forward: Forward, targets: list[torch
                ctx: DistContext, block: int, before_step: Callable[[], None] | None = None) -> int:
     """Train ``params`` so that ``forward`` matches ``targets`` (every rank together); returns the steps taken.
 
-    Every epoch visits the windows in an order drawn from ``reconstruct.seed`` and the block's index (the same on
-    every rank); a step's loss is the mean over its ``batch_size`` windows, each rank adding the windows it holds.
-    ``before_step`` runs after the gradients are summed, before each optimiser step.
-    """
+    The window order comes from ``reconstruct.seed`` and the block index (the same on every rank); ``before_step``
+    runs after the gradients are summed."""
     nsamples = cfg.nsamples
     steps = cfg.steps_per_block()
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -85,8 +82,7 @@ def train_form(params: list[nn.Parameter], forward: Forward, targets: list[torch
 
 
 def _sum_gradients(params: list[nn.Parameter], ctx: DistContext) -> None:
-    """Every parameter's gradient summed over the ranks (one flat buffer per dtype); a rank with no window in the
-    step adds zeros."""
+    """Every parameter's gradient summed over the ranks (one flat buffer per dtype); a rank without windows adds 0."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)

@@ -1,20 +1,12 @@
 """ScaleLoRA (PERP, Zimmer et al., arXiv 2312.15230, Sec. 3): a frozen pruned linear scaled element-wise by a
 rank-``r`` multiplier.
 
-With the frozen pruned weight ``W`` (m x n), ``B`` (m x r) and ``A`` (r x n), both initialised to ``1/√r``::
+With frozen ``W`` (m x n), ``B`` (m x r) and ``A`` (r x n) both initialised to ``1/√r`` (so ``B A = 1``)::
 
-    W_eff = W ⊙ (B A)              (B A = 1 at init: the layer starts as the pruned one)
-    y     = x W_effᵀ + bias
-    merge:  W <- W ⊙ (B A)          (in place; a zero of W stays zero)
+    W_eff = W ⊙ (B A),   y = x W_effᵀ + bias,   merge: W <- W ⊙ (B A)   (a zero of W stays zero)
 
-:class:`ScaleLoRAFunction` computes ``y`` and its gradients without keeping any m x n tensor between forward and
-backward (it saves ``x``, ``A``, ``B``; ``W`` is the frozen parameter). With ``g = dL/dy`` and ``P = (gᵀ x) ⊙ W``::
-
-    dx = g W_eff,   dB = P Aᵀ,   dA = Bᵀ P
-
-``W_eff`` and ``P`` are built transiently, a chunk of rows at a time for large layers
-(:func:`spp.adapters.chunks.row_chunks`).
-"""
+With ``g = dL/dy`` and ``P = (gᵀ x) ⊙ W``: ``dx = g W_eff``, ``dB = P Aᵀ``, ``dA = Bᵀ P``. :class:`ScaleLoRAFunction`
+saves only ``x``, ``A``, ``B`` and builds ``W_eff`` and ``P`` transiently, in row chunks for large layers."""
 
 from __future__ import annotations
 
@@ -52,8 +44,7 @@ def _compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 class ScaleLoRAFunction(torch.autograd.Function):
-    """``x (W ⊙ (B A))ᵀ + bias`` with the hand-written gradients of the module docstring (``W`` and ``bias`` are
-    frozen: no gradient for them)."""
+    """``x (W ⊙ (B A))ᵀ + bias`` with the module docstring's hand-written gradients (``W``, ``bias`` frozen)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
@@ -100,12 +91,7 @@ class ScaleLoRAFunction(torch.autograd.Function):
 class ScaleLoRALinear(LinearWrapper):
     """A frozen (pruned) ``nn.Linear`` whose weight is scaled element-wise by ``B A`` (module docstring).
 
-    Args:
-        base: The frozen linear layer (its parameters are set to ``requires_grad=False``).
-        r: Rank of ``B A``.
-        dtype: dtype of ``A`` / ``B`` (``None``: fp32, or the base weight's dtype when wider).
-        name: Module path, for messages.
-    """
+    ``A`` / ``B`` are fp32 (``dtype=None``), or the base weight's dtype when wider."""
 
     def __init__(self, base: nn.Linear, r: int = 8, dtype: torch.dtype | None = None, name: str | None = None) -> None:
         super().__init__()
@@ -151,11 +137,7 @@ def scale_lora_layers(model: nn.Module) -> dict[str, ScaleLoRALinear]:
 
 def inject_scale_lora(model: nn.Module, targets: Sequence[str], r: int = 8,
                       dtype: torch.dtype | None = None) -> nn.Module:
-    """Replace every target ``nn.Linear`` by a :class:`ScaleLoRALinear`; freeze everything else.
-
-    Raises:
-        ValueError: targets match no linear layer, or the model already holds ScaleLoRA layers.
-    """
+    """Replace every target ``nn.Linear`` by a :class:`ScaleLoRALinear` and freeze everything else."""
     if scale_lora_layers(model):
         raise ValueError("inject_scale_lora: the model already holds ScaleLoRA layers; merge them first")
     found = target_linears(model, tuple(targets))
@@ -203,11 +185,7 @@ def save_scale_lora(model: nn.Module, directory: str | os.PathLike, extra: dict[
 
 def load_scale_lora(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
     """Inject ScaleLoRA as :func:`save_scale_lora` recorded it into the pruned ``model`` and load ``A`` / ``B``
-    (bit-exact); returns the model and the recorded ``scale_lora.json``.
-
-    Raises:
-        FileNotFoundError: missing files. ValueError: another format, or layers / shapes that differ from the model.
-    """
+    bit-exactly; returns the model and the recorded ``scale_lora.json``."""
     meta, state = read_adapter_files(directory, META_NAME, WEIGHTS_NAME, FORMAT, "ScaleLoRA")
     inject_scale_lora(model, meta["targets"], r=int(meta["r"]), dtype=next(iter(state.values())).dtype)
     layers = scale_lora_layers(model)

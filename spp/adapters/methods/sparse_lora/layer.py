@@ -1,24 +1,15 @@
 """SparsePEFT (SQFT, Muñoz et al., EMNLP 2024 Findings, arXiv 2410.03750): LoRA whose update is masked.
 
-With the frozen pruned weight ``W~`` (m x n), its mask ``M`` (True = kept), LoRA factors ``A`` (r x n) and
-``B`` (m x r), scale ``s = lora_alpha / r`` and ``xd = dropout(x)``::
+With frozen pruned ``W~`` (m x n), mask ``M`` (True = kept), ``A`` (r x n), ``B`` (m x r), ``s = lora_alpha / r``
+and ``xd = dropout(x)``::
 
     training:  y = x W~ᵀ + s · xd · ((B A) ⊙ M)ᵀ
     merge:     W = W~ + s · (B A) ⊙ M            (pruned positions keep their bits: every zero stays)
 
-Built on peft: :class:`SparseLoraLinear` is peft's ``lora.Linear`` (same ``lora_A``/``lora_B``/dropout/scaling,
-init, state-dict keys, ``save_pretrained``, ``merge_and_unload``) whose only LoRA variant is
-:class:`SparseLoraVariant` (peft's ``LoraVariant`` hook: forward, merge, unmerge); it is put in place of every
-targeted ``nn.Linear`` through ``LoraConfig._register_custom_module``. The folder :func:`save_sparse_lora` writes
-says ``"peft_type": "SPARSE_LORA"``: ``spp.peft`` registers the same layer as that peft method
-(``spp.peft.SparseLoraConfig``), so ``PeftModel.from_pretrained`` loads it masked. The masked product is one autograd
-Function (:class:`MaskedLoRAFunction`) that saves ``xd``, ``A``, ``B`` and the bit-packed mask only: ``(B A) ⊙ M``
-and its gradient ``s (gᵀ xd) ⊙ M`` are rebuilt in row chunks and freed, so no m x n float tensor survives the
-forward.
-
-The mask used is ``M ∧ (W~ ≠ 0)`` (SQFT derives it from the sparse weight): a kept weight that is exactly zero
-stays zero, so the zero pattern of the adapted layer is that of ``W~`` during training and after the merge.
-"""
+:class:`SparseLoraLinear` is peft's ``lora.Linear`` with one LoRA variant (:class:`SparseLoraVariant`); saved
+folders say ``"peft_type": "SPARSE_LORA"`` so ``PeftModel.from_pretrained`` (with ``spp.peft``) loads them masked.
+:class:`MaskedLoRAFunction` saves ``xd``, ``A``, ``B`` and the packed mask only: no m x n float survives the forward.
+The mask is ``M ∧ (W~ ≠ 0)`` (SQFT's), so a kept exact zero also stays zero."""
 
 from __future__ import annotations
 
@@ -69,13 +60,8 @@ def _masked_delta(a: torch.Tensor, b_rows: torch.Tensor, packed_rows: torch.Tens
 class MaskedLoRAFunction(torch.autograd.Function):
     """``s · xd ((B A) ⊙ M)ᵀ`` with hand-written gradients (the SparsePEFT branch).
 
-    Gradients, with ``G = s (gᵀ xd) ⊙ M`` (m x n, transient)::
-
-        dB = G Aᵀ,   dA = Bᵀ G,   dxd = s g ((B A) ⊙ M)
-
-    Saved for backward: ``xd`` (as peft's LoRA saves it for ``lora_A``), ``A``, ``B``, the packed mask. Layers up
-    to ``MAX_DELTA_ELEMENTS`` weights take one product per quantity; larger ones a chunk of rows at a time.
-    """
+    With ``G = s (gᵀ xd) ⊙ M`` (transient): ``dB = G Aᵀ``, ``dA = Bᵀ G``, ``dxd = s g ((B A) ⊙ M)``; layers above
+    ``MAX_DELTA_ELEMENTS`` weights are done a chunk of rows at a time."""
 
     @staticmethod
     def forward(ctx: Any, xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, packed: torch.Tensor,
@@ -194,9 +180,8 @@ class SparseLoraVariant(LoraVariant):
 class SparseLoraLinear(LoraLinear):
     """peft ``lora.Linear`` with a bit-packed mask buffer; its one LoRA variant is :class:`SparseLoraVariant`.
 
-    The mask starts as ``W~ ≠ 0`` (SQFT's definition); :meth:`set_mask` narrows it to ``M ∧ (W~ ≠ 0)`` with the
-    pruning mask ``M`` after checking that every pruned weight is zero.
-    """
+    The mask starts as ``W~ ≠ 0``; :meth:`set_mask` narrows it to ``M ∧ (W~ ≠ 0)`` after checking every pruned weight
+    is zero."""
 
     def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, **kwargs: Any) -> None:
         if config.fan_in_fan_out or config.lora_bias:
@@ -228,8 +213,7 @@ class SparseLoraLinear(LoraLinear):
     def effective_weight(self) -> torch.Tensor:
         """The weight the layer applies (detached, fp32 or wider): ``W~ + s·(B A) ⊙ M`` over the active adapters.
 
-        FSDP2-sharded tensors (``DTensor``) are gathered whole first: a collective, so every rank must call it.
-        """
+        FSDP2 ``DTensor`` shards are gathered first: a collective, so every rank must call it."""
         weight = _whole(self.get_base_layer().weight)
         cdt = _compute_dtype(weight)
         if self.merged or self.disable_adapters:
@@ -254,9 +238,8 @@ def sparse_lora_layers(model: nn.Module) -> Iterator[tuple[str, SparseLoraLinear
 
 
 def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
-    """``(layer, lora_A[a].weight)`` and ``(layer, lora_B[a].weight)`` of every SparsePEFT layer and adapter: the
-    masked branch (:meth:`SparseLoraVariant.forward`) reads both weights without calling ``lora_A`` / ``lora_B``.
-    The base weight is read through ``base_layer(x)``, its owner's own forward."""
+    """``(layer, lora_A[a].weight)`` and ``(layer, lora_B[a].weight)`` of every SparsePEFT layer: the masked branch
+    reads them without calling ``lora_A`` / ``lora_B`` (the base weight goes through its own forward)."""
     pairs: list[tuple[nn.Module, nn.Parameter]] = []
     for _, layer in sparse_lora_layers(model):
         for adapter in layer.lora_A:
@@ -282,23 +265,11 @@ def inject_sparse_lora(
     dtype: torch.dtype = torch.float32,
     task_type: str | None = "CAUSAL_LM",
 ) -> PeftModel:
-    """Wrap ``model`` with SparsePEFT layers on ``targets`` (peft LoRA init: ``B = 0``, output unchanged).
+    """Wrap ``model`` with SparsePEFT layers on ``targets`` (peft LoRA init: ``B = 0``, output unchanged); the
+    ``PeftModel`` with only ``A``/``B`` trainable.
 
-    Args:
-        model: The pruned model (plain HF module).
-        masks: Pruning masks (True = kept) by original module name, one for every adapted layer (extra ones are
-            ignored); ``None`` or empty uses each weight's non-zeros (SQFT's mask; the same for a pruned model).
-        targets, r, alpha, dropout: As ``adapter=lora`` (scale ``alpha / r``).
-        dtype: dtype of ``A`` and ``B`` (``adapter.dtype``).
-        task_type: peft task type (``None`` for a module that is not a causal LM).
-
-    Returns:
-        The ``PeftModel``; only the LoRA ``A``/``B`` matrices require grad.
-
-    Raises:
-        ValueError: bad ``r``/``dropout``/``targets``, an adapted layer without a mask, or a mask that prunes a
-            non-zero weight.
-    """
+    ``masks`` (True = kept, by module name) must cover every adapted layer; ``None`` or empty uses each weight's
+    non-zeros. A mask that prunes a non-zero weight raises ``ValueError``."""
     targets = tuple([targets] if isinstance(targets, str) else targets)
     names = _check_targets(model, targets, r, dropout)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none",
@@ -323,10 +294,8 @@ def inject_sparse_lora(
 def merge_sparse_lora(model: PeftModel) -> tuple[nn.Module, dict[str, Any]]:
     """Merge ``W = W~ + s·(B A) ⊙ M`` into every layer and unwrap (peft's ``merge_and_unload``).
 
-    Returns:
-        The plain model and ``{"layers", "delta_sq_norm", "pruned_nonzero"}``: ‖s·(B A) ⊙ M‖²_F summed over
-        the layers, and the pruned positions non-zero after the merge (0 unless something is broken).
-    """
+    Returns the plain model and ``{"layers", "delta_sq_norm", "pruned_nonzero"}`` (‖s·(B A) ⊙ M‖²_F summed; pruned
+    positions non-zero after the merge, 0 unless something is broken)."""
     layers = dict(sparse_lora_layers(model))
     if not layers:
         raise ValueError("merge_sparse_lora: the model holds no SparsePEFT layer (nothing to merge)")
@@ -344,14 +313,9 @@ def merge_sparse_lora(model: PeftModel) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
-    """peft's adapter files (``adapter_config.json`` with ``"peft_type": "SPARSE_LORA"``,
-    ``adapter_model.safetensors``) plus ``sparse_lora.json``.
+    """peft's adapter files (``"peft_type": "SPARSE_LORA"``) plus ``sparse_lora.json`` (each layer's mask size).
 
-    ``peft_type`` ``SPARSE_LORA`` makes ``PeftModel.from_pretrained`` (after ``import spp.peft``) load the masked
-    layer; without ``spp.peft`` peft refuses the unknown type instead of applying the update unmasked.
-    ``sparse_lora.json`` marks the directory as SparsePEFT and records each layer's mask size (trained positions),
-    checked by :func:`load_sparse_lora`.
-    """
+    Without ``spp.peft`` imported peft refuses the unknown type instead of applying the update unmasked."""
     layers = dict(sparse_lora_layers(model))
     if not layers:
         raise ValueError("save_sparse_lora: the model holds no SparsePEFT layer; call inject_sparse_lora first")
@@ -369,13 +333,8 @@ def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict
 
 
 def read_lora_config(directory: str | os.PathLike) -> tuple[LoraConfig, bool]:
-    """The LoRA settings of a SparsePEFT folder's ``adapter_config.json`` and whether it says ``SPARSE_LORA``
-    (``LORA``: a folder written before spp recorded its own type). Read without peft's registry, so ``spp.peft``
-    need not be imported.
-
-    Raises:
-        FileNotFoundError: no ``adapter_config.json``. ValueError: another ``peft_type``.
-    """
+    """The LoRA settings of a SparsePEFT folder's ``adapter_config.json`` and whether it says ``SPARSE_LORA`` (older
+    folders say ``LORA``); read without peft's registry."""
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
         raise FileNotFoundError(f"No {CONFIG_NAME} in {directory}; expected a directory written by save_sparse_lora")
@@ -402,18 +361,11 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
 
 def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
                      masks: Mapping[str, torch.Tensor] | None = None) -> PeftModel:
-    """Re-create the SparsePEFT model written by :func:`save_sparse_lora` on the pruned base ``model``.
+    """Re-create the SparsePEFT model written by :func:`save_sparse_lora` (or peft's ``save_pretrained`` of a
+    ``spp.peft.SparseLoraConfig`` model) on the same pruned base ``model``.
 
-    Args:
-        model: The same pruned base model (plain HF module) the adapter was trained on.
-        directory: The adapter directory (``peft_type`` ``SPARSE_LORA``, or ``LORA`` as written before; or peft's
-            ``save_pretrained`` of a ``spp.peft.SparseLoraConfig`` model, without ``sparse_lora.json``).
-        masks: The pruning masks; ``None`` uses the base weights' non-zeros (the same mask for a pruned model).
-
-    Raises:
-        FileNotFoundError: not an adapter directory. ValueError: not SparsePEFT, or layers / mask sizes / tensor
-            names differ from the file (a different base model).
-    """
+    ``masks=None`` uses the base weights' non-zeros. Layers, mask sizes or tensor names that differ from the file (a
+    different base model) raise ``ValueError``."""
     path = Path(directory)
     meta = _read_meta(path)
     config, _ = read_lora_config(path)

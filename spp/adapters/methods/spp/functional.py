@@ -1,31 +1,20 @@
 """Exact SPP forward/backward formulations (paper Eq. 5-7) as plain functions and one autograd Function.
 
-Notation (paper Sec. 3.2): frozen pruned weight ``W`` (m x n), ``alpha`` (r x n), ``beta`` (m x 1), block size
-``k = m / r``, ``A = Repeat0(alpha, k)`` (row block ``j`` of ``A`` is ``alpha[j]``), scale ``s`` and
-``xd = Dropout(x)``. The training forward is Eq. 6::
+Notation (paper Sec. 3.2): frozen ``W`` (m x n), ``alpha`` (r x n), ``beta`` (m x 1), ``k = m / r``,
+``A = Repeat0(alpha, k)``, scale ``s``, ``xd = Dropout(x)``. Training forward, Eq. 6::
 
     y = x W^T + s * xd (W ⊙ A ⊙ beta)^T
 
-The ``fused`` path below derives every quantity from at most three full-size matrix products and keeps
-nothing of size m x n alive between forward and backward:
+The ``fused`` path uses at most three full-size products and keeps nothing m x n between forward and backward:
+without dropout ``y = x W_eff^T`` with ``W_eff = W ⊙ (1 + s A beta)``; with dropout ``y = x W^T + xd W'^T``,
+``W' = s W ⊙ A ⊙ beta``. With ``P = G ⊙ W`` (``G = g^T x`` or ``g^T xd``)::
 
-* dropout off (``xd is x``): ``y = x W_eff^T`` with ``W_eff = W ⊙ (1 + s A beta)`` (the merged weight,
-  built transiently); ``dx = g W_eff``; ``G = g^T x`` (m x n, transient).
-* dropout on: ``y = x W^T + xd W'^T`` with ``W' = s W ⊙ A ⊙ beta``; ``dx = g W``, ``dxd = g W'``, ``G = g^T xd``.
+    dbeta_i  = s * sum_c P[i, c] * alpha[j(i), c]
+    dalpha_j = s * sum_{i in block j} beta_i * P[i, c]
 
-With ``P = G ⊙ W`` both small gradients are row-block reductions of ``P``::
-
-    dbeta_i  = s * sum_c P[i, c] * alpha[j(i), c]      (batched mat-vec over the r blocks)
-    dalpha_j = s * sum_{i in block j} beta_i * P[i, c]  (batched vec-mat over the r blocks)
-
-The backward walks the rows in chunks of whole blocks (at most ``BACKWARD_CHUNK_ELEMENTS`` elements) so its
-transient buffers (a chunk of ``W_eff`` or ``W'`` and a chunk of ``G``) stay bounded whatever m x n is.
-
-``keep_weight=True`` (the ``fused_cached`` impl) keeps the forward's ``W_eff`` / ``W'`` for the backward
-instead of rebuilding it chunk by chunk: one m x n tensor per layer stays alive between forward and backward
-(for SmolLM2-135M, fp32: 14 MiB per decoder block, 425 MiB for the 30 blocks) to save two elementwise m x n
-passes per layer and step (measured gain in ``benchmarks/README.md``).
-"""
+The backward walks whole row blocks in chunks (``BACKWARD_CHUNK_ELEMENTS``). ``keep_weight=True``
+(``fused_cached``) keeps ``W_eff`` / ``W'`` for the backward: one m x n tensor per layer (425 MiB fp32 for
+SmolLM2-135M) for two fewer m x n passes per step (``benchmarks/README.md``)."""
 
 from __future__ import annotations
 
@@ -41,10 +30,8 @@ def repeat_alpha(alpha: torch.Tensor, out_features: int) -> torch.Tensor:
 
 
 def adapted_weight(weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None) -> torch.Tensor:
-    """Eq. 5: ``W' = W ⊙ Repeat0(alpha, m/r) ⊙ Repeat1(beta, n)`` (materialized, m x n).
-
-    ``beta=None`` means a fixed beta of one (the ``use_beta=False`` ablation).
-    """
+    """Eq. 5: ``W' = W ⊙ Repeat0(alpha, m/r) ⊙ Repeat1(beta, n)`` (materialized, m x n); ``beta=None`` is one
+    (the ``use_beta=False`` ablation)."""
     w = weight * repeat_alpha(alpha.to(weight.dtype), weight.shape[0])
     if beta is not None:
         w = w * beta.to(weight.dtype)
@@ -62,11 +49,8 @@ def merge_factor(alpha: torch.Tensor, beta: torch.Tensor | None, out_features: i
 
 def _blocked_scale(weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None, scale: float,
                    residual: bool) -> torch.Tensor:
-    """Transient weight for one fused product: ``W ⊙ (1 + s A beta)`` if residual else ``s W ⊙ A ⊙ beta``.
-
-    Two passes over m x n: the outer products ``s beta_i alpha_j`` per block (one write), then one fused
-    multiply(-add) with ``W`` in place.
-    """
+    """Transient weight for one fused product: ``W ⊙ (1 + s A beta)`` if residual else ``s W ⊙ A ⊙ beta``, in two
+    passes over m x n (outer products per block, then one in-place multiply(-add) with ``W``)."""
     m, n = weight.shape
     r = alpha.shape[0]
     k = m // r
@@ -85,11 +69,8 @@ def naive_adapter(x: torch.Tensor, weight: torch.Tensor, alpha: torch.Tensor, be
 
 def blocked_adapter(x: torch.Tensor, weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None,
                     scale: float) -> torch.Tensor:
-    """Adapter term of Eq. 6 in the paper's row-blocked form, Eq. 7.
-
-    ``y' = [ ... (x ⊙ alpha_j) W_j^T ... ] ⊙ beta^T``: one product per row block ``j`` of ``W``; the
-    repeated alpha (m x n) is never built.
-    """
+    """Adapter term of Eq. 6 in the row-blocked form of Eq. 7, ``y' = [ ... (x ⊙ alpha_j) W_j^T ... ] ⊙ beta^T``:
+    one product per row block, the repeated alpha never built."""
     r = alpha.shape[0]
     k = weight.shape[0] // r
     a = alpha.to(x.dtype)
@@ -109,11 +90,8 @@ def _row_chunks(m: int, n: int, k: int) -> list[tuple[int, int]]:
 class SPPFusedFunction(torch.autograd.Function):
     """Eq. 6 with hand-written gradients: three full-size products per step when dropout is off.
 
-    Inputs are 2-D: ``x`` (N x n), ``xd`` (the dropped-out ``x``, or ``None`` when dropout is inactive),
-    the frozen ``weight`` (m x n), ``alpha`` (r x n), ``beta`` (m x 1 or ``None``), ``bias`` (m or ``None``).
-    Saved for backward: the activation used by ``G`` (``x`` or ``xd``) and references to the parameters;
-    no m x n temporary survives the forward unless ``keep_weight`` (then ``W_eff`` / ``W'`` does).
-    """
+    ``x`` is (N x n), ``xd`` ``None`` when dropout is inactive. Saves ``x`` or ``xd`` and parameter references; no
+    m x n temporary survives the forward unless ``keep_weight``."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, xd: torch.Tensor | None, weight: torch.Tensor, alpha: torch.Tensor,

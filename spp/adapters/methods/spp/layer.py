@@ -79,31 +79,12 @@ class SPPLinear(LinearWrapper):
     """Sparsity-preserved adapter around a frozen (pruned) linear layer (paper Sec. 3.2).
 
     Training forward (Eq. 6): ``y = base(x) + scale * dropout(x) @ W'^T`` with
-    ``W' = W ⊙ Repeat0(spp_alpha, m/r) ⊙ spp_beta`` (Eq. 5). Merging writes ``W ⊙ (1 + scale A beta)`` into the
-    base weight, so every zero of ``W`` stays zero.
+    ``W' = W ⊙ Repeat0(spp_alpha, m/r) ⊙ spp_beta`` (Eq. 5); the merge writes ``W ⊙ (1 + scale A beta)``, so every
+    zero of ``W`` stays zero. ``residual=False`` (Sec. 3.2 remark 1, an ablation): alpha and beta start at one, no
+    scale or dropout, ``y = x (W ⊙ Repeat0(alpha) ⊙ beta)^T + bias``.
 
-    With ``residual=False`` (the paper's Sec. 3.2 remark 1, an ablation) alpha and beta start at one, there is no
-    scale or dropout and ``y = x (W ⊙ Repeat0(alpha) ⊙ beta)^T + bias``; merging writes ``W ⊙ A ⊙ beta``.
-
-    Args:
-        base: The frozen linear layer; its weight and bias are set to ``requires_grad=False``.
-        r: Number of alpha rows; must divide ``base.out_features``.
-        scale: ``s`` of Eq. 6.
-        dropout: Dropout probability on the adapter input.
-        alpha_init: ``kaiming`` (nn.Linear default), ``zeros`` or ``ones``.
-        beta_init: ``zeros``, ``kaiming`` or ``ones``.
-        use_beta: Without beta the update is ``W ⊙ Repeat0(alpha)``; alpha must then start at zero.
-        impl: One of ``IMPLS``; all are exact, ``fused`` is the fastest measured here.
-        name: Module path, used in error messages.
-        residual: ``False`` selects the multiplicative no-residual ablation described above.
-        dtype: dtype of ``spp_alpha``/``spp_beta``; ``None`` = fp32, or the base weight's dtype when that is
-            wider (float64 tests). Kept in fp32 for bf16/fp16 base weights (as peft keeps LoRA factors), so the
-            small updates are not rounded to bf16; the forward casts them to the compute dtype.
-
-    Raises:
-        ValueError: ``r`` does not divide ``out_features``; both inits zero; ``use_beta=False`` with a non-zero
-            alpha init; an unknown init or impl; dropout outside [0, 1).
-    """
+    ``r`` must divide ``out_features``; without beta alpha must start at zero. ``spp_alpha``/``spp_beta`` stay fp32
+    for bf16/fp16 base weights (as peft keeps LoRA factors) so small updates are not rounded; the forward casts."""
 
     def __init__(
         self,
@@ -188,15 +169,9 @@ class SPPLinear(LinearWrapper):
     def merge(self, keep_original: bool = True) -> None:
         """Write the adapted weight into ``base.weight`` in place, in the weight's own dtype.
 
-        Residual: ``W ⊙ (1 + s Repeat0(alpha) ⊙ beta)``; no residual: ``W ⊙ Repeat0(alpha) ⊙ beta``. The product
-        is taken in fp32 and rounded once; entries that are zero in ``W`` are copied unchanged (same bits), so
-        the sparsity pattern is bit-identical.
-
-        Args:
-            keep_original: Keep a copy of the unmerged weight (m x n, same dtype) so ``unmerge()`` restores it
-                bit-exactly. ``False`` saves that memory; ``unmerge()`` then divides by the factor (exact to
-                one rounding of the weight dtype).
-        """
+        The product is taken in fp32 and rounded once; zeros of ``W`` are copied unchanged (same bits). With
+        ``keep_original`` ``unmerge()`` restores a kept copy bit-exactly; otherwise it divides by the factor (one
+        rounding)."""
         if self.merged:
             raise RuntimeError(f"{self.name or 'SPPLinear'}: merge() called on an already merged layer.")
         w = self.base.weight

@@ -1,17 +1,10 @@
 """DS⊘T (Dynamic Sparse No Training, Zhang et al., ICLR 2024): training-free refinement of a sparse mask.
 
-For row i the *expected reconstruction error* is e_i = Σ_{j pruned} c_ij with the signed contribution
-c_ij = W_ij · s_j, where s_j is the per-sequence sum of input feature j averaged over calibration sequences.
-Each cycle, every active row regrows one pruned weight (the largest c/σ² if e_i > 0, the most negative if
-e_i < 0) and prunes one kept weight (unstructured: the least Wanda-important kept weight whose contribution has
-the helpful sign; N:M: the lowest-initial-metric kept weight in the regrown weight's group), so the number of
-zeros never changes. A row stops once |e_i| <= ``update_threshold`` (or, with the sign check, when a swap would
-flip the sign of e_i), after at most ``max_cycles`` cycles. Weights are never updated.
-
-Without the sign check (the reference default for unstructured) a row can overshoot; this implementation
-returns, for every row, the mask state with the smallest |e_i| seen along its trajectory (the initial state
-included), so the objective Σ_i |e_i| never rises.
-"""
+Row i's expected reconstruction error is e_i = Σ_{j pruned} W_ij · s_j (s_j: per-sequence input sum). Each cycle
+every active row regrows one pruned weight (largest c/σ² if e_i > 0, most negative if e_i < 0) and prunes one kept
+one, so the zero count never changes; a row stops at |e_i| <= ``update_threshold`` or after ``max_cycles``.
+Weights are never updated. Without the sign check a row can overshoot, so each row returns its smallest-|e_i|
+state seen (the initial one included): Σ_i |e_i| never rises."""
 
 from __future__ import annotations
 
@@ -70,18 +63,8 @@ def dsnot_refine(
 ) -> DSnoTOutcome:
     """Build the initial mask from ``initial_metric`` (per row, or per N:M group) and refine it with DS⊘T.
 
-    Args:
-        weight: (out, in) dense weight.
-        initial_metric: Importance of the initial pruner (Wanda |W|·‖X‖, magnitude |W|, SparseGPT w²/U_jj²).
-        wanda_metric: Wanda scores, used to order the pruning candidates (unstructured).
-        sequence_sum: (in,) s_j, the per-sequence input sums (``InputStatistics.sequence_sum``).
-        var: (in,) per-feature input variance σ²_j.
-        sparsity: Unstructured or N:M pattern.
-        max_cycles: Maximum number of swap cycles (reference 50).
-        update_threshold: Rows stop once |e_i| <= this (reference 0.1).
-        pow_of_var_regrowing: Regrowth ranks c_ij / σ²_j^pow (reference 1).
-        same_sign_check: Unstructured: stop a row when a swap would flip its error's sign (N:M always does).
-    """
+    ``wanda_metric`` orders the pruning candidates (unstructured); ``sequence_sum`` and ``var`` are (in,) s_j and σ²_j;
+    regrowth ranks c_ij / σ²_j^``pow_of_var_regrowing``. Reference defaults: 50 cycles, threshold 0.1, pow 1."""
     with torch.no_grad(), one_cpu_thread(weight.device):
         return _refine(weight, initial_metric, wanda_metric, sequence_sum, var, sparsity, max_cycles,
                        update_threshold, pow_of_var_regrowing, same_sign_check)

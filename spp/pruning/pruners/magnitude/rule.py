@@ -9,9 +9,6 @@ from spp.pruning.patterns import mask_from_scores
 
 
 def magnitude_mask(weight: torch.Tensor, sparsity: SparsityConfig) -> torch.Tensor:
-    """Keep-mask of magnitude pruning.
-
-    Unstructured sparsity prunes exactly ``int(numel * ratio)`` smallest |W| of the whole matrix (one
-    threshold per matrix, as in the Wanda and SparseGPT repositories); N:M keeps the N largest |W| per group.
-    """
+    """Keep-mask of magnitude pruning: unstructured prunes the ``int(numel * ratio)`` smallest |W| of the matrix (as
+    the Wanda and SparseGPT repositories); N:M keeps the N largest |W| per group."""
     return mask_from_scores(weight.detach().abs().float(), sparsity, scope="matrix")

@@ -1,11 +1,9 @@
 """SparseGPT: OBS-based pruning with lazy block updates (Frantar & Alistarh, 2023).
 
-H = (2/N) Σ X Xᵀ (fp32); dead inputs (H_jj = 0) get H_jj = 1 and W[:, j] = 0; damping λ = percdamp·mean(diag H);
-U = upper Cholesky factor of H⁻¹, whose diagonal is the OBS denominator. Columns are processed in blocks of
-``blocksize``; each pruned weight's error err = w/U_jj is propagated to the later columns of the block through
-row U[j, j:], and the block's errors to all later columns at once (lazy update). The arithmetic is fp32, or float64
-for a float64 weight (``tests/test_sparsegpt_reference.py`` compares it with a float64 port of the paper's algorithm).
-"""
+H = (2/N) Σ X Xᵀ; dead inputs (H_jj = 0) get H_jj = 1 and W[:, j] = 0; λ = percdamp·mean(diag H); U = upper
+Cholesky factor of H⁻¹. A pruned weight's error w/U_jj propagates through row U[j, j:] within the block, the
+block's errors to later columns at once. fp32, or float64 for a float64 weight
+(``tests/test_sparsegpt_reference.py`` compares a float64 port of the paper's algorithm)."""
 
 from __future__ import annotations
 
@@ -31,13 +29,9 @@ def _no_tf32() -> Iterator[None]:
 
 
 def inverse_hessian_factor(hessian: torch.Tensor, percdamp: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (U, dead): U = upper Cholesky factor of (H + λI)⁻¹ with dead inputs set to H_jj = 1.
+    """``(U, dead)``: U the upper Cholesky factor of (H + λI)⁻¹, dead inputs set to H_jj = 1.
 
-    Computed in fp32, or in float64 when ``hessian`` is float64.
-
-    Raises:
-        ValueError: H is not positive definite even after damping (increase ``pruner.percdamp``).
-    """
+    Not positive definite after damping raises ``ValueError`` (increase ``pruner.percdamp``)."""
     H = hessian.detach().clone().to(_compute_dtype(hessian.dtype))
     dead = torch.diag(H) == 0
     H[dead, dead] = 1.0
@@ -76,14 +70,10 @@ def sparsegpt_prune(
     blocksize: int = 128,
     percdamp: float = 0.01,
 ) -> SparseGPTOutcome:
-    """Prune one (out, in) matrix with SparseGPT; returns the updated weight in the input dtype.
+    """Prune one (out, in) matrix with SparseGPT; the updated weight in the input dtype (fp32 arithmetic, TF32 off).
 
-    The arithmetic is fp32 (TF32 off), or float64 when ``weight`` is float64 (``hessian`` is then used in float64).
-
-    Unstructured: in each column block, the ``int(numel_block * ratio)`` weights with the smallest w²/U_jj²
-    (scores from the already-updated weights) are pruned across all rows. N:M: at every M-th column, per
-    row, the M - N smallest w²/U_jj² of the next M columns are pruned.
-    """
+    Unstructured: per column block, the ``int(numel_block * ratio)`` smallest w²/U_jj² across rows. N:M: at every
+    M-th column, per row, the M - N smallest w²/U_jj² of the next M columns."""
     if sparsity.kind == "nm" and blocksize % int(sparsity.m):
         raise ValueError(f"pruner.blocksize={blocksize} must be a multiple of sparsity.m={sparsity.m} for N:M")
     with _no_tf32(), one_cpu_thread(weight.device):

@@ -9,12 +9,7 @@ from spp.pruning.patterns import mask_from_scores
 
 
 def wanda_scores(weight: torch.Tensor, input_norm_sq: torch.Tensor) -> torch.Tensor:
-    """S = |W| · sqrt(scaler_row): proportional to |W_ij| · ‖X_j‖₂ (the 1/N factor does not change rankings).
-
-    Args:
-        weight: (out, in) weight.
-        input_norm_sq: (in,) squared input-feature norms (``InputStatistics.input_norm_sq``).
-    """
+    """S = |W| · sqrt(scaler_row) ∝ |W_ij| · ‖X_j‖₂ (the 1/N factor does not change rankings)."""
     if input_norm_sq.shape != (weight.shape[1],):
         raise ValueError(f"input norms of shape {tuple(input_norm_sq.shape)} do not fit weight {tuple(weight.shape)}")
     return weight.detach().abs().float() * input_norm_sq.float().sqrt().reshape(1, -1)
