@@ -55,7 +55,7 @@ def spy_on_first_step(inits: list[list[torch.Tensor]]) -> None:
     """Record the form's trainable tensors as each block's first optimiser step finds them (every rank sums the
     gradients before each step: the first sum of a new parameter list is a new block's start)."""
     real = train_block._sum_gradients
-    seen: list[list[torch.nn.Parameter]] = []  # the lists themselves: an id() can be reused once a block's list is freed
+    seen: list[list[torch.nn.Parameter]] = []  # the lists: an id() is reused once a list is freed
 
     def sum_gradients(params: list[torch.nn.Parameter], ctx: DistContext) -> None:
         if not any(params is known for known in seen):
