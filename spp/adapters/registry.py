@@ -90,6 +90,11 @@ def method_names() -> tuple[str, ...]:
     return tuple(METHODS.names())
 
 
+def registered_methods() -> list[AdapterMethod]:
+    """Every registered adapter method, sorted by name."""
+    return [METHODS.get(name) for name in method_names()]
+
+
 def get_method(name: str) -> AdapterMethod:
     """The registered method called ``name``.
 

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from spp.adapters.base import AdapterMethod
-from spp.adapters.registry import methods_in_table_order
+from spp.adapters.registry import registered_methods
 from spp.distributed import DistContext
 from spp.export.merged import plain_name
 from spp.gathering import Gatherer, gatherer_for
@@ -46,7 +46,7 @@ def effective_weights(model: nn.Module, names: set[str], gatherer: Gatherer | No
     layers. A yielded tensor is valid until the next one is asked for.
     """
     gatherer = gatherer or gatherer_for(model)
-    methods = methods if methods is not None else sorted(methods_in_table_order(), key=lambda m: m.name)
+    methods = methods if methods is not None else registered_methods()
     done: set[str] = set()
     for name, module in model.named_modules():
         key = original_name(name)
