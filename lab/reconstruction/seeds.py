@@ -14,11 +14,8 @@ from lab.collect_summaries import markdown_table
 from lab.reconstruction.grids import Choice
 from lab.reconstruction.records import Run
 from lab.reconstruction.recovery import gap
-from lab.recovery.labels import method_label, rate, setting_label
-from lab.recovery.stats import gap_closed_per_seed, paired_ratio
-
-T_975 = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139)
-"""Student's t 0.975 quantile for 1..10 degrees of freedom."""
+from lab.recovery.labels import interval_text, method_label, rate, setting_label
+from lab.recovery.stats import T_975, gap_closed_per_seed, paired_ratio
 
 
 def t_interval(values: Sequence[float]) -> tuple[float, float, float]:
@@ -42,7 +39,8 @@ def _t(values: Sequence[float], scale: float, digits: int) -> str:
 
 def seed_row(ch: Choice) -> list[str] | None:
     """One chosen reconstruction over its seeds: test PPL and gap closed per seed, their t intervals over seeds,
-    seed 0's window interval, and the ratio to the pruned model with the two-level (seeds × windows) bootstrap."""
+    seed 0's window interval, and the ratio to the pruned model with the small-sample interval over seeds
+    (:func:`lab.recovery.stats.seed_t_interval`) and the two-level (seeds × windows) bootstrap."""
     runs = ch.seeds
     tests = [r.test for r in runs]
     dense, pruned = runs[0].dense_test, runs[0].pruned_test
@@ -55,7 +53,7 @@ def seed_row(ch: Choice) -> list[str] | None:
             ",".join(str(r.seed) for r in runs), ", ".join(f"{t['ppl']:.2f}" for t in tests),
             _t([t["ppl"] for t in tests], 1.0, 2), f"{tests[0]['ci_low']:.2f}–{tests[0]['ci_high']:.2f}",
             _t(gaps, 100.0, 1), f"{100 * g0['gap_closed_low']:.1f}–{100 * g0['gap_closed_high']:.1f}",
-            f"{ratio.ratio:.3f} [{ratio.low:.3f}, {ratio.high:.3f}]"]
+            f"{ratio.ratio:.3f} {interval_text(ratio.t_low, ratio.t_high)}", interval_text(ratio.low, ratio.high)]
 
 
 def seeds_table(points: list[tuple[Choice, Run | None]]) -> list[str]:
@@ -73,12 +71,14 @@ def seeds_table(points: list[tuple[Choice, Run | None]]) -> list[str]:
         return ["Not run yet: no chosen reconstruction has a second seed (`seeds/`).", ""]
     head = ["Setting", "Form", "lr", "epochs", "seeds", "test PPL per seed", "mean [95 % t, seeds]",
             "seed 0 [95 % windows]", "gap closed, test (%) mean [95 % t, seeds]", "seed 0 [95 % windows]",
-            "PPL / pruned [95 % seeds × windows]", "the chosen setting"]
+            "PPL / pruned [95 % small-sample t]", "[95 % seeds × windows bootstrap]", "the chosen setting"]
     ts = ", ".join(f"t(0.975, {n - 1}) = {T_975[n - 2]:.3f}" for n in sorted({len(ch.seeds) for ch, _ in points
                                                                                  if len(ch.seeds) > 1}))
     return [*markdown_table(head, rows, 2), "",
             f"Seeds: 0 is the grid point, the others `seeds/`. The t interval is mean ± t · sd / √n ({ts}): "
             "with n = 3 seeds it is wide and assumes roughly normal seed-to-seed variation; the window intervals "
-            "cover one seed's windows only; the second-to-last column resamples seeds and windows together "
-            "(`lab/recovery/stats.py`). A point whose form's choice moved after its seeds ran (a "
-            "grid that grew) says so in the last column.", ""]
+            "cover one seed's windows only. PPL / pruned: the small-sample interval of the recovery study (Student's t "
+            "with n − 1 degrees of freedom on the per-seed log ratios, the windows' sampling variance added; "
+            "`lab/recovery/stats.py`, its coverage checked in `experiments/results/recovery_interval_coverage.json`), "
+            "beside the two-level bootstrap over seeds and windows (too narrow with 3 seeds in that check). A point "
+            "whose form's choice moved after its seeds ran (a grid that grew) says so in the last column.", ""]

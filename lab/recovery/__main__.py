@@ -1,7 +1,7 @@
 """``python -m lab.recovery COMMAND ...``: ``extend GRID_DIR`` (the runner's next grid point),
 ``grid-rates METHOD [--setting S --root ROOT]`` (its base grid there),
 ``competitor | val-ppl | chosen-dir`` (the runner's queries), ``relativize ROOT``, ``machine RUN_DIR``,
-``report ROOT [--out MD]``, ``figure ROOT --out PNG``."""
+``report ROOT [--out MD]``, ``figure ROOT --out PNG``, ``coverage ROOT --out JSON``."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "machine": ("write a finished job's machine.json (CPU, capability, threads, load)", ("run_dir",)),
     "report": ("the Markdown report of the campaign", ("root",)),
     "figure": ("the figure (PNG) and the JSON of what it plots (same name, .json)", ("root",)),
+    "coverage": ("simulate the paired intervals' coverage with few seeds on the campaign's per-window data",
+                 ("root",)),
 }
 """Command -> (help, positional arguments). ``root`` is the campaign directory
 (``experiments/results/runs/recovery``); ``grid`` one (setting, method) grid directory under its ``grid/``."""
@@ -42,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
                                     "grid of another setting")
     subs["report"].add_argument("--out", help="Markdown file to write (atomically)")
     subs["figure"].add_argument("--out", required=True, help="PNG to write")
+    subs["coverage"].add_argument("--out", required=True, help="JSON to write (atomically)")
+    subs["coverage"].add_argument("--replicates", type=int, default=None, help="synthetic experiments per "
+                                  "comparison and seed count (default: the committed check's)")
     return p
 
 
@@ -75,7 +80,25 @@ def run(args: argparse.Namespace) -> str:
         from lab.recovery.figure import draw
 
         return str(draw(Path(args.root), Path(args.out)))
+    if args.command == "coverage":
+        return _coverage(args)
     return _choice_query(args)
+
+
+def _coverage(args: argparse.Namespace) -> str:
+    import json
+
+    from lab.recovery.coverage import REPLICATES
+    from lab.recovery.coverage import run as simulate
+
+    if args.replicates is not None and args.replicates < 1:
+        raise ValueError(f"--replicates {args.replicates}: give at least 1 synthetic experiment")
+    if not Path(args.root).is_dir():
+        raise FileNotFoundError(f"{args.root} is not a directory: give the campaign directory "
+                                "(experiments/results/runs/recovery)")
+    data = simulate(args.root, args.replicates or REPLICATES)
+    write_text_atomic(Path(args.out), json.dumps(data, indent=1) + "\n")
+    return json.dumps(data["mean_coverage"])
 
 
 def _choice_query(args: argparse.Namespace) -> str:

@@ -9,7 +9,7 @@ import statistics
 
 from lab.collect_summaries import markdown_table
 from lab.recovery.choices import REFERENCE, Choice, closest_competitor, method_order, paired_runs
-from lab.recovery.labels import method_label, rate, setting_label, verdict
+from lab.recovery.labels import cpu_capabilities, interval_text, method_label, rate, setting_label, verdict
 from lab.recovery.records import SETTINGS, Campaign, TrainRun
 from lab.recovery.stats import PairedRatio
 
@@ -30,7 +30,8 @@ def _mean(runs: list[TrainRun], seeds: list[int]) -> float:
 
 
 def _ratio(p: PairedRatio) -> str:
-    return f"{p.ratio:.3f} [{p.low:.3f}, {p.high:.3f}]"
+    """The ratio with the interval its verdict uses (:attr:`PairedRatio.interval`)."""
+    return f"{p.ratio:.3f} {interval_text(*p.interval)}"
 
 
 def _rows(distill: dict[tuple[str, str], list[TrainRun]], chosen: dict[tuple[str, str], Choice]) -> list[list[str]]:
@@ -44,7 +45,9 @@ def _rows(distill: dict[tuple[str, str], list[TrainRun]], chosen: dict[tuple[str
         seeds, p = pair
         rows.append([setting_label(key[0]), method_label(key[1]), rate(ce.chosen.lr), ",".join(map(str, seeds)),
                      f"{_mean(list(ce.runs), seeds):.2f}", f"{_mean(runs, seeds):.2f}", _ratio(p),
-                     verdict(p.high, p.low, len(seeds), "distill", "cross-entropy")])
+                     interval_text(p.low, p.high), verdict(p.interval[1], p.interval[0], len(seeds), "distill",
+                                                           "cross-entropy"),
+                     f"{cpu_capabilities(ce.runs)} → {cpu_capabilities(runs)}"])
     return rows
 
 
@@ -62,7 +65,7 @@ def ranking_lines(distill: dict[tuple[str, str], list[TrainRun]], chosen: dict[t
         said = []
         for name, (seeds, p) in (("cross-entropy", ce), ("distillation", kd)):
             lower = method_label(rival) if p.ratio < 1.0 else "SPP"
-            said.append((lower, verdict(p.high, p.low, len(seeds), method_label(rival), "SPP"),
+            said.append((lower, verdict(p.interval[1], p.interval[0], len(seeds), method_label(rival), "SPP"),
                          f"{name} (seeds {','.join(map(str, seeds))}): {method_label(rival)} / SPP {_ratio(p)}, "
                          f"lower mean {lower}"))
         change = "no" if said[0][:2] == said[1][:2] else (
@@ -79,8 +82,15 @@ def distillation_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> li
     if not rows:
         return []
     head = ["Setting", "Method", "lr (CE's)", "Seeds", "CE test PPL (mean)", "distill test PPL (mean)",
-            "distill / CE [95 %]", "Verdict"]
+            "distill / CE [95 % small-sample t] (verdict)", "[95 % bootstrap]", "Verdict", "CPU (CE → distill)"]
+    mixed = [r for r in rows if len(set(r[-1].split(" → "))) > 1]
+    machines = (f"The pairs of {len(mixed)} of {len(rows)} rows ran on different machines (CPU column, from the runs' "
+                "`machine.json`): the cross-entropy runs on one CPU kind, the distilled runs on the other. The same "
+                "model's forward pass differs by about 1e-5 relative between AVX2 and AVX-512 kernels, but a training "
+                "run on other kernels follows another float32 trajectory, so the machine changes together with the "
+                "objective in these pairs and is not separated from it. " if mixed else "")
     return ["## Distillation (the dense model as teacher) against cross-entropy", "", *markdown_table(head, rows, 2),
             "", *ranking_lines(distill, chosen), "",
             "Each distilled run trains at its method's cross-entropy rate (chosen on validation) with the same seed, "
-            "data order and windows, so the ratios are paired seed by seed (two-level bootstrap as above).", ""]
+            "data order and windows, so the ratios are paired seed by seed (intervals as in the paired table: the "
+            f"small-sample t decides the verdict, the two-level bootstrap beside it). {machines}".rstrip(), ""]

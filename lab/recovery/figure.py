@@ -1,9 +1,10 @@
 """The recovery study's figure, drawn from the committed raw runs alone (``python -m lab.recovery figure
 experiments/results/runs/recovery --out experiments/results/figures/recovery.png``).
 
-Left: every method's test-perplexity ratio to SPP in each setting with its two-level paired 95 % interval (seeds ×
-windows; below 1 = better than SPP), the evidence the text relies on. Right: recovery per CPU-minute at Wanda 2:4,
-the share of the log-perplexity gap closed on the validation windows against training CPU minutes, with its
+Left: every method's test-perplexity ratio to SPP in each setting with the paired 95 % interval its verdict uses
+(:attr:`~lab.recovery.stats.PairedRatio.interval`: the small-sample t interval with 2 to 9 seeds, the windows-only
+bootstrap with one; below 1 = better than SPP), the evidence the text relies on. Right: recovery per CPU-minute at
+Wanda 2:4, the share of the log-perplexity gap closed on the validation windows against training CPU minutes, with its
 bootstrap band. The numbers plotted are written beside the PNG as JSON (``<out>.json``), which regenerates byte for
 byte from the raw files (the PNG's bytes depend on the matplotlib build).
 """
@@ -26,7 +27,8 @@ def figure_data(root: str | Path) -> dict[str, Any]:
     c = load(root)
     chosen = choices(c)
     ratios = [{"setting": setting_label(ch.setting), "method": method_label(ch.method), "seeds": seeds,
-               "ratio": round(p.ratio, 6), "low": round(p.low, 6), "high": round(p.high, 6)}
+               "ratio": round(p.ratio, 6), "low": round(p.interval[0], 6),
+               "high": round(p.interval[1], 6)}
               for ch, seeds, p in against_reference(chosen)]
     letters = machine_letters(c)
     recovery = [{"setting": setting_label(r.setting), "method": run_label(r), "cpu": letters[machine_key(r)],
@@ -50,7 +52,7 @@ def _draw_ratios(ax: Any, ratios: list[dict[str, Any]]) -> None:
     ax.axvline(1.0, color="k", lw=1, ls="--")
     ax.set_yticks(range(len(labels)), labels)
     ax.set_ylim(len(labels) - 0.5, -0.5)
-    ax.set_xlabel("test PPL ratio method / SPP (95 % paired, seeds × windows); < 1: better than SPP;\n"
+    ax.set_xlabel("test PPL ratio method / SPP (95 % paired: small-sample t over seeds); < 1: better than SPP;\n"
                   "red / blue: SPP / method better over ≥ 2 seeds; open: 1 seed (windows only)")
     ax.grid(axis="x", alpha=0.3)
 

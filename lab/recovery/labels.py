@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from lab.labels import method_labels
 from lab.recovery.records import SETTINGS
 
@@ -36,3 +39,14 @@ def verdict(high: float, low: float, seeds: int, a: str = "method", b: str = "SP
     if seeds < 2:
         return f"{side} on 1 seed (windows only)" if side else "not distinguishable"
     return side.replace("lower", "better") if side else "not distinguishable"
+
+
+def cpu_capabilities(runs: Iterable[Any]) -> str:
+    """The CPU capabilities runs recorded in ``machine.json`` (``AVX2``; two kinds joined by ``+``: the runs mix
+    machines)."""
+    return " + ".join(sorted({r.machine.get("cpu_capability", "?") for r in runs})) or "?"
+
+
+def interval_text(low: float | None, high: float | None) -> str:
+    """``[0.991, 1.055]``, or ``–`` when there is no interval."""
+    return "–" if low is None or high is None else f"[{low:.3f}, {high:.3f}]"

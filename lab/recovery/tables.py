@@ -17,11 +17,13 @@ from lab.recovery.choices import (
     closest_competitor,
     val_ppl,
 )
+from lab.recovery.coverage import coverage_lines
 from lab.recovery.distillation import distillation_table
-from lab.recovery.labels import method_label, rate, setting_label, verdict
+from lab.recovery.labels import cpu_capabilities, interval_text, method_label, rate, setting_label, verdict
 from lab.recovery.records import TEST_SOURCE, VAL_SOURCE, Campaign, cpu_name, load
 from lab.recovery.recovery import curves, recovery_table
 from lab.recovery.recovery_machines import machine_check_table
+from lab.recovery.seed_selection import seed_selection_table
 from lab.recovery.stats import gap_closed_per_seed
 from lab.recovery.zero_shot import zero_shot_table
 from spp.eval.perplexity import gap_closed
@@ -97,20 +99,26 @@ def main_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[str]:
     return markdown_table(head, rows, 2)
 
 
-def _cpus(runs: list) -> str:
-    """The CPU capabilities the runs recorded (``AVX2``; two kinds mean the pair mixes machines)."""
-    return " + ".join(sorted({r.machine.get("cpu_capability", "?") for r in runs})) or "?"
-
-
 def paired_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
-    """Every method against SPP of the same setting on the test windows, paired by seed (two-level bootstrap)."""
-    head = ["Setting", "Method vs SPP", "Seeds", "test PPL ratio method / SPP [95 %]", "per seed", "Verdict",
-            "CPU (both)"]
-    rows = [[setting_label(ch.setting), method_label(ch.method), ",".join(map(str, seeds)),
-             f"{p.ratio:.3f} [{p.low:.3f}, {p.high:.3f}]", ", ".join(f"{v:.3f}" for v in p.per_seed),
-             verdict(p.high, p.low, len(seeds)), _cpus([*ch.runs, *chosen[(ch.setting, REFERENCE)].runs])]
+    """Every method against SPP of the same setting on the test windows, paired by seed: the small-sample interval
+    the verdict uses (2 to 9 seeds) beside the two-level bootstrap."""
+    head = ["Setting", "Method vs SPP", "Seeds", "test PPL ratio method / SPP", "[95 % small-sample t] (verdict)",
+            "[95 % bootstrap]", "per seed", "Verdict", "CPU (both)"]
+    rows = [[setting_label(ch.setting), method_label(ch.method), ",".join(map(str, seeds)), f"{p.ratio:.3f}",
+             interval_text(p.t_low, p.t_high), interval_text(p.low, p.high), ", ".join(f"{v:.3f}" for v in p.per_seed),
+             verdict(p.interval[1], p.interval[0], len(seeds)),
+             cpu_capabilities([*ch.runs, *chosen[(ch.setting, REFERENCE)].runs])]
             for ch, seeds, p in against_reference(chosen)]
-    return markdown_table(head, rows, 3)
+    return [*markdown_table(head, rows, 3), "", INTERVAL_NOTE, ""]
+
+
+INTERVAL_NOTE = (
+    "Interval method: with 2 to 9 seeds the verdict uses the small-sample interval, log ratio ± t(0.975, n − 1) · "
+    "√(var of the per-seed log ratios / n + var of the per-window log ratios averaged over seeds / W), W = 40 "
+    "windows — Student's t with n − 1 = 2 degrees of freedom at 3 seeds (t = 4.303) on the seed-to-seed spread, "
+    "with the shared windows' sampling variance added (`lab/recovery/stats.py`); the two-level percentile bootstrap "
+    "over seeds and windows (2,000 resamples) is shown beside it. One seed: the bootstrap over windows only, which "
+    "names no winner. A verdict names a difference only when its interval excludes 1; otherwise the pair is a tie.")
 
 
 def _lowest(group: dict[str, Choice]) -> tuple[list[int], str, float]:
@@ -162,7 +170,8 @@ def report(root: str | Path) -> str:
              "## Learning-rate grids (selected on the merged model's WikiText-2 validation perplexity)", "",
              *grid_table(chosen), "", "## Results at the chosen rates (WikiText-2 test)", "",
              *main_table(c, chosen), "", *winners(chosen), "",
-             "## Each method against SPP (same pruned model, seeds and test windows)", "", *paired_table(chosen), "",
+             "## Each method against SPP (same pruned model, seeds and test windows)", "", *paired_table(chosen),
+             *coverage_lines(Path(root)), *seed_selection_table(chosen),
              *zero_shot_table(c, chosen), *distillation_table(c, chosen), *recovery_table(c, drawn),
              *machine_check_table(c, drawn), *notes()]
     return "\n".join(parts)
@@ -176,8 +185,10 @@ def notes() -> list[str]:
             "test (claims) splits. val PPL = merged model, seed 0, the grid point. test PPL: one seed -> "
             "`ppl [95 % bootstrap interval over windows]`, several -> mean ± sample std over seeds. Gap closed = "
             "(log PPL pruned − log PPL) / (log PPL pruned − log PPL dense), one seed with its paired bootstrap "
-            "interval over windows. Paired ratios: per-window NLL differences, two-level percentile bootstrap over "
-            "seeds and windows (2,000 resamples, `lab/recovery/stats.py`); a verdict names a "
-            "difference only when the interval excludes 1. CPU = torch's CPU capability recorded by the pair's runs "
-            "(float32 results differ in the 4th digit between AVX2 and AVX-512).",
+            "interval over windows. Paired ratios: per-window NLL differences; with 2 to 9 seeds the verdict's "
+            "interval is the small-sample t interval (the paired table's note), with one seed the bootstrap over "
+            "windows; the two-level percentile bootstrap over seeds and windows (2,000 resamples, "
+            "`lab/recovery/stats.py`) is shown beside it; a verdict names a difference only when its interval "
+            "excludes 1. CPU = torch's CPU capability recorded by the pair's runs (float32 results differ in the 4th "
+            "digit between AVX2 and AVX-512).",
             ""]
