@@ -119,3 +119,19 @@ def test_rates_chosen_on_seed_0_are_checked_on_the_other_seeds(tmp_path: Path):
             if line.startswith("| Wanda 2:4 |")}
     assert rows["SPP"].endswith("| 2e-2: " + f"{math.exp(np.mean(entry(-0.3)['window_nll'])):.2f} | **yes** |")
     assert rows["LoRA*"].endswith("| no |")
+
+
+def test_majority_class_answer_pairs_with_a_model_document_by_document():
+    """Task t: gold labels 1, 1, 0 (majority answer 1): the baseline scores 1, 1, 0 on them; a model right on the third
+    document only differs from it by -1/3 on that task (negative control: a model scoring like the baseline, 0)."""
+    from lab.recovery.zero_shot import majority_docs
+    from spp.eval.paired import MEAN_ROW, paired_accuracy
+
+    docs = [{"task": "t", "doc_id": i, "doc_hash": str(i), "gold": g, "acc": float(i == 2)} for i, g in
+            enumerate((1, 1, 0))]
+    base = majority_docs(docs)
+    assert [d["acc"] for d in base] == [1.0, 1.0, 0.0]
+    mean = next(r for r in paired_accuracy(docs, base) if r.task == MEAN_ROW)
+    assert mean.diff == pytest.approx(-1 / 3)
+    same = [{**d, "acc": float(d["gold"] == 1)} for d in docs]
+    assert next(r for r in paired_accuracy(same, base) if r.task == MEAN_ROW).diff == 0.0

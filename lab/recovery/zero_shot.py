@@ -80,8 +80,24 @@ def _setting_rows(c: Campaign, setting: str, chosen: dict[tuple[str, str], Choic
     if evals:
         majority = majority_class(evals[0].docs)
         rows.insert(0, [setting_label(setting), "majority class", _pct(statistics.mean(
-            v["acc"] for v in majority.values())), "–", "–", "–", "–"])
+            v["acc"] for v in majority.values())), "–", _majority_vs_spp(spp), "–", "–"])
     return rows
+
+
+def majority_docs(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``docs`` scored as the majority-class answer of each task would score them (``acc`` only), so the baseline
+    pairs with a model document by document."""
+    label = {task: int(v["label"]) for task, v in majority_class(docs).items()}
+    return [{"task": d["task"], "doc_id": d["doc_id"], "doc_hash": d.get("doc_hash"),
+             "acc": float(int(d["gold"]) == label[d["task"]])} for d in docs if d.get("gold") is not None]
+
+
+def _majority_vs_spp(spp: EvalRun | None) -> str:
+    """The majority-class answer against SPP's, paired per document (``acc``)."""
+    if spp is None or not spp.docs:
+        return "–"
+    row = next(r for r in paired_accuracy(majority_docs(spp.docs), spp.docs, "acc") if r.task == MEAN_ROW)
+    return f"{100 * row.diff:+.2f} [{100 * row.low:+.2f}, {100 * row.high:+.2f}] (MDD {100 * row.mdd:.2f})"
 
 
 def zero_shot_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[str]:
@@ -94,7 +110,9 @@ def zero_shot_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[
             "Δ acc_norm vs SPP [95 % paired] (pts)", "test PPL here (= training run's)"]
     return ["## Zero-shot (the shipped 200-document samples; differences paired per document)", "",
             *markdown_table(head, rows, 2), "",
-            "acc_norm: the tasks lm-eval reports it for (HellaSwag, ARC-e, ARC-c, OBQA). MDD = the difference a "
+            "acc_norm: the tasks lm-eval reports it for (HellaSwag, ARC-e, ARC-c, OBQA). Majority class: always the "
+            "most frequent correct answer of each task among the scored documents, paired with SPP document by "
+            "document on `acc`. MDD = the difference a "
             "two-sided 5 % test would detect with 80 % power, from the paired variance (`spp/eval/paired.py`). "
             "test PPL here: `eval.py`'s WikiText-2 test perplexity of the model it scored, `(=)` when it equals the "
             "training run's to 1e-6 (the scored model is the trained one; masked full FT is scored from its export, "
