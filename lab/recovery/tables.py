@@ -112,6 +112,11 @@ def paired_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
     return [*markdown_table(head, rows, 3), "", INTERVAL_NOTE, ""]
 
 
+MAIN_TABLE_NOTE = (
+    "Interval method: one seed -> `ppl [95 % percentile bootstrap over the 40 test windows]` and gap closed with its "
+    "paired bootstrap over the windows (the seed's own variation is not in it); several seeds -> mean ± sample std "
+    "over seeds, no interval. Methods are compared in the paired table below, not by these columns.")
+
 INTERVAL_NOTE = (
     "Interval method: with 2 to 9 seeds the verdict uses the small-sample interval, log ratio ± t(0.975, n − 1) · "
     "√(var of the per-seed log ratios / n + var of the per-window log ratios averaged over seeds / W), W = 40 "
@@ -169,7 +174,7 @@ def report(root: str | Path) -> str:
              f"Command: `{COMMAND}`", "", *cost_lines(c), "",
              "## Learning-rate grids (selected on the merged model's WikiText-2 validation perplexity)", "",
              *grid_table(chosen), "", "## Results at the chosen rates (WikiText-2 test)", "",
-             *main_table(c, chosen), "", *winners(chosen), "",
+             *main_table(c, chosen), "", MAIN_TABLE_NOTE, "", *winners(chosen), "",
              "## Each method against SPP (same pruned model, seeds and test windows)", "", *paired_table(chosen),
              *coverage_lines(Path(root)), *seed_selection_table(chosen),
              *zero_shot_table(c, chosen), *distillation_table(c, chosen), *recovery_table(c, drawn),
