@@ -13,7 +13,7 @@ from pathlib import Path
 from spp.atomic import write_file_atomic, write_text_atomic
 from spp.compare.figure import choose_x, plot_metric
 from spp.compare.runs import find_runs, swept_keys
-from spp.compare.table import METRICS, compare_rows, csv_table, markdown_table
+from spp.compare.table import COMPARED_METRICS, compare_rows, csv_table, markdown_table
 from spp.errors import UserError, cli_errors
 
 PROG = "python -m spp.compare"
@@ -23,9 +23,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (``--help`` lists the metrics)."""
     parser = argparse.ArgumentParser(
         prog=PROG, description="Table and figure of a sweep, keyed by the config keys that differ between its runs.",
-        epilog="metrics: " + "; ".join(f"{m.name} = {m.label}" for m in METRICS.values()))
+        epilog="metrics: " + "; ".join(f"{m.name} = {m.label}" for m in COMPARED_METRICS.values()))
     parser.add_argument("folder", type=Path, help="a train.py run folder, a multirun folder, or a tree of them")
-    parser.add_argument("--metric", default="ppl", choices=list(METRICS), help="what the figure draws (default ppl)")
+    parser.add_argument("--metric", default="ppl", choices=list(COMPARED_METRICS),
+                        help="what the figure draws (default ppl)")
     parser.add_argument("--x", default=None, help="the swept key on the figure's x axis (default: the first numeric)")
     parser.add_argument("--out", type=Path, default=None, help="where compare.md/.csv/.png go (default: the folder)")
     parser.add_argument("--no-figure", action="store_true", help="write the table only")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from spp.compare.runs import MISSING
-from spp.compare.table import METRICS
+from spp.compare.table import COMPARED_METRICS
 from spp.errors import UserError
 
 
@@ -52,8 +52,8 @@ def plot_metric(rows: list[dict[str, Any]], keys: list[str], metric: str = "ppl"
     Draws on ``ax`` when given (a notebook's inline figure); otherwise on a new ``matplotlib.figure.Figure``,
     which needs no display (``savefig`` renders it with Agg). Returns the figure.
     """
-    if metric not in METRICS:
-        raise UserError(f"--metric {metric} is not a compared metric", f"use one of: {', '.join(METRICS)}",
+    if metric not in COMPARED_METRICS:
+        raise UserError(f"--metric {metric} is not a compared metric", f"use one of: {', '.join(COMPARED_METRICS)}",
                         key="--metric")
     x = choose_x(rows, keys, x)
     if ax is None:
@@ -64,7 +64,7 @@ def plot_metric(rows: list[dict[str, Any]], keys: list[str], metric: str = "ppl"
     numeric = all(_as_float(v) is not None for v in values if v != MISSING)
     categories = list(dict.fromkeys(values))
     position = (lambda v: _as_float(v)) if numeric else categories.index
-    info = METRICS[metric]
+    info = COMPARED_METRICS[metric]
     series = _series(rows, keys, x)
     spread = [position(v) for v in categories if v != MISSING]
     step = 0.08 if not numeric else 0.015 * ((max(spread) - min(spread)) or 1.0)

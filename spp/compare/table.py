@@ -27,7 +27,7 @@ class Metric:
     interval: bool = False
 
 
-METRICS: dict[str, Metric] = {m.name: m for m in (
+COMPARED_METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("ppl", "perplexity after training (the merged model; the pruned one when nothing was trained)",
            "perplexity", interval=True),
     Metric("ppl_pruned", "perplexity of the pruned model", "pruned perplexity", interval=True),
@@ -56,8 +56,8 @@ def _with_interval(row: dict[str, Any], name: str, entry: dict[str, Any]) -> Non
 
 
 def run_row(run: SweptRun, keys: list[str]) -> dict[str, Any]:
-    """One run's row: ``run`` (its folder), each swept key's value, then the metrics of :data:`METRICS` (``None``
-    where the run did not measure one) and ``ppl_of``, the stage ``ppl`` was measured on."""
+    """One run's row: ``run`` (its folder), each swept key's value, then the metrics of :data:`COMPARED_METRICS`
+    (``None`` where the run did not measure one) and ``ppl_of``, the stage ``ppl`` was measured on."""
     s = run.summary
     row: dict[str, Any] = {"run": run.path.as_posix(), **{k: run.value(k) for k in keys}}
     stage, entry = _ppl(s, PPL_STAGES)
