@@ -35,11 +35,15 @@ def choose_x(rows: list[dict[str, Any]], keys: list[str], x: str | None) -> str:
 
 
 def _series(rows: list[dict[str, Any]], keys: list[str], x: str) -> dict[str, list[dict[str, Any]]]:
-    """Rows grouped by the values of the swept keys other than ``x`` (legend label → rows)."""
+    """Rows grouped by the values of the swept keys other than ``x`` (legend label → rows); a label names each
+    key by its last part (``use_beta=False``) unless two keys share it."""
     others = [k for k in keys if k != x]
+    short = {k: k.rpartition(".")[2] for k in others}
+    if len(set(short.values())) < len(short):
+        short = {k: k for k in others}
     out: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
-        label = ", ".join(f"{k}={row[k]}" for k in others) or "runs"
+        label = ", ".join(f"{short[k]}={row[k]}" for k in others) or "runs"
         out.setdefault(label, []).append(row)
     return out
 
@@ -59,7 +63,7 @@ def plot_metric(rows: list[dict[str, Any]], keys: list[str], metric: str = "ppl"
     if ax is None:
         from matplotlib.figure import Figure  # matplotlib (the dev extra) only when a figure is drawn
 
-        ax = Figure(figsize=(7, 4.5), layout="constrained").add_subplot()
+        ax = Figure(figsize=(8, 5), layout="constrained").add_subplot()
     values = [str(r[x]) for r in rows]
     numeric = all(_as_float(v) is not None for v in values if v != MISSING)
     categories = list(dict.fromkeys(values))
@@ -68,6 +72,7 @@ def plot_metric(rows: list[dict[str, Any]], keys: list[str], metric: str = "ppl"
     series = _series(rows, keys, x)
     spread = [position(v) for v in categories if v != MISSING]
     step = 0.08 if not numeric else 0.015 * ((max(spread) - min(spread)) or 1.0)
+    intervals = False
     for i, (label, group) in enumerate(series.items()):
         dodge = (i - (len(series) - 1) / 2) * step  # side by side, so overlapping intervals stay readable
         group = sorted((r for r in group if r[metric] is not None and str(r[x]) != MISSING),
@@ -78,12 +83,14 @@ def plot_metric(rows: list[dict[str, Any]], keys: list[str], metric: str = "ppl"
         if info.interval and all(r.get(f"{metric}_low") is not None for r in group):
             err = [[y - r[f"{metric}_low"] for y, r in zip(ys, group, strict=True)],
                    [r[f"{metric}_high"] - y for y, r in zip(ys, group, strict=True)]]
+            intervals = intervals or bool(group)
         ax.errorbar(xs, ys, yerr=err, marker="o", capsize=4, label=label)
     if not numeric:
         ax.set_xticks(range(len(categories)), categories)
     ax.set_xlabel(x)
-    ax.set_ylabel(info.axis + (" (95 % interval)" if info.interval else ""))
+    ax.set_ylabel(info.axis + (" (bars: 95 % interval)" if intervals else ""))
     ax.set_title(f"{metric} against {x}")
-    ax.legend(fontsize=8)
+    if len(series) > 1 or keys != [x]:  # below the axes: labels of many keys stay readable
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     ax.grid(alpha=0.3)
     return ax.figure
