@@ -108,6 +108,21 @@ def test_results_notebook_runs_on_the_sweep(sweep, tmp_path):
     assert not (tmp_path / "figures").exists()  # nothing written unless SPP_SAVE_FIGURES=1
 
 
+def test_multirun_folder_names_without_training(tmp_path):
+    """Hydra names the job folders (``plan=true``: each job plans and exits, no weight read) from list overrides."""
+    sweep = tmp_path / "plan"
+    args = ["-m", "experiment=tiny_smoke", "adapter.r=4,8", "logger=[csv,wandb]", "eval.tasks=[arc_easy,boolq]",
+            "plan=true", f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO_ROOT, env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    names = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert names == ["0_adapter.r-4_eval.tasks-arc_easy+boolq_plan-True",
+                     "1_adapter.r-8_eval.tasks-arc_easy+boolq_plan-True"]
+    overrides = yaml.safe_load((sweep / names[0] / ".hydra" / "overrides.yaml").read_text())
+    assert "logger=[csv,wandb]" in overrides and "eval.tasks=[arc_easy,boolq]" in overrides  # recorded as typed
+
+
 def _write_run(folder: Path, overrides: list[str], config: dict, ppl: float, trainable: int) -> None:
     (folder / ".hydra").mkdir(parents=True)
     (folder / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
@@ -170,10 +185,10 @@ def test_an_unswept_x_is_one_line(tmp_path):
 
 
 def test_sweep_job_names_hold_no_glob_characters():
-    task = ["experiment=tiny_smoke", "adapter.r=4", "logger=[csv,wandb]", "eval.tasks=[arc_easy,piqa]",
+    task = ["experiment=tiny_smoke", "adapter.r=4", "logger=[csv,wandb]", "eval.tasks=[arc_easy,boolq]",
             "+trainer.note='a b'", "cache_dir=/tmp/c"]
     name = sweep_job_name(3, task, ["cache_dir", "logger", "experiment"])
-    assert name == "3_adapter.r-4_eval.tasks-arc_easy+piqa_trainer.note-ab"
+    assert name == "3_adapter.r-4_eval.tasks-arc_easy+boolq_trainer.note-ab"
     assert sweep_job_name(0, ["logger=[csv]"], ["logger"]) == "0"
     # negative control: Hydra's own override_dirname of the same overrides holds what the name must not
     assert set(",".join(task)) & set("[],=") and not set(name) & set("[],=")
