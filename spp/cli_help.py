@@ -60,6 +60,7 @@ COMMANDS: dict[str, CommandHelp] = {
                   ("python train.py model=tiny debug=fast", "the same budget as a debug preset on any model"),
                   ("python train.py trainer.progress_bar=log", "progress as log lines (automatic when not a TTY)"),
                   ("python train.py print_config=true", "print the config tree (always saved to the run dir)"),
+                  ("python -m spp.compare <sweep dir>", "a sweep's table keyed by the keys that differ, and a figure"),
                   ("python train.py --cfg job", "print the composed config and exit")),
     ),
     "evaluate": CommandHelp(

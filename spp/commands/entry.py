@@ -1,12 +1,13 @@
 """The entry point the four commands share: each root script is ``main = hydra_entry(COMMAND)`` and calls it.
 
-In this order: environment defaults (set before the libraries that read them are imported: the root scripts
-import this module first, and ``import spp`` imports nothing), the ``spp_help`` resolver for ``--help``, the
-command's Hydra schemas, the plug-ins of ``SPP_PLUGINS`` and the check of the command line's keys against the
-command's schema (:func:`spp.overrides.checked_overrides`, before Hydra composes), Hydra's own ``@hydra.main``
-on ``conf/``, then, for each job Hydra runs, the conversion of the composed config into the typed job
-(:func:`spp.errors.to_job`) and ``run(job)`` inside :func:`spp.errors.cli_errors` (a user's error: one
-``<script>: error: ...`` line, exit status 2). ``run``'s return value goes back to Hydra (a sweeper's objective).
+In this order: environment defaults (set before the libraries that read them are imported: the root scripts import
+this module first, and ``import spp`` imports nothing), the ``spp_help`` resolver for ``--help`` and
+``spp_sweep_name`` for a sweep's job folders (:mod:`spp.compare.naming`), the command's Hydra schemas, the plug-ins
+of ``SPP_PLUGINS`` and the check of the command line's keys against the command's schema
+(:func:`spp.overrides.checked_overrides`, before Hydra composes), Hydra's own ``@hydra.main`` on ``conf/``, then,
+for each job Hydra runs, the conversion of the composed config into the typed job (:func:`spp.errors.to_job`) and
+``run(job)`` inside :func:`spp.errors.cli_errors` (a user's error: one ``<script>: error: ...`` line, exit status
+2). ``run``'s return value goes back to Hydra (a sweeper's objective).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from hydra.core.hydra_config import HydraConfig  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from spp.cli_help import register_help  # noqa: E402
+from spp.compare.naming import register_sweep_name  # noqa: E402
 from spp.errors import cli_errors, to_job  # noqa: E402
 from spp.overrides import checked_overrides  # noqa: E402
 from spp.paths import CONF_DIR  # noqa: E402
@@ -66,6 +68,7 @@ def hydra_entry(command: Command) -> Callable[..., Any]:
     """
     command.register()
     register_help()
+    register_sweep_name()
 
     def main(cfg: DictConfig) -> Any:
         with cli_errors(command.script):
