@@ -214,6 +214,19 @@ def log_table(loggers: Sequence[Logger], key: str, columns: list[str], rows: lis
         logger.log_table(key=key, columns=columns, data=rows)
 
 
+PPL_COLUMNS = ("ppl", "ci_low", "ci_high", "windows")
+"""The columns of a perplexity table after its first (the stage or the source)."""
+
+
+def log_perplexity_table(loggers: Sequence[Logger], key: str, label: str,
+                         entries: Mapping[str, Mapping[str, Any] | None]) -> None:
+    """The W&B table ``key``: one row per measured perplexity (``entries``: name → record with ``ppl``, its 95 %
+    interval ``ci_low`` / ``ci_high`` and ``windows``; ``None`` entries skipped), first column ``label``."""
+    rows = [[name, *(entry.get(column) for column in PPL_COLUMNS)] for name, entry in entries.items() if entry]
+    if rows:
+        log_table(loggers, key, [label, *PPL_COLUMNS], rows)
+
+
 def log_final_metrics(loggers: list[Logger], metrics: Mapping[str, float], step: int) -> None:
     """Log a job's end results (``final/...`` scalars) to every logger at ``step``, then flush each logger.
 

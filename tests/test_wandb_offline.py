@@ -206,6 +206,7 @@ def test_eval_of_a_merged_folder_is_named_by_its_recorded_origin(wandb_run, tmp_
     assert columns["origin.recorded_in"] == "spp_export.json" and columns["pruner.name"] == "none"
     ppl = json.loads((tmp_path / "eval" / "results.json").read_text())["records"][0]["ppl"]["wikitext2"]
     assert run.summary["eval/ppl/wikitext2_ci_low"] == pytest.approx(ppl["ci_low"])
+    assert run.summary["eval/perplexity/_type"] == "table-file" and run.summary["eval/perplexity/nrows"] == 1
     # negative control: the same weights in a folder without spp_export.json are named by the command line
     plain = tmp_path / "plain"
     plain.mkdir()

@@ -24,7 +24,14 @@ from spp.eval.job_config import EvalJobConfig
 from spp.eval.perplexity import check_seqlen, source_file
 from spp.eval.tables import EvalRecord, log_to_loggers, write_results
 from spp.export.manifest import EXPORT_FILE, ExportManifest
-from spp.loggers import build_loggers, config_record, finish_wandb, log_final_metrics, log_table, run_tags
+from spp.loggers import (
+    build_loggers,
+    config_record,
+    finish_wandb,
+    log_final_metrics,
+    log_perplexity_table,
+    run_tags,
+)
 from spp.models.config import ModelConfig
 from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, load_model, resolve_source
 from spp.models.tiny import TINY_ARCH
@@ -259,9 +266,6 @@ def job_loggers(cfg: EvalJobConfig, output_dir: str | Path) -> list[Logger]:
     return build_loggers(cfg.logger, output_dir, ids, config_record(cfg, origin=origin))
 
 
-PPL_TABLE_COLUMNS = ["source", "ppl", "ci_low", "ci_high", "windows"]
-
-
 def log_record(cfg: EvalJobConfig, output_dir: str | Path, record: EvalRecord) -> None:
     """Log the record to the job's loggers (:func:`job_loggers`): its metrics and the Table-2 table, each
     perplexity's interval (``eval/ppl/<source>_ci_low`` / ``_ci_high``, and the W&B table ``eval/perplexity``), then
@@ -272,9 +276,6 @@ def log_record(cfg: EvalJobConfig, output_dir: str | Path, record: EvalRecord) -
         intervals = {f"eval/ppl/{src}_{end}": float(entry[end]) for src, entry in record.ppl.items()
                      for end in ("ci_low", "ci_high") if entry.get(end) is not None}
         log_final_metrics(loggers, intervals, step=0)
-        rows = [[src, entry["ppl"], entry.get("ci_low"), entry.get("ci_high"), entry.get("windows")]
-                for src, entry in record.ppl.items()]
-        if rows:
-            log_table(loggers, "eval/perplexity", PPL_TABLE_COLUMNS, rows)
+        log_perplexity_table(loggers, "eval/perplexity", "source", record.ppl)
     finally:
         finish_wandb()

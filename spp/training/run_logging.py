@@ -11,11 +11,10 @@ from typing import Any
 
 from lightning.pytorch.loggers import Logger
 
-from spp.loggers import RunIds, config_record, log_folder_artifact, log_table, wandb_loggers
+from spp.loggers import RunIds, config_record, log_folder_artifact, log_perplexity_table, wandb_loggers
 from spp.training.run import Run
 
 PPL_TABLE_KEY = "final/perplexity"
-PPL_TABLE_COLUMNS = ["stage", "ppl", "ci_low", "ci_high", "windows"]
 
 
 def identity_record(run: Run) -> dict[str, Any]:
@@ -57,15 +56,7 @@ def log_run_outputs(run: Run, loggers: Sequence[Logger], ids: RunIds, adapter_di
     return names
 
 
-def perplexity_rows(perplexity: Mapping[str, Any]) -> list[list[Any]]:
-    """One row per measured stage (dense, pruned, reconstructed, merged): ``PPL_TABLE_COLUMNS``."""
-    return [[stage, entry["ppl"], entry.get("ci_low"), entry.get("ci_high"), entry.get("windows")]
-            for stage, entry in perplexity.items() if entry]
-
-
 def log_final_table(loggers: Sequence[Logger], summary: Mapping[str, Any]) -> None:
-    """The job's perplexities with their intervals as the W&B table ``final/perplexity`` (the same numbers are the
-    ``final/ppl_<stage>``, ``..._ci_low``, ``..._ci_high`` summary keys)."""
-    rows = perplexity_rows(summary.get("perplexity") or {})
-    if rows:
-        log_table(loggers, PPL_TABLE_KEY, PPL_TABLE_COLUMNS, rows)
+    """The job's perplexities with their intervals as the W&B table ``final/perplexity``, one row per stage (the same
+    numbers are the ``final/ppl_<stage>``, ``..._ci_low``, ``..._ci_high`` summary keys)."""
+    log_perplexity_table(loggers, PPL_TABLE_KEY, "stage", summary.get("perplexity") or {})
