@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from train_helpers import tiny_job
 from spp.eval.job_config import register_eval_schema
 from spp.eval.runner import run_eval_job
 from spp.paths import CONF_DIR, SAMPLE_DATA_DIR
+from spp.training.callbacks.recovery_curve import CURVE_METRIC
 from spp.training.run import pruning_identity
 from train import run_job
 
@@ -56,6 +58,8 @@ def _records(path: Path) -> list[Any]:
             pos += BLOCK - pos % BLOCK
             continue
         _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + length > len(data):  # a chunk still being written
+            break
         chunk = data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind == 0 and length == 0:
@@ -76,8 +80,14 @@ def read_offline_run(run_dir: Path) -> OfflineRun:
     """The one offline W&B run under ``<run_dir>/wandb``: name, tags, config (nested), history rows, final summary
     and artifacts (name, type, metadata, manifest paths)."""
     (path,) = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    records = _records(path)
+    deadline = time.monotonic() + 60
+    while not any(r.WhichOneof("record_type") == "exit" for r in records):  # wandb-core may still be flushing
+        assert time.monotonic() < deadline, f"{path} has no exit record: the W&B run was not finished"
+        time.sleep(0.2)
+        records = _records(path)
     out = OfflineRun()
-    for record in _records(path):
+    for record in records:
         kind = record.WhichOneof("record_type")
         if kind == "run":
             out.name, out.tags = record.run.display_name, list(record.run.tags)
@@ -120,10 +130,11 @@ def wandb_offline(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def wandb_run(wandb_offline, tmp_path_factory):
-    """A tiny SPP job (16 steps, one validation) logging to CSV and W&B, merged model uploaded too."""
+    """A tiny SPP job (16 steps, one validation, the recovery curve every 8 steps) logging to CSV and W&B, merged
+    model uploaded too."""
     tmp = tmp_path_factory.mktemp("train-wandb")
     job = tiny_job(tmp, "trainer.max_steps=16", "data.max_examples=68", "logger=[csv,wandb]",
-                   "logger.wandb.log_model=true")
+                   "logger.wandb.log_model=true", "trainer.curve_every_n_steps=8")
     summary = run_job(job)
     return tmp, job, summary, read_offline_run(tmp / "run")
 
@@ -148,6 +159,9 @@ def test_metrics_over_steps_and_the_final_table(wandb_run):
     assert any("lr-AdamW" in row for row in run.history)
     (val_ppl,) = [row["val/ppl"] for row in run.history if "val/ppl" in row]
     assert val_ppl == pytest.approx(math.exp(summary["losses"]["val"][0]), rel=1e-5)
+    curve = [(row["trainer/global_step"], row[CURVE_METRIC]) for row in run.history if CURVE_METRIC in row]
+    assert curve == [(p["step"], pytest.approx(p["ppl"])) for p in summary["recovery_curve"]]
+    assert [step for step, _ in curve] == [0, 8, 16]
     merged = summary["perplexity"]["merged"]
     assert run.summary["final/ppl_merged"] == pytest.approx(merged["ppl"])
     assert run.summary["final/ppl_merged_ci_low"] == pytest.approx(merged["ci_low"])
