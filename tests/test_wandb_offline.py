@@ -209,7 +209,7 @@ def _eval_job(*overrides: str):
 
 
 def test_eval_of_a_merged_folder_is_named_by_its_recorded_origin(wandb_run, tmp_path):
-    tmp, _, summary, _ = wandb_run
+    tmp, job, summary, _ = wandb_run
     merged = tmp / "run" / "merged"
     run_eval_job(_eval_job(f"model.path={merged}", "logger=[csv,wandb]"), tmp_path / "eval")
     run = read_offline_run(tmp_path / "eval")
@@ -218,6 +218,7 @@ def test_eval_of_a_merged_folder_is_named_by_its_recorded_origin(wandb_run, tmp_
     columns = flatten(run.config)
     assert (columns["origin.pruner"], columns["origin.sparsity"], columns["origin.r"]) == ("wanda", "nm2_4", 16)
     assert columns["origin.recorded_in"] == "spp_export.json" and columns["pruner.name"] == "none"
+    assert columns["origin.pruning_cache_key"] == pruning_identity(job).digest  # the same pruned base as the run
     ppl = json.loads((tmp_path / "eval" / "results.json").read_text())["records"][0]["ppl"]["wikitext2"]
     assert run.summary["eval/ppl/wikitext2_ci_low"] == pytest.approx(ppl["ci_low"])
     assert run.summary["eval/perplexity/_type"] == "table-file" and run.summary["eval/perplexity/nrows"] == 1
@@ -230,3 +231,4 @@ def test_eval_of_a_merged_folder_is_named_by_its_recorded_origin(wandb_run, tmp_
     run_eval_job(_eval_job(f"model.path={plain}", "logger=[csv,wandb]"), tmp_path / "eval-plain")
     other = read_offline_run(tmp_path / "eval-plain")
     assert other.name == "tiny-none-dense-none" and flatten(other.config)["origin.recorded_in"] == "command line"
+    assert flatten(other.config)["origin.pruning_cache_key"] is None
