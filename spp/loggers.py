@@ -1,21 +1,22 @@
 """What a job reports: the ``logger`` group (CSV always, W&B offline without a key, TensorBoard), run names and
-tags, end-of-job metrics, and the resolved config.
+tags, end-of-job metrics and tables, the resolved config (also W&B's ``run.config``) and folders as W&B artifacts.
 
-Shared by ``train.py`` and ``eval.py``; it takes plain values (names, typed logger configs), never a whole job
-config, so neither job has to look like the other. Each logger config carries its Lightning class as
-``_target_`` and is built with :func:`hydra.utils.instantiate`; the run directory, the W&B name / group / tags
-and the resolved W&B mode are passed on top.
+Shared by ``train.py`` and ``eval.py``; it takes plain values (names, typed logger configs; a job config only as a
+tree of values for W&B's run config), so neither job has to look like the other. Each logger config carries its
+Lightning class as ``_target_`` and is built with :func:`hydra.utils.instantiate`; the run directory, the W&B name /
+group / tags, the run config and the resolved W&B mode are passed on top.
 """
 
 from __future__ import annotations
 
 import netrc
 import os
+import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from hydra.utils import instantiate
 from lightning.pytorch.loggers import Logger, WandbLogger
@@ -49,7 +50,9 @@ class WandbLoggerConfig:
         tags: Extra tags (model, pruner, sparsity, adapter and ``r<r>`` are always added).
         mode: ``auto`` (online when an API key is configured, else offline), ``online``, ``offline``,
             ``disabled``.
-        log_model: Upload checkpoints as artifacts.
+        log_model: Also upload the merged model (``<run_dir>/merged``) as a W&B artifact of type ``model``
+            (the adapter folder always is, as type ``adapter``). Lightning's own checkpoint upload is not used:
+            the checkpoints stay in ``<run_dir>/checkpoints``.
     """
 
     _target_: str = "lightning.pytorch.loggers.WandbLogger"
@@ -141,13 +144,27 @@ def run_tags(
     return ids
 
 
-def build_loggers(loggers_cfg: LoggersConfig, run_dir: str | Path, ids: RunIds) -> list[Logger]:
+def config_record(job: Any, **extra: Mapping[str, Any]) -> dict[str, Any]:
+    """A typed job config (a dataclass tree) as plain nested values (enums as their names), plus ``extra`` groups.
+
+    This is what W&B's ``run.config`` receives. It stays nested, as Lightning's ``WandbLogger`` logs hyperparameters
+    (W&B asks for no periods inside key names): the W&B runs table and its panels show each leaf as a dotted column,
+    ``adapter.r``, ``trainer.lr``, ``pruner.name``, ``sparsity.name``.
+    """
+    tree = OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True)
+    return {**tree, **{key: dict(value) for key, value in extra.items()}}
+
+
+def build_loggers(loggers_cfg: LoggersConfig, run_dir: str | Path, ids: RunIds,
+                  config: Mapping[str, Any] | None = None) -> list[Logger]:
     """Instantiate the chosen loggers (CSV always, then TensorBoard, then W&B), all writing under ``run_dir``.
 
     Args:
         loggers_cfg: The ``logger`` group, typed.
         run_dir: The job's output directory (``save_dir`` of every logger; fixed ``version=""``).
         ids: W&B name / group / tags, from :func:`run_tags`.
+        config: The W&B run's config (:func:`config_record`), logged with Lightning's ``log_hyperparams`` (W&B's
+            ``run.config.update``) as soon as the logger exists, so the run holds it from its first record.
     """
     save_dir = str(Path(run_dir))
     loggers: list[Logger] = [instantiate(loggers_cfg.csv or CSVLoggerConfig(), save_dir=save_dir, version="")]
@@ -155,9 +172,59 @@ def build_loggers(loggers_cfg: LoggersConfig, run_dir: str | Path, ids: RunIds) 
         loggers.append(instantiate(loggers_cfg.tensorboard, save_dir=save_dir, version=""))
     if loggers_cfg.wandb is not None:
         wb = loggers_cfg.wandb
-        loggers.append(instantiate(wb, save_dir=save_dir, mode=wandb_mode(wb.mode), name=ids["name"],
-                                   group=ids["group"], tags=ids["tags"], _convert_="all"))
+        wandb_logger = instantiate(wb, save_dir=save_dir, mode=wandb_mode(wb.mode), name=ids["name"],
+                                   group=ids["group"], tags=ids["tags"], log_model=False, _convert_="all")
+        if config:
+            wandb_logger.log_hyperparams(dict(config))  # W&B's run.config (starts the run: rank 0 only)
+        loggers.append(wandb_logger)
     return loggers
+
+
+def wandb_loggers(loggers: Sequence[Logger]) -> list[WandbLogger]:
+    """The W&B loggers among ``loggers``."""
+    return [logger for logger in loggers if isinstance(logger, WandbLogger)]
+
+
+def artifact_name(name: str) -> str:
+    """``name`` with every character W&B refuses in an artifact name (other than letters, digits, ``-_.``) as ``-``."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.") or "artifact"
+
+
+def log_folder_artifact(loggers: Sequence[Logger], folder: str | Path, name: str, kind: str,
+                        metadata: Mapping[str, Any]) -> list[str]:
+    """Log ``folder`` as a W&B artifact (``wandb.Artifact`` + ``add_dir``) of type ``kind`` to each W&B logger's run.
+
+    The files are referenced where they are (``policy="immutable"``: no copy into W&B's staging folder, which
+    matters for a merged model), so keep the run folder until an offline run is synced. Returns the artifact names.
+    """
+    import wandb  # the W&B loggers exist, so wandb is installed; a job without W&B never imports it
+
+    names = []
+    for logger in wandb_loggers(loggers):
+        artifact = wandb.Artifact(artifact_name(name), type=kind, metadata=dict(metadata))
+        artifact.add_dir(str(folder), policy="immutable")
+        logger.experiment.log_artifact(artifact)
+        names.append(artifact.name)
+    return names
+
+
+def log_table(loggers: Sequence[Logger], key: str, columns: list[str], rows: list[list[Any]]) -> None:
+    """Log a ``wandb.Table`` under ``key`` to each W&B logger (the other loggers have no tables)."""
+    for logger in wandb_loggers(loggers):
+        logger.log_table(key=key, columns=columns, data=rows)
+
+
+PPL_COLUMNS = ("ppl", "ci_low", "ci_high", "windows")
+"""The columns of a perplexity table after its first (the stage or the source)."""
+
+
+def log_perplexity_table(loggers: Sequence[Logger], key: str, label: str,
+                         entries: Mapping[str, Mapping[str, Any] | None]) -> None:
+    """The W&B table ``key``: one row per measured perplexity (``entries``: name → record with ``ppl``, its 95 %
+    interval ``ci_low`` / ``ci_high`` and ``windows``; ``None`` entries skipped), first column ``label``."""
+    rows = [[name, *(entry.get(column) for column in PPL_COLUMNS)] for name, entry in entries.items() if entry]
+    if rows:
+        log_table(loggers, key, [label, *PPL_COLUMNS], rows)
 
 
 def log_final_metrics(loggers: list[Logger], metrics: Mapping[str, float], step: int) -> None:

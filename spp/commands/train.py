@@ -31,11 +31,13 @@ from spp.preflight.model_files import model_arch
 from spp.run_lock import hold_run_dir, is_job_leader
 from spp.sweeps import require_objective_recorded, require_validation_objective
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
+from spp.training.callbacks.val_perplexity import ValidationPerplexity
 from spp.training.config import TrainJobConfig, register_train_schema
 from spp.training.finalize import FinalizeResult, finalize
 from spp.training.phases import fit, job_device
 from spp.training.report import build_summary, print_results, sweep_objective
 from spp.training.run import Methods, Run, build_run, resolve_methods
+from spp.training.run_logging import log_final_table, log_run_outputs, logged_config
 from spp.training.val_schedule import no_validation_reason
 
 
@@ -88,9 +90,9 @@ def _run_locked(run: Run, callbacks: list[Callback] | None, start: float) -> dic
     rank = getattr(job.adapter, "r", None)  # the methods with a rank (spp, lora, ...) name it in the run
     ids = run_tags(job.model.name, job.pruner.name, job.sparsity.name, job.adapter.name, rank, wandb,
                    objective=job.objective.name)
-    loggers = build_loggers(job.logger, run_dir, ids)
+    loggers = build_loggers(job.logger, run_dir, ids, logged_config(run))
     try:
-        pruned, fitted = fit(run, loggers, callbacks)
+        pruned, fitted = fit(run, loggers, [ValidationPerplexity(), *(callbacks or [])])
         final = finalize(run, pruned, fitted, DistContext.current(job_device(job)))
         close_process_group()
         if not fitted.is_global_zero:
@@ -101,6 +103,8 @@ def _run_locked(run: Run, callbacks: list[Callback] | None, start: float) -> dic
         summary = build_summary(run, ids, pruned, fitted, final, timings)
         summary.update(status=final.status, diverged=final.diverged, data_files=data_provenance())
         log_final_metrics(loggers, final_metrics(summary), step=fitted.record.steps)
+        log_final_table(loggers, summary)
+        summary["run"]["artifacts"] = log_run_outputs(run, loggers, ids, final.adapter_dir, final.merged_dir)
     finally:
         finish_wandb()
     if final.evaluation is not None and final.evaluation.doc_records is not None:

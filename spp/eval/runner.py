@@ -23,8 +23,15 @@ from spp.eval.harness import task_data_files
 from spp.eval.job_config import EvalJobConfig
 from spp.eval.perplexity import check_seqlen, source_file
 from spp.eval.tables import EvalRecord, log_to_loggers, write_results
-from spp.export.manifest import ExportManifest
-from spp.loggers import build_loggers, run_tags
+from spp.export.manifest import EXPORT_FILE, ExportManifest
+from spp.loggers import (
+    build_loggers,
+    config_record,
+    finish_wandb,
+    log_final_metrics,
+    log_perplexity_table,
+    run_tags,
+)
 from spp.models.config import ModelConfig
 from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, load_model, resolve_source
 from spp.models.tiny import TINY_ARCH
@@ -226,15 +233,49 @@ def _write(cfg: EvalJobConfig, output_dir: str | Path, label: str, info: dict[st
     info["data_files"] = data_provenance()
     meta = {"config": dataclasses.asdict(cfg), "data_files": info["data_files"]}
     write_results(output_dir, [record], meta, title=f"Evaluation: {record.label}")
-    log_to_loggers(job_loggers(cfg, output_dir), [record])
+    log_record(cfg, output_dir, record)
     return record
 
 
-def job_loggers(cfg: EvalJobConfig, output_dir: str | Path) -> list[Logger]:
-    """The job's loggers; the run is named ``<model>-<pruner>-<sparsity>-<spp-r<r> | none>`` like a training run."""
+def run_origin(cfg: EvalJobConfig) -> dict[str, Any]:
+    """What is evaluated, by origin: an export folder's recorded one (``spp_export.json``: model, pruner, sparsity,
+    adapter and rank of the run that wrote it; the folder name of :func:`spp.eval.run_name.eval_run_name` uses the
+    same record), else the command line's names with the ``adapter_dir``'s method and rank."""
+    manifest = ExportManifest.read(cfg.model.path)
+    if manifest is not None:
+        pruning, adapter = manifest.pruning, manifest.adapter
+        return {"model": pruning.get("model", cfg.model.name), "pruner": pruning.get("pruner", "none"),
+                "sparsity": pruning.get("sparsity", "dense"), "adapter": adapter.get("name") or "none",
+                "r": adapter.get("r"), "pruning_cache_key": pruning.get("cache_key"), "recorded_in": EXPORT_FILE}
     adapter, r = "none", None
     if cfg.adapter_dir:
         method, recorded = describe_dir(cfg.adapter_dir)
         adapter, r = method.name, recorded.get("r")
-    ids = run_tags(cfg.model.name, cfg.pruner.name, cfg.sparsity.name, adapter, r, cfg.logger.wandb)
-    return build_loggers(cfg.logger, output_dir, ids)
+    return {"model": cfg.model.name, "pruner": cfg.pruner.name, "sparsity": cfg.sparsity.name, "adapter": adapter,
+            "r": r, "pruning_cache_key": None, "recorded_in": "command line"}
+
+
+def job_loggers(cfg: EvalJobConfig, output_dir: str | Path) -> list[Logger]:
+    """The job's loggers; the run is named and tagged by :func:`run_origin` like the training run it evaluates
+    (``<model>-<pruner>-<sparsity>-<adapter>-r<r>``, plus the tag ``eval``); its W&B config is the resolved job
+    config with ``origin``."""
+    origin = run_origin(cfg)
+    ids = run_tags(origin["model"], origin["pruner"], origin["sparsity"], origin["adapter"], origin["r"],
+                   cfg.logger.wandb)
+    ids["tags"] = list(dict.fromkeys([*ids["tags"], "eval"]))
+    return build_loggers(cfg.logger, output_dir, ids, config_record(cfg, origin=origin))
+
+
+def log_record(cfg: EvalJobConfig, output_dir: str | Path, record: EvalRecord) -> None:
+    """Log the record to the job's loggers (:func:`job_loggers`): its metrics and the Table-2 table, each
+    perplexity's interval (``eval/ppl/<source>_ci_low`` / ``_ci_high``, and the W&B table ``eval/perplexity``), then
+    close the W&B run (one per job in a multirun)."""
+    loggers = job_loggers(cfg, output_dir)
+    try:
+        log_to_loggers(loggers, [record])
+        intervals = {f"eval/ppl/{src}_{end}": float(entry[end]) for src, entry in record.ppl.items()
+                     for end in ("ci_low", "ci_high") if entry.get(end) is not None}
+        log_final_metrics(loggers, intervals, step=0)
+        log_perplexity_table(loggers, "eval/perplexity", "source", record.ppl)
+    finally:
+        finish_wandb()

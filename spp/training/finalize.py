@@ -92,7 +92,8 @@ def provenance(run: Run, pruned: PrunedModel | None = None) -> dict[str, Any]:
     after ``reconstruct=blockwise``, the reconstruction's key (the same zeros, other weights); all from the run's
     :class:`~spp.training.run.PruningIdentity`."""
     job, ident = run.job, run.identity
-    names = {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name}}
+    names = {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name,
+                         "cache_key": ident.digest}}  # eval.py's W&B run names the pruned base with it
     if pruned is None or not len(pruned.zeros):
         return names
     dense = ident.key is None

@@ -40,6 +40,8 @@ from spp.training.config import TrainJobConfig
 log = logging.getLogger(__name__)
 
 CURVE_FILE = "recovery_curve.json"
+CURVE_METRIC = "curve/ppl_merged"
+"""The logged metric of each point: the merged model's ``wikitext2_val`` perplexity."""
 """The curve's file in the run directory (rewritten atomically after every point)."""
 
 
@@ -161,6 +163,8 @@ class RecoveryCurve(Callback):
         write_json_atomic(self.path, self.record())
         log.info("recovery curve: step %d, %.3f training CPU-min, merged %s perplexity %.4f (measured in %.1f s)",
                  point["step"], self.cpu_s / 60, WIKITEXT2_VAL, result.ppl, seconds)
+        for logger in trainer.loggers:  # charted over steps (W&B) beside train/loss
+            logger.log_metrics({CURVE_METRIC: result.ppl}, step=point["step"])
         return point
 
     def _perplexity(self, model: nn.Module) -> PerplexityResult:
