@@ -41,7 +41,7 @@ def test_config_is_typed():
 
 
 def test_dense_job_writes_results_and_table(tmp_path):
-    cfg = _compose("eval.tasks=[spp_rte,spp_arc_easy]", "eval.limit=2", f"output_dir={tmp_path}")
+    cfg = _compose("eval.tasks=[spp_rte,spp_arc_easy]", "eval.limit=2", f"run_dir={tmp_path}")
     record = run_eval_job(cfg, tmp_path)
     payload = json.loads((tmp_path / "results.json").read_text())
     (row,) = payload["records"]
