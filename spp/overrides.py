@@ -109,6 +109,8 @@ def unknown_option(overrides: Sequence[Override]) -> UserError | None:
     """The :class:`UserError` for the first group selection (``pruner=sparsgpt``, each value of a sweep or list)
     that names no option of its group: one line listing the group's options, instead of Hydra's multi-line error
     that lists the internal ``*_schema`` entries too."""
+    if any(o.key_or_group.startswith("hydra.searchpath") for o in overrides):
+        return None  # options from other config folders: Hydra judges them itself
     groups = config_groups() - {"hydra"}
     for o in overrides:
         if o.type not in (OverrideType.CHANGE, OverrideType.ADD) or o.package or o.key_or_group not in groups:
@@ -218,8 +220,9 @@ def checked_overrides(cmd: str, schema: type) -> Callable[[Callable[..., Any]], 
                 raise SystemExit(EXIT_USER_ERROR) from None
             if not args and not kwargs:
                 overrides = parsed_overrides(sys.argv[1:])
-                err = unknown_option(overrides) or unknown_override(plain_keys(overrides), schema, config_name,
-                                                                    overrides)
+                other_conf = any(a.startswith(("--config-dir", "-cd")) for a in sys.argv[1:])  # more options
+                err = (None if other_conf else unknown_option(overrides)) or unknown_override(
+                    plain_keys(overrides), schema, config_name, overrides)
                 if err is not None:
                     report(cmd, err)
                     raise SystemExit(EXIT_USER_ERROR)
