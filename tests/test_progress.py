@@ -48,6 +48,7 @@ def test_piped_debug_fast_run_logs_every_block_and_every_30_s_of_training(tmp_pa
     done = sorted(int(m.group(1)) for m in blocks if m)
     total = {int(m.group(2)) for m in blocks if m}
     assert len(total) == 1 and done == list(range(1, total.pop() + 1)), "\n".join(lines[-80:])
+    assert any(re.search(r"ppl wikitext2@128: batch: 2/2 in [\d.]+ s", line) for line in lines)  # perplexity
     start = next(i for i, line in enumerate(lines) if "training: " in line and "optimiser steps" in line)
     steps = [(i, STEP.search(line)) for i, line in enumerate(lines) if STEP.search(line)]
     assert steps and steps[-1][1].group(1) == steps[-1][1].group(2) == "6"  # the real total: max_steps

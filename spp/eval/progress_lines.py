@@ -1,4 +1,4 @@
-"""lm-eval's progress bars as throttled log lines when stderr is a file or a pipe.
+"""Progress bars as throttled log lines when stderr is a file or a pipe (lm-eval's, and the perplexity's).
 
 lm-eval passes ``disable=False`` to its ``tqdm`` bars explicitly, so ``TQDM_DISABLE`` (which the commands set
 outside a terminal) does not reach them, and each redraw lands in the log as another ``\\r`` segment of one huge
@@ -86,6 +86,17 @@ class LineBar:
     def _count(self) -> str:
         of = f"/{int(self.total)}" if self.total else ""
         return f"{int(self.n)}{of}"
+
+
+def progress(iterable: Iterable[Any], desc: str, unit: str = "it", every_s: float = EVERY_S,
+             disable: bool = False) -> Iterable[Any]:
+    """``tqdm(iterable)`` on a terminal; else a :class:`LineBar` (a line every ``every_s`` seconds and at the end;
+    ``every_s=0``: a line per item)."""
+    if sys.stderr.isatty():
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, desc=desc, unit=unit, disable=disable)
+    return LineBar(iterable, desc=desc, disable=disable, every_s=every_s)
 
 
 @contextmanager
