@@ -59,6 +59,23 @@ def test_piped_debug_fast_run_logs_every_block_and_every_30_s_of_training(tmp_pa
     assert (run / "train.log").is_file() and "step 6/6" in (run / "train.log").read_text()  # run_dir= holds the log
 
 
+def test_piped_prune_with_reconstruction_logs_each_block_twice(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run([sys.executable, "prune.py", "model=tiny", "pruner=wanda", "sparsity=nm2_4",
+                           "calibration=quick", "calibration.nsamples=4", "calibration.seqlen=64",
+                           "reconstruct=blockwise", "reconstruct.nsamples=4", "reconstruct.seqlen=64",
+                           "reconstruct.epochs=1", "save_model=false", f"data_dir={SAMPLE_DATA_DIR}",
+                           f"cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'pruned'}"],
+                          cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    pruned = re.findall(r"prune wanda nm2_4: block (\d+)/2 ", proc.stdout)
+    rebuilt = re.findall(r"reconstruct block (\d+)/2 ", proc.stdout)
+    assert pruned == rebuilt == ["1", "2"], proc.stdout[-4000:]
+    assert (tmp_path / "pruned" / "prune.log").is_file()
+
+
 def _fit(bar: TQDMProgressBar, max_steps: int, accumulate: int = 1) -> None:
     class Tiny(L.LightningModule):
         def __init__(self) -> None:
