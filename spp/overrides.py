@@ -20,6 +20,7 @@ from typing import Any
 from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import OmegaConf
 
+from spp.atomic import check_writable_dir
 from spp.errors import EXIT_USER_ERROR, RENAMED_KEYS, UserError, reject_unknown_keys, report
 from spp.paths import CONF_DIR
 from spp.plugins import load_plugins
@@ -128,6 +129,22 @@ def unknown_option(overrides: Sequence[Override]) -> UserError | None:
     return None
 
 
+def run_dir_error(argv: Sequence[str], overrides: Sequence[Override]) -> UserError | None:
+    """On a single run, a ``run_dir=`` that cannot be written: one line naming it, before Hydra creates its run
+    directory there (``hydra.run.dir`` follows ``run_dir``; Hydra's own failure is a traceback)."""
+    if "-m" in argv or "--multirun" in argv:
+        return None
+    given = [o for o in overrides if o.key_or_group == "run_dir" and o.type == OverrideType.CHANGE
+             and not o.is_sweep_override() and o.value() not in (None, "")]
+    if not given or any(o.key_or_group == "hydra.run.dir" for o in overrides):
+        return None
+    try:
+        check_writable_dir(str(given[-1].value()), "run_dir")
+    except UserError as err:
+        return err
+    return None
+
+
 def option_key_error(config_name: str, group: str, rest: Sequence[str],
                      overrides: Sequence[Override] = ()) -> UserError | None:
     """The error for the first option of ``group`` the command line chooses (each value of a sweep, else the
@@ -222,7 +239,7 @@ def checked_overrides(cmd: str, schema: type) -> Callable[[Callable[..., Any]], 
                 overrides = parsed_overrides(sys.argv[1:])
                 other_conf = any(a.startswith(("--config-dir", "-cd")) for a in sys.argv[1:])  # more options
                 err = (None if other_conf else unknown_option(overrides)) or unknown_override(
-                    plain_keys(overrides), schema, config_name, overrides)
+                    plain_keys(overrides), schema, config_name, overrides) or run_dir_error(sys.argv[1:], overrides)
                 if err is not None:
                     report(cmd, err)
                     raise SystemExit(EXIT_USER_ERROR)

@@ -80,3 +80,13 @@ def test_hydra_run_dir_follows_run_dir(cmd, tmp_path):
     assert named.hydra.run.dir == str(tmp_path / "mine")
     # negative control: without run_dir= the command keeps its own outputs/<command>/... name
     assert str(default.hydra.run.dir).startswith(f"outputs/{'eval' if cmd == 'eval' else cmd}/")
+
+
+@pytest.mark.parametrize("cmd", ["train", "prune", "eval", "generate"])
+def test_unwritable_run_dir_is_one_line_before_hydra_creates_it(cmd, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder\n")
+    code, err = run_cli(cmd, ["model=tiny", f"run_dir={blocker / 'run'}"], monkeypatch, capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{cmd}.py: error: run_dir=") and "Traceback" not in err, err
