@@ -30,6 +30,13 @@ _LEADING_KEY = re.compile(r"([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+)\b(?!\.)")
 """A message that starts with a dotted config key (``data.max_length must be >= 2``)."""
 
 
+RENAMED_KEYS: dict[str, str] = {
+    "output_dir": "the output folder of every command is run_dir=<folder>",
+    "output_file": "generate.py writes generation.json into run_dir=<folder>",
+}
+"""Top-level keys that no command takes any more, with what replaced them (refused in one line naming it)."""
+
+
 class UserError(ValueError):
     """An error the user can fix: ``what`` is wrong, ``fix`` says how; ``key`` / ``path`` name the culprit."""
 
@@ -175,6 +182,9 @@ def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None
     fields = {f.name for f in dataclasses.fields(schema)}
     for key in cfg.keys():
         name = f"{prefix}{key}"
+        if key not in fields and not prefix and key in RENAMED_KEYS:
+            raise UserError(f"{key}= is not a key any more: {RENAMED_KEYS[str(key)]}", f"write run_dir= instead of "
+                            f"{key}=", key=str(key))
         if key not in fields:
             close = difflib.get_close_matches(str(key), sorted(fields), n=1)
             hint = f"did you mean {prefix}{close[0]}=?" if close else f"valid keys: {', '.join(sorted(fields))}"

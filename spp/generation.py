@@ -152,7 +152,6 @@ class GenerateJobConfig(JobConfig):
         sparse24: Run the 7 projections as PyTorch 2:4 semi-structured sparse tensors (CUDA sm80+, a model
             pruned ``sparsity=nm2_4``; runs in ``dtype`` or bfloat16).
         warmup: Untimed generations before the timed one (kernel selection, caches); 0 on CPU is fine.
-        output_file: Where the JSON record goes; null = ``generation.json`` in Hydra's run directory.
         tokenizer: Folder (or hub id) to load the tokenizer from; null = ``model.path``. For a merged model
             copied without its tokenizer files, point it at the base model's folder.
     """
@@ -169,7 +168,6 @@ class GenerateJobConfig(JobConfig):
     dtype: str | None = None
     sparse24: bool = False
     warmup: int = 0
-    output_file: str | None = None
     tokenizer: str | None = None
 
     def __post_init__(self) -> None:

@@ -21,11 +21,14 @@ class JobConfig:
             sampling has its own ``calibration.seed``).
         cache_dir: Root of the pruning and perplexity caches (a sweep over adapter settings prunes once;
             default ``$SPP_CACHE_DIR``, else ``~/.cache/spp``).
+        run_dir: The folder the job's files go to (every command; its ``<script>.log`` and ``.hydra/`` too on a
+            single run); null = Hydra's run directory (``outputs/<command>/...``; a sweep job's own folder).
     """
 
     data_dir: str | None = None
     seed: int = 0
     cache_dir: str = CACHE_DIR_CONFIG
+    run_dir: str | None = None
 
     def __post_init__(self) -> None:
         """The end of the ``super().__post_init__()`` chain: the shared keys take any value."""
@@ -54,14 +57,12 @@ class FabricJobConfig(JobConfig):
 
     Attributes:
         use_cache: Read / write the pruning cache; false always prunes and writes nothing there.
-        output_dir: Where the job's files go; null = Hydra's run directory.
         accelerator: ``auto``, ``cpu`` or ``gpu``: where the processes run (a ``device`` key wins when set).
         devices: Processes per node (Lightning Fabric starts them, or takes those ``torchrun``/``srun`` started).
         num_nodes: Nodes.
     """
 
     use_cache: bool = True
-    output_dir: str | None = None
     accelerator: str = "auto"
     devices: int = 1
     num_nodes: int = 1

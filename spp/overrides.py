@@ -20,7 +20,8 @@ from typing import Any
 from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import OmegaConf
 
-from spp.errors import EXIT_USER_ERROR, UserError, reject_unknown_keys, report
+from spp.atomic import check_writable_dir
+from spp.errors import EXIT_USER_ERROR, RENAMED_KEYS, UserError, reject_unknown_keys, report
 from spp.paths import CONF_DIR
 from spp.plugins import load_plugins
 
@@ -85,13 +86,62 @@ def unknown_override(keys: Sequence[str], schema: type, config_name: str | None 
         nested = len(parts) > 1 and dataclasses.is_dataclass(fields.get(parts[0])) and config_name is not None
         if nested and (err is not None or group_schemas(parts[0])):  # so a group of typed options asks the chosen one
             err = option_key_error(config_name, parts[0], parts[1:], overrides)
-        elif len(parts) == 1 and err is not None:  # a top-level key may be a misspelled group (experimnt=x)
+        elif len(parts) == 1 and err is not None and key not in RENAMED_KEYS:  # or a misspelled group (experimnt=x)
             names = set(fields) | groups - {"hydra"}
             close = difflib.get_close_matches(key, sorted(names), n=1)
             if close:
                 return UserError(err.what, f"remove it; did you mean {close[0]}=?", key=key)
         if err is not None:
             return err
+    return None
+
+
+def group_options(group: str) -> list[str]:
+    """The user-facing options of config group ``group`` as Hydra finds them (``conf/``, search-path plug-ins, the
+    ConfigStore), without the internal ``<name>_schema`` entries that type them."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.utils import create_config_search_path
+
+    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
+    return [name for name in loader.get_group_options(group) if not name.endswith("_schema")]
+
+
+def unknown_option(overrides: Sequence[Override]) -> UserError | None:
+    """The :class:`UserError` for the first group selection (``pruner=sparsgpt``, each value of a sweep or list)
+    that names no option of its group: one line listing the group's options, instead of Hydra's multi-line error
+    that lists the internal ``*_schema`` entries too."""
+    if any(o.key_or_group.startswith("hydra.searchpath") for o in overrides):
+        return None  # options from other config folders: Hydra judges them itself
+    groups = config_groups() - {"hydra"}
+    for o in overrides:
+        if o.type not in (OverrideType.CHANGE, OverrideType.ADD) or o.package or o.key_or_group not in groups:
+            continue
+        raw = list(o.sweep_string_iterator()) if o.is_sweep_override() else [o.value()]
+        values = [str(v) for item in raw for v in (item if isinstance(item, list) else [item]) if v is not None]
+        options = group_options(o.key_or_group)
+        for value in values:
+            if value in options or value == "null" or not options:
+                continue
+            close = difflib.get_close_matches(value, options, n=1)
+            hint = f"did you mean {o.key_or_group}={close[0]}? " if close else ""
+            return UserError(f"{o.key_or_group}={value} is not an option of {o.key_or_group}",
+                             f"{hint}choose one of: {', '.join(options)}", key=o.key_or_group)
+    return None
+
+
+def run_dir_error(argv: Sequence[str], overrides: Sequence[Override]) -> UserError | None:
+    """On a single run, a ``run_dir=`` that cannot be written: one line naming it, before Hydra creates its run
+    directory there (``hydra.run.dir`` follows ``run_dir``; Hydra's own failure is a traceback)."""
+    if "-m" in argv or "--multirun" in argv:
+        return None
+    given = [o for o in overrides if o.key_or_group == "run_dir" and o.type == OverrideType.CHANGE
+             and not o.is_sweep_override() and o.value() not in (None, "")]
+    if not given or any(o.key_or_group == "hydra.run.dir" for o in overrides):
+        return None
+    try:
+        check_writable_dir(str(given[-1].value()), "run_dir")
+    except UserError as err:
+        return err
     return None
 
 
@@ -187,7 +237,9 @@ def checked_overrides(cmd: str, schema: type) -> Callable[[Callable[..., Any]], 
                 raise SystemExit(EXIT_USER_ERROR) from None
             if not args and not kwargs:
                 overrides = parsed_overrides(sys.argv[1:])
-                err = unknown_override(plain_keys(overrides), schema, config_name, overrides)
+                other_conf = any(a.startswith(("--config-dir", "-cd")) for a in sys.argv[1:])  # more options
+                err = (None if other_conf else unknown_option(overrides)) or unknown_override(
+                    plain_keys(overrides), schema, config_name, overrides) or run_dir_error(sys.argv[1:], overrides)
                 if err is not None:
                     report(cmd, err)
                     raise SystemExit(EXIT_USER_ERROR)

@@ -209,8 +209,8 @@ def test_a_plugin_adapter_trains_merges_exports_and_evaluates(tmp_path):
     common = ["eval.seqlen=128", "eval.max_windows=2", "eval.tasks=[]", f"data_dir={SAMPLE_DATA_DIR}"]
     _run(["eval.py", "model=tiny", "pruner=wanda", "sparsity=nm2_4", "calibration.nsamples=4",
           "calibration.seqlen=128", f"cache_dir={cache}", f"adapter_dir={run / 'adapter'}",
-          f"output_dir={tmp_path / 'eval_adapter'}", *common], env)
-    _run(["eval.py", f"model.path={run / 'merged'}", f"output_dir={tmp_path / 'eval_merged'}", *common], env)
+          f"run_dir={tmp_path / 'eval_adapter'}", *common], env)
+    _run(["eval.py", f"model.path={run / 'merged'}", f"run_dir={tmp_path / 'eval_merged'}", *common], env)
     adapted, merged = _ppl(tmp_path / "eval_adapter" / "results.json"), _ppl(tmp_path / "eval_merged" / "results.json")
     assert adapted["window_nll"] == merged["window_nll"] and adapted["ppl"] == merged["ppl"]
     assert merged["ppl"] == pytest.approx(summary["perplexity"]["merged"]["ppl"], rel=1e-12)

@@ -63,7 +63,7 @@ def _eval_folder(folder: Path, out: Path, family: str) -> dict:
     """``eval.py model.path=<folder>``'s job, in this process (the function eval.py runs)."""
     cfg = EvalJobConfig(model=ModelConfig(name=f"tiny_{family}", path=str(folder)),
                         eval=EvalConfig(seqlen=48, max_windows=3, batch_size=1, tasks=[], window_sampling="first"),
-                        data_dir=str(SAMPLE_DATA_DIR), use_cache=False, accelerator="cpu", output_dir=str(out))
+                        data_dir=str(SAMPLE_DATA_DIR), use_cache=False, accelerator="cpu", run_dir=str(out))
     record = run_eval_job(cfg, out)
     return json.loads((out / "results.json").read_text())["records"][0] if record is not None else {}
 

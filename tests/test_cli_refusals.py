@@ -54,6 +54,8 @@ def _cases(tmp: Path) -> dict[str, list[str]]:
                          *train],
         "pruner_typo": ["prune.py", "model=tiny", "pruner=sparsegpt", "pruner.blocksz=64",
                         f"hydra.run.dir={tmp / 'h7'}"],
+        "pruner_option_typo": ["prune.py", "model=tiny", "pruner=sparsgpt", f"hydra.run.dir={tmp / 'h8'}"],
+        "logger_option_typo": ["train.py", "model=tiny", "logger=[csv,wandbb]", f"hydra.run.dir={tmp / 'h9'}", *train],
         "train_plus": ["train.py", "model=tiny", "+adapter.rr=16", f"hydra.run.dir={tmp / 'h0'}", *train],
         "gpt2": ["train.py", f"model.path={gpt2}", "model.name=gpt2", "debug=fast", f"run_dir={tmp / 'gpt2_run'}",
                  "adapter.targets=[c_attn,q_proj]", *train],
@@ -204,3 +206,13 @@ def test_a_key_of_another_pruner_names_the_pruner_chosen_and_its_keys(outcomes):
     line = refusal(outcomes["pruner_other"], "train.py", "pruner=wanda has no key pruner.blocksize",
                    "its keys: name, targets, true_sequential", "pruner=sparsegpt")
     assert "+pruner" not in line
+
+
+# ------------------------------------------------------------- a misspelled option of a config group (issue 52)
+@pytest.mark.parametrize("case, cmd, bad, close, other", [
+    ("pruner_option_typo", "prune.py", "pruner=sparsgpt", "pruner=sparsegpt", "wanda"),
+    ("logger_option_typo", "train.py", "logger=wandbb", "logger=wandb", "tensorboard"),  # one item of a list
+])
+def test_a_misspelled_group_option_lists_the_user_facing_options(outcomes, case, cmd, bad, close, other):
+    line = refusal(outcomes[case], cmd, f"{bad} is not an option of", f"did you mean {close}?", other)
+    assert "_schema" not in line  # not Hydra's list with the internal typed entries

@@ -67,7 +67,7 @@ def cli(cmd: str, args: list[str], tmp_path: Path, monkeypatch, capsys) -> tuple
     if cmd == "train":
         common += [f"run_dir={tmp_path / 'run'}", f"cache_dir={tmp_path / 'cache'}", "print_config=false"]
     elif cmd in ("prune", "eval"):
-        common += [f"output_dir={tmp_path / 'out'}", f"cache_dir={tmp_path / 'cache'}"]
+        common += [f"run_dir={tmp_path / 'out'}", f"cache_dir={tmp_path / 'cache'}"]
     monkeypatch.setattr(sys, "argv", [f"{cmd}.py", f"--config-path={CONF_DIR}", *args, *common])
     capsys.readouterr()
     start = time.perf_counter()
@@ -261,7 +261,7 @@ def test_eval_results_record_data_files(tmp_path, monkeypatch, capsys):
     module = importlib.import_module("eval")
     monkeypatch.setattr(sys, "argv", ["eval.py", f"--config-path={CONF_DIR}", "model=tiny", "eval.seqlen=64",
                                       "eval.max_windows=2", f"data_dir={SAMPLE_DATA_DIR}",
-                                      f"output_dir={tmp_path / 'out'}",
+                                      f"run_dir={tmp_path / 'out'}",
                                       f"hydra.run.dir={tmp_path / 'hydra'}", "hydra.output_subdir=null",
                                       "print_config=false", "logger=csv"])
     module.main()

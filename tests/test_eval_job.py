@@ -41,7 +41,7 @@ def test_config_is_typed():
 
 
 def test_dense_job_writes_results_and_table(tmp_path):
-    cfg = _compose("eval.tasks=[spp_rte,spp_arc_easy]", "eval.limit=2", f"output_dir={tmp_path}")
+    cfg = _compose("eval.tasks=[spp_rte,spp_arc_easy]", "eval.limit=2", f"run_dir={tmp_path}")
     record = run_eval_job(cfg, tmp_path)
     payload = json.loads((tmp_path / "results.json").read_text())
     (row,) = payload["records"]
@@ -51,7 +51,8 @@ def test_dense_job_writes_results_and_table(tmp_path):
     md = (tmp_path / "results.md").read_text()
     assert "| Model | wikitext2 PPL (64×2) | BoolQ | RTE | HellaSwag | WinoGrande | ARC-e | ARC-c | OBQA |" in md
     ppl = record.ppl["wikitext2"]  # with its 95 % bootstrap interval over windows (the one-epoch methods study)
-    ppl_cell = f"{ppl['ppl']:.2f} [{ppl['ci_low']:.2f}, {ppl['ci_high']:.2f}]"
+    # ... and, from 2 windows, the caveat that such an interval is rough
+    ppl_cell = f"{ppl['ppl']:.2f} [{ppl['ci_low']:.2f}, {ppl['ci_high']:.2f}] (2 windows: a rough interval)"
     assert f"| tiny | {ppl_cell} | – | {100 * row['tasks']['spp_rte']['acc']:.2f} |" in md
     metrics = (tmp_path / "csv" / "metrics.csv").read_text()
     assert "eval/ppl/wikitext2" in metrics and "eval/acc/spp_rte" in metrics

@@ -8,7 +8,7 @@ import pytest
 
 from spp.eval.collect_results import load_records
 from spp.eval.collect_results import main as collect_main
-from spp.eval.tables import EvalRecord, log_to_loggers, paper_table, write_results
+from spp.eval.tables import EvalRecord, limit_notes, log_to_loggers, paper_table, ppl_text, write_results
 
 ACCS = {"spp_boolq": 0.6, "spp_rte": 0.5, "spp_hellaswag": 0.4, "spp_winogrande": 0.55, "spp_arc_easy": 0.7,
         "spp_arc_challenge": 0.3, "spp_openbookqa": 0.25}
@@ -39,8 +39,8 @@ def test_results_round_trip_and_collect(tmp_path):
     js, md = write_results(tmp_path / "a", [_record("dense")], meta={"x": 1})
     write_results(tmp_path / "b", [_record("half", 0.5)])
     assert json.loads(js.read_text())["records"][0]["zero_shot_mean_acc"] == pytest.approx(sum(ACCS.values()) / 7)
-    assert "acc_norm" in md.read_text() and "MMLU `limit` (first N test questions per subject, 57 subjects): 1" in (
-        md.read_text())
+    assert "acc_norm" in md.read_text()
+    assert "MMLU `limit` (test questions per subject, 57 subjects, sampled the same way): 1" in md.read_text()
     records = load_records([js, tmp_path / "b" / "results.json"])
     assert [r.label for r in records] == ["dense", "half"]
     out = collect_main(["--out", str(tmp_path / "t.md"), str(js), str(tmp_path / "b" / "results.json")])
@@ -59,3 +59,20 @@ def test_metrics_reach_the_csv_logger(tmp_path):
     values = dict(zip(header.split(","), row.split(","), strict=True))
     assert float(values["eval/ppl/wikitext2"]) == pytest.approx(12.345)
     assert float(values["eval/acc/zero_shot_mean"]) == pytest.approx(sum(ACCS.values()) / 7)
+
+
+def test_limit_is_described_as_the_seeded_sample_it_is():
+    seeded = EvalRecord(label="s", tasks={"spp_rte": {"acc": 0.5}}, info={"doc_seed": 3})
+    (line,) = limit_notes([seeded], ["20"], [])
+    assert "seeded random sample" in line and 'metadata={"doc_seed": 3}' in line and "first N" not in line
+    legacy = EvalRecord(label="l", tasks={"spp_rte": {"acc": 0.5}})  # made before info.doc_seed: the default, 0
+    assert 'metadata={"doc_seed": 0}' in limit_notes([legacy], ["20"], [])[0]
+    first = EvalRecord(label="f", tasks={"spp_rte": {"acc": 0.5}}, info={"doc_seed": None})
+    assert "the first N documents" in limit_notes([first], ["20"], [])[0]  # eval.doc_seed=null
+
+
+def test_an_interval_from_few_windows_carries_a_caveat():
+    entry = {"ppl": 30.0, "ci_low": 25.0, "ci_high": 36.0}
+    assert ppl_text({**entry, "windows": 2}) == "30.00 [25.00, 36.00] (2 windows: a rough interval)"
+    assert ppl_text({**entry, "windows": 5}) == "30.00 [25.00, 36.00]"  # enough windows: no caveat
+    assert ppl_text({"ppl": 30.0, "windows": 2}) == "30.00"  # no interval, nothing to qualify

@@ -29,7 +29,7 @@ def _eval_py(tmp: Path, merged: Path, name: str, nproc: int = 1) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "WANDB_MODE": "offline", "PYTHONPATH": str(REPO_ROOT)}
     proc = subprocess.run([sys.executable, *launcher, "eval.py", "model=tiny", f"model.path={merged}", *EVAL,
-                           f"data_dir={SAMPLE_DATA_DIR}", f"output_dir={out}", "accelerator=cpu",
+                           f"data_dir={SAMPLE_DATA_DIR}", f"run_dir={out}", "accelerator=cpu",
                            f"hydra.run.dir={tmp / ('hydra-' + name)}", "logger=csv"],
                           cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -63,9 +63,9 @@ def _argmax_decode(model: torch.nn.Module, ids: torch.Tensor, n: int, eos: int) 
 @pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_greedy_cli_equals_in_memory_model(tmp_path):
     model_dir = _save(tiny_llama(seed=0), tmp_path / "tiny")
-    out = tmp_path / "gen.json"
+    out = tmp_path / "gen" / "generation.json"
     proc = _generate_cli(f"model.path={model_dir}", f"prompt={PROMPT}", "max_new_tokens=12", "device=cpu",
-                        f"output_file={out}")
+                        f"run_dir={out.parent}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     record = json.loads(out.read_text())
     model, tok = tiny_llama(seed=0), tiny_tokenizer()

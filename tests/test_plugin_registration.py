@@ -149,7 +149,7 @@ def test_a_plugin_folder_named_like_a_standard_module_registers_and_prunes(tmp_p
                                           "conf/pruner/random.yaml": "defaults:\n  - random_schema\n  - _self_\n"})
     out = tmp_path / "out"
     proc = _run(["prune.py", "model=tiny", "pruner=random", "pruner.seed=3", "sparsity=nm2_4", "device=cpu",
-                 f"output_dir={out}", f"cache_dir={tmp_path / 'cache'}", f"data_dir={SAMPLE_DATA_DIR}",
+                 f"run_dir={out}", f"cache_dir={tmp_path / 'cache'}", f"data_dir={SAMPLE_DATA_DIR}",
                  f"hydra.run.dir={tmp_path / 'hydra'}"], folder)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "/random-nm2_4-" in json.loads((out / "timing.json").read_text())["cache_path"]

@@ -72,7 +72,7 @@ def train(tmp: Path, env: dict[str, str], name: str, *extra: str) -> dict[str, A
 
 def prune(tmp: Path, env: dict[str, str], name: str, *extra: str) -> dict[str, Any]:
     """``prune.py model=tiny pruner=my_pruner sparsity=nm2_4`` into ``<tmp>/<name>``; its ``timing.json``."""
-    run(["prune.py", "model=tiny", "pruner=my_pruner", "sparsity=nm2_4", "device=cpu", f"output_dir={tmp / name}",
+    run(["prune.py", "model=tiny", "pruner=my_pruner", "sparsity=nm2_4", "device=cpu", f"run_dir={tmp / name}",
          f"cache_dir={tmp / 'cache'}", f"data_dir={SAMPLE_DATA_DIR}", f"hydra.run.dir={tmp / 'hydra' / name}",
          *extra], env)
     return json.loads((tmp / name / "timing.json").read_text())

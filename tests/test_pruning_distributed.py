@@ -317,7 +317,7 @@ def test_srun_tasks_pick_their_own_gpu_without_local_rank(local, monkeypatch):
 def _prune_cli(tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     args = ["model=tiny", "pruner=wanda", "sparsity=nm2_4", "calibration=quick", "calibration.nsamples=2",
             "calibration.seqlen=64", f"cache_dir={tmp_path / 'cache'}", f"data_dir={SAMPLE_DATA_DIR}", "device=cpu",
-            "save_model=false", f"output_dir={tmp_path / 'out'}", *extra]
+            "save_model=false", f"run_dir={tmp_path / 'out'}", *extra]
     return subprocess.run([sys.executable, "prune.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
 
@@ -330,7 +330,7 @@ PROJECTION = re.compile(r"model\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight"
 def _prune_py(tmp_path: Path, nproc: int) -> Path:
     """``prune.py`` on ``nproc`` processes (``torchrun`` for 2 or more), each run with its own cache; its outputs."""
     out = tmp_path / f"world{nproc}"
-    args = [*PRUNE_PY, f"devices={nproc}", f"cache_dir={out / 'cache'}", f"output_dir={out / 'run'}"]
+    args = [*PRUNE_PY, f"devices={nproc}", f"cache_dir={out / 'cache'}", f"run_dir={out / 'run'}"]
     if nproc > 1:
         proc = torchrun(REPO_ROOT / "prune.py", nproc, *args)
     else:

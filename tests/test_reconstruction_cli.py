@@ -61,12 +61,12 @@ def refusals(tmp_path_factory) -> dict[str, Any]:
                                   f"hydra.run.dir={tmp / 'train' / name}",
                                   f"cache_dir={tmp / 'cache' / f'train_{name}'}"]
         cases[f"prune_{name}"] = ["prune.py", "model=tiny", "calibration=quick", "calibration.seqlen=128", *RECON,
-                                  *overrides, *data, f"output_dir={tmp / 'prune' / name}",
+                                  *overrides, *data, f"run_dir={tmp / 'prune' / name}",
                                   f"hydra.run.dir={tmp / 'hprune' / name}",
                                   f"cache_dir={tmp / 'cache' / f'prune_{name}'}"]
     cases["prune_off"] = ["prune.py", "model=tiny", "calibration=quick", "calibration.seqlen=128", "reconstruct=none",
                           "reconstruct.form=bogus", "reconstruct.seqlen=1024", f"data_dir={SAMPLE_DATA_DIR}",
-                          f"output_dir={tmp / 'prune' / 'off'}", f"hydra.run.dir={tmp / 'hprune' / 'off'}",
+                          f"run_dir={tmp / 'prune' / 'off'}", f"hydra.run.dir={tmp / 'hprune' / 'off'}",
                           f"cache_dir={tmp / 'cache' / 'prune_off'}"]
     proc, found = run_cases(cases, _env(tmp), REPO_ROOT, 600)
     assert proc.returncode == 0 and set(cases) <= set(found), proc.stderr[-5000:]
@@ -136,7 +136,7 @@ def check_record(record: dict[str, Any], steps: int) -> None:
 def test_prune_py_reconstructs(tmp_path):
     out = tmp_path / "out"
     proc = run(tmp_path, "prune.py", "model=tiny", "calibration=quick", "calibration.seqlen=128", *RECON,
-               "reconstruct.lr=1e-2", f"output_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}")
+               "reconstruct.lr=1e-2", f"run_dir={out}", f"hydra.run.dir={tmp_path / 'hydra'}")
     assert "reconstruction (spp): 2 blocks" in proc.stdout and "cache miss" in proc.stdout
     record = json.loads((out / "reconstruction.json").read_text())
     check_record(record, steps=3)  # 3 epochs x ceil(4 windows / 4 a step)

@@ -497,7 +497,7 @@ def _compose(script: str, overrides: list[str]):
         return compose_job(overrides)
     register_eval()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[o for o in overrides if not o.startswith("output_dir=")])
+        cfg = compose("evaluate", overrides=overrides)
     OmegaConf.resolve(cfg)
     OmegaConf.to_object(cfg)  # the typed eval job: out-of-range values fail here
     return cfg

@@ -107,7 +107,7 @@ def test_lock_is_exclusive_released_and_skipped_by_other_ranks(tmp_path):
         assert exc.value.key == "run_dir"
         with hold_run_dir(run, leader=False):  # another rank of the same job
             pass
-    with hold_run_dir(tmp_path / "run", "output_dir"):  # released when the job ended
+    with hold_run_dir(tmp_path / "run", "run_dir"):  # released when the job ended
         pass
 
 

@@ -28,7 +28,7 @@ ARGS = {
     "eval": ["model=tiny", "pruner=magnitude", "sparsity=nm2_4", "eval.seqlen=64", "eval.max_windows=2",
              f"data_dir={SAMPLE_DATA_DIR}"],
 }
-OUTPUT_KEY = {"train": "run_dir", "prune": "output_dir", "eval": "output_dir"}
+OUTPUT_KEY = {"train": "run_dir", "prune": "run_dir", "eval": "run_dir"}
 
 
 @pytest.fixture
@@ -114,7 +114,7 @@ def test_read_only_cache_dir(cmd, tmp_path, monkeypatch, capsys, no_weights):
 
 
 @pytest.mark.parametrize("cmd", ["train", "prune", "eval"])
-def test_output_dir_below_a_file(cmd, tmp_path, monkeypatch, capsys, no_weights):
+def test_run_dir_below_a_file(cmd, tmp_path, monkeypatch, capsys, no_weights):
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("a file\n")
     code, err = run_cli(cmd, ARGS[cmd], tmp_path, monkeypatch, capsys, tmp_path / "cache", blocker / "run")

@@ -11,9 +11,9 @@ OUT=${OUT:-experiments/results/eval_smollm2_135m}
 CACHE=${SPP_CACHE_DIR:-$HOME/.cache/spp}
 COMMON=(model=smollm2_135m eval=default eval.seqlen=2048 eval.max_windows=4 "eval.tasks=[spp_zeroshot,spp_mmlu]"
         eval.limit=${LIMIT:-20} eval.mmlu_limit=${MMLU_LIMIT:-1} eval.lm_eval_batch_size=${BATCH:-4} calibration=quick "cache_dir=$CACHE" print_config=false)
-python eval.py "${COMMON[@]}" label=dense output_dir="$OUT/dense"
-python eval.py "${COMMON[@]}" pruner=wanda sparsity=nm2_4 "label='Wanda 2:4'" output_dir="$OUT/wanda_nm2_4"
-python eval.py "${COMMON[@]}" pruner=wanda sparsity=unstructured50 "label='Wanda 50%'" output_dir="$OUT/wanda_unstructured50"
+python eval.py "${COMMON[@]}" label=dense run_dir="$OUT/dense"
+python eval.py "${COMMON[@]}" pruner=wanda sparsity=nm2_4 "label='Wanda 2:4'" run_dir="$OUT/wanda_nm2_4"
+python eval.py "${COMMON[@]}" pruner=wanda sparsity=unstructured50 "label='Wanda 50%'" run_dir="$OUT/wanda_unstructured50"
 python -m spp.eval.collect_results --out "$OUT.md" --title "SmolLM2-135M: dense vs Wanda (CPU-sized limits)" \
   --preamble "Command: \`nice -n 10 bash experiments/eval/smollm2_table.sh\` (LIMIT=${LIMIT:-20}, MMLU_LIMIT=${MMLU_LIMIT:-1})." \
   "$OUT/dense/results.json" "$OUT/wanda_nm2_4/results.json" "$OUT/wanda_unstructured50/results.json"

@@ -46,7 +46,7 @@ job() {  # job DIR SCRIPT OVERRIDES...: one run, skipped when done; status 1 whe
   rm -rf "$dir" "$dir.failed.log"; mkdir -p "$(dirname "$dir")"
   local load; load=$(cut -d' ' -f1 /proc/loadavg)
   echo "[reconstruction] $(date -u +%FT%TZ) start $dir (load $load)"
-  local where=hydra.run.dir; [[ $script == eval.py ]] && where=output_dir
+  local where=run_dir  # every command writes its files, its log and .hydra/ there
   # shellcheck disable=SC2086
   if python "$script" "$@" "$where=$dir" > "$dir.running.log" 2>&1; then
     mv "$dir.running.log" "$dir/stdout.log"

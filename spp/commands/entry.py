@@ -25,7 +25,7 @@ from typing import Any  # noqa: E402
 
 import hydra  # noqa: E402
 from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from spp.cli_help import register_help  # noqa: E402
 from spp.compare.naming import register_sweep_name  # noqa: E402
@@ -54,6 +54,18 @@ class Command:
     """Stores the command's schemas (and resolvers) for Hydra; runs before the plug-ins load and Hydra composes."""
 
 
+def run_dir_or(run_dir: str | None, default: str) -> str:
+    """The ``spp_run_dir`` resolver of the commands' ``hydra.run.dir``: ``run_dir=`` when given (so the job's files,
+    its ``<script>.log`` and ``.hydra/`` share one folder), else the command's own ``outputs/...`` name."""
+    return str(Path(run_dir).expanduser()) if run_dir else default
+
+
+def register_run_dir_resolver() -> None:
+    """Register ``spp_run_dir`` (:func:`run_dir_or`) once, before Hydra composes a command's config."""
+    if not OmegaConf.has_resolver("spp_run_dir"):
+        OmegaConf.register_new_resolver("spp_run_dir", run_dir_or)
+
+
 def hydra_output_dir() -> Path:
     """The output directory Hydra chose for this job (``hydra.run.dir``, or a sweep job's folder)."""
     return Path(HydraConfig.get().runtime.output_dir)
@@ -69,6 +81,7 @@ def hydra_entry(command: Command) -> Callable[..., Any]:
     command.register()
     register_help()
     register_sweep_name()
+    register_run_dir_resolver()
 
     def main(cfg: DictConfig) -> Any:
         with cli_errors(command.script):

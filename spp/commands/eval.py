@@ -32,8 +32,8 @@ def run(job: EvalJobConfig) -> float | None:
         raise
     except (ValueError, FileNotFoundError) as err:
         raise UserError.from_message(str(err)) from err
-    out_dir = Path(job.output_dir or hydra_output_dir())
-    with hold_run_dir(out_dir, "output_dir"):  # one job per output folder (spp.run_lock)
+    out_dir = Path(job.run_dir or hydra_output_dir()).expanduser()
+    with hold_run_dir(out_dir, "run_dir"):  # one job per output folder (spp.run_lock)
         remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
         save_and_print_config(OmegaConf.structured(job), out_dir, show=job.print_config)
         quiet_lightning()

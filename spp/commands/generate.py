@@ -1,7 +1,8 @@
 """``generate.py``: load a model, generate one completion, print it with tokens/s and record it.
 
-:func:`run` checks the tokenizer files before the weights load and runs :func:`generate_one` into ``output_file``
-(else ``<run dir>/generation.json``); the job config is :class:`spp.generation.GenerateJobConfig`.
+:func:`run` checks the tokenizer files before the weights load and runs :func:`generate_one` into
+``<run_dir>/generation.json`` (Hydra's run directory when ``run_dir`` is null); the job config is
+:class:`spp.generation.GenerateJobConfig`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from spp.preflight.model_files import check_tokenizer_files
 def run(job: GenerateJobConfig) -> float:
     """Generate once; returns tokens/s (so ``-m`` sweeps can compare settings)."""
     check_tokenizer_files(job.model, job.tokenizer)  # before the weights load
-    out = Path(job.output_file) if job.output_file else hydra_output_dir() / "generation.json"
+    out = Path(job.run_dir or hydra_output_dir()).expanduser() / "generation.json"
     return generate_one(job, out).tokens_per_s
 
 

@@ -19,11 +19,11 @@ from spp.training.run import resolve_methods
 
 def run(job: PruneJobConfig) -> None:
     """Resolve the job's pruner and reconstruction form once, check the job before any load, then prune into
-    ``output_dir`` (else Hydra's run directory)."""
+    ``run_dir`` (else Hydra's run directory)."""
     methods = resolve_methods(job)
     preflight_prune(job, methods)
-    out_dir = Path(job.output_dir or hydra_output_dir())
-    with hold_run_dir(out_dir, "output_dir"):  # one job per output folder (spp.run_lock)
+    out_dir = Path(job.run_dir or hydra_output_dir()).expanduser()
+    with hold_run_dir(out_dir, "run_dir"):  # one job per output folder (spp.run_lock)
         remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])
         prune_job(job, out_dir, methods)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,17 +72,20 @@ def gpus_per_replica(eval_cfg: EvalConfig, source: str | Path | nn.Module, ctx: 
 
 def evaluate(source: str | os.PathLike[str] | nn.Module, eval_cfg: EvalConfig, ctx: DistContext | None = None, *,
              tokenizer: Any = None, data_dir: str | os.PathLike[str] | None = None,
-             sample: tuple[str, int] | None = None, label: str = "model", seed: int | None = None) -> Evaluation:
+             sample: tuple[str, int] | None = None, label: str = "model", seed: int | None = None,
+             on_perplexity: Callable[[Evaluation], None] | None = None) -> Evaluation:
     """Perplexity and lm-eval tasks of ``source`` (a saved model folder, or an in-memory model in one process).
 
     Every process of ``ctx`` must call it and gets the same :class:`Evaluation`; ``sample`` is the
-    ``(prompt, max_new_tokens)`` of a greedy completion by global rank 0."""
+    ``(prompt, max_new_tokens)`` of a greedy completion by global rank 0. ``on_perplexity`` gets global rank 0's
+    evaluation so far once the perplexities are measured and lm-eval tasks follow (``eval.py`` writes it, so a job
+    stopped by a time limit during the tasks keeps them)."""
     ctx = ctx or DistContext()
     source = source if isinstance(source, nn.Module) else Path(source)
     replicas = ReplicaGroup.create(ctx, gpus_per_replica(eval_cfg, source, ctx))
     result = None
     if replicas.is_leader:
-        result = _measure(source, eval_cfg, replicas, tokenizer, data_dir, sample, label, seed)
+        result = _measure(source, eval_cfg, replicas, tokenizer, data_dir, sample, label, seed, on_perplexity)
     return replicas.share(result)
 
 
@@ -100,7 +104,8 @@ def _load(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGroup
 
 
 def _measure(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGroup, tokenizer: Any,
-             data_dir: Any, sample: tuple[str, int] | None, label: str, seed: int | None) -> Evaluation:
+             data_dir: Any, sample: tuple[str, int] | None, label: str, seed: int | None,
+             on_perplexity: Callable[[Evaluation], None] | None = None) -> Evaluation:
     """A leader's share of the evaluation (replica 0's result is the one every process gets)."""
     start = time.perf_counter()
     model, tokenizer, args = _load(source, eval_cfg, replicas, tokenizer)
@@ -120,6 +125,8 @@ def _measure(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGr
                 log.info("%s perplexity (%s): %.2f (seqlen %d, %d windows, %d replica(s); %.1f s)", label, src,
                          res.ppl, res.seqlen, res.windows, replicas.count, seconds)
         out.ppl = out.ppl_by_source[eval_cfg.ppl_source]
+        if eval_cfg.tasks and main and on_perplexity is not None:
+            on_perplexity(out)
     if eval_cfg.tasks:
         _tasks(model, tokenizer, eval_cfg, replicas, data_dir, seed, out, label)
     if sample is not None and main:

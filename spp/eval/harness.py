@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spp.eval.progress_lines import lm_eval_bars_as_lines
 from spp.eval.task_table import (
     MMLU_GROUP,
     PAPER_MEAN_TASKS,
@@ -260,9 +261,10 @@ def evaluate_tasks(
     run_names = _run_names(names, online)
     was_training = getattr(model, "training", False)
     try:
-        out = lm_eval.simple_evaluate(model=lm, tasks=run_names, num_fewshot=num_fewshot, limit=limit,
-                                      log_samples=log_samples, task_manager=task_manager(data_dir, online, doc_seed),
-                                      **_seeds(seed))
+        with lm_eval_bars_as_lines():  # outside a terminal: a line per bar, not one huge line of redraws
+            out = lm_eval.simple_evaluate(model=lm, tasks=run_names, num_fewshot=num_fewshot, limit=limit,
+                                          log_samples=log_samples,
+                                          task_manager=task_manager(data_dir, online, doc_seed), **_seeds(seed))
     finally:
         if isinstance(model, torch.nn.Module):
             model.train(was_training)

@@ -32,7 +32,7 @@ class EvalJobConfig(FabricJobConfig):
             on top of the (pruned) model; null = none.
         label: Row name in the table; null = ``<model.name> <pruner.name> <sparsity.name>[ +adapter]``.
         print_config: Print the resolved config as a Rich tree (always saved as
-            ``<output_dir>/resolved_config.yaml``).
+            ``<run_dir>/resolved_config.yaml``).
     """
 
     model: ModelConfig = field(default_factory=ModelConfig)

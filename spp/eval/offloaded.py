@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from spp.atomic import write_json_atomic
 from spp.eval.config import EvalConfig
 from spp.eval.perplexity import PerplexityResult, eval_windows, nll_sums, result_from_sums
 from spp.eval.ppl_cache import ppl_cache_key, ppl_cache_parts, ppl_settings
+from spp.eval.progress_lines import progress
 from spp.models.block_runner import BlockRunner, buffers_on
 from spp.models.offload import OffloadedModel
 
@@ -42,8 +42,8 @@ def offloaded_perplexity(off: OffloadedModel, tokenizer: Any, source: str = "wik
     try:
         with buffers_on(model, ctx.device):
             hidden, calls = runner.head([batches[b] for b in mine])
-            quiet = {} if ctx.is_main else {"disable": True}
-            for i in tqdm(range(len(runner.layers)), desc=f"ppl {windows.label}@{seqlen}", unit="block", **quiet):
+            for i in progress(range(len(runner.layers)), f"ppl {windows.label}@{seqlen}: block", "block",
+                              every_s=0, disable=not ctx.is_main):  # outside a terminal: a line per block
                 with runner.block(i) as block:
                     hidden = runner.run(block, hidden, calls[i])
             for b, logits in zip(mine, runner.logits(hidden, [batches[b] for b in mine]), strict=True):

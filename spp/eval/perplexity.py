@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
+from spp.eval.progress_lines import progress
 from spp.paths import find_data
 
 WIKITEXT2_TEST = "wikitext2/test.json"
@@ -299,8 +299,8 @@ def score_windows(model: torch.nn.Module, windows: Windows, batch_size: int, bat
     was_training = model.training
     model.eval()
     try:
-        for b in tqdm(batches, desc=f"ppl {windows.label}@{windows.seqlen}", unit="batch",
-                      **({"disable": True} if quiet else {})):  # else TQDM_DISABLE decides (a log file: no bar)
+        for b in progress(batches, f"ppl {windows.label}@{windows.seqlen}: batch", "batch",
+                          disable=quiet):  # outside a terminal: a log line every 30 s and one at the end
             start = b * batch_size
             sums[start : start + chunks[b].size(0)] = window_nll_sum(model, chunks[b].to(device)).double().cpu()
     finally:

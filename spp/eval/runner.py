@@ -211,12 +211,23 @@ def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord | Non
     if cfg.eval.tasks:
         task_data_files(list(cfg.eval.tasks), cfg.data_dir)  # recorded for data_files (the harness resolves them too)
     label = cfg.label or default_label(cfg)
-    ev = evaluate(source, cfg.eval, ctx, tokenizer=tokenizer, data_dir=cfg.data_dir, label=label)
+    ev = evaluate(source, cfg.eval, ctx, tokenizer=tokenizer, data_dir=cfg.data_dir, label=label,
+                  on_perplexity=lambda part: _write(cfg, output_dir, label, info, part, partial=True))
     return _write(cfg, output_dir, label, info, ev) if ctx.is_main else None
 
 
-def _write(cfg: EvalJobConfig, output_dir: str | Path, label: str, info: dict[str, Any], ev: Evaluation) -> EvalRecord:
-    """Rank 0: the record of ``ev``, written to ``results.json`` / ``results.md`` and the loggers."""
+PARTIAL_STATUS = "partial: the perplexity is measured, the lm-eval tasks had not ended when this was written"
+"""``info.status`` of the ``results.json`` written between the perplexity and the lm-eval tasks (a job stopped by
+a time limit during the tasks keeps it); the finished job's record has no ``status``."""
+
+
+def _write(cfg: EvalJobConfig, output_dir: str | Path, label: str, info: dict[str, Any], ev: Evaluation,
+           partial: bool = False) -> EvalRecord:
+    """Rank 0: the record of ``ev``, written to ``results.json`` / ``results.md`` and (when not ``partial``) the
+    loggers."""
+    info.pop("status", None)
+    if partial:
+        info["status"] = PARTIAL_STATUS
     record = EvalRecord(label=label, limit=cfg.eval.limit, info=info)
     record.ppl = {src: {k: v for k, v in entry.items() if k not in ("seconds", "cache_hit")}
                   for src, entry in ev.ppl_by_source.items()}
@@ -226,14 +237,18 @@ def _write(cfg: EvalJobConfig, output_dir: str | Path, label: str, info: dict[st
         record.tasks = ev.zero_shot["metrics"]
         info["mmlu_limit"] = cfg.eval.mmlu_limit if cfg.eval.mmlu_limit is not None else cfg.eval.limit
         info["num_fewshot"] = ev.zero_shot["num_fewshot"]
+        info["doc_seed"] = cfg.eval.doc_seed  # eval.limit's seeded random sample of documents (results.md says so)
         info["task_versions"] = ev.task_versions
         if ev.doc_records is not None:
             info["majority_class"] = ev.zero_shot["majority_class"]
             info["documents"] = write_doc_records(Path(output_dir) / DOC_RECORDS_FILE, ev.doc_records).name
     info["data_files"] = data_provenance()
     meta = {"config": dataclasses.asdict(cfg), "data_files": info["data_files"]}
-    write_results(output_dir, [record], meta, title=f"Evaluation: {record.label}")
-    log_record(cfg, output_dir, record)
+    title = f"Evaluation: {record.label}" + (" (partial: perplexity only, the lm-eval tasks had not ended)"
+                                              if partial else "")
+    write_results(output_dir, [record], meta, title=title)
+    if not partial:
+        log_record(cfg, output_dir, record)
     return record
 
 

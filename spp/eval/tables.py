@@ -16,6 +16,7 @@ from typing import Any
 from lightning.pytorch.loggers import WandbLogger
 
 from spp.atomic import write_text_atomic
+from spp.eval.config import EvalConfig
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.task_table import MMLU_GROUP, PAPER_MEAN_TASKS, TASKS
 
@@ -112,10 +113,26 @@ def _pct(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.2f}"
 
 
+DEFAULT_DOC_SEED = EvalConfig.doc_seed
+"""The ``eval.doc_seed`` a record made before ``info.doc_seed`` was recorded used (the config's default)."""
+
+FEW_WINDOWS = 5
+"""Below this many windows a bootstrap interval over windows is a rough range: it is printed with a caveat."""
+
+
+def few_windows_caveat(windows: int | None) -> str:
+    """`` (2 windows: a rough interval)`` for an interval from fewer than :data:`FEW_WINDOWS` windows, else ``""``."""
+    if windows is None or windows >= FEW_WINDOWS:
+        return ""
+    return f" ({windows} window{'s' if windows != 1 else ''}: a rough interval)"
+
+
 def ppl_text(entry: dict[str, Any]) -> str:
-    """``ppl`` with its 95 % bootstrap interval over windows when recorded: ``136.65 [120.10, 150.30]``."""
+    """``ppl`` with its 95 % bootstrap interval over windows when recorded: ``136.65 [120.10, 150.30]`` (and
+    :func:`few_windows_caveat` when it comes from fewer than 5 windows)."""
     if entry.get("ci_low") is not None:
-        return f"{entry['ppl']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
+        return (f"{entry['ppl']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
+                f"{few_windows_caveat(entry.get('windows'))}")
     return f"{entry['ppl']:.2f}"
 
 
@@ -169,6 +186,24 @@ def acc_norm_table(records: Sequence[EvalRecord]) -> str:
     return "\n".join(lines)
 
 
+def limit_notes(records: Sequence[EvalRecord], limits: list[str], mmlu_limits: list[str]) -> list[str]:
+    """What ``eval.limit`` / ``eval.mmlu_limit`` scored: a seeded random sample of each task's documents
+    (``eval.doc_seed``, recorded as ``info.doc_seed``; 0 by default), or the first N with ``eval.doc_seed=null``."""
+    seeds = sorted({str(r.info.get("doc_seed", DEFAULT_DOC_SEED)) for r in records if r.tasks})
+    if seeds == ["None"]:
+        how = "the first N documents of each task file (eval.doc_seed=null)"
+    else:
+        seed = ", ".join(seeds)
+        how = (f"a seeded random sample of N documents per task (eval.doc_seed={seed}; plain lm-eval scores the same "
+               f"ones with this project's task folders and `metadata={{\"doc_seed\": {seed}}}`, while "
+               "`lm_eval --limit N` alone takes other documents)")
+    lines = [f"lm-eval `limit` N per zero-shot task: {', '.join(limits)}; {how}."] if limits else []
+    if mmlu_limits:
+        lines.append(f"MMLU `limit` (test questions per subject, 57 subjects, sampled the same way): "
+                     f"{', '.join(mmlu_limits)}.")
+    return lines
+
+
 def notes(records: Sequence[EvalRecord]) -> str:
     """The protocol lines printed under the tables (metric per task, limits, shots, perplexity windows)."""
     limits = sorted({str(r.limit) for r in records if r.tasks})
@@ -180,10 +215,7 @@ def notes(records: Sequence[EvalRecord]) -> str:
         "Perplexity: non-overlapping windows (seqlen × windows in the header), tail dropped, exp(mean token NLL); "
         "wikitext2 = raw test split joined by blank lines; c4 = the local sample of C4 *train* shard 0.",
     ]
-    if limits:
-        lines.append(f"lm-eval `limit` (first N documents per zero-shot task): {', '.join(limits)}.")
-    if mmlu_limits:
-        lines.append(f"MMLU `limit` (first N test questions per subject, 57 subjects): {', '.join(mmlu_limits)}.")
+    lines += limit_notes(records, limits, mmlu_limits)
     if any(t not in r.tasks for r in records if r.tasks for t in PAPER_MEAN_TASKS):
         lines.append("'–' = not evaluated.")
     files = {f["path"]: f for r in records for f in r.info.get("data_files") or []}

@@ -175,7 +175,7 @@ class CalibrationConfig:
 @dataclass
 class PruneJobConfig(CacheLockJobConfig, FabricJobConfig):
     """Top-level config of ``prune.py`` (``conf/prune.yaml``): the pruned model and its records go to
-    ``output_dir``; the shared keys are :class:`~spp.job_base.CacheLockJobConfig`'s and
+    ``run_dir``; the shared keys are :class:`~spp.job_base.CacheLockJobConfig`'s and
     :class:`~spp.job_base.FabricJobConfig`'s.
 
     Attributes:

@@ -19,6 +19,8 @@ whole on a device. Rank 0 keeps the masks (packed, :class:`~spp.pruning.masks.Ma
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +47,8 @@ from spp.pruning.report import PruneReport, build_report, report_from_layers
 from spp.pruning.resolve import prunes, resolve_pruner
 from spp.pruning.statistics import InputStatistics
 from spp.pruning.targets import block_linears, prunable_linears
+
+log = logging.getLogger(__name__)
 
 TRUE_SEQUENTIAL_GROUPS: tuple[tuple[str, ...], ...] = (
     ("q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn"),
@@ -237,7 +241,9 @@ class _Run:
             self.timings["capture"] = time.perf_counter() - t0
         desc = f"{self.pruner.name} {self.sparsity.name}"
         show = self.ctx.is_main
+        lines = show and not sys.stderr.isatty()  # no bar is drawn in a file or a pipe: one log line per block
         for i in tqdm(range(len(self.runner.layers)), desc=desc, unit="block", **({} if show else {"disable": True})):
+            t_block = time.perf_counter()
             with self.runner.block(i, write_back=True) as block:
                 targets = block_linears(block, self.targets)
                 for group in sublayer_groups(targets, true_sequential):
@@ -247,6 +253,9 @@ class _Run:
                     t0 = time.perf_counter()
                     hidden = self.runner.run(block, hidden, calls[i])
                     self.timings["propagate"] += time.perf_counter() - t0
+            if lines:
+                log.info("prune %s: block %d/%d (%s.%d) in %.1f s", desc, i + 1, len(self.runner.layers),
+                         self.runner.prefix, i, time.perf_counter() - t_block)
             if self.on_block is not None:
                 self.on_block(f"{self.runner.prefix}.{i}")
 

@@ -303,7 +303,6 @@ class TrainJobConfig(CacheLockJobConfig):
     Attributes:
         reconstruct: Block-wise reconstruction after pruning, before training (``reconstruct=blockwise``;
             :class:`~spp.pruning.reconstruction.config.ReconstructConfig`, ``docs/reconstruction.md``).
-        run_dir: Output directory; ``None`` = Hydra's job output directory (or ``outputs/train`` outside Hydra).
         dense_ppl: Measure the dense model's perplexity before pruning (cached).
         pruned_ppl: Measure the pruned model's perplexity before training (cached).
         print_config: Print the resolved config as a Rich tree (it is always saved as
@@ -335,7 +334,6 @@ class TrainJobConfig(CacheLockJobConfig):
     export: ExportConfig = field(default_factory=ExportConfig)
     guards: GuardsConfig = field(default_factory=GuardsConfig)
     sample: SampleConfig = field(default_factory=SampleConfig)
-    run_dir: str | None = None
     dense_ppl: bool = True
     pruned_ppl: bool = True
     print_config: bool = False

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from spp.eval.evaluate import Evaluation
 from spp.eval.perplexity import gap_closed
+from spp.eval.tables import few_windows_caveat
 from spp.sweeps import objective_value
 from spp.training.callbacks.pruning import PrunedModel
 from spp.training.config import SweepObjective
@@ -189,8 +190,10 @@ def print_results(summary: dict[str, Any]) -> None:
     """Print :func:`results_table`, then :func:`output_lines` as plain text (never wrapped)."""
     Console().print(results_table(summary))
     ppl = summary.get("perplexity", {})
-    if any(entry and entry.get("ci_low") is not None for entry in ppl.values()):
+    with_ci = [entry for entry in ppl.values() if entry and entry.get("ci_low") is not None]
+    if with_ci:
+        fewest = min((int(e["windows"]) for e in with_ci if e.get("windows") is not None), default=None)
         print("perplexity [low, high]: 95 % bootstrap interval over the evaluation windows (summary.json: ci_low, "
-              "ci_high)")
+              f"ci_high){few_windows_caveat(fewest)}")
     for line in output_lines(summary):
         print(line)

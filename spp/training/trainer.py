@@ -11,15 +11,13 @@ import torch
 from lightning.pytorch.callbacks import (
     Callback,
     LearningRateMonitor,
-    RichProgressBar,
     ThroughputMonitor,
     Timer,
-    TQDMProgressBar,
 )
 from lightning.pytorch.loggers import Logger
 
 from spp.training.callbacks.adapter_checkpoint import AdapterCheckpoint
-from spp.training.callbacks.progress import LogProgress
+from spp.training.callbacks.progress import LogProgress, StepBoundedRichBar, StepBoundedTQDMBar
 from spp.training.callbacks.rng_state import RngState
 from spp.training.config import ProgressBar, TrainerConfig, TrainJobConfig
 from spp.training.strategies import build_strategy
@@ -81,9 +79,9 @@ def loop_callbacks(job: TrainJobConfig, run_dir: Path, steps_hint: int) -> list[
     ]
     bar = progress_mode(tcfg.progress_bar)
     if bar is ProgressBar.rich:
-        callbacks.append(RichProgressBar(leave=True))
+        callbacks.append(StepBoundedRichBar(leave=True))
     elif bar is ProgressBar.tqdm:
-        callbacks.append(TQDMProgressBar())
+        callbacks.append(StepBoundedTQDMBar())
     elif bar is ProgressBar.log:
         callbacks.append(LogProgress(tcfg.progress_every_s))
     return callbacks

@@ -1,4 +1,5 @@
-"""``LogProgress``: training progress as periodic log lines, for runs whose stdout is a file or a pipe.
+"""Training progress: ``LogProgress`` (periodic log lines, for runs whose stdout is a file or a pipe) and the
+terminal bars whose total is the real number of batches (``StepBoundedRichBar``, ``StepBoundedTQDMBar``).
 
 Rich and tqdm bars redraw one terminal line and print nothing useful through ``tee`` or a batch system's log;
 this callback writes one ``logging`` line every ``every_s`` seconds (and at the first and the last optimiser
@@ -15,7 +16,7 @@ import time
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, RichProgressBar, TQDMProgressBar
 from lightning.pytorch.utilities import rank_zero_only
 
 log = logging.getLogger(__name__)
@@ -91,3 +92,37 @@ class LogProgress(Callback):
     def _emit(self, line: str) -> None:
         self.lines.append(line)
         log.info(line)
+
+
+class StepBoundedTotal:
+    """A Lightning progress bar's epoch total bounded by ``max_steps``: the batches this epoch will really run.
+
+    Lightning's own bar counts an epoch's batches (``40/99`` when ``max_steps=40`` ends the run at 40), and bounds
+    it only when ``max_epochs=-1`` and without gradient accumulation. The total is fixed when the epoch starts."""
+
+    trainer: L.Trainer
+    _epoch_total: float | None = None
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch_total = bounded_batches(trainer)
+        super().on_train_epoch_start(trainer, pl_module)  # type: ignore[misc]
+
+    @property
+    def total_train_batches(self) -> int | float:
+        return self._epoch_total if self._epoch_total is not None else bounded_batches(self.trainer)
+
+
+def bounded_batches(trainer: L.Trainer) -> int | float:
+    """The batches the current epoch runs: the loader's length, or fewer when ``max_steps`` stops the run first."""
+    total = trainer.num_training_batches
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        return min(total, (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches)
+    return total
+
+
+class StepBoundedRichBar(StepBoundedTotal, RichProgressBar):
+    """Lightning's Rich bar with the total :class:`StepBoundedTotal` computes."""
+
+
+class StepBoundedTQDMBar(StepBoundedTotal, TQDMProgressBar):
+    """Lightning's tqdm bar with the total :class:`StepBoundedTotal` computes."""
