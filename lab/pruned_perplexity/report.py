@@ -61,6 +61,28 @@ def owl_table(records: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def paired_rows(records: dict[str, dict[str, Any]], pairs: list[tuple[str, Row, Row]]) -> list[str]:
+    """One line per ``(setting, a, b)``: the paired perplexity ratio a / b on the same windows with its interval."""
+    lines = ["| setting | PPL ratio [95 % CI] |", "|---|---|"]
+    for setting, a, b in pairs:
+        ra, rb = records.get(a.label), records.get(b.label)
+        if ra is None or rb is None:
+            lines.append(f"| {setting} | not run |")
+            continue
+        d = paired_difference(ra["perplexity"], rb["perplexity"])
+        lines.append(f"| {setting} | {d['ppl_ratio']:.3f} [{d['ppl_ratio_low']:.3f}, {d['ppl_ratio_high']:.3f}] |")
+    return lines
+
+
+def ria_pairs() -> list[tuple[str, Row, Row]]:
+    """RIA against Wanda at every pattern (uniform and OWL), and RIA's channel reallocation against plain RIA."""
+    pairs = [(f"RIA / Wanda, {p}{' + OWL' if owl else ''}", Row("ria", p, owl), Row("wanda", p, owl))
+             for p, owl in COLUMNS]
+    pairs.append(("RIA + reallocation / RIA, nm2_4", Row("ria", "nm2_4", settings=(("permute", True),)),
+                  Row("ria", "nm2_4")))
+    return pairs
+
+
 def report(runs_dir: Path) -> str:
     """The Markdown report of the raw records under ``runs_dir``."""
     records = load_records(runs_dir)
@@ -91,6 +113,8 @@ def report(runs_dir: Path) -> str:
         lines.append(f"- Dense: {cell(dense)}.")
     lines += ["", "## Perplexity [95 % CI]", "", *main_table(records), "", "## OWL against the uniform ratio", "",
               "Paired over the same windows (a ratio below 1: OWL better; the interval excludes 1: distinguishable "
-              "on these windows).", "", *owl_table(records), ""]
+              "on these windows).", "", *owl_table(records), "", "## RIA against Wanda", "",
+              "Paired over the same windows, as above (below 1: RIA better).", "", *paired_rows(records, ria_pairs()),
+              ""]
     lines += ["## Not run", "", ", ".join(missing) if missing else "none", ""]
     return "\n".join(lines)
