@@ -33,6 +33,7 @@ from spp.pruning.cache import cache_entry_dir, cache_key, pruner_key
 from spp.pruning.config import CACHE_KEY, CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
 from spp.pruning.pruners.dsnot import INITIAL_METHODS
+from spp.pruning.pruners.ria.pruner import SCOPES
 from spp.pruning.registry import needs_calibration, pruner_config, pruner_names
 
 TINY = ModelConfig(name="tiny", path="tiny")
@@ -48,7 +49,7 @@ PRUNERS: dict[str, PrunerConfig] = {
 }
 CALIBRATED = tuple(p for p, cfg in PRUNERS.items() if needs_calibration(cfg))
 
-CHOICES: dict[str, tuple[str, ...]] = {"initial_method": INITIAL_METHODS}
+CHOICES: dict[str, tuple[str, ...]] = {"initial_method": INITIAL_METHODS, "scope": SCOPES}
 """String fields with a fixed set of values: another value is the next one."""
 
 
@@ -86,6 +87,9 @@ SPARSITY_CASES: dict[str, tuple[SparsityConfig, SparsityConfig, bool]] = {
     "ratio": (U50, replace(U50, ratio=0.75), True),  # sparsity=unstructured50 sparsity.ratio=0.75
     "n": (NM24, replace(NM24, n=1), True),
     "m": (NM24, replace(NM24, m=8), True),
+    "layerwise": (U50, replace(U50, layerwise="owl"), True),
+    "owl_lambda": (replace(U50, layerwise="owl"), replace(U50, layerwise="owl", owl_lambda=0.1), True),
+    "owl_m": (replace(U50, layerwise="owl"), replace(U50, layerwise="owl", owl_m=7.0), True),
 }
 
 # CalibrationConfig field -> (another value, changes the result of a calibrated pruner).

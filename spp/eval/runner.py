@@ -85,7 +85,7 @@ def preflight(cfg: EvalJobConfig) -> None:
     if cfg.adapter_dir:
         describe_dir(cfg.adapter_dir)  # a folder an adapter method wrote, its files whole
         check_adapter_base(cfg, wants_pruning(cfg))  # on the model and pruning it records
-    if wants_pruning(cfg) and needs_calibration(cfg.pruner):  # the source supplies the windows (one line if not)
+    if wants_pruning(cfg) and needs_calibration(cfg.pruner, cfg.sparsity):  # the source supplies the windows
         check_calibration_source(cfg.calibration, cfg.data_dir, cfg.model)
     if cfg.use_cache and wants_pruning(cfg):
         check_writable_dir(Path(cfg.cache_dir).expanduser() / "pruning", "cache_dir",

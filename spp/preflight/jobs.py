@@ -54,7 +54,7 @@ def preflight_train(job: Any, resume: str | None = None, methods: Methods | None
     check_job(job, arch)  # the memory plan: every phase fits this machine's GPUs and host memory (docs/plan.md)
     if methods.trains:
         check_data_source(job.data.source, job.data_dir)
-    if job.pruner.name != "none" and not job.sparsity.is_dense and needs_calibration(job.pruner):
+    if job.pruner.name != "none" and not job.sparsity.is_dense and needs_calibration(job.pruner, job.sparsity):
         check_calibration(job.calibration, job.data_dir, job.model)
     if job.eval.ppl:
         check_ppl_sources([job.eval.ppl_source, *job.eval.extra_ppl_sources], job.data_dir)
@@ -70,7 +70,7 @@ def preflight_prune(job: Any, methods: Methods | None = None) -> dict[str, Any]:
     methods = methods if methods is not None else resolve_methods(job)
     arch = model_arch(job.model)
     check_pruner(methods.pruner, job.sparsity)
-    calibrates = needs_calibration(job.pruner)
+    calibrates = needs_calibration(job.pruner, job.sparsity)
     seqlens = {"calibration.seqlen": job.calibration.seqlen} if calibrates else {}
     check_shapes(arch, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
     check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity)

@@ -16,6 +16,8 @@ from spp.projections import DEFAULT_TARGETS
 from spp.pruning.reconstruction.config import ReconstructConfig
 
 SPARSITY_KINDS: tuple[str, ...] = ("dense", "unstructured", "nm")
+LAYERWISE: tuple[str, ...] = ("none", "owl")
+"""``sparsity.layerwise``: one ratio for every block, or OWL's per-block ratios (``spp/pruning/layerwise.py``)."""
 CALIBRATION_SOURCES: dict[str, str] = {
     "c4": "c4/c4_sample.jsonl",
     "wikitext2": "wikitext2/validation.json",
@@ -34,6 +36,10 @@ class SparsityConfig:
         ratio: Fraction of zeros in (0, 1) for ``unstructured``; for ``nm`` it may be left null (it is 1 - n/m).
         n: Weights KEPT in every group of ``m`` consecutive input weights of a row (``nm`` only).
         m: Group size (``nm`` only); every pruned layer's in_features must be a multiple of it.
+        layerwise: ``none`` (every block at ``ratio``) or ``owl`` (unstructured only: per-block ratios from each
+            block's outlier ratio, with mean ``ratio``; Yin et al., ICML 2024).
+        owl_lambda: OWL's λ: the per-block ratios span 2λ around ``ratio``.
+        owl_m: OWL's M: a score is an outlier above M times its block's mean.
     """
 
     name: str = "dense"
@@ -41,6 +47,9 @@ class SparsityConfig:
     ratio: float | None = None
     n: int | None = None
     m: int | None = None
+    layerwise: str = "none"
+    owl_lambda: float = 0.08
+    owl_m: float = 5.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -70,6 +79,23 @@ class SparsityConfig:
                     f"sparsity.ratio={self.ratio} contradicts n={self.n}, m={self.m} (n kept of m means ratio "
                     f"{1 - self.n / self.m:g}); set sparsity.ratio=null"
                 )
+        return self._validate_layerwise()
+
+    def _validate_layerwise(self) -> SparsityConfig:
+        """``layerwise`` and OWL's λ and M (``ValueError`` naming the key)."""
+        if self.layerwise not in LAYERWISE:
+            raise ValueError(f"sparsity.layerwise={self.layerwise!r} must be one of {LAYERWISE}")
+        if self.layerwise == "none":
+            return self
+        if self.kind != "unstructured":
+            raise ValueError(f"sparsity.layerwise={self.layerwise} gives per-block ratios to unstructured sparsity "
+                             f"only, not kind={self.kind}; set sparsity.layerwise=none or choose sparsity=unstructured")
+        ratio, lam = float(self.ratio), float(self.owl_lambda)
+        if not 0.0 <= lam or not 2 * lam < min(ratio, 1.0 - ratio):
+            raise ValueError(f"sparsity.owl_lambda={lam} must be >= 0 and 2λ below min(ratio, 1 - ratio)="
+                             f"{min(ratio, 1.0 - ratio):g}, so every block's ratio stays in (0, 1); lower it")
+        if not float(self.owl_m) > 0:
+            raise ValueError(f"sparsity.owl_m={self.owl_m} must be > 0 (the paper's 5)")
         return self
 
     @property

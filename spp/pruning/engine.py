@@ -40,6 +40,7 @@ from spp.projections import matches, model_targets
 from spp.pruning.base import MatrixOutcome, Pruner
 from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.layerwise import LayerwiseRatios, owl_block_sparsity
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import check_layer_fits, sparsity_summary
 from spp.pruning.registry import NO_PRUNING
@@ -188,6 +189,8 @@ def prune_offloaded(
     report.overall["timings"] = dict(run.timings)
     if run.calibration is not None:
         report.overall["calibration"] = run.calibration
+    if run.layerwise is not None:
+        report.overall["layerwise"] = run.layerwise.record(sparsity)
     return PruneResult(run.masks, report, run.timings, zeros=ZeroPattern(run.masks, run.kept_zeros))
 
 
@@ -219,31 +222,20 @@ class _Run:
         self.timings = {"calibration_data": 0.0, "capture": 0.0, "statistics": 0.0, "pruning": 0.0, "propagate": 0.0}
         self.matrices = 0  # round-robin counter for owner ranks
         self.calibration: dict[str, Any] | None = None  # what the calibration draw took (CalibrationDraw.record)
+        self.block_sparsity = sparsity  # the pattern of the block being pruned (per block with sparsity.layerwise)
+        self.layerwise: LayerwiseRatios | None = None
 
     def prune(self, tokenizer: PreTrainedTokenizerBase | None, calibration: CalibrationConfig,
               data_dir: str | None, true_sequential: bool) -> None:
-        """Capture block 0's inputs for this rank's batches, then prune block after block."""
-        hidden: list[torch.Tensor] = []
-        calls = BlockCalls(len(self.runner.layers))
-        self.batches: list[int] = []
-        self.nbatches = 0
-        if self.pruner.needs_calibration:
-            if tokenizer is None:
-                raise ValueError(f"pruner={self.pruner.name} needs calibration data, so a tokenizer must be given")
-            t0 = time.perf_counter()
-            draw = draw_calibration(tokenizer, calibration, data_dir, announce=self.ctx.is_main)
-            windows, self.calibration = draw.windows, draw.record()
-            self.timings["calibration_data"] = time.perf_counter() - t0
-            batches = list(windows.split(calibration.batch_size))
-            self.nbatches, self.batches = len(batches), self.ctx.mine(len(batches))
-            t0 = time.perf_counter()
-            hidden, calls = self.runner.head([batches[b] for b in self.batches])
-            self.timings["capture"] = time.perf_counter() - t0
+        """Capture block 0's inputs for this rank's batches (with a layer-wise setting, decide each block's ratio
+        first: :mod:`spp.pruning.layerwise`), then prune block after block."""
+        hidden, calls = self._calibrate(tokenizer, calibration, data_dir)
         desc = f"{self.pruner.name} {self.sparsity.name}"
         show = self.ctx.is_main
         lines = show and not sys.stderr.isatty()  # no bar is drawn in a file or a pipe: one log line per block
         for i in tqdm(range(len(self.runner.layers)), desc=desc, unit="block", **({} if show else {"disable": True})):
             t_block = time.perf_counter()
+            self.block_sparsity = self.layerwise.blocks[i] if self.layerwise is not None else self.sparsity
             with self.runner.block(i, write_back=True) as block:
                 targets = block_linears(block, self.targets)
                 for group in sublayer_groups(targets, true_sequential):
@@ -258,6 +250,38 @@ class _Run:
                          self.runner.prefix, i, time.perf_counter() - t_block)
             if self.on_block is not None:
                 self.on_block(f"{self.runner.prefix}.{i}")
+
+    def _calibrate(self, tokenizer: PreTrainedTokenizerBase | None, calibration: CalibrationConfig,
+                   data_dir: str | None) -> tuple[list[torch.Tensor], BlockCalls]:
+        """Draw the calibration windows and capture block 0's inputs of this rank's batches (nothing for a pruner
+        without calibration); with ``sparsity.layerwise``, run its dense pass first (``self.layerwise``)."""
+        self.batches: list[int] = []
+        self.nbatches = 0
+        self.layerwise: LayerwiseRatios | None = None
+        owl = self.sparsity.layerwise != "none"
+        if not (self.pruner.needs_calibration or owl):
+            return [], BlockCalls(len(self.runner.layers))
+        if tokenizer is None:
+            raise ValueError(f"pruner={self.pruner.name} sparsity.layerwise={self.sparsity.layerwise} needs "
+                             "calibration data, so a tokenizer must be given")
+        t0 = time.perf_counter()
+        draw = draw_calibration(tokenizer, calibration, data_dir, announce=self.ctx.is_main)
+        windows, self.calibration = draw.windows, draw.record()
+        self.timings["calibration_data"] = time.perf_counter() - t0
+        batches = list(windows.split(calibration.batch_size))
+        self.nbatches, self.batches = len(batches), self.ctx.mine(len(batches))
+        t0 = time.perf_counter()
+        hidden, calls = self.runner.head([batches[b] for b in self.batches])
+        self.timings["capture"] = time.perf_counter() - t0
+        if owl:
+            t0 = time.perf_counter()
+            self.layerwise = owl_block_sparsity(self.runner, self.targets, self.sparsity, hidden, calls, self.batches,
+                                                self.nbatches)
+            self.timings["layerwise"] = time.perf_counter() - t0
+            if not self.pruner.needs_calibration:  # magnitude with OWL: the activations served the ratios only
+                return [], BlockCalls(len(self.runner.layers))
+            hidden, calls = self.runner.head([batches[b] for b in self.batches])
+        return hidden, calls
 
     def statistics(self, block: nn.Module, targets: dict[str, nn.Linear], group: list[str],
                    hidden: list[torch.Tensor], calls: list[Call]) -> dict[str, InputStatistics]:
@@ -303,7 +327,7 @@ class _Run:
             if self.pruner.uses_hessian:
                 out = self._share(self.ctx.owner(self.matrices + k), owned.get(k), linear)
             else:
-                out = self.pruner.solve(name, linear.weight, stats.get(name), self.sparsity)
+                out = self.pruner.solve(name, linear.weight, stats.get(name), self.block_sparsity)
             weight = linear.weight
             if out.weight is not None:
                 weight.copy_(out.weight.to(weight.device, weight.dtype))
@@ -329,7 +353,7 @@ class _Run:
                 continue
             t0 = time.perf_counter()
             try:
-                owned[k] = self.pruner.solve(name, targets[name].weight, stats[name], self.sparsity)
+                owned[k] = self.pruner.solve(name, targets[name].weight, stats[name], self.block_sparsity)
                 owned[k].info["_seconds"] = time.perf_counter() - t0
             except (ValueError, RuntimeError) as err:  # every rank must learn of it, not wait for the tensors
                 owned[k] = err

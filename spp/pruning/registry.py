@@ -16,7 +16,7 @@ from typing import Any
 
 from spp.errors import UserError
 from spp.pruning.base import Pruner
-from spp.pruning.config import CACHE_KEY, KEY_REASON, PrunerConfig
+from spp.pruning.config import CACHE_KEY, KEY_REASON, PrunerConfig, SparsityConfig
 from spp.registry import Registry
 
 NO_PRUNING = "none"
@@ -110,6 +110,9 @@ def get_pruner(cfg: PrunerConfig) -> Pruner:
     return pruner_class(cfg.name)(cfg)
 
 
-def needs_calibration(cfg: PrunerConfig) -> bool:
-    """Whether pruner ``cfg`` needs calibration activations (``none``: no)."""
-    return cfg.name != NO_PRUNING and pruner_class(cfg.name).needs_calibration
+def needs_calibration(cfg: PrunerConfig, sparsity: SparsityConfig | None = None) -> bool:
+    """Whether pruner ``cfg`` needs calibration activations (``none``: no); a layer-wise ``sparsity`` (OWL) needs
+    them whatever the pruner."""
+    if cfg.name == NO_PRUNING:
+        return False
+    return pruner_class(cfg.name).needs_calibration or (sparsity is not None and sparsity.layerwise != "none")

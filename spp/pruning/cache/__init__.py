@@ -121,7 +121,9 @@ def cache_key(
         "pruner": pruner_key(pruner),
         "sparsity": {"kind": sparsity.kind, "ratio": sparsity.target_ratio, "n": sparsity.n, "m": sparsity.m},
     }
-    if needs_calibration(pruner):
+    if sparsity.layerwise != "none":  # only then: the keys of uniform patterns stay as they were
+        key["sparsity"].update(layerwise=sparsity.layerwise, owl_lambda=sparsity.owl_lambda, owl_m=sparsity.owl_m)
+    if needs_calibration(pruner, sparsity):
         calib = dataclasses.asdict(calibration)
         calib.pop("batch_size")
         calib["sampling"] = sampling_of(calibration)  # null is the source's default: the same draw, the same key
@@ -135,7 +137,8 @@ def pattern_label(pattern: dict[str, Any]) -> str:
     """``unstructured50``, ``unstructured62.5`` or ``nm2_4``: the key's pattern (``cache_key(...)[0]["sparsity"]``)."""
     if pattern["kind"] == "nm":
         return f"nm{pattern['n']}_{pattern['m']}"
-    return f"{pattern['kind']}{100 * float(pattern['ratio']):g}"
+    owl = f"-{pattern['layerwise']}" if pattern.get("layerwise", "none") != "none" else ""
+    return f"{pattern['kind']}{100 * float(pattern['ratio']):g}{owl}"
 
 
 def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str) -> Path:
