@@ -26,7 +26,7 @@ from spp.planning.run import RunPlan, plan_run
 from spp.planning.shapes import shape_from_arch
 from spp.planning.spec import EvalSpec, RunSpec, TrainSpec
 from spp.projections import DEFAULT_TARGETS
-from spp.pruning.registry import get_pruner
+from spp.pruning.resolve import resolve_pruner
 
 RECORDS = {"alpaca/cleaned_partial/alpaca_data_cleaned_0.json": 1551, "alpaca/cleaned_partial": 50921,
            "hub:yahma/alpaca-cleaned": 51760}
@@ -152,16 +152,16 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
     devices = devices or device_count(job.trainer.devices, kind)
     nodes = nodes or int(job.trainer.num_nodes)
     strategy, stage = _strategy(job, devices * nodes)
-    prunes = job.pruner.name != "none" and not job.sparsity.is_dense
+    pruner = resolve_pruner(job.pruner, job.sparsity)
+    prunes = pruner is not None  # a pruner and a pattern that is not dense
     per_char = tokens_per_char(shape.vocab)
     cal = job.calibration
-    updates = prunes and get_pruner(job.pruner).updates_weights
     return RunSpec(shape=shape, kind=kind, devices=devices, nodes=nodes, strategy=strategy, zero_stage=stage,
                    act_bytes=precision_bytes(str(job.trainer.precision), kind), source=source,
                    adapter=adapter_spec(job.adapter, arch, shape, str(job.model.torch_dtype)),
                    train=_train_spec(job, devices * nodes, per_char),
                    eval=_eval_spec(job, prunes, per_char), pruner=job.pruner.name, prunes=prunes,
-                   updates_weights=bool(updates),
+                   updates_weights=prunes and bool(pruner.updates_weights),
                    calibration=Calibration(cal.nsamples, cal.seqlen, cal.batch_size),
                    true_sequential=bool(job.pruner.true_sequential), export_merged=bool(job.export.merged),
                    export_adapter=bool(job.export.adapter), teacher=teacher_outputs(job),

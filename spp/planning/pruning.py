@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from spp.planning.shapes import ModelShape
-from spp.pruning.registry import NO_PRUNING, get_pruner, pruner_config
+from spp.pruning.registry import pruner_config
+from spp.pruning.resolve import resolve_pruner
 
 GIB = 2**30
 
@@ -78,9 +79,10 @@ def uses_hessian(pruner: str) -> bool:
     """Whether pruner ``pruner`` (at its default settings) accumulates Hessians and solves them on owner ranks, as
     SparseGPT does: its memory and time are then counted as SparseGPT's, else as a cheap per-matrix rule's."""
     try:
-        return pruner != NO_PRUNING and get_pruner(pruner_config(pruner)).uses_hessian
+        method = resolve_pruner(pruner_config(pruner))
     except ValueError:  # a plug-in not loaded here: counted as a cheap rule
         return False
+    return method is not None and bool(method.uses_hessian)
 
 
 def gpu_bytes(shape: ModelShape, world: int, cal: Calibration, pruner: str, true_sequential: bool = False) -> int:

@@ -31,13 +31,14 @@ from typing import Any
 
 import torch
 
-from spp.adapters.registry import apply_adapter, get_method
+from spp.adapters.registry import apply_adapter
 from spp.planning.hardware import Hardware
 from spp.planning.shapes import skeleton_from_arch
 from spp.planning.spec import ReconstructSpec, RunSpec
 from spp.projections import block_projections
 from spp.pruning.reconstruction.engine import form_config
 from spp.pruning.reconstruction.one_block import OneBlock
+from spp.pruning.resolve import resolve_form
 from spp.pruning.targets import decoder_layers
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -83,11 +84,11 @@ def form_tensors(arch: dict[str, Any], form: Any, dtype: str) -> dict[str, int]:
 def reconstruct_spec(job: Any, arch: dict[str, Any]) -> ReconstructSpec | None:
     """The :class:`ReconstructSpec` of ``job.reconstruct`` (``None`` for ``reconstruct=none``), read duck-typed."""
     cfg = getattr(job, "reconstruct", None)
-    if cfg is None or not cfg.enabled:
+    method = resolve_form(cfg) if cfg is not None else None
+    if method is None:
         return None
-    form = form_config(cfg)
-    tensors = form_tensors(arch, form, str(cfg.dtype))
-    kept = get_method(form.name).forward_transient_values(tensors["largest_adapted"])
+    tensors = form_tensors(arch, form_config(cfg, method), str(cfg.dtype))
+    kept = method.forward_transient_values(tensors["largest_adapted"])
     return ReconstructSpec(form=str(cfg.form), nsamples=int(cfg.nsamples), seqlen=int(cfg.seqlen),
                            epochs=int(cfg.epochs), act_bytes=DTYPE_BYTES[str(cfg.dtype)],
                            sparse_inputs=str(getattr(cfg.inputs, "value", cfg.inputs)) == "sparse",
