@@ -1,4 +1,5 @@
-"""SparsePEFT (SQFT, ``adapter=sparse_lora``) as a registered peft method (``peft_type: SPARSE_LORA``).
+"""SparsePEFT (SQFT, ``adapter=sparse_lora``) as a registered peft method (``peft_type: SPARSE_LORA``;
+``import spp.peft`` registers it: :data:`SPARSE_LORA_PEFT`).
 
 LoRA whose update is masked by the pruning mask ``M``: the layer computes ``y = x W~ᵀ + s · xd ((B A) ⊙ M)ᵀ`` and
 merges into ``W = W~ + s·(B A) ⊙ M``, so every pruned zero stays zero (bit for bit). The layers are spp's own
@@ -17,11 +18,10 @@ from typing import Any, ClassVar
 from peft import LoraConfig, LoraModel, PeftModel
 from torch import nn
 
-from spp.adapters.base import read_json_file
-from spp.adapters.methods.lora.config import LoRAConfig as _SppDefaults
+from spp.adapters.base import PeftIntegration, read_json_file
+from spp.adapters.methods.sparse_lora.config import SparseLoRAConfig as _SppDefaults
 from spp.adapters.methods.sparse_lora.layer import FORMAT, META_NAME, PEFT_TYPE, SparseLoraLinear, sparse_lora_layers
-from spp.peft.base_record import MaskedLoraConfigMixin, MaskedLoraModelMixin
-from spp.peft.registration import SPARSE_LORA_NAME, SPARSE_LORA_PREFIX
+from spp.adapters.peft_base import MaskedLoraConfigMixin, MaskedLoraModelMixin
 from spp.projections import DEFAULT_TARGETS
 
 
@@ -35,7 +35,7 @@ class SparseLoraConfig(MaskedLoraConfigMixin, LoraConfig):
     decoder blocks. ``use_dora``, ``fan_in_fan_out`` and ``lora_bias`` are refused.
     """
 
-    spp_name: ClassVar[str] = SPARSE_LORA_NAME
+    spp_name: ClassVar[str] = "sparse_lora"  # PeftType.SPARSE_LORA
     masks: ClassVar[str] = "SparsePEFT masks a plain LoRA update of nn.Linear layers"
 
     target_modules: list[str] | str | None = field(default_factory=lambda: list(DEFAULT_TARGETS))
@@ -48,9 +48,9 @@ class SparseLoraConfig(MaskedLoraConfigMixin, LoraConfig):
 class SparseLoraModel(MaskedLoraModelMixin, LoraModel):
     """peft's LoRA tuner whose layers are spp's ``SparseLoraLinear`` (in ``named_modules`` order, as
     ``inject_sparse_lora``: same initial ``A`` from the same seed); default targets and GPT-2 as in
-    :mod:`spp.peft.architecture`."""
+    :mod:`spp.adapters.peft_base`."""
 
-    prefix: str = SPARSE_LORA_PREFIX
+    prefix: str = "lora_"  # LoRA's tensors (lora_A, lora_B): the same state-dict keys
 
     layer_class: ClassVar[type[nn.Module]] = SparseLoraLinear
     label: ClassVar[str] = "SparsePEFT"
@@ -106,3 +106,8 @@ def from_sparse_lora_adapter(model: nn.Module, directory: str | os.PathLike, ada
                                        config=config, **kwargs)
     _check_mask_sizes(loaded, meta, directory)
     return loaded
+
+
+SPARSE_LORA_PEFT = PeftIntegration(SparseLoraConfig.spp_name, SparseLoraConfig, SparseLoraModel, SparseLoraModel.prefix,
+                                   (SparseLoraConfig, SparseLoraModel, from_sparse_lora_adapter))
+"""What ``spp.peft`` registers with peft and exports for SparsePEFT."""
