@@ -121,11 +121,15 @@ def test_a_reconstructing_run_resolves_its_form_once(tmp_path, counted):
 
 
 def test_the_plan_resolves_through_the_resolver(tmp_path, counted):
-    """The planner's pruner, adapter method and reconstruction form come from the resolver (counted there), and
-    the plan holds what the resolved objects say."""
+    """The planner's pruner, adapter method and reconstruction form come from the resolver (counted there) or from
+    the job's resolved methods (``run_job``'s preflight), and the plan holds what the resolved objects say."""
     job = tiny_job(tmp_path, "pruner=sparsegpt", "adapter=norms", "reconstruct=blockwise")
     spec = job_spec(job, model_arch(job.model), "cpu", "tiny")
     assert spec.updates_weights and spec.adapter.name == "norms" and spec.reconstruct.form == "spp"
     assert counted["get_pruner"] >= 1 and counted["get_method"] >= 2  # the adapter and the form
+    assert spec.uses_hessian  # SparseGPT's, asked of the resolved pruner
+    resolved, before = resolve_methods(job), dict(counted)
+    again = job_spec(job, model_arch(job.model), "cpu", "tiny", methods=resolved)
+    assert again == spec and counted == before  # run_job's resolved methods: the same plan, no lookup again
     dense = job_spec(tiny_job(tmp_path, "pruner=none"), model_arch(job.model), "cpu", "tiny")
     assert not dense.prunes and not dense.updates_weights

@@ -3,7 +3,7 @@
 A method is one folder (``spp/adapters/methods/<name>/``, or a plug-in's folder named in ``SPP_PLUGINS``) whose
 ``__init__`` calls :func:`spp.adapters.registry.register` with an :class:`AdapterMethod`, plus one YAML
 (``conf/adapter/<name>.yaml``). Everything else in the project (training, the sparsity audit, the streamed export,
-``eval.py adapter_dir=``, the preflight, Table 1, the campaign tables) asks the method through this interface.
+``eval.py adapter_dir=``, the preflight, Table 1, the studies' tables) asks the method through this interface.
 """
 
 from __future__ import annotations

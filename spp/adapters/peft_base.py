@@ -21,11 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from peft import LoraConfig
 from peft.config import PeftConfig
 from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import PeftType
 from torch import nn
 
+from spp.adapters.base import CONFIG_NAME, read_json_file
 from spp.adapters.registry import check_adapter_files, trained_on
 from spp.adapters.trained_on import check_base
 from spp.models.conv1d import linearize_conv1d
@@ -55,6 +57,25 @@ def peft_type(name: str) -> PeftType:
     PeftType._member_names_.append(key)
     type.__setattr__(PeftType, key, member)  # EnumType.__setattr__ refuses to (re)bind member names
     return member
+
+
+def read_lora_settings(directory: str | os.PathLike, own_type: str, label: str,
+                       expected: str) -> tuple[LoraConfig, bool]:
+    """The LoRA settings of a LoRA-shaped method's folder (``adapter_config.json``'s ``peft_type`` ``own_type``, or
+    ``LORA`` in folders written before), as a plain ``LoraConfig`` read without peft's registry, and whether it
+    says ``own_type``. ``label`` (the method) and ``expected`` (the folder wanted) word the errors.
+
+    Raises:
+        FileNotFoundError: no ``adapter_config.json``. ValueError: another ``peft_type``, or a damaged file.
+    """
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"No {CONFIG_NAME} in {directory}; expected {expected}")
+    saved = read_json_file(path)
+    kind = saved.get("peft_type")
+    if kind not in ("LORA", own_type):
+        raise ValueError(f"{path} is not a {label} adapter (peft_type={kind!r})")
+    return LoraConfig.from_peft_type(**{**saved, "peft_type": "LORA"}), kind == own_type
 
 
 def resolve_default_targets(config: PeftConfig, model: nn.Module) -> None:

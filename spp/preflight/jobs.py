@@ -51,7 +51,7 @@ def preflight_train(job: Any, resume: str | None = None, methods: Methods | None
                   method=methods.adapter)
     check_vocab(job.model, arch)
     check_reconstruct(job.reconstruct, arch, job.data_dir, job.model, methods.form)
-    check_job(job, arch)  # the memory plan: every phase fits this machine's GPUs and host memory (docs/plan.md)
+    check_job(job, arch, methods)  # the memory plan: every phase fits this machine's GPUs and host (docs/plan.md)
     if methods.trains:
         check_data_source(job.data.source, job.data_dir)
     if job.pruner.name != "none" and not job.sparsity.is_dense and needs_calibration(job.pruner):

@@ -22,8 +22,8 @@ from peft import LoraConfig, LoraModel, PeftModel
 from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
-from spp.adapters.base import CONFIG_NAME, PeftIntegration, read_json_file
-from spp.adapters.peft_base import MaskedLoraConfigMixin, MaskedLoraModelMixin, from_folder
+from spp.adapters.base import PeftIntegration
+from spp.adapters.peft_base import MaskedLoraConfigMixin, MaskedLoraModelMixin, from_folder, read_lora_settings
 from spp.adapters.registry import describe_dir
 from spp.bitmask import pack_rows, unpack_rows
 
@@ -32,19 +32,9 @@ PEFT_TYPE = "LORA_STAR"
 
 
 def read_lora_star_config(directory: str | Path) -> LoraConfig:
-    """The LoRA settings of a LoRA* folder's ``adapter_config.json`` (``peft_type`` ``LORA_STAR`` or ``LORA``), as a
-    plain ``LoraConfig``, read without peft's registry (``spp.peft`` need not be imported).
-
-    Raises:
-        FileNotFoundError: no ``adapter_config.json``. ValueError: another ``peft_type``, or a damaged file.
-    """
-    path = Path(directory) / CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"No {CONFIG_NAME} in {directory}; expected the adapter folder of an adapter=lora run")
-    saved = read_json_file(path)
-    if saved.get("peft_type") not in ("LORA", PEFT_TYPE):
-        raise ValueError(f"{path} is not a LoRA* adapter (peft_type={saved.get('peft_type')!r})")
-    return LoraConfig.from_peft_type(**{**saved, "peft_type": "LORA"})
+    """The LoRA settings of a LoRA* folder (``peft_type`` ``LORA_STAR``, or ``LORA`` from before) as a plain
+    ``LoraConfig`` (:func:`~spp.adapters.peft_base.read_lora_settings`; ``spp.peft`` need not be imported)."""
+    return read_lora_settings(directory, PEFT_TYPE, "LoRA*", "the adapter folder of an adapter=lora run")[0]
 
 
 @dataclass

@@ -20,7 +20,7 @@ from torch import nn
 
 from spp.adapters.base import PeftIntegration, read_json_file
 from spp.adapters.methods.sparse_lora.config import SparseLoRAConfig as _SppDefaults
-from spp.adapters.methods.sparse_lora.layer import FORMAT, META_NAME, PEFT_TYPE, SparseLoraLinear, sparse_lora_layers
+from spp.adapters.methods.sparse_lora.layer import FORMAT, META_NAME, PEFT_TYPE, SparseLoraLinear, check_mask_sizes
 from spp.adapters.peft_base import MaskedLoraConfigMixin, MaskedLoraModelMixin
 from spp.projections import DEFAULT_TARGETS
 
@@ -73,17 +73,6 @@ def _read_meta(path: Path, directory: str | os.PathLike) -> dict[str, Any] | Non
     return meta
 
 
-def _check_mask_sizes(model: PeftModel, meta: dict[str, Any] | None, directory: str | os.PathLike) -> None:
-    """Each layer's mask size against ``sparse_lora.json`` (a base pruned otherwise has other sizes)."""
-    if not meta or "layers" not in meta:
-        return
-    kept = {name: int(layer.mask.sum()) for name, layer in sparse_lora_layers(model)}
-    if kept != meta["layers"]:
-        differ = sorted(k for k in set(kept) | set(meta["layers"]) if kept.get(k) != meta["layers"].get(k))
-        raise ValueError(f"layers or mask sizes differ from {str(directory)!r} at {differ[:3]}; load the adapter on "
-                         "the pruned model it was trained on")
-
-
 def from_sparse_lora_adapter(model: nn.Module, directory: str | os.PathLike, adapter_name: str = "default",
                              is_trainable: bool = False, **kwargs: Any) -> PeftModel:
     """``PeftModel.from_pretrained(model, directory)`` for a SparsePEFT folder, including one spp wrote before it
@@ -104,7 +93,7 @@ def from_sparse_lora_adapter(model: nn.Module, directory: str | os.PathLike, ada
     config = SparseLoraConfig.from_pretrained(str(path))
     loaded = PeftModel.from_pretrained(model, str(path), adapter_name=adapter_name, is_trainable=is_trainable,
                                        config=config, **kwargs)
-    _check_mask_sizes(loaded, meta, directory)
+    check_mask_sizes(loaded, meta, directory)
     return loaded
 
 

@@ -31,7 +31,7 @@ from spp.adapters.methods.spp import io as spp_io
 from spp.adapters.methods.spp.config import LAYER_KEYS
 from spp.adapters.methods.spp.config import SPPAdapterConfig as _PaperDefaults
 from spp.adapters.methods.spp.io import PEFT_TYPE
-from spp.adapters.methods.spp.layer import SPPLinear, _check_settings
+from spp.adapters.methods.spp.layer import SPPLinear, _check_settings, _divisors
 from spp.adapters.peft_base import check_recorded_base, from_folder, peft_type, resolve_default_targets
 from spp.models.conv1d import linearize_conv1d
 from spp.projections import DEFAULT_TARGETS
@@ -124,10 +124,6 @@ class SPPConfig(PeftConfig):
         if kwargs.get("format") == spp_io.FORMAT:
             kwargs = from_spp_format(kwargs)
         return super().check_kwargs(**kwargs)
-
-
-def _divisors(m: int, limit: int = 12) -> list[int]:
-    return [d for d in range(1, m + 1) if m % d == 0][:limit]
 
 
 class SPPLayer(nn.Module, BaseTunerLayer):
