@@ -200,13 +200,21 @@ def test_layering_rules_hold() -> None:
     assert layering_violations(MODULES) == []
 
 
-def test_layering_rules_catch_a_violation(tmp_path: Path) -> None:
-    """Negative control: ``spp/pruning/masks.py`` importing an adapter module is reported."""
-    bad = REPO_ROOT / "spp" / "pruning" / "masks.py"
-    fake = tmp_path / "masks.py"
-    fake.write_text("from spp.adapters.base import LinearWrapper\n", encoding="utf-8")
-    found = [v for v in layering_violations({"spp.pruning.masks": fake}) if "spp.adapters.base" in v]
-    assert bad.is_file() and len(found) == 1, found
+@pytest.mark.parametrize(("module", "line"), [
+    ("spp.pruning.masks", "from spp.adapters.bitmask import pack_rows"),
+    ("spp.eval.offloaded", "from spp.pruning.sequential import BlockRunner"),
+    ("spp.export.semi_structured", "from spp.adapters.methods.spp.layer import SPPLinear"),
+])
+def test_layering_rules_catch_a_violation(tmp_path: Path, module: str, line: str) -> None:
+    """Negative control: each import the layering forbids (masks -> the adapters' bitmask, the offloaded perplexity
+    -> pruning's block runner, the 2:4 export -> SPP's layer class) is reported when a copy of the module makes it."""
+    real = MODULES[module]
+    fake = tmp_path / real.name
+    fake.write_text(real.read_text(encoding="utf-8") + "\n" + line + "\n", encoding="utf-8")
+    target = line.split()[1]
+    assert layering_violations({module: real}) == []
+    found = [v for v in layering_violations({module: fake}) if target in v]
+    assert len(found) == 1, found
 
 
 def uncommented_local_imports(text: str, name: str) -> list[int]:

@@ -24,18 +24,8 @@ METHOD_DIRS = ("adapters/methods", "pruning/pruners", "training/objectives")
 GENERIC = {"none": "every group's 'off' value (adapter, pruner, reconstruct), not one method"}
 """Names that are also a generic value; a string equal to them is not a use of the method."""
 
-PEFT_LEFT = "peft integration of one method, still in spp/peft/ (to move into the method's folder)"
 PACKAGE = "the package's own name (also SPP's method name), not the method"
 ALLOWED: dict[tuple[str, str], str] = {
-    ("spp/peft/layer.py", "SPPLinear"): PEFT_LEFT,
-    ("spp/peft/config.py", "SPPAdapterConfig"): PEFT_LEFT,
-    ("spp/peft/sparse_lora.py", "SparseLoraLinear"): PEFT_LEFT,
-    ("spp/peft/sparse_lora.py", "LoRAConfig"): PEFT_LEFT,
-    ("spp/peft/lora_star.py", "lora"): PEFT_LEFT,
-    ("spp/peft/registration.py", "sparse_lora"): "peft's registration lists the methods it registers (left: to "
-                                                  "ask each method)",
-    ("spp/peft/registration.py", "spp"): "peft's registration lists the methods it registers (left: to ask each "
-                                          "method)",
     ("spp/adapters/methods/sparse_lora/config.py", "LoRAConfig"): "SparsePEFT's config extends LoRA*'s keys (one "
                                                                   "method built on another's public config)",
     ("spp/adapters/registry.py", "spp"): "adapter folders written before adapter_method.json say format 'spp'",

@@ -120,20 +120,33 @@ def test_defaults_are_the_papers_and_peft_knows_spp():
     assert PEFT_TYPE_TO_CONFIG_MAPPING["SPP"] is SPPConfig and PEFT_TYPE_TO_TUNER_MAPPING["SPP"] is SPPModel
 
 
+def test_each_method_says_its_peft_form_and_the_package_registers_what_they_say():
+    """``spp.peft`` names no method: it registers each method's own ``peft_integration`` (the tuner in the method's
+    folder) and exports what it exports; a method without one (``norms``) is not registered."""
+    forms = {name: get_method(name).peft_integration() for name in ("spp", "sparse_lora", "lora", "norms")}
+    assert forms["norms"] is None
+    assert [f.name for f in (forms["spp"], forms["sparse_lora"], forms["lora"])] == ["spp", "sparse_lora", "lora_star"]
+    for form in (forms["spp"], forms["sparse_lora"], forms["lora"]):
+        assert form.model_class.__module__.startswith("spp.adapters.methods.")
+        assert PEFT_TYPE_TO_TUNER_MAPPING[form.name.upper()] is form.model_class
+        assert all(getattr(spp.peft, obj.__name__) is obj for obj in form.exports)
+    assert spp.peft.SPPModel is forms["spp"].model_class and set(spp.peft.__all__) >= {"SPPConfig", "LoraStarConfig"}
+
+
 def test_registration_is_idempotent():
-    register_with_peft(SPPConfig, SPPModel)
+    register_with_peft(SPPConfig, SPPModel, "spp", "spp_")
     importlib.reload(spp.peft)  # the package's import registers again: a no-op
     assert PEFT_TYPE_TO_TUNER_MAPPING[PeftType.SPP] is SPPModel
     assert PEFT_TYPE_TO_TUNER_MAPPING[PeftType.SPARSE_LORA] is SparseLoraModel
     # the same classes re-created by a re-imported module replace the old ones; a foreign 'spp' method is refused
     again = type("SPPModel", (SPPModel,), {"__module__": SPPModel.__module__})
     try:
-        register_with_peft(SPPConfig, again)
+        register_with_peft(SPPConfig, again, "spp", "spp_")
         assert PEFT_TYPE_TO_TUNER_MAPPING[PeftType.SPP] is again
         with pytest.raises(RuntimeError, match="already has a method named 'spp'"):
-            register_with_peft(SPPConfig, type("Other", (SPPModel,), {"__module__": "elsewhere"}))
+            register_with_peft(SPPConfig, type("Other", (SPPModel,), {"__module__": "elsewhere"}), "spp", "spp_")
     finally:
-        register_with_peft(SPPConfig, SPPModel)
+        register_with_peft(SPPConfig, SPPModel, "spp", "spp_")
     assert PEFT_TYPE_TO_TUNER_MAPPING[PeftType.SPP] is SPPModel and PEFT_TYPE_TO_CONFIG_MAPPING["SPP"] is SPPConfig
 
 

@@ -18,6 +18,8 @@ from train_helpers import tiny_job
 import spp.commands.train as train_command
 import spp.pruning.resolve as resolve
 from spp.paths import REPO_ROOT
+from spp.planning.job import job_spec
+from spp.preflight.model_files import model_arch
 from spp.pruning.base import Pruner
 from spp.training.run import Run, build_run, resolve_methods
 from spp.training.val_schedule import no_validation_reason
@@ -34,9 +36,8 @@ ALLOWED = {
 }
 """Files that may look a name up in a registry, each with its reason."""
 
-ALLOWED_FOLDERS = {
-    "spp/planning/": "the planner moves to resolve_methods next (another engineer owns spp/planning/)",
-}
+ALLOWED_FOLDERS: dict[str, str] = {}
+"""Folders whose every file may look a name up (none: the planner resolves through the resolver too)."""
 
 
 def lookups_outside(root: Path, package: str = "spp") -> list[str]:
@@ -117,3 +118,18 @@ def test_a_reconstructing_run_resolves_its_form_once(tmp_path, counted):
     assert run.methods.form.name == "spp" and run.identity.reconstruction is not None
     assert counted == {"get_method": 2, "get_pruner": 1, "build_run": 0}  # the adapter and the form; the pruner
     assert run.identity.keys == ((run.identity.key, run.identity.digest), run.identity.reconstruction)
+
+
+def test_the_plan_resolves_through_the_resolver(tmp_path, counted):
+    """The planner's pruner, adapter method and reconstruction form come from the resolver (counted there) or from
+    the job's resolved methods (``run_job``'s preflight), and the plan holds what the resolved objects say."""
+    job = tiny_job(tmp_path, "pruner=sparsegpt", "adapter=norms", "reconstruct=blockwise")
+    spec = job_spec(job, model_arch(job.model), "cpu", "tiny")
+    assert spec.updates_weights and spec.adapter.name == "norms" and spec.reconstruct.form == "spp"
+    assert counted["get_pruner"] >= 1 and counted["get_method"] >= 2  # the adapter and the form
+    assert spec.uses_hessian  # SparseGPT's, asked of the resolved pruner
+    resolved, before = resolve_methods(job), dict(counted)
+    again = job_spec(job, model_arch(job.model), "cpu", "tiny", methods=resolved)
+    assert again == spec and counted == before  # run_job's resolved methods: the same plan, no lookup again
+    dense = job_spec(tiny_job(tmp_path, "pruner=none"), model_arch(job.model), "cpu", "tiny")
+    assert not dense.prunes and not dense.updates_weights

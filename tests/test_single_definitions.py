@@ -17,7 +17,6 @@ EXCLUDED = ("experiments", "bench", "table1_params.py")
 """Parts of ``spp/`` that are moving out of the package (skipped while they are still there)."""
 
 CONVENTION = "one per module by design: each module of its kind defines its own, found by module, never imported bare"
-PLANNING = "spp/planning is being reworked in another branch: its copies are left to that work"
 
 ALLOWED: dict[str, str] = {
     "log": "the module's own logger (logging.getLogger(__name__))",
@@ -31,12 +30,12 @@ ALLOWED: dict[str, str] = {
     "PEFT_TYPE": f"an adapter method's own peft type in adapter_config.json ({CONVENTION})",
     "external_parameters": "each adapter method's implementation; spp/adapters/registry.py (not edited here) "
                            "gathers them over the methods",
-    "CPU_HEAP_RETENTION": PLANNING,
-    "GIB": PLANNING,
-    "Hardware": PLANNING,
-    "seconds": PLANNING,
-    "MMLU_SUBJECTS": f"{PLANNING} (its copy of spp/eval/mmlu_tasks.py's list)",
-    "prune_phase": f"{PLANNING} (the plan of the training job's pruning phase)",
+    "Hardware": "the run plan's machine figures (spp/planning/hardware.py) and the pruning plan's own "
+                "(spp/planning/pruning.py, which benchmarks/pruning_plan.py's committed table names); the first "
+                "builds the second (Hardware.pruning)",
+    "seconds": f"a phase's time in a planning module, read as pruning.seconds / reconstruction.seconds ({CONVENTION})",
+    "prune_phase": "the plan of the pruning phase (spp/planning/run.py, beside load_phase, fit_phase, ...) and the "
+                   "phase itself (spp/training/callbacks/pruning.py)",
 }
 
 

@@ -3,7 +3,7 @@
 A method is one folder (``spp/adapters/methods/<name>/``, or a plug-in's folder named in ``SPP_PLUGINS``) whose
 ``__init__`` calls :func:`spp.adapters.registry.register` with an :class:`AdapterMethod`, plus one YAML
 (``conf/adapter/<name>.yaml``). Everything else in the project (training, the sparsity audit, the streamed export,
-``eval.py adapter_dir=``, the preflight, Table 1, the campaign tables) asks the method through this interface.
+``eval.py adapter_dir=``, the preflight, Table 1, the studies' tables) asks the method through this interface.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ Full = Callable[[torch.Tensor], torch.Tensor]
 Shapes = dict[str, tuple[int, int]]
 """``(in_features, out_features)`` of the adapted projections of one decoder block, by leaf name (``q_proj``)."""
 
-__all__ = ["AdapterMethod", "ExternalParameters", "Full", "Masks", "MergedLayer", "ParamCounts", "Shapes",
-           "check_tensor_file", "count_parameters", "freeze_all", "linear_tensors", "load_tensor_file",
+__all__ = ["AdapterMethod", "ExternalParameters", "Full", "Masks", "MergedLayer", "ParamCounts", "PeftIntegration",
+           "Shapes", "check_tensor_file", "count_parameters", "freeze_all", "linear_tensors", "load_tensor_file",
            "read_json_file", "set_submodule", "target_linears", "CONFIG_NAME", "WEIGHTS_NAME"]
 
 CONFIG_NAME = "adapter_config.json"
@@ -104,6 +104,18 @@ class MergedLayer(NamedTuple):
 
     tensors: dict[str, torch.Tensor]
     stats: dict[str, Any] = {}
+
+
+class PeftIntegration(NamedTuple):
+    """A method as a registered peft method (``spp.peft`` registers it on import): its name for peft
+    (``PeftType.<NAME>``, ``"peft_type"`` in ``adapter_config.json``), peft config and tuner classes, the prefix of
+    its tensors' names, and what ``spp.peft`` exports for it (each under its ``__name__``)."""
+
+    name: str
+    config_class: type
+    model_class: type
+    prefix: str
+    exports: tuple[Any, ...] = ()
 
 
 class AdapterMethod(ABC):
@@ -240,6 +252,11 @@ class AdapterMethod(ABC):
     def before_optimizer_step(self, model: nn.Module) -> None:
         """Called before every optimizer step (and gradient clipping). Default: nothing."""
         return
+
+    # ----------------------------------------------------------------------------------------- outside spp
+    def peft_integration(self) -> PeftIntegration | None:
+        """The method as a peft method (``import spp.peft`` registers it with peft), or ``None``. Default: none."""
+        return None
 
 
 def linear_tensors(linear: nn.Module) -> dict[str, torch.Tensor]:

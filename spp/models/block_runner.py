@@ -34,7 +34,20 @@ class BlockCalls(list):
         super().__init__([] for _ in range(blocks))
 
 
-class _Recorder(nn.Module):
+class _StandIn(nn.Module):
+    """Stands in for a decoder block (``_real``, held in a list: not a child module) and reads the block's other
+    attributes from it (per-block ones such as ``attention_type``)."""
+
+    _real: list[nn.Module]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._real[0], name)  # per-block attributes such as ``attention_type``
+
+
+class _Recorder(_StandIn):
     """Stands in for decoder block ``index`` during :meth:`BlockRunner.head`: stores what the model passes it and
     hands the hidden states on unchanged (the last one stops the forward)."""
 
@@ -51,30 +64,16 @@ class _Recorder(nn.Module):
             raise _Caught
         return x
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._real[0], name)  # per-block attributes such as ``attention_type``
 
-
-class _Replay(nn.Module):
+class _Replay(_StandIn):
     """Stands in for a decoder block and returns fixed hidden states (as a tuple when the block returns one)."""
 
     def __init__(self, real: nn.Module, hidden: torch.Tensor, as_tuple: bool) -> None:
         super().__init__()
-        self._real = [real]  # a list: not registered as a child module
-        self._hidden = [hidden]
-        self._as_tuple = as_tuple
+        self._real, self._hidden, self._as_tuple = [real], [hidden], as_tuple
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return (self._hidden[0],) if self._as_tuple else self._hidden[0]
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self._real[0], name)  # per-block attributes such as ``attention_type``
 
 
 def _to(obj: Any, device: torch.device, memo: dict[int, Any]) -> Any:

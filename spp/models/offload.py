@@ -86,11 +86,6 @@ class OffloadedModel:
         """The canonical name of any (possibly tied) parameter name."""
         return self._names[name]
 
-    def is_onloaded(self, name: str) -> bool:
-        """Whether parameter ``name`` currently holds real storage (not ``meta``)."""
-        module, attr = self._slots[self.canonical(name)][0]
-        return not module._parameters[attr].is_meta
-
     # ------------------------------------------------------------------ moving
     def _place(self, canonical: str, param: nn.Parameter) -> None:
         for module, attr in self._slots[canonical]:

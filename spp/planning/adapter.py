@@ -14,22 +14,25 @@ from typing import Any
 
 import torch
 
-from spp.adapters.registry import apply_adapter, get_method
+from spp.adapters.base import AdapterMethod
+from spp.adapters.registry import apply_adapter
 from spp.planning.shapes import ModelShape, skeleton_from_arch
 from spp.planning.spec import AdapterSpec
+from spp.pruning.resolve import resolve_adapter
 
 MODEL_DTYPES = ("float32", "float64")
 """``model.torch_dtype`` values the skeleton is built in; any other is planned in bfloat16 (2 bytes a value)."""
 
 
-def adapter_spec(cfg: Any, arch: dict[str, Any], shape: ModelShape, model_dtype: str) -> AdapterSpec:
+def adapter_spec(cfg: Any, arch: dict[str, Any], shape: ModelShape, model_dtype: str,
+                 method: AdapterMethod | None = None) -> AdapterSpec:
     """The :class:`AdapterSpec` of adapter config ``cfg`` (``job.adapter``, read duck-typed) on the model ``arch``
-    (its ``shape``), its weights in ``model_dtype``.
+    (its ``shape``), its weights in ``model_dtype``; ``method``: the resolved method (the resolver's when not given).
 
     Raises:
         UserError: an unknown method; ``ValueError``: targets that match no layer of the model.
     """
-    method = get_method(cfg.name)
+    method = method if method is not None else resolve_adapter(cfg.name)
     dropout = float(getattr(cfg, "dropout", 0.0) or 0.0)
     counts = {"trainable": 0, "trainable_bytes": 0, "added_bytes": 0}
     if method.trains:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from spp.planning.pruning import GIB
 from spp.planning.pruning import Hardware as PruneHardware
 
-GIB = 2**30
 MIB = 2**20
 
 

@@ -14,6 +14,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from spp.adapters.base import AdapterMethod
 from spp.errors import UserError
 from spp.models.loading import resolve_source
 from spp.planning.adapter import adapter_spec
@@ -26,7 +27,8 @@ from spp.planning.run import RunPlan, plan_run
 from spp.planning.shapes import shape_from_arch
 from spp.planning.spec import EvalSpec, RunSpec, TrainSpec
 from spp.projections import DEFAULT_TARGETS
-from spp.pruning.registry import get_pruner
+from spp.pruning.base import Pruner
+from spp.pruning.resolve import resolve_adapter, resolve_form, resolve_pruner
 
 RECORDS = {"alpaca/cleaned_partial/alpaca_data_cleaned_0.json": 1551, "alpaca/cleaned_partial": 50921,
            "hub:yahma/alpaca-cleaned": 51760}
@@ -53,12 +55,12 @@ TASK_TOKENS: dict[str, tuple[int, int]] = {
 """``(documents, tokens per document)`` lm-eval feeds the model per task: the full split's size, times the
 requests per document (continuations of one token share one forward: BoolQ, RTE, MMLU; HellaSwag and ARC run
 one per choice) and an assumed request length (MMLU: a 5-shot prompt). The paper's protocol (``eval=paper``)
-sums to 14.4 M tokens; issue 30 estimated 15.5 M."""
+sums to 14.4 M tokens."""
 
 log = logging.getLogger(__name__)
 
 ZERO_SHOT = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
-MMLU_SUBJECTS = 57
+MMLU_SUBJECT_COUNT = 57
 
 
 def tokens_per_char(vocab: int) -> float:
@@ -75,8 +77,8 @@ def lm_eval_tokens(tasks: list[str], limit: int | None, mmlu_limit: int | None) 
         names = ZERO_SHOT if name in ("zeroshot", "zero_shot") else [name]
         for leaf in names:
             if leaf == "mmlu" or leaf.startswith("mmlu_"):
-                subjects = MMLU_SUBJECTS if leaf == "mmlu" else 1
-                per_subject = TASK_TOKENS["mmlu"][0] // MMLU_SUBJECTS
+                subjects = MMLU_SUBJECT_COUNT if leaf == "mmlu" else 1
+                per_subject = TASK_TOKENS["mmlu"][0] // MMLU_SUBJECT_COUNT
                 cap = mmlu_limit or limit
                 total += subjects * min(per_subject, cap or per_subject) * TASK_TOKENS["mmlu"][1]
             else:
@@ -143,29 +145,41 @@ def _eval_spec(job: Any, prunes: bool, per_char: float) -> EvalSpec:
                     lm_eval_batch=ev.lm_eval_batch_size)
 
 
+def planned_methods(job: Any, methods: Any = None) -> tuple[Pruner | None, AdapterMethod, AdapterMethod | None]:
+    """``(pruner, adapter method, reconstruction form)`` of ``job``: those of ``methods`` (the job's resolved
+    ``spp.training.run.Methods``, read duck-typed) or, when not given, the resolver's (``spp.pruning.resolve``)."""
+    if methods is not None:
+        return methods.pruner, methods.adapter, methods.form
+    cfg = getattr(job, "reconstruct", None)
+    form = resolve_form(cfg) if cfg is not None else None
+    return resolve_pruner(job.pruner, job.sparsity), resolve_adapter(job.adapter.name), form
+
+
 def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: int | None = None,
-             nodes: int | None = None) -> RunSpec:
+             nodes: int | None = None, methods: Any = None) -> RunSpec:
     """The :class:`RunSpec` of ``job`` on ``kind`` (``gpu``/``cpu``) with its model ``arch``; ``devices`` and
-    ``nodes`` replace ``trainer.devices`` / ``trainer.num_nodes`` (the Slurm launcher's request)."""
+    ``nodes`` replace ``trainer.devices`` / ``trainer.num_nodes`` (the Slurm launcher's request); ``methods``: the
+    job's resolved methods (:func:`planned_methods`)."""
     dtype_bytes = {"float32": 4, "float64": 8}.get(str(job.model.torch_dtype), 2)
     shape = shape_from_arch(job.model.name, arch, list(job.pruner.targets) or list(DEFAULT_TARGETS), dtype_bytes)
     devices = devices or device_count(job.trainer.devices, kind)
     nodes = nodes or int(job.trainer.num_nodes)
     strategy, stage = _strategy(job, devices * nodes)
-    prunes = job.pruner.name != "none" and not job.sparsity.is_dense
+    pruner, method, form = planned_methods(job, methods)
+    prunes = pruner is not None  # a pruner and a pattern that is not dense
     per_char = tokens_per_char(shape.vocab)
     cal = job.calibration
-    updates = prunes and get_pruner(job.pruner).updates_weights
     return RunSpec(shape=shape, kind=kind, devices=devices, nodes=nodes, strategy=strategy, zero_stage=stage,
                    act_bytes=precision_bytes(str(job.trainer.precision), kind), source=source,
-                   adapter=adapter_spec(job.adapter, arch, shape, str(job.model.torch_dtype)),
+                   adapter=adapter_spec(job.adapter, arch, shape, str(job.model.torch_dtype), method),
                    train=_train_spec(job, devices * nodes, per_char),
                    eval=_eval_spec(job, prunes, per_char), pruner=job.pruner.name, prunes=prunes,
-                   updates_weights=bool(updates),
+                   updates_weights=prunes and bool(pruner.updates_weights),
+                   uses_hessian=prunes and bool(pruner.uses_hessian),
                    calibration=Calibration(cal.nsamples, cal.seqlen, cal.batch_size),
                    true_sequential=bool(job.pruner.true_sequential), export_merged=bool(job.export.merged),
                    export_adapter=bool(job.export.adapter), teacher=teacher_outputs(job),
-                   reconstruct=reconstruct_spec(job, arch))
+                   reconstruct=reconstruct_spec(job, arch, form))
 
 
 def teacher_outputs(job: Any) -> str:
@@ -214,15 +228,10 @@ def host_memory_gib() -> float:
 
 
 def plan_job(job: Any, arch: dict[str, Any], kind: str, source: str, hw: Hardware | None = None,
-             devices: int | None = None, nodes: int | None = None) -> RunPlan:
+             devices: int | None = None, nodes: int | None = None, methods: Any = None) -> RunPlan:
     """The run plan of ``job`` (see :func:`job_spec`) on ``hw`` (default: the preset of ``kind``)."""
-    spec = job_spec(job, arch, kind, source, devices, nodes)
+    spec = job_spec(job, arch, kind, source, devices, nodes, methods)
     return plan_run(spec, hw or for_accelerator(kind))
-
-
-def with_changes(plan: RunPlan, **changes: Any) -> RunPlan:
-    """``plan`` recomputed with spec fields changed (``train=...`` etc.)."""
-    return plan_run(replace(plan.spec, **changes), plan.hardware)
 
 
 SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
@@ -257,15 +266,16 @@ def _sources(job: Any) -> dict[str, str]:
     return {"GPU": gpu, "host": host}
 
 
-def check_job(job: Any, arch: dict[str, Any]) -> RunPlan | None:
+def check_job(job: Any, arch: dict[str, Any], methods: Any = None) -> RunPlan | None:
     """The preflight check of a run (``spp.preflight.jobs.preflight_train``): plan the job on this machine (its GPU and
     host memory, or the ``trainer.*_memory_gib`` keys) and raise the one-line :class:`~spp.errors.UserError` of
-    the first phase that does not fit. ``None`` when the arch is unknown (a hub id without ``model.arch``)."""
+    the first phase that does not fit (``methods``: the job's resolved ones). ``None`` when the arch is unknown (a
+    hub id without ``model.arch``)."""
     if not set(SHAPE_KEYS) <= set(arch):
         return None
     kind = accelerator_kind(str(job.trainer.accelerator), plan_only=False)
     try:
-        plan = plan_job(job, arch, kind, model_source(job), job_hardware(job, kind, detect=True))
+        plan = plan_job(job, arch, kind, model_source(job), job_hardware(job, kind, detect=True), methods=methods)
     except UserError:  # a setting the plan cannot use (reconstruct.form): the user's to fix, not a model's
         raise
     except (ValueError, KeyError, TypeError) as err:  # an architecture transformers cannot build on meta

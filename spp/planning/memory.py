@@ -33,7 +33,7 @@ from dataclasses import replace
 from spp.planning.hardware import Hardware
 from spp.planning.spec import RunSpec
 
-CPU_HEAP_RETENTION = {True: 0.99, False: 0.17}
+TRAIN_HEAP_RETENTION = {True: 0.99, False: 0.17}
 """On a CPU run glibc keeps freed heap memory resident (its mmap threshold rises to the largest freed block, up to
 32 MiB, so a step's many smaller tensors come from the heap and stay there), which RSS counts. Measured on one SPP
 training step of SmolLM2-135M's shape (8 x 128 tokens, fp32): the peak RSS exceeded the live tensors
@@ -148,7 +148,7 @@ def fit_device_bytes(spec: RunSpec, hw: Hardware) -> dict[str, int]:
     if spec.kind == "gpu":
         terms["cuda_context"] = hw.process_device_bytes
     else:
-        terms["heap_retention"] = int(CPU_HEAP_RETENTION[spec.train.checkpointing] * sum(step.values()))
+        terms["heap_retention"] = int(TRAIN_HEAP_RETENTION[spec.train.checkpointing] * sum(step.values()))
     return {k: int(v) for k, v in terms.items() if v}
 
 

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from spp.planning.shapes import ModelShape
-from spp.pruning.registry import NO_PRUNING, get_pruner, pruner_config
+from spp.pruning.registry import pruner_config
+from spp.pruning.resolve import resolve_pruner
 
 GIB = 2**30
 
@@ -78,19 +79,19 @@ def uses_hessian(pruner: str) -> bool:
     """Whether pruner ``pruner`` (at its default settings) accumulates Hessians and solves them on owner ranks, as
     SparseGPT does: its memory and time are then counted as SparseGPT's, else as a cheap per-matrix rule's."""
     try:
-        return pruner != NO_PRUNING and get_pruner(pruner_config(pruner)).uses_hessian
+        method = resolve_pruner(pruner_config(pruner))
     except ValueError:  # a plug-in not loaded here: counted as a cheap rule
         return False
+    return method is not None and bool(method.uses_hessian)
 
 
-def gpu_bytes(shape: ModelShape, world: int, cal: Calibration, pruner: str, true_sequential: bool = False) -> int:
+def gpu_bytes(shape: ModelShape, world: int, cal: Calibration, hessian: bool, true_sequential: bool = False) -> int:
     """Peak GPU memory of one rank while it prunes (the largest of: a block being calibrated, the head)."""
     local_windows = -(-cal.nsamples // world)
     hidden = local_windows * cal.seqlen * shape.hidden * shape.bytes_per_param * 2  # inputs and outputs of a block
     batch = cal.batch_size * cal.seqlen
     activations = batch * ((3 * shape.intermediate + 4 * shape.hidden + 2 * shape.attention_width)
                            * shape.bytes_per_param + shape.score_bytes(cal.seqlen, shape.bytes_per_param))
-    hessian = uses_hessian(pruner)
     stats = _hessian_bytes(shape, true_sequential) if hessian else 0
     solve = _solve_bytes(shape) if hessian else max(o * i * 13 for o, i in shape.linears.values())
     block = shape.block_bytes + hidden + activations + stats + solve
@@ -108,7 +109,7 @@ def host_bytes_per_node(shape: ModelShape, world: int, hw: Hardware, cal: Calibr
             "masks": shape.pruned_params // 8}
 
 
-def seconds(shape: ModelShape, world: int, hw: Hardware, cal: Calibration, pruner: str,
+def seconds(shape: ModelShape, world: int, hw: Hardware, cal: Calibration, hessian: bool,
             true_sequential: bool = False) -> dict[str, float]:
     """Estimated wall seconds of pruning on ``world`` GPUs, by part (see :class:`Hardware` for the rates)."""
     tokens = cal.nsamples * cal.seqlen
@@ -119,7 +120,7 @@ def seconds(shape: ModelShape, world: int, hw: Hardware, cal: Calibration, prune
            "onload": shape.weight_bytes / (hw.h2d_gbps * 1e9)
            + (shape.weight_bytes / (hw.broadcast_gbps * 1e9) if world > 1 else 0.0),
            "forward": (forward_flops + attention_flops) / world / (hw.bf16_tflops * 1e12)}
-    if uses_hessian(pruner):
+    if hessian:
         hessian_flops = sum(2 * tokens * i * i for _o, i in shape.linears.values()) * shape.blocks
         out["hessians"] = hessian_flops / world / (hw.fp32_tflops * 1e12)
         solves = sorted((i * hw.column_overhead_s + (2 * o * i * 128 + 2 * i**3) / (hw.fp32_tflops * 1e12)
@@ -138,9 +139,10 @@ def plan(shape: ModelShape, world: int, pruner: str, hw: Hardware | None = None,
          cal: Calibration | None = None, true_sequential: bool = False) -> dict[str, Any]:
     """The pruning plan of ``shape`` on ``world`` GPUs: memory per node and device, time, and the assumptions."""
     hw, cal = hw or Hardware(), cal or Calibration()
-    gpu = gpu_bytes(shape, world, cal, pruner, true_sequential) + int(hw.process_gpu_gib * GIB)
+    hessian = uses_hessian(pruner)
+    gpu = gpu_bytes(shape, world, cal, hessian, true_sequential) + int(hw.process_gpu_gib * GIB)
     host = host_bytes_per_node(shape, world, hw, cal)
     return {"model": shape.name, "params": shape.params, "world": world, "pruner": pruner,
             "gpu_bytes_per_device": gpu, "gpu_fits": gpu <= hw.gpu_gib * GIB, "host_bytes": host,
-            "seconds": seconds(shape, world, hw, cal, pruner, true_sequential),
+            "seconds": seconds(shape, world, hw, cal, hessian, true_sequential),
             "hardware": asdict(hw), "calibration": asdict(cal)}

@@ -31,19 +31,21 @@ from typing import Any
 
 import torch
 
-from spp.adapters.registry import apply_adapter, get_method
+from spp.adapters.base import AdapterMethod
+from spp.adapters.registry import apply_adapter
 from spp.planning.hardware import Hardware
 from spp.planning.shapes import skeleton_from_arch
 from spp.planning.spec import ReconstructSpec, RunSpec
 from spp.projections import block_projections
 from spp.pruning.reconstruction.engine import form_config
 from spp.pruning.reconstruction.one_block import OneBlock
+from spp.pruning.resolve import resolve_form
 from spp.pruning.targets import decoder_layers
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 """``reconstruct.dtype`` -> bytes per value."""
 
-CPU_HEAP_RETENTION = 0.25
+RECONSTRUCT_HEAP_RETENTION = 0.25
 """On a CPU run glibc keeps freed heap memory resident (its mmap threshold rises to the largest freed block, so the
 windows' hidden states and a window's transients come from the heap), which RSS counts: the run of
 ``benchmarks/plan_rss_reconstruct.py`` on 1 process peaked at 1613 and 1720 MiB (two runs) against 1422 MiB with
@@ -80,14 +82,15 @@ def form_tensors(arch: dict[str, Any], form: Any, dtype: str) -> dict[str, int]:
             "largest_adapted": max((m.in_features * m.out_features for m in adapted), default=0)}
 
 
-def reconstruct_spec(job: Any, arch: dict[str, Any]) -> ReconstructSpec | None:
-    """The :class:`ReconstructSpec` of ``job.reconstruct`` (``None`` for ``reconstruct=none``), read duck-typed."""
+def reconstruct_spec(job: Any, arch: dict[str, Any], method: AdapterMethod | None = None) -> ReconstructSpec | None:
+    """The :class:`ReconstructSpec` of ``job.reconstruct`` (``None`` for ``reconstruct=none``), read duck-typed;
+    ``method``: the resolved form (the resolver's when not given)."""
     cfg = getattr(job, "reconstruct", None)
     if cfg is None or not cfg.enabled:
         return None
-    form = form_config(cfg)
-    tensors = form_tensors(arch, form, str(cfg.dtype))
-    kept = get_method(form.name).forward_transient_values(tensors["largest_adapted"])
+    method = method if method is not None else resolve_form(cfg)
+    tensors = form_tensors(arch, form_config(cfg, method), str(cfg.dtype))
+    kept = method.forward_transient_values(tensors["largest_adapted"])
     return ReconstructSpec(form=str(cfg.form), nsamples=int(cfg.nsamples), seqlen=int(cfg.seqlen),
                            epochs=int(cfg.epochs), act_bytes=DTYPE_BYTES[str(cfg.dtype)],
                            sparse_inputs=str(getattr(cfg.inputs, "value", cfg.inputs)) == "sparse",
@@ -148,11 +151,12 @@ def moments(spec: RunSpec, rank0_cpu: bool = False) -> dict[str, dict[str, int]]
 
 def device_terms(spec: RunSpec, hw: Hardware, rank0_cpu: bool = False) -> dict[str, int]:
     """The terms of the largest moment (:func:`moments`), with the CUDA context on a GPU and glibc's retained
-    heap on a CPU (:data:`CPU_HEAP_RETENTION`)."""
+    heap on a CPU (:data:`RECONSTRUCT_HEAP_RETENTION`)."""
     peak = max(moments(spec, rank0_cpu).values(), key=lambda terms: sum(terms.values()))
     if spec.kind == "gpu":
         return {**peak, "cuda_context": hw.process_device_bytes}
-    return {**peak, "heap_retention": int(CPU_HEAP_RETENTION * sum(v for k, v in peak.items() if k in HIDDEN_SETS))}
+    hidden = sum(v for k, v in peak.items() if k in HIDDEN_SETS)
+    return {**peak, "heap_retention": int(RECONSTRUCT_HEAP_RETENTION * hidden)}
 
 
 def host_terms(spec: RunSpec) -> dict[str, int]:

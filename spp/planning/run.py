@@ -125,7 +125,7 @@ def prune_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
     shape, world, cal = spec.shape, spec.world, spec.calibration
     work = {}
     if spec.prunes:
-        work["pruning"] = pruning.gpu_bytes(shape, world, cal, spec.pruner, spec.true_sequential)
+        work["pruning"] = pruning.gpu_bytes(shape, world, cal, spec.uses_hessian, spec.true_sequential)
     if spec.eval.before:
         work["perplexity"] = _ppl_device(spec)
     peak = {"block_work": max(work.values(), default=0)}
@@ -146,7 +146,8 @@ def prune_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
             rank0["cache_writer"] = sum(o * i for o, i in shape.linears.values()) * shape.bytes_per_param
         disk["cache_entry"] = shape.pruned_params // 8 + (shape.pruned_params * shape.bytes_per_param
                                                           if spec.updates_weights else 0)
-        seconds = pruning.seconds(shape, world, hw.pruning(spec.devices), cal, spec.pruner, spec.true_sequential)
+        seconds = pruning.seconds(shape, world, hw.pruning(spec.devices), cal, spec.uses_hessian,
+                                  spec.true_sequential)
         seconds.pop("load")
         seconds.pop("total")
     tokens = spec.eval.before * spec.eval.ppl_windows * spec.eval.seqlen

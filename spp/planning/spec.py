@@ -167,6 +167,8 @@ class RunSpec:
         pruner: Pruner name (``none``: nothing pruned).
         prunes: Whether a pruning runs (a pruner and a sparsity that is not dense).
         updates_weights: The pruner changes kept weights (SparseGPT): the cache entry holds the pruned weights.
+        uses_hessian: The pruner accumulates Hessians and solves them on owner ranks (SparseGPT; its memory and
+            time are counted as SparseGPT's, else as a cheap per-matrix rule's).
         calibration: The calibration run.
         true_sequential: SparseGPT's sublayer-sequential calibration.
         export_merged: The merged model is written.
@@ -192,6 +194,7 @@ class RunSpec:
     pruner: str = "none"
     prunes: bool = False
     updates_weights: bool = False
+    uses_hessian: bool = False
     calibration: Calibration = field(default_factory=Calibration)
     true_sequential: bool = False
     export_merged: bool = True

@@ -38,10 +38,11 @@ def preflight_train(job: Any, resume: str | None = None, methods: Methods | None
     if methods.trains:
         check_deepspeed(job.strategy, job.trainer.accelerator, methods.adapter)
     check_pruner(methods.pruner, job.sparsity)
+    prunes = methods.pruner is not None  # a pruner and a pattern that is not dense
     arch = model_arch(job.model)
     check_positive({"trainer.lr": job.trainer.lr})
     seqlens = {"data.max_length": job.data.max_length}
-    if job.pruner.name != "none" and not job.sparsity.is_dense:
+    if prunes:
         seqlens["calibration.seqlen"] = job.calibration.seqlen
     if job.eval.ppl:
         seqlens["eval.seqlen"] = job.eval.seqlen
@@ -51,16 +52,16 @@ def preflight_train(job: Any, resume: str | None = None, methods: Methods | None
                   method=methods.adapter)
     check_vocab(job.model, arch)
     check_reconstruct(job.reconstruct, arch, job.data_dir, job.model, methods.form)
-    check_job(job, arch)  # the memory plan: every phase fits this machine's GPUs and host memory (docs/plan.md)
+    check_job(job, arch, methods)  # the memory plan: every phase fits this machine's GPUs and host (docs/plan.md)
     if methods.trains:
         check_data_source(job.data.source, job.data_dir)
-    if job.pruner.name != "none" and not job.sparsity.is_dense and needs_calibration(job.pruner, job.sparsity):
+    if prunes and needs_calibration(job.pruner, job.sparsity):
         check_calibration(job.calibration, job.data_dir, job.model)
     if job.eval.ppl:
         check_ppl_sources([job.eval.ppl_source, *job.eval.extra_ppl_sources], job.data_dir)
     if resume:
         check_resume(job, resume)
-    caches = ["pruning"] if job.pruner.name != "none" and not job.sparsity.is_dense else []
+    caches = ["pruning"] if prunes else []
     check_cache_dirs(job.cache_dir, caches + (["ppl"] if job.eval.ppl and (job.dense_ppl or job.pruned_ppl) else []))
     return arch
 
@@ -78,7 +79,7 @@ def preflight_prune(job: Any, methods: Methods | None = None) -> dict[str, Any]:
     check_reconstruct(job.reconstruct, arch, job.data_dir, job.model, methods.form)
     if calibrates:
         check_calibration(job.calibration, job.data_dir, job.model)
-    if job.use_cache and job.pruner.name != "none" and not job.sparsity.is_dense:
+    if job.use_cache and methods.pruner is not None:
         check_cache_dirs(job.cache_dir, ["pruning"])
     return arch
 

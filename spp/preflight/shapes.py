@@ -15,7 +15,7 @@ from spp.adapters.base import AdapterMethod
 from spp.errors import UserError
 from spp.planning.shapes import skeleton_from_arch
 from spp.projections import block_projections, decoder_layers, matches, resolve_targets
-from spp.pruning.resolve import resolve_adapter
+from spp.pruning.resolve import prunes, resolve_adapter
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = N
         return
     if adapter is not None:  # the method's own rules (SPP: r divides every out_features)
         method.preflight(adapter, layers.shapes(list(adapter.targets), "adapter.targets") if method.trains else None)
-    if sparsity is not None and pruner is not None and sparsity.kind == "nm" and pruner.name != "none":
+    if sparsity is not None and pruner is not None and sparsity.kind == "nm" and prunes(pruner):
         m = int(sparsity.m)
         shapes = layers.shapes(list(pruner.targets), "pruner.targets")
         bad = {p: inp for p, (inp, _out) in shapes.items() if inp % m}
@@ -113,7 +113,7 @@ def check_targets(arch: dict[str, Any], path: str, *, pruner: Any = None, sparsi
     layers = arch_layers(arch)
     if layers is None:
         return
-    if pruner is not None and pruner.name != "none" and sparsity is not None and not sparsity.is_dense:
+    if pruner is not None and sparsity is not None and prunes(pruner, sparsity):
         resolve_targets(layers.block, list(pruner.targets), "pruner.targets")
     if adapter is not None and (method if method is not None else resolve_adapter(adapter.name)).trains:
         resolve_targets(layers.block, list(adapter.targets), "adapter.targets")

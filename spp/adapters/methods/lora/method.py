@@ -8,13 +8,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import LoraConfig
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
-from spp.adapters.base import CONFIG_NAME, AdapterMethod, Masks, MergedLayer, linear_tensors, read_json_file
+from spp.adapters.base import (
+    CONFIG_NAME,
+    AdapterMethod,
+    Masks,
+    MergedLayer,
+    PeftIntegration,
+    linear_tensors,
+    read_json_file,
+)
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.lora.config import LoRAConfig
+from spp.adapters.methods.lora.peft_tuner import LORA_STAR_PEFT, PEFT_TYPE, read_lora_star_config
 from spp.adapters.methods.lora.remask import (
     LayerRemaskStats,
     RemaskStats,
@@ -24,25 +32,6 @@ from spp.adapters.methods.lora.remask import (
 )
 from spp.atomic import write_file_atomic
 from spp.errors import UserError
-
-PEFT_TYPE = "LORA_STAR"
-"""``adapter_config.json``'s ``peft_type`` of a LoRA* folder (``spp.peft.LoraStarConfig``); ``LORA`` before."""
-
-
-def read_lora_star_config(directory: str | Path) -> LoraConfig:
-    """The LoRA settings of a LoRA* folder's ``adapter_config.json`` (``peft_type`` ``LORA_STAR`` or ``LORA``), as a
-    plain ``LoraConfig``, read without peft's registry (``spp.peft`` need not be imported).
-
-    Raises:
-        FileNotFoundError: no ``adapter_config.json``. ValueError: another ``peft_type``, or a damaged file.
-    """
-    path = Path(directory) / CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"No {CONFIG_NAME} in {directory}; expected the adapter folder of an adapter=lora run")
-    saved = read_json_file(path)
-    if saved.get("peft_type") not in ("LORA", PEFT_TYPE):
-        raise ValueError(f"{path} is not a LoRA* adapter (peft_type={saved.get('peft_type')!r})")
-    return LoraConfig.from_peft_type(**{**saved, "peft_type": "LORA"})
 
 
 class LoRAStar(AdapterMethod):
@@ -109,6 +98,10 @@ class LoRAStar(AdapterMethod):
     def merge_summary(self, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """``merge_and_remask``'s report: the overall share of the update re-masking removed, and per layer."""
         return RemaskStats([LayerRemaskStats(name=n, **s) for n, s in layers.items()]).to_dict()
+
+    def peft_integration(self) -> PeftIntegration:
+        """LoRA* as a registered peft method (``methods/lora/peft_tuner.py``)."""
+        return LORA_STAR_PEFT
 
 
 METHOD = LoRAStar()

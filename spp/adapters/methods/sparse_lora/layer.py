@@ -29,6 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from spp.adapters.base import CONFIG_NAME
 from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS, MAX_DELTA_ELEMENTS, row_chunks
+from spp.adapters.peft_base import read_lora_settings
 from spp.atomic import write_file_atomic
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS, model_targets
@@ -335,14 +336,7 @@ def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict
 def read_lora_config(directory: str | os.PathLike) -> tuple[LoraConfig, bool]:
     """The LoRA settings of a SparsePEFT folder's ``adapter_config.json`` and whether it says ``SPARSE_LORA`` (older
     folders say ``LORA``); read without peft's registry."""
-    path = Path(directory) / CONFIG_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"No {CONFIG_NAME} in {directory}; expected a directory written by save_sparse_lora")
-    saved = json.loads(path.read_text())
-    kind = saved.get("peft_type")
-    if kind not in ("LORA", PEFT_TYPE):
-        raise ValueError(f"{path} is not a SparsePEFT adapter (peft_type={kind!r})")
-    return LoraConfig.from_peft_type(**{**saved, "peft_type": "LORA"}), kind == PEFT_TYPE
+    return read_lora_settings(directory, PEFT_TYPE, "SparsePEFT", "a directory written by save_sparse_lora")
 
 
 def _read_meta(path: Path) -> dict[str, Any] | None:
@@ -359,6 +353,18 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
     return meta
 
 
+def check_mask_sizes(model: nn.Module, meta: dict[str, Any] | None, directory: str | os.PathLike) -> None:
+    """Each layer's mask size against ``sparse_lora.json``'s ``layers`` (a base pruned otherwise has other sizes);
+    nothing to check without them (peft's ``save_pretrained``)."""
+    if not meta or "layers" not in meta:
+        return
+    kept = {name: int(layer.mask.sum()) for name, layer in sparse_lora_layers(model)}
+    if kept != meta["layers"]:
+        differ = sorted(k for k in set(kept) | set(meta["layers"]) if kept.get(k) != meta["layers"].get(k))
+        raise ValueError(f"layers or mask sizes differ from {str(directory)!r} at {differ[:3]}; load the adapter on "
+                         "the pruned model it was trained on")
+
+
 def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
                      masks: Mapping[str, torch.Tensor] | None = None) -> PeftModel:
     """Re-create the SparsePEFT model written by :func:`save_sparse_lora` (or peft's ``save_pretrained`` of a
@@ -373,11 +379,7 @@ def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
     dtype = next(iter(state.values())).dtype
     peft_model = inject_sparse_lora(model, masks, targets=sorted(config.target_modules), r=config.r,
                                     alpha=config.lora_alpha, dropout=config.lora_dropout, dtype=dtype)
-    kept = {name: int(layer.mask.sum()) for name, layer in sparse_lora_layers(peft_model)}
-    if meta is not None and kept != meta["layers"]:
-        differ = sorted(k for k in set(kept) | set(meta["layers"]) if kept.get(k) != meta["layers"].get(k))
-        raise ValueError(f"load_sparse_lora: layers or mask sizes differ from {directory} at {differ[:3]}; load it "
-                         "on the pruned model it was trained on")
+    check_mask_sizes(peft_model, meta, directory)
     result = set_peft_model_state_dict(peft_model, state)
     missing = [k for k in result.missing_keys if "lora_" in k]
     if result.unexpected_keys or missing:

@@ -9,7 +9,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, ExternalParameters, Full, Masks, MergedLayer, linear_tensors
+from spp.adapters.base import (
+    AdapterMethod,
+    ExternalParameters,
+    Full,
+    Masks,
+    MergedLayer,
+    PeftIntegration,
+    linear_tensors,
+)
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.sparse_lora.config import SparseLoRAConfig
 from spp.adapters.methods.sparse_lora.layer import (
@@ -21,6 +29,7 @@ from spp.adapters.methods.sparse_lora.layer import (
     read_lora_config,
     save_sparse_lora,
 )
+from spp.adapters.methods.sparse_lora.peft_tuner import SPARSE_LORA_PEFT
 
 
 class SparseLoRA(AdapterMethod):
@@ -79,6 +88,10 @@ class SparseLoRA(AdapterMethod):
         """``{"layers", "delta_sq_norm", "pruned_nonzero"}`` as :func:`merge_sparse_lora` reports."""
         return {"layers": len(layers), "delta_sq_norm": sum(s["delta_sq_norm"] for s in layers.values()),
                 "pruned_nonzero": sum(s["pruned_nonzero"] for s in layers.values())}
+
+    def peft_integration(self) -> PeftIntegration:
+        """SparsePEFT as a registered peft method (``methods/sparse_lora/peft_tuner.py``)."""
+        return SPARSE_LORA_PEFT
 
 
 METHOD = SparseLoRA()

@@ -9,7 +9,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, ExternalParameters, Full, Masks, MergedLayer, Shapes, linear_tensors
+from spp.adapters.base import (
+    AdapterMethod,
+    ExternalParameters,
+    Full,
+    Masks,
+    MergedLayer,
+    PeftIntegration,
+    Shapes,
+    linear_tensors,
+)
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.spp.config import LAYER_KEYS, Impl, SPPAdapterConfig
 from spp.adapters.methods.spp.functional import BACKWARD_CHUNK_ELEMENTS, adapted_weight, merge_factor
@@ -115,6 +124,12 @@ class SPP(AdapterMethod):
         if not layer.merged:
             layer.merge(keep_original=False)
         return MergedLayer(linear_tensors(layer.base))
+
+    def peft_integration(self) -> PeftIntegration:
+        """SPP as a registered peft method (``methods/spp/peft_tuner.py``)."""
+        from spp.adapters.methods.spp.peft_tuner import SPP_PEFT  # start-up time: the tuner loads when spp.peft asks
+
+        return SPP_PEFT
 
 
 METHOD = SPP()

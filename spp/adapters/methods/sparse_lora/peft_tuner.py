@@ -1,4 +1,5 @@
-"""SparsePEFT (SQFT, ``adapter=sparse_lora``) as a registered peft method (``peft_type: SPARSE_LORA``).
+"""SparsePEFT (SQFT, ``adapter=sparse_lora``) as a registered peft method (``peft_type: SPARSE_LORA``;
+``import spp.peft`` registers it: :data:`SPARSE_LORA_PEFT`).
 
 LoRA whose update is masked by the pruning mask ``M``: the layer computes ``y = x W~ᵀ + s · xd ((B A) ⊙ M)ᵀ`` and
 merges into ``W = W~ + s·(B A) ⊙ M``, so every pruned zero stays zero (bit for bit). The layers are spp's own
@@ -17,11 +18,10 @@ from typing import Any, ClassVar
 from peft import LoraConfig, LoraModel, PeftModel
 from torch import nn
 
-from spp.adapters.base import read_json_file
-from spp.adapters.methods.lora.config import LoRAConfig as _SppDefaults
-from spp.adapters.methods.sparse_lora.layer import FORMAT, META_NAME, PEFT_TYPE, SparseLoraLinear, sparse_lora_layers
-from spp.peft.base_record import MaskedLoraConfigMixin, MaskedLoraModelMixin
-from spp.peft.registration import SPARSE_LORA_NAME, SPARSE_LORA_PREFIX
+from spp.adapters.base import PeftIntegration, read_json_file
+from spp.adapters.methods.sparse_lora.config import SparseLoRAConfig as _SppDefaults
+from spp.adapters.methods.sparse_lora.layer import FORMAT, META_NAME, PEFT_TYPE, SparseLoraLinear, check_mask_sizes
+from spp.adapters.peft_base import MaskedLoraConfigMixin, MaskedLoraModelMixin
 from spp.projections import DEFAULT_TARGETS
 
 
@@ -35,7 +35,7 @@ class SparseLoraConfig(MaskedLoraConfigMixin, LoraConfig):
     decoder blocks. ``use_dora``, ``fan_in_fan_out`` and ``lora_bias`` are refused.
     """
 
-    spp_name: ClassVar[str] = SPARSE_LORA_NAME
+    spp_name: ClassVar[str] = "sparse_lora"  # PeftType.SPARSE_LORA
     masks: ClassVar[str] = "SparsePEFT masks a plain LoRA update of nn.Linear layers"
 
     target_modules: list[str] | str | None = field(default_factory=lambda: list(DEFAULT_TARGETS))
@@ -48,9 +48,9 @@ class SparseLoraConfig(MaskedLoraConfigMixin, LoraConfig):
 class SparseLoraModel(MaskedLoraModelMixin, LoraModel):
     """peft's LoRA tuner whose layers are spp's ``SparseLoraLinear`` (in ``named_modules`` order, as
     ``inject_sparse_lora``: same initial ``A`` from the same seed); default targets and GPT-2 as in
-    :mod:`spp.peft.architecture`."""
+    :mod:`spp.adapters.peft_base`."""
 
-    prefix: str = SPARSE_LORA_PREFIX
+    prefix: str = "lora_"  # LoRA's tensors (lora_A, lora_B): the same state-dict keys
 
     layer_class: ClassVar[type[nn.Module]] = SparseLoraLinear
     label: ClassVar[str] = "SparsePEFT"
@@ -73,17 +73,6 @@ def _read_meta(path: Path, directory: str | os.PathLike) -> dict[str, Any] | Non
     return meta
 
 
-def _check_mask_sizes(model: PeftModel, meta: dict[str, Any] | None, directory: str | os.PathLike) -> None:
-    """Each layer's mask size against ``sparse_lora.json`` (a base pruned otherwise has other sizes)."""
-    if not meta or "layers" not in meta:
-        return
-    kept = {name: int(layer.mask.sum()) for name, layer in sparse_lora_layers(model)}
-    if kept != meta["layers"]:
-        differ = sorted(k for k in set(kept) | set(meta["layers"]) if kept.get(k) != meta["layers"].get(k))
-        raise ValueError(f"layers or mask sizes differ from {str(directory)!r} at {differ[:3]}; load the adapter on "
-                         "the pruned model it was trained on")
-
-
 def from_sparse_lora_adapter(model: nn.Module, directory: str | os.PathLike, adapter_name: str = "default",
                              is_trainable: bool = False, **kwargs: Any) -> PeftModel:
     """``PeftModel.from_pretrained(model, directory)`` for a SparsePEFT folder, including one spp wrote before it
@@ -104,5 +93,10 @@ def from_sparse_lora_adapter(model: nn.Module, directory: str | os.PathLike, ada
     config = SparseLoraConfig.from_pretrained(str(path))
     loaded = PeftModel.from_pretrained(model, str(path), adapter_name=adapter_name, is_trainable=is_trainable,
                                        config=config, **kwargs)
-    _check_mask_sizes(loaded, meta, directory)
+    check_mask_sizes(loaded, meta, directory)
     return loaded
+
+
+SPARSE_LORA_PEFT = PeftIntegration(SparseLoraConfig.spp_name, SparseLoraConfig, SparseLoraModel, SparseLoraModel.prefix,
+                                   (SparseLoraConfig, SparseLoraModel, from_sparse_lora_adapter))
+"""What ``spp.peft`` registers with peft and exports for SparsePEFT."""

@@ -1,9 +1,17 @@
-"""The base an adapter folder records (:mod:`spp.adapters.trained_on`), carried by spp's peft configs and checked
-when peft injects the adapter (``PeftModel.from_pretrained``, ``load_adapter``).
+"""What spp's peft methods share (each method's tuner lives in its own folder, ``methods/<name>/peft_tuner.py``;
+``spp.peft`` registers them with peft).
 
-A config read from a folder (:func:`from_folder`) holds the folder's record in its ``spp_trained_on`` field (``{}``
-when the folder records none); a config made in code holds ``None`` and nothing is checked. The tuners call
-:func:`check_recorded_base` on the plain base model before they replace any layer.
+* :func:`peft_type`: the method's member of peft's :class:`peft.PeftType`, added on first use (peft's
+  ``register_peft_method`` accepts only names that enum lists, and it has no way to add a member from outside).
+* :func:`resolve_default_targets`: the default target list (``None``, or :data:`spp.projections.DEFAULT_TARGETS` in
+  any order) becomes the model's own decoder-block projections (:func:`spp.projections.model_targets`: LLaMA's
+  seven, Phi-3's fused ``qkv_proj`` / ``gate_up_proj``, OPT's, GPT-2's); explicit names are left to peft.
+* The base an adapter folder records (:mod:`spp.adapters.trained_on`), carried by a config read from a folder
+  (:func:`from_folder`, field ``spp_trained_on``: ``{}`` when the folder records none, ``None`` for a config made in
+  code) and checked by the tuners on the plain base model before they replace any layer
+  (:func:`check_recorded_base`).
+* The mixins of the tuners built on peft's ``LoraConfig`` / ``LoraModel`` (SparsePEFT, LoRA*); GPT-2's ``Conv1D``
+  layers are held as ``nn.Linear`` first (:func:`spp.models.conv1d.linearize_conv1d`).
 """
 
 from __future__ import annotations
@@ -13,20 +21,69 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from peft import LoraConfig
 from peft.config import PeftConfig
 from peft.tuners.tuners_utils import BaseTunerLayer
+from peft.utils import PeftType
 from torch import nn
 
+from spp.adapters.base import CONFIG_NAME, read_json_file
 from spp.adapters.registry import check_adapter_files, trained_on
 from spp.adapters.trained_on import check_base
 from spp.models.conv1d import linearize_conv1d
-from spp.peft.architecture import resolve_default_targets
-from spp.peft.registration import peft_type
+from spp.projections import DEFAULT_TARGETS, is_default, names_in
 
 C = TypeVar("C", bound=PeftConfig)
 
 SOURCE_ATTR = "_spp_source"
 """Where a config was read from (not a dataclass field: never saved), for the refusal's wording."""
+
+UNSUPPORTED = ("use_dora", "fan_in_fan_out", "lora_bias")
+"""``LoraConfig`` options spp's LoRA-shaped methods have no masked form of."""
+
+
+def peft_type(name: str) -> PeftType:
+    """``PeftType.<NAME>`` for method ``name``, added to peft's enum on first use (a member like ``PeftType.LORA``:
+    a ``str`` equal to its name, so ``"SPP"`` read from ``adapter_config.json`` finds it in peft's mappings)."""
+    key = name.upper()
+    if key in PeftType.__members__:
+        return PeftType[key]
+    member = str.__new__(PeftType, key)
+    member._name_ = member._value_ = key
+    member._sort_order_ = len(PeftType._member_names_)
+    member.__objclass__ = PeftType
+    PeftType._member_map_[key] = member
+    PeftType._value2member_map_[key] = member
+    PeftType._member_names_.append(key)
+    type.__setattr__(PeftType, key, member)  # EnumType.__setattr__ refuses to (re)bind member names
+    return member
+
+
+def read_lora_settings(directory: str | os.PathLike, own_type: str, label: str,
+                       expected: str) -> tuple[LoraConfig, bool]:
+    """The LoRA settings of a LoRA-shaped method's folder (``adapter_config.json``'s ``peft_type`` ``own_type``, or
+    ``LORA`` in folders written before), as a plain ``LoraConfig`` read without peft's registry, and whether it
+    says ``own_type``. ``label`` (the method) and ``expected`` (the folder wanted) word the errors.
+
+    Raises:
+        FileNotFoundError: no ``adapter_config.json``. ValueError: another ``peft_type``, or a damaged file.
+    """
+    path = Path(directory) / CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"No {CONFIG_NAME} in {directory}; expected {expected}")
+    saved = read_json_file(path)
+    kind = saved.get("peft_type")
+    if kind not in ("LORA", own_type):
+        raise ValueError(f"{path} is not a {label} adapter (peft_type={kind!r})")
+    return LoraConfig.from_peft_type(**{**saved, "peft_type": "LORA"}), kind == own_type
+
+
+def resolve_default_targets(config: PeftConfig, model: nn.Module) -> None:
+    """Set ``config.target_modules`` to ``model``'s block projections when it is ``None`` or the default list (a
+    module without decoder blocks, such as a unit test's ``Sequential``, keeps the default names, matched anywhere)."""
+    targets = config.target_modules
+    if targets is None or (not isinstance(targets, str) and is_default(targets)):
+        config.target_modules = names_in(model, DEFAULT_TARGETS, "target_modules")
 
 
 def from_folder(load: Callable[[], C], path: str | os.PathLike, subfolder: str | None = None) -> C:
@@ -54,15 +111,11 @@ def check_recorded_base(config: PeftConfig, model: nn.Module) -> None:
     check_base(record or None, model, what, key="adapter folder", path=source)
 
 
-UNSUPPORTED = ("use_dora", "fan_in_fan_out", "lora_bias")
-"""``LoraConfig`` options spp's LoRA-shaped methods have no masked form of."""
-
-
 class MaskedLoraConfigMixin:
     """What spp's peft configs built on ``LoraConfig`` (SparsePEFT, LoRA*) share: their own peft type, the LoRA
     options they refuse, the folder check of ``from_pretrained`` and the older ``"peft_type": "LORA"`` they read.
-    Listed before ``LoraConfig`` among the bases; the class sets ``spp_name`` (its registered name) and ``masks``
-    (what the refusal says it masks)."""
+    Listed before ``LoraConfig`` among the bases; the class sets ``spp_name`` (its peft name) and ``masks`` (what
+    the refusal says it masks)."""
 
     spp_name: ClassVar[str]
     masks: ClassVar[str]
@@ -100,7 +153,6 @@ class MaskedLoraModelMixin:
     label: ClassVar[str]
 
     def _prepare_adapter_config(self, peft_config: Any, model_config: dict) -> Any:
-        """``target_modules`` ``None`` or the default list: the model's block projections."""
         resolve_default_targets(peft_config, self.model)  # type: ignore[attr-defined]
         return super()._prepare_adapter_config(peft_config, model_config)  # type: ignore[misc]
 

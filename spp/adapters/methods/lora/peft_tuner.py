@@ -2,12 +2,12 @@
 
 LoRA* trains plain LoRA (``y = x W~ᵀ + s · dropout(x) (B A)ᵀ``) and re-masks the merge: ``(W~ + s·B A) ⊙ M``. peft's
 own LoRA merge ``W~ + s·B A`` fills every pruned zero, so a ``train.py`` LoRA* folder says ``"peft_type":
-"LORA_STAR"``: without ``import spp.peft`` peft refuses the unknown type; with it, :class:`LoraStarModel` loads it with
-:class:`LoraStarLinear` layers whose forward is LoRA's and whose merge adds ``s·(B A) ⊙ M``, ``M = W~ ≠ 0`` taken from
-the pruned base weight when the layer is made (equal to ``(W~ + s·B A) ⊙ M``: ``W~`` is zero off ``M``). Tensors and
-file keys are LoRA's (``lora_A``, ``lora_B``). :func:`from_lora_star_adapter` also reads a LoRA* folder written
-before (``"peft_type": "LORA"`` beside ``adapter_method.json``), which ``PeftModel.from_pretrained`` reads as plain
-LoRA.
+"LORA_STAR"``: without ``import spp.peft`` peft refuses the unknown type; with it (:data:`LORA_STAR_PEFT`),
+:class:`LoraStarModel` loads it with :class:`LoraStarLinear` layers whose forward is LoRA's and whose merge adds
+``s·(B A) ⊙ M``, ``M = W~ ≠ 0`` taken from the pruned base weight when the layer is made (equal to
+``(W~ + s·B A) ⊙ M``: ``W~`` is zero off ``M``). Tensors and file keys are LoRA's (``lora_A``, ``lora_B``).
+:func:`from_lora_star_adapter` also reads a LoRA* folder written before (``"peft_type": "LORA"`` beside
+``adapter_method.json``), which ``PeftModel.from_pretrained`` reads as plain LoRA.
 """
 
 from __future__ import annotations
@@ -22,11 +22,19 @@ from peft import LoraConfig, LoraModel, PeftModel
 from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
-from spp.adapters.methods.lora.method import PEFT_TYPE, read_lora_star_config
+from spp.adapters.base import PeftIntegration
+from spp.adapters.peft_base import MaskedLoraConfigMixin, MaskedLoraModelMixin, from_folder, read_lora_settings
 from spp.adapters.registry import describe_dir
 from spp.bitmask import pack_rows, unpack_rows
-from spp.peft.base_record import MaskedLoraConfigMixin, MaskedLoraModelMixin, from_folder
-from spp.peft.registration import LORA_STAR_NAME
+
+PEFT_TYPE = "LORA_STAR"
+"""``adapter_config.json``'s ``peft_type`` of a LoRA* folder (:class:`LoraStarConfig`); ``LORA`` before."""
+
+
+def read_lora_star_config(directory: str | Path) -> LoraConfig:
+    """The LoRA settings of a LoRA* folder (``peft_type`` ``LORA_STAR``, or ``LORA`` from before) as a plain
+    ``LoraConfig`` (:func:`~spp.adapters.peft_base.read_lora_settings`; ``spp.peft`` need not be imported)."""
+    return read_lora_settings(directory, PEFT_TYPE, "LoRA*", "the adapter folder of an adapter=lora run")[0]
 
 
 @dataclass
@@ -36,7 +44,7 @@ class LoraStarConfig(MaskedLoraConfigMixin, LoraConfig):
     ``use_dora``, ``fan_in_fan_out`` and ``lora_bias`` are refused. ``spp_trained_on``: the base the folder records.
     """
 
-    spp_name: ClassVar[str] = LORA_STAR_NAME
+    spp_name: ClassVar[str] = "lora_star"  # PeftType.LORA_STAR; tensors are LoRA's (lora_A, lora_B)
     masks: ClassVar[str] = "LoRA* re-masks a plain LoRA update of nn.Linear layers"
 
     spp_trained_on: dict[str, Any] | None = None
@@ -63,7 +71,7 @@ class LoraStarLinear(LoraLinear):
 
 class LoraStarModel(MaskedLoraModelMixin, LoraModel):
     """peft's LoRA tuner with :class:`LoraStarLinear` layers; default targets and GPT-2 as in
-    :mod:`spp.peft.architecture`; a folder's adapter is refused on another base than the one it records."""
+    :mod:`spp.adapters.peft_base`; a folder's adapter is refused on another base than the one it records."""
 
     layer_class: ClassVar[type[nn.Module]] = LoraStarLinear
     label: ClassVar[str] = "LoRA*"
@@ -87,3 +95,8 @@ def from_lora_star_adapter(model: nn.Module, directory: str | os.PathLike, adapt
     config = from_folder(lambda: LoraStarConfig.from_peft_type(**{**saved.to_dict(), "peft_type": PEFT_TYPE}), path)
     return PeftModel.from_pretrained(model, str(path), adapter_name=adapter_name, is_trainable=is_trainable,
                                      config=config, **kwargs)
+
+
+LORA_STAR_PEFT = PeftIntegration(LoraStarConfig.spp_name, LoraStarConfig, LoraStarModel, LoraStarModel.prefix,
+                                 (LoraStarConfig, LoraStarModel, LoraStarLinear, from_lora_star_adapter))
+"""What ``spp.peft`` registers with peft and exports for LoRA*."""
