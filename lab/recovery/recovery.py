@@ -6,6 +6,7 @@ against the SPP curve measured on its own machine."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lab.collect_summaries import markdown_table
@@ -119,19 +120,24 @@ def spp_on_same_machine(runs: list[TrainRun], run: TrainRun) -> TrainRun | None:
     return next((r for r in same if r.kind == run.kind), same[0] if same else None)
 
 
-def against_spp_at(c: Campaign, minutes: float = AT_MINUTES) -> dict[str, str]:
-    """By run place: the run's validation perplexity over SPP's at ``minutes``, SPP measured on the same machine,
-    paired over the windows (one run each)."""
+def _against_spp(c: Campaign, pick: Callable[[list[dict[str, Any]]], dict[str, Any] | None]) -> dict[str, str]:
+    """By run place: the run's validation perplexity over SPP's (SPP measured on the same machine) at the curve
+    point ``pick`` chooses, paired over the windows (one run each)."""
     out, runs = {}, recovery_runs(c)
     for run in runs:
         spp = spp_on_same_machine(runs, run)
         if run.method == REFERENCE or spp is None:
             continue
-        a, b = entry_at(run.curve, minutes), entry_at(spp.curve, minutes)
+        a, b = pick(run.curve), pick(spp.curve)
         if a and b:
             d = paired_difference(a, b)
             out[run.rel] = f"{d['ppl_ratio']:.3f} [{d['ppl_ratio_low']:.3f}, {d['ppl_ratio_high']:.3f}]"
     return out
+
+
+def against_spp_at(c: Campaign, minutes: float = AT_MINUTES) -> dict[str, str]:
+    """:func:`_against_spp` at ``minutes`` of CPU time."""
+    return _against_spp(c, lambda curve: entry_at(curve, minutes))
 
 
 def point_at_step(points: list[dict[str, Any]], step: int) -> dict[str, Any] | None:
@@ -140,18 +146,8 @@ def point_at_step(points: list[dict[str, Any]], step: int) -> dict[str, Any] | N
 
 
 def against_spp_at_step(c: Campaign, step: int = AT_STEP) -> dict[str, str]:
-    """By run place: the run's validation perplexity over SPP's (same machine, as :func:`against_spp_at`) at the
-    measured ``step``, paired over the windows."""
-    out, runs = {}, recovery_runs(c)
-    for run in runs:
-        spp = spp_on_same_machine(runs, run)
-        if run.method == REFERENCE or spp is None:
-            continue
-        a, b = point_at_step(run.curve, step), point_at_step(spp.curve, step)
-        if a and b:
-            d = paired_difference(a, b)
-            out[run.rel] = f"{d['ppl_ratio']:.3f} [{d['ppl_ratio_low']:.3f}, {d['ppl_ratio_high']:.3f}]"
-    return out
+    """:func:`_against_spp` at the measured ``step``."""
+    return _against_spp(c, lambda curve: point_at_step(curve, step))
 
 
 def _gap_text(p: dict[str, float] | None) -> str:
