@@ -105,7 +105,7 @@ def test_bar_total_is_the_batches_the_run_takes(max_steps, accumulate, expected)
         assert plain.train_progress_bar.total == 10
 
 
-def test_lm_eval_bars_become_log_lines_outside_a_terminal(caplog, sample_data_dir):
+def test_lm_eval_bars_become_log_lines_outside_a_terminal(caplog, sample_data_dir, monkeypatch):
     import lm_eval.models.huggingface as hf
 
     from spp.eval.harness import evaluate_tasks
@@ -120,6 +120,8 @@ def test_lm_eval_bars_become_log_lines_outside_a_terminal(caplog, sample_data_di
     with lm_eval_bars_as_lines(tty) as swapped:  # negative control: a terminal keeps the bars
         assert not swapped and hf.tqdm is original
     err = io.StringIO()
+    # a handler an earlier test left on a closed stream would dump "--- Logging error ---" (with the line) here
+    monkeypatch.setattr(logging, "raiseExceptions", False)
     stderr, sys.stderr = sys.stderr, err
     try:
         with caplog.at_level(logging.INFO, logger="spp.eval.progress_lines"):
