@@ -33,6 +33,7 @@ def _stamp(line: str) -> datetime | None:
     return datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S") if match else None
 
 
+@pytest.mark.slow  # a whole piped run (≈ 30-70 s on 2 cores); CI's slow step runs it
 def test_piped_debug_fast_run_logs_every_block_and_every_30_s_of_training(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "WANDB_MODE": "offline", "PYTHONPATH": str(REPO_ROOT)}
@@ -59,6 +60,7 @@ def test_piped_debug_fast_run_logs_every_block_and_every_30_s_of_training(tmp_pa
     assert (run / "train.log").is_file() and "step 6/6" in (run / "train.log").read_text()  # run_dir= holds the log
 
 
+@pytest.mark.slow  # a whole piped run (≈ 30-70 s on 2 cores); CI's slow step runs it
 def test_piped_prune_with_reconstruction_logs_each_block_twice(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "PYTHONPATH": str(REPO_ROOT)}
