@@ -100,10 +100,17 @@ grid() {  # grid METHOD SETTING: the method's grid, then one more point past a c
   done
 }
 
-seeds() {  # seeds METHOD SETTING: seeds 1 and 2 at the method's chosen rate (seed 0 is the grid point itself)
-  local m=$1 st=$2 s lr
+seeds() {  # seeds METHOD SETTING [SEED...]: seeds 1 and 2 (or those given) at the method's chosen rate (seed 0 is
+  # the grid point itself)
+  local m=$1 st=$2 s lr; shift 2
   lr=$(chosen_lr "$st" "$m") || return 1
-  for s in 1 2; do train "$R/seeds/$st/$m/s$s" "$st" "$m" "$lr" "$s"; done
+  for s in ${*:-1 2}; do train "$R/seeds/$st/$m/s$s" "$st" "$m" "$lr" "$s"; done
+}
+
+rate_seeds() {  # rate_seeds METHOD SETTING LR [SEED...]: seeds 1 and 2 (or those given) at a rate that is not the
+  # seed-0 choice (its runner-up), so the rate can be chosen on the mean over seeds (lab/recovery/choices.py)
+  local m=$1 st=$2 lr=$3 s; shift 3
+  for s in ${*:-1 2}; do train "$R/seeds/$st/$m/lr$lr/s$s" "$st" "$m" "$lr" "$s"; done
 }
 
 evaluate() {  # evaluate DIR OVERRIDES...: one eval.py job
