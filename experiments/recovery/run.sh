@@ -17,6 +17,9 @@
 #   bash experiments/recovery/run.sh D                      # objective=distill: SPP + closest competitor, seeds 0-2
 #   bash experiments/recovery/run.sh REC                    # recovery curves at nm2_4 (2 epochs, a point / 16 steps)
 #   bash experiments/recovery/run.sh seq "recovery_check spp"  # SPP's recovery run again (speed of a second machine)
+#   bash experiments/recovery/run.sh seq "fresh spp"        # SPP for as many steps on records it sees once
+#   bash experiments/recovery/run.sh seq "seeds spp nm2_4 3 4"  # seeds 3, 4 at the chosen rate
+#   bash experiments/recovery/run.sh seq "rate_seeds spp unstructured75 2e-2"  # seeds 1, 2 at a runner-up rate
 #   bash experiments/recovery/run.sh seq "grid spp nm2_4" "grid lora nm2_4"   # one stream, steps in this order
 #   bash experiments/recovery/run.sh Z nm2_4                # zero-shot + perplexities of dense, pruned and the chosen
 #                                                             # seed-0 runs (eval.py on their adapters, shipped data)
@@ -182,6 +185,15 @@ recovery() {
   local m=$1 st=nm2_4 lr
   lr=$(chosen_lr "$st" "$m") || return 1
   train "$R/${RECOVERY_KIND:-recovery}/$st/$m" "$st" "$m" "$lr" 0 trainer.max_epochs=2 trainer.curve_every_n_steps=16
+}
+
+# Fresh records (item 4 of the evidence issue): every recovery curve falls in its second epoch, which repeats the first
+# epoch's 500 records. The same method, rate and seed trained for as many steps on 1,000 records seen once each (one
+# epoch of 125 steps; the merged model's validation perplexity every 32 steps) tells repetition from over-training.
+fresh() {
+  local m=$1 st=nm2_4 lr
+  lr=$(chosen_lr "$st" "$m") || return 1
+  train "$R/fresh/$st/$m" "$st" "$m" "$lr" 0 data.max_examples=1040 trainer.curve_every_n_steps=32
 }
 
 # The same recovery run trained again into recovery_check/ (on the machine that ran the later curves, when the curves

@@ -1,5 +1,9 @@
 """What the report compares: each (setting, method)'s chosen rate on validation perplexity, its runs at that rate
-(the seed-0 grid point and the extra seeds), and the closest competitor of SPP."""
+(the seed-0 grid point and the extra seeds), and the closest competitor of SPP.
+
+A rate is chosen on seed 0's validation perplexity, except where more seeds ran at two or more rates of the grid (the
+runner-up's seeds, run where seed 0's choice looked like a lucky draw): then on the mean over the seeds those rates
+share."""
 
 from __future__ import annotations
 
@@ -33,6 +37,10 @@ class Choice:
     runs: tuple[TrainRun, ...]
     base: tuple[float, ...] = ()
     """The base grid the runner ran (:func:`~lab.recovery.selection.base_grid`)."""
+    by_rate: tuple[tuple[TrainRun, ...], ...] = ()
+    """The runs at each grid rate that more seeds ran at (the chosen one among them), by seed."""
+    selected_on: tuple[int, ...] = (0,)
+    """The seeds whose mean validation perplexity chose the rate."""
 
     @property
     def interior(self) -> bool:
@@ -57,9 +65,32 @@ def method_order(method: str) -> tuple[int, str]:
     return (names.index(base) if base in names else len(names), variant)
 
 
+def _rate_runs(c: Campaign, grid: list[TrainRun], seeds_kind: str) -> list[tuple[TrainRun, ...]]:
+    """Each grid point with the extra seeds run at its rate, by seed."""
+    out = []
+    for g in grid:
+        extra = [r for r in c.train if r.kind == seeds_kind and (r.setting, r.method) == (g.setting, g.method)
+                 and math.isclose(r.lr, g.lr)]
+        out.append(tuple(sorted([g, *extra], key=lambda r: r.seed)))
+    return out
+
+
+def select(by_rate: list[tuple[TrainRun, ...]]) -> tuple[tuple[TrainRun, ...], tuple[int, ...]]:
+    """The chosen rate's runs and the seeds it was chosen on: the lowest mean validation perplexity over the seeds
+    shared by every rate that ran more than seed 0 (when two or more did), else seed 0's; ties to the smaller
+    rate."""
+    seeded = [runs for runs in by_rate if len(runs) > 1]
+    common = sorted(set.intersection(*({r.seed for r in runs} for runs in seeded))) if len(seeded) > 1 else []
+    if len(common) < 2:
+        return min(by_rate, key=lambda runs: (val_ppl(runs[0]), runs[0].lr)), (0,)
+
+    def mean(runs: tuple[TrainRun, ...]) -> float:
+        return sum(val_ppl(r) for r in runs if r.seed in common) / len(common)
+    return min(seeded, key=lambda runs: (mean(runs), runs[0].lr)), tuple(common)
+
+
 def choices(c: Campaign, kind: str = "grid", seeds_kind: str = "seeds") -> dict[tuple[str, str], Choice]:
-    """Every (setting, method) with a grid under ``kind``, in table order; ties on the objective go to the smaller
-    rate (as :func:`lab.lr_select.best`)."""
+    """Every (setting, method) with a grid under ``kind``, in table order, its rate chosen by :func:`select`."""
     grids: dict[tuple[str, str], list[TrainRun]] = {}
     for r in c.train:
         if r.kind == kind:
@@ -67,12 +98,12 @@ def choices(c: Campaign, kind: str = "grid", seeds_kind: str = "seeds") -> dict[
     out = {}
     for (setting, method), grid in grids.items():
         grid.sort(key=lambda r: r.lr)
-        chosen = min(grid, key=lambda r: (val_ppl(r), r.lr))
-        extra = [r for r in c.train if r.kind == seeds_kind and (r.setting, r.method) == (setting, method)
-                 and math.isclose(r.lr, chosen.lr)]
-        runs = tuple(sorted([chosen, *extra], key=lambda r: r.seed))
+        by_rate = _rate_runs(c, grid, seeds_kind)
+        runs, selected_on = select(by_rate)
+        chosen = next(r for r in runs if r.kind == kind)
         base = base_grid(method, settled_anchor(c.root, setting, method)) if method in BASE_GRIDS else ()
-        out[(setting, method)] = Choice(setting, method, tuple(grid), chosen, runs, tuple(float(lr) for lr in base))
+        out[(setting, method)] = Choice(setting, method, tuple(grid), chosen, runs, tuple(float(lr) for lr in base),
+                                        tuple(r for r in by_rate if len(r) > 1), selected_on)
     order = list(SETTINGS)
     return dict(sorted(out.items(), key=lambda kv: (order.index(kv[0][0]) if kv[0][0] in order else len(order),
                                                     method_order(kv[0][1]))))
