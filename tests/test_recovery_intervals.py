@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +158,31 @@ def test_majority_class_answer_pairs_with_a_model_document_by_document():
     assert mean.diff == pytest.approx(-1 / 3)
     same = [{**d, "acc": float(d["gold"] == 1)} for d in docs]
     assert next(r for r in paired_accuracy(same, base) if r.task == MEAN_ROW).diff == 0.0
+
+
+def test_records_seen_once_are_read_beside_the_repeated_epoch(tmp_path: Path):
+    """The two-epoch run closes 0.3 nats per 16 steps to step 32, then falls back (0.45, 0.3 at steps 48, 64); the
+    fresh-records run reaches 0.6 at step 32 too and goes on to 0.9 at its last step 63. At step 32 the two are equal
+    (ratio 1), at the last points the fresh run is exp(-0.6) of the repeated one; gap closed = shift / 1.5. Without
+    the fresh run (negative control) the section is absent and the curves' note says the test was not run."""
+    write_reference(tmp_path, "reference/dense", -1.5)
+    write_reference(tmp_path, "reference/nm2_4", 0.0)
+    for rel, steps, shifts in (("recovery/nm2_4/spp", [0, 16, 32, 48, 64], [0.0, 0.3, 0.6, 0.45, 0.3]),
+                               ("fresh/nm2_4/spp", [0, 32, 63], [0.0, 0.6, 0.9])):
+        run = write_train(tmp_path, rel, "spp", 2e-2, 0, -0.5, -0.5)
+        data = json.loads((run / "summary.json").read_text())
+        data["recovery_curve"] = [{**entry(-sh, "wikitext2_val"), "step": st, "train_cpu_s": 20.0 * st}
+                                  for st, sh in zip(steps, shifts, strict=True)]
+        (run / "summary.json").write_text(json.dumps(data))
+    text = report(tmp_path)
+    section = text.split("## Records seen once against a repeated epoch")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| Wanda 2:4 |")]
+    assert rows[0] == "| Wanda 2:4 | SPP | 32 | 40.0 [40.0, 40.0] | 40.0 [40.0, 40.0] | 1.000 [1.000, 1.000] |"
+    r = f"{math.exp(-0.6):.3f}"
+    assert rows[1] == f"| Wanda 2:4 | SPP | 63 / 64 | 60.0 [60.0, 60.0] | 20.0 [20.0, 20.0] | {r} [{r}, {r}] |"
+    assert "highest 60.0 % at step 63, last 60.0 % at step 63" in section
+    assert "highest 40.0 % at step 32, last 20.0 % at step 64" in section
+    assert "the next section tests whether the repetition causes it" in text
+    shutil.rmtree(tmp_path / "fresh")
+    text = report(tmp_path)
+    assert "## Records seen once" not in text and "(a run on records it has not seen: not run)" in text

@@ -1,12 +1,13 @@
 """The raw files of the recovery study, read into plain records.
 
 Layout under the campaign directory (``experiments/recovery/run.sh``): ``grid/<setting>/<method>/lr<rate>``
-(seed-0 training runs, one per grid point), ``seeds/<setting>/<method>/s<seed>`` (more seeds at the chosen rate),
-``distill/...``, ``recovery/...`` and ``recovery_check/...`` (training runs; the last a recovery run trained again on
-another machine), ``export/<setting>/masked_full`` and
-``rerun/<setting>/<method>`` (the chosen run exported, or trained again where a later checkout lacks its adapter, for
-zero-shot), ``reference/dense`` and ``reference/<setting>`` (``eval.py``: the dense and pruned models) and
-``zero_shot/<setting>/<method>`` (``eval.py`` on the chosen seed-0 run's adapter).
+(seed-0 training runs, one per grid point), ``seeds/<setting>/<method>/s<seed>`` (more seeds at the chosen rate;
+``.../lr<rate>/s<seed>`` at a runner-up rate), ``distill/...``, ``recovery/...`` and ``recovery_check/...`` (training
+runs; the last a recovery run trained again on another machine), ``fresh/<setting>/<method>`` (as many steps on records
+seen once), ``export/<setting>/masked_full`` and ``rerun/<setting>/<method>`` (the chosen run exported, or trained
+again where a later checkout lacks its adapter, for zero-shot), ``reference/dense`` and ``reference/<setting>``
+(``eval.py``: the dense and pruned models) and ``zero_shot/<setting>/<method>`` (``eval.py`` on the chosen seed-0 run's
+adapter).
 A setting is ``<sparsity>`` for Wanda, ``<sparsity>_<pruner>`` otherwise (``nm2_4_sparsegpt``).
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 from lab.labels import trained_from_summary
 from spp.eval.doc_records import DOC_RECORDS_FILE, read_doc_records
 
-TRAIN_KINDS = ("grid", "seeds", "distill", "recovery", "recovery_check", "export", "rerun")
+TRAIN_KINDS = ("grid", "seeds", "distill", "recovery", "recovery_check", "fresh", "export", "rerun")
 EVAL_KINDS = ("reference", "zero_shot")
 SETTINGS = {"nm2_4": "Wanda 2:4", "unstructured50": "Wanda unstructured 50 %",
             "unstructured75": "Wanda unstructured 75 %", "nm2_4_sparsegpt": "SparseGPT 2:4"}

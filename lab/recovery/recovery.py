@@ -178,7 +178,8 @@ def recovery_table(c: Campaign, drawn: list[tuple[TrainRun, list[dict[str, float
             f"val PPL / SPP's at step {AT_STEP} [95 %]"]
     cpus = "; ".join(f"{letter} = {key}" for key, letter in letters.items())
     return ["## Recovery per CPU-minute and per step (WikiText-2 validation windows)", "",
-            *markdown_table(head, rows, 3), "", *_reading_notes(drawn),
+            *markdown_table(head, rows, 3), "",
+            *_reading_notes(drawn, any(r.kind == "fresh" and r.curve for r in c.train)),
             "CPU-min = process CPU time of the training steps (forward, backward, optimizer; one thread), not the "
             "evaluations. Intervals: paired bootstrap over the 40 windows (dense, pruned and the point resampled "
             "together), interpolated linearly between measured points; the ratio to SPP pairs the two runs' windows, "
@@ -186,7 +187,7 @@ def recovery_table(c: Campaign, drawn: list[tuple[TrainRun, list[dict[str, float
             f"windows only, not seeds). CPUs (`machine.json`): {cpus}.", ""]
 
 
-def _reading_notes(drawn: list[tuple[TrainRun, list[dict[str, float]]]]) -> list[str]:
+def _reading_notes(drawn: list[tuple[TrainRun, list[dict[str, float]]]], tested: bool = False) -> list[str]:
     """What the two readings mean, and the fall after the highest point (counted from the curves)."""
     fell = [run for run, pts in drawn if pts[-1]["gap"] < max(p["gap"] for p in pts)]
     peak_steps = sorted({max(pts, key=lambda p: p["gap"])["step"] for _, pts in drawn})
@@ -195,5 +196,6 @@ def _reading_notes(drawn: list[tuple[TrainRun, list[dict[str, float]]]]) -> list
             f"{AT_STEP} every method has seen the same records the same number of times, so that column compares "
             f"what the same training did. In {len(fell)} of {len(drawn)} curves the gap closed falls after its "
             f"highest point (at step {', '.join(map(str, peak_steps))}) during the second epoch, which repeats the "
-            "first epoch's records; that repetition causes the fall is a likely reading that was not tested (a run "
-            "on records it has not seen: not run).", ""]
+            "first epoch's records" + (": the next section tests whether the repetition causes it." if tested else
+                                       "; that repetition causes the fall is a likely reading that was not tested "
+                                       "(a run on records it has not seen: not run)."), ""]

@@ -19,6 +19,7 @@ from lab.recovery.choices import (
 )
 from lab.recovery.coverage import coverage_lines
 from lab.recovery.distillation import distillation_table
+from lab.recovery.fresh_records import fresh_records_table
 from lab.recovery.labels import cpu_capabilities, interval_text, method_label, rate, setting_label, verdict
 from lab.recovery.records import TEST_SOURCE, VAL_SOURCE, Campaign, cpu_name, load
 from lab.recovery.recovery import curves, recovery_table
@@ -186,6 +187,7 @@ def report(root: str | Path) -> str:
              "## Each method against SPP (same pruned model, seeds and test windows)", "", *paired_table(chosen),
              *coverage_lines(Path(root)), *seed_selection_table(chosen),
              *zero_shot_table(c, chosen), *distillation_table(c, chosen), *recovery_table(c, drawn),
+             *fresh_records_table(c),
              *machine_check_table(c, drawn), *notes()]
     return "\n".join(parts)
 
