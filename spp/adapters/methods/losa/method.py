@@ -12,8 +12,7 @@ from spp.adapters.base import Masks
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.losa.allocation import allocate_ranks
 from spp.adapters.methods.losa.config import LoSAConfig
-from spp.adapters.methods.losa.layer import inject_losa
-from spp.adapters.methods.sparse_lora.layer import load_sparse_lora, read_lora_config
+from spp.adapters.methods.losa.layer import inject_losa, layer_ranks, load_losa
 from spp.adapters.methods.sparse_lora.method import SparseLoRA
 from spp.projections import decoder_layers
 
@@ -46,14 +45,14 @@ class LoSA(SparseLoRA):
         ranks = block_ranks(model, cfg)
         if not any(p.is_meta for p in model.parameters()):
             log.info("losa: block ranks %s (mean %.2f)", ranks, sum(ranks) / len(ranks))
-        return inject_losa(model, masks, tuple(cfg.targets), ranks, r=cfg.r, alpha=cfg.lora_alpha,
-                           dropout=cfg.dropout, dtype=cfg.torch_dtype)
+        return inject_losa(model, masks, layer_ranks(model, tuple(cfg.targets), ranks), r=cfg.r,
+                           alpha=cfg.lora_alpha, dropout=cfg.dropout, dtype=cfg.torch_dtype)
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
-        """peft's files (each layer's rank in ``rank_pattern``) plus ``sparse_lora.json``, read as SparsePEFT's."""
+        """peft's files (each layer's rank in ``rank_pattern``) plus ``sparse_lora.json``
+        (:func:`~spp.adapters.methods.losa.layer.load_losa`)."""
         try:
-            peft_cfg, _ = read_lora_config(directory)
-            model = load_sparse_lora(model, directory, masks)
+            model, peft_cfg = load_losa(model, directory, masks)
         except (FileNotFoundError, ValueError) as err:
             raise self.wrong_adapter_dir(directory, err) from err
         return model, LoSAConfig(targets=sorted(peft_cfg.target_modules), r=peft_cfg.r,
