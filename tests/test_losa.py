@@ -15,7 +15,8 @@ from train_helpers import tiny_job
 from spp.adapters.methods.losa.allocation import allocate_ranks, block_errors
 from spp.adapters.methods.sparse_lora.layer import sparse_lora_layers
 from spp.adapters.registry import apply_adapter, get_method, make_config, merge_adapter, option_config
-from spp.models.tiny import tiny_config, tiny_model
+from spp.models.conv1d import linearize_conv1d
+from spp.models.tiny import TINY_FAMILIES, tiny_config, tiny_model
 from spp.planning.adapter import adapter_spec
 from spp.planning.shapes import shape_from_arch
 from spp.projections import DEFAULT_TARGETS, find_projections
@@ -160,6 +161,29 @@ def test_merged_weight_has_exactly_the_pruned_zero_pattern(kind):
         assert (unmasked[name][~masks[name]] != 0).any()  # negative control: unmasked, the update fills zeros
         if kind == "2:4":
             assert check_nm(weight, 2, 4).valid
+
+
+@pytest.mark.parametrize("family", sorted(TINY_FAMILIES))
+def test_every_tiny_family_merges_with_unequal_ranks_and_every_zero(family):
+    """The architecture matrix's families (GPT-2's Conv1D, Phi-3's fused projections, OPT's biases, ...): each block's
+    layers get its rank and the merge keeps exactly the pruned zeros."""
+    model = tiny_model(seed=0, model_type=family)
+    linearize_conv1d(model)
+    masks = {}
+    with torch.no_grad():
+        for name, linear in find_projections(model, DEFAULT_TARGETS).items():
+            score = linear.weight.abs()
+            masks[name] = score >= score.median(dim=1, keepdim=True).values
+            linear.weight.mul_(masks[name])
+    cfg = make_config("losa", r=4, block_errors=[1.0, 3.0], dropout=0.0)
+    adapted, _ = apply_adapter(model, cfg, masks)
+    randomize_b(adapted)
+    ranks = {name: layer.r["default"] for name, layer in sparse_lora_layers(adapted)}
+    assert set(ranks) == set(masks) and sorted(set(ranks.values())) == allocate_ranks([1.0, 3.0], 4, 1, 8) == [2, 6]
+    plain, stats = merge_adapter(adapted, cfg, masks)
+    assert stats["pruned_nonzero"] == 0 and stats["delta_sq_norm"] > 0
+    for name, linear in find_projections(plain, DEFAULT_TARGETS).items():
+        assert torch.equal(linear.weight == 0, ~masks[name]), (family, name)
 
 
 # ------------------------------------------------------------------------------------------------ errors
