@@ -15,11 +15,15 @@ from train_helpers import tiny_job
 from spp.adapters.methods.losa.allocation import allocate_ranks, block_errors
 from spp.adapters.methods.sparse_lora.layer import sparse_lora_layers
 from spp.adapters.registry import apply_adapter, get_method, make_config, merge_adapter, option_config
+from spp.models import load_model
 from spp.models.conv1d import linearize_conv1d
+from spp.models.loading import load_tokenizer
 from spp.models.tiny import TINY_FAMILIES, tiny_config, tiny_model
 from spp.planning.adapter import adapter_spec
 from spp.planning.shapes import shape_from_arch
 from spp.projections import DEFAULT_TARGETS, find_projections
+from spp.pruning import get_or_prune
+from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.patterns import check_nm, keep_top_n_of_m
 
 BLOCKS = 4
@@ -273,6 +277,31 @@ def test_the_plan_counts_the_trainable_values_of_inject():
     assert adapter_spec(cfg, arch, shape, "float32").trainable == injected
     assert adapter_spec(make_config("lora", r=4), arch, shape, "float32").trainable == injected
     assert adapter_spec(make_config("lora", r=5), arch, shape, "float32").trainable != injected  # control
+
+
+def test_train_py_measures_the_block_errors_after_pruning(tmp_path):
+    """``train.py adapter=losa`` without ``block_errors``: the pruning phase keeps the dense model, LoSA measures
+    each block's error on the calibration windows (as :func:`block_errors` does here on the same pruned model) and
+    the ranks follow them."""
+    from train import run_job
+
+    job = tiny_job(tmp_path, "adapter=losa", "adapter.r=4", "adapter.error_windows=2", "trainer.max_steps=2",
+                   "data.max_examples=12", "dense_ppl=false", "pruned_ppl=false")
+    assert job.adapter.block_errors is None
+    summary = run_job(job)
+    errors = job.adapter.block_errors
+    assert errors is not None and len(errors) == 2 and all(e > 0 for e in errors)
+    assert summary["config"]["adapter"]["block_errors"] == pytest.approx(errors)
+    windows = draw_calibration(load_tokenizer(job.model), job.calibration, job.data_dir).windows[:2]
+    dense = load_model(job.model, with_tokenizer=False)[0]
+    sparse = copy.deepcopy(dense)
+    get_or_prune(sparse, load_tokenizer(job.model), job.model, job.pruner, job.sparsity, job.calibration,
+                 cache_dir=job.cache_dir, data_dir=job.data_dir)  # in place, from the run's cache entry
+    expected = block_errors(dense, sparse, list(windows.split(job.calibration.batch_size)))
+    assert errors == pytest.approx(expected, rel=1e-6)
+    saved = json.loads((tmp_path / "run" / "adapter" / "adapter_config.json").read_text())
+    ranks = allocate_ranks(errors, 4, 1, 8)
+    assert sorted(saved["rank_pattern"].values()) == sorted([ranks[0]] * 7 + [ranks[1]] * 7)
 
 
 def test_train_py_adapter_losa_runs_end_to_end(tmp_path):

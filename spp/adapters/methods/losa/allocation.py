@@ -23,7 +23,7 @@ from torch import nn
 
 from spp.projections import decoder_layers
 
-EPS = 1e-12
+NORM_FLOOR = 1e-12
 """Floor of a feature's dense norm (a feature that is exactly zero in every dense output)."""
 
 
@@ -55,35 +55,41 @@ def allocate_ranks(errors: Sequence[float], mean_rank: int, floor: int, ceiling:
     return ranks
 
 
-def _block_outputs(model: nn.Module, batches: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Every decoder block's outputs on ``batches`` (token ids), as ``(tokens, hidden)`` float64 per block."""
+def _block_outputs(model: nn.Module, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Every decoder block's outputs on the token ids ``ids``, as ``(tokens, hidden)`` float64 per block."""
     _, layers = decoder_layers(model)
-    outputs: list[list[torch.Tensor]] = [[] for _ in layers]
+    outputs: list[torch.Tensor] = [torch.empty(0)] * len(layers)
 
     def keep(i: int):
         def hook(_module: nn.Module, _inputs: tuple, out: object) -> None:
             h = out[0] if isinstance(out, tuple) else out
-            outputs[i].append(h.detach().reshape(-1, h.shape[-1]).double().cpu())
+            outputs[i] = h.detach().reshape(-1, h.shape[-1]).double().cpu()
         return hook
 
     handles = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(layers)]
     try:
         with torch.no_grad():
-            for ids in batches:
-                model(input_ids=ids.to(next(model.parameters()).device))
+            model(input_ids=ids.to(next(model.parameters()).device))
     finally:
         for handle in handles:
             handle.remove()
-    return [torch.cat(o) for o in outputs]
+    return outputs
 
 
 def block_errors(dense: nn.Module, pruned: nn.Module, batches: Sequence[torch.Tensor]) -> list[float]:
     """``E_l`` of every decoder block (module docstring) on the calibration ``batches`` (token ids, ``(b, t)``):
-    what ``adapter.block_errors`` takes."""
+    what ``adapter.block_errors`` takes. Per feature, ``Σ_t (F − F~)²`` and ``‖F‖²`` are summed batch by batch, so
+    only one batch's outputs are held at a time."""
     if len(batches) == 0:
         raise ValueError("block_errors needs at least one calibration batch of token ids")
-    errors = []
-    for f, g in zip(_block_outputs(dense, batches), _block_outputs(pruned, batches), strict=True):
-        scale = f.norm(dim=0).clamp_min(EPS)
-        errors.append(float(((f - g) / scale).square().sum() / f.shape[-1]))
-    return errors
+    diff: list[torch.Tensor] = []
+    norm: list[torch.Tensor] = []
+    for ids in batches:
+        pairs = list(zip(_block_outputs(dense, ids), _block_outputs(pruned, ids), strict=True))
+        if not diff:
+            diff = [torch.zeros(f.shape[-1], dtype=torch.float64) for f, _ in pairs]
+            norm = [torch.zeros(f.shape[-1], dtype=torch.float64) for f, _ in pairs]
+        for i, (f, g) in enumerate(pairs):
+            diff[i] += (f - g).square().sum(dim=0)
+            norm[i] += f.square().sum(dim=0)
+    return [float((d / n.clamp_min(NORM_FLOOR ** 2)).sum() / d.numel()) for d, n in zip(diff, norm, strict=True)]

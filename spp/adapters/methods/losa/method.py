@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
+import torch
 from torch import nn
 
 from spp.adapters.base import Masks
 from spp.adapters.config import AdapterConfig
-from spp.adapters.methods.losa.allocation import allocate_ranks
+from spp.adapters.methods.losa.allocation import allocate_ranks, block_errors
 from spp.adapters.methods.losa.config import LoSAConfig
 from spp.adapters.methods.losa.layer import inject_losa, layer_ranks, load_losa
 from spp.adapters.methods.sparse_lora.method import SparseLoRA
@@ -25,7 +27,7 @@ def block_ranks(model: nn.Module, cfg: LoSAConfig) -> list[int]:
     blocks = len(decoder_layers(model)[1])
     meta = any(p.is_meta for p in model.parameters())
     if cfg.block_errors is None or meta:
-        if cfg.block_errors is None and not meta:
+        if cfg.block_errors is None and not meta and blocks > 1:
             log.warning("adapter=losa without adapter.block_errors: every block gets rank r=%d (SparsePEFT's update)",
                         cfg.r)
         return [cfg.r] * blocks
@@ -40,6 +42,20 @@ class LoSA(SparseLoRA):
 
     name = "losa"
     config_class = LoSAConfig
+    needs_dense = True
+
+    def prepare(self, cfg: AdapterConfig, dense: nn.Module, pruned: nn.Module,
+                batches: list[torch.Tensor]) -> dict[str, Any]:
+        """``block_errors`` measured on the first ``error_windows`` calibration windows, unless they were given."""
+        if cfg.block_errors is not None:
+            return {}
+        windows = torch.cat(batches)
+        windows = windows[:cfg.error_windows] if cfg.error_windows else windows
+        size = batches[0].shape[0]
+        errors = block_errors(dense, pruned, list(windows.split(size)))
+        log.info("losa: block errors on %d calibration windows: %s", windows.shape[0],
+                 ", ".join(f"{e:.4g}" for e in errors))
+        return {"block_errors": errors}
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         ranks = block_ranks(model, cfg)
