@@ -304,6 +304,15 @@ def test_train_py_measures_the_block_errors_after_pruning(tmp_path):
     assert sorted(saved["rank_pattern"].values()) == sorted([ranks[0]] * 7 + [ranks[1]] * 7)
 
 
+def test_only_losa_without_errors_asks_for_the_dense_model():
+    """The pipeline keeps a dense copy only for a config whose errors are still to be measured; other methods never
+    ask (negative control)."""
+    losa = get_method("losa")
+    assert losa.needs_dense(make_config("losa")) is True
+    assert losa.needs_dense(make_config("losa", block_errors=[1.0, 2.0])) is False
+    assert not any(get_method(n).needs_dense(make_config(n)) for n in ("sparse_lora", "lora", "spp"))
+
+
 def test_train_py_adapter_losa_runs_end_to_end(tmp_path):
     """``train.py adapter=losa`` on the tiny config (2 blocks, Wanda 2:4): trains, merges with every zero kept."""
     from train import run_job

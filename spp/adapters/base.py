@@ -132,9 +132,6 @@ class AdapterMethod(ABC):
             ``None`` when it can (the preflight refuses the job in one line otherwise).
         reconstruct_lr: The learning rate block-wise reconstruction uses with this method as its trainable form
             when ``reconstruct.lr`` is null (``docs/reconstruction.md``).
-        needs_dense: Its config is completed from the dense and the pruned model before :meth:`inject`
-            (:meth:`prepare`; LoSA's per-block errors): the training pipeline's pruning phase keeps a dense copy
-            until then.
     """
 
     name: ClassVar[str] = ""
@@ -143,7 +140,6 @@ class AdapterMethod(ABC):
     kept_zeros_may_change: ClassVar[bool] = False
     zero3_refusal: ClassVar[str | None] = None
     reconstruct_lr: ClassVar[float] = 1e-2
-    needs_dense: ClassVar[bool] = False
 
     # ----------------------------------------------------------------------------------------- the life cycle
     @abstractmethod
@@ -168,11 +164,17 @@ class AdapterMethod(ABC):
             spp.errors.UserError: the files do not belong to this method or to this model (naming ``adapter_dir``).
         """
 
+    def needs_dense(self, cfg: AdapterConfig) -> bool:
+        """Whether ``cfg`` is completed from the dense and the pruned model before :meth:`inject` (:meth:`prepare`;
+        LoSA's per-block errors when not given): the training pipeline's pruning phase then keeps a dense copy
+        until it is. Default: no."""
+        return False
+
     def prepare(self, cfg: AdapterConfig, dense: nn.Module, pruned: nn.Module,
                 batches: list[torch.Tensor]) -> dict[str, Any]:
-        """With :attr:`needs_dense`: the config keys to set from the ``dense`` and ``pruned`` models (whole, on rank
+        """When :meth:`needs_dense`: the config keys to set from the ``dense`` and ``pruned`` models (whole, on rank
         0's CPU) on the calibration token ``batches``; the pipeline sets them on the job's config on every rank
-        before :meth:`inject`. ``{}``: nothing to set (the keys were given)."""
+        before :meth:`inject`."""
         return {}
 
     def wrong_adapter_dir(self, directory: Path, err: Exception) -> UserError:

@@ -112,7 +112,7 @@ def pruning_callback_settings(run: Run) -> PruningSettings:
 
 def _needs_dense(run: Run) -> bool:
     """Whether the adapter method completes its config from the dense model before it is attached."""
-    return run.methods.trains and run.methods.adapter.needs_dense
+    return run.methods.trains and run.methods.adapter.needs_dense(run.job.adapter)
 
 
 def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None) -> tuple[PrunedModel, FitResult]:

@@ -84,8 +84,8 @@ class PruningSettings:
             off by default): the pruned perplexity is the model's before it, ``ppl["reconstructed"]`` after.
         pruner_method: The resolved pruner (a job's ``Run`` holds it; ``None``: resolved from ``pruner``).
         form: The resolved reconstruction form (``None``: resolved from ``reconstruct.form``).
-        adapter: ``(method, config)`` of an adapter method that needs the dense model (``needs_dense``): after
-            pruning, its config is completed in place from the dense and pruned models (:func:`prepare_adapter`).
+        adapter: ``(method, config)`` of an adapter method whose ``needs_dense(config)`` holds: after pruning, its
+            config is completed in place from the dense and pruned models (:func:`prepare_adapter`).
         identity: The model's identity and cache keys (a job's ``Run.identity``: ``spp.training.run.PruningIdentity``;
             ``None``: computed from the configs; dropped for a model the module built, which is keyed by its weights).
     """

@@ -68,8 +68,8 @@ def _block_outputs(model: nn.Module, ids: torch.Tensor) -> list[torch.Tensor]:
 
     handles = [layer.register_forward_hook(keep(i)) for i, layer in enumerate(layers)]
     try:
-        with torch.no_grad():
-            model(input_ids=ids.to(next(model.parameters()).device))
+        with torch.no_grad():  # the decoder alone (transformers' ``base_model``): the LM head is not needed
+            getattr(model, "base_model", model)(input_ids=ids.to(next(model.parameters()).device))
     finally:
         for handle in handles:
             handle.remove()

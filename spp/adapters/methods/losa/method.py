@@ -42,7 +42,9 @@ class LoSA(SparseLoRA):
 
     name = "losa"
     config_class = LoSAConfig
-    needs_dense = True
+    def needs_dense(self, cfg: AdapterConfig) -> bool:
+        """The block errors are measured (from the dense and pruned models) unless they were given."""
+        return cfg.block_errors is None
 
     def prepare(self, cfg: AdapterConfig, dense: nn.Module, pruned: nn.Module,
                 batches: list[torch.Tensor]) -> dict[str, Any]:
