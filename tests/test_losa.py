@@ -299,6 +299,8 @@ def test_train_py_measures_the_block_errors_after_pruning(tmp_path):
                  cache_dir=job.cache_dir, data_dir=job.data_dir)  # in place, from the run's cache entry
     expected = block_errors(dense, sparse, list(windows.split(job.calibration.batch_size)))
     assert errors == pytest.approx(expected, rel=1e-6)
+    marker = json.loads((tmp_path / "run" / "adapter" / "adapter_method.json").read_text())
+    assert marker["config"]["block_errors"] == pytest.approx(errors)
     saved = json.loads((tmp_path / "run" / "adapter" / "adapter_config.json").read_text())
     ranks = allocate_ranks(errors, 4, 1, 8)
     assert sorted(saved["rank_pattern"].values()) == sorted([ranks[0]] * 7 + [ranks[1]] * 7)
