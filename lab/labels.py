@@ -16,6 +16,7 @@ ADAPTERS: dict[str, tuple[str, int]] = {
     "masked_full": ("masked full FT", 4),
     "scale_lora": ("ScaleLoRA", 5),
     "norms": ("norms only", 6),
+    "losa": ("LoSA", 7),
 }
 """Adapter method -> (its name in the tables, its place among them)."""
 UNLISTED_ORDER = 100

@@ -45,6 +45,7 @@ CASES = {
     "spp": make_config("spp", r=4, dropout=0.0),
     "spp_no_residual": make_config("spp", r=4, dropout=0.0, residual=False, beta_init="ones"),
     "sparse_lora": make_config("sparse_lora", r=4, dropout=0.0),
+    "losa": make_config("losa", r=4, dropout=0.0, block_errors=[1.0, 3.0]),  # ranks 2 and 6
     "masked_full": make_config("masked_full"),
     "lora": make_config("lora", r=4, dropout=0.0),
     "scale_lora": make_config("scale_lora", r=4),
@@ -81,7 +82,7 @@ def _revive(case: str, model: nn.Module, name: str, pos: Position) -> Callable[[
     """Make pruned position ``pos`` of ``name``'s applied weight non-zero, as ``case`` would; returns the undo."""
     layer = _layer(model, name)
     with torch.no_grad():
-        if case == "sparse_lora":
+        if case in ("sparse_lora", "losa"):  # SparsePEFT's layer (LoSA's too): a revived mask bit
             packed = layer.sparse_mask_packed.clone()
             mask = layer.mask
             mask[pos] = True

@@ -90,6 +90,7 @@ SPARSITY_CASES: dict[str, tuple[SparsityConfig, SparsityConfig, bool]] = {
     "layerwise": (U50, replace(U50, layerwise="owl"), True),
     "owl_lambda": (replace(U50, layerwise="owl"), replace(U50, layerwise="owl", owl_lambda=0.1), True),
     "owl_m": (replace(U50, layerwise="owl"), replace(U50, layerwise="owl", owl_m=7.0), True),
+    "rmi_delta": (replace(U50, layerwise="rmi"), replace(U50, layerwise="rmi", rmi_delta=0.02), True),
 }
 
 # CalibrationConfig field -> (another value, changes the result of a calibrated pruner).

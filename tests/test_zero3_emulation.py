@@ -72,6 +72,7 @@ CASES = {
     "spp_blocked_no_residual": make_config("spp", r=4, impl="blocked", residual=False, beta_init="ones",
                                              dtype="float64"),
     "sparse_lora": make_config("sparse_lora", r=4, dropout=0.1, dtype="float64"),
+    "losa": make_config("losa", r=4, dropout=0.1, dtype="float64", block_errors=[1.0, 3.0]),  # ranks 2 and 6
     "lora": make_config("lora", r=4, dropout=0.1),
     "masked_full": make_config("masked_full"),
     "scale_lora": make_config("scale_lora", r=4, dtype="float64"),

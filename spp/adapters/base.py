@@ -164,6 +164,19 @@ class AdapterMethod(ABC):
             spp.errors.UserError: the files do not belong to this method or to this model (naming ``adapter_dir``).
         """
 
+    def needs_dense(self, cfg: AdapterConfig) -> bool:
+        """Whether ``cfg`` is completed from the dense and the pruned model before :meth:`inject` (:meth:`prepare`;
+        LoSA's per-block errors when not given): the training pipeline's pruning phase then keeps a dense copy
+        until it is. Default: no."""
+        return False
+
+    def prepare(self, cfg: AdapterConfig, dense: nn.Module, pruned: nn.Module,
+                batches: list[torch.Tensor]) -> dict[str, Any]:
+        """When :meth:`needs_dense`: the config keys to set from the ``dense`` and ``pruned`` models (whole, on rank
+        0's CPU) on the calibration token ``batches``; the pipeline sets them on the job's config on every rank
+        before :meth:`inject`."""
+        return {}
+
     def wrong_adapter_dir(self, directory: Path, err: Exception) -> UserError:
         """The one-line refusal of :meth:`load` when ``directory`` does not hold this method's files for this
         model (``err`` says what is wrong)."""

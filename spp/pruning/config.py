@@ -16,8 +16,9 @@ from spp.projections import DEFAULT_TARGETS
 from spp.pruning.reconstruction.config import ReconstructConfig
 
 SPARSITY_KINDS: tuple[str, ...] = ("dense", "unstructured", "nm")
-LAYERWISE: tuple[str, ...] = ("none", "owl")
-"""``sparsity.layerwise``: one ratio for every block, or OWL's per-block ratios (``spp/pruning/layerwise.py``)."""
+LAYERWISE: tuple[str, ...] = ("none", "owl", "rmi")
+"""``sparsity.layerwise``: one ratio for every block, or OWL's or LoSA's (RMI) per-block ratios
+(``spp/pruning/layerwise.py``)."""
 CALIBRATION_SOURCES: dict[str, str] = {
     "c4": "c4/c4_sample.jsonl",
     "wikitext2": "wikitext2/validation.json",
@@ -36,10 +37,13 @@ class SparsityConfig:
         ratio: Fraction of zeros in (0, 1) for ``unstructured``; for ``nm`` it may be left null (it is 1 - n/m).
         n: Weights KEPT in every group of ``m`` consecutive input weights of a row (``nm`` only).
         m: Group size (``nm`` only); every pruned layer's in_features must be a multiple of it.
-        layerwise: ``none`` (every block at ``ratio``) or ``owl`` (unstructured only: per-block ratios from each
-            block's outlier ratio, with mean ``ratio``; Yin et al., ICML 2024).
+        layerwise: ``none`` (every block at ``ratio``), ``owl`` (unstructured only: per-block ratios from each
+            block's outlier ratio, with mean ``ratio``; Yin et al., ICML 2024) or ``rmi`` (unstructured only:
+            ``ratio ± δ`` from each block's representation mutual information; Huang et al., ICLR 2025).
         owl_lambda: OWL's λ: the per-block ratios span 2λ around ``ratio``.
         owl_m: OWL's M: a score is an outlier above M times its block's mean.
+        rmi_delta: LoSA's δ (``layerwise=rmi``): the blocks' ratios lie in ``ratio ± δ``; null: the reference's
+            0.01 up to 50 % sparsity, 0.02 up to 60 %, 0.03 above.
     """
 
     name: str = "dense"
@@ -50,6 +54,7 @@ class SparsityConfig:
     layerwise: str = "none"
     owl_lambda: float = 0.08
     owl_m: float = 5.0
+    rmi_delta: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -81,6 +86,15 @@ class SparsityConfig:
                 )
         return self._validate_layerwise()
 
+    @property
+    def rmi_spread(self) -> float:
+        """LoSA's δ in use: ``rmi_delta``, or the reference's by target ratio (0.01 to 50 %, 0.02 to 60 %, else
+        0.03; their code sets none above 70 %, where this keeps 0.03)."""
+        if self.rmi_delta is not None:
+            return float(self.rmi_delta)
+        ratio = float(self.ratio or 0.0)
+        return 0.01 if ratio <= 0.5 else 0.02 if ratio <= 0.6 else 0.03
+
     def _validate_layerwise(self) -> SparsityConfig:
         """``layerwise`` and OWL's λ and M (``ValueError`` naming the key)."""
         if self.layerwise not in LAYERWISE:
@@ -91,6 +105,12 @@ class SparsityConfig:
             raise ValueError(f"sparsity.layerwise={self.layerwise} gives per-block ratios to unstructured sparsity "
                              f"only, not kind={self.kind}; set sparsity.layerwise=none or choose sparsity=unstructured")
         ratio, lam = float(self.ratio), float(self.owl_lambda)
+        if self.layerwise == "rmi":
+            delta = self.rmi_spread
+            if not 0.0 <= delta < min(ratio, 1.0 - ratio):
+                raise ValueError(f"sparsity.rmi_delta={delta:g} must be >= 0 and below min(ratio, 1 - ratio)="
+                                 f"{min(ratio, 1.0 - ratio):g}, so every block's ratio stays in (0, 1); lower it")
+            return self
         if not 0.0 <= lam or not 2 * lam < min(ratio, 1.0 - ratio):
             raise ValueError(f"sparsity.owl_lambda={lam} must be >= 0 and 2λ below min(ratio, 1 - ratio)="
                              f"{min(ratio, 1.0 - ratio):g}, so every block's ratio stays in (0, 1); lower it")

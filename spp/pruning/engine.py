@@ -40,7 +40,7 @@ from spp.projections import matches, model_targets
 from spp.pruning.base import MatrixOutcome, Pruner
 from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.pruning.layerwise import LayerwiseRatios, owl_block_sparsity
+from spp.pruning.layerwise import LayerwiseRatios, layerwise_ratios
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import check_layer_fits, sparsity_summary
 from spp.pruning.registry import NO_PRUNING
@@ -275,8 +275,8 @@ class _Run:
         self.timings["capture"] = time.perf_counter() - t0
         if owl:
             t0 = time.perf_counter()
-            self.layerwise = owl_block_sparsity(self.runner, self.targets, self.sparsity, hidden, calls, self.batches,
-                                                self.nbatches)
+            self.layerwise = layerwise_ratios(self.runner, self.targets, self.sparsity, hidden, calls, self.batches,
+                                              self.nbatches)
             self.timings["layerwise"] = time.perf_counter() - t0
             if not self.pruner.needs_calibration:  # magnitude with OWL: the activations served the ratios only
                 return [], BlockCalls(len(self.runner.layers))

@@ -1,4 +1,5 @@
-"""Layer-wise sparsity around any pruner: OWL (Yin et al., "Outlier Weighed Layerwise Sparsity", ICML 2024).
+"""Layer-wise sparsity around any pruner: OWL (Yin et al., "Outlier Weighed Layerwise Sparsity", ICML 2024) and
+LoSA's RMI (Huang et al., "Dynamic Low-Rank Sparse Adaptation for Large Language Models", ICLR 2025).
 
 ``sparsity.layerwise=owl`` (unstructured only) gives each decoder block its own ratio before the pruner runs:
 
@@ -9,6 +10,12 @@
    normalisation): blocks with more outliers keep more weights, the ratios span ``2λ`` and their mean stays ``s``
    (every block holds the same number of target weights in the decoder families spp prunes).
 
+``sparsity.layerwise=rmi`` (unstructured only) instead reads each block's input features ``X_l`` (one row per
+calibration window, its tokens' hidden states flattened), their linear CKA between every two blocks (the
+representation mutual information), ``t_l = Σ_{k≠l} CKA(X_l, X_k)`` normalised to sum 1 and the importance
+``exp(-t_l)``, then solves LoSA's linear programme ``min Σ_l s_l · exp(-t_l)`` with ``mean s_l = s`` and
+``s_l ∈ [s - δ, s + δ]`` exactly: the blocks most alike the others (least important) are pruned at ``s + δ``.
+
 The pruner then decides each matrix of block ``l`` at ratio ``s_l`` with its own rule. The pass runs on every rank
 with the engine's split of the batches and sums the statistics across ranks, so every rank gets the same ratios.
 """
@@ -16,6 +23,7 @@ with the engine's split of the batches and sums the statistics across ranks, so 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,15 +38,21 @@ from spp.pruning.targets import block_linears
 
 @dataclass
 class LayerwiseRatios:
-    """Each decoder block's pattern, and what decided it (``record`` goes to the report's overall line)."""
+    """Each decoder block's pattern, and what decided it (``record`` goes to the report's overall line): OWL's
+    outlier ratios, or LoSA's RMI importances."""
 
     blocks: list[SparsityConfig]
-    outlier_ratio: list[float]
+    outlier_ratio: list[float] = dataclasses.field(default_factory=list)
+    rmi_importance: list[float] = dataclasses.field(default_factory=list)
 
     def record(self, sparsity: SparsityConfig) -> dict[str, object]:
-        """The report entry: method, λ, M, each block's outlier ratio (%) and sparsity."""
+        """The report entry: method, its settings and per-block values, each block's sparsity."""
+        ratios = [b.target_ratio for b in self.blocks]
+        if sparsity.layerwise == "rmi":
+            return {"method": "rmi", "rmi_delta": sparsity.rmi_spread, "rmi_importance": self.rmi_importance,
+                    "block_sparsity": ratios}
         return {"method": sparsity.layerwise, "owl_lambda": sparsity.owl_lambda, "owl_m": sparsity.owl_m,
-                "outlier_ratio_pct": self.outlier_ratio, "block_sparsity": [b.target_ratio for b in self.blocks]}
+                "outlier_ratio_pct": self.outlier_ratio, "block_sparsity": ratios}
 
 
 def outlier_ratio(scores: list[torch.Tensor], m: float) -> float:
@@ -97,3 +111,70 @@ def owl_block_sparsity(runner: BlockRunner, targets: list[str], sparsity: Sparsi
         outliers.append(outlier_ratio(scores, float(sparsity.owl_m)) if scores else 0.0)
     ratios = owl_ratios(outliers, sparsity.target_ratio, float(sparsity.owl_lambda))
     return LayerwiseRatios(block_patterns(sparsity, ratios), outliers)
+
+
+def linear_cka(gram_x: torch.Tensor, gram_y: torch.Tensor) -> float:
+    """Linear CKA of two sets of features from their Gram matrices ``X Xᵀ``, ``Y Yᵀ`` (Kornblith et al. 2019, the
+    biased HSIC): ``⟨H K H, H L H⟩ / (‖H K H‖ ‖H L H‖)`` with ``H`` the centring matrix."""
+    def centred(gram: torch.Tensor) -> torch.Tensor:
+        g = gram.double()
+        return g - g.mean(dim=0, keepdim=True) - g.mean(dim=1, keepdim=True) + g.mean()
+
+    kx, ky = centred(gram_x), centred(gram_y)
+    return float((kx * ky).sum() / (kx.norm() * ky.norm()))
+
+
+def rmi_importance(grams: list[torch.Tensor]) -> list[float]:
+    """``exp(-t_l)`` with ``t_l = Σ_{k≠l} CKA_lk`` over all ``Σ_l t_l`` (module docstring)."""
+    n = len(grams)
+    cka = [[linear_cka(grams[i], grams[j]) if i != j else 0.0 for j in range(n)] for i in range(n)]
+    total = [sum(row) for row in cka]
+    norm = sum(total)
+    return [math.exp(-t / norm) if norm > 0 else 1.0 for t in total]
+
+
+def rmi_ratios(importance: list[float], target: float, delta: float) -> list[float]:
+    """The optimum of ``min Σ_l s_l · importance_l`` with ``mean s_l = target`` and ``s_l ∈ [target ± delta]``: the
+    least important blocks first take the most sparsity (``target + delta``) until the mean is met."""
+    ratios = [target - delta] * len(importance)
+    extra = len(importance) * delta
+    for i in sorted(range(len(importance)), key=lambda k: (importance[k], k)):
+        step = min(2.0 * delta, extra)
+        ratios[i] += step
+        extra -= step
+    return ratios
+
+
+def _block_grams(runner: BlockRunner, hidden: list[torch.Tensor], calls: BlockCalls) -> list[torch.Tensor]:
+    """The Gram matrix (windows x windows, float64) of every block's inputs over this process's windows, running the
+    dense blocks one after the other."""
+    grams = []
+    for i in range(len(runner.layers)):
+        x = torch.cat([h.reshape(h.shape[0], -1).double().cpu() for h in hidden])
+        grams.append(x @ x.t())
+        del x
+        with runner.block(i) as block:
+            outs = [block(h, *args, **kw) for h, (args, kw) in zip(hidden, calls[i], strict=True)]
+        hidden = [o[0] if isinstance(o, tuple) else o for o in outs]
+    return grams
+
+
+@torch.no_grad()
+def rmi_block_sparsity(runner: BlockRunner, sparsity: SparsityConfig, hidden: list[torch.Tensor],
+                       calls: BlockCalls) -> LayerwiseRatios:
+    """LoSA's per-block patterns from a dense pass (module docstring); one process only (the CKA compares every
+    two windows, which several ranks would hold apart)."""
+    if runner.off.ctx.distributed:
+        raise ValueError("sparsity.layerwise=rmi compares every two calibration windows and runs on one process; "
+                         "prune on one device (prune.py) or choose sparsity.layerwise=owl")
+    importance = rmi_importance(_block_grams(runner, hidden, calls))
+    ratios = rmi_ratios(importance, sparsity.target_ratio, sparsity.rmi_spread)
+    return LayerwiseRatios(block_patterns(sparsity, ratios), rmi_importance=importance)
+
+
+def layerwise_ratios(runner: BlockRunner, targets: list[str], sparsity: SparsityConfig, hidden: list[torch.Tensor],
+                   calls: BlockCalls, batches: list[int], nbatches: int) -> LayerwiseRatios:
+    """The per-block patterns ``sparsity.layerwise`` names (``owl`` or ``rmi``), from a dense pass."""
+    if sparsity.layerwise == "rmi":
+        return rmi_block_sparsity(runner, sparsity, hidden, calls)
+    return owl_block_sparsity(runner, targets, sparsity, hidden, calls, batches, nbatches)

@@ -106,7 +106,13 @@ def pruning_callback_settings(run: Run) -> PruningSettings:
                            (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None,
                            job.cache_lock_timeout_s, keep_dense=run.methods.keeps_dense,
                            reconstruct=job.reconstruct, pruner_method=run.methods.pruner,
-                           form=run.methods.form, identity=run.identity)
+                           form=run.methods.form, identity=run.identity,
+                           adapter=(run.methods.adapter, job.adapter) if _needs_dense(run) else None)
+
+
+def _needs_dense(run: Run) -> bool:
+    """Whether the adapter method completes its config from the dense model before it is attached."""
+    return run.methods.trains and run.methods.adapter.needs_dense(run.job.adapter)
 
 
 def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None) -> tuple[PrunedModel, FitResult]:

@@ -121,7 +121,9 @@ def cache_key(
         "pruner": pruner_key(pruner),
         "sparsity": {"kind": sparsity.kind, "ratio": sparsity.target_ratio, "n": sparsity.n, "m": sparsity.m},
     }
-    if sparsity.layerwise != "none":  # only then: the keys of uniform patterns stay as they were
+    if sparsity.layerwise == "rmi":
+        key["sparsity"].update(layerwise=sparsity.layerwise, rmi_delta=sparsity.rmi_spread)
+    elif sparsity.layerwise != "none":  # only then: the keys of uniform patterns stay as they were
         key["sparsity"].update(layerwise=sparsity.layerwise, owl_lambda=sparsity.owl_lambda, owl_m=sparsity.owl_m)
     if needs_calibration(pruner, sparsity):
         calib = dataclasses.asdict(calibration)

@@ -31,6 +31,7 @@ import lightning as L
 from torch import nn
 
 from spp.adapters.base import AdapterMethod
+from spp.adapters.config import AdapterConfig
 from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.eval.config import EvalConfig
@@ -46,6 +47,7 @@ from spp.models.offload import OffloadedModel
 from spp.paths import default_cache_dir
 from spp.pruning.base import Pruner
 from spp.pruning.cache import READ_MARGIN_S, prune_cached
+from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult
 from spp.pruning.masks import MaskSet, ZeroPattern
@@ -82,6 +84,8 @@ class PruningSettings:
             off by default): the pruned perplexity is the model's before it, ``ppl["reconstructed"]`` after.
         pruner_method: The resolved pruner (a job's ``Run`` holds it; ``None``: resolved from ``pruner``).
         form: The resolved reconstruction form (``None``: resolved from ``reconstruct.form``).
+        adapter: ``(method, config)`` of an adapter method whose ``needs_dense(config)`` holds: after pruning, its
+            config is completed in place from the dense and pruned models (:func:`prepare_adapter`).
         identity: The model's identity and cache keys (a job's ``Run.identity``: ``spp.training.run.PruningIdentity``;
             ``None``: computed from the configs; dropped for a model the module built, which is keyed by its weights).
     """
@@ -103,6 +107,7 @@ class PruningSettings:
     pruner_method: Pruner | None = None
     form: AdapterMethod | None = None
     identity: Any = None
+    adapter: tuple[AdapterMethod, AdapterConfig] | None = None
 
 
 @dataclass
@@ -207,7 +212,7 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
     keys = settings.identity.keys if settings.identity is not None else None
     found = probe(settings.reconstruct, settings.model, settings.pruner, settings.sparsity, settings.calibration,
                   cache_dir, settings.data_dir, ctx, form=settings.form, keys=keys)
-    dense = frozen_copy(model) if settings.keep_dense or found.needs_dense else None
+    dense = frozen_copy(model) if settings.keep_dense or found.needs_dense or settings.adapter else None
     samples = {}
     if settings.sample and not ctx.distributed:
         samples["dense"] = sample(*settings.sample, model, tokenizer)
@@ -233,15 +238,38 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
         reconstruction = reconstruct_phase(off, dense, tokenizer, result.masks, settings.pruner, found,
                                            settings.data_dir, settings.lock_timeout_s, settings.form)
         seconds["reconstruct_or_load"] = round(time.perf_counter() - t0, 2)
-        dense = dense if settings.keep_dense else None  # the teacher stays; a copy made for reconstruction goes
+        dense = dense if settings.keep_dense or settings.adapter else None  # a copy made for reconstruction goes
         if measure:
             ppl["reconstructed"] = _ppl(off, tokenizer, settings, "reconstructed", found)
     model = off.restore(everywhere=everywhere)
+    dense = prepare_adapter(settings, dense, model, tokenizer, ctx, seconds)
     if samples:
         samples["pruned"] = sample(*settings.sample, model, tokenizer)
     zeros = result.zeros if result.zeros is not None else ZeroPattern(result.masks)
     return PrunedModel(model, tokenizer, result.masks, zeros, PruningRecord(result, ppl, seconds, samples,
                                                                             reconstruction), dense=dense)
+
+
+def prepare_adapter(settings: PruningSettings, dense: nn.Module | None, model: nn.Module, tokenizer: Any,
+                    ctx: DistContext, seconds: dict[str, float]) -> nn.Module | None:
+    """Complete ``settings.adapter``'s config (``AdapterMethod.prepare``): rank 0 measures on the calibration windows
+    (``settings.calibration``), every rank sets the keys; returns the dense copy when the teacher still needs it."""
+    if settings.adapter is None:
+        return dense
+    method, cfg = settings.adapter
+    t0 = time.perf_counter()
+    values = None
+    if ctx.is_main:
+        windows = draw_calibration(tokenizer, settings.calibration, settings.data_dir, announce=False).windows
+        values = method.prepare(cfg, dense, model, list(windows.split(settings.calibration.batch_size)))
+    values = ctx.broadcast_object(values, long_wait=True)
+    for key, value in values.items():
+        setattr(cfg, key, value)
+    seconds["adapter_prepare"] = round(time.perf_counter() - t0, 2)
+    if ctx.is_main and values:
+        log.info("adapter %s: %s set from the dense and pruned models in %.1f s", method.name, sorted(values),
+                 seconds["adapter_prepare"])
+    return dense if settings.keep_dense else None
 
 
 def identify_built(settings: PruningSettings, model: nn.Module, ctx: DistContext) -> PruningSettings:
