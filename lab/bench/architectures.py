@@ -23,7 +23,7 @@ from spp.models.tiny import TINY_FAMILIES
 
 FAMILIES: list[str] = list(TINY_FAMILIES)
 PRUNERS: list[str] = ["magnitude", "wanda", "sparsegpt", "dsnot"]
-ADAPTERS: list[str] = ["spp", "lora", "sparse_lora", "masked_full", "scale_lora", "norms"]
+ADAPTERS: list[str] = ["spp", "lora", "sparse_lora", "masked_full", "scale_lora", "norms", "losa"]
 PATTERNS: tuple[str, ...] = ("unstructured50", "nm2_4")
 EXAMPLES: dict[str, str] = {
     "llama": "LLaMA-1/2, Llama-3.x (GQA, rope scaling), SmolLM2",
@@ -47,7 +47,7 @@ GROUPS: dict[str, list[str]] = {
 
 ADAPTER_SETTINGS: dict[str, dict[str, Any]] = {
     "spp": {"r": 16, "dropout": 0.0}, "lora": {"r": 8, "dropout": 0.0}, "sparse_lora": {"r": 8, "dropout": 0.0},
-    "masked_full": {}, "scale_lora": {"r": 8}, "norms": {},
+    "masked_full": {}, "scale_lora": {"r": 8}, "norms": {}, "losa": {"r": 8, "dropout": 0.0},
 }
 CALIBRATION_SETTINGS: dict[str, int] = {"nsamples": 4, "seqlen": 48, "batch_size": 2}
 """Calibration of the cells: 48 tokens, longer than the tiny sliding windows (32), so the windows matter."""
