@@ -570,9 +570,10 @@ def test_zero_shot_report_checks_the_scored_model_is_the_trained_one():
     """The zero-shot table's last column: eval.py's test PPL equals the training run's (dense/pruned references of
     the setting, else the chosen run's merged model) or both numbers are shown
     (with their relative difference up to another CPU's kernels' 5e-5, in bold past it); negative control: a 1e-4
-    mismatch."""
-    run = SimpleNamespace(test={"ppl": 94.12345}, dense_test={"ppl": 28.44}, pruned_test={"ppl": 208.91})
-    chosen = {("nm2_4", "spp"): SimpleNamespace(chosen=run)}
+    mismatch; a scored model that is another grid point of the method is named."""
+    run = SimpleNamespace(test={"ppl": 94.12345}, dense_test={"ppl": 28.44}, pruned_test={"ppl": 208.91}, lr=2e-2)
+    other = SimpleNamespace(test={"ppl": 99.5}, lr=5e-2)  # a grid point not chosen (the rate moved after scoring)
+    chosen = {("nm2_4", "spp"): SimpleNamespace(chosen=run, grid=(run, other))}
 
     def ev(method: str, ppl: float | None) -> SimpleNamespace:
         return SimpleNamespace(method=method, ppl={} if ppl is None else {"wikitext2": {"ppl": ppl}})
@@ -583,6 +584,7 @@ def test_zero_shot_report_checks_the_scored_model_is_the_trained_one():
     assert same_model(ev("dense", 28.44 * (1 + 8e-6)), "nm2_4", chosen) == "28.44 (run: 28.44, rel. diff 8e-06)"
     assert same_model(ev("spp", 94.12345 * (1 + 1e-4)), "nm2_4", chosen) == "94.13 (**run: 94.12**)"
     assert same_model(ev("lora", 95.0), "nm2_4", chosen) == "95.00 (no run)"
+    assert same_model(ev("spp", 99.5), "nm2_4", chosen) == "99.50 (**= the lr 5e-2 seed-0 run, not the chosen rate's**)"
     assert same_model(ev("spp", None), "nm2_4", chosen) == "–"
 
 

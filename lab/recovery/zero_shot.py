@@ -9,7 +9,7 @@ from typing import Any
 
 from lab.collect_summaries import markdown_table
 from lab.recovery.choices import REFERENCE, Choice
-from lab.recovery.labels import method_label, setting_label
+from lab.recovery.labels import method_label, rate, setting_label
 from lab.recovery.records import TEST_SOURCE, Campaign, EvalRun
 from spp.eval.doc_records import majority_class
 from spp.eval.paired import MEAN_ROW, paired_accuracy
@@ -65,7 +65,18 @@ def same_model(ev: EvalRun, setting: str, chosen: dict[tuple[str, str], Choice])
     rel = abs(ppl - ref) / abs(ref)
     if rel <= CPU_REL_TOL:  # the same model through another CPU's float32 kernels (e.g. the AVX2 dense reference)
         return f"{ppl:.2f} (run: {ref:.2f}, rel. diff {rel:.0e})"
-    return f"{ppl:.2f} (**run: {ref:.2f}**)"
+    other = _other_grid_point(ev, setting, chosen, ppl)
+    return f"{ppl:.2f} (**{other}**)" if other else f"{ppl:.2f} (**run: {ref:.2f}**)"
+
+
+def _other_grid_point(ev: EvalRun, setting: str, chosen: dict[tuple[str, str], Choice], ppl: float) -> str | None:
+    """Where ``ev`` scored a grid run other than the chosen rate's (the rate moved after scoring, e.g. when it was
+    chosen on the mean over seeds): which one, else ``None``."""
+    ch = chosen.get((setting, ev.method))
+    if ch is None:
+        return None
+    hit = next((r for r in ch.grid if math.isclose(r.test.get("ppl", math.nan), ppl, rel_tol=1e-6)), None)
+    return f"= the lr {rate(hit.lr)} seed-0 run, not the chosen rate's" if hit and hit is not ch.chosen else None
 
 
 def _setting_rows(c: Campaign, setting: str, chosen: dict[tuple[str, str], Choice]) -> list[list[str]]:
@@ -118,4 +129,5 @@ def zero_shot_table(c: Campaign, chosen: dict[tuple[str, str], Choice]) -> list[
             "training run's to 1e-6 (the scored model is the trained one; masked full FT is scored from its export, "
             "resumed from the run's last checkpoint); the training run's value and the relative difference when they "
             f"differ by at most {CPU_REL_TOL:.0e} (the same model through another CPU's float32 kernels: the dense "
-            "reference ran on the AVX2 machine), both in bold past that.", ""]
+            "reference ran on the AVX2 machine), both in bold past that; a row that scored another rate's seed-0 run "
+            "than the one now chosen (a rate chosen on the mean over seeds after it was scored) says which.", ""]
