@@ -47,20 +47,23 @@ def _rows(distill: dict[tuple[str, str], list[TrainRun]], chosen: dict[tuple[str
                      f"{_mean(list(ce.runs), seeds):.2f}", f"{_mean(runs, seeds):.2f}", _ratio(p),
                      interval_text(p.low, p.high), verdict(p.interval[1], p.interval[0], len(seeds), "distill",
                                                            "cross-entropy"),
-                     f"{cpu_capabilities(ce.runs)} → {cpu_capabilities(runs)}"])
+                     f"{cpu_capabilities([r for r in ce.runs if r.seed in seeds])} → {cpu_capabilities(runs)}"])
     return rows
 
 
 def ranking_lines(distill: dict[tuple[str, str], list[TrainRun]], chosen: dict[tuple[str, str], Choice]) -> list[str]:
     """Per setting where SPP and its closest competitor were both distilled: their paired ratio under each objective
-    and whether the order of their means or the verdict changed."""
+    on the seeds distilled (a cross-entropy pair over more seeds would compare seed counts, not objectives) and
+    whether the order of their means or the verdict changed."""
     lines = []
     for setting in dict.fromkeys(s for s, _ in distill):
         rival = closest_competitor(chosen, setting)
         spp_ce, rival_ce = chosen.get((setting, REFERENCE)), chosen.get((setting, rival)) if rival else None
-        ce = paired_runs(rival_ce.runs, spp_ce.runs) if spp_ce and rival_ce else None
         kd = paired_runs(distill.get((setting, rival), []), distill.get((setting, REFERENCE), []))
-        if ce is None or kd is None:
+        if kd is None or spp_ce is None or rival_ce is None:
+            continue
+        ce = paired_runs(*([r for r in ch.runs if r.seed in kd[0]] for ch in (rival_ce, spp_ce)))  # the same seeds
+        if ce is None:
             continue
         said = []
         for name, (seeds, p) in (("cross-entropy", ce), ("distillation", kd)):

@@ -116,9 +116,12 @@ def paired_table(chosen: dict[tuple[str, str], Choice]) -> list[str]:
     rows = [[setting_label(ch.setting), method_label(ch.method), ",".join(map(str, seeds)), f"{p.ratio:.3f}",
              interval_text(p.t_low, p.t_high), interval_text(p.low, p.high), ", ".join(f"{v:.3f}" for v in p.per_seed),
              verdict(p.interval[1], p.interval[0], len(seeds)),
-             cpu_capabilities([*ch.runs, *chosen[(ch.setting, REFERENCE)].runs])]
+             cpu_capabilities([r for r in (*ch.runs, *chosen[(ch.setting, REFERENCE)].runs) if r.seed in seeds])]
             for ch, seeds, p in against_reference(chosen)]
-    return [*markdown_table(head, rows, 3), "", INTERVAL_NOTE, ""]
+    mixed = ("A CPU column naming two kinds: some seeds of the pair ran on one, the others on the other; both runs "
+             "of a seed ran on the same kind, so every per-seed ratio is within one machine, but the seeds added "
+             "later change machine together with seed. " if any(" + " in r[-1] for r in rows) else "")
+    return [*markdown_table(head, rows, 3), "", mixed + INTERVAL_NOTE, ""]
 
 
 MAIN_TABLE_NOTE = (
