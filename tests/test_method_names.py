@@ -29,8 +29,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("spp/adapters/methods/sparse_lora/config.py", "LoRAConfig"): "SparsePEFT's config extends LoRA*'s keys (one "
                                                                   "method built on another's public config)",
     ("spp/adapters/methods/losa/config.py", "LoRAConfig"): "LoSA's config extends LoRA*'s keys (as SparsePEFT's)",
-    ("spp/adapters/methods/losa/layer.py", "SparseLoraLinear"): "LoSA's layers are SparsePEFT's masked layer (the "
-                                                                "paper's masked update), only their ranks differ",
     ("spp/adapters/methods/losa/method.py", "SparseLoRA"): "LoSA merges, saves and audits as SparsePEFT (its "
                                                            "folders load masked in peft as SparsePEFT's)",
     ("spp/adapters/registry.py", "spp"): "adapter folders written before adapter_method.json say format 'spp'",

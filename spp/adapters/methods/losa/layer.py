@@ -11,18 +11,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import LoraConfig, PeftModel
 from peft.utils import load_peft_weights, set_peft_model_state_dict
 from torch import nn
 
 from spp.adapters.methods.sparse_lora.layer import (
     META_NAME,
-    SparseLoraLinear,
     check_mask_sizes,
     read_lora_config,
-    sparse_lora_layers,
+    wrap_masked,
 )
-from spp.bitmask import checked_mask
 from spp.projections import decoder_layers, find_projections
 
 
@@ -48,20 +46,7 @@ def inject_losa(model: nn.Module, masks: Mapping[str, torch.Tensor] | None, rank
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=sorted(ranks), bias="none",
                         task_type="CAUSAL_LM", rank_pattern={re.escape(n): k for n, k in ranks.items()},
                         alpha_pattern={re.escape(n): alpha * k / r for n, k in ranks.items()})
-    config._register_custom_module({nn.Linear: SparseLoraLinear})
-    peft_model = get_peft_model(model, config)
-    layers = dict(sparse_lora_layers(peft_model))
-    if masks:
-        missing = sorted(set(layers) - set(masks))
-        if missing:
-            raise ValueError(f"losa: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
-                             "prune the layers that adapter.targets names")
-        for name, layer in layers.items():
-            layer.set_mask(checked_mask(name, masks[name], layer.get_base_layer().weight))
-    for layer in layers.values():
-        for module in (*layer.lora_A.values(), *layer.lora_B.values()):
-            module.to(dtype=dtype)
-    return peft_model
+    return wrap_masked(model, config, masks, dtype, "losa")
 
 
 def load_losa(model: nn.Module, directory: str | os.PathLike,

@@ -275,13 +275,21 @@ def inject_sparse_lora(
     names = _check_targets(model, targets, r, dropout)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none",
                         task_type=task_type)
+    return wrap_masked(model, config, masks, dtype, "sparse_lora")
+
+
+def wrap_masked(model: nn.Module, config: LoraConfig, masks: Mapping[str, torch.Tensor] | None, dtype: torch.dtype,
+                method: str) -> PeftModel:
+    """``model`` wrapped by peft with :class:`SparseLoraLinear` layers as ``config`` says, each layer's mask set
+    (``masks``, True = kept, must cover every adapted layer; ``None``/empty: the weights' non-zeros) and ``A``/``B``
+    in ``dtype``; ``method`` names the adapter in the error for a missing mask."""
     config._register_custom_module({nn.Linear: SparseLoraLinear})
     peft_model = get_peft_model(model, config)
     layers = dict(sparse_lora_layers(peft_model))
     if masks:
         missing = sorted(set(layers) - set(masks))
         if missing:
-            raise ValueError(f"sparse_lora: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
+            raise ValueError(f"{method}: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
                              "prune the layers that adapter.targets names")
         for name, layer in layers.items():
             layer.set_mask(checked_mask(name, masks[name], layer.get_base_layer().weight))
