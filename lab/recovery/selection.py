@@ -19,10 +19,11 @@ LR_BOUNDS = (1e-6, 1.0)
 BASE_GRIDS: dict[str, tuple[str, ...]] = {
     "spp": ("1e-2", "2e-2", "5e-2", "1e-1"), "lora": ("3e-3", "1e-2", "3e-2"),
     "sparse_lora": ("3e-3", "1e-2", "3e-2"), "scale_lora": ("3e-3", "1e-2", "3e-2"),
-    "masked_full": ("3e-4", "1e-3", "3e-3"), "norms": ("1e-3", "3e-3", "1e-2"),
+    "masked_full": ("3e-4", "1e-3", "3e-3"), "norms": ("1e-3", "3e-3", "1e-2"), "losa": ("1e-3", "3e-3", "1e-2"),
 }
 """Each method's half-decade grid at the anchor setting, before any extension (the runner reads it
-via ``python -m lab.recovery grid-rates METHOD``)."""
+via ``python -m lab.recovery grid-rates METHOD``); LoSA's, added later, is centred on SparsePEFT's choice (its update
+is SparsePEFT's with other ranks)."""
 ANCHOR = "nm2_4"
 """The setting whose settled grids centre the other settings' grids (Wanda 2:4: every method runs there)."""
 
