@@ -104,18 +104,25 @@ def _spp_row(ch: Choice) -> list[str]:
             "–", "–", "–", "–", "–", "–", cpu_capabilities(runs)]
 
 
-def paired(recon: ReconChoice, spp: Choice | None) -> tuple[list[int], PairedRatio] | str:
-    """The paired ratio reconstruction / SPP on the seeds both ran, or why there is none."""
-    if spp is None:
-        return "no SPP run of the recovery study in this setting"
+def shared_seeds(recon: ReconChoice, spp: Choice) -> tuple[list[int], list[Run], list[TrainRun]]:
+    """The seeds both ran and each side's runs on them, by seed."""
     mine, theirs = {r.seed: r for r in recon.seeds}, {r.seed: r for r in spp.runs}
     seeds = sorted(mine.keys() & theirs.keys())
+    return seeds, [mine[s] for s in seeds], [theirs[s] for s in seeds]
+
+
+def paired(recon: ReconChoice, spp: Choice | None) -> tuple[list[int], PairedRatio] | str:
+    """The paired ratio reconstruction / SPP on the seeds both ran, or why there is none (the pruned model is
+    checked on the runs of those seeds)."""
+    if spp is None:
+        return "no SPP run of the recovery study in this setting"
+    seeds, mine, theirs = shared_seeds(recon, spp)
     if not seeds:
         return "no seed both studies ran"
-    reason = not_paired_reason(list(recon.seeds), list(spp.runs))
+    reason = not_paired_reason(mine, theirs)
     if reason is not None:
         return reason
-    return seeds, paired_ratio([mine[s].test for s in seeds], [theirs[s].test for s in seeds])
+    return seeds, paired_ratio([r.test for r in mine], [r.test for r in theirs])
 
 
 def _recon_row(recon: ReconChoice, spp: Choice | None) -> list[str]:
@@ -126,10 +133,11 @@ def _recon_row(recon: ReconChoice, spp: Choice | None) -> list[str]:
             f"{_spread([cpu_minutes(r) for r in runs], 1)} (CPU)",
             *_test_and_gap([r.test for r in runs], first.dense_test, first.pruned_test)]
     pair = paired(recon, spp)
-    cpus = cpu_capabilities([*runs, *(spp.runs if spp else ())])
     if isinstance(pair, str):
-        return [*head, "–", f"not paired: {pair}", "–", "–", "–", "–", cpus]
+        return [*head, "–", f"not paired: {pair}", "–", "–", "–", "–",
+                cpu_capabilities([*runs, *(spp.runs if spp else ())])]
     seeds, p = pair
+    cpus = cpu_capabilities([r for r in (*runs, *(spp.runs if spp else ())) if r.seed in seeds])
     return [*head, ",".join(map(str, seeds)), f"{p.ratio:.3f}", interval_text(p.t_low, p.t_high),
             interval_text(p.low, p.high), ", ".join(f"{v:.3f}" for v in p.per_seed),
             verdict(p.interval[1], p.interval[0], len(seeds), "reconstruction", "SPP"), cpus]
@@ -160,8 +168,8 @@ def protocol_lines(root: Path, recon: list[ReconChoice], chosen: dict[tuple[str,
     spp = [r for (_, m), ch in chosen.items() if m == REFERENCE for r in ch.runs]
     runs = [r for ch in recon for r in ch.seeds]
     recipes = [_recipe(root, r) for r in runs]
-    pairs = [(ch.seeds, chosen[(ch.setting, REFERENCE)].runs) for ch in recon if (ch.setting, REFERENCE) in chosen]
-    same = [largest_pruned_difference(*pair) for pair in pairs if not_paired_reason(*pair) is None]
+    pairs = [shared_seeds(ch, chosen[(ch.setting, REFERENCE)])[1:] for ch in recon if (ch.setting, REFERENCE) in chosen]
+    same = [largest_pruned_difference(*pair) for pair in pairs if pair[0] and not_paired_reason(*pair) is None]
     threads = {name: _joined(sorted(str(r.machine.get("omp_num_threads") or "not recorded") for r in group))
                for name, group in (("SPP", spp), ("reconstruction", runs))}
     return [
@@ -197,7 +205,7 @@ def reconstruction_section(recovery_root: str | Path, chosen: dict[tuple[str, st
         return [TITLE, "", "Not run yet: the reconstruction campaign has no chosen run.", ""]
     head = ["Setting", "Study", "Run", "Seeds", "pruned test PPL", "training min (clock)", "test PPL",
             "Gap closed, test (%)", "paired seeds", "test PPL ratio reconstruction / SPP",
-            "[95 % small-sample t] (verdict)", "[95 % bootstrap]", "per seed", "Verdict", "CPU (both)"]
+            "[95 % small-sample t] (verdict)", "[95 % bootstrap]", "per seed", "Verdict", "CPU (paired seeds)"]
     return [TITLE, "", f"The reconstruction study's runs (`{RECONSTRUCTION_DIR}/` beside this campaign: each form's "
             "chosen setting with its seeds, `lab/reconstruction/grids.py`) beside SPP's chosen runs of this study.", "",
             *markdown_table(head, rows(recon, chosen), 3), "", *protocol_lines(root, recon, chosen)]
