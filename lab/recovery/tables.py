@@ -21,6 +21,7 @@ from lab.recovery.coverage import coverage_lines
 from lab.recovery.distillation import distillation_table
 from lab.recovery.fresh_records import fresh_records_table
 from lab.recovery.labels import cpu_capabilities, interval_text, method_label, rate, setting_label, verdict
+from lab.recovery.reconstruction_rows import reconstruction_section
 from lab.recovery.records import TEST_SOURCE, VAL_SOURCE, Campaign, cpu_name, load
 from lab.recovery.recovery import curves, recovery_table
 from lab.recovery.recovery_machines import machine_check_table
@@ -188,7 +189,7 @@ def report(root: str | Path) -> str:
              *grid_table(chosen), "", "## Results at the chosen rates (WikiText-2 test)", "",
              *main_table(c, chosen), "", MAIN_TABLE_NOTE, "", *winners(chosen), "",
              "## Each method against SPP (same pruned model, seeds and test windows)", "", *paired_table(chosen),
-             *coverage_lines(Path(root)), *seed_selection_table(chosen),
+             *coverage_lines(Path(root)), *reconstruction_section(root, chosen), *seed_selection_table(chosen),
              *zero_shot_table(c, chosen), *distillation_table(c, chosen), *recovery_table(c, drawn),
              *fresh_records_table(c),
              *machine_check_table(c, drawn), *notes()]
