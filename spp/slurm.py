@@ -100,7 +100,7 @@ def other_need(cfg: DictConfig, gpus: int, nodes: int) -> int:
     if "calibration" in cfg and "pruner" in cfg:
         cal = cfg.calibration
         world = max(gpus, 1) * nodes
-        out = pruning_plan(shape, world, str(cfg.pruner.name), hw.pruning(max(gpus, 1)),
+        out = pruning_plan(shape, world, str(cfg.pruner.name), replace(hw, gpus_per_node=max(gpus, 1)),
                            Calibration(int(cal.nsamples), int(cal.seqlen), int(cal.batch_size)))
         return int(out["host_bytes"]["rank0_node"])
     return shape.weight_bytes + min(shape.weight_bytes, 5 * 10**9) + max(gpus, 1) * hw.process_host_bytes

@@ -30,9 +30,6 @@ ALLOWED: dict[str, str] = {
     "PEFT_TYPE": f"an adapter method's own peft type in adapter_config.json ({CONVENTION})",
     "external_parameters": "each adapter method's implementation; spp/adapters/registry.py (not edited here) "
                            "gathers them over the methods",
-    "Hardware": "the run plan's machine figures (spp/planning/hardware.py) and the pruning plan's own "
-                "(spp/planning/pruning.py, which benchmarks/pruning_plan.py's committed table names); the first "
-                "builds the second (Hardware.pruning)",
     "seconds": f"a phase's time in a planning module, read as pruning.seconds / reconstruction.seconds ({CONVENTION})",
     "prune_phase": "the plan of the pruning phase (spp/planning/run.py, beside load_phase, fit_phase, ...) and the "
                    "phase itself (spp/training/callbacks/pruning.py)",

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from spp.errors import UserError
-from spp.planning.pruning import GIB
+from spp.planning.hardware import GIB
 from spp.planning.run import RunPlan, eval_forward, plan_run
 from spp.planning.spec import RunSpec
 

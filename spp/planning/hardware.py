@@ -1,9 +1,7 @@
-"""What a run plan assumes of the machines: memory, throughputs and the fixed cost of one process.
+"""What the run and pruning plans assume of the machines: memory, throughputs and the fixed cost of one process.
 
-Two presets. :data:`GPU_NODE` is an 8 x H100 80 GB SXM node (the throughputs are assumptions, stated where they are
-used, not measurements of this code). :data:`CPU_HOST` is this project's 2-core CPU machine, whose process constant
-was measured (see :attr:`Hardware.process_host_bytes`). A job's own keys (``trainer.device_memory_gib``,
-``trainer.host_memory_gib``) replace the memory figures; ``spp.planning.job`` does that.
+:data:`GPU_NODE` is an 8 x H100 80 GB SXM node (throughputs assumed, not measured); :data:`CPU_HOST` is this
+project's 2-core CPU machine (process constant measured). Job keys replace the memory figures (``spp.planning.job``).
 """
 
 from __future__ import annotations
@@ -11,37 +9,35 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from spp.planning.pruning import GIB
-from spp.planning.pruning import Hardware as PruneHardware
-
+GIB = 2**30
 MIB = 2**20
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """Machine figures of a run plan.
+    """Machine figures of a run plan and of a pruning plan.
 
     Attributes:
         kind: ``gpu`` or ``cpu`` (where the model computes).
         device_gib: Memory of one GPU (``None`` on CPU: everything is host memory).
         host_gib: Host memory of one node (``None``: not checked).
-        train_tflops: Sustained training throughput of one device (bf16 on GPU; H100 dense peak 989, so 300 is
-            about 30 % MFU, what FSDP fine-tuning of 7-70B models reaches with activation checkpointing).
-        eval_tflops: Sustained forward throughput of one device for perplexity and lm-eval (batches are small, so
-            the same 30 %).
-        prune_fp32_tflops: fp32 throughput of SparseGPT's Hessians and solves (see ``spp.planning.pruning``).
+        train_tflops: Sustained training throughput of one device (bf16; H100 dense peak 989, so 300 is about 30 %
+            MFU, what FSDP fine-tuning of 7-70B models reaches with activation checkpointing).
+        eval_tflops: Sustained forward throughput of one device (perplexity, lm-eval, pruning calibration).
+        prune_fp32_tflops: fp32 throughput with TF32 off of SparseGPT's Hessians and solves (H100 peak 67).
         disk_gbps: Read and write rate of the checkpoint, cache and export directory.
-        process_host_bytes: Host memory (peak RSS) of one ``train.py`` process before any model-dependent tensor:
-            Python, torch, transformers, Lightning, Hydra, the tokenizer, the Trainer and its loggers. CPU:
-            measured (see :data:`CPU_HOST`); GPU: 3 GiB, the CPU figure plus the CUDA libraries and context
-            mapped into the process (an estimate; not measured here, no GPU).
+        process_host_bytes: Peak RSS of one ``train.py`` process before any model-dependent tensor. CPU: measured
+            (see :data:`CPU_HOST`); GPU: 3 GiB, the CPU figure plus the CUDA libraries and context (not measured).
         process_device_bytes: GPU memory of the CUDA context and the caching allocator's slack.
-        tokenize_bytes_per_token: Transient host bytes per token while a fast tokenizer encodes a whole text
-            (the perplexity split): 221 measured for WikiText-2 test with the tiny byte tokenizer (1.30 M tokens,
-            +273 MiB peak RSS) and 194 with SmolLM2's (305 k tokens, +56 MiB).
-        lm_eval_host_bytes: Host memory lm-eval adds to a process when tasks run: its imports and task manager
-            (+107 MiB measured here) and the documents and requests of the tasks (not measured; 512 MiB in all is
-            assumed).
+        tokenize_bytes_per_token: Transient host bytes per token while a fast tokenizer encodes a whole text:
+            221 measured for WikiText-2 test with the tiny byte tokenizer (1.30 M tokens, +273 MiB peak RSS), 194
+            with SmolLM2's (305 k tokens, +56 MiB).
+        lm_eval_host_bytes: Host memory lm-eval adds when tasks run: imports and task manager (+107 MiB measured)
+            and the tasks' documents and requests (not measured; 512 MiB in all assumed).
+        gpus_per_node: GPUs (ranks) per node.
+        column_overhead_s: SparseGPT's per-column cost beyond FLOPs (launches and a host sync per column).
+        h2d_gbps: Host-to-device copy rate of rank 0 (pageable memory).
+        broadcast_gbps: NCCL broadcast rate between the node's GPUs (NVLink).
     """
 
     kind: str = "gpu"
@@ -55,6 +51,10 @@ class Hardware:
     process_device_bytes: int = 1 * GIB
     tokenize_bytes_per_token: int = 221
     lm_eval_host_bytes: int = 512 * MIB
+    gpus_per_node: int = 8
+    column_overhead_s: float = 100e-6
+    h2d_gbps: float = 10.0
+    broadcast_gbps: float = 100.0
 
     @property
     def device_bytes(self) -> int | None:
@@ -65,13 +65,6 @@ class Hardware:
     def host_bytes(self) -> int | None:
         """Host memory of one node in bytes (``None``: not checked)."""
         return None if self.host_gib is None else int(self.host_gib * GIB)
-
-    def pruning(self, gpus_per_node: int) -> PruneHardware:
-        """The figures :mod:`spp.planning.pruning` takes, from these."""
-        return PruneHardware(gpu_gib=self.device_gib or 0.0, gpus_per_node=gpus_per_node,
-                             bf16_tflops=self.eval_tflops, fp32_tflops=self.prune_fp32_tflops,
-                             disk_gbps=self.disk_gbps, process_host_gib=self.process_host_bytes / GIB,
-                             process_gpu_gib=self.process_device_bytes / GIB if self.kind == "gpu" else 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready."""

@@ -1,10 +1,8 @@
 """What pruning a model costs on N GPUs: host RAM per node, GPU memory per device and time, from the config alone.
 
-The placement is the engine's (``spp/pruning/engine.py``): global rank 0 holds the weights in host memory, every
-rank onloads one decoder block at a time and runs its share (1/N) of the calibration batches through it. Memory
-is counted from the tensors the engine keeps; time from FLOPs at the stated throughputs (:class:`Hardware`), so
-it is an estimate, not a measurement. SparseGPT's per-column loop is bounded by kernel launches and host syncs,
-counted per column (the issue-29 estimate: ≈ 10 min for 70B on one H100).
+Placement as in ``spp/pruning/engine.py``: rank 0 holds the weights in host memory; every rank onloads one block at a
+time and runs 1/N of the calibration batches through it. Time is from FLOPs at :class:`Hardware`'s rates, plus
+SparseGPT's per-column launch and sync cost (100 µs x 6.2 M columns ≈ 10 min for a 70B model): an estimate.
 """
 
 from __future__ import annotations
@@ -12,40 +10,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from spp.planning.hardware import GIB, Hardware
 from spp.planning.shapes import ModelShape
 from spp.pruning.registry import pruner_config
 from spp.pruning.resolve import resolve_pruner
-
-GIB = 2**30
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """Throughputs and fixed costs the estimate assumes (an 8 x H100 80 GB SXM node by default).
-
-    Attributes:
-        gpu_gib: Memory of one GPU.
-        gpus_per_node: GPUs (ranks) per node.
-        bf16_tflops: Sustained bf16 matmul throughput of the calibration forward passes (H100 peak 989 dense).
-        fp32_tflops: Sustained fp32 throughput with TF32 off (SparseGPT's Hessians; H100 peak 67).
-        column_overhead_s: SparseGPT's per-column cost beyond FLOPs (launches and a host sync per column).
-        h2d_gbps: Host-to-device copy rate of rank 0 (pageable memory).
-        broadcast_gbps: NCCL broadcast rate between the node's GPUs (NVLink).
-        disk_gbps: Read rate of the checkpoint when rank 0 loads it.
-        process_host_gib: Host memory of one rank's process before any weight (Python, torch, CUDA context).
-        process_gpu_gib: GPU memory of the CUDA context and allocator slack.
-    """
-
-    gpu_gib: float = 80.0
-    gpus_per_node: int = 8
-    bf16_tflops: float = 300.0
-    fp32_tflops: float = 50.0
-    column_overhead_s: float = 100e-6
-    h2d_gbps: float = 10.0
-    broadcast_gbps: float = 100.0
-    disk_gbps: float = 2.0
-    process_host_gib: float = 3.0
-    process_gpu_gib: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -104,7 +72,7 @@ def host_bytes_per_node(shape: ModelShape, world: int, hw: Hardware, cal: Calibr
     """Host memory of the node holding rank 0: the weights once, the packed masks, one block in flight, the
     processes; and of any other node (no weights)."""
     rank0 = shape.weight_bytes + shape.pruned_params // 8 + shape.block_bytes + cal.nsamples * cal.seqlen * 8
-    processes = int(min(world, hw.gpus_per_node) * hw.process_host_gib * GIB)
+    processes = min(world, hw.gpus_per_node) * hw.process_host_bytes
     return {"rank0_node": rank0 + processes, "other_nodes": processes, "weights": shape.weight_bytes,
             "masks": shape.pruned_params // 8}
 
@@ -119,18 +87,18 @@ def seconds(shape: ModelShape, world: int, hw: Hardware, cal: Calibration, hessi
     out = {"load": shape.weight_bytes / (hw.disk_gbps * 1e9),
            "onload": shape.weight_bytes / (hw.h2d_gbps * 1e9)
            + (shape.weight_bytes / (hw.broadcast_gbps * 1e9) if world > 1 else 0.0),
-           "forward": (forward_flops + attention_flops) / world / (hw.bf16_tflops * 1e12)}
+           "forward": (forward_flops + attention_flops) / world / (hw.eval_tflops * 1e12)}
     if hessian:
         hessian_flops = sum(2 * tokens * i * i for _o, i in shape.linears.values()) * shape.blocks
-        out["hessians"] = hessian_flops / world / (hw.fp32_tflops * 1e12)
-        solves = sorted((i * hw.column_overhead_s + (2 * o * i * 128 + 2 * i**3) / (hw.fp32_tflops * 1e12)
+        out["hessians"] = hessian_flops / world / (hw.prune_fp32_tflops * 1e12)
+        solves = sorted((i * hw.column_overhead_s + (2 * o * i * 128 + 2 * i**3) / (hw.prune_fp32_tflops * 1e12)
                          for o, i in shape.linears.values()), reverse=True)
         per_rank = [sum(solves[r::world]) for r in range(min(world, len(solves)))]  # owners round robin
         out["solve"] = max(per_rank) * shape.blocks
         out["reduce_broadcast"] = (sum(i * i * 4 for _o, i in shape.linears.values()) + shape.block_bytes
                                    ) * shape.blocks / (hw.broadcast_gbps * 1e9) if world > 1 else 0.0
     else:
-        out["solve"] = sum(o * i for o, i in shape.linears.values()) * shape.blocks * 20 / (hw.bf16_tflops * 1e12)
+        out["solve"] = sum(o * i for o, i in shape.linears.values()) * shape.blocks * 20 / (hw.eval_tflops * 1e12)
     out["total"] = sum(out.values())
     return out
 
@@ -140,9 +108,14 @@ def plan(shape: ModelShape, world: int, pruner: str, hw: Hardware | None = None,
     """The pruning plan of ``shape`` on ``world`` GPUs: memory per node and device, time, and the assumptions."""
     hw, cal = hw or Hardware(), cal or Calibration()
     hessian = uses_hessian(pruner)
-    gpu = gpu_bytes(shape, world, cal, hessian, true_sequential) + int(hw.process_gpu_gib * GIB)
-    host = host_bytes_per_node(shape, world, hw, cal)
+    process_gpu = hw.process_device_bytes if hw.kind == "gpu" else 0
+    gpu = gpu_bytes(shape, world, cal, hessian, true_sequential) + process_gpu
+    stated = {"gpu_gib": hw.device_gib or 0.0, "gpus_per_node": hw.gpus_per_node, "bf16_tflops": hw.eval_tflops,
+              "fp32_tflops": hw.prune_fp32_tflops, "column_overhead_s": hw.column_overhead_s,
+              "h2d_gbps": hw.h2d_gbps, "broadcast_gbps": hw.broadcast_gbps, "disk_gbps": hw.disk_gbps,
+              "process_host_gib": hw.process_host_bytes / GIB, "process_gpu_gib": process_gpu / GIB}
     return {"model": shape.name, "params": shape.params, "world": world, "pruner": pruner,
-            "gpu_bytes_per_device": gpu, "gpu_fits": gpu <= hw.gpu_gib * GIB, "host_bytes": host,
+            "gpu_bytes_per_device": gpu, "gpu_fits": gpu <= stated["gpu_gib"] * GIB,
+            "host_bytes": host_bytes_per_node(shape, world, hw, cal),
             "seconds": seconds(shape, world, hw, cal, hessian, true_sequential),
-            "hardware": asdict(hw), "calibration": asdict(cal)}
+            "hardware": stated, "calibration": asdict(cal)}

@@ -178,7 +178,7 @@ def seconds(spec: RunSpec, hw: Hardware) -> dict[str, float]:
     rate = hw.train_tflops if rc.act_bytes == 2 or spec.kind == "cpu" else hw.prune_fp32_tflops
     out = {"train": flops / (rate * 1e12)}
     if spec.kind == "gpu":
-        out["onload"] = 3 * shape.blocks * shape.block_bytes / (hw.pruning(spec.devices).h2d_gbps * 1e9)
+        out["onload"] = 3 * shape.blocks * shape.block_bytes / (hw.h2d_gbps * 1e9)
     if spec.prunes:
         out["cache_write"] = shape.blocks * shape.block_bytes / (hw.disk_gbps * 1e9)
     return out

@@ -8,8 +8,8 @@ from typing import Any
 
 from spp.paths import REPO_ROOT
 from spp.planning.check import as_dicts, describe, problems
+from spp.planning.hardware import GIB
 from spp.planning.memory import activation_choices
-from spp.planning.pruning import GIB
 from spp.planning.run import RunPlan
 
 COLUMNS = ("phase", "where", "GPU GiB/device", "host GiB rank 0", "host GiB other rank", "host GiB rank-0 node",

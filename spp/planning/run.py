@@ -146,7 +146,7 @@ def prune_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
             rank0["cache_writer"] = sum(o * i for o, i in shape.linears.values()) * shape.bytes_per_param
         disk["cache_entry"] = shape.pruned_params // 8 + (shape.pruned_params * shape.bytes_per_param
                                                           if spec.updates_weights else 0)
-        seconds = pruning.seconds(shape, world, hw.pruning(spec.devices), cal, spec.uses_hessian,
+        seconds = pruning.seconds(shape, world, hw, cal, spec.uses_hessian,
                                   spec.true_sequential)
         seconds.pop("load")
         seconds.pop("total")
