@@ -1,11 +1,7 @@
-"""The adapter's part of a run plan, asked of its method (``spp.adapters.registry``), so a method the planner has
-never heard of (a plug-in's, ``norms``) is planned as it trains.
+"""The adapter's part of a run plan, asked of its method, so a plug-in method (``norms``) is planned as it trains.
 
-The method's own ``inject`` runs on the model's ``meta`` skeleton (``spp.planning.shapes.skeleton_from_arch``, in
-the model's dtype) built with one and with two decoder blocks: what it makes trainable in the second block is
-what every further block adds, the rest (the first block and what is outside the blocks, such as a final norm)
-is counted once. The method states its own work per token (``AdapterMethod.train_flops``) and what its layers
-hold beside the tensors it trains (``resident_terms``, ``forward_transient_values``, ``backward_transient_bytes``).
+``inject`` runs on ``meta`` skeletons of one and two blocks: what the second block makes trainable is what every
+further block adds; the rest is counted once. The method states its FLOPs and transient bytes itself.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Which phases of a run plan do not fit the machine, and the one-line refusal with a setting that makes them fit.
-
-A phase does not fit when its peak on one GPU exceeds the GPU's memory, or its peak on global rank 0's node (or,
-with several nodes, on any other node) exceeds a node's host memory. The fix offered is the first single change
-(in the order below) whose plan has no problem left of that phase and memory, found by planning again; else all of
-them together; else larger or more GPUs / a larger node:
+"""Which phases of a run plan do not fit the machine (GPU memory, or host memory of rank 0's or any other node), and
+the one-line refusal naming the first single change, in the order below, whose re-plan fits (else all of them
+together, else more or larger GPUs / a larger node):
 
 * fit: activation checkpointing, a smaller per-device batch (a divisor of the global batch), FSDP2, more GPUs;
 * prune: a smaller calibration batch, more GPUs (the hidden states are split over the ranks);

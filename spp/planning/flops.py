@@ -1,19 +1,11 @@
 """FLOPs per token of training and evaluation, by part (the time estimate is FLOPs / stated throughput).
 
-The model (``N`` = weights of the matrix products: every linear of the blocks plus the LM head; embedding
-lookups cost nothing; ``s`` tokens of context):
+``N`` = matrix weights (blocks' linears and the LM head), ``s`` tokens of context, ``q`` = heads x head dim:
 
-* forward: ``2 N`` plus causal attention, ``2 s q`` per block (QKᵀ and AV, ``4 s q``, half of it masked; ``q``
-  = heads x head dimension, ``h`` for LLaMA);
-* backward of a **frozen** base: only the activation gradients, ``2 N`` plus twice the attention forward. The
-  frozen weights get no weight gradient, so the ``6 N`` rule of full training does not hold;
-* the adapter's own work per token, as its method states it (``AdapterMethod.train_flops``): SPP forms
-  ``G = gᵀx`` for every adapted linear (``2 N_a``, ``N_a`` = adapted weights), and with dropout on it runs a
-  second full-size product forward and backward (``+2 N_a`` each); masked full fine-tuning computes the weight
-  gradients (``2 N_a``); LoRA, SparsePEFT and by default any method run their trainable tensors forward
-  (``2 r (in + out)`` for a LoRA factor pair) and backward (twice that);
-* activation checkpointing recomputes every block's forward once more;
-* a dense teacher (``objective=distill``) runs one forward per token without gradients (``2 N`` plus attention).
+* forward ``2 N`` plus causal attention ``2 s q`` per block (QKᵀ and AV, half masked);
+* backward of a **frozen** base: activation gradients only, ``2 N`` plus twice the attention (not the ``6 N`` rule);
+* the adapter's own work, as its method states it (``AdapterMethod.train_flops``);
+* activation checkpointing recomputes each block's forward; a distill teacher adds one forward without gradients.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""A training job's run plan from its typed config and its model's arch fields, and the check that refuses what
-cannot fit, in one line, before any weight is read.
-
-The job is read duck-typed (``spp.training.config.TrainJobConfig``'s fields) so that ``spp.planning`` imports
-nothing of ``spp.training``; the arch dict comes from the caller (``spp.preflight.model_files.model_arch``: a
-model group's ``arch`` block, ``config.json`` or a GGUF header). What a plan cannot know without reading data is
-taken from the constants below, each with its source.
+"""A training job's run plan from its typed config and its model's arch fields, and the one-line refusal of what
+cannot fit, before any weight is read. The job is read duck-typed so that ``spp.planning`` imports no
+``spp.training``; what a plan cannot know without reading data comes from the constants below, each with its source.
 """
 
 from __future__ import annotations

@@ -1,29 +1,17 @@
-"""Bytes of the training and evaluation phases, by term, from the shapes (the sources of each term are cited).
+"""Bytes of the training and evaluation phases, by term, from the shapes.
 
-Activations of one LLaMA decoder block, per token, kept for backward (``a`` = bytes per activation value, ``h``
-hidden, ``q`` heads x head dimension (``h`` for LLaMA, 4096 for Gemma-2-9B's ``h`` = 3584), ``i`` MLP width; what
-autograd saves in ``transformers``' ``LlamaDecoderLayer`` with SDPA attention):
+Activations kept per token by a LLaMA block (what autograd saves in ``transformers``' ``LlamaDecoderLayer`` with
+SDPA; ``a`` bytes per value, ``h`` hidden, ``q`` heads x head dim (4096 for Gemma-2-9B's ``h`` = 3584), ``i`` MLP):
 
-* each RMSNorm keeps its fp32 input (``4h``; LLaMA, Qwen2, Mistral have 2 per block, Gemma-2 4);
-* ``a (2h + 5q)`` (``7 a h`` for LLaMA): the normed input of q/k/v, SDPA's q, k, v (k and v repeated to every
-  head) and output, the output's contiguous copy that ``o_proj`` reads, the normed input of gate/up;
-* ``4 a i``: SwiGLU's gate output, its SiLU, the up output and their product (``down_proj``'s input; Gemma-2's
-  gated GELU keeps the same four);
-* where ``transformers`` runs attention eagerly (Gemma-2: SDPA has no softcapping), the ``heads x s`` scores per
-  token (``s`` = the sequence length): the fp32 softmax output, its cast, and with softcapping the ``tanh``
-  output (``ModelShape.score_bytes``);
-* with adapter dropout, each adapted linear keeps its dropped-out input and the dropout mask (``(a + 1) x in``).
+* ``4h`` per RMSNorm (fp32 input; 2 per block, Gemma-2 4); ``a (2h + 5q)``: normed inputs of q/k/v and gate/up,
+  SDPA's q, k, v (k, v repeated per head) and output, and ``o_proj``'s contiguous copy; ``4 a i`` for SwiGLU;
+* eager attention (Gemma-2: SDPA has no softcapping): the ``heads x s`` scores (``ModelShape.score_bytes``);
+* adapter dropout: each adapted linear's dropped-out input and mask (``(a + 1) x in``).
 
-With activation checkpointing a block keeps only its input (``a h``) and one block is recomputed at a time. The
-loss adds ``(a + 12) x vocab`` per token: the logits, their fp32 copy, log-softmax and its gradient; logit
-softcapping (Gemma-2) adds its ``tanh`` output (``a x vocab``).
-
-A dense teacher (``objective=distill``, ``spp.training.objectives.distill``) adds its weights (1/N shards under
-FSDP2, else a replica: ``spp.training.teacher``) and, per token, what lives until the loss: its logits
-(``a x vocab``), the logit KL's fp32 log-softmax of teacher and student at ``T``, the teacher's probabilities and
-the gradient (``16 x vocab``) and, with the feature term, every block's output (``blocks x a h``; the student's
-are its activations already). Its forward runs without gradients before the student's, so its per-block
-intermediates are freed before the peak of the student's backward.
+Checkpointing keeps only each block's input (``a h``). The loss adds ``(a + 12) x vocab`` per token (+``a x vocab``
+with logit softcapping). A dense teacher (``objective=distill``) adds its weights (sharded under FSDP2) and, per
+token, its logits, the KL's fp32 terms (``16 x vocab``) and with the feature term every block's output; its
+forward runs without gradients first, so its intermediates are freed before the student's backward peak.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""Where the merged model is evaluated: replicas of ``k`` GPUs each, data-parallel across the replicas.
+"""Where the merged model is evaluated: replicas of ``k`` GPUs of one node, data-parallel across the replicas.
 
-A replica is a group of ``k`` GPUs of one node holding one full copy of the merged model: ``k = 1`` when the
-weights fit one GPU with headroom, else lm-eval's ``parallelize=True`` (accelerate's ``device_map`` over ``k``
-GPUs). Perplexity windows and lm-eval requests are split over the replicas. The headroom rule
-(:data:`WEIGHT_SHARE`): a GPU holds at most 80 % of its memory in weights, which leaves the rest for the CUDA
-context, the logits of a batch (``batch x seqlen x vocab`` in fp32: 1 GiB for 8 x 1024 x 32000) and the KV cache
-of lm-eval's requests. A ``device_map`` split is uneven by up to one decoder block, so each of the ``k`` GPUs is
-charged ``weights / k`` plus one block (the caller passes the block's bytes; 0 when unknown). A caller that knows
-the evaluation batch passes its bytes too (``activation_bytes``: logits, KV cache, CUDA context): the share and
-those bytes must then fit the whole GPU as well.
+``k = 1`` when the weights fit one GPU within :data:`WEIGHT_SHARE` (80 %, leaving room for the CUDA context, a
+batch's fp32 logits and lm-eval's KV cache), else lm-eval's ``parallelize=True``; a ``device_map`` split is uneven
+by up to one block, so each GPU is charged ``weights / k`` plus one block (and ``activation_bytes`` when known).
 """
 
 from __future__ import annotations
@@ -22,14 +16,8 @@ WEIGHT_SHARE = 0.8
 
 @dataclass(frozen=True)
 class EvalPlacement:
-    """How evaluation is placed.
-
-    Attributes:
-        replicas: Full copies of the merged model evaluating in parallel (data-parallel over them).
-        gpus_per_replica: GPUs holding one copy (0 = on the CPU).
-        how: ``data_parallel`` (one GPU per copy), ``parallelize`` (a copy split over ``gpus_per_replica`` GPUs of
-            one node) or ``cpu`` (no GPU, or the model does not fit a node's GPUs).
-        reason: One sentence: the sizes and the rule that decided.
+    """How evaluation is placed: ``replicas`` copies of ``gpus_per_replica`` GPUs each (0: CPU), ``how`` being
+    ``data_parallel``, ``parallelize`` or ``cpu`` (no GPU, or too big for a node), and the ``reason`` in one sentence.
     """
 
     replicas: int
@@ -51,11 +39,9 @@ def eval_placement(weight_bytes: int, device_bytes: int | None, devices_per_node
     """The replicas that evaluate a model of ``weight_bytes`` on ``nodes`` nodes of ``devices_per_node`` GPUs of
     ``device_bytes`` each (``None``: no GPU).
 
-    ``k`` is the fewest GPUs whose share (``weight_bytes / k + block_bytes`` when ``k > 1``) is at most
-    :data:`WEIGHT_SHARE` of one GPU, and at most the GPU's memory with ``activation_bytes`` added; the node then
-    holds ``devices_per_node // k`` replicas, and each replica
-    spreads over ``devices_per_node // replicas`` GPUs (the same number of replicas with more headroom: a
-    ``parallelize`` replica computes on one GPU at a time, so its speed does not depend on ``k``).
+    ``k`` is the fewest GPUs whose share fits (module docstring); the node holds ``devices_per_node // k``
+    replicas, each spread over ``devices_per_node // replicas`` GPUs (more headroom at the same speed: a
+    ``parallelize`` replica computes on one GPU at a time).
     """
     if device_bytes is None or devices_per_node < 1:
         return EvalPlacement(1, 0, "cpu", f"no GPU: the {_gib(weight_bytes)} merged model is evaluated on the CPU "

@@ -1,28 +1,18 @@
 """The reconstruct phase of a run plan (``reconstruct=blockwise``): memory and time of block-wise reconstruction.
 
-The placement is the engine's (``spp.pruning.reconstruction.engine``): global rank 0 keeps the pruned weights and
-the dense copy taken before pruning in host memory; every rank onloads one decoder block at a time and holds its
-share of the calibration windows (``ceil(nsamples / world)``), each a ``seqlen x hidden`` hidden state in
-``reconstruct.dtype``. For block ``i`` three moments alternate, and the phase's peak is the largest:
+Placement as in ``spp.pruning.reconstruction.engine``: rank 0 keeps the pruned weights and the dense copy in host
+memory; every rank onloads one block at a time and holds ``ceil(nsamples / world)`` hidden states of ``seqlen x
+hidden`` in ``reconstruct.dtype``, plus per window the ``cos``/``sin`` position embeddings and int64 position ids.
+Per block the peak is the largest of three moments:
 
-* **dense**: the dense block (in ``reconstruct.dtype``) runs on the dense hidden states entering it and builds the
-  targets: alive are the dense inputs, the targets being built and (``inputs=sparse``) the reconstructed
-  prefix's outputs, plus one window's forward;
-* **train**: the pruned block with its form attached trains one window at a time (forward, loss, backward; the
-  gradients summed over the ranks in one flat buffer per dtype), beside the three sets of hidden states (two with
-  ``inputs=dense``: the inputs are the dense ones), the form's tensors, their gradients and AdamW's two moments;
-* **end**: the merged block's outputs are kept as the next block's inputs while the end loss is measured: a
-  fourth set (a third with ``inputs=dense``).
+* **dense**: the dense block builds the targets from the dense inputs (and, ``inputs=sparse``, the reconstructed
+  prefix's outputs), plus one window's forward;
+* **train**: the pruned block with its form trains one window at a time beside three sets of hidden states (two
+  with ``inputs=dense``), the form's tensors, gradients (all-reduced in one flat buffer per dtype) and AdamW moments;
+* **end**: the merged block's outputs are kept as the next inputs while the end loss is measured (a fourth set).
 
-Each rank also keeps, per window, what the model passes every block: the position embeddings (``cos`` and
-``sin``, ``seqlen x head_dim`` each, in the model's dtype) and the int64 position ids. On a CPU, rank 0's
-onloaded block is its home tensor itself when ``reconstruct.dtype`` is the model's (``OffloadedModel.onload``
-copies only to another device or dtype).
-
-Time from FLOPs (``spp.planning.flops``' per-token forward of one block: ``2 x`` its matrix weights plus causal
-attention ``2 s q``): per block ``nsamples x seqlen`` tokens through ``3 x epochs`` forward-equivalents of
-training (forward and backward ≈ 3 forwards) and 3 forwards without gradients (the dense targets, the start and
-the end loss), over the ranks, at the training throughput in bf16 and the fp32 one in float32.
+On CPU rank 0's onloaded block is its home tensor when ``reconstruct.dtype`` is the model's. Time: per block
+``nsamples x seqlen`` tokens through ``3 x epochs + 3`` forwards (``spp.planning.flops``), at the bf16 or fp32 rate.
 """
 
 from __future__ import annotations

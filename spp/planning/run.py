@@ -1,19 +1,7 @@
 """A training job's memory and time plan, per phase and per rank, from its :class:`~spp.planning.spec.RunSpec`.
 
-The placement it models is this codebase's (``docs/architecture.md``, ``docs/plan.md``):
-
-* **load**: global rank 0 reads the weights into host memory; the other ranks build a ``meta`` skeleton.
-* **prune**: rank 0 keeps the weights at home in host memory; every rank onloads one decoder block at a time to
-  its device and runs its share of the calibration batches and perplexity windows (``spp.planning.pruning``).
-* **reconstruct** (``reconstruct=blockwise``): the same placement, with rank 0's dense copy beside its home; each
-  block trains its form against the dense block's outputs (``spp.planning.reconstruction``).
-* **fit**: each rank gets its part from rank 0 (FSDP2 / ZeRO-3: a 1/N shard of the frozen weights; DDP / ZeRO-2 /
-  one device: a replica) and trains the adapter (``spp.planning.memory``).
-* **export**: the merged model is written block by block, one block at a time per rank.
-* **evaluate**: replicas of ``k`` GPUs each hold the merged model (``spp.planning.placement``).
-
-Host memory is counted per process (global rank 0, any other rank) and per node (rank 0's node holds rank 0 and
-``devices - 1`` other ranks). On a CPU run the device terms are host memory of each process.
+Phases as placed in this codebase (``docs/plan.md``): load, prune, reconstruct, fit, export, evaluate. Host memory is
+counted per process and per node (rank 0's node holds ``devices - 1`` other ranks); on CPU device terms are host.
 """
 
 from __future__ import annotations
@@ -49,14 +37,9 @@ class PhasePlan:
     """One phase: bytes by term on one device, in global rank 0's process and in any other rank's; disk; time.
 
     Attributes:
-        name: ``load``, ``prune``, ``reconstruct``, ``fit``, ``export`` or ``evaluate``.
         where: Where the phase computes, in words (``GPU``, ``CPU``, ``host``, ``2 replicas x 4 GPUs``).
         device: Terms on one GPU (empty on a CPU run: they are in the host terms).
-        rank0: Terms in global rank 0's process.
-        rank: Terms in any other process of the phase.
-        processes_per_node: Processes of the phase on one node.
-        disk: Bytes written to disk, by what.
-        seconds: Estimated time, by part.
+        rank: Terms in any process other than global rank 0's (``rank0``).
     """
 
     name: str

@@ -17,26 +17,13 @@ class ModelShape:
     """Parameter counts of a decoder-only causal LM, per part.
 
     Attributes:
-        name: The model's name.
-        blocks: Number of decoder blocks.
-        block_params: Parameters of one decoder block.
         outside_params: Parameters outside the blocks (embeddings, final norm, LM head; a tied head once).
-        embedding_params: Parameters of the input embedding.
         linears: ``(out_features, in_features)`` of each prunable linear of one block, by leaf name.
-        hidden: Hidden size.
-        intermediate: MLP width.
-        vocab: Vocabulary size.
-        bytes_per_param: Bytes per weight in the model's dtype.
-        block_linears: ``(out_features, in_features)`` of every ``nn.Linear`` of one block, by its name inside the
-            block (``self_attn.q_proj``): what adapter targets are matched against, and the block's matmul FLOPs.
-        heads: Attention heads.
-        attn_width: Heads x head dimension (q_proj's out_features); 0 means ``hidden`` (LLaMA: they are equal;
-            Gemma-2-9B: 16 x 256 = 4096 against a hidden size of 3584).
+        block_linears: The same for every ``nn.Linear`` of one block, by name inside it (``self_attn.q_proj``).
+        attn_width: Heads x head dimension; 0 means ``hidden`` (Gemma-2-9B: 16 x 256 = 4096 against 3584).
         norms_per_block: Normalisation layers in one block (LLaMA 2; Gemma-2 4: pre- and post-norms).
-        eager_attention: ``transformers`` computes attention eagerly for this architecture (it materialises the
-            ``heads x s x s`` scores; Gemma-2, whose softcapping SDPA does not support), not with SDPA.
-        attn_softcap: The attention scores pass through ``tanh`` softcapping (Gemma-2).
-        logit_softcap: The logits pass through ``tanh`` softcapping (Gemma-2).
+        eager_attention: ``transformers`` materialises the ``heads x s x s`` scores (Gemma-2: SDPA has no softcap).
+        attn_softcap, logit_softcap: Scores / logits pass through ``tanh`` softcapping (Gemma-2).
     """
 
     name: str

@@ -16,24 +16,13 @@ class AdapterSpec:
     """The adapter that trains (``adapter.*``), as its method answers for this model (``spp.planning.adapter``).
 
     Attributes:
-        name: The adapter method.
-        trains: Whether there is a training phase (the method's ``trains``).
-        trainable: Trainable values over the model: the tensors the method's ``inject`` makes trainable (whole
-            tensors: what the gradients and AdamW hold; the run's ``params.trainable``).
-        trainable_bytes: Their bytes, each tensor in its dtype (fp32 adapter tensors; masked full and norms train
-            the model's own tensors, in its dtype).
-        added_bytes: Bytes of the trainable tensors the method adds to the model (not the model's own weights):
-            what is gathered for the adapter files and written there.
-        flops: The method's own work per training token (``AdapterMethod.train_flops``).
-        targets: Module-name suffixes that are adapted.
+        trainable: Values of the whole tensors ``inject`` makes trainable (what gradients and AdamW hold).
+        trainable_bytes: Their bytes, each in its dtype (masked full and norms train the model's own tensors).
+        added_bytes: Bytes of the trainable tensors the method adds (what the adapter files hold).
         dropout: Dropout on the adapter branch (> 0 keeps a dropped-out copy of each adapted input).
-        keeps_weight: Each adapted weight's merged copy is kept between forward and backward
-            (``AdapterMethod.keeps_merged_weights``).
-        resident: Bytes its layers keep on every device beside the weights, by term
-            (``AdapterMethod.resident_terms``).
-        forward_transient_values: What forward builds for the largest adapted linear and keeps until backward, in
-            activation values (``AdapterMethod.forward_transient_values``).
-        backward_transient_bytes: What backward builds at once for it (``AdapterMethod.backward_transient_bytes``).
+        keeps_weight: Each adapted weight's merged copy is kept from forward to backward.
+        forward_transient_values: Activation values forward builds for the largest adapted linear and keeps.
+        Other fields: the ``AdapterMethod`` answers of the same names.
     """
 
     name: str = ""
@@ -67,9 +56,6 @@ class TrainSpec:
         micro_batch: Examples per device per forward (``data.train_batch_size``).
         seqlen: Tokens per example at most (``data.max_length``): the activation bound.
         tokens_per_example: Tokens per example the time estimate assumes (padded to the longest of its batch).
-        checkpointing: Activation checkpointing per decoder block (HF gradient checkpointing or FSDP's).
-        examples: Training examples per epoch.
-        epochs: Epochs.
         max_steps: Optimiser steps at most (-1: the epochs decide).
         global_batch: Examples per optimiser step over every device.
         checkpoints_kept: Adapter checkpoints on disk at once (``save_top_k`` + ``last.ckpt``).
@@ -92,13 +78,9 @@ class EvalSpec:
 
     Attributes:
         ppl_windows: Perplexity windows of one measurement (per source).
-        ppl_sources: Sources measured on the merged model.
-        seqlen: Perplexity window.
-        batch: Windows per forward.
         before: Measurements before training (dense and/or pruned, main source only).
         text_tokens: Tokens of the main perplexity text, tokenized whole by every rank that measures.
         lm_eval_tokens: Tokens lm-eval feeds the model (0: no task).
-        lm_eval_batch: lm-eval batch size.
     """
 
     ppl_windows: int = 0
@@ -113,25 +95,18 @@ class EvalSpec:
 
 @dataclass(frozen=True)
 class ReconstructSpec:
-    """Block-wise reconstruction (``reconstruct=blockwise``; ``spp.planning.reconstruction``), its form's tensors
-    counted on a ``meta`` block (``spp.planning.reconstruction.form_tensors``).
+    """Block-wise reconstruction (``reconstruct=blockwise``), its form's tensors counted on a ``meta`` block.
 
     Attributes:
         form: The trainable form (an adapter method).
         nsamples: Calibration windows over every rank.
-        seqlen: Tokens per window.
-        epochs: Passes over the windows per block.
         act_bytes: Bytes per value of ``reconstruct.dtype`` (the block, the kept hidden states, the activations).
-        sparse_inputs: ``reconstruct.inputs=sparse`` (the reconstructed prefix's outputs are kept beside the dense
-            hidden states).
-        trainable_params: Values the form trains in one block (whole tensors: what the gradients and AdamW hold).
-        trainable_bytes: Their bytes (each tensor in its dtype).
-        added_bytes: Bytes the form adds to one block (its own parameters and buffers; masked full: its packed
-            masks only, its trained tensors are the block's weights).
+        sparse_inputs: ``reconstruct.inputs=sparse`` (the prefix's outputs are kept beside the dense states).
+        trainable_params: Values the form trains in one block (whole tensors: what gradients and AdamW hold).
+        added_bytes: Bytes the form adds to one block (masked full: its packed masks only).
         dropout_inputs: Input features per token whose dropped-out copy (and mask) the form keeps for backward.
-        largest_adapted: Values of the largest adapted weight.
-        forward_transient_values: What the form's forward builds for that weight and keeps until backward, in
-            values of ``reconstruct.dtype`` (``AdapterMethod.forward_transient_values``).
+        forward_transient_values: Values of ``reconstruct.dtype`` its forward builds for the largest adapted weight
+            and keeps until backward.
     """
 
     form: str = ""
@@ -150,33 +125,20 @@ class ReconstructSpec:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything a run plan needs (see the module docstring).
+    """Everything a run plan needs.
 
     Attributes:
-        shape: The model.
-        kind: ``gpu`` or ``cpu``.
         devices: Processes (devices) per node.
-        nodes: Nodes.
         strategy: ``single``, ``ddp``, ``fsdp`` (FSDP2) or ``deepspeed``.
-        zero_stage: DeepSpeed ZeRO stage (2 or 3).
         act_bytes: Bytes per activation value (2 under bf16/fp16 precision, 4 under fp32).
         source: Where the weights come from: ``dir``/``hub`` (safetensors), ``gguf`` or ``tiny`` (built in code).
-        adapter: The adapter.
-        train: The training phase.
-        eval: The evaluation.
-        pruner: Pruner name (``none``: nothing pruned).
         prunes: Whether a pruning runs (a pruner and a sparsity that is not dense).
         updates_weights: The pruner changes kept weights (SparseGPT): the cache entry holds the pruned weights.
-        uses_hessian: The pruner accumulates Hessians and solves them on owner ranks (SparseGPT; its memory and
-            time are counted as SparseGPT's, else as a cheap per-matrix rule's).
-        calibration: The calibration run.
-        true_sequential: SparseGPT's sublayer-sequential calibration.
-        export_merged: The merged model is written.
-        export_adapter: The adapter files are written.
-        teacher: What the training objective needs of the dense teacher per batch (``objective.*``): ``none``
-            (``objective=ce``), ``logits`` or ``block_outputs`` (``objective=distill``; its feature term). With a
-            teacher, rank 0 keeps a frozen copy of the dense weights from load to placement, and the fit phase
-            holds the teacher placed like the student and runs its forward without gradients.
+        uses_hessian: Memory and time are counted as SparseGPT's (Hessians solved on owner ranks), else as a
+            cheap per-matrix rule's.
+        teacher: What the objective needs of the dense teacher per batch: ``none``, ``logits`` or
+            ``block_outputs``. With one, rank 0 keeps a frozen dense copy from load to placement, and fit holds
+            the teacher placed like the student.
         reconstruct: Block-wise reconstruction after pruning (``None``: ``reconstruct=none``).
     """
 
