@@ -185,10 +185,8 @@ def teacher_outputs(job: Any) -> str:
 
 
 def job_hardware(job: Any, kind: str, detect: bool) -> Hardware:
-    """The machine of ``job``: the preset of ``kind`` with ``trainer.device_memory_gib`` and
-    ``trainer.host_memory_gib`` when set; else, with ``detect`` (a real run), this machine's GPU memory (none
-    without CUDA: the GPU is then not checked) and host memory (:func:`host_memory_gib`); else the preset's GPU and
-    no host figure."""
+    """The preset of ``kind`` with ``trainer.device_memory_gib`` / ``host_memory_gib`` when set; else with
+    ``detect`` (a real run) this machine's (no CUDA: GPU not checked); else the preset's GPU and no host figure."""
     hw = for_accelerator(kind)
     device, host = job.trainer.device_memory_gib, job.trainer.host_memory_gib
     if device is None and detect and kind == "gpu":
@@ -263,10 +261,8 @@ def _sources(job: Any) -> dict[str, str]:
 
 
 def check_job(job: Any, arch: dict[str, Any], methods: Any = None) -> RunPlan | None:
-    """The preflight check of a run (``spp.preflight.jobs.preflight_train``): plan the job on this machine (its GPU and
-    host memory, or the ``trainer.*_memory_gib`` keys) and raise the one-line :class:`~spp.errors.UserError` of
-    the first phase that does not fit (``methods``: the job's resolved ones). ``None`` when the arch is unknown (a
-    hub id without ``model.arch``)."""
+    """Plan the job on this machine and raise the one-line :class:`~spp.errors.UserError` of the first phase that
+    does not fit; ``None`` when the arch is unknown (a hub id without ``model.arch``)."""
     if not set(SHAPE_KEYS) <= set(arch):
         return None
     kind = accelerator_kind(str(job.trainer.accelerator), plan_only=False)

@@ -69,12 +69,9 @@ def _gguf_value(fh: BinaryIO, kind: int, keep: bool) -> Any:
 def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The scalar key/value metadata of a GGUF file's header (arrays such as the vocabulary are skipped).
 
-    Reads the header only, value by value with the ``gguf`` package's type codes: ``gguf.GGUFReader`` parses
-    every vocabulary string into numpy views (8 s for SmolLM2's header against 0.1 s here).
-
-    Raises:
-        ValueError: not a GGUF file (bad magic) or an unknown version; ``EOFError`` / ``struct.error`` when the
-        header is cut short.
+    Read value by value with ``gguf``'s type codes: ``gguf.GGUFReader`` parses every vocabulary string (8 s for
+    SmolLM2's header against 0.1 s here). Raises ``ValueError`` (bad magic or version), ``EOFError`` /
+    ``struct.error`` (cut short).
     """
     with Path(path).open("rb") as fh:
         if fh.read(4) != struct.pack("<I", GGUF_MAGIC):
@@ -91,12 +88,8 @@ def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def check_safetensors(path: Path) -> None:
-    """Open a ``.safetensors`` file's header with ``safetensors.safe_open``, which also checks that the file is as
-    long as the header says (not truncated).
-
-    Raises:
-        EOFError: a truncated or damaged file (the library's message included).
-    """
+    """Open a ``.safetensors`` header with ``safe_open`` (which checks the file is as long as the header says);
+    ``EOFError`` with the library's message for a truncated or damaged file."""
     try:
         with safe_open(str(path), framework="pt"):
             pass

@@ -1,7 +1,5 @@
-"""Shape rules checked against the model's arch fields before any weight is loaded: the adapter method's own
-(:meth:`~spp.adapters.base.AdapterMethod.preflight`), N:M's ``m | in_features``, the sequence lengths, and the
-``*.targets`` against the layers of the architecture built on the meta device (one decoder block: no weight is read
-or allocated), whatever its family."""
+"""Shape rules checked on the model's arch fields before any weight is loaded: the adapter method's own, N:M's
+``m | in_features``, the sequence lengths, and ``*.targets`` against one decoder block built on the meta device."""
 
 from __future__ import annotations
 
@@ -26,13 +24,8 @@ LLAMA_FIELDS = frozenset({"hidden_size", "intermediate_size", "num_attention_hea
 
 @dataclass(frozen=True)
 class ArchLayers:
-    """The decoder block of an architecture, built on the meta device (GPT-2's ``Conv1D`` as ``nn.Linear``).
-
-    Attributes:
-        block: The block (meta tensors).
-        kind: Its ``model_type``.
-        max_positions: The model's ``max_position_embeddings`` (None when it has no such limit).
-    """
+    """The decoder block of an architecture on the meta device (GPT-2's ``Conv1D`` as ``nn.Linear``), its
+    ``model_type`` (``kind``) and ``max_position_embeddings`` (``None``: no such limit)."""
 
     block: torch.nn.Module
     kind: str
@@ -47,11 +40,8 @@ class ArchLayers:
 
 
 def arch_layers(arch: dict[str, Any]) -> ArchLayers | None:
-    """The decoder block of the architecture ``arch`` (its ``config.json`` fields; ``model_type`` defaults to
-    ``llama`` when the LLaMA fields are there), built on the meta device.
-
-    Returns ``None`` when the fields are not enough or transformers cannot build it (checked at load time then).
-    """
+    """The meta decoder block of ``arch`` (``model_type`` defaults to ``llama``); ``None`` when the fields are not
+    enough or transformers cannot build it (checked at load time then)."""
     model_type = arch.get("model_type") or ("llama" if LLAMA_FIELDS <= set(arch) else None)
     if not model_type:
         return None
@@ -106,10 +96,8 @@ def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = N
 
 def check_targets(arch: dict[str, Any], path: str, *, pruner: Any = None, sparsity: Any = None,
                   adapter: Any = None, method: AdapterMethod | None = None) -> None:
-    """``pruner.targets`` and ``adapter.targets`` each name linear projections of the architecture's decoder
-    blocks (every name must match one; the default list stands for all of them: :func:`spp.projections.
-    resolve_targets`), checked on the meta block before any weight is read (``method``: the resolved method of
-    ``adapter``, else resolved here)."""
+    """Every name of ``pruner.targets`` and ``adapter.targets`` matches a linear of the meta decoder block (the
+    default list stands for all: :func:`spp.projections.resolve_targets`)."""
     layers = arch_layers(arch)
     if layers is None:
         return
