@@ -22,12 +22,8 @@ MODEL_DTYPES = ("float32", "float64")
 
 def adapter_spec(cfg: Any, arch: dict[str, Any], shape: ModelShape, model_dtype: str,
                  method: AdapterMethod | None = None) -> AdapterSpec:
-    """The :class:`AdapterSpec` of adapter config ``cfg`` (``job.adapter``, read duck-typed) on the model ``arch``
-    (its ``shape``), its weights in ``model_dtype``; ``method``: the resolved method (the resolver's when not given).
-
-    Raises:
-        UserError: an unknown method; ``ValueError``: targets that match no layer of the model.
-    """
+    """The :class:`AdapterSpec` of ``job.adapter`` on the model ``arch`` (``method``: resolved here when not given).
+    Raises ``UserError`` for an unknown method, ``ValueError`` for targets that match no layer."""
     method = method if method is not None else resolve_adapter(cfg.name)
     dropout = float(getattr(cfg, "dropout", 0.0) or 0.0)
     counts = {"trainable": 0, "trainable_bytes": 0, "added_bytes": 0}

@@ -153,9 +153,8 @@ def planned_methods(job: Any, methods: Any = None) -> tuple[Pruner | None, Adapt
 
 def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: int | None = None,
              nodes: int | None = None, methods: Any = None) -> RunSpec:
-    """The :class:`RunSpec` of ``job`` on ``kind`` (``gpu``/``cpu``) with its model ``arch``; ``devices`` and
-    ``nodes`` replace ``trainer.devices`` / ``trainer.num_nodes`` (the Slurm launcher's request); ``methods``: the
-    job's resolved methods (:func:`planned_methods`)."""
+    """The :class:`RunSpec` of ``job`` on ``kind``; ``devices`` and ``nodes`` replace ``trainer.devices`` /
+    ``trainer.num_nodes`` (the Slurm launcher's request)."""
     dtype_bytes = {"float32": 4, "float64": 8}.get(str(job.model.torch_dtype), 2)
     shape = shape_from_arch(job.model.name, arch, list(job.pruner.targets) or list(DEFAULT_TARGETS), dtype_bytes)
     devices = devices or device_count(job.trainer.devices, kind)

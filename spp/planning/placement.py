@@ -36,12 +36,9 @@ def _gib(n: float) -> str:
 
 def eval_placement(weight_bytes: int, device_bytes: int | None, devices_per_node: int, nodes: int,
                    block_bytes: int = 0, activation_bytes: int = 0) -> EvalPlacement:
-    """The replicas that evaluate a model of ``weight_bytes`` on ``nodes`` nodes of ``devices_per_node`` GPUs of
-    ``device_bytes`` each (``None``: no GPU).
-
-    ``k`` is the fewest GPUs whose share fits (module docstring); the node holds ``devices_per_node // k``
-    replicas, each spread over ``devices_per_node // replicas`` GPUs (more headroom at the same speed: a
-    ``parallelize`` replica computes on one GPU at a time).
+    """The replicas that evaluate ``weight_bytes`` (``device_bytes`` ``None``: no GPU). ``k`` is the fewest GPUs whose
+    share fits (module docstring); the node holds ``devices_per_node // k`` replicas, each spread over
+    ``devices_per_node // replicas`` GPUs (more headroom, same speed: a replica computes on one GPU at a time).
     """
     if device_bytes is None or devices_per_node < 1:
         return EvalPlacement(1, 0, "cpu", f"no GPU: the {_gib(weight_bytes)} merged model is evaluated on the CPU "
