@@ -27,33 +27,11 @@ log = logging.getLogger(__name__)
 class SPPModule(L.LightningModule):
     """Trains the parameters of ``model`` that require grad with AdamW, warm-up then linear/cosine decay.
 
-    The adapter is attached before the module is built (``spp.training.phases.fit``); ``configure_model`` only
-    switches gradient checkpointing on and, under FSDP2, shards every decoder block and the root
-    (``spp.training.strategies.shard_model``), so optimizers are built from the sharded parameters.
-    Checkpoints hold only the trainable tensors (plus optimizer, scheduler and loop state): frozen pruned
-    weights come back from the pruning cache on resume.
-
-    With ``adapter`` (how ``train.py`` builds it) the module starts without a model: the
-    :class:`~spp.training.callbacks.pruning.PruningCallback` puts the pruned model there in ``setup`` (whole on
-    rank 0, a ``meta`` skeleton elsewhere), and ``configure_model`` attaches the adapter (seeded with ``seed``) and
-    gives every rank its part from rank 0: its FSDP2 shards (:func:`~spp.training.strategies.shard_from_rank0`) or
-    its DDP replica (:func:`~spp.training.strategies.replicate_from_rank0`).
-
-    The loss is the training objective's (``objective``: :mod:`spp.training.objectives`; cross-entropy by
-    default). An objective with a teacher gets the frozen dense model from the pruning callback
-    (:meth:`set_teacher`), placed like the student in ``configure_model`` (:mod:`spp.training.teacher`) and
-    dropped when training ends. Validation stays the labels' cross-entropy whatever the objective.
-
-    Args:
-        model: The adapted causal LM (only the adapter's parameters require grad), or ``None`` with ``adapter``.
-        trainer_cfg: The ``trainer`` group (lr, AdamW, schedule, gradient checkpointing, compile).
-        strategy_cfg: The ``strategy`` group (FSDP2 options); ``None`` = defaults.
-        decoder_layer_cls: The decoder-block class sharded by FSDP2.
-        adapter: Attach this adapter in ``configure_model`` (the model then comes from the pruning callback).
-        seed: Seed of the adapter's initialisation (the same on every rank).
-        objective: The training objective, or its config (``None``: cross-entropy).
-        method: The adapter method of ``adapter`` (a job's ``Run`` holds it); its placement and optimizer-step hooks
-            run on the model (``None``: every registered method's, each acting on its own layers only).
+    With ``adapter`` the module starts without a model: the
+    :class:`~spp.training.callbacks.pruning.PruningCallback` puts the pruned model there in ``setup``, and
+    ``configure_model`` attaches the adapter (seeded with ``seed``) and gives every rank its FSDP2 shards or DDP
+    replica from rank 0. Checkpoints hold only the trainable tensors; validation stays the labels' cross-entropy
+    whatever the ``objective`` (a teacher, if it needs one, comes through :meth:`set_teacher`).
     """
 
     def __init__(
@@ -235,11 +213,8 @@ class SPPModule(L.LightningModule):
         checkpoint["adapter_keys"] = sorted(keep)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Check that an adapter checkpoint holds every adapter tensor of this model (names the missing).
-
-        A DeepSpeed checkpoint's client state has no ``state_dict`` (the engine loaded the module's tensors from its
-        own files already); the ``adapter_keys`` recorded when it was written say what it holds.
-        """
+        """Check that an adapter checkpoint holds every adapter tensor of this model (names the missing); a
+        DeepSpeed checkpoint has no ``state_dict``, so its recorded ``adapter_keys`` say what it holds."""
         saved = checkpoint.get("state_dict")
         keys = set(saved if saved is not None else checkpoint.get("adapter_keys", []))
         missing = sorted({f"model.{n}" for n in self.trainable_names} - keys)

@@ -1,9 +1,5 @@
-"""What a job resolved, once: :class:`Run` (frozen), built by :func:`build_run` at the start of ``run_job``.
-
-:func:`resolve_methods` turns the job's registry names into objects — the pruner, the adapter method, the training
-objective, the reconstruction form — without reading a weight (the planner and the preflight can call it on their
-own); :func:`pruning_identity` computes the model's identity and the pruning cache key (the one place a job does).
-The phases take the ``Run`` (or the resolved object they need) and their own sub-config.
+"""What a job resolved, once: :class:`Run` (frozen), built by :func:`build_run` at the start of ``run_job``:
+the resolved methods (:func:`resolve_methods`, no weight read) and the pruning identity (:func:`pruning_identity`).
 """
 
 from __future__ import annotations
@@ -47,8 +43,7 @@ class Methods:
 
 
 def resolve_methods(job: Any) -> Methods:
-    """The objects ``job``'s names stand for (cheap: no model is read). ``job``: a train job, or any job with
-    ``pruner``, ``sparsity`` and ``reconstruct`` (``prune.py``'s; ``adapter`` and ``objective`` when it has them).
+    """The objects ``job``'s names stand for (cheap: no model is read).
 
     Raises:
         UserError: an unknown pruner, adapter method or reconstruction form (each lists the known ones).

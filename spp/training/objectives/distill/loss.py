@@ -52,8 +52,7 @@ def logit_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: t
 
 def feature_l2(student_blocks: Sequence[torch.Tensor], teacher_blocks: Sequence[torch.Tensor],
                mask: torch.Tensor) -> torch.Tensor:
-    """``L_feat`` (module docstring): per block ``‖h_s − h_t‖² / ‖h_t‖²`` over the scored positions, averaged
-    over the blocks, in at least float32 (0 when no position is scored).
+    """``L_feat`` (module docstring), in at least float32 (0 when no position is scored).
 
     Raises:
         ValueError: the two lists differ in length or are empty.
