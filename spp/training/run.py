@@ -17,14 +17,8 @@ from spp.training.strategies import decoder_layer_class
 
 @dataclass(frozen=True)
 class Methods:
-    """A job's registry names resolved (:func:`resolve_methods`).
-
-    Attributes:
-        pruner: The pruner (``None``: nothing is pruned, ``pruner=none`` or a dense pattern).
-        adapter: The adapter method (``None`` for a job without one: ``prune.py``).
-        objective: The training objective, ready to compute losses (``None`` without an adapter to train).
-        form: The reconstruction form's adapter method (``None`` unless ``reconstruct=blockwise``).
-    """
+    """A job's registry names resolved (:func:`resolve_methods`); ``None`` where the job has none (``pruner=none``
+    or a dense pattern, ``prune.py``'s adapter and objective, ``form`` unless ``reconstruct=blockwise``)."""
 
     pruner: Pruner | None
     adapter: AdapterMethod | None = None
@@ -95,14 +89,8 @@ def pruning_identity(job: Any, form: AdapterMethod | None = None) -> PruningIden
 
 @dataclass(frozen=True)
 class Run:
-    """What one job resolved, built once (:func:`build_run`) and read by every phase.
-
-    Attributes:
-        job: The typed job config (each phase reads its own sub-config from it).
-        methods: The resolved pruner, adapter method, objective and reconstruction form.
-        run_dir: Where the job writes.
-        identity: The model's identity and the pruning (and reconstruction) cache keys.
-    """
+    """What one job resolved, built once (:func:`build_run`) and read by every phase: the typed ``job``, its
+    ``methods``, ``run_dir`` and the pruning (and reconstruction) cache ``identity``."""
 
     job: Any
     methods: Methods

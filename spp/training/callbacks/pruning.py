@@ -109,14 +109,21 @@ class PrunedModel:
         return self.record.result
 
 
+def ppl_text(entry: dict[str, Any] | None) -> str:
+    """``30.64``, or ``30.64 [29.80, 31.50]`` when the entry carries an interval (``ci_low`` / ``ci_high``)."""
+    if not entry:
+        return "-"
+    low, high = entry.get("ci_low"), entry.get("ci_high")
+    interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    return f"{entry['ppl']:.2f}{interval}"
+
+
 def ppl_log_text(entry: dict[str, Any] | None) -> str:
     """``30.64 [27.1, 34.5] (wikitext2, seqlen 512, 8 windows; 41.2 s)`` — a perplexity entry in one log line."""
     if not entry:
         return "-"
-    interval = (f" [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
-                if entry.get("ci_low") is not None and entry.get("ci_high") is not None else "")
     how = "cached" if entry.get("cache_hit") else f"{entry.get('seconds', 0):.1f} s"
-    return (f"{entry['ppl']:.2f}{interval} ({entry.get('source')}, seqlen {entry.get('seqlen')}, "
+    return (f"{ppl_text(entry)} ({entry.get('source')}, seqlen {entry.get('seqlen')}, "
             f"{entry.get('windows')} windows; {how})")
 
 
