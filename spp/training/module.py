@@ -77,7 +77,7 @@ class SPPModule(L.LightningModule):
         if self.cfg.gradient_checkpointing or self.strategy_cfg.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.config.use_cache = False
-        strategy = self._trainer_strategy()
+        strategy = self._trainer.strategy if self._trainer is not None else None
         ctx = DistContext.current(strategy.root_device if strategy is not None else None)
         from_rank0 = ctx.distributed and ctx.gather_objects(has_meta_parameters(self.model)) != [False] * ctx.world
         mesh = self.device_mesh["data_parallel"] if isinstance(strategy, ModelParallelStrategy) else None
@@ -117,9 +117,6 @@ class SPPModule(L.LightningModule):
     def teacher(self) -> nn.Module | None:
         """The placed dense teacher while training (``None`` without one, or after ``fit`` ends)."""
         return self._teacher[0] if self._teacher else None
-
-    def _trainer_strategy(self) -> Any:
-        return self._trainer.strategy if self._trainer is not None else None
 
     def on_fit_start(self) -> None:
         """Put the wrapped model in train mode (it is loaded in eval mode; adapter dropout needs train mode) and

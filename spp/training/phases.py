@@ -92,18 +92,14 @@ def pruning_callback_settings(run: Run) -> PruningSettings:
     """What the pruning callback needs of the run; the dense model is kept (``keep_dense``) when the training
     objective has a teacher and something trains."""
     job = run.job
+    needs_dense = run.methods.trains and run.methods.adapter.needs_dense(job.adapter)  # config completed from it
     return PruningSettings(job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir, job.data_dir,
                            job.eval, job.dense_ppl, job.pruned_ppl,
                            (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None,
                            job.cache_lock_timeout_s, keep_dense=run.methods.keeps_dense,
                            reconstruct=job.reconstruct, pruner_method=run.methods.pruner,
                            form=run.methods.form, identity=run.identity,
-                           adapter=(run.methods.adapter, job.adapter) if _needs_dense(run) else None)
-
-
-def _needs_dense(run: Run) -> bool:
-    """Whether the adapter method completes its config from the dense model before it is attached."""
-    return run.methods.trains and run.methods.adapter.needs_dense(run.job.adapter)
+                           adapter=(run.methods.adapter, job.adapter) if needs_dense else None)
 
 
 def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None) -> tuple[PrunedModel, FitResult]:
