@@ -1,11 +1,5 @@
-"""Structured configs of the training groups and the typed top-level job of ``train.py``.
-
-Groups owned here: ``adapter`` (spp, lora, none), ``objective`` (the training loss: its schema per option is
-registered by ``spp.training.objectives``), ``trainer``, ``strategy``, ``logger`` (csv, wandb,
-tensorboard, several at once), plus the ``experiment`` and ``debug`` presets (global packages, no schema of
-their own). :func:`register_train_schema` stores the top-level :class:`TrainJobConfig` in Hydra's ConfigStore as
-``train_schema`` so every group option is merged into a typed node and a misspelled key or a wrong type fails
-at compose time with the key named.
+"""Structured configs of the training groups and the typed top-level job of ``train.py``, registered in Hydra's
+ConfigStore (:func:`register_train_schema`) so a misspelled key or a wrong type fails at compose time.
 """
 
 from __future__ import annotations

@@ -1,17 +1,5 @@
-"""The finalize phase, on every rank once training is over: adapter files, the merged model's streamed export, its
-evaluation spread over the ranks, and the guards' verdict.
-
-1. Adapter files (global rank 0): from the trained model when it is whole on rank 0 (one process, DDP), else from
-   the model rebuilt on the CPU from the pruned weights rank 0 kept and the gathered adapter tensors (FSDP2,
-   ZeRO-3) — no weight is read from disk again.
-2. Export (every rank): :func:`spp.export.merged.export_streamed` writes ``<run_dir>/merged`` block by block, each
-   block merged on one rank and audited on the way out. With ``export.merged=false`` it goes to a temporary folder
-   that evaluation reads and that is removed afterwards.
-3. The trained model is released; evaluation (every rank) reads the export: :func:`spp.eval.evaluate.evaluate`
-   (the same function ``eval.py`` runs), perplexity windows and lm-eval documents split over replicas.
-4. Guards (``guards.*``): a run whose merged perplexity or training loss says it diverged is not reported as a
-   success; its export is renamed ``<run_dir>/merged.diverged`` with ``status: diverged`` in its
-   ``spp_export.json``, so nothing at ``merged/`` is ever a diverged model.
+"""The finalize phase, on every rank after training: adapter files, the merged model's streamed export, its
+evaluation spread over the ranks, and the guards' verdict (a diverged run's export goes to ``merged.diverged``).
 """
 
 from __future__ import annotations
@@ -86,11 +74,8 @@ def on_rank0(ctx: DistContext, work: Callable[[], T]) -> T:
 
 
 def provenance(run: Run, pruned: PrunedModel | None = None) -> dict[str, Any]:
-    """What the adapter was trained on top of (stored in ``adapter_config.json`` and ``spp_export.json``); with the
-    pruning phase's result (rank 0, for the adapter files) also the record every loading path checks
-    (:mod:`spp.adapters.trained_on`): the model's identity, the pruning cache key, the zero pattern's fingerprint and,
-    after ``reconstruct=blockwise``, the reconstruction's key (the same zeros, other weights); all from the run's
-    :class:`~spp.training.run.PruningIdentity`."""
+    """What the adapter was trained on top of (``adapter_config.json``, ``spp_export.json``); with ``pruned``
+    also the record every loading path checks (:mod:`spp.adapters.trained_on`)."""
     job, ident = run.job, run.identity
     names = {"pruning": {"pruner": job.pruner.name, "sparsity": job.sparsity.name, "model": job.model.name,
                          "cache_key": ident.digest}}  # eval.py's W&B run names the pruned base with it
@@ -174,14 +159,8 @@ def export(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext, r
 def release(fitted: FitResult, pruned: PrunedModel) -> None:
     """Drop every reference the job holds to the trained model, then return its memory: evaluation reads the export.
 
-    The trained module is ``fitted.model`` and ``pruned.model`` (the same object: the pruning callback hands the
-    pruned model to the LightningModule, which adapts, shards or replicates and trains it in place); the Trainer,
-    its strategy (the DDP wrapper, FSDP2's state), the LightningModule, the optimizer and the teacher went with
-    :func:`spp.training.phases.fit`'s frame. Also dropped: the gathered trainable tensors, the pruned weights rank 0
-    kept and a dense copy. What stays is what the report reads: the packed masks, perplexities and losses. A module
-    still referenced elsewhere is named in a warning: its memory stays in use. DeepSpeed's engine is such a holder
-    (its hooks keep the module, its partitions and the optimizer); the plan counts what it keeps
-    (``spp.planning.run.kept_through_evaluation``).
+    A module still referenced elsewhere (DeepSpeed's engine keeps it) is named in a warning; the plan counts what
+    it keeps (``spp.planning.run.kept_through_evaluation``).
     """
     trained = weakref.ref(fitted.model) if fitted.model is not None else None
     fitted.model, fitted.state = None, {}
@@ -265,10 +244,8 @@ LOSS_RISE_RTOL = 0.01
 def loss_rise(losses: list[float]) -> str | None:
     """Why the training loss rose over the run (``guards.loss_must_fall``), or ``None``.
 
-    Compares the mean of the first and of the last ``k`` losses (``k`` = a third of them, 2 to 10; 1 below 6
-    losses). Rose: the last mean is not finite, or exceeds the first by more than :data:`LOSS_RISE_Z` standard
-    errors of the difference *and* by more than :data:`LOSS_RISE_RTOL` of the first. Fewer than
-    :data:`LOSS_MIN_STEPS` losses are not judged.
+    Compares the means of the first and last ``k`` losses: rose when the difference exceeds both
+    :data:`LOSS_RISE_Z` standard errors and :data:`LOSS_RISE_RTOL` of the first.
     """
     n = len(losses)
     if n < LOSS_MIN_STEPS:
@@ -292,11 +269,7 @@ def loss_rise(losses: list[float]) -> str | None:
 def divergence(job: TrainJobConfig, pruned: PruningRecord, fitted: TrainingRecord, evaluation: Evaluation,
                trained: bool = True) -> list[str]:
     """Why the run must not be reported as a success (``guards.*``); empty when it may (``trained``: the adapter
-    method trains, so its training loss is judged).
-
-    Diverged: the merged perplexity is not finite or exceeds ``guards.max_ppl_ratio`` × the pruned model's, or
-    (``guards.loss_must_fall``) the training loss rose beyond its noise (:func:`loss_rise`).
-    """
+    method trains, so its training loss is judged by :func:`loss_rise`)."""
     if not job.guards.enabled:
         return []
     reasons = []

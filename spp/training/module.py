@@ -27,33 +27,11 @@ log = logging.getLogger(__name__)
 class SPPModule(L.LightningModule):
     """Trains the parameters of ``model`` that require grad with AdamW, warm-up then linear/cosine decay.
 
-    The adapter is attached before the module is built (``spp.training.phases.fit``); ``configure_model`` only
-    switches gradient checkpointing on and, under FSDP2, shards every decoder block and the root
-    (``spp.training.strategies.shard_model``), so optimizers are built from the sharded parameters.
-    Checkpoints hold only the trainable tensors (plus optimizer, scheduler and loop state): frozen pruned
-    weights come back from the pruning cache on resume.
-
-    With ``adapter`` (how ``train.py`` builds it) the module starts without a model: the
-    :class:`~spp.training.callbacks.pruning.PruningCallback` puts the pruned model there in ``setup`` (whole on
-    rank 0, a ``meta`` skeleton elsewhere), and ``configure_model`` attaches the adapter (seeded with ``seed``) and
-    gives every rank its part from rank 0: its FSDP2 shards (:func:`~spp.training.strategies.shard_from_rank0`) or
-    its DDP replica (:func:`~spp.training.strategies.replicate_from_rank0`).
-
-    The loss is the training objective's (``objective``: :mod:`spp.training.objectives`; cross-entropy by
-    default). An objective with a teacher gets the frozen dense model from the pruning callback
-    (:meth:`set_teacher`), placed like the student in ``configure_model`` (:mod:`spp.training.teacher`) and
-    dropped when training ends. Validation stays the labels' cross-entropy whatever the objective.
-
-    Args:
-        model: The adapted causal LM (only the adapter's parameters require grad), or ``None`` with ``adapter``.
-        trainer_cfg: The ``trainer`` group (lr, AdamW, schedule, gradient checkpointing, compile).
-        strategy_cfg: The ``strategy`` group (FSDP2 options); ``None`` = defaults.
-        decoder_layer_cls: The decoder-block class sharded by FSDP2.
-        adapter: Attach this adapter in ``configure_model`` (the model then comes from the pruning callback).
-        seed: Seed of the adapter's initialisation (the same on every rank).
-        objective: The training objective, or its config (``None``: cross-entropy).
-        method: The adapter method of ``adapter`` (a job's ``Run`` holds it); its placement and optimizer-step hooks
-            run on the model (``None``: every registered method's, each acting on its own layers only).
+    With ``adapter`` the module starts without a model: the
+    :class:`~spp.training.callbacks.pruning.PruningCallback` puts the pruned model there in ``setup``, and
+    ``configure_model`` attaches the adapter (seeded with ``seed``) and gives every rank its FSDP2 shards or DDP
+    replica from rank 0. Checkpoints hold only the trainable tensors; validation stays the labels' cross-entropy
+    whatever the ``objective`` (a teacher, if it needs one, comes through :meth:`set_teacher`).
     """
 
     def __init__(
@@ -99,7 +77,7 @@ class SPPModule(L.LightningModule):
         if self.cfg.gradient_checkpointing or self.strategy_cfg.activation_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.config.use_cache = False
-        strategy = self._trainer_strategy()
+        strategy = self._trainer.strategy if self._trainer is not None else None
         ctx = DistContext.current(strategy.root_device if strategy is not None else None)
         from_rank0 = ctx.distributed and ctx.gather_objects(has_meta_parameters(self.model)) != [False] * ctx.world
         mesh = self.device_mesh["data_parallel"] if isinstance(strategy, ModelParallelStrategy) else None
@@ -139,9 +117,6 @@ class SPPModule(L.LightningModule):
     def teacher(self) -> nn.Module | None:
         """The placed dense teacher while training (``None`` without one, or after ``fit`` ends)."""
         return self._teacher[0] if self._teacher else None
-
-    def _trainer_strategy(self) -> Any:
-        return self._trainer.strategy if self._trainer is not None else None
 
     def on_fit_start(self) -> None:
         """Put the wrapped model in train mode (it is loaded in eval mode; adapter dropout needs train mode) and
@@ -235,11 +210,8 @@ class SPPModule(L.LightningModule):
         checkpoint["adapter_keys"] = sorted(keep)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Check that an adapter checkpoint holds every adapter tensor of this model (names the missing).
-
-        A DeepSpeed checkpoint's client state has no ``state_dict`` (the engine loaded the module's tensors from its
-        own files already); the ``adapter_keys`` recorded when it was written say what it holds.
-        """
+        """Check that an adapter checkpoint holds every adapter tensor of this model (names the missing); a
+        DeepSpeed checkpoint has no ``state_dict``, so its recorded ``adapter_keys`` say what it holds."""
         saved = checkpoint.get("state_dict")
         keys = set(saved if saved is not None else checkpoint.get("adapter_keys", []))
         missing = sorted({f"model.{n}" for n in self.trainable_names} - keys)

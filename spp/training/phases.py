@@ -1,12 +1,5 @@
 """The phases of a training job as plain functions with typed results: ``fit`` (prune → train), then
-``spp.training.finalize.finalize`` (adapter files, export, evaluation, guards).
-
-:func:`fit` builds the Lightning ``Trainer`` with the :class:`~spp.training.callbacks.pruning.PruningCallback` first
-among its callbacks and runs ``Trainer.fit`` on every rank. In ``setup`` the callback loads and prunes the model
-through the on-disk cache with every rank taking part (calibration batches and perplexity windows split over the
-ranks; the model never whole on a device); ``SPPModule.configure_model`` then attaches the adapter and gives every
-rank its part of the model from rank 0; training follows. Afterwards the trainable tensors are gathered once; the
-process group stays open for the finalize phase, which runs on every rank too.
+``spp.training.finalize.finalize`` (adapter files, export, evaluation, guards), each on every rank.
 """
 
 from __future__ import annotations
@@ -76,10 +69,8 @@ class FitResult:
 
 
 class KeepPrunedWeights(Callback):
-    """The fit phase's hold on the pruned weights for the finalize phase: in ``setup``, after the pruning callback
-    and before ``configure_model`` shards, global rank 0 keeps references to them (``PrunedModel.home``, no copy)
-    when the strategy shards the model or is DeepSpeed, so the adapter files can be written from a model rebuilt on
-    the CPU (:func:`spp.training.finalize.rebuild`)."""
+    """Global rank 0 keeps references to the pruned weights (``PrunedModel.home``, no copy) before
+    ``configure_model`` shards, for :func:`spp.training.finalize.rebuild`."""
 
     def __init__(self, pruning: PruningCallback) -> None:
         self.pruning = pruning
@@ -101,18 +92,14 @@ def pruning_callback_settings(run: Run) -> PruningSettings:
     """What the pruning callback needs of the run; the dense model is kept (``keep_dense``) when the training
     objective has a teacher and something trains."""
     job = run.job
+    needs_dense = run.methods.trains and run.methods.adapter.needs_dense(job.adapter)  # config completed from it
     return PruningSettings(job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir, job.data_dir,
                            job.eval, job.dense_ppl, job.pruned_ppl,
                            (job.sample.prompt, job.sample.max_new_tokens) if job.sample.enabled else None,
                            job.cache_lock_timeout_s, keep_dense=run.methods.keeps_dense,
                            reconstruct=job.reconstruct, pruner_method=run.methods.pruner,
                            form=run.methods.form, identity=run.identity,
-                           adapter=(run.methods.adapter, job.adapter) if _needs_dense(run) else None)
-
-
-def _needs_dense(run: Run) -> bool:
-    """Whether the adapter method completes its config from the dense model before it is attached."""
-    return run.methods.trains and run.methods.adapter.needs_dense(run.job.adapter)
+                           adapter=(run.methods.adapter, job.adapter) if needs_dense else None)
 
 
 def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None) -> tuple[PrunedModel, FitResult]:

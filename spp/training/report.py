@@ -15,7 +15,7 @@ from spp.eval.evaluate import Evaluation
 from spp.eval.perplexity import gap_closed
 from spp.eval.tables import few_windows_caveat
 from spp.sweeps import objective_value
-from spp.training.callbacks.pruning import PrunedModel
+from spp.training.callbacks.pruning import PrunedModel, ppl_text
 from spp.training.config import SweepObjective
 from spp.training.finalize import FinalizeResult
 from spp.training.phases import FitResult
@@ -120,15 +120,6 @@ def sweep_objective(summary: dict[str, Any], which: SweepObjective) -> float | N
     return objective_value(summary, which.value)
 
 
-def _fmt_ppl(entry: dict[str, Any] | None) -> str:
-    """``30.64``, or ``30.64 [29.80, 31.50]`` when the entry carries an interval (``ci_low`` / ``ci_high``)."""
-    if not entry:
-        return "-"
-    low, high = entry.get("ci_low"), entry.get("ci_high")
-    interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
-    return f"{entry['ppl']:.2f}{interval}"
-
-
 def results_table(summary: dict[str, Any]) -> Table:
     """The closing table: perplexity dense → pruned → pruned+adapter, sparsity, params, time, output."""
     ppl = summary.get("perplexity", {})
@@ -140,14 +131,14 @@ def results_table(summary: dict[str, Any]) -> Table:
     label = summary["run"]["adapter"]
     table.add_row(
         f"perplexity{where}",
-        f"dense {_fmt_ppl(ppl.get('dense'))} → pruned {_fmt_ppl(ppl.get('pruned'))} → "
-        + (f"reconstructed {_fmt_ppl(ppl['reconstructed'])} → " if ppl.get("reconstructed") else "")
-        + f"pruned+{label} {_fmt_ppl(ppl.get('merged'))}",
+        f"dense {ppl_text(ppl.get('dense'))} → pruned {ppl_text(ppl.get('pruned'))} → "
+        + (f"reconstructed {ppl_text(ppl['reconstructed'])} → " if ppl.get("reconstructed") else "")
+        + f"pruned+{label} {ppl_text(ppl.get('merged'))}",
     )
     main = ((summary.get("config") or {}).get("eval") or {}).get("ppl_source")
     for src, entry in (summary.get("merged_ppl_by_source") or {}).items():
         if entry and src != main:
-            table.add_row(f"perplexity {src} ({entry['windows']} windows)", f"pruned+{label} {_fmt_ppl(entry)}")
+            table.add_row(f"perplexity {src} ({entry['windows']} windows)", f"pruned+{label} {ppl_text(entry)}")
     sp = summary.get("sparsity", {})
     before, after = sp.get("before"), sp.get("after")
     table.add_row(

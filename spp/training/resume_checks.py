@@ -30,10 +30,8 @@ def _plain(obj: Any, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
 
 
 def pruning_groups(job: Any, identity: Any = None) -> dict[str, dict[str, Any]]:
-    """What decides the pruned weights, as ``settings_of`` groups: the model files' content identity
-    (``model.weights``), the pruning cache key's pruner and calibration fields (with the calibration file's sha256),
-    the pruning code version and the key's digest (``pruning.*``). ``identity``: the run's
-    :class:`~spp.training.run.PruningIdentity` (computed here when not given)."""
+    """What decides the pruned weights, as ``settings_of`` groups: the model's content identity and the pruning
+    cache key's fields, code version and digest (``identity``: computed here when not given)."""
     if identity is None:
         from spp.training.run import pruning_identity  # start-up time: a preflight refusal never loads transformers
 
@@ -62,10 +60,8 @@ def world_of(job: Any) -> dict[str, Any]:
 
 
 def settings_of(job: Any, identity: Any = None) -> dict[str, Any]:
-    """The settings a checkpoint must match to be resumed (stored as ``spp_settings``): the adapter, the model (name,
-    path, content identity), everything that decides the pruned weights (:func:`pruning_groups`), the data and
-    the optimisation (:data:`RESUME_DATA_KEYS`, :data:`RESUME_TRAINER_KEYS`), and the processes (:func:`world_of`,
-    compared by :func:`check_world`; ``identity``: the run's ``PruningIdentity``, or None)."""
+    """The settings a checkpoint must match to be resumed (stored as ``spp_settings``): adapter, model,
+    :func:`pruning_groups`, data and optimisation keys, and the processes (:func:`world_of`)."""
     pruning = pruning_groups(job, identity)
     return {"world": world_of(job), "adapter": _plain(job.adapter),
             "model": {"name": job.model.name, "path": job.model.path, **pruning.pop("model")},
@@ -99,13 +95,8 @@ def _world_text(world: dict[str, Any]) -> str:
 def check_world(checkpoint: str | os.PathLike[str], saved: dict[str, Any] | None, now: dict[str, Any]) -> None:
     """Refuse a resume on another world size or strategy, in one line naming both.
 
-    The checkpoint's data position is each rank's count of batches of its own ``DistributedSampler`` shard, its
-    random states are one per rank (``rng_states``) and its optimiser state is laid out by the strategy (DDP
-    replicas, FSDP2 shards, ZeRO partitions): none of them maps to another world size or strategy exactly (the
-    shards hold other examples, the per-rank dropout streams cannot be split or merged), so both must be equal.
-    The split ``devices`` x ``num_nodes`` may differ (the global ranks, hence shards and states, are the same).
-    ``saved`` is ``None`` for a checkpoint that predates the record: its world size is then known only from its
-    random states (one per rank), and its strategy is not compared."""
+    Data position, per-rank RNG states and optimiser layout map to no other world size or strategy; the
+    ``devices`` x ``num_nodes`` split may differ. ``saved`` is ``None`` for an older checkpoint (strategy unchecked)."""
     if saved is None or "strategy" not in saved:
         log.warning("preflight: %s predates the record of trainer.devices, trainer.num_nodes and strategy; %s",
                     checkpoint, "not compared" if saved is None else

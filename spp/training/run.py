@@ -1,9 +1,5 @@
-"""What a job resolved, once: :class:`Run` (frozen), built by :func:`build_run` at the start of ``run_job``.
-
-:func:`resolve_methods` turns the job's registry names into objects — the pruner, the adapter method, the training
-objective, the reconstruction form — without reading a weight (the planner and the preflight can call it on their
-own); :func:`pruning_identity` computes the model's identity and the pruning cache key (the one place a job does).
-The phases take the ``Run`` (or the resolved object they need) and their own sub-config.
+"""What a job resolved, once: :class:`Run` (frozen), built by :func:`build_run` at the start of ``run_job``:
+the resolved methods (:func:`resolve_methods`, no weight read) and the pruning identity (:func:`pruning_identity`).
 """
 
 from __future__ import annotations
@@ -21,14 +17,8 @@ from spp.training.strategies import decoder_layer_class
 
 @dataclass(frozen=True)
 class Methods:
-    """A job's registry names resolved (:func:`resolve_methods`).
-
-    Attributes:
-        pruner: The pruner (``None``: nothing is pruned, ``pruner=none`` or a dense pattern).
-        adapter: The adapter method (``None`` for a job without one: ``prune.py``).
-        objective: The training objective, ready to compute losses (``None`` without an adapter to train).
-        form: The reconstruction form's adapter method (``None`` unless ``reconstruct=blockwise``).
-    """
+    """A job's registry names resolved (:func:`resolve_methods`); ``None`` where the job has none (``pruner=none``
+    or a dense pattern, ``prune.py``'s adapter and objective, ``form`` unless ``reconstruct=blockwise``)."""
 
     pruner: Pruner | None
     adapter: AdapterMethod | None = None
@@ -47,8 +37,7 @@ class Methods:
 
 
 def resolve_methods(job: Any) -> Methods:
-    """The objects ``job``'s names stand for (cheap: no model is read). ``job``: a train job, or any job with
-    ``pruner``, ``sparsity`` and ``reconstruct`` (``prune.py``'s; ``adapter`` and ``objective`` when it has them).
+    """The objects ``job``'s names stand for (cheap: no model is read).
 
     Raises:
         UserError: an unknown pruner, adapter method or reconstruction form (each lists the known ones).
@@ -100,14 +89,8 @@ def pruning_identity(job: Any, form: AdapterMethod | None = None) -> PruningIden
 
 @dataclass(frozen=True)
 class Run:
-    """What one job resolved, built once (:func:`build_run`) and read by every phase.
-
-    Attributes:
-        job: The typed job config (each phase reads its own sub-config from it).
-        methods: The resolved pruner, adapter method, objective and reconstruction form.
-        run_dir: Where the job writes.
-        identity: The model's identity and the pruning (and reconstruction) cache keys.
-    """
+    """What one job resolved, built once (:func:`build_run`) and read by every phase: the typed ``job``, its
+    ``methods``, ``run_dir`` and the pruning (and reconstruction) cache ``identity``."""
 
     job: Any
     methods: Methods

@@ -1,7 +1,5 @@
-"""What a training job hands its loggers beyond Lightning's per-step metrics: the resolved config with the identity
-of the pruned base (W&B's ``run.config``), the final perplexity table with its intervals, and the adapter folder
-(and, with ``logger.wandb.log_model=true``, the merged model) as W&B artifacts whose metadata name the pruning
-cache key, so a dashboard can group runs by pruned base (``docs/wandb.md``)."""
+"""What a training job hands its loggers beyond per-step metrics: the resolved config, the perplexity table and
+the adapter (and merged model) as W&B artifacts named by the pruning cache key (``docs/wandb.md``)."""
 
 from __future__ import annotations
 

@@ -37,12 +37,8 @@ def block_class(model: nn.Module) -> type[nn.Module]:
 
 
 def decoder_layer_class(name: str | None) -> type[nn.Module] | None:
-    """Resolve a decoder-layer class name (``model.decoder_layer_cls``) from ``transformers``; ``auto`` (or None)
-    gives None: the class is then taken from the model once it is loaded (:func:`block_class`).
-
-    Args:
-        name: ``auto``, a class name of ``transformers`` (``LlamaDecoderLayer``, ``GPT2Block``) or a dotted path
-            (``transformers.models.llama.modeling_llama.LlamaDecoderLayer``).
+    """Resolve a decoder-layer class name (``model.decoder_layer_cls``: a ``transformers`` class name or a dotted
+    path); ``auto`` (or None) gives None: the class is then taken from the loaded model (:func:`block_class`).
 
     Raises:
         ValueError: the class cannot be found (names the config key).
@@ -75,11 +71,8 @@ def decoder_layer_class(name: str | None) -> type[nn.Module] | None:
 
 
 class AdapterFSDPStrategy(ModelParallelStrategy):
-    """Lightning's FSDP2 strategy (``ModelParallelStrategy``), checkpointing only the trainable tensors.
-
-    The stock strategy gathers the full state dict, frozen pruned weights included, on every checkpoint; the
-    adapter-only checkpoints need ``ignore_frozen_params`` (the frozen weights come back from the pruning cache).
-    """
+    """Lightning's FSDP2 strategy, checkpointing only the trainable tensors (``ignore_frozen_params``): the stock
+    one gathers the frozen pruned weights on every checkpoint."""
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """The trainable tensors, gathered on rank 0 (a collective: every rank calls it)."""
@@ -92,15 +85,8 @@ class AdapterFSDPStrategy(ModelParallelStrategy):
 class AdapterDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's DeepSpeed strategy (ZeRO-2 / ZeRO-3) for an adapter on a pruned model.
 
-    - Checkpoints hold no frozen weight (``exclude_frozen_parameters``): DeepSpeed writes a *directory*
-      (``spp.deepspeed_support``) with the adapter tensors, its optimizer partitions and Lightning's client state;
-      the frozen pruned weights come back from the pruning cache on resume (``strict_loading=False``).
-    - ``configure_model`` runs without ``deepspeed.zero.Init``: the pruned model exists before it (rank 0's
-      weights, ``meta`` skeletons elsewhere, materialised by ``replicate_from_rank0``), and
-      ``deepspeed.initialize`` partitions every parameter, broadcasting rank 0's values as it goes.
-    - ZeRO-3 gathers a module's own parameters around its forward and backward only; in ``setup`` every
-      parameter an adapter layer reads without calling its owner (SPP's base weight, SparsePEFT's LoRA factors:
-      :meth:`spp.adapters.base.AdapterMethod.external_parameters`) is registered for that layer.
+    Checkpoints exclude frozen weights; ``configure_model`` runs without ``deepspeed.zero.Init`` (the model exists
+    already); under ZeRO-3 each adapter layer's ``external_parameters`` are registered in ``setup``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -130,20 +116,10 @@ def _backend(cfg: StrategyConfig, accelerator: str) -> str | None:
 
 
 def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: int = 1) -> Strategy | str:
-    """Instantiate the Lightning strategy named by ``cfg.name``.
-
-    ``fsdp`` is FSDP2 through :class:`AdapterFSDPStrategy`: one data-parallel mesh over all processes, every
-    decoder block and the root sharded in ``configure_model`` (frozen weights and trainable adapter tensors
-    side by side; FSDP2 has no flat parameter, so mixing ``requires_grad`` in a unit is fine).
-
-    Args:
-        cfg: The ``strategy`` group.
-        accelerator: ``trainer.accelerator`` (CPU runs use the ``gloo`` backend).
-        world_size: Processes over all nodes (the FSDP2 data-parallel size).
+    """Instantiate the Lightning strategy named by ``cfg.name`` (``fsdp``: FSDP2 over one data-parallel mesh).
 
     Raises:
-        UserError: DeepSpeed requested but not installed, or without CUDA (``spp.deepspeed_support``; the
-            preflight makes the same check before any weight is read).
+        UserError: DeepSpeed requested but not installed, or without CUDA (the preflight checks first).
     """
     timeout = timedelta(seconds=cfg.timeout_s)
     backend = _backend(cfg, accelerator)
@@ -169,10 +145,8 @@ NO_CAST = ("32-true", "32", *DEEPSPEED_MIXED_CASTS)
 
 
 def trained_weights_dtype(load_dtype: str, precision: str, deepspeed: bool) -> torch.dtype:
-    """The dtype the model's weights have once the strategy and precision plugin hold them, hence the dtype of
-    the merged export (``config.json``'s ``dtype``), from the configuration alone: ``model.torch_dtype``, unless
-    the (resolved) ``trainer.precision`` casts the module — ``*-true`` and Transformer Engine always, ``*-mixed``
-    under DeepSpeed only.
+    """The dtype of the model's weights (hence of the merged export) under the strategy and precision, from the
+    config alone: ``model.torch_dtype`` unless ``*-true``/Transformer Engine, or ``*-mixed`` under DeepSpeed, casts.
 
     Raises:
         ValueError: a precision Lightning does not know (names the key).
@@ -189,8 +163,7 @@ def trained_weights_dtype(load_dtype: str, precision: str, deepspeed: bool) -> t
 
 def shard_model(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Module] | None,
                 reshard_after_forward: bool = True) -> None:
-    """FSDP2: ``fully_shard`` every decoder block (``layer_cls``; None: the model's own block class), then the root
-    (embeddings, norm, LM head).
+    """FSDP2: ``fully_shard`` every decoder block (``layer_cls``; None: the model's own), then the root.
 
     Raises:
         UserError: ``layer_cls`` is no block of the model (a config naming another family's class).
@@ -219,14 +192,8 @@ def checked_layer_class(model: nn.Module, layer_cls: type[nn.Module] | None) -> 
 
 def shard_from_rank0(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Module] | None, ctx: DistContext,
                      reshard_after_forward: bool = True) -> None:
-    """FSDP2 with the weights on rank 0 alone: shard the ``meta`` structure, then receive the shards.
-
-    torchtitan's meta-device initialisation: every rank (rank 0 too, after keeping its full state dict aside)
-    turns its parameters into ``meta`` ones, ``fully_shard`` s the structure, allocates its shards with
-    ``to_empty`` and receives them from rank 0 with ``set_model_state_dict(..., broadcast_from_rank0=True)``,
-    one tensor at a time. Buffers (rotary frequencies, packed masks) are copied from rank 0. No rank other than 0
-    ever holds a full copy.
-    """
+    """FSDP2 with the weights on rank 0 alone: shard the ``meta`` structure, then receive the shards
+    (``set_model_state_dict(..., broadcast_from_rank0=True)``, torchtitan-style); no other rank holds a full copy."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     with native_layout():  # GPT-2's Conv1D held as nn.Linear: its tensors move as they are in memory
@@ -245,10 +212,8 @@ def shard_from_rank0(model: nn.Module, mesh: DeviceMesh, layer_cls: type[nn.Modu
 
 
 def replicate_from_rank0(model: nn.Module, ctx: DistContext, strategy: Strategy | str | None = None) -> None:
-    """DDP / DeepSpeed with the weights on rank 0 alone: the other ranks allocate their replica (``to_empty``,
-    ties restored), into which the strategy's wrapper broadcasts rank 0's parameters when it is built. DDP
-    broadcasts the buffers too; DeepSpeed does not, so under it rank 0's buffers (pruning masks, rotary
-    frequencies) are broadcast here (a collective: every rank calls it)."""
+    """DDP / DeepSpeed with the weights on rank 0 alone: the other ranks allocate their replica for the wrapper to
+    broadcast into; DeepSpeed does not broadcast buffers, so rank 0's are broadcast here (a collective)."""
     if not ctx.is_main:
         model.to_empty(device=ctx.device)
         for module in model.modules():

@@ -1,15 +1,5 @@
-"""The dense teacher of an objective that has one (``objective=distill``), placed on every rank as the student is.
-
-The pruning callback keeps a frozen copy of the dense model before pruning (``PruningSettings.keep_dense``):
-global rank 0 holds its weights in host memory, the other ranks a ``meta`` skeleton (or, when every rank loaded
-the weights, a full copy each). ``SPPModule.configure_model`` then places it:
-
-* FSDP2: every decoder block and the root ``fully_shard``-ed over the same mesh as the student, the shards received
-  from rank 0 (``spp.training.strategies.shard_from_rank0``): each rank holds 1/N of it, and a block is gathered
-  for its forward only; the root is resharded after each forward (``teacher_forward``).
-* anything else (one device, DDP, DeepSpeed ZeRO-2/3): a replica on this rank's device, rank 0's weights
-  broadcast into it. It is not part of the LightningModule's module tree, so no strategy wraps, casts, checkpoints
-  or trains it; ``on_fit_start`` gives it the student's frozen dtype (``bf16-true``, DeepSpeed's bf16).
+"""The dense teacher of an objective that has one (``objective=distill``), placed on every rank as the student is:
+FSDP2 shards over the student's mesh, else a replica on this rank's device outside the module tree.
 """
 
 from __future__ import annotations

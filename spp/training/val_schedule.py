@@ -1,10 +1,5 @@
-"""Whether a training job will log a validation loss, known before anything is loaded.
-
-An Optuna sweep (``hydra/sweeper=optuna_lr``) returns each job's last ``val/loss``; a job that never validates
-returns nothing, and Optuna only says so after every trial has run. Lightning validates every
-``val_check_batch`` training batches of an epoch (``trainer.val_check_interval``: an int is that many batches, a
-float that share of the epoch's batches), so a run that stops (``trainer.max_steps``) before the first of them
-never validates. :func:`no_validation_reason` works this out from the config and the number of training records.
+"""Whether a training job will log a validation loss, known before anything is loaded (an Optuna sweep returns
+each job's last ``val/loss``, and would only say it got none after every trial): :func:`no_validation_reason`.
 """
 
 from __future__ import annotations
@@ -35,11 +30,8 @@ def first_validation_batch(val_check_interval: Any, batches_per_epoch: int) -> i
 
 
 def training_batches_per_epoch(job: TrainJobConfig) -> int | None:
-    """Training batches per epoch on each rank, from the records of ``data.source`` as the data module splits them.
-
-    ``None`` when that cannot be known before tokenising: a hub source, an unreadable file (preflight names it),
-    or ``data.train_on_inputs=false`` (records whose prompt fills ``data.max_length`` may be dropped then).
-    """
+    """Training batches per epoch on each rank, from the records of ``data.source``; ``None`` when unknowable
+    before tokenising (hub source, unreadable file, or ``data.train_on_inputs=false``)."""
     data = job.data
     if data.source.startswith(HUB_PREFIX) or not data.train_on_inputs:
         return None

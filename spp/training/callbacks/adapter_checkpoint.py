@@ -1,14 +1,5 @@
-"""``AdapterCheckpoint``: small resumable checkpoints holding only the adapter tensors, and one on Ctrl-C.
-
-``SPPModule.on_save_checkpoint`` drops the frozen pruned weights from ``state_dict`` (they come back from the
-pruning cache on resume) and ``strict_loading = False`` lets Lightning load the partial state; optimizer,
-scheduler, loop, data-position and random states are kept (``RngState``), so ``trainer.resume_from=...``
-continues exactly.
-
-Ctrl-C (SIGINT) during training finishes the optimiser step under way, writes a checkpoint of it (also with
-``trainer.checkpoint_every_n_steps=null``), logs where it is and the command that resumes it, and stops the run
-(Lightning's graceful shutdown, exit status 1). A second Ctrl-C stops at once, without a checkpoint. With several
-processes every rank stops after the same step (the request is reduced across ranks at each step).
+"""``AdapterCheckpoint``: resumable checkpoints of the adapter tensors only (frozen weights come back from the
+pruning cache), and one of the finished step on Ctrl-C; a second Ctrl-C stops at once, without a checkpoint.
 """
 
 from __future__ import annotations
@@ -61,14 +52,8 @@ def resume_command(run_dir: Path, overrides: list[str] | None = None) -> str:
 
 
 class AdapterCheckpoint(ModelCheckpoint):
-    """A ``ModelCheckpoint`` writing ``adapter-stepNNNNNN.ckpt`` under ``<run_dir>/checkpoints`` and ``last.ckpt``
-    as a symbolic link to the newest of them (one file per saved step); on Ctrl-C, one of the step just finished.
-
-    Args:
-        dirpath: Checkpoint directory (``<run_dir>/checkpoints``).
-        every_n_train_steps: Save every N optimiser steps; ``None`` saves at each epoch end.
-        save_top_k: How many step checkpoints to keep (``-1`` = all).
-    """
+    """A ``ModelCheckpoint`` writing ``adapter-stepNNNNNN.ckpt`` under ``dirpath`` and ``last.ckpt`` as a symbolic
+    link to the newest; on Ctrl-C, one of the step just finished (``every_n_train_steps=None``: each epoch end)."""
 
     def __init__(self, dirpath: str | Path, every_n_train_steps: int | None = None, save_top_k: int = 1) -> None:
         super().__init__(
@@ -162,12 +147,7 @@ class AdapterCheckpoint(ModelCheckpoint):
 def resolve_resume(resume_from: str | None, checkpoint_dir: Path) -> str | None:
     """Turn ``trainer.resume_from`` into a checkpoint path (``last`` = ``<run_dir>/checkpoints/last.ckpt``).
 
-    A checkpoint is a ``.ckpt`` file, or under DeepSpeed a directory of that name holding DeepSpeed's own layout
-    (``latest`` + ``<tag>/*model_states.pt``, see ``spp.deepspeed_support``); ``last.ckpt`` links to either.
-
-    Raises:
-        FileNotFoundError: the named checkpoint does not exist, or is a directory that is not a DeepSpeed
-            checkpoint (names the key; a path inside a DeepSpeed checkpoint names the directory to give instead).
+    Under DeepSpeed a checkpoint is a directory of that name in DeepSpeed's layout (``spp.deepspeed_support``).
     """
     if not resume_from:
         return None

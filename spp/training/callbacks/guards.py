@@ -30,18 +30,8 @@ class GuardsCallback(Callback):
     """Raise :class:`spp.errors.DivergedError` at the first non-finite training loss or gradient norm, or when the
     training loss has blown up (``guards.loss_blowup_*``).
 
-    The gradient norm is read after the gradients are reduced across ranks (``on_before_optimizer_step``), so every
-    rank sees the same non-finite value and stops together; the per-micro-batch loss is checked in a single process
-    only (with several ranks a local check could leave the others waiting in a collective). fp16 mixed precision
-    skips the gradient check: its loss scaler expects and skips overflowing steps itself.
-
-    The blow-up check runs once per optimiser step on the step's mean loss, averaged across ranks first (one small
-    all-reduce), so every rank takes the same decision at the same step. Its reference (the first step's loss) and
-    count travel in checkpoints (``state_dict``), so a resumed run keeps them.
-
-    Args:
-        settings: Stored as ``checkpoint["spp_settings"]`` (``spp.training.resume_checks.settings_of``).
-        guards: The ``guards`` group; ``None`` = its defaults.
+    The gradient norm is read after the cross-rank reduction, and the blow-up check uses the step's rank-averaged
+    loss, so every rank stops at the same step; fp16 skips the gradient check (its loss scaler skips overflows).
     """
 
     def __init__(self, settings: dict[str, Any] | None = None, guards: GuardsConfig | None = None) -> None:

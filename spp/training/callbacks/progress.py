@@ -1,11 +1,5 @@
-"""Training progress: ``LogProgress`` (periodic log lines, for runs whose stdout is a file or a pipe) and the
-terminal bars whose total is the real number of batches (``StepBoundedRichBar``, ``StepBoundedTQDMBar``).
-
-Rich and tqdm bars redraw one terminal line and print nothing useful through ``tee`` or a batch system's log;
-this callback writes one ``logging`` line every ``every_s`` seconds (and at the first and the last optimiser
-step): step of total, the mean training loss since the last line, unpadded training tokens per second on this
-process, elapsed time and the ETA at the current rate. Chosen by :func:`spp.training.trainer.loop_callbacks`
-for ``trainer.progress_bar=log`` or whenever stdout is not a TTY.
+"""Training progress: ``LogProgress`` (periodic log lines, for stdout that is a file or a pipe) and terminal bars
+whose total is the real number of batches (``StepBoundedRichBar``, ``StepBoundedTQDMBar``).
 """
 
 from __future__ import annotations
@@ -33,11 +27,8 @@ def _clock(seconds: float) -> str:
 
 
 class LogProgress(Callback):
-    """Log ``step i/N, loss, tokens/s, elapsed, ETA`` every ``every_s`` seconds on global rank 0.
-
-    Args:
-        every_s: Minimum seconds between two lines (the first and last optimiser steps are always logged).
-    """
+    """Log ``step i/N, loss, tokens/s, elapsed, ETA`` every ``every_s`` seconds (and at the first and last
+    optimiser steps) on global rank 0."""
 
     def __init__(self, every_s: float = 30.0) -> None:
         self.every_s = every_s
@@ -97,8 +88,7 @@ class LogProgress(Callback):
 class StepBoundedTotal:
     """A Lightning progress bar's epoch total bounded by ``max_steps``: the batches this epoch will really run.
 
-    Lightning's own bar counts an epoch's batches (``40/99`` when ``max_steps=40`` ends the run at 40), and bounds
-    it only when ``max_epochs=-1`` and without gradient accumulation. The total is fixed when the epoch starts."""
+    Lightning's own bar bounds it only with ``max_epochs=-1`` and no gradient accumulation."""
 
     trainer: L.Trainer
     _epoch_total: float | None = None

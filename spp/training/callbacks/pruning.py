@@ -1,22 +1,7 @@
 """``PruningCallback``: pruning as a Lightning setup callback, on every rank, before ``configure_model`` shards.
 
-In ``setup`` (the process group exists, nothing is sharded yet) the callback prunes the LightningModule's
-``model`` through the on-disk cache with every rank taking part (:func:`spp.pruning.cache.prune_cached`): the
-calibration batches and the perplexity windows are split over the ranks, statistics and NLL sums are added
-across them, and the model is never whole on a device — its skeleton is on ``meta`` while global rank 0 holds the
-weights in host memory and each decoder block visits the devices in turn. The dense and pruned perplexities are
-measured the same way (cached). Afterwards rank 0 holds the pruned model on the CPU; the other ranks hold either
-its ``meta`` skeleton (``everywhere=False``: ``spp.training.module.SPPModule.configure_model`` gives each rank its
-FSDP2 shards or its DDP replica from rank 0) or a full copy (``everywhere=True``, the default for a user's own
-LightningModule). When the module's ``model`` is ``None`` the callback loads it (rank 0 the weights, the others
-the skeleton). A network the module built itself (``self.model``, or its one decoder-LM child such as ``self.net``:
-:func:`module_network`) is pruned in place, keyed in the caches by a fingerprint of its weights
-(:func:`identify_built`).
-
-A user's own script (``docs/pruning.md`` shows one)::
-
-    trainer = L.Trainer(callbacks=[PruningCallback(PruningSettings(model_cfg, PrunerConfig("wanda"), NM_2_4))])
-    trainer.fit(my_module)  # my_module.model is pruned in place before training starts
+The model is never whole on a device: rank 0 holds the weights in host memory, the others a ``meta`` skeleton,
+and each decoder block visits the devices in turn (:func:`spp.pruning.cache.prune_cached`).
 """
 
 from __future__ import annotations
@@ -62,32 +47,11 @@ log = logging.getLogger(__name__)
 class PruningSettings:
     """What the pruning phase needs of a job's config.
 
-    Attributes:
-        model: The model (identity for the caches; loaded when the module has none).
-        pruner: How to prune.
-        sparsity: Which pattern.
-        calibration: Calibration data.
-        cache_dir: Root of the pruning and perplexity caches (``None``: the pruning cache is still used under
-            :func:`~spp.paths.default_cache_dir`; perplexities are not cached).
-        data_dir: Data root override.
-        eval: Perplexity settings (``None``: no perplexity is measured).
-        dense_ppl: Measure the dense model's perplexity before pruning.
-        pruned_ppl: Measure the pruned model's perplexity.
-        sample: ``(prompt, max_new_tokens)`` of a greedy completion of the dense and pruned models (one process
-            only: a distributed run would keep the other ranks waiting while rank 0 generates).
-        lock_timeout_s: How long to wait for another job writing the same cache entry.
-        keep_masks: Keep the masks on every rank (rank 0 always keeps them).
-        keep_dense: Keep a frozen copy of the dense model, taken before pruning (the teacher of
-            ``objective=distill``): rank 0 a copy of its weights in host memory (one more model), the other ranks
-            a copy of their ``meta`` skeleton. It goes to the module's ``set_teacher``.
-        reconstruct: Block-wise reconstruction against the dense model after pruning (``reconstruct=blockwise``;
-            off by default): the pruned perplexity is the model's before it, ``ppl["reconstructed"]`` after.
-        pruner_method: The resolved pruner (a job's ``Run`` holds it; ``None``: resolved from ``pruner``).
-        form: The resolved reconstruction form (``None``: resolved from ``reconstruct.form``).
-        adapter: ``(method, config)`` of an adapter method whose ``needs_dense(config)`` holds: after pruning, its
-            config is completed in place from the dense and pruned models (:func:`prepare_adapter`).
-        identity: The model's identity and cache keys (a job's ``Run.identity``: ``spp.training.run.PruningIdentity``;
-            ``None``: computed from the configs; dropped for a model the module built, which is keyed by its weights).
+    ``cache_dir=None`` still caches prunes under :func:`~spp.paths.default_cache_dir` (perplexities not cached);
+    ``eval=None`` measures no perplexity; ``sample`` is one process only (other ranks would wait on rank 0);
+    ``keep_dense`` keeps the frozen dense teacher for ``set_teacher``; ``adapter``: a method whose
+    ``needs_dense(config)`` holds has its config completed after pruning (:func:`prepare_adapter`);
+    ``identity``/``pruner_method``/``form``: the job's resolved ``Run`` values (``None``: resolved here).
     """
 
     model: ModelConfig
@@ -125,16 +89,10 @@ class PruningRecord:
 
 @dataclass
 class PrunedModel:
-    """The pruning phase's result: the pruned (frozen, CPU) model, its masks and zero pattern (what training and
-    finalize read), and the phase's :class:`PruningRecord` (what the report reads).
-
-    On ranks other than 0 ``model`` is the ``meta`` skeleton (unless restored everywhere) and ``masks``,
-    ``zeros``, ``record.result.report`` are empty. ``home`` (rank 0, when the training strategy shards the model,
-    or is DeepSpeed, whose module copies of the trained tensors ``bf16-mixed`` rounds; kept by the fit phase): the
-    pruned weights by name, the same tensors the model held before sharding (no copy), so the finalize phase can
-    rebuild the adapted model on the CPU for the adapter files. ``dense`` (``keep_dense``): the frozen dense model
-    as loaded, until the callback hands it to the module. ``model``, the module that is then trained in place, is
-    ``None`` once the finalize phase has released it (``spp.training.finalize.release``).
+    """The pruning phase's result: the pruned (frozen, CPU) model, its masks and zero pattern, and its
+    :class:`PruningRecord`. On ranks other than 0 ``model`` is the ``meta`` skeleton (unless restored everywhere)
+    and the masks are empty; ``home`` (rank 0, sharded or DeepSpeed runs) holds the pruned weights by name, no copy,
+    for :func:`spp.training.finalize.rebuild`; ``model`` is ``None`` once :func:`~spp.training.finalize.release`d.
     """
 
     model: nn.Module | None
@@ -151,14 +109,21 @@ class PrunedModel:
         return self.record.result
 
 
+def ppl_text(entry: dict[str, Any] | None) -> str:
+    """``30.64``, or ``30.64 [29.80, 31.50]`` when the entry carries an interval (``ci_low`` / ``ci_high``)."""
+    if not entry:
+        return "-"
+    low, high = entry.get("ci_low"), entry.get("ci_high")
+    interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
+    return f"{entry['ppl']:.2f}{interval}"
+
+
 def ppl_log_text(entry: dict[str, Any] | None) -> str:
     """``30.64 [27.1, 34.5] (wikitext2, seqlen 512, 8 windows; 41.2 s)`` — a perplexity entry in one log line."""
     if not entry:
         return "-"
-    interval = (f" [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
-                if entry.get("ci_low") is not None and entry.get("ci_high") is not None else "")
     how = "cached" if entry.get("cache_hit") else f"{entry.get('seconds', 0):.1f} s"
-    return (f"{entry['ppl']:.2f}{interval} ({entry.get('source')}, seqlen {entry.get('seqlen')}, "
+    return (f"{ppl_text(entry)} ({entry.get('source')}, seqlen {entry.get('seqlen')}, "
             f"{entry.get('windows')} windows; {how})")
 
 
@@ -273,10 +238,8 @@ def prepare_adapter(settings: PruningSettings, dense: nn.Module | None, model: n
 
 
 def identify_built(settings: PruningSettings, model: nn.Module, ctx: DistContext) -> PruningSettings:
-    """``settings`` for a model the caller built: its ``Conv1D`` projections as ``nn.Linear`` (in place, as
-    :func:`spp.models.loading.load_model` does), and its identity in the cache keys from rank 0's weights
-    (:func:`~spp.models.identity.weights_fingerprint`), not from ``settings.model``'s source: a module whose
-    weights differ from what ``settings.model`` loads never gets another model's cache entry."""
+    """``settings`` for a model the caller built: its ``Conv1D`` projections as ``nn.Linear`` (in place), keyed
+    in the caches by rank 0's weights fingerprint, so a module never gets another model's cache entry."""
     linearize_conv1d(model)
     fingerprint = ctx.broadcast_object(weights_fingerprint(model) if ctx.is_main else None, long_wait=True)
     return dataclasses.replace(settings, model=built_config(settings.model, fingerprint), identity=None)
@@ -285,9 +248,7 @@ def identify_built(settings: PruningSettings, model: nn.Module, ctx: DistContext
 def module_network(module: nn.Module) -> tuple[str, nn.Module | None]:
     """The attribute of ``module`` holding the network to prune, and the network (``None``: to be loaded).
 
-    ``module.model`` when it is a module; else the one child that is a decoder-only LM (its ``config`` names
-    ``num_hidden_layers``: ``self.net``, ``self.llm``, ...); else ``model``, to be loaded. Two such children, or a
-    module without ``model`` whose networks are not decoder LMs, are refused: what to prune would be a guess.
+    ``module.model``, else its one decoder-LM child (``self.net``); two such children are refused: a guess.
     """
     model = getattr(module, "model", None)
     if isinstance(model, nn.Module):
@@ -320,14 +281,10 @@ def _log_result(result: PruneResult, settings: PruningSettings, seconds: float, 
 
 
 class PruningCallback(L.Callback):
-    """Prunes ``pl_module.model`` (or the module's one language model, :func:`module_network`) in ``setup`` on
-    every rank (see the module docstring).
+    """Prunes ``pl_module.model`` (or its one language model, :func:`module_network`) in ``setup`` on every rank.
 
-    Args:
-        settings: What to prune and measure.
-        tokenizer: The model's tokenizer (loaded from ``settings.model`` when ``None``).
-        everywhere: After pruning, give every rank a full copy of the pruned model (``False``: only rank 0; the
-            others keep the ``meta`` skeleton for ``configure_model`` to fill).
+    ``everywhere``: give every rank a full copy of the pruned model (``False``: rank 0 only, a ``meta`` skeleton
+    elsewhere for ``configure_model`` to fill).
     """
 
     def __init__(self, settings: PruningSettings, tokenizer: Any = None, everywhere: bool = True) -> None:

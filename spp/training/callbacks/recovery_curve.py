@@ -1,15 +1,6 @@
 """``RecoveryCurve``: the merged model's WikiText-2 validation perplexity along one training run, against the
-training CPU time spent so far (``trainer.curve_every_n_steps``; the recovery study).
-
-A point is measured when training starts (step 0: the pruned model with the fresh adapter), every N optimiser
-steps, and when training ends (unless its last step was just measured). Each measures the model *as the export
-merges it*: every adapted layer is swapped, for the measurement only, for a plain layer holding the method's own
-:meth:`~spp.adapters.base.AdapterMethod.merged_layer` tensors (LoRA* therefore re-masked), then put back. The
-windows are those of the final evaluation's ``wikitext2_val`` (``eval.seqlen``, ``eval.max_windows``,
-``eval.window_sampling``, ``eval.batch_size``), scored by the project's perplexity functions. The random state
-and every module's train/eval mode are restored, and no gradient is made, so training is the same with and without
-the curve. ``train_cpu_s`` adds ``time.process_time()`` between the start and the end of each training batch
-(forward, backward, optimiser step; not validation, not the curve's own measurements).
+training CPU time so far (``trainer.curve_every_n_steps``). Each point measures the model as the export merges it
+(:meth:`~spp.adapters.base.AdapterMethod.merged_layer`), then restores the layers, RNG state and train/eval modes.
 """
 
 from __future__ import annotations
@@ -80,16 +71,7 @@ def merged_view(model: nn.Module, method: AdapterMethod, masks: Mapping[str, tor
 
 
 class RecoveryCurve(Callback):
-    """Measure the merged model's ``wikitext2_val`` perplexity every ``every`` optimiser steps (see the module).
-
-    Args:
-        path: Where the curve is written (``<run_dir>/recovery_curve.json``).
-        every: Optimiser steps between two points.
-        eval_cfg: The run's ``eval`` group (window settings).
-        tokenizer: The model's tokenizer.
-        method: The adapter method (its ``merged_layer``).
-        data_dir: Data root override.
-    """
+    """Measure the merged model's ``wikitext2_val`` perplexity every ``every`` optimiser steps into ``path``."""
 
     def __init__(self, path: Path, every: int, eval_cfg: EvalConfig, tokenizer: Any, method: AdapterMethod,
                  data_dir: str | None = None) -> None:

@@ -1,18 +1,7 @@
 """``RngState``: the random state (torch CPU and CUDA, numpy, Python) in every checkpoint, for exact resume.
 
-Adapter dropout draws from the global generators, so a resumed run repeats the uninterrupted one only if it
-starts each training batch from the same random state. This callback makes that state depend on the training
-batches alone, and carries it through checkpoints:
-
-* after each training batch it notes the state, and it restores that state when the next training batch starts.
-  What runs in between (validation, the next epoch's loader, which draws a seed from the global generator when
-  its iterator is made) then leaves the stream as it found it;
-* each checkpoint stores the state after the last training batch before it (``checkpoint["rng_states"]``, one
-  entry per rank, gathered when several processes train): the state the next batch starts from, also when the
-  checkpoint is written at an epoch end, after validation;
-* on resume the state of this rank is restored when the first training batch starts, after Lightning has rebuilt
-  the loaders. A checkpoint of another world size is refused (one state per rank does not map to another count;
-  the preflight refuses it first: ``spp.training.resume_checks.check_world``).
+The state after each training batch is restored when the next one starts, so validation and loader seeding
+leave adapter dropout's stream untouched; a checkpoint holds one state per rank (another world size is refused).
 """
 
 from __future__ import annotations

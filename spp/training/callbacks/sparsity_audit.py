@@ -35,15 +35,9 @@ def effective_weights(model: nn.Module, names: set[str], gatherer: Gatherer | No
                       methods: list[AdapterMethod] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(original_name, weight the layer applies)`` for every pruned linear layer in ``names``.
 
-    An adapted layer reports what its method says it applies (:meth:`~spp.adapters.base.AdapterMethod.
-    effective_weight`: SPP's ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)``, SparsePEFT's ``W~ + s·(B A) ⊙ M``, ScaleLoRA's
-    ``W ⊙ (B A)``); any other linear layer its own weight (a LoRA baseline is audited on its frozen base weight
-    during training and after ``merge_and_remask``). ``methods``: the methods asked (default: every registered one;
-    each recognises only its own layers).
-
-    Sharded parameters (FSDP2 ``DTensor`` s, ZeRO-3 partitions) are gathered one layer at a time by ``gatherer``
-    (default: :func:`~spp.gathering.gatherer_for` the model), a collective: every rank must walk the same
-    layers. A yielded tensor is valid until the next one is asked for.
+    Adapted layers report :meth:`~spp.adapters.base.AdapterMethod.effective_weight` (SPP's Eq. ``W ⊙ (1 +
+    s·Repeat0(alpha)⊙beta)``). Sharded weights are gathered one layer at a time (a collective: every rank must walk
+    the same layers); a yielded tensor is valid until the next one is asked for.
     """
     gatherer = gatherer or gatherer_for(model)
     methods = methods if methods is not None else registered_methods()
@@ -78,23 +72,11 @@ def audit(
 ) -> dict[str, Any]:
     """Check that every pruned weight is exactly zero and that the zero pattern equals ``reference_zeros``.
 
-    Args:
-        model: The model (pruned, adapted or merged).
-        masks: Pruning masks (True = kept) keyed by the original linear names.
-        reference_zeros: Zero pattern recorded when training started (``None`` = ``~mask``).
-        when: Label for messages (``fit_start``, ``checkpoint@step 20``, ``merged``).
-        kept_zeros_may_change: Count, instead of raising on, kept weights whose zero-ness changed (LoRA*
-            re-masking fills kept weights that were exactly zero before training); pruned weights must still be 0.
-        gatherer: How sharded parameters are gathered (default: :func:`~spp.gathering.gatherer_for`).
-
-    Returns:
-        ``{"layers", "zeros", "total", "sparsity", "kept_zeros_changed", "kept_zeros_filled",
-        "kept_weights_zeroed"}`` over the audited matrices: ``kept_zeros_changed`` is filled + zeroed; a kept weight
-        that rounded to exactly 0.0 (zeroed) is counted, never raised (see :mod:`spp.pruning.zero_audit`).
+    ``kept_zeros_may_change`` counts, instead of raising on, kept weights whose zero-ness changed (LoRA*
+    re-masking fills kept zeros); a kept weight that rounded to 0.0 is counted, never raised.
 
     Raises:
-        SparsityViolation: naming the first layer with a revived pruned weight (or a filled kept zero where the
-            method may not fill them), and how many entries.
+        SparsityViolation: naming the first layer with a revived pruned weight and how many entries.
     """
     zeros_total = total = filled = zeroed = 0
     seen = set()
@@ -130,14 +112,7 @@ def audit(
 class SparsityAuditCallback(L.Callback):
     """Audit the zero pattern at fit start, after every checkpoint and at fit end.
 
-    Every rank walks the same layers (a sharded weight is gathered one layer at a time, a collective); rank 0,
-    which holds the masks, compares, and its verdict reaches every rank, so all stop together on a violation.
-
-    Args:
-        masks: The pruning masks (True = kept); or ``None`` with ``source``.
-        reference_zeros: The exact-zero pattern of the pruned model (recorded by the prune phase).
-        source: A :class:`~spp.training.callbacks.pruning.PruningCallback` whose result supplies both once it has
-            pruned (in ``setup``).
+    Every rank walks the same layers; rank 0 compares and its verdict reaches every rank, so all stop together.
     """
 
     def __init__(self, masks: Mapping[str, torch.Tensor] | None = None,

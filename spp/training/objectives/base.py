@@ -1,20 +1,7 @@
-"""The training-objective interface and its registry (``objective=<name>``).
+"""The training-objective interface and its registry (``objective=<name>``): one micro-batch in, the loss out.
 
-An objective turns one micro-batch into the loss the optimiser minimises. It is given the student (the adapted
-pruned model, whatever the adapter method) and, when it asks for one (:attr:`Objective.needs_teacher`), the
-frozen dense model the run loaded before pruning (``spp.training.callbacks.pruning``), placed as the student is
-(FSDP2 shards, or a replica on the device; ``spp.training.module.SPPModule``). Both see the same batch and the
-same tokenizer.
-
-A new objective is one folder and one YAML (``docs/architecture.md``, "How to add ..."):
-
-- ``<folder>/__init__.py`` defines a config dataclass (a subclass of :class:`ObjectiveConfig` whose ``name``
-  defaults to the option's name) and an :class:`Objective` subclass, and calls :func:`register_objective`, which
-  stores the config in Hydra's ConfigStore as ``group="objective", name="<name>_schema"``;
-- ``conf/objective/<name>.yaml`` holds ``defaults: [<name>_schema, _self_]`` and any value that differs.
-
-The project's own live in ``spp/training/objectives/<name>/``; a user's anywhere ``SPP_PLUGINS`` names
-(``spp.plugins``).
+A new objective is a config + :class:`Objective` subclass registered by :func:`register_objective` and a
+``conf/objective/<name>.yaml`` (``docs/architecture.md``, "How to add ...").
 """
 
 from __future__ import annotations
@@ -39,13 +26,10 @@ output (what the memory plan counts: ``spp.planning.memory.teacher_terms``)."""
 
 @dataclass
 class ObjectiveConfig:
-    """The ``objective`` group: which training loss (``objective=ce|distill|<plug-in>``).
-
-    Every objective's config is a subclass that adds its own keys (``objective.temperature`` for ``distill``).
+    """The ``objective`` group: which training loss (``objective=ce|distill|<plug-in>``); subclasses add keys.
 
     Attributes:
-        name: The objective (``ce``: causal-LM cross-entropy on the Alpaca labels, the paper's loss; ``distill``:
-            distillation from the dense model, SquareHead-style).
+        name: The objective (``ce``: the paper's cross-entropy on the Alpaca labels; ``distill``: SquareHead-style).
     """
 
     name: str = "ce"
@@ -70,12 +54,8 @@ StudentFn = Callable[..., Any]
 
 
 class Objective(ABC):
-    """A training objective (see the module docstring). Subclasses set :attr:`name` and :attr:`config_class`.
-
-    Args:
-        cfg: The objective's config (an instance of :attr:`config_class`).
-        layer_cls: The decoder-block class (for objectives that read block outputs).
-    """
+    """A training objective (see the module docstring). Subclasses set :attr:`name` and :attr:`config_class`;
+    ``layer_cls`` is the decoder-block class (for objectives that read block outputs)."""
 
     name: ClassVar[str]
     config_class: ClassVar[type[ObjectiveConfig]] = ObjectiveConfig
@@ -141,10 +121,8 @@ def build_objective(cfg: ObjectiveConfig | None, layer_cls: type[nn.Module] | No
 
 @contextmanager
 def block_outputs(model: nn.Module, layer_cls: type[nn.Module] | None) -> Iterator[list[torch.Tensor]]:
-    """Collect the output hidden state of every decoder block (``layer_cls``; None: the class of the model's blocks)
-    of ``model`` during one forward, in
-    block order. Only the forward inside the ``with`` records: a recomputation under activation checkpointing (in
-    backward, after the block exits) records nothing.
+    """Collect the output hidden state of every decoder block (``layer_cls``; None: the model's own) during one
+    forward, in block order; a recomputation under activation checkpointing records nothing.
 
     Raises:
         ValueError: ``model`` has no module of ``layer_cls``.

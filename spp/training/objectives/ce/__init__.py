@@ -1,8 +1,6 @@
 """``objective=ce``: the causal-LM cross-entropy on the Alpaca labels (the paper's loss, the default).
 
-``L = -(1/|M|) Σ_{i ∈ M} log p_s(y_{i+1} | y_{≤i})`` over the scored positions ``M`` (labels not -100), exactly the
-``loss`` that ``transformers`` returns for ``labels``: the student's forward is the one the module ran before
-objectives were plug-ins, so a run gives bitwise the same adapter.
+``L = -(1/|M|) Σ_{i ∈ M} log p_s(y_{i+1} | y_{≤i})``, exactly the ``loss`` ``transformers`` returns for ``labels``.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""``objective=distill``: train the pruned student against the dense model it was pruned from (SquareHead-style,
-Kurtic et al., arXiv 2310.06927).
+"""``objective=distill``: train the pruned student against its dense model (SquareHead, arXiv 2310.06927).
 
-``L = kl_weight · L_KL + feature_weight · L_feat + ce_weight · L_CE`` per micro-batch, with ``L_KL`` the logit
-KL at temperature ``T`` and ``L_feat`` the per-block normalised feature L2 (definitions in
-:mod:`spp.training.objectives.distill.loss`), ``L_CE`` the labels' cross-entropy. The teacher is the frozen dense
-model the run loaded before pruning (no gradients, same tokenizer and batches); ``train/loss`` is ``L``, and
-``train/ce``, ``train/kl``, ``train/feature`` are logged beside it. Any adapter method trains under it.
+``L = kl_weight · L_KL + feature_weight · L_feat + ce_weight · L_CE`` (terms in
+:mod:`spp.training.objectives.distill.loss`); ``train/ce``, ``train/kl``, ``train/feature`` are logged beside it.
 """
 
 from __future__ import annotations
@@ -74,11 +70,7 @@ class Distill(Objective):
 
     def loss(self, student: StudentFn, batch: dict[str, torch.Tensor],
              teacher: nn.Module | None = None) -> ObjectiveLoss:
-        """Teacher forward without gradients, student forward, then ``L`` and its parts (module docstring).
-
-        Raises:
-            RuntimeError: no teacher was given (the module keeps one when the objective asks).
-        """
+        """Teacher forward without gradients, student forward, then ``L`` and its parts (module docstring)."""
         if teacher is None:
             raise RuntimeError("objective=distill needs the dense teacher (SPPModule keeps it from the pruning "
                                "callback)")

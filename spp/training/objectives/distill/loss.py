@@ -1,22 +1,14 @@
 """The distillation terms as plain functions of tensors (SquareHead, Kurtic et al., arXiv 2310.06927, §3).
 
-Notation: ``z_s``, ``z_t`` the student's and teacher's logits, ``h_s^l``, ``h_t^l`` the output of decoder block
-``l`` (of ``L``), ``M`` the scored positions of a micro-batch: position ``i`` of a sequence is in ``M`` when its
-next token carries a label (``labels[i + 1] != -100``), the positions whose logits the causal-LM cross-entropy
-scores.
+``M``: the scored positions (``labels[i + 1] != -100``); ``z``: logits; ``h^l``: the output of block ``l`` of ``L``.
 
-* Logit distillation (Hinton et al., arXiv 1503.02531; the paper's ``L_logit``), at temperature ``T``::
+* Logit distillation (Hinton et al., arXiv 1503.02531), ``T²`` keeping the gradient on the scale of ``T = 1``::
 
       L_KL = T² · (1/|M|) Σ_{i ∈ M} KL(p_t,i ‖ p_s,i),   p_·,i = softmax(z_·,i / T)
 
-  ``KL(p ‖ q) = Σ_v p_v (log p_v − log q_v)``; the ``T²`` keeps its gradient on the scale of ``T = 1``.
-* Feature distillation (the paper's SquareHead ``L_feat``: per layer the mean squared error normalised by the
-  teacher's, ``MSE(f_t, f_s) / MSE(f_t, 0)``)::
+* Feature distillation (SquareHead ``L_feat``), averaged over blocks so its weight does not grow with depth::
 
       L_feat = (1/L) Σ_l  Σ_{i ∈ M} ‖h_s,i^l − h_t,i^l‖² / Σ_{i ∈ M} ‖h_t,i^l‖²
-
-  averaged over the blocks (IST-DASLab/SparseFinetuning averages its layerwise terms the same way), so its weight
-  does not grow with depth.
 """
 
 from __future__ import annotations
@@ -52,8 +44,7 @@ def logit_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, mask: t
 
 def feature_l2(student_blocks: Sequence[torch.Tensor], teacher_blocks: Sequence[torch.Tensor],
                mask: torch.Tensor) -> torch.Tensor:
-    """``L_feat`` (module docstring): per block ``‖h_s − h_t‖² / ‖h_t‖²`` over the scored positions, averaged
-    over the blocks, in at least float32 (0 when no position is scored).
+    """``L_feat`` (module docstring), in at least float32 (0 when no position is scored).
 
     Raises:
         ValueError: the two lists differ in length or are empty.
