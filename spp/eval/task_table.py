@@ -1,8 +1,6 @@
 """The one table of evaluation tasks: every lm-eval task ``eval.tasks`` accepts is a row (:class:`EvalTask`).
 
-Task names, the paper mean, data files and ``include_path`` folders derive from it; plug-ins add rows with
-:func:`register_task`. MMLU is named explicitly (``spp_mmlu``, ``spp_mmlu_<category>``, ``spp_mmlu_<subject>``);
-an unknown name is refused, never taken for an MMLU subject."""
+Plug-ins add rows with :func:`register_task`; an unknown name is refused, never taken for an MMLU subject."""
 
 from __future__ import annotations
 

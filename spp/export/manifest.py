@@ -13,7 +13,7 @@ from spp.atomic import write_json_atomic
 
 EXPORT_FILE = "spp_export.json"
 MANIFEST_FORMAT = 2
-"""2: ``status``, ``audit`` and ``layout`` added (format 1, before issue 30, had adapter, dtype and pruning)."""
+"""2: adds ``status``, ``audit`` and ``layout`` to format 1's adapter, dtype and pruning records."""
 
 STATUSES = ("ok", "diverged")
 
