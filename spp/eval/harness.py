@@ -75,12 +75,9 @@ class HarnessResult:
 
 
 def resolve_tasks(tasks: str | Iterable[str]) -> list[str]:
-    """Map config task names (``boolq``, ``spp_boolq``, ``zeroshot``, ``mmlu`` ...) to offline task names
-    (rows and groups of :mod:`spp.eval.task_table`).
+    """Map config task names (``boolq``, ``zeroshot``, ``mmlu`` ...) to the table's offline task names.
 
-    Raises:
-        UserError: an unknown task, naming the accepted ones (one line).
-    """
+    An unknown task raises a one-line ``UserError`` naming the accepted ones."""
     names = [tasks] if isinstance(tasks, str) else list(tasks)
     known, short = known_tasks(), aliases()
     out: list[str] = []
@@ -105,10 +102,7 @@ def leaf_tasks(tasks: Iterable[str]) -> list[str]:
 def task_data_files(tasks: Iterable[str], data_dir: str | os.PathLike[str] | None = None) -> dict[str, list[Path]]:
     """Resolve every local file the offline ``tasks`` read, before any model is loaded.
 
-    Raises:
-        UserError: an unknown task.
-        FileNotFoundError: a missing data file (names the searched paths and the ``data_dir`` fix).
-    """
+    A missing file raises ``FileNotFoundError`` naming the searched paths and the ``data_dir`` fix."""
     files: dict[str, list[Path]] = {}
     for task in leaf_tasks(tasks):
         try:

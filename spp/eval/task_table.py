@@ -64,10 +64,8 @@ _sealed = False
 
 
 def register_task(task: EvalTask) -> EvalTask:
-    """Add ``task`` to the table and return it (twice is a no-op).
-
-    A taken or reserved (``spp_mmlu*``) name, an unknown kind, or a plug-in task in the paper's mean raises
-    ``UserError``."""
+    """Add ``task`` to the table and return it (twice is a no-op); a taken or ``spp_mmlu*`` name, an unknown kind,
+    or a plug-in task in the paper's mean raises ``UserError``."""
     if _TASKS.get(task.name) == task:
         return task
     fix = "give the task another name (see docs/architecture.md, 'How to add an evaluation task')"

@@ -20,10 +20,9 @@ STATUSES = ("ok", "diverged")
 
 @dataclass
 class ExportManifest:
-    """The contents of ``spp_export.json``.
+    """The contents of ``spp_export.json``; ``diverged``: the guards refused the run (folder ``merged.diverged``).
 
-    ``status`` is ``ok`` or ``diverged`` (the guards refused the run; the folder is ``merged.diverged``). ``audit``'s
-    ``kept_zeros_changed`` = ``kept_zeros_filled`` + ``kept_weights_zeroed``."""
+    ``audit``'s ``kept_zeros_changed`` = ``kept_zeros_filled`` + ``kept_weights_zeroed``."""
 
     adapter: dict[str, Any]
     dtype: str
