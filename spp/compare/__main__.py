@@ -1,8 +1,7 @@
 """``python -m spp.compare <folder of runs or a multirun folder> [--metric ppl] [--x adapter.r] [--out DIR]``.
 
-Prints the table of the runs below the folder keyed by the config keys that differ between them, writes it as
-``compare.md`` and ``compare.csv`` and draws ``compare_<metric>_vs_<x>.png`` (into ``--out``, by default the
-compared folder). Bad input (no runs, a key that was not swept) is one ``error:`` line, exit status 2."""
+Prints and writes ``compare.md``/``compare.csv`` and ``compare_<metric>_vs_<x>.png``; bad input is one ``error:`` line.
+"""
 
 from __future__ import annotations
 

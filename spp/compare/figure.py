@@ -17,11 +17,7 @@ def _as_float(text: str) -> float | None:
 
 
 def choose_x(rows: list[dict[str, Any]], keys: list[str], x: str | None) -> str:
-    """``x`` when it is a swept key; with none given, the first swept key with numeric values, else the first.
-
-    Raises:
-        UserError: ``x`` is not one of ``keys``, or nothing was swept.
-    """
+    """``x`` when it is a swept key, else the first numeric swept key, else the first; ``UserError`` if none fits."""
     if x is not None and x not in keys:
         raise UserError(f"--x {x} is not a swept key of these runs", f"use one of: {', '.join(keys) or '(none)'}",
                         key="--x")
@@ -50,12 +46,9 @@ def _series(rows: list[dict[str, Any]], keys: list[str], x: str) -> dict[str, li
 
 def plot_metric(rows: list[dict[str, Any]], keys: list[str], metric: str = "ppl", x: str | None = None,
                 ax: Any = None) -> Any:
-    """Draw ``metric`` against the swept key ``x`` (numeric keys on a numeric axis, others as categories), one
-    line per setting of the other swept keys, with the 95 % interval as error bars where the metric has one.
+    """Draw ``metric`` against the swept key ``x``: one line per setting of the other keys, 95 % intervals as bars.
 
-    Draws on ``ax`` when given (a notebook's inline figure); otherwise on a new ``matplotlib.figure.Figure``,
-    which needs no display (``savefig`` renders it with Agg). Returns the figure.
-    """
+    On ``ax`` when given (a notebook), else on a new display-free ``matplotlib.figure.Figure``; returns the figure."""
     if metric not in COMPARED_METRICS:
         raise UserError(f"--metric {metric} is not a compared metric", f"use one of: {', '.join(COMPARED_METRICS)}",
                         key="--metric")

@@ -1,11 +1,7 @@
-"""Plain names for a sweep's job folders: ``${spp_sweep_name:...}`` in ``conf/shared.yaml``'s ``hydra.sweep.subdir``.
+"""Plain names for a sweep's job folders (``${spp_sweep_name:...}`` in ``conf/shared.yaml``'s ``hydra.sweep.subdir``).
 
-Hydra's ``override_dirname`` keeps an override as typed, so ``logger=[csv,wandb] eval.tasks=[a,b]`` gives folders
-whose names hold ``[``, ``]``, ``,`` and ``=`` (shell globs; ``wandb sync <folder>`` then matches nothing or many).
-:func:`sweep_job_name` names the folder ``<job number>_<key>-<value>_<key>-<value>``: one item per override that
-is not in ``hydra.job.config.override_dirname.exclude_keys``, in Hydra's order (sorted), list values joined with
-``+``, every other character outside ``[A-Za-z0-9._+-]`` dropped or turned into ``-``; a name over
-:data:`MAX_NAME` characters is cut and ends with a hash of the whole, so two jobs never share a folder.
+Hydra's ``override_dirname`` keeps ``[``, ``]``, ``,`` and ``=`` (shell globs break ``wandb sync <folder>``);
+names here are ``<job>_<key>-<value>...`` in ``[A-Za-z0-9._+-]``, cut past :data:`MAX_NAME` with a hash of the whole.
 """
 
 from __future__ import annotations

@@ -95,12 +95,9 @@ def _read_config(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def find_runs(folder: str | Path) -> list[SweptRun]:
-    """Every ``train.py`` run below ``folder`` (any depth: a run folder, a multirun folder, a tree of sweeps), in
-    path order (Hydra's job numbers sort within a sweep).
+    """Every ``train.py`` run below ``folder`` at any depth, in path order (Hydra's job numbers sort within a sweep).
 
-    Raises:
-        UserError: ``folder`` does not exist or holds no ``summary.json`` of a ``train.py`` run.
-    """
+    ``UserError`` when ``folder`` does not exist or holds no ``train.py`` ``summary.json``."""
     root = Path(folder)
     fix = "give a train.py run folder or a multirun folder (e.g. multirun/<date>/<time>) that holds summary.json files"
     if not root.is_dir():
@@ -149,10 +146,8 @@ def _group_of(key: str, groups: Iterable[str]) -> str | None:
 def swept_keys(runs: list[SweptRun]) -> list[str]:
     """The keys whose values differ between ``runs``, in the order of the first command line that names them.
 
-    The overrides say what was swept (``adapter.r``, ``sparsity``). When they explain no difference (runs without
-    ``.hydra/``, or started by different scripts), the config keys that differ are used instead, a config group's
-    keys folded into the group when its ``name`` differs. Keys of :data:`NOT_SWEPT` are left out.
-    """
+    When the overrides explain no difference (no ``.hydra/``, different scripts), the differing config keys are used,
+    a group's keys folded into the group when its ``name`` differs; :data:`NOT_SWEPT` keys are left out."""
     keys: list[str] = []
     for run in runs:
         keys += [k for k in run.overrides if k not in keys and k.split(".")[0] not in NOT_SWEPT]

@@ -1,9 +1,7 @@
 """lm-eval's ``HFLM`` over replicas: its documents split across the leaders of a :class:`ReplicaGroup`.
 
-lm-eval 0.4 distributes through the model object (``rank``, ``world_size``, ``all_gather``, ``barrier``), so
-answering those with the replica index, count and leaders' gloo group runs the evaluator unchanged. The model is
-always passed as an object: given a path, ``HFLM`` makes its own ``Accelerator``, which under ``torchrun`` takes
-every process as a rank and, with ``parallelize=True``, gives each every ``LOCAL_WORLD_SIZE``-th GPU."""
+The model is always passed as an object: from a path ``HFLM`` makes an ``Accelerator`` that takes every torchrun rank.
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Per-document records of lm-eval's multiple-choice tasks (``eval.log_samples=true``; the recovery study).
 
-One JSON line per scored document, reduced from lm-eval's logged samples (nothing re-scored): task, doc id,
-``doc_hash`` (so two files can be checked to hold the same documents), gold, per-choice log-likelihoods,
-``acc``/``acc_norm``."""
+One JSON line per scored document, reduced from lm-eval's logged samples (nothing re-scored)."""
 
 from __future__ import annotations
 

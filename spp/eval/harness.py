@@ -1,9 +1,6 @@
-"""Run lm-eval (zero-shot tasks, 5-shot MMLU) on an in-memory model or a saved directory, offline.
+"""Run lm-eval (zero-shot tasks, 5-shot MMLU) on an in-memory model or a saved directory.
 
-Offline (the default) the task definitions shipped in ``spp/eval/tasks/`` read the local copies of the eval
-sets (see ``spp/eval/tasks/local_data.py`` and ``spp/eval/README.md``); online, the same names map to
-lm-eval's standard tasks (``spp_boolq`` -> ``boolq``, ``spp_mmlu`` -> ``mmlu``, ...). Which tasks exist, their
-files, online names and the paper's 7-task mean come from one table, :mod:`spp.eval.task_table`.
+Offline, ``spp/eval/tasks/`` reads local copies of the eval sets; online, the names map to lm-eval's own tasks.
 """
 
 from __future__ import annotations
@@ -42,13 +39,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class HarnessResult:
-    """Summary of an lm-eval run.
+    """Summary of an lm-eval run: ``metrics`` = ``{task: {"acc", "acc_norm", "acc_stderr", "n"}}`` (offline names).
 
-    Attributes:
-        metrics: ``{task or group: {"acc": .., "acc_norm": .., "acc_stderr": .., "n": ..}}`` with offline names.
-        limit: Per-task document limit used (``None`` = all).
-        num_fewshot: ``{task: shots}`` as run.
-        raw: lm-eval's own ``results``/``groups``/``n-samples``/``n-shot``/``versions`` (+ ``samples`` when kept).
+    ``raw`` holds lm-eval's own ``results``/``groups``/``n-samples``/``n-shot``/``versions`` (+ ``samples``).
     """
 
     metrics: dict[str, dict[str, float]]
@@ -82,12 +75,9 @@ class HarnessResult:
 
 
 def resolve_tasks(tasks: str | Iterable[str]) -> list[str]:
-    """Map config task names (``boolq``, ``spp_boolq``, ``zeroshot``, ``mmlu`` ...) to offline task names
-    (rows and groups of :mod:`spp.eval.task_table`).
+    """Map config task names (``boolq``, ``zeroshot``, ``mmlu`` ...) to the table's offline task names.
 
-    Raises:
-        UserError: an unknown task, naming the accepted ones (one line).
-    """
+    An unknown task raises a one-line ``UserError`` naming the accepted ones."""
     names = [tasks] if isinstance(tasks, str) else list(tasks)
     known, short = known_tasks(), aliases()
     out: list[str] = []
@@ -112,10 +102,7 @@ def leaf_tasks(tasks: Iterable[str]) -> list[str]:
 def task_data_files(tasks: Iterable[str], data_dir: str | os.PathLike[str] | None = None) -> dict[str, list[Path]]:
     """Resolve every local file the offline ``tasks`` read, before any model is loaded.
 
-    Raises:
-        UserError: an unknown task.
-        FileNotFoundError: a missing data file (names the searched paths and the ``data_dir`` fix).
-    """
+    A missing file raises ``FileNotFoundError`` naming the searched paths and the ``data_dir`` fix."""
     files: dict[str, list[Path]] = {}
     for task in leaf_tasks(tasks):
         try:
@@ -230,29 +217,10 @@ def evaluate_tasks(
 ) -> HarnessResult:
     """Evaluate with lm-eval's ``HFLM`` + ``simple_evaluate`` (0-shot tasks; MMLU 5-shot from its YAML).
 
-    Args:
-        model: An in-memory causal LM (pruned, SPP-wrapped or merged) or a saved model directory.
-        tokenizer: Its tokenizer (required for an in-memory model).
-        tasks: Task or group names (``spp_zeroshot``, ``spp_mmlu``, ``boolq`` ...); see :func:`resolve_tasks`.
-        limit: Documents per task: the first ``limit`` of the file, or with ``doc_seed`` a seeded random sample
-            of ``limit``; ``None`` = all.
-        batch_size: lm-eval batch size (int or ``"auto"``).
-        data_dir: Data root for the local task copies (config key ``data_dir``).
-        device: Device for a directory model (``cpu``, ``cuda``); an in-memory model stays where it is.
-        online: Use lm-eval's standard hub tasks instead of the local copies.
-        num_fewshot: Override every task's shots; ``None`` keeps the task defaults (0, MMLU 5).
-        seed: lm-eval's random / numpy / torch / few-shot seeds; ``None`` = its defaults (as its command line).
-        log_samples: Keep lm-eval's per-document records (``raw["samples"]``: prompts, log-likelihoods).
-        doc_seed: Seed of the random document order of the local tasks (``limit`` then takes a seeded random
-            sample); ``None`` = file order. Ignored (with a warning) for ``online`` hub tasks.
-        replicas: Split every task's documents over these replicas (every leader calls this; see
-            :mod:`spp.eval.distributed_lm`); every leader returns replica 0's result, ``raw["placement"]`` = how it
-            ran (:class:`spp.eval.replicas.ReplicaPlacement`). ``None`` = this process alone.
-        max_memory_per_gpu: With ``replicas`` and a directory ``model`` spread over several GPUs per replica: the
-            most each GPU takes (accelerate ``max_memory``); ``None`` = their free memory.
-
-    Raises:
-        ValueError: an unknown task or a missing tokenizer; FileNotFoundError: a missing data file.
+    ``model`` is an in-memory LM (needs ``tokenizer``) or a saved directory (loaded on ``device``). ``limit`` takes
+    the first documents, or with ``doc_seed`` a seeded random sample (ignored, with a warning, for ``online``).
+    ``replicas`` splits every task's documents (every leader calls this and returns replica 0's result, with
+    ``raw["placement"]``); ``max_memory_per_gpu`` caps each GPU of a replica spread over several (accelerate).
     """
     import lm_eval
 
@@ -338,18 +306,7 @@ def run_eval_tasks(
 ) -> HarnessResult:
     """Run ``eval_cfg.tasks`` (the ``eval`` group) on an in-memory model (or a model directory).
 
-    MMLU tasks run with ``eval_cfg.mmlu_limit`` (when set and different from ``eval_cfg.limit``) in a second
-    lm-eval call; the metrics of both calls are merged.
-
-    Args:
-        model: The causal LM (pruned, SPP-wrapped or merged).
-        tokenizer: Its tokenizer.
-        eval_cfg: The ``eval`` group (``tasks``, ``limit``, ``mmlu_limit``, ``doc_seed``, ``lm_eval_batch_size``,
-            ``online``, ``log_samples``: lm-eval's per-document samples in ``raw["samples"]``); a limited run
-            evaluates a seeded random sample of ``limit`` documents (``doc_seed``).
-        data_dir: Data root override.
-        seed: lm-eval seeds (``None`` = lm-eval's defaults).
-        replicas: Split the documents over these replicas (see :func:`evaluate_tasks`); every leader calls this.
+    MMLU runs in a second lm-eval call with ``eval_cfg.mmlu_limit`` when that differs from ``limit``; metrics merge.
     """
     names = resolve_tasks(list(eval_cfg.tasks))
     mmlu_limit = getattr(eval_cfg, "mmlu_limit", None)

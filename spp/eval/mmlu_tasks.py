@@ -1,8 +1,6 @@
 """The 57 MMLU subjects, their lm-eval categories, and the generator of the ``spp_mmlu`` task YAMLs.
 
-The YAMLs mirror lm-eval's ``mmlu/default`` (prompt, 5-shot from the first dev rows, ``acc`` averaged by document
-count per group); a test checks the files equal :func:`write_mmlu_yamls`. Regenerate with
-``python -m spp.eval.mmlu_tasks``."""
+The YAMLs mirror lm-eval's ``mmlu/default``; regenerate with ``python -m spp.eval.mmlu_tasks``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Paired comparison of two models' zero-shot accuracies, document by document (the recovery study).
 
-Per task, ``diff`` is the mean of ``d_i = x_a,i - x_b,i`` with ``se = sd(d) / sqrt(n)`` (far smaller than the
-unpaired ``sqrt(se_a^2 + se_b^2)`` when the models mostly agree), interval ``diff ± z_(1-α/2) · se``, minimum
-detectable difference ``(z_(1-α/2) + z_power) · se``; the mean over T tasks has ``se = sqrt(sum se_t^2) / T``.
-
-Use: ``python -m spp.eval.paired A B [--metric acc_norm]`` (JSONL files or run directories); one row per task."""
+Per task ``diff = mean(x_a,i - x_b,i)``, ``se = sd(d) / sqrt(n)``; the T-task mean has ``se = sqrt(sum se_t^2) / T``.
+"""
 
 from __future__ import annotations
 

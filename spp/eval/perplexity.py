@@ -1,8 +1,7 @@
 """Token-level perplexity over non-overlapping windows (the WikiText-2 protocol of SparseGPT / Wanda / SPP).
 
-The raw test rows are joined with ``"\\n\\n"``, tokenized once and cut into ``seqlen`` windows (tail dropped);
-``PPL = exp(mean next-token NLL)``, equal to Wanda's. Not lm-eval's ``wikitext`` (rolling word perplexity): never
-compare the two. Per-window NLLs are kept for bootstrap and paired intervals."""
+``PPL = exp(mean next-token NLL)`` over ``seqlen`` windows of the ``"\\n\\n"``-joined test rows, equal to Wanda's.
+Not lm-eval's ``wikitext`` (rolling word perplexity): never compare the two."""
 
 from __future__ import annotations
 

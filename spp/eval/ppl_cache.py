@@ -1,8 +1,6 @@
 """Perplexity with a small on-disk cache, so a sweep measures the dense and the pruned model once.
 
-The key holds the weights' identity, the perplexity settings, the reader and the **sha256 of the resolved data
-file**, not the source's name (another ``data_dir`` with another file never hits). Non-finite results are not
-cached."""
+The key holds the sha256 of the resolved data file, not the source's name; non-finite results are not cached."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
 """Progress bars as throttled log lines when stderr is a file or a pipe (lm-eval's, and the perplexity's).
 
-lm-eval passes ``disable=False`` to its ``tqdm`` bars explicitly, so ``TQDM_DISABLE`` (which the commands set
-outside a terminal) does not reach them, and each redraw lands in the log as another ``\\r`` segment of one huge
-line. :func:`lm_eval_bars_as_lines` swaps the ``tqdm`` that lm-eval's modules imported for :class:`LineBar` while
-the harness runs: one line when a bar ends (``what: n items in s``) and at most one line every ``every_s`` seconds
-while it runs. On a terminal the bars are left alone.
+lm-eval passes ``disable=False`` to its bars, so ``TQDM_DISABLE`` never reaches them; on a terminal they are left alone.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Evaluation spread over *replicas*: processes that each hold a whole model and share the evaluation's work.
 
-Each node's processes form replicas of ``k = gpus_per_replica`` consecutive local ranks; the first (the leader)
-loads the model over the ``k`` GPUs and evaluates, the others wait. The leaders split documents and perplexity
-batches over a gloo group of their own. ``k`` is the smallest that holds the model: ``device_map`` runs its GPUs
-one after the other, so ``R`` replicas give ``R`` times the throughput of one."""
+A replica is ``gpus_per_replica`` consecutive local ranks; its leader loads the model and evaluates, the others wait.
+"""
 
 from __future__ import annotations
 

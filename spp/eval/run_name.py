@@ -1,8 +1,6 @@
-"""The name of an evaluation's output folder, from what is evaluated.
+"""The name of an evaluation's output folder, ``outputs/eval/<model>/<pruner>-<sparsity>/<adapter>-r<r>/<time>``.
 
-An export's ``spp_export.json`` (or an ``adapter_dir``'s ``adapter_method.json``) names it
-``outputs/eval/<model>/<pruner>-<sparsity>/<adapter>-r<r>/<time>``, used as ``${spp_eval_name:...}`` in
-``conf/evaluate.yaml``."""
+Read from an export's ``spp_export.json`` or an ``adapter_dir``'s ``adapter_method.json``."""
 
 from __future__ import annotations
 

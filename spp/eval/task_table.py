@@ -1,8 +1,6 @@
 """The one table of evaluation tasks: every lm-eval task ``eval.tasks`` accepts is a row (:class:`EvalTask`).
 
-Task names, the paper mean, data files and ``include_path`` folders derive from it; plug-ins add rows with
-:func:`register_task`. MMLU is named explicitly (``spp_mmlu``, ``spp_mmlu_<category>``, ``spp_mmlu_<subject>``);
-an unknown name is refused, never taken for an MMLU subject."""
+Plug-ins add rows with :func:`register_task`; an unknown name is refused, never taken for an MMLU subject."""
 
 from __future__ import annotations
 
@@ -66,10 +64,8 @@ _sealed = False
 
 
 def register_task(task: EvalTask) -> EvalTask:
-    """Add ``task`` to the table and return it (twice is a no-op).
-
-    A taken or reserved (``spp_mmlu*``) name, an unknown kind, or a plug-in task in the paper's mean raises
-    ``UserError``."""
+    """Add ``task`` to the table and return it (twice is a no-op); a taken or ``spp_mmlu*`` name, an unknown kind,
+    or a plug-in task in the paper's mean raises ``UserError``."""
     if _TASKS.get(task.name) == task:
         return task
     fix = "give the task another name (see docs/architecture.md, 'How to add an evaluation task')"

@@ -13,17 +13,16 @@ from spp.atomic import write_json_atomic
 
 EXPORT_FILE = "spp_export.json"
 MANIFEST_FORMAT = 2
-"""2: ``status``, ``audit`` and ``layout`` added (format 1, before issue 30, had adapter, dtype and pruning)."""
+"""2: adds ``status``, ``audit`` and ``layout`` to format 1's adapter, dtype and pruning records."""
 
 STATUSES = ("ok", "diverged")
 
 
 @dataclass
 class ExportManifest:
-    """The contents of ``spp_export.json``.
+    """The contents of ``spp_export.json``; ``diverged``: the guards refused the run (folder ``merged.diverged``).
 
-    ``status`` is ``ok`` or ``diverged`` (the guards refused the run; the folder is ``merged.diverged``). ``audit``'s
-    ``kept_zeros_changed`` = ``kept_zeros_filled`` + ``kept_weights_zeroed``."""
+    ``audit``'s ``kept_zeros_changed`` = ``kept_zeros_filled`` + ``kept_weights_zeroed``."""
 
     adapter: dict[str, Any]
     dtype: str

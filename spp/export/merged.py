@@ -1,9 +1,6 @@
 """The merged sparse model, written block by block: never merged whole, never whole on one device.
 
-Block ``i`` is materialised by every rank (FSDP2 ``unshard``, ZeRO-3 gather), merged by the adapter method's own
-per-layer merge, audited against the masks and written as its own shard by rank ``i mod N``; rank 0 writes the
-rest, the index, config, tokenizer and ``spp_export.json``. The tensors are those ``save_pretrained`` writes,
-sharded differently. Shards go to a temporary folder beside ``path``, renamed when complete."""
+Rank ``i mod N`` merges, audits and writes block ``i`` as a shard; rank 0 writes the rest; renamed when complete."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """lm-eval ``custom_dataset`` loaders that turn the local copies of the eval sets into lm-eval's row shapes.
 
-The data root comes from ``data_dir`` in the task metadata (:func:`spp.paths.find_data`). Differences the local
-copies force are in ``spp/eval/README.md``. With ``doc_seed`` in the metadata every split except MMLU's ``dev`` is
-shuffled, so lm-eval's ``limit`` takes a seeded random sample, not the first documents."""
+With ``doc_seed`` every split but MMLU's ``dev`` is shuffled, so ``limit`` takes a seeded random sample."""
 
 from __future__ import annotations
 
