@@ -1,22 +1,6 @@
-"""The one interface of every pruner: what it needs of the calibration data, and how it decides one matrix.
-
-A :class:`Pruner` states
-
-- ``needs_calibration``: whether activations are needed at all (magnitude: no);
-- which input statistics it accumulates (:meth:`Pruner.statistics`, by default from ``uses_hessian`` and
-  ``needs_moments``: the flags of :class:`~spp.pruning.statistics.InputStatistics`), over a rank's share of the
-  batches; the engine sums them across ranks;
-- ``updates_weights``: whether it rewrites the kept weights (SparseGPT), so the cache stores the pruned weights;
-- ``uses_hessian``: its rule needs X Xᵀ, so one *owner* rank per matrix solves it and broadcasts the result; the
-  other rules are cheap and deterministic, so every rank solves every matrix and nothing is sent;
-- :meth:`Pruner.check`: what it refuses of a pattern before any work (SparseGPT's ``blocksize`` vs ``m``);
-- :meth:`Pruner.solve`: the per-matrix rule.
-
-A pruner is one folder, ``spp/pruning/pruners/<name>/`` or a plug-in's (``SPP_PLUGINS``), whose ``__init__`` calls
-:func:`spp.pruning.registry.register_pruner` with its config dataclass (a subclass of
-:class:`~spp.pruning.config.PrunerConfig`) and this class's subclass. The engine (``spp/pruning/engine.py``) only
-talks to this interface.
-"""
+"""The one interface of every pruner: the statistics it needs and its per-matrix rule (:meth:`Pruner.solve`).
+A rule with ``uses_hessian`` is solved by one owner rank per matrix and broadcast; cheap deterministic rules run on
+every rank. A pruner is a folder whose ``__init__`` calls :func:`spp.pruning.registry.register_pruner`."""
 
 from __future__ import annotations
 
