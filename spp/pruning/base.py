@@ -25,14 +25,8 @@ class MatrixOutcome:
 
 
 class Pruner(ABC):
-    """A pruning method (see the module docstring), built from its config (``self.cfg``).
-
-    Attributes:
-        name: The ``pruner=`` name (set by ``register_pruner``).
-        config_class: Its config dataclass (set by ``register_pruner``).
-        needs_calibration: Whether it needs calibration activations.
-        updates_weights: Whether :meth:`solve` returns new values for the kept weights.
-    """
+    """A pruning method, built from its config (``self.cfg``); ``name`` and ``config_class`` are set by
+    ``register_pruner``, ``updates_weights`` says :meth:`solve` returns new values for the kept weights."""
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type[PrunerConfig]] = PrunerConfig

@@ -131,10 +131,8 @@ def prune_offloaded(
     on_block: Callable[[str], None] | None = None,
     method: Pruner | None = None,
 ) -> PruneResult:
-    """Prune ``off`` block by block on every rank of ``off.ctx`` (see the module docstring); rank 0's home ends
-    pruned. ``keep_masks`` keeps the masks on every rank (rank 0 always keeps them). ``on_block(prefix)`` is
-    called with each block's module name (``model.layers.3``) once the block is final and written home (the cache
-    streams its weights to disk from there). ``method``: the resolved pruner (None: resolved from ``pruner``)."""
+    """Prune ``off`` block by block on every rank of ``off.ctx``; rank 0's home ends pruned.
+    ``on_block(prefix)`` is called once each block is final and written home (the cache streams it to disk)."""
     t_start = time.perf_counter()
     model = off.model
     linears = validate_for_model(model, pruner, sparsity, calibration, method)
@@ -280,11 +278,8 @@ class _Run:
 
     def decide(self, prefix: str, group: list[str], targets: dict[str, nn.Linear],
                stats: dict[str, InputStatistics]) -> None:
-        """Prune the matrices of ``group`` on every rank and record them.
-
-        Cheap rules are solved by every rank. Hessian rules are solved by each matrix's owner, all owners at once
-        (the matrices of a group are independent), then each result is broadcast from its owner in order.
-        """
+        """Prune the matrices of ``group`` on every rank and record them (Hessian rules: all owners at once,
+        then each result broadcast from its owner in order)."""
         owned = self._solve_owned(group, targets, stats) if self.pruner.uses_hessian else {}
         for k, name in enumerate(group):
             t0 = time.perf_counter()

@@ -1,7 +1,5 @@
 """Pruning masks kept one bit per weight, off the accelerator, and the zero pattern they imply.
-
-A 70B model's masks take 64 GiB as ``bool``, 8 GiB packed. :class:`ZeroPattern` stores the masks plus the few kept
-weights that are exactly zero (a quantised checkpoint has some) instead of a second bit per weight."""
+:class:`ZeroPattern` also stores the few kept weights that are exactly zero (a quantised checkpoint has some)."""
 
 from __future__ import annotations
 

@@ -77,12 +77,8 @@ def calibration_of(cfg: ReconstructConfig) -> CalibrationConfig:
 
 
 def form_config(cfg: ReconstructConfig, method: AdapterMethod | None = None) -> AdapterConfig:
-    """The form's adapter config: ``conf/adapter/<form>.yaml`` with ``reconstruct.form_options`` over it (``method``:
-    the resolved form, a job's ``Run`` holds it; resolved from ``reconstruct.form`` when not given).
-
-    Raises:
-        UserError: an unknown form, a form that trains nothing (``none``), or an option the form does not have.
-    """
+    """The form's adapter config: ``conf/adapter/<form>.yaml`` with ``reconstruct.form_options`` over it.
+    Raises ``UserError`` for an unknown form, one that trains nothing, or an option the form does not have."""
     if method is None:
         form_method(cfg.form)  # an unknown or untrained form is refused in one line
     try:

@@ -1,9 +1,5 @@
 """Reconstruction as a phase after pruning, shared by ``prune.py`` and ``train.py``'s pruning callback.
-
-:func:`probe` (before pruning: every rank learns whether a finished cache entry exists, so the dense copy is made
-only when it will be used), then :func:`reconstruct_phase` (after pruning: apply the entry, or reconstruct on
-every rank against the dense copy while rank 0 writes the entry).
-"""
+:func:`probe` runs before pruning so the dense copy is made only when it will be used."""
 
 from __future__ import annotations
 
