@@ -26,11 +26,6 @@ class MaskSet(Mapping[str, torch.Tensor]):
         self._packed[name] = pack_rows(mask.to(torch.bool)).cpu()
         self._cols[name] = int(mask.shape[1])
 
-    def set_packed(self, name: str, packed: torch.Tensor, cols: int) -> None:
-        """Store an already row-packed mask (``uint8``, out x ceil(in / 8))."""
-        self._packed[name] = packed.to(torch.uint8).cpu()
-        self._cols[name] = int(cols)
-
     def packed(self, name: str) -> torch.Tensor:
         """The row-packed mask of ``name``."""
         return self._packed[name]
