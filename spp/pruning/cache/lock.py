@@ -29,7 +29,6 @@ _spanned: set[str] = set()
 
 def check_locks_work(path: Path) -> None:
     """Try an ``flock`` on ``path`` (once per directory and process); ``UserError`` when the filesystem refuses it.
-
     A lock held by another job also means locks work."""
     directory = path.parent
     if str(directory) in _probed:

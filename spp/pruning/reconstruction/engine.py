@@ -206,9 +206,8 @@ def reconstruct_offloaded(off: OffloadedModel, dense: OffloadedModel, tokenizer:
                           masks: MaskSet, pruner_targets: Any, cfg: ReconstructConfig, data_dir: str | None = None,
                           on_block: Callable[[str], None] | None = None,
                           form: AdapterMethod | None = None) -> ReconstructResult:
-    """Reconstruct ``off`` (pruned) against ``dense`` block by block on every rank of ``off.ctx`` (the module
-    docstring); rank 0's home ends reconstructed. ``masks`` are rank 0's pruning masks; ``on_block(prefix)`` is
-    called once a block is final and written home; ``form``: the resolved form (None: from ``reconstruct.form``)."""
+    """Reconstruct ``off`` (pruned) against ``dense`` block by block on every rank; rank 0's home ends reconstructed.
+    ``masks`` are rank 0's pruning masks; ``on_block(prefix)`` is called once a block is final and written home."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
     targets = model_targets(off.model, pruner_targets, "pruner.targets")
     run = _Pass(off, dense, masks, targets, cfg, form if form is not None else form_method(cfg.form))

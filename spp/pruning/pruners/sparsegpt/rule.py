@@ -27,7 +27,6 @@ def _no_tf32() -> Iterator[None]:
 
 def inverse_hessian_factor(hessian: torch.Tensor, percdamp: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
     """``(U, dead)``: U the upper Cholesky factor of (H + λI)⁻¹, dead inputs set to H_jj = 1.
-
     Not positive definite after damping raises ``ValueError`` (increase ``pruner.percdamp``)."""
     H = hessian.detach().clone().to(_compute_dtype(hessian.dtype))
     dead = torch.diag(H) == 0
