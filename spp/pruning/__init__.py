@@ -1,11 +1,6 @@
-"""Post-training pruning (magnitude, Wanda, SparseGPT, DS⊘T and plug-ins; unstructured and N:M) with a sequential
-calibration engine and an on-disk cache.
-
-N:M convention: N weights are KEPT in every group of M consecutive input weights of each row (``2:8`` = 75 %
-sparse). Masks are bool with True = kept, keyed by the qualified module name (``model.layers.0.self_attn.q_proj``).
-Each pruner is a folder of ``spp/pruning/pruners/`` (imported here, so every pruner is registered once
-``spp.pruning`` is imported; ``spp.pruning.registry``).
-"""
+"""Post-training pruning (magnitude, Wanda, SparseGPT, DS⊘T, plug-ins; unstructured and N:M) with a sequential
+calibration engine and an on-disk cache. N:M keeps N of every M consecutive input weights; masks are bool, True =
+kept, keyed by qualified module name. Importing this registers every pruner in ``pruners/``."""
 
 from spp.projections import ATTENTION_TARGETS, DEFAULT_TARGETS
 from spp.pruning import pruners as _pruners  # noqa: F401 - registers the project's pruners

@@ -1,22 +1,6 @@
-"""The one interface of every pruner: what it needs of the calibration data, and how it decides one matrix.
-
-A :class:`Pruner` states
-
-- ``needs_calibration``: whether activations are needed at all (magnitude: no);
-- which input statistics it accumulates (:meth:`Pruner.statistics`, by default from ``uses_hessian`` and
-  ``needs_moments``: the flags of :class:`~spp.pruning.statistics.InputStatistics`), over a rank's share of the
-  batches; the engine sums them across ranks;
-- ``updates_weights``: whether it rewrites the kept weights (SparseGPT), so the cache stores the pruned weights;
-- ``uses_hessian``: its rule needs X Xᵀ, so one *owner* rank per matrix solves it and broadcasts the result; the
-  other rules are cheap and deterministic, so every rank solves every matrix and nothing is sent;
-- :meth:`Pruner.check`: what it refuses of a pattern before any work (SparseGPT's ``blocksize`` vs ``m``);
-- :meth:`Pruner.solve`: the per-matrix rule.
-
-A pruner is one folder, ``spp/pruning/pruners/<name>/`` or a plug-in's (``SPP_PLUGINS``), whose ``__init__`` calls
-:func:`spp.pruning.registry.register_pruner` with its config dataclass (a subclass of
-:class:`~spp.pruning.config.PrunerConfig`) and this class's subclass. The engine (``spp/pruning/engine.py``) only
-talks to this interface.
-"""
+"""The one interface of every pruner: the statistics it needs and its per-matrix rule (:meth:`Pruner.solve`).
+A rule with ``uses_hessian`` is solved by one owner rank per matrix and broadcast; cheap deterministic rules run on
+every rank. A pruner is a folder whose ``__init__`` calls :func:`spp.pruning.registry.register_pruner`."""
 
 from __future__ import annotations
 
@@ -41,14 +25,8 @@ class MatrixOutcome:
 
 
 class Pruner(ABC):
-    """A pruning method (see the module docstring), built from its config (``self.cfg``).
-
-    Attributes:
-        name: The ``pruner=`` name (set by ``register_pruner``).
-        config_class: Its config dataclass (set by ``register_pruner``).
-        needs_calibration: Whether it needs calibration activations.
-        updates_weights: Whether :meth:`solve` returns new values for the kept weights.
-    """
+    """A pruning method, built from its config (``self.cfg``); ``name`` and ``config_class`` are set by
+    ``register_pruner``, ``updates_weights`` says :meth:`solve` returns new values for the kept weights."""
 
     name: ClassVar[str] = ""
     config_class: ClassVar[type[PrunerConfig]] = PrunerConfig

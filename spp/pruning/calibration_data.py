@@ -1,8 +1,5 @@
 """Calibration windows: ``nsamples`` random windows of ``seqlen`` tokens from C4, WikiText-2, Alpaca or a file.
-
-Document sampling follows Wanda/SparseGPT's C4 loader (``random.seed(seed)``, a random document longer than
-``seqlen``, a random window in it); stream sampling joins the texts with blank lines and draws windows from the
-stream. :func:`check_supply` refuses a source that would repeat documents or is too short."""
+Document sampling follows Wanda/SparseGPT's C4 loader; :func:`check_supply` refuses a source that is too short."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
 """Structured configs of the ``pruner``, ``sparsity`` and ``calibration`` groups and the ``prune.py`` job.
-
-N:M convention (used everywhere in spp): **N weights are KEPT in every group of M consecutive input weights of
-each output row**, so ``2:4`` is 50 % sparse and the paper's ``2:8`` is 75 % sparse.
-"""
+N:M: N weights are KEPT in every group of M consecutive input weights of a row (``2:8`` is 75 % sparse)."""
 
 from __future__ import annotations
 

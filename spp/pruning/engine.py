@@ -1,21 +1,6 @@
-"""Sequential, block-by-block pruning of a decoder-only LM on one or many ranks (Wanda, SparseGPT, DS⊘T, magnitude).
-
-The model is an :class:`~spp.models.offload.OffloadedModel`: a ``meta`` skeleton on every rank, the weights in
-rank 0's host memory. The calibration batches are split round-robin over the ranks. For each decoder block:
-
-1. the block is onloaded to every rank's device (rank 0's weights, broadcast);
-2. every rank runs its batches through it with input hooks on the block's target linears (all of them, or the
-   sublayer groups {q,k,v} -> {o} -> {gate,up} -> {down} in turn with ``true_sequential``); the statistics are
-   summed across ranks (:meth:`~spp.pruning.statistics.InputStatistics.reduce`);
-3. each matrix is decided by the pruner (the interface :class:`spp.pruning.base.Pruner`; each pruner's folder
-   under ``spp/pruning/pruners/``): by every rank when the rule is cheap and deterministic (Wanda, magnitude,
-   DS⊘T), by one owner rank per matrix that broadcasts mask and weights when it needs the Hessian (SparseGPT), so
-   every rank ends with bit-identical weights;
-4. the pruned block produces the next block's inputs on every rank, and rank 0 writes it home (DESIGN §2).
-
-So the calibration forward passes cost 1/N each, no rank waits while another calibrates, and the model is never
-whole on a device. Rank 0 keeps the masks (packed, :class:`~spp.pruning.masks.MaskSet`).
-"""
+"""Sequential, block-by-block pruning of a decoder-only LM on one or many ranks (DESIGN §2).
+Batches are split round-robin over ranks and statistics summed; a Hessian rule (SparseGPT) is solved by one owner
+rank per matrix and broadcast, so every rank ends with bit-identical weights; the model is never whole on a device."""
 
 from __future__ import annotations
 
@@ -63,18 +48,16 @@ them (LLaMA, Qwen, Mistral, Gemma; Phi-3's fused ones; OPT; GPT-2's, by in-block
 
 @dataclass
 class PruneResult:
-    """What pruning produced.
+    """What pruning produced (rank 0; ``masks`` on every rank with ``keep_masks``).
 
     Attributes:
-        masks: Qualified linear name (``model.layers.0.self_attn.q_proj``) -> bool keep-mask (True = kept), stored
-            packed (:class:`~spp.pruning.masks.MaskSet`); on rank 0 (every rank with ``keep_masks``).
-        report: Per-layer and overall sparsity audit (rank 0).
+        masks: Qualified linear name -> bool keep-mask (True = kept), stored packed.
+        report: Per-layer and overall sparsity audit.
         timings: Wall seconds per phase (``calibration_data``, ``capture``, ``statistics``, ``pruning``,
             ``propagate``, ``total``; ``cache_load`` on a cache hit).
         cache_hit: Whether the result came from the pruning cache.
         cache_path: The cache entry used or written (None without a cache).
-        zeros: The exact-zero pattern of the pruned weights (masks plus kept zeros; rank 0).
-    """
+        zeros: The exact-zero pattern of the pruned weights (masks plus kept zeros)."""
 
     masks: MaskSet
     report: PruneReport
@@ -96,12 +79,7 @@ def validate_for_model(
     method: Pruner | None = None,
 ) -> dict[str, nn.Linear]:
     """Check every setting against the model before any work (shapes only: a ``meta`` skeleton will do).
-    ``method``: the resolved pruner (a job's ``Run`` holds it; resolved from ``pruner`` when not given).
-
-    Raises:
-        ValueError: bad ratio / N:M / targets / seqlen, a pruner's own refusal (:meth:`Pruner.check`: SparseGPT's
-            blocksize) or an unknown pruner, naming the config key or the layer.
-    """
+    Raises ``ValueError`` naming the config key or layer (bad ratio / N:M / targets / seqlen, :meth:`Pruner.check`)."""
     pruner, sparsity, calibration = pruner.validate(), sparsity.validate(), calibration.validate()
     linears = prunable_linears(model, pruner.targets)
     if not sparsity.is_dense and pruner.name != NO_PRUNING:
@@ -131,21 +109,8 @@ def prune_model(
     method: Pruner | None = None,
 ) -> PruneResult:
     """Prune the target linears of a whole in-memory ``model`` in place, in this process.
-
-    The model is offloaded for the duration (its blocks visit ``device`` one at a time) and put back on its own
-    device at the end. :func:`prune_offloaded` is the same on N ranks.
-
-    Args:
-        model: A decoder-only causal LM (any family of ``spp.models.tiny.TINY_FAMILIES``; GPT-2's ``Conv1D``
-            projections are turned into ``nn.Linear`` in place, :mod:`spp.models.conv1d`).
-        tokenizer: Tokenizer for the calibration text (unused by ``none``/``magnitude``).
-        pruner: Pruner config.
-        sparsity: Sparsity pattern.
-        calibration: Calibration settings (defaults: C4, 128 x 2048, seed 0).
-        data_dir: Data root override (see ``spp.paths.find_data``).
-        device: Where each block is processed; None = CUDA when available.
-        method: The resolved pruner (None: resolved from ``pruner``).
-    """
+    The model is offloaded meanwhile and put back on its own device; GPT-2's ``Conv1D`` become ``nn.Linear`` in place.
+    :func:`prune_offloaded` is the same on N ranks."""
     linearize_conv1d(model)  # a GPT-2 model built by the caller: its Conv1D projections as nn.Linear (a no-op else)
     off = OffloadedModel(model, DistContext(device=resolve_device(device)))
     try:
@@ -166,10 +131,8 @@ def prune_offloaded(
     on_block: Callable[[str], None] | None = None,
     method: Pruner | None = None,
 ) -> PruneResult:
-    """Prune ``off`` block by block on every rank of ``off.ctx`` (see the module docstring); rank 0's home ends
-    pruned. ``keep_masks`` keeps the masks on every rank (rank 0 always keeps them). ``on_block(prefix)`` is
-    called with each block's module name (``model.layers.3``) once the block is final and written home (the cache
-    streams its weights to disk from there). ``method``: the resolved pruner (None: resolved from ``pruner``)."""
+    """Prune ``off`` block by block on every rank of ``off.ctx``; rank 0's home ends pruned.
+    ``on_block(prefix)`` is called once each block is final and written home (the cache streams it to disk)."""
     t_start = time.perf_counter()
     model = off.model
     linears = validate_for_model(model, pruner, sparsity, calibration, method)
@@ -315,11 +278,8 @@ class _Run:
 
     def decide(self, prefix: str, group: list[str], targets: dict[str, nn.Linear],
                stats: dict[str, InputStatistics]) -> None:
-        """Prune the matrices of ``group`` on every rank and record them.
-
-        Cheap rules are solved by every rank. Hessian rules are solved by each matrix's owner, all owners at once
-        (the matrices of a group are independent), then each result is broadcast from its owner in order.
-        """
+        """Prune the matrices of ``group`` on every rank and record them (Hessian rules: all owners at once,
+        then each result broadcast from its owner in order)."""
         owned = self._solve_owned(group, targets, stats) if self.pruner.uses_hessian else {}
         for k, name in enumerate(group):
             t0 = time.perf_counter()

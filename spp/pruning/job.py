@@ -46,10 +46,7 @@ def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenize
 
 def prune_job(job: PruneJobConfig, output_dir: Path, methods: Any = None) -> dict[str, Any] | None:
     """Load, prune (through the cache unless ``use_cache=false``), reconstruct when asked, audit and save.
-    ``methods``: the resolved pruner and form (``spp.training.run.Methods``; ``None``: resolved from the configs).
-
-    Writes ``mask_summary.json``, ``report.md``, ``timing.json`` and with ``save_model`` ``model/``; returns the timing
-    record on rank 0 (``None`` elsewhere)."""
+    Returns the timing record on rank 0 (``None`` elsewhere)."""
     ctx = launch_processes(job.accelerator, job.devices, job.num_nodes, job.device)
     ctx.allow_long_waits(job.cache_lock_timeout_s + READ_MARGIN_S)  # the others wait while rank 0 loads alone
     t_start = time.perf_counter()

@@ -1,24 +1,6 @@
-"""Layer-wise sparsity around any pruner: OWL (Yin et al., "Outlier Weighed Layerwise Sparsity", ICML 2024) and
-LoSA's RMI (Huang et al., "Dynamic Low-Rank Sparse Adaptation for Large Language Models", ICLR 2025).
-
-``sparsity.layerwise=owl`` (unstructured only) gives each decoder block its own ratio before the pruner runs:
-
-1. a dense pass over the calibration windows, block by block (nothing pruned yet), measures each block's
-   outlier ratio ``D_l``: the fraction of the scores ``A_ij = |W_ij| · ‖X_j‖₂`` of all its target matrices
-   together that exceed ``M`` times their mean (paper Eq. 2, ``M`` = ``sparsity.owl_m``);
-2. ``x_l = 2λ · (D_l - min D) / (max D - min D)`` and ``s_l = s - (x_l - mean x)`` (paper Eq. 3, the reference's
-   normalisation): blocks with more outliers keep more weights, the ratios span ``2λ`` and their mean stays ``s``
-   (every block holds the same number of target weights in the decoder families spp prunes).
-
-``sparsity.layerwise=rmi`` (unstructured only) instead reads each block's input features ``X_l`` (one row per
-calibration window, its tokens' hidden states flattened), their linear CKA between every two blocks (the
-representation mutual information), ``t_l = Σ_{k≠l} CKA(X_l, X_k)`` normalised to sum 1 and the importance
-``exp(-t_l)``, then solves LoSA's linear programme ``min Σ_l s_l · exp(-t_l)`` with ``mean s_l = s`` and
-``s_l ∈ [s - δ, s + δ]`` exactly: the blocks most alike the others (least important) are pruned at ``s + δ``.
-
-The pruner then decides each matrix of block ``l`` at ratio ``s_l`` with its own rule. The pass runs on every rank
-with the engine's split of the batches and sums the statistics across ranks, so every rank gets the same ratios.
-"""
+"""Per-block sparsity ratios around any pruner: OWL (Yin et al., ICML 2024, Eqs. 2-3, the reference's
+normalisation) and LoSA's RMI (Huang et al., ICLR 2025: linear CKA between blocks, then its linear programme solved
+exactly). The dense pass runs on every rank and sums statistics across ranks, so every rank gets the same ratios."""
 
 from __future__ import annotations
 

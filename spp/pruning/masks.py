@@ -1,7 +1,5 @@
 """Pruning masks kept one bit per weight, off the accelerator, and the zero pattern they imply.
-
-A 70B model's masks take 64 GiB as ``bool``, 8 GiB packed. :class:`ZeroPattern` stores the masks plus the few kept
-weights that are exactly zero (a quantised checkpoint has some) instead of a second bit per weight."""
+:class:`ZeroPattern` also stores the few kept weights that are exactly zero (a quantised checkpoint has some)."""
 
 from __future__ import annotations
 
@@ -27,11 +25,6 @@ class MaskSet(Mapping[str, torch.Tensor]):
             raise ValueError(f"mask for {name} must be 2-D (out x in), got shape {tuple(mask.shape)}")
         self._packed[name] = pack_rows(mask.to(torch.bool)).cpu()
         self._cols[name] = int(mask.shape[1])
-
-    def set_packed(self, name: str, packed: torch.Tensor, cols: int) -> None:
-        """Store an already row-packed mask (``uint8``, out x ceil(in / 8))."""
-        self._packed[name] = packed.to(torch.uint8).cpu()
-        self._cols[name] = int(cols)
 
     def packed(self, name: str) -> torch.Tensor:
         """The row-packed mask of ``name``."""

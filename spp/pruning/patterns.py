@@ -102,7 +102,6 @@ def sparsity_summary(
     tensors: Mapping[str, torch.Tensor], n: int | None = None, m: int | None = None
 ) -> dict[str, Any]:
     """Per-layer and overall fraction of zeros, with an N:M audit when ``n`` and ``m`` are given.
-
     Returns ``{"layers": {name: {shape, zeros, numel, sparsity[, nm_valid, nm_violations]}}, "overall": {...}}``."""
     layers: dict[str, dict[str, Any]] = {}
     zeros_total = numel_total = violations_total = 0

@@ -1,13 +1,6 @@
 """Pruners by name: each registers its config dataclass and its :class:`~spp.pruning.base.Pruner` here.
-
-``register_pruner(name, config_cls, pruner_cls)`` (called by the ``__init__`` of a pruner's folder:
-``spp/pruning/pruners/<name>/``, or a plug-in's named by ``SPP_PLUGINS``) records both and stores the config class
-in Hydra's ConfigStore as ``pruner/<name>_schema``; the option ``conf/pruner/<name>.yaml`` starts with
-``defaults: [<name>_schema, _self_]``, so the composed ``pruner`` node is typed by that class (its fields take
-overrides, a misspelled one is refused). The project's own pruners are registered when ``spp.pruning`` is imported
-(``spp/pruning/pruners/__init__.py``). ``none`` (no pruning) has no class: its config is the base
-:class:`~spp.pruning.config.PrunerConfig`.
-"""
+The config class is stored as Hydra schema ``pruner/<name>_schema`` so the composed ``pruner`` node is typed (a
+misspelled key is refused). ``none`` has no class: its config is the base ``PrunerConfig``."""
 
 from __future__ import annotations
 
@@ -34,15 +27,7 @@ PRUNERS: Registry[type[Pruner]] = Registry("pruner", "pruner.name", group="prune
 
 def register_pruner(name: str, config_cls: type[PrunerConfig], pruner_cls: type[Pruner]) -> None:
     """Register pruner ``name`` (its config dataclass and its class) and store ``pruner/<name>_schema``.
-
-    Registering the same classes again (a re-import) is a no-op.
-
-    Raises:
-        TypeError: the classes are not a ``PrunerConfig`` dataclass and a ``Pruner``, or a field left out of the
-            cache key gives no reason.
-        UserError: ``config_cls.name`` does not default to ``name``, ``name`` is taken by other classes (naming
-            both files), or is ``none``.
-    """
+    Re-registering the same classes is a no-op; ``TypeError``/``UserError`` name bad classes, names or key fields."""
     if not (isinstance(config_cls, type) and issubclass(config_cls, PrunerConfig)
             and dataclasses.is_dataclass(config_cls)):
         raise TypeError(f"pruner {name!r}: its config must be a dataclass subclass of PrunerConfig, not {config_cls}")
@@ -65,21 +50,13 @@ def pruner_names() -> list[str]:
 
 
 def pruner_class(name: str) -> type[Pruner]:
-    """The :class:`Pruner` subclass registered as ``name``.
-
-    Raises:
-        UserError: ``none`` or an unknown name (lists the known ones).
-    """
+    """The :class:`Pruner` subclass registered as ``name``; ``UserError`` listing the known ones otherwise."""
     return PRUNERS.get(name)
 
 
 def resolve_config(cfg: PrunerConfig) -> PrunerConfig:
-    """``cfg`` as its pruner's own config class: a base ``PrunerConfig(name="sparsegpt")`` (written in code) becomes
-    ``SparseGPTConfig`` with the shared fields copied and the rest at their defaults; ``none`` stays as it is.
-
-    Raises:
-        ValueError: an unknown pruner name, or a value the pruner's config refuses.
-    """
+    """``cfg`` as its pruner's own config class (shared fields copied, the rest default); ``none`` stays as is.
+    Raises ``ValueError`` for an unknown name or a value the pruner's config refuses."""
     if cfg.name == NO_PRUNING:
         return cfg
     config_cls = pruner_class(cfg.name).config_class
@@ -90,22 +67,14 @@ def resolve_config(cfg: PrunerConfig) -> PrunerConfig:
 
 
 def pruner_config(name: str, **settings: Any) -> PrunerConfig:
-    """The config of pruner ``name`` with ``settings`` (``pruner_config("sparsegpt", blocksize=64)``).
-
-    Raises:
-        ValueError: an unknown name or a bad value; ``TypeError``: a setting the pruner's config does not have.
-    """
+    """The config of pruner ``name`` with ``settings`` (``pruner_config("sparsegpt", blocksize=64)``)."""
     if name == NO_PRUNING:
         return PrunerConfig(name=name, **settings)
     return pruner_class(name).config_class(**settings)
 
 
 def get_pruner(cfg: PrunerConfig) -> Pruner:
-    """The pruner ``cfg.name`` names, built from ``cfg`` (:func:`resolve_config`).
-
-    Raises:
-        UserError: ``none`` or an unknown name (lists the known ones).
-    """
+    """The pruner ``cfg.name`` names, built from ``cfg``; ``UserError`` for ``none`` or an unknown name."""
     cfg = resolve_config(cfg)
     return pruner_class(cfg.name)(cfg)
 

@@ -1,10 +1,5 @@
 """The one place a job's registry names become objects: the pruner, the adapter method, the reconstruction form.
-
-Cheap (no model is read). :func:`spp.training.run.resolve_methods` calls these once per job and the phases take
-what they return; the pruning and reconstruction engines call them only for a caller that hands them a bare config
-(a script's ``prune_model(model, tok, PrunerConfig("wanda"), ...)``). It sits in ``spp.pruning`` so that the
-engines below ``spp.training`` can reach it without an import cycle.
-"""
+Cheap (no model read); in ``spp.pruning`` so the engines below ``spp.training`` reach it without an import cycle."""
 
 from __future__ import annotations
 
@@ -23,11 +18,7 @@ def prunes(pruner: PrunerConfig, sparsity: SparsityConfig | None = None) -> bool
 
 
 def resolve_pruner(pruner: PrunerConfig, sparsity: SparsityConfig | None = None) -> Pruner | None:
-    """The :class:`Pruner` that ``pruner`` names, built from it; ``None`` when nothing is pruned (:func:`prunes`).
-
-    Raises:
-        UserError: an unknown pruner name (lists the known ones); ValueError: a value its config refuses.
-    """
+    """The :class:`Pruner` that ``pruner`` names; ``None`` when nothing is pruned (:func:`prunes`)."""
     return get_pruner(pruner) if prunes(pruner, sparsity) else None
 
 
@@ -43,10 +34,7 @@ def training_forms() -> list[str]:
 
 def resolve_form(cfg: ReconstructConfig) -> AdapterMethod | None:
     """The adapter method ``reconstruct.form`` names; ``None`` when ``reconstruct=none``.
-
-    Raises:
-        UserError: an unknown form, or a form that trains nothing (``none``).
-    """
+    Raises ``UserError`` for an unknown form or one that trains nothing."""
     if not cfg.enabled:
         return None
     return form_method(cfg.form)

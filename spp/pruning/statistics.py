@@ -1,8 +1,5 @@
 """Running statistics of a linear layer's inputs over calibration batches, summed across ranks exactly.
-
-Per-feature sums are kept per batch and added in fp64 in global batch order, as one process would. The Hessian
-X Xᵀ is rounded per batch onto a fixed-point grid (:data:`FRACTION_BITS`) and summed as int64, so its bits do not
-depend on how batches are split over ranks or the collective's order."""
+Sums add in fp64 in global batch order; X Xᵀ is summed as int64 on a fixed-point grid (:data:`FRACTION_BITS`)."""
 
 from __future__ import annotations
 
@@ -61,9 +58,7 @@ def add_integers(total: torch.Tensor, scaled: torch.Tensor) -> None:
 
 class InputStatistics:
     """Accumulates what the pruners need from the inputs X (tokens x in_features) of one linear layer.
-
-    Sums are over tokens, normalisations per calibration *sequence*, as the reference repositories (this fixes the
-    scale of DS⊘T's update threshold)."""
+    Normalised per calibration *sequence*, as the references (this fixes the scale of DS⊘T's update threshold)."""
 
     def __init__(self, in_features: int, device: torch.device | str, hessian: bool = False, moments: bool = False):
         self.in_features = in_features

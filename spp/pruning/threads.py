@@ -11,9 +11,7 @@ import torch
 @contextlib.contextmanager
 def one_cpu_thread(device: torch.device | str) -> Iterator[None]:
     """Run the enclosed code with one intra-op thread when ``device`` is a CPU.
-
-    SparseGPT's column loop and DS⊘T's cycles are thousands of tiny ops; on 2 shared cores two threads took 20 s
-    against 0.6 s with one (a 1536 x 576 matrix)."""
+    SparseGPT's and DS⊘T's loops are thousands of tiny ops: on 2 shared cores 20 s with two threads, 0.6 s with one."""
     if torch.device(device).type != "cpu":
         yield
         return

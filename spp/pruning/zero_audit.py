@@ -1,7 +1,6 @@
 """The zero audit of one weight matrix against its pruning mask, used by the training callback and the export.
-
-A *revived* pruned weight always raises; a *filled* kept zero raises unless the method declares it (LoRA*'s
-re-masking); a kept weight rounded to exactly zero (*zeroed*) is only counted: more zeros, never fewer."""
+A revived pruned weight always raises; a filled kept zero raises unless the method declares it (LoRA*'s re-masking);
+a kept weight rounded to exactly zero is only counted."""
 
 from __future__ import annotations
 

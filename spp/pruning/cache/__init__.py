@@ -1,15 +1,6 @@
 """The pruning cache: prune once per (model, pruner, sparsity, calibration, code version), re-use afterwards.
-
-A finished entry is read without any lock, by one process per job (global rank 0), which applies it to the
-weights it holds, reading every file once (:class:`~spp.pruning.cache.store.EntryReader`). Only a writer locks: a
-job that misses takes the exclusive file lock ``<entry>.lock`` (:mod:`spp.pruning.cache.lock`), checks again,
-prunes (on every rank of the job) while rank 0 writes each finished block's weights in the background
-(:class:`~spp.pruning.cache.store.EntryWriter`), and finishes the entry with its masks and manifest; a second job
-with the same key waits for that lock (logging that it does, for at most ``cache_lock_timeout_s``), then reads the
-entry the first one wrote. While rank 0 decides, applies or finishes an entry alone, the other ranks wait on the
-job's *wait group* (:meth:`spp.distributed.DistContext.allow_long_waits`), never on the training process group.
-``python -m spp.pruning.cache list|clear`` lists or deletes entries.
-"""
+Readers take no lock; a writer holds ``<entry>.lock`` and other ranks wait on the job's wait group, never on the
+training process group. ``python -m spp.pruning.cache list|clear`` lists or deletes entries."""
 
 from __future__ import annotations
 
@@ -77,10 +68,8 @@ __all__ = [
 
 
 def pruner_key(pruner: PrunerConfig) -> dict[str, Any]:
-    """The pruner's part of the cache key, derived from its own config dataclass (``spp.pruning.registry``): every
-    field, unless its metadata leaves it out (``cache_key``: ``False``, or a predicate of the config that is false
-    here; each with its ``reason``). A field added to a pruner's config is thus in the key until someone says why
-    it need not be; ``tests/test_cache_keys.py`` changes every field of every registered pruner in turn."""
+    """The pruner's part of the cache key: every field of its config unless its metadata leaves it out with a
+    reason, so a new field is in the key until someone says why not (``tests/test_cache_keys.py``)."""
     cfg = resolve_config(pruner)
     key: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
@@ -110,11 +99,8 @@ def cache_key(
     calibration: CalibrationConfig,
     data_dir: str | None = None,
 ) -> tuple[dict[str, Any], str]:
-    """The fields that determine a pruning result, and their sha256 (hex).
-
-    Includes the model identity, the pruner settings it uses, the pattern (not its display name), the calibration
-    settings and the content hash of the calibration file (activation-aware pruners only), and the code version.
-    """
+    """The fields that determine a pruning result (the calibration file's content hash only for activation-aware
+    pruners), and their sha256 (hex)."""
     key: dict[str, Any] = {
         "code_version": PRUNING_CODE_VERSION,
         "model": model_identity(model_cfg),
@@ -145,10 +131,7 @@ def pattern_label(pattern: dict[str, Any]) -> str:
 
 def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str) -> Path:
     """Directory of the entry for ``key``: ``<model identity>/<pruner>-<pattern>-<digest[:16]>``.
-
-    Named from the key itself, not from display names, so ``sparsity=unstructured50`` and ``sparsity=unstructured
-    sparsity.ratio=0.5`` share one entry, and ``sparsity=unstructured50 sparsity.ratio=0.75`` is labelled 75.
-    """
+    Named from the key, not display names, so equal patterns written two ways share one entry."""
     label = f"{key['pruner']['name']}-{pattern_label(key['sparsity'])}-{digest[:16]}"
     return Path(cache_dir).expanduser() / "pruning" / key["model"] / label
 
@@ -239,19 +222,9 @@ def prune_cached(
     method: Pruner | None = None,
     entry_key: tuple[dict[str, Any], str] | None = None,
 ) -> PruneResult:
-    """Prune ``off`` on every rank of ``off.ctx``, or apply the cache entry for these settings.
-
-    Rank 0 reads a finished entry without any lock (one reader per job, every file read once) and applies it to
-    its home weights; the others only learn that it was a hit. On a miss rank 0 takes the entry's writer lock,
-    every rank prunes its share (:func:`~spp.pruning.engine.prune_offloaded`) while rank 0 writes each finished
-    block in the background, and rank 0 finishes the entry. The decision and the write's outcome travel over the
-    job's wait group (timeout ``lock_timeout_s`` + :data:`READ_MARGIN_S`), so a rank waiting for another job's lock
-    or for rank 0's disk never hits the training process group's timeout; an error on rank 0 ends every rank. A job
-    on several nodes first checks that the cache's locks hold across them
-    (:func:`~spp.pruning.cache.lock.check_locks_span_nodes`). ``pruner=none`` or ``sparsity=dense`` is a no-op
-    with all-True masks and no cache entry. ``method``: the resolved pruner and ``entry_key``: the
-    entry's ``(key, digest)`` (a job's ``Run`` holds both; resolved and computed from the configs when not given).
-    """
+    """Prune ``off`` on every rank of ``off.ctx``, or apply the cache entry for these settings (rank 0 reads it).
+    On a miss rank 0 holds the writer lock and writes blocks in the background; decisions travel over the wait group
+    (timeout ``lock_timeout_s`` + :data:`READ_MARGIN_S`) so no rank hits the training group's timeout."""
     ctx = off.ctx
     linears = validate_for_model(off.model, pruner, sparsity, calibration, method)
     if not prunes(pruner, sparsity):
@@ -306,11 +279,7 @@ def _prune_writing(off: OffloadedModel, tokenizer: PreTrainedTokenizerBase | Non
 
 def _finish(off: OffloadedModel, writer: EntryWriter | None, result: PruneResult, key: dict[str, Any]) -> None:
     """Rank 0 finishes the entry (masks, manifest); every rank learns the outcome over the wait group.
-
-    Raises:
-        UserError: the disk filled up (the unfinished entry is removed), on every rank.
-        RuntimeError: another write error on rank 0, on every rank.
-    """
+    Raises ``UserError`` when the disk filled up (the unfinished entry removed), else ``RuntimeError``, on all ranks."""
     error: Exception | None = None
     if writer is not None:
         try:
@@ -351,13 +320,8 @@ def get_or_prune(
     device: str | torch.device | None = None,
     method: Pruner | None = None,
 ) -> PruneResult:
-    """Prune a whole in-memory ``model`` in place in this process, through the cache (:func:`prune_cached`;
-    ``method``: the resolved pruner, or None).
-
-    On a hit the stored masks (and SparseGPT's updated weights) are applied with no calibration forward pass; on
-    a miss, or when the entry is partial or fails its checksum, the model is pruned block by block on ``device``
-    and the entry (re)written atomically.
-    """
+    """Prune a whole in-memory ``model`` in place in this process, through the cache (:func:`prune_cached`).
+    A partial entry or one failing its checksum counts as a miss and is rewritten atomically."""
     off = OffloadedModel(model, DistContext(device=resolve_device(device)))
     try:
         return prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir,

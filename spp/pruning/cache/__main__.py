@@ -1,8 +1,5 @@
 """``python -m spp.pruning.cache list|clear [--cache-dir DIR] [--kind all|pruning|ppl] [--match TEXT]``.
-
-Shows or empties the pruning cache (``pruning/<model>/<pruner>-<pattern>-<digest>/``) and the perplexity cache
-(``ppl/<key>.json``) under ``cache_dir``, one line per entry with its size and what it was made from. ``--match``
-keeps entries whose path or description contains the text; ``clear`` removes exactly what ``list`` shows."""
+Lists the pruning and perplexity caches one line per entry; ``clear`` removes exactly what ``list`` shows."""
 
 from __future__ import annotations
 

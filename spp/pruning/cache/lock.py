@@ -1,8 +1,5 @@
 """The writer's lock of a pruning cache entry: exclusive, with a timeout, and refused where ``flock`` does not work.
-
-Only a writer takes ``<entry>.lock``; a finished entry is read without it. A filesystem whose ``flock`` works only
-within one node (Lustre ``localflock``) would let two nodes write the same entry, so multi-node jobs test it
-across nodes (:func:`check_locks_span_nodes`)."""
+Node-local ``flock`` (Lustre ``localflock``) would let two nodes write one entry: :func:`check_locks_span_nodes`."""
 
 from __future__ import annotations
 
@@ -32,7 +29,6 @@ _spanned: set[str] = set()
 
 def check_locks_work(path: Path) -> None:
     """Try an ``flock`` on ``path`` (once per directory and process); ``UserError`` when the filesystem refuses it.
-
     A lock held by another job also means locks work."""
     directory = path.parent
     if str(directory) in _probed:
@@ -76,9 +72,7 @@ def _try_lock(path: Path) -> bool | None:
 
 def check_locks_span_nodes(ctx: DistContext, directory: Path) -> None:
     """In a job spanning several nodes: check that a lock taken on rank 0's node excludes the other nodes.
-
-    Rank 0 holds the lock while the first rank of every other node tries it; granted means node-local locks and
-    raises ``UserError`` on every rank. Every rank calls it; one node returns at once."""
+    A lock granted on another node raises ``UserError`` on every rank; every rank calls it."""
     if not ctx.distributed or str(directory) in _spanned:
         return
     hosts = ctx.gather_objects(socket.gethostname(), long_wait=True)

@@ -1,8 +1,5 @@
 """On-disk pruning cache entries: packed masks (+ SparseGPT weights) in safetensors and a manifest with checksums.
-
-Entry ``<cache_dir>/pruning/<model identity>/<pruner>-<pattern>-<key hash>/``: ``state.safetensors``, one
-``weights-<k>.safetensors`` per block, and ``manifest.json`` written last with every file's sha256, so a partial
-or corrupted entry is detected; a reader hashes and decodes the same bytes (each file read once)."""
+``manifest.json`` is written last with every file's sha256, so a partial or corrupted entry is detected."""
 
 from __future__ import annotations
 
@@ -67,10 +64,8 @@ def _write_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[
 
 
 class EntryWriter:
-    """Writes one entry while pruning runs (rank 0, under the entry's writer lock).
-
-    Each block's final weights are written by a background thread while the next block is pruned (read, not copied:
-    they no longer change). Until :meth:`finish` writes the manifest the entry counts as absent."""
+    """Writes one entry while pruning runs (rank 0, under the writer lock); blocks are written in the background.
+    Until :meth:`finish` writes the manifest the entry counts as absent."""
 
     def __init__(self, entry: Path) -> None:
         entry.mkdir(parents=True, exist_ok=True)
@@ -119,9 +114,7 @@ def read_manifest(entry: Path) -> dict[str, Any]:
 
 class EntryReader:
     """A finished entry, opened for reading one matrix at a time (no lock: a finished entry never changes).
-
-    Opening checks every file exists and the masks' sha256; a weights file is hashed and decoded together when first
-    read, one block in memory at a time, so a 70B entry is never held whole."""
+    A weights file is hashed and decoded when first read, one block at a time, so a 70B entry is never held whole."""
 
     def __init__(self, entry: Path) -> None:
         self.entry = entry

@@ -1,7 +1,5 @@
-"""The project's own pruners, one folder each (``<name>/``: its config, its :class:`~spp.pruning.base.Pruner`, its
-rule), imported here so that each folder's ``__init__`` registers it (``spp.pruning.registry``). A new folder is
-found without editing this file; a user's pruner lives outside ``spp/`` (``SPP_PLUGINS``, ``docs/pruning.md``).
-"""
+"""The project's own pruners, one folder each, imported so that each folder's ``__init__`` registers it.
+A new folder is found without editing this file; a user's pruner lives outside ``spp/`` (``SPP_PLUGINS``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """The reconstruction cache: one entry per (pruning key, reconstruction settings), so a sweep reuses it.
-
-Entries sit beside the pruning entries (``...-blockwise-<key hash>/``) in their format: masks, one weights file
-per block, the manifest written last; lock-free reads, a locked writer."""
+Entries sit beside the pruning entries (``...-blockwise-<key hash>/``) in the same format."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """``reconstruct=``: block-wise reconstruction against the dense model after pruning (``conf/reconstruct/*.yaml``).
-
-Each decoder block, its pruned weights frozen in their pattern, gets a trainable form (any registered adapter
-method) and is trained so that its outputs on calibration inputs match the dense block's; then the form is merged
-and the block's outputs feed the next block (EBFT, arXiv 2402.12419; "A Free Lunch in LLM Compression", arXiv
-2510.14444). ``docs/reconstruction.md`` explains the options.
-"""
+EBFT, arXiv 2402.12419; "A Free Lunch in LLM Compression", arXiv 2510.14444; ``docs/reconstruction.md``."""
 
 from __future__ import annotations
 

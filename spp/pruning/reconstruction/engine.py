@@ -1,21 +1,6 @@
 """Block-wise reconstruction of a pruned model against its dense model, one decoder block at a time, on N ranks.
-
-Both models are :class:`~spp.models.offload.OffloadedModel` skeletons (rank 0 holds the pruned weights and a
-dense copy in host memory). This rank's share of the calibration windows enters block 0 once. For each block
-``i``:
-
-1. the dense block is onloaded and its outputs on the dense hidden states are computed: the targets, and the
-   dense hidden states entering block ``i + 1`` (with ``targets=same_inputs``: its outputs on the pruned block's
-   inputs, EBFT's target); the dense block goes back to ``meta``;
-2. the pruned block is onloaded, gets the trainable form (``reconstruct.form``: any adapter method, through
-   :class:`~spp.pruning.reconstruction.one_block.FormedBlock`) and trains on its inputs (the reconstructed prefix's
-   outputs, or the dense hidden states) against the targets, every rank on its windows with the gradients summed
-   (:func:`~spp.pruning.reconstruction.train_block.train_form`);
-3. the form is merged into the weights, every pruned weight is checked to be zero, rank 0's block is broadcast
-   (every rank holds the identical block), its outputs become block ``i + 1``'s inputs, and rank 0 writes it home.
-
-At most one pruned block and one dense block are on the device at a time, with this rank's inputs and targets.
-"""
+Per block: dense outputs become the targets (``targets=same_inputs``: on the pruned inputs, EBFT's target), the
+pruned block trains its form with gradients summed over ranks, then merges it and is checked to keep every zero."""
 
 from __future__ import annotations
 
@@ -60,15 +45,13 @@ class ReconstructResult:
     """What reconstruction did.
 
     Attributes:
-        blocks: Per block: ``block`` (index), ``loss_start`` (the pruned block against the dense targets, on the
-            inputs it trains on), ``loss_end`` (after training and merging), ``steps``, ``seconds``.
-        timings: Wall seconds (``calibration_data``, ``capture``, ``dense``, ``train``, ``total``; ``cache_load``
-            on a hit) and ``cpu_seconds``, the process's CPU time over the whole pass (rank 0's).
+        blocks: Per block: ``block``, ``loss_start`` (pruned vs dense targets, on its training inputs), ``loss_end``
+            (after training and merging), ``steps``, ``seconds``.
+        timings: Wall seconds per phase (``cache_load`` on a hit) and ``cpu_seconds`` of the whole pass (rank 0).
         calibration: The draw's record (documents, file), as pruning records its own.
         cache_hit: Whether the reconstructed weights came from the cache.
         cache_path: The entry used or written.
-        lr: The learning rate the blocks trained at (``reconstruct.lr`` or the form's own).
-    """
+        lr: The learning rate the blocks trained at (``reconstruct.lr`` or the form's own)."""
 
     blocks: list[dict[str, Any]] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
@@ -94,12 +77,8 @@ def calibration_of(cfg: ReconstructConfig) -> CalibrationConfig:
 
 
 def form_config(cfg: ReconstructConfig, method: AdapterMethod | None = None) -> AdapterConfig:
-    """The form's adapter config: ``conf/adapter/<form>.yaml`` with ``reconstruct.form_options`` over it (``method``:
-    the resolved form, a job's ``Run`` holds it; resolved from ``reconstruct.form`` when not given).
-
-    Raises:
-        UserError: an unknown form, a form that trains nothing (``none``), or an option the form does not have.
-    """
+    """The form's adapter config: ``conf/adapter/<form>.yaml`` with ``reconstruct.form_options`` over it.
+    Raises ``UserError`` for an unknown form, one that trains nothing, or an option the form does not have."""
     if method is None:
         form_method(cfg.form)  # an unknown or untrained form is refused in one line
     try:
@@ -227,9 +206,8 @@ def reconstruct_offloaded(off: OffloadedModel, dense: OffloadedModel, tokenizer:
                           masks: MaskSet, pruner_targets: Any, cfg: ReconstructConfig, data_dir: str | None = None,
                           on_block: Callable[[str], None] | None = None,
                           form: AdapterMethod | None = None) -> ReconstructResult:
-    """Reconstruct ``off`` (pruned) against ``dense`` block by block on every rank of ``off.ctx`` (the module
-    docstring); rank 0's home ends reconstructed. ``masks`` are rank 0's pruning masks; ``on_block(prefix)`` is
-    called once a block is final and written home; ``form``: the resolved form (None: from ``reconstruct.form``)."""
+    """Reconstruct ``off`` (pruned) against ``dense`` block by block on every rank; rank 0's home ends reconstructed.
+    ``masks`` are rank 0's pruning masks; ``on_block(prefix)`` is called once a block is final and written home."""
     t_start, cpu_start = time.perf_counter(), time.process_time()
     targets = model_targets(off.model, pruner_targets, "pruner.targets")
     run = _Pass(off, dense, masks, targets, cfg, form if form is not None else form_method(cfg.form))

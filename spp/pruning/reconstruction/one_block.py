@@ -1,7 +1,5 @@
 """One decoder block seen as a model of its own (at ``layers.0``), so an adapter method acts on it alone.
-
-After the merge, replaced modules are put back as the original objects holding the merged tensors: the offloaded
-model writes a block home through the module objects it knows."""
+After the merge replaced modules are put back as the original objects: the offloaded model writes home through them."""
 
 from __future__ import annotations
 

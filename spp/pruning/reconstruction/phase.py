@@ -1,9 +1,5 @@
 """Reconstruction as a phase after pruning, shared by ``prune.py`` and ``train.py``'s pruning callback.
-
-:func:`probe` (before pruning: every rank learns whether a finished cache entry exists, so the dense copy is made
-only when it will be used), then :func:`reconstruct_phase` (after pruning: apply the entry, or reconstruct on
-every rank against the dense copy while rank 0 writes the entry).
-"""
+:func:`probe` runs before pruning so the dense copy is made only when it will be used."""
 
 from __future__ import annotations
 
@@ -64,9 +60,8 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 def probe(cfg: ReconstructConfig, model_cfg: ModelConfig, pruner: PrunerConfig, sparsity: SparsityConfig,
           calibration: CalibrationConfig, cache_dir: str | None, data_dir: str | None, ctx: DistContext, *,
           form: AdapterMethod | None = None, keys: Keys | None = None) -> Probe:
-    """The entry of this reconstruction (``cache_dir=None``, or nothing pruned: no cache) and whether it is
-    finished; rank 0 decides, every rank learns it. ``form``: the resolved form; ``keys``: the pruning and
-    reconstruction cache keys, each ``(key, digest)``, when the caller has them (a job's ``Run``), else computed."""
+    """The entry of this reconstruction (none without ``cache_dir`` or pruning) and whether it is finished.
+    Rank 0 decides, every rank learns it; ``keys`` are computed unless the caller (a job's ``Run``) has them."""
     found = Probe(cfg)
     if not cfg.enabled or cache_dir is None or not prunes(pruner, sparsity):
         return found
@@ -86,9 +81,8 @@ def probe(cfg: ReconstructConfig, model_cfg: ModelConfig, pruner: PrunerConfig, 
 def reconstruct_phase(off: OffloadedModel, dense: nn.Module | None, tokenizer: PreTrainedTokenizerBase,
                       masks: MaskSet, pruner: PrunerConfig, found: Probe, data_dir: str | None = None,
                       lock_timeout_s: float = 7200.0, form: AdapterMethod | None = None) -> ReconstructResult:
-    """Reconstruct ``off`` (pruned; rank 0's home) against ``dense`` (the frozen dense copy, ``None`` when
-    ``found.hit``), through the cache when ``found.entry`` is set; every rank calls it. ``form``: the resolved
-    reconstruction form (a job's ``Run`` holds it; None: resolved from ``found.cfg.form``)."""
+    """Reconstruct ``off`` (pruned) against ``dense`` (``None`` when ``found.hit``), through the cache when
+    ``found.entry`` is set; every rank calls it."""
     ctx = off.ctx
     ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
     if found.hit:

@@ -53,9 +53,7 @@ def mean_loss(forward: Forward, targets: list[torch.Tensor], cfg: ReconstructCon
 def train_form(params: list[nn.Parameter], forward: Forward, targets: list[torch.Tensor], cfg: ReconstructConfig,
                ctx: DistContext, block: int, before_step: Callable[[], None] | None = None) -> int:
     """Train ``params`` so that ``forward`` matches ``targets`` (every rank together); returns the steps taken.
-
-    The window order comes from ``reconstruct.seed`` and the block index (the same on every rank); ``before_step``
-    runs after the gradients are summed."""
+    The window order depends on ``reconstruct.seed`` and the block index only, so it is the same on every rank."""
     nsamples = cfg.nsamples
     steps = cfg.steps_per_block()
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

@@ -1,10 +1,6 @@
-"""DS⊘T (Dynamic Sparse No Training, Zhang et al., ICLR 2024): training-free refinement of a sparse mask.
-
-Row i's expected reconstruction error is e_i = Σ_{j pruned} W_ij · s_j (s_j: per-sequence input sum). Each cycle
-every active row regrows one pruned weight (largest c/σ² if e_i > 0, most negative if e_i < 0) and prunes one kept
-one, so the zero count never changes; a row stops at |e_i| <= ``update_threshold`` or after ``max_cycles``.
-Weights are never updated. Without the sign check a row can overshoot, so each row returns its smallest-|e_i|
-state seen (the initial one included): Σ_i |e_i| never rises."""
+"""DS⊘T (Zhang et al., ICLR 2024): training-free refinement of a sparse mask, e_i = Σ_{j pruned} W_ij · s_j.
+Each cycle a row regrows one weight and prunes one; without the reference's sign check a row can overshoot, so each
+row returns its smallest-|e_i| state seen and Σ_i |e_i| never rises."""
 
 from __future__ import annotations
 
@@ -62,9 +58,7 @@ def dsnot_refine(
     same_sign_check: bool = False,
 ) -> DSnoTOutcome:
     """Build the initial mask from ``initial_metric`` (per row, or per N:M group) and refine it with DS⊘T.
-
-    ``wanda_metric`` orders the pruning candidates (unstructured); ``sequence_sum`` and ``var`` are (in,) s_j and σ²_j;
-    regrowth ranks c_ij / σ²_j^``pow_of_var_regrowing``. Reference defaults: 50 cycles, threshold 0.1, pow 1."""
+    Regrowth ranks c_ij / σ²_j^``pow_of_var_regrowing``. Reference defaults: 50 cycles, threshold 0.1, pow 1."""
     with torch.no_grad(), one_cpu_thread(weight.device):
         return _refine(weight, initial_metric, wanda_metric, sequence_sum, var, sparsity, max_cycles,
                        update_threshold, pow_of_var_regrowing, same_sign_check)

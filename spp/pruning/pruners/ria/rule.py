@@ -1,11 +1,5 @@
-"""RIA (Zhang et al., ICLR 2024): relative importance times activations, and channel reallocation for N:M.
-
-Score (paper Eq. 2 and 3): ``S_ij = (|W_ij| / Σ_k |W_kj| + |W_ij| / Σ_k |W_ik|) · ‖X_j‖₂^a``, the first term the
-weight's share of its input channel (column), the second its share of its output row. Unstructured sparsity
-compares the scores of the whole matrix (the reference's default) or of each row (its ``--per_outneuron``); N:M
-keeps the n best of every m consecutive columns, or, with channel reallocation (paper §3.2), of every m columns of a
-permuted column order that spreads the important channels over the groups.
-"""
+"""RIA (Zhang et al., ICLR 2024): relative importance times activations (Eqs. 2-3), with channel reallocation
+for N:M (§3.2). Unstructured compares the whole matrix (the reference's default) or each row (``--per_outneuron``)."""
 
 from __future__ import annotations
 
@@ -31,10 +25,8 @@ def ria_scores(weight: torch.Tensor, input_norm_sq: torch.Tensor, a: float) -> t
 
 
 def reallocation_order(scores: torch.Tensor, m: int) -> torch.Tensor:
-    """Heuristic channel reallocation: the column order (new position -> old column) that deals the columns, sorted
-    by total score ascending, into the m slots of the groups: slot ``j`` takes the ``j``-th fraction ``1/m`` of the
-    sorted columns, in ascending order for even ``j`` and descending for odd ``j`` (so each group mixes weak and
-    strong channels)."""
+    """Heuristic channel reallocation: column order (new -> old) dealing columns sorted by score into the m slots,
+    ascending for even slots and descending for odd ones, so each group mixes weak and strong channels."""
     cols = scores.shape[1]
     if cols % m:
         raise ValueError(f"channel reallocation needs the number of columns ({cols}) to be a multiple of M={m}")
@@ -49,9 +41,7 @@ def reallocation_order(scores: torch.Tensor, m: int) -> torch.Tensor:
 def ria_mask(scores: torch.Tensor, sparsity: SparsityConfig, scope: str = "matrix",
              permute: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Keep-mask from RIA scores and, with ``permute`` (N:M only), the column order under which it is N:M.
-
-    With ``permute`` the mask is N:M in the groups of ``mask[:, order]`` (consecutive groups of the permuted
-    columns), not in the stored column order: the deployment permutes each matrix's input channels by ``order``."""
+    The mask is then N:M in ``mask[:, order]``: the deployment permutes each matrix's input channels by ``order``."""
     if not permute or sparsity.kind != "nm":
         return mask_from_scores(scores, sparsity, scope=scope), None
     n, m = int(sparsity.n), int(sparsity.m)

@@ -1,8 +1,5 @@
-"""SparseGPT: OBS-based pruning with lazy block updates (Frantar & Alistarh, 2023).
-
-H = (2/N) Σ X Xᵀ; dead inputs (H_jj = 0) get H_jj = 1 and W[:, j] = 0; λ = percdamp·mean(diag H); U = upper
-Cholesky factor of H⁻¹. A pruned weight's error w/U_jj propagates through row U[j, j:] within the block, the
-block's errors to later columns at once. fp32, or float64 for a float64 weight
+"""SparseGPT: OBS-based pruning with lazy block updates (Frantar & Alistarh, 2023), H = (2/N) Σ X Xᵀ.
+Dead inputs get H_jj = 1 and W[:, j] = 0; fp32, or float64 for a float64 weight
 (``tests/test_sparsegpt_reference.py`` compares a float64 port of the paper's algorithm)."""
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ def _no_tf32() -> Iterator[None]:
 
 def inverse_hessian_factor(hessian: torch.Tensor, percdamp: float = 0.01) -> tuple[torch.Tensor, torch.Tensor]:
     """``(U, dead)``: U the upper Cholesky factor of (H + λI)⁻¹, dead inputs set to H_jj = 1.
-
     Not positive definite after damping raises ``ValueError`` (increase ``pruner.percdamp``)."""
     H = hessian.detach().clone().to(_compute_dtype(hessian.dtype))
     dead = torch.diag(H) == 0
@@ -71,9 +67,7 @@ def sparsegpt_prune(
     percdamp: float = 0.01,
 ) -> SparseGPTOutcome:
     """Prune one (out, in) matrix with SparseGPT; the updated weight in the input dtype (fp32 arithmetic, TF32 off).
-
-    Unstructured: per column block, the ``int(numel_block * ratio)`` smallest w²/U_jj² across rows. N:M: at every
-    M-th column, per row, the M - N smallest w²/U_jj² of the next M columns."""
+    N:M selects at every M-th column, per row, the M - N smallest w²/U_jj² of the next M columns."""
     if sparsity.kind == "nm" and blocksize % int(sparsity.m):
         raise ValueError(f"pruner.blocksize={blocksize} must be a multiple of sparsity.m={sparsity.m} for N:M")
     with _no_tf32(), one_cpu_thread(weight.device):
