@@ -103,9 +103,8 @@ def group_options(group: str) -> list[str]:
 
 
 def unknown_option(overrides: Sequence[Override]) -> UserError | None:
-    """The :class:`UserError` for the first group selection (``pruner=sparsgpt``, each value of a sweep or list)
-    that names no option of its group: one line listing the group's options, instead of Hydra's multi-line error
-    that lists the internal ``*_schema`` entries too."""
+    """The one-line :class:`UserError` for the first group selection (``pruner=sparsgpt``) naming no option of its
+    group, listing the options (Hydra's own error is multi-line and lists the internal ``*_schema`` entries)."""
     if any(o.key_or_group.startswith("hydra.searchpath") for o in overrides):
         return None  # options from other config folders: Hydra judges them itself
     groups = config_groups() - {"hydra"}

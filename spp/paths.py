@@ -85,9 +85,8 @@ def _record(path: Path, root: Path | None) -> Path:
 
 
 def relative_data_path(file: Path, root: Path | None = None) -> tuple[str, str]:
-    """``(where, path)`` of a data file for a run record, never a machine's absolute path: ``repo`` and the path
-    relative to the checkout (the shipped ``data/`` samples), ``data_root`` and the path relative to the data root
-    it was found under (``data_dir``, ``$SPP_DATA_DIR`` or ``../shared/data``), else ``external`` and its name."""
+    """``(where, path)`` of a data file for a run record, never an absolute path: ``repo`` or ``data_root`` and the
+    path relative to it, else ``external`` and the file's name."""
     resolved = file.resolve()
     if resolved.is_relative_to(REPO_ROOT):
         return "repo", resolved.relative_to(REPO_ROOT).as_posix()

@@ -43,14 +43,8 @@ def _identity(entry: Any) -> tuple[str, str]:
 
 
 class Registry(Generic[T]):
-    """Entries by name (module docstring).
-
-    Args:
-        kind: What an entry is, in messages (``pruner``, ``adapter method``, ...).
-        key: The config key that names an entry (``pruner.name``), for the refusal of an unknown name.
-        group: The Hydra config group whose ``<name>_schema`` a registration stores (``None``: none).
-        unknown: Builds the refusal of an unknown name (default: ``<key>=<name> is not a registered <kind>``).
-    """
+    """Entries by name; ``kind`` names an entry in messages, ``key`` is the config key naming it (``pruner.name``),
+    ``group`` the Hydra group storing ``<name>_schema`` (``None``: none), ``unknown`` builds the unknown-name error."""
 
     def __init__(self, kind: str, key: str, group: str | None = None, unknown: Unknown | None = None) -> None:
         self.kind, self.key, self.group = kind, key, group
