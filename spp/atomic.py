@@ -31,10 +31,8 @@ def publish(tmp: str | os.PathLike[str], path: str | os.PathLike[str], directory
 
 
 def follow_umask(root: str | os.PathLike[str]) -> None:
-    """Give every file under ``root`` mode ``0666 & ~umask`` and every folder ``0777 & ~umask`` (links untouched).
-
-    Libraries may write owner-only files (``save_pretrained`` goes through a 0600 temporary); on a shared cluster the
-    user's umask decides who may read a result."""
+    """Give every file under ``root`` mode ``0666 & ~umask`` and folder ``0777 & ~umask``: ``save_pretrained``
+    writes owner-only temporaries, and on a shared cluster the user's umask decides who reads a result."""
     mask = _umask()
     for folder, dirs, files in os.walk(root):
         for name in dirs:
@@ -95,10 +93,8 @@ def write_dir_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]
 
 def check_writable_dir(path: str | os.PathLike[str], key: str, fix: str | None = None,
                        value: str | os.PathLike[str] | None = None) -> Path:
-    """Create ``path`` if missing and prove it writable by creating and removing a temporary file in it.
-
-    Run before any model loads, so a read-only directory fails in one line naming ``key``; the probe is a real write
-    because root ignores permission bits. ``value`` is ``key``'s value when ``path`` is a folder inside it."""
+    """Create ``path`` and prove it writable by a real write (root ignores permission bits), before any model loads;
+    the error names ``key`` (``value``: its value when ``path`` is inside it)."""
     path = Path(path).expanduser()
     where = f"{key}={str(value if value is not None else path)!r}" + (f": {path}" if value is not None else "")
     try:

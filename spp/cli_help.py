@@ -1,8 +1,5 @@
-"""``--help`` of the commands, rendered from the structured configs so it cannot drift from them.
-
-The ``${spp_help:<command>}`` resolver renders the purpose and common commands (``# Use:`` lines), one line per
-config group the command composes, and per key its current value, the first sentence of its ``Attributes:`` entry
-and an example."""
+"""``--help`` of the commands, rendered from the structured configs by the ``${spp_help:<command>}`` resolver so it
+cannot drift from them."""
 
 from __future__ import annotations
 

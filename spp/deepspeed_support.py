@@ -1,7 +1,5 @@
 """What ``strategy=deepspeed_stage2|3`` needs before any weight is read, and DeepSpeed's checkpoint directory.
 
-A DeepSpeed checkpoint is a directory: ``latest`` (the tag), ``<tag>/`` with ``mp_rank_00_model_states.pt``
-(ZeRO-2) or one ``zero_pp_rank_<r>_mp_rank_00_model_states.pt`` per rank (ZeRO-3) and the optimizer partitions.
 It sits below ``spp.training`` so ``spp.preflight`` can use it."""
 
 from __future__ import annotations

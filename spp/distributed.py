@@ -1,7 +1,5 @@
 """The processes of one job: who this process is, which device it owns, and the few collectives pruning uses.
-
-The same code runs in one process (collectives are no-ops) and on N ranks. The launcher is found in Lightning's
-order, so task *k* of a node gets ``cuda:k`` whether ``LOCAL_RANK`` or only ``SLURM_LOCALID`` is set."""
+Task *k* of a node gets ``cuda:k`` whether ``LOCAL_RANK`` or only ``SLURM_LOCALID`` is set (Lightning's order)."""
 
 from __future__ import annotations
 
@@ -75,12 +73,11 @@ def _shared_wait_group() -> tuple[float | None, Any]:
 class DistContext:
     """Rank, world size and device of this process, with sum/broadcast collectives that vanish when alone.
 
-    ``bytes_sent`` counts what this rank broadcast or reduced; ``wait_s`` is the wait group's timeout once made."""
+    ``wait_s`` is the wait group's timeout once made."""
 
     rank: int = 0
     world: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    bytes_sent: int = 0
     wait_s: float | None = None
     _wait_group: Any = field(default=None, repr=False)
 
@@ -116,31 +113,24 @@ class DistContext:
     def broadcast_(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Overwrite ``tensor`` on every rank with ``src``'s (in place; returns it)."""
         if self.distributed:
-            self.bytes_sent += tensor.numel() * tensor.element_size() if self.rank == src else 0
             dist.broadcast(tensor, src=src)
         return tensor
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum ``tensor`` over the ranks, in place on every rank."""
         if self.distributed:
-            self.bytes_sent += tensor.numel() * tensor.element_size()
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
     def reduce_(self, tensor: torch.Tensor, dst: int) -> torch.Tensor:
         """Sum ``tensor`` over the ranks onto ``dst`` (other ranks' copies are left undefined)."""
         if self.distributed:
-            self.bytes_sent += tensor.numel() * tensor.element_size()
             dist.reduce(tensor, dst=dst, op=dist.ReduceOp.SUM)
         return tensor
 
     def allow_long_waits(self, timeout_s: float) -> None:
-        """Make the *wait group*: a gloo group over every rank with timeout ``timeout_s`` (an existing longer one kept).
-
-        Collectives with ``long_wait=True`` use it: the others idle by design while rank 0 works alone (reading weights,
-        a cache lock), which ``strategy.timeout_s`` must not bound. Every rank calls it at the same point before the
-        long
-        work: creating a group is itself a collective under the job's timeout."""
+        """Make the gloo *wait group* with timeout ``timeout_s`` for ``long_wait=True`` collectives (rank 0 working
+        alone). Every rank calls it at the same point: creating a group is itself a collective."""
         global _WAIT_GROUP
         if self._wait_group is None:
             self.wait_s, self._wait_group = _shared_wait_group()
@@ -193,10 +183,7 @@ def close_process_group() -> None:
 
 def launch_processes(accelerator: str = "auto", devices: int = 1, num_nodes: int = 1,
                      device: str | None = None) -> DistContext:
-    """Start (or join) a command's processes with Lightning Fabric and return this one's context.
-
-    ``devices=N`` starts N processes; processes started by ``torchrun`` or ``srun`` are taken as they are. ``device``
-    overrides where a single process computes."""
+    """Start (or join, under ``torchrun`` / ``srun``) the processes with Lightning Fabric (this one's context)."""
     from lightning.fabric import Fabric
 
     env = cluster_environment()

@@ -1,7 +1,5 @@
-"""One error surface for ``train.py``, ``prune.py`` and ``eval.py`` (see ``docs/errors.md``).
-
-:class:`UserError` says what is wrong and how to fix it; :func:`cli_errors` prints it as one line on stderr
-(``train.py: error: ...``) with exit status 2. Anything else (a bug) keeps its traceback."""
+"""One error surface for the commands (``docs/errors.md``): :class:`UserError` says what is wrong and how to fix it;
+:func:`cli_errors` prints it as one ``<script>: error: ...`` line, exit status 2. A bug keeps its traceback."""
 
 from __future__ import annotations
 
@@ -121,10 +119,8 @@ def register_error_translator(translate: typing.Callable[[BaseException], UserEr
 
 
 def as_user_error(exc: BaseException) -> UserError | None:
-    """The :class:`UserError` behind ``exc``, or ``None`` for an internal error.
-
-    Counts: a ``UserError`` in the ``__cause__`` chain, a ``FileNotFoundError`` naming a config key (``model.path=``),
-    and whatever a registered translator recognises (a collective failed by a dead rank)."""
+    """The :class:`UserError` behind ``exc`` (in its cause chain, a ``FileNotFoundError`` naming a config key, or a
+    registered translator's), or ``None`` for an internal error."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
@@ -174,10 +170,8 @@ def to_job(cfg: DictConfig, schema: type) -> Any:
 
 
 def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None:
-    """Raise UserError for a key of ``cfg`` that no field of the dataclass ``schema`` declares.
-
-    Hydra's ``+key=value`` lifts the struct flag, and ``OmegaConf.to_object`` then sets a stray attribute nothing
-    reads. ``Any`` and ``dict`` fields take any key."""
+    """Raise UserError for a key of ``cfg`` no field of ``schema`` declares (``+key=value`` would set a stray
+    attribute nothing reads); ``Any`` and ``dict`` fields take any key."""
     hints = typing.get_type_hints(schema)
     fields = {f.name for f in dataclasses.fields(schema)}
     for key in cfg.keys():

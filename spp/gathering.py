@@ -1,8 +1,6 @@
 """Reading whole parameters that a sharded strategy split over the ranks, one module at a time.
 
-:class:`Gatherer` (one process, DDP, ZeRO-2: parameters whole), :class:`DTensorGatherer` (FSDP2 ``full_tensor``)
-and :class:`ZeroGatherer` (ZeRO-3 ``GatheredParameters``; outside its owner's forward a parameter is empty). Each
-is a collective when sharded: every rank gathers the same modules in the same order."""
+Each gatherer is a collective when sharded: every rank gathers the same modules in the same order."""
 
 from __future__ import annotations
 
@@ -91,10 +89,8 @@ def register_external_parameters(pairs: ExternalParameters, register: Any = None
 
 @torch.no_grad()
 def deepspeed_master_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Under DeepSpeed (ZeRO-2 or ZeRO-3): the trainable parameters' fp32 master values, whole, on CPU, by name.
-
-    With ``bf16-mixed`` the module's copies are rounded; the masters are in the optimizer (a collective: every rank
-    calls it in the same order). A parameter without a master (fp32 ZeRO-2) is its own."""
+    """Under DeepSpeed, the trainable parameters' fp32 master values (unrounded under ``bf16-mixed``), whole, on CPU,
+    by name; a collective. A parameter without a master (fp32 ZeRO-2) is its own."""
     from deepspeed.utils import safe_get_full_fp32_param
 
     out: dict[str, torch.Tensor] = {}

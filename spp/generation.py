@@ -1,8 +1,6 @@
-"""Text generation from a (merged, pruned) causal LM: Alpaca prompt, greedy or sampled decoding, tokens/s, and
-an optional 2:4 semi-structured path.
+"""Text generation from a (merged, pruned) causal LM: Alpaca prompt, greedy or sampled decoding, tokens/s, 2:4 path.
 
-SPP's merge ``W ⊙ (1 + s·Repeat(α)⊙β)`` (paper Eq. 4-6) keeps every pruned zero, so a 2:4-pruned model stays 2:4
-for PyTorch's ``to_sparse_semi_structured`` kernels (CUDA sm80+)."""
+SPP's merge ``W ⊙ (1 + s·Repeat(α)⊙β)`` (paper Eq. 4-6) keeps every pruned zero, so a 2:4 model stays 2:4."""
 
 from __future__ import annotations
 
@@ -30,10 +28,7 @@ FIXED_PROMPT: str = "What is the capital of France?"
 
 @dataclass
 class GenerationResult:
-    """One completion and how fast it came.
-
-    ``text`` is the prompt after the template; ``completion`` the new tokens only, stripped; ``seconds`` the wall time
-    of ``model.generate`` (CUDA synchronised); ``new_tokens`` includes EOS when the model stopped on it."""
+    """One completion (new tokens only, stripped) and the wall time of ``model.generate``; ``new_tokens`` counts EOS."""
 
     prompt: str
     text: str
@@ -80,11 +75,8 @@ def generate_text(
     top_p: float = 0.9,
     seed: int = 0,
 ) -> GenerationResult:
-    """Generate one completion for ``prompt`` with ``model`` where it is (device and dtype untouched).
-
-    Greedy by default; ``do_sample=True`` is nucleus sampling under ``seed``, restoring the global RNG state. The
-    model's ``generation_config`` sampling defaults are ignored. The prompt is tokenised as in training (BOS
-    included)."""
+    """One completion for ``prompt`` on the model's device and dtype; greedy, or nucleus sampling under ``seed``
+    (global RNG restored). The model's ``generation_config`` sampling defaults are ignored; BOS as in training."""
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
     if do_sample and not temperature > 0:
@@ -124,10 +116,8 @@ def generate_text(
 
 def to_sparse24(model: PreTrainedModel, dtype: torch.dtype = torch.bfloat16, device: str = "cuda",
                 targets: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
-    """Move ``model`` to CUDA ``device`` in ``dtype`` and turn every 2:4 target projection into a semi-structured
-    sparse tensor; their names.
-
-    The 2:4 pattern and shape limits are checked on every layer first (on any device), then CUDA."""
+    """Move ``model`` to CUDA in ``dtype`` with every 2:4 target projection semi-structured sparse; returns their
+    names. The 2:4 pattern and shape limits are checked on every layer first."""
     if torch.cuda.is_available():
         model.to(device, dtype)
     return export_semi_structured(model, targets)

@@ -1,11 +1,5 @@
 """What a job reports: the ``logger`` group (CSV always, W&B offline without a key, TensorBoard), run names and
-tags, end-of-job metrics and tables, the resolved config (also W&B's ``run.config``) and folders as W&B artifacts.
-
-Shared by ``train.py`` and ``eval.py``; it takes plain values (names, typed logger configs; a job config only as a
-tree of values for W&B's run config), so neither job has to look like the other. Each logger config carries its
-Lightning class as ``_target_`` and is built with :func:`hydra.utils.instantiate`; the run directory, the W&B name /
-group / tags, the run config and the resolved W&B mode are passed on top.
-"""
+tags, end-of-job metrics and tables, the resolved config (W&B's ``run.config``) and folders as W&B artifacts."""
 
 from __future__ import annotations
 
@@ -123,14 +117,8 @@ def run_tags(
     wandb_cfg: WandbLoggerConfig | None = None,
     objective: str = "ce",
 ) -> RunIds:
-    """Name, group and tags of a run from plain names.
-
-    ``name = <model>-<pruner>-<sparsity>-<adapter>[-r<r>]`` (no rank for ``adapter="none"`` or ``r=None``),
-    ``group = <model>-<pruner>-<sparsity>``, ``tags = [model, pruner, sparsity, adapter, r<r>]`` (``r<r>`` only
-    when ``r`` is given). A training objective other than the paper's ``ce`` is appended to the name and the tags
-    (``...-spp-r16-distill``). A chosen W&B logger's ``name`` / ``group`` replace these and its ``tags`` extend them,
-    so ``summary.json`` names the run exactly as the dashboard does.
-    """
+    """Name ``<model>-<pruner>-<sparsity>-<adapter>[-r<r>][-<objective>]``, group ``<model>-<pruner>-<sparsity>``
+    and tags; a chosen W&B logger's ``name`` / ``group`` replace them and its ``tags`` extend them."""
     base = f"{model}-{pruner}-{sparsity}"
     label = adapter if adapter == "none" or r is None else f"{adapter}-r{r}"
     label += "" if objective == "ce" else f"-{objective}"
@@ -145,12 +133,9 @@ def run_tags(
 
 
 def config_record(job: Any, **extra: Mapping[str, Any]) -> dict[str, Any]:
-    """A typed job config (a dataclass tree) as plain nested values (enums as their names), plus ``extra`` groups.
+    """A typed job config as plain nested values (enums as names) plus ``extra`` groups: W&B's ``run.config``.
 
-    This is what W&B's ``run.config`` receives. It stays nested, as Lightning's ``WandbLogger`` logs hyperparameters
-    (W&B asks for no periods inside key names): the W&B runs table and its panels show each leaf as a dotted column,
-    ``adapter.r``, ``trainer.lr``, ``pruner.name``, ``sparsity.name``.
-    """
+    Kept nested: W&B forbids periods in keys, and its runs table shows each leaf as a dotted column."""
     tree = OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True)
     return {**tree, **{key: dict(value) for key, value in extra.items()}}
 
@@ -159,13 +144,7 @@ def build_loggers(loggers_cfg: LoggersConfig, run_dir: str | Path, ids: RunIds,
                   config: Mapping[str, Any] | None = None) -> list[Logger]:
     """Instantiate the chosen loggers (CSV always, then TensorBoard, then W&B), all writing under ``run_dir``.
 
-    Args:
-        loggers_cfg: The ``logger`` group, typed.
-        run_dir: The job's output directory (``save_dir`` of every logger; fixed ``version=""``).
-        ids: W&B name / group / tags, from :func:`run_tags`.
-        config: The W&B run's config (:func:`config_record`), logged with Lightning's ``log_hyperparams`` (W&B's
-            ``run.config.update``) as soon as the logger exists, so the run holds it from its first record.
-    """
+    ``config`` (:func:`config_record`) is logged as soon as W&B's logger exists, so the run holds it from the start."""
     save_dir = str(Path(run_dir))
     loggers: list[Logger] = [instantiate(loggers_cfg.csv or CSVLoggerConfig(), save_dir=save_dir, version="")]
     if loggers_cfg.tensorboard is not None:
@@ -192,11 +171,9 @@ def artifact_name(name: str) -> str:
 
 def log_folder_artifact(loggers: Sequence[Logger], folder: str | Path, name: str, kind: str,
                         metadata: Mapping[str, Any]) -> list[str]:
-    """Log ``folder`` as a W&B artifact (``wandb.Artifact`` + ``add_dir``) of type ``kind`` to each W&B logger's run.
+    """Log ``folder`` as a W&B artifact of type ``kind`` to each W&B run; returns the artifact names.
 
-    The files are referenced where they are (``policy="immutable"``: no copy into W&B's staging folder, which
-    matters for a merged model), so keep the run folder until an offline run is synced. Returns the artifact names.
-    """
+    Files are referenced in place (``policy="immutable"``), so keep the run folder until an offline run is synced."""
     import wandb  # the W&B loggers exist, so wandb is installed; a job without W&B never imports it
 
     names = []
@@ -228,11 +205,9 @@ def log_perplexity_table(loggers: Sequence[Logger], key: str, label: str,
 
 
 def log_final_metrics(loggers: list[Logger], metrics: Mapping[str, float], step: int) -> None:
-    """Log a job's end results (``final/...`` scalars) to every logger at ``step``, then flush each logger.
+    """Log ``final/...`` scalars to every logger at ``step`` (and W&B's run summary), then flush each logger.
 
-    On W&B the metrics also go to the run summary (the runs table). For ``adapter=none`` (no training loop)
-    this is what creates the W&B run, so pruned-only rows of a sweep appear beside the trained ones.
-    """
+    For ``adapter=none`` this creates the W&B run, so pruned-only sweep rows appear beside trained ones."""
     for logger in loggers:
         if metrics:
             logger.log_metrics(dict(metrics), step=step)

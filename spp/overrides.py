@@ -1,8 +1,6 @@
 """Command-line overrides checked against the command's schema before Hydra composes anything.
 
-Hydra answers an unknown key without ``+`` (``adapter.rr=16``) by advising ``+adapter.rr=16``, which is wrong;
-this rejects it in one line with the closest valid key. What it is not sure about (groups, ``hydra.*``, ``+``/``~``
-overrides, ``Any`` fields, unparsable lines) is left to Hydra and the check after composition."""
+Hydra wrongly advises ``+adapter.rr=16`` for a typo; this names the closest valid key. Unsure cases go to Hydra."""
 
 from __future__ import annotations
 
@@ -72,10 +70,8 @@ def _schema_error(parts: Sequence[str], schema: type, prefix: str = "") -> UserE
 
 def unknown_override(keys: Sequence[str], schema: type, config_name: str | None = None,
                      overrides: Sequence[Override] = ()) -> UserError | None:
-    """The :class:`UserError` for the first key that no field of ``schema`` declares, else ``None``.
-
-    Group keys and ``hydra.`` are skipped; a key under a group whose options carry their own schema
-    (``pruner.blocksize``) is judged against the chosen option (:func:`option_key_error`)."""
+    """The :class:`UserError` for the first key no field of ``schema`` declares, else ``None``; a key under a group
+    option with its own schema is judged by :func:`option_key_error`."""
     groups = config_groups()
     fields = typing.get_type_hints(schema)
     for key in keys:
@@ -107,9 +103,8 @@ def group_options(group: str) -> list[str]:
 
 
 def unknown_option(overrides: Sequence[Override]) -> UserError | None:
-    """The :class:`UserError` for the first group selection (``pruner=sparsgpt``, each value of a sweep or list)
-    that names no option of its group: one line listing the group's options, instead of Hydra's multi-line error
-    that lists the internal ``*_schema`` entries too."""
+    """The one-line :class:`UserError` for the first group selection (``pruner=sparsgpt``) naming no option of its
+    group, listing the options (Hydra's own error is multi-line and lists the internal ``*_schema`` entries)."""
     if any(o.key_or_group.startswith("hydra.searchpath") for o in overrides):
         return None  # options from other config folders: Hydra judges them itself
     groups = config_groups() - {"hydra"}
@@ -147,11 +142,7 @@ def run_dir_error(argv: Sequence[str], overrides: Sequence[Override]) -> UserErr
 
 def option_key_error(config_name: str, group: str, rest: Sequence[str],
                      overrides: Sequence[Override] = ()) -> UserError | None:
-    """The error for the first option of ``group`` the command line chooses (each value of a sweep, else the
-    default) whose schema lacks key ``<group>.<rest>``, else ``None`` (also when the options do not compose).
-
-    An option's schema is the dataclass its composed node is typed by; a key of another option gets
-    ``pruner=wanda has no key pruner.blocksize (its keys: ...)``, a misspelling ``did you mean``."""
+    """The error for the first chosen option of ``group`` whose schema lacks ``<group>.<rest>``, else ``None``."""
     for option, own in chosen_options(config_name, group, overrides) or []:
         err = _schema_error(rest, own, prefix=f"{group}.")
         if err is None:
@@ -220,10 +211,8 @@ def _first_value(override: Override, value: str | None) -> str:
 
 
 def checked_overrides(cmd: str, schema: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a ``@hydra.main`` function (use above it): unknown plain keys of ``sys.argv`` exit 2 with one line.
-
-    A call with a config (``cfg_passthrough``) passes unchecked. ``SPP_PLUGINS`` are imported first, so their options
-    compose and their schemas judge their keys."""
+    """Decorate a ``@hydra.main`` function: unknown plain keys of ``sys.argv`` exit 2 with one line (plug-ins loaded
+    first; a ``cfg_passthrough`` call passes unchecked)."""
 
     def decorate(hydra_main: Callable[..., Any]) -> Callable[..., Any]:
         config_name = inspect.getclosurevars(hydra_main).nonlocals.get("config_name")

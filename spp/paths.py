@@ -1,8 +1,5 @@
-"""Where the framework finds its data: a user's ``data_dir``, ``../shared/data``, or the samples shipped in ``data/``.
-
-Every data set is addressed by the same relative path in all three places (for example
-``wikitext2/test.json``), so a full-size copy and the small in-repo sample are interchangeable.
-"""
+"""Where the framework finds its data: a user's ``data_dir``, ``../shared/data``, or the samples shipped in ``data/``;
+one relative path (``wikitext2/test.json``) addresses a data set in all three."""
 
 from __future__ import annotations
 
@@ -43,16 +40,8 @@ _SHA256: dict[tuple[str, int, float], str] = {}
 
 
 def data_roots(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Return the data roots to search, most preferred first.
-
-    Args:
-        data_dir: A directory given by the user (config key ``data_dir``). When set it is the only
-            full-size root searched; the shipped samples remain the fallback.
-
-    Returns:
-        Existing directories: ``data_dir`` alone when it is given (a file missing there is an error, never a
-        silent fall-back to the shipped samples); else ``$SPP_DATA_DIR`` or ``../shared/data``, then ``data/``.
-    """
+    """Existing data roots, most preferred first: ``data_dir`` alone when given (no silent fall-back to the shipped
+    full-size data), else ``$SPP_DATA_DIR`` or ``../shared/data``; then the shipped ``data/`` samples."""
     roots: list[Path] = []
     chosen = data_dir or os.environ.get("SPP_DATA_DIR")
     if chosen:
@@ -70,13 +59,8 @@ def data_roots(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
 
 
 def find_data(relpath: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Resolve a data file or directory by its relative path (e.g. ``"c4/c4_sample.jsonl"``).
-
-    Absolute paths and paths that exist relative to the working directory are returned as they are.
-
-    Raises:
-        FileNotFoundError: naming every place that was searched.
-    """
+    """Resolve a data path (``"c4/c4_sample.jsonl"``) under :func:`data_roots`; absolute or cwd-relative paths as they
+    are. ``FileNotFoundError`` names every place searched."""
     rel = Path(relpath).expanduser()
     if rel.is_absolute() or rel.exists():
         if not rel.exists():
@@ -101,9 +85,8 @@ def _record(path: Path, root: Path | None) -> Path:
 
 
 def relative_data_path(file: Path, root: Path | None = None) -> tuple[str, str]:
-    """``(where, path)`` of a data file for a run record, never a machine's absolute path: ``repo`` and the path
-    relative to the checkout (the shipped ``data/`` samples), ``data_root`` and the path relative to the data root
-    it was found under (``data_dir``, ``$SPP_DATA_DIR`` or ``../shared/data``), else ``external`` and its name."""
+    """``(where, path)`` of a data file for a run record, never an absolute path: ``repo`` or ``data_root`` and the
+    path relative to it, else ``external`` and the file's name."""
     resolved = file.resolve()
     if resolved.is_relative_to(REPO_ROOT):
         return "repo", resolved.relative_to(REPO_ROOT).as_posix()
@@ -163,13 +146,8 @@ def _provenance_row(file: Path, root: Path | None) -> dict[str, Any]:
 
 
 def data_provenance(reset: bool = False) -> list[dict[str, Any]]:
-    """Every data file this process resolved through :func:`find_data`, by path relative to the checkout
-    (``root: repo``) or to the data root it was found under (``root: data_root``; a file outside both:
-    ``external``, its name), with sha256 and size. ``shipped_sample``: its bytes are the shipped ``data/`` sample
-    at the same relative path, wherever it was read (``truncated_sample``: and that sample is a truncated copy).
-
-    Folders are listed file by file. ``reset=True`` forgets them afterwards (one job per process in tests).
-    """
+    """Every data file resolved by :func:`find_data` (folders file by file): path relative to the repo or data root,
+    sha256, size, and whether it is the shipped (or truncated) sample. ``reset=True`` forgets them afterwards."""
     files: dict[str, tuple[Path, Path | None]] = {}
     for path, root in _READ.values():
         for file in sorted(path.rglob("*")) if path.is_dir() else [path]:

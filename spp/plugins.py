@@ -1,16 +1,7 @@
-"""Plug-ins: pruners, adapter methods and training objectives found by name, the project's own and a user's.
+"""Plug-ins: pruners, adapter methods and objectives found by name, the project's own and a user's.
 
-A method is one folder (a Python package whose ``__init__`` registers it: ``spp.pruning.registry``,
-``spp.adapters.registry``, ``spp.training.objectives``) and one YAML (its Hydra option, ``<group>/<name>.yaml``):
-
-- the project's own live in ``spp/pruning/pruners/<name>/``, ``spp/adapters/methods/<name>/`` and
-  ``spp/training/objectives/<name>/``, their YAML in ``conf/<group>/``;
-- a user's own live anywhere: ``SPP_PLUGINS=/path/to/my_pruner:/path/to/my_adapter`` names the folders. Each folder
-  is imported as the package ``spp_plugins.<folder name>`` (:data:`NAMESPACE`) before Hydra composes the config, by
-  :func:`load_plugins` (every command calls it), and its ``conf/`` is added to Hydra's config search path by
-  ``hydra_plugins/spp_plugins`` (a ``SearchPathPlugin``). So ``pruner=my_pruner`` works without editing any file of
-  ``spp/``. Child processes (``torchrun``, Lightning's launcher) inherit the variable and load the same plug-ins.
-"""
+``SPP_PLUGINS=/a:/b`` names a user's method folders; each is imported as ``spp_plugins.<folder>`` by
+:func:`load_plugins` before Hydra composes, and ``hydra_plugins/spp_plugins`` adds its ``conf/`` to the search path."""
 
 from __future__ import annotations
 
@@ -35,11 +26,7 @@ _loaded: dict[str, str] = {}
 
 
 def plugin_dirs() -> list[Path]:
-    """The folders ``SPP_PLUGINS`` names, in order (empty entries ignored).
-
-    Raises:
-        UserError: a named folder does not exist or is not a Python package (no ``__init__.py``).
-    """
+    """The folders ``SPP_PLUGINS`` names, in order; ``UserError`` for one that is not a Python package."""
     out = []
     for entry in os.environ.get(PLUGINS_ENV, "").split(os.pathsep):
         if not entry.strip():
@@ -54,12 +41,7 @@ def plugin_dirs() -> list[Path]:
 
 
 def load_plugins() -> list[str]:
-    """Import every plug-in folder of ``SPP_PLUGINS`` once (its registrations run); returns the folder names.
-
-    Raises:
-        UserError: a folder is missing, two folders have the same name (they would be one module), or a
-            registration is refused (a name taken, a config whose ``name`` is not the method's).
-    """
+    """Import every plug-in folder of ``SPP_PLUGINS`` once; returns the folder names (``UserError`` on a clash)."""
     names = []
     for path in plugin_dirs():
         name = path.name
@@ -75,10 +57,8 @@ def load_plugins() -> list[str]:
 
 
 def _import_folder(name: str, path: Path) -> ModuleType:
-    """Import plug-in folder ``path`` as ``spp_plugins.<name>`` (:data:`NAMESPACE`): a folder named like an installed
-    or standard-library module (``random``) is still imported, and its relative imports work. Where no installed
-    module has the name, the plug-in is also importable as ``<name>`` (what an lm-eval YAML's ``!function
-    <name>.loader.load`` imports)."""
+    """Import ``path`` as ``spp_plugins.<name>`` (so a folder named like ``random`` still imports), and as ``<name>``
+    where no installed module has it (lm-eval YAML ``!function <name>.loader.load``)."""
     parent = sys.modules.get(NAMESPACE)
     if parent is None:
         parent = ModuleType(NAMESPACE, "The plug-in folders of SPP_PLUGINS (spp.plugins).")

@@ -1,8 +1,6 @@
 """Which layers are pruned and adapted: the linear projections of a model's decoder blocks, found from the model.
 
-The default targets are LLaMA's seven projections (paper Sec. 4); on another architecture they mean every linear
-projection of the blocks (Phi-3's fused ones, OPT's, GPT-2's ``Conv1D``), embeddings and LM head left out. An
-explicit list must match linear projections name by name."""
+Default: LLaMA's seven projections (paper Sec. 4), elsewhere every linear projection of the blocks (no embeddings)."""
 
 from __future__ import annotations
 
@@ -104,10 +102,8 @@ def _attention_paths(projections: Iterable[str]) -> list[str]:
 
 def resolve_targets(block: nn.Module, targets: Iterable[str], key: str = "pruner.targets",
                     default: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
-    """The target names to use on a model whose decoder blocks look like ``block``.
-
-    The default list (:data:`DEFAULT_TARGETS` or :data:`ATTENTION_TARGETS`) becomes the block's own projection names;
-    an explicit list is returned once every name matched a linear projection (else a ``UserError`` naming ``key``)."""
+    """The target names on a model whose blocks look like ``block``: the default list becomes the block's projection
+    names; an explicit list must match linear projections (else a ``UserError`` naming ``key``)."""
     targets = list([targets] if isinstance(targets, str) else targets)
     projections = block_projections(block)
     if is_default(targets, default):

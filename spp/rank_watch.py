@@ -1,10 +1,6 @@
-"""Which rank stopped a distributed job, in one line: a heartbeat per rank in the job's store, read when a
-collective fails.
+"""Which rank stopped a distributed job, in one line, from per-rank heartbeats in the job's store.
 
-gloo and NCCL name no rank ("Connection reset by peer", "Timed out"). Each rank's daemon thread bumps its beat in
-the store every :data:`HEARTBEAT_S` s with where its main thread is; on a failed collective :func:`rank_failure`
-watches the beats for :data:`GRACE_S` s and names ranks **dead** (beat stopped), **stopped** (left through
-Python), **stuck** (beating, not in the collective), or the store's host gone."""
+gloo and NCCL name no rank; on a failed collective :func:`rank_failure` names ranks dead, stopped or stuck."""
 
 from __future__ import annotations
 

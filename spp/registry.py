@@ -1,12 +1,6 @@
 """One shape for every registry by name: pruners, adapter methods, training objectives and evaluation tasks.
 
-A :class:`Registry` maps a name to an entry (a class, an instance or a row) and, for a Hydra group, stores the
-entry's config dataclass in the ConfigStore as ``<group>/<name>_schema``. ``register`` takes the name from the
-config's ``name`` default when there is one and refuses a name that does not match it; a second entry under a name
-is refused in one line naming the two source files; ``get`` refuses an unknown name in one line listing the known
-ones. Registering the same entry again (a re-import, or the same file imported under another module name) is a
-no-op.
-"""
+Re-registering the same entry (a re-import under another module name) is a no-op; conflicts are one-line errors."""
 
 from __future__ import annotations
 
@@ -49,14 +43,8 @@ def _identity(entry: Any) -> tuple[str, str]:
 
 
 class Registry(Generic[T]):
-    """Entries by name (module docstring).
-
-    Args:
-        kind: What an entry is, in messages (``pruner``, ``adapter method``, ...).
-        key: The config key that names an entry (``pruner.name``), for the refusal of an unknown name.
-        group: The Hydra config group whose ``<name>_schema`` a registration stores (``None``: none).
-        unknown: Builds the refusal of an unknown name (default: ``<key>=<name> is not a registered <kind>``).
-    """
+    """Entries by name; ``kind`` names an entry in messages, ``key`` is the config key naming it (``pruner.name``),
+    ``group`` the Hydra group storing ``<name>_schema`` (``None``: none), ``unknown`` builds the unknown-name error."""
 
     def __init__(self, kind: str, key: str, group: str | None = None, unknown: Unknown | None = None) -> None:
         self.kind, self.key, self.group = kind, key, group
@@ -68,11 +56,7 @@ class Registry(Generic[T]):
                  source: str | None = None) -> str:
         """Register ``entry`` under ``name`` (``None``: the config's ``name`` default); returns the name.
 
-        ``source``: the file named when the name is taken (default: the file defining ``entry``).
-
-        Raises:
-            UserError: no name, a name that is not the config's ``name`` default, or a name another entry holds.
-        """
+        ``source``: the file named when the name is taken (default: the file defining ``entry``)."""
         default = config_name(config_cls)
         name = name or default
         if not name:
@@ -97,11 +81,7 @@ class Registry(Generic[T]):
         return name
 
     def get(self, name: str) -> T:
-        """The entry registered as ``name``.
-
-        Raises:
-            UserError: no such entry (one line listing the known names).
-        """
+        """The entry registered as ``name``; ``UserError`` listing the known names otherwise."""
         if name not in self.entries:
             raise self.unknown(name, self.names())
         return self.entries[name]

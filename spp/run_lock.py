@@ -1,8 +1,6 @@
 """One job per run directory: an exclusive, non-blocking ``flock`` on ``<run_dir>/.spp-run.lock`` for the whole job.
 
-Two jobs in one run directory mix their files and one's clean-up deletes the other's export in progress. Only the
-leader (global rank 0) takes it; ranks Lightning restarts with ``LOCAL_RANK`` set skip it. The kernel releases an
-``flock`` however the process ends (``kill -9`` leaves no stale lock)."""
+Only the leader (global rank 0) takes it; the kernel releases it however the process ends (no stale lock)."""
 
 from __future__ import annotations
 
@@ -59,10 +57,8 @@ def _claim(fd: int) -> None:
 @contextmanager
 def hold_run_dir(run_dir: str | os.PathLike[str], key: str = "run_dir",
                  leader: bool | None = None) -> Iterator[Path]:
-    """Create ``run_dir`` (writable) and, in the job's leader, hold its lock until the block ends.
-
-    ``key`` is named in the error; ``leader=None`` asks :func:`is_job_leader`. A held lock raises ``UserError`` naming
-    the holder's pid and host."""
+    """Create ``run_dir`` (writable) and, in the leader, hold its lock until the block ends (``UserError`` naming the
+    holder's pid and host when held)."""
     run_dir = check_writable_dir(run_dir, key)
     if not (is_job_leader() if leader is None else leader) or fcntl is None:
         yield run_dir

@@ -1,22 +1,9 @@
-"""The Slurm request of a sweep from the run plan (``hydra/launcher=slurm``, ``docs/plan.md``).
+"""The Slurm request of a sweep (``hydra/launcher=slurm``), planned per job in the launcher before ``sbatch``.
 
-A Slurm array shares one resource request, and the sweep's base config lacks the swept values (``model=a,b``), so
-the request is made where every job's own config is known: in the launcher's ``launch``
-(``hydra_plugins.spp_slurm_launcher.PlannedSlurmLauncher``, which calls :func:`plan_array`), in the submitting
-process, before ``sbatch``. For each job it composes the config as the compute node will, plans it on
-``hydra.launcher.gpus_per_node`` GPUs x ``hydra.launcher.nodes`` nodes (what ``trainer=slurm`` reads there), and:
-
-* ``mem_gb: null`` (the default) becomes the largest host memory per node of the array's plans, plus
-  :data:`MARGIN` and :data:`SLACK_GIB` (the Slurm step and the page cache of the files read, which the job's cgroup
-  counts), rounded up to a whole GB;
-* a ``mem_gb`` given is checked against it, and so is ``trainer.device_memory_gib`` (when given) against every
-  phase's GPU peak; ``tasks_per_node`` must equal ``gpus_per_node`` (one process per GPU, as Lightning's SLURM
-  environment expects) and a fixed ``trainer.devices`` must equal it too.
-
-A failed check is one line on stderr and exit status 2, before anything is queued. This module sits above
-``spp.preflight`` and ``spp.training`` in the import graph (it reads the model's arch with the preflight's reader),
-which ``spp.planning`` may not.
-"""
+An array shares one request and the base config lacks the swept values, so :func:`plan_array` plans each job's
+composed config; ``mem_gb: null`` becomes the largest host peak plus :data:`MARGIN` and :data:`SLACK_GIB` (the Slurm
+step and page cache count in the cgroup), a given ``mem_gb`` / ``device_memory_gib`` is checked, and
+``tasks_per_node`` must equal ``gpus_per_node``. A failed check: one stderr line, exit 2, nothing queued."""
 
 from __future__ import annotations
 

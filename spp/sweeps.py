@@ -1,8 +1,5 @@
-"""Hyper-parameter sweeps on validation numbers (``hydra/sweeper=optuna_lr``): the check that an Optuna search
-optimises a validation objective, and a callback writing each trial to ``<sweep dir>/trials.json``.
-
-The Optuna sweeper keeps its study in memory (optuna 2.x's RDB storage fails with SQLAlchemy 2) and writes only
-the best point."""
+"""Optuna sweeps on validation numbers (``hydra/sweeper=optuna_lr``): the objective check and a callback writing
+each trial to ``<sweep dir>/trials.json`` (the sweeper keeps its study in memory and writes only the best point)."""
 
 from __future__ import annotations
 
@@ -69,10 +66,8 @@ def require_validation_objective(objective: str | None, allowed: Sequence[str] =
 
 
 def require_objective_recorded(objective: str | None, missing: Callable[[], str | None]) -> None:
-    """Refuse, before the first trial, an Optuna sweep whose jobs cannot record ``val_loss``.
-
-    Optuna fails only after every trial trained ("No trials are completed yet"). ``missing`` says why, as
-    ``"<what> — <fix>"``, or returns ``None``."""
+    """Refuse, before the first trial, an Optuna sweep whose jobs cannot record ``val_loss`` (Optuna would fail only
+    after every trial trained); ``missing`` returns ``"<what> — <fix>"`` or ``None``."""
     if not optuna_sweep() or objective != "val_loss":
         return
     reason = missing()

@@ -1,14 +1,7 @@
 """The entry point the four commands share: each root script is ``main = hydra_entry(COMMAND)`` and calls it.
 
-In this order: environment defaults (set before the libraries that read them are imported: the root scripts import
-this module first, and ``import spp`` imports nothing), the ``spp_help`` resolver for ``--help`` and
-``spp_sweep_name`` for a sweep's job folders (:mod:`spp.compare.naming`), the command's Hydra schemas, the plug-ins
-of ``SPP_PLUGINS`` and the check of the command line's keys against the command's schema
-(:func:`spp.overrides.checked_overrides`, before Hydra composes), Hydra's own ``@hydra.main`` on ``conf/``, then,
-for each job Hydra runs, the conversion of the composed config into the typed job (:func:`spp.errors.to_job`) and
-``run(job)`` inside :func:`spp.errors.cli_errors` (a user's error: one ``<script>: error: ...`` line, exit status
-2). ``run``'s return value goes back to Hydra (a sweeper's objective).
-"""
+Environment defaults come first (before the libraries that read them import), then resolvers, schemas, plug-ins,
+the override check, ``@hydra.main``, the typed job and ``run(job)`` inside :func:`spp.errors.cli_errors`."""
 
 from __future__ import annotations
 
@@ -74,10 +67,7 @@ def hydra_output_dir() -> Path:
 def hydra_entry(command: Command) -> Callable[..., Any]:
     """The command's ``@hydra.main`` function, wrapped by :func:`spp.overrides.checked_overrides`.
 
-    Call it with no argument to run the command line in ``sys.argv`` (or with a composed config, Hydra's
-    ``cfg_passthrough``). ``conf/`` is given as an absolute path: Hydra reads a relative ``config_path`` against
-    the file that declares the function, which is this one, not the root script.
-    """
+    ``conf/`` is absolute: Hydra resolves a relative ``config_path`` against this file, not the root script."""
     command.register()
     register_help()
     register_sweep_name()

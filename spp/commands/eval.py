@@ -1,8 +1,4 @@
-"""``eval.py``: evaluate a saved model, or a model pruned through the cache (optionally with an adapter on top).
-
-:func:`run` checks the job before the model loads (:func:`spp.eval.runner.preflight`), takes the output folder's
-lock and runs :func:`spp.eval.runner.run_eval_job`; the job config is :class:`spp.eval.job_config.EvalJobConfig`.
-"""
+"""``eval.py``: evaluate a saved model, or a model pruned through the cache (optionally with an adapter on top)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""``generate.py``: load a model, generate one completion, print it with tokens/s and record it.
-
-:func:`run` checks the tokenizer files before the weights load and runs :func:`generate_one` into
-``<run_dir>/generation.json`` (Hydra's run directory when ``run_dir`` is null); the job config is
-:class:`spp.generation.GenerateJobConfig`.
-"""
+"""``generate.py``: load a model, generate one completion, print it with tokens/s and record it in
+``<run_dir>/generation.json``; the tokenizer files are checked before the weights load."""
 
 from __future__ import annotations
 
@@ -49,12 +45,7 @@ def load_tokenizer_from(source: str) -> PreTrainedTokenizerBase:
 
 
 def generate_one(job: GenerateJobConfig, output_file: Path | None) -> GenerationResult:
-    """Load, optionally convert to 2:4 semi-structured, generate, print and write the record.
-
-    Raises:
-        UserError: (one ``generate.py: error: ...`` line, exit status 2) a bad prompt template or dtype, an
-            unloadable model, or a ``sparse24=true`` that cannot run (no CUDA, a layer that is not 2:4).
-    """
+    """Load, optionally convert to 2:4 semi-structured, generate, print and write the record."""
     model, tokenizer, dtype_name = _load(job)
     device = job.device or ("cuda" if torch.cuda.is_available() else "cpu")
     converted = _to_device(job, model, dtype_name, device)

@@ -1,8 +1,4 @@
-"""``prune.py``: prune a model alone and write it, with its mask summary, report and timings.
-
-:func:`run` checks the job (:func:`spp.preflight.preflight_prune`), takes the output folder's lock and runs
-:func:`spp.pruning.job.prune_job`; the job config is :class:`spp.pruning.config.PruneJobConfig`.
-"""
+"""``prune.py``: prune a model alone and write it, with its mask summary, report and timings."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """``train.py``: prune → attach the adapter → train → merge, audit, export → evaluate, as one job.
 
-:func:`run` is the command (``plan=true``: :func:`show_plan`; else the sweep checks and :func:`run_job`);
-:func:`run_job` is the job as one call (tests and notebooks import it as ``train.run_job``). The phases themselves
-live in ``spp/training/phases.py`` (``fit``: pruning in the Trainer's setup callback, then training) and
-``spp/training/finalize.py`` (adapter files, the merged export, its evaluation, the guards); ``train.py``'s
-docstring walks through them.
-"""
+The phases live in ``spp/training/phases.py`` and ``spp/training/finalize.py``; tests import :func:`run_job`."""
 
 from __future__ import annotations
 
@@ -62,14 +57,9 @@ def run_dir_of(job: TrainJobConfig) -> Path:
 
 def run_job(job: TrainJobConfig, callbacks: list[Callback] | None = None,
             methods: Methods | None = None) -> dict | None:
-    """Run ``fit`` (pruning in the Trainer's setup callback, then training) → ``finalize`` and report; returns the
-    summary on global rank 0 (``None`` elsewhere).
+    """Run ``fit`` → ``finalize`` and report; the summary on global rank 0 (``None`` elsewhere).
 
-    The job's names are resolved once (``methods``, :func:`~spp.training.run.resolve_methods` when not given) and,
-    after the preflight, its :class:`~spp.training.run.Run` is built once; every phase reads that. The job's leader
-    holds ``<run_dir>/.spp-run.lock`` until its last file is written: a second job on the same ``run_dir`` is
-    refused in one line (``spp.run_lock``), before any clean-up or load.
-    """
+    The leader holds ``<run_dir>/.spp-run.lock`` until its last file is written (a second job is refused)."""
     start = time.perf_counter()
     run_dir = run_dir_of(job)
     forget_data_reads()
