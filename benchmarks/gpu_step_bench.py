@@ -1,4 +1,4 @@
-"""Training-step cost at LLaMA-7B shape on a GPU: frozen vs peft LoRA r=8 vs SPP r=16 (issue 17, item 1).
+"""Training-step cost at LLaMA-7B shape on a GPU: frozen vs peft LoRA r=8 vs SPP r=16.
 
 Run (CUDA): ``python -m benchmarks.gpu_step_bench`` (LLaMA-7B shape cut to 2 and 4 of its 32
 decoder blocks, random weights 2:4-pruned by magnitude, bf16 weights, fp32 adapters, ``torch.autocast`` bf16 as

@@ -1,4 +1,4 @@
-"""CPU-safe paths of the GPU benchmarks (issue 17): floors, argument checks, tiny CPU runs, skips without CUDA."""
+"""CPU-safe paths of the GPU benchmarks: floors, argument checks, tiny CPU runs, skips without CUDA."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Progress never goes silent (issue 52): a piped ``debug=fast`` run logs one line per pruned block and a training
+"""Progress never goes silent: a piped ``debug=fast`` run logs one line per pruned block and a training
 line at least every 30 s; a bar's total is the batches the run really takes (``max_steps``); lm-eval's bars become
 log lines outside a terminal; an evaluation stopped during its lm-eval tasks keeps the perplexity it measured."""
 
