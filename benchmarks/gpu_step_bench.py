@@ -17,7 +17,7 @@ The **matmul floor** of a variant (printed beside each ratio) counts full-size m
 SPP 3 without dropout (``x W_eff^T``, ``g W_eff``, ``g^T x``) and 5 with dropout (``x W^T``, ``xd W'^T``, ``g W``,
 ``g W'``, ``g^T xd``); gradient checkpointing adds the forward products again inside the decoder blocks. Shared
 by every variant: attention (2 forward + 4 backward products of ``seq x seq x hidden`` per sequence and block,
-counted without a causal discount, as in the issue's 1.4x / 2.3x at 7B) and the LM head (forward and input
+counted without a causal discount, as in the 1.4x / 2.3x expected at 7B) and the LM head (forward and input
 gradient). The floor ratio is that count over LoRA's count, i.e. the ratio a step limited only by its matrix
 products would show. Elementwise work (norms, SiLU, the m x n scaling that rebuilds SPP's W_eff) is not in it.
 """
