@@ -4,7 +4,7 @@ the adapter files stay. The merged model is then not evaluated: evaluation reads
 
 Two ways the disk is full: too little free space before the export (refused before anything is written), and
 the disk filling up while a shard is written (safetensors raises ``SafetensorError ... No space left on device``,
-the error the issue saw).
+the error seen on a real full disk).
 """
 
 from __future__ import annotations

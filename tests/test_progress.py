@@ -101,7 +101,7 @@ def test_bar_total_is_the_batches_the_run_takes(max_steps, accumulate, expected)
     bar = StepBoundedTQDMBar()
     _fit(bar, max_steps, accumulate)
     assert bar.train_progress_bar.total == expected
-    if expected < 10:  # negative control: Lightning's own bar counts the whole epoch (the "40/99")
+    if expected < 10:  # negative control: Lightning's own bar counts the whole epoch (a real run showed "40/99")
         plain = TQDMProgressBar()
         _fit(plain, max_steps, accumulate)
         assert plain.train_progress_bar.total == 10
