@@ -1,4 +1,4 @@
-"""Two exact rearrangements of SPP's dropout backward that would remove a full-size product, timed (issue 19).
+"""Two exact rearrangements of SPP's dropout backward that would remove a full-size product, timed.
 
 Run from the repository root: ``python -m benchmarks.dropout_options_bench`` (1 thread, about 2 min). With dropout
 SPP's fused backward does three full-size products per layer besides the forward's two: ``g W`` (base input

@@ -1,4 +1,4 @@
-"""Exactness of the SPP pipeline under CUDA mixed precision (issue 17, item 2): zeros kept bit-exactly.
+"""Exactness of the SPP pipeline under CUDA mixed precision: zeros kept bit-exactly.
 
 Run (CUDA): ``python -m benchmarks.gpu_exactness`` (a few seconds). No Hydra: a tiny random LLaMA is pruned
 2:4 by magnitude, SPP (r=16, fp32 alpha/beta) is injected and fitted a few AdamW steps under ``torch.autocast``,

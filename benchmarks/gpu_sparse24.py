@@ -1,4 +1,4 @@
-"""2:4 inference of the merged SPP model on a GPU (issue 17, item 3): semi-structured sparse vs dense, bf16.
+"""2:4 inference of the merged SPP model on a GPU: semi-structured sparse vs dense, bf16.
 
 Run (CUDA): ``python -m benchmarks.gpu_sparse24`` (LLaMA-7B shape, random weights, 2:4 magnitude-pruned, SPP
 r=16 injected with random alpha/beta and merged with ``spp.merge_and_unload``, so the weights are what an

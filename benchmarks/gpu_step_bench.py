@@ -1,4 +1,4 @@
-"""Training-step cost at LLaMA-7B shape on a GPU: frozen vs peft LoRA r=8 vs SPP r=16 (issue 17, item 1).
+"""Training-step cost at LLaMA-7B shape on a GPU: frozen vs peft LoRA r=8 vs SPP r=16.
 
 Run (CUDA): ``python -m benchmarks.gpu_step_bench`` (LLaMA-7B shape cut to 2 and 4 of its 32
 decoder blocks, random weights 2:4-pruned by magnitude, bf16 weights, fp32 adapters, ``torch.autocast`` bf16 as
@@ -17,7 +17,7 @@ The **matmul floor** of a variant (printed beside each ratio) counts full-size m
 SPP 3 without dropout (``x W_eff^T``, ``g W_eff``, ``g^T x``) and 5 with dropout (``x W^T``, ``xd W'^T``, ``g W``,
 ``g W'``, ``g^T xd``); gradient checkpointing adds the forward products again inside the decoder blocks. Shared
 by every variant: attention (2 forward + 4 backward products of ``seq x seq x hidden`` per sequence and block,
-counted without a causal discount, as in the issue's 1.4x / 2.3x at 7B) and the LM head (forward and input
+counted without a causal discount, as in the 1.4x / 2.3x expected at 7B) and the LM head (forward and input
 gradient). The floor ratio is that count over LoRA's count, i.e. the ratio a step limited only by its matrix
 products would show. Elementwise work (norms, SiLU, the m x n scaling that rebuilds SPP's W_eff) is not in it.
 """

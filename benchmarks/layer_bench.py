@@ -1,4 +1,4 @@
-"""One adapted linear layer, forward + backward: every SPP impl vs peft LoRA r=8 (issue 2, issue 7 part a).
+"""One adapted linear layer, forward + backward: every SPP impl vs peft LoRA r=8.
 
 Run: ``nice -n 10 python -m benchmarks.layer_bench`` (about 10 min on 2 CPU cores). Prints medians of time
 and peak memory (RSS delta, see ``lab/bench/common.py``) as ratios to LoRA, interleaved in one process, and

@@ -1,4 +1,4 @@
-"""``torch.compile`` of SPP's elementwise helper alone (not the model): compile time and per-call cost (issue 19).
+"""``torch.compile`` of SPP's elementwise helper alone (not the model): compile time and per-call cost.
 
 Run from the repository root: ``python -m benchmarks.layer_compile_bench`` (1 thread, about 1 min). For the
 SmolLM2-135M projection shapes (out x in) it compiles ``_blocked_scale`` (the one elementwise pass that builds

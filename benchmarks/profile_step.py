@@ -1,4 +1,4 @@
-"""Where one training step's time goes: SPP-fused vs peft LoRA r=8 vs the frozen model, part by part (issue 19).
+"""Where one training step's time goes: SPP-fused vs peft LoRA r=8 vs the frozen model, part by part.
 
 Run from the repository root: ``nice -n 10 python -m benchmarks.profile_step`` (the README main job's step:
 embedded SmolLM2-135M, 2:4, SPP r=16 / LoRA r=8, dropout 0.05, the job's first Alpaca batches of 8 x <= 128

@@ -1,4 +1,4 @@
-"""The pruning plan of the paper's LLaMA sizes on 1 and 8 x 80 GB GPUs (issue 29): host RAM per node, GPU memory
+"""The pruning plan of the paper's LLaMA sizes on 1 and 8 x 80 GB GPUs: host RAM per node, GPU memory
 per device, estimated time. Computed from ``conf/model/*.yaml`` on the ``meta`` device; nothing is loaded.
 
     python benchmarks/pruning_plan.py   # writes docs/results/pruning_plan.json and the table in docs/pruning.md

@@ -39,7 +39,7 @@ JSON_PATH = ROOT / "docs" / "results" / "run_plan.json"
 DOC_PATH = ROOT / "docs" / "plan.md"
 BEGIN, END = "<!-- run-plan:begin -->\n", "<!-- run-plan:end -->\n"
 TARGET_GIB = 72
-"""Issue 30's bound on the peak GPU memory per 80 GB device."""
+"""The bound on the peak GPU memory per 80 GB device."""
 
 
 def plan_rows() -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Tokens/s logged by real ``train.py`` runs vs the benchmark harness timing the same batches (issues 7 and 19).
+"""Tokens/s logged by real ``train.py`` runs vs the benchmark harness timing the same batches.
 
 Run from the repository root, after one or more ``python train.py ... trainer.log_every_n_steps=1`` runs::
 

@@ -1,4 +1,4 @@
-"""Issue 31's Done-when for adapters: a new adapter method from a temporary folder and one YAML only, without editing
+"""A new adapter method from a temporary folder and one YAML only, without editing
 any file of ``spp/``, runs end to end (prune, fit, merge, audit, export) with ``SPP_PLUGINS``, and
 ``eval.py adapter_dir=`` of its run gives the numbers of the exported merged model's evaluation.
 

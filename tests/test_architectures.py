@@ -1,4 +1,4 @@
-"""Every supported architecture end to end (issue 32): Llama-3, Qwen2, Qwen3, Mistral, Gemma-2, Phi-3, OPT and GPT-2
+"""Every supported architecture end to end: Llama-3, Qwen2, Qwen3, Mistral, Gemma-2, Phi-3, OPT and GPT-2
 as tiny random models built in code (2 blocks; GQA, biases, q/k norms, sliding windows, tied embeddings, fused and
 ``Conv1D`` projections where the family has them).
 

@@ -1,4 +1,4 @@
-"""Issue 19's harness: the model benchmark's memory pass (steps timed under glibc's defaults, peaks measured with
+"""The benchmark harness: the model benchmark's memory pass (steps timed under glibc's defaults, peaks measured with
 the heap trimmed before each step; in a child process, so this process's heap is left alone) and the profile's floor.
 """
 

@@ -1,4 +1,4 @@
-"""A new user's first hour (issue 18): ``--help`` explains each command's own groups and keys, a run whose stdout
+"""A new user's first hour: ``--help`` explains each command's own groups and keys, a run whose stdout
 is a file still reports progress during training, and ``eval.py`` names its output folder after what it evaluates.
 """
 

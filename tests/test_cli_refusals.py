@@ -1,4 +1,4 @@
-"""Issue 28 (items 7-10, 18): inputs whose failure is knowable before any work are refused in one line, exit 2.
+"""Inputs whose failure is knowable before any work are refused in one line, exit 2.
 
 The cases run the commands as a user would (``python train.py ...``: each script runs as ``__main__`` with the
 user's ``sys.argv``), one after another in **one** subprocess (``RUNNER``) so that torch and Lightning are imported
@@ -208,7 +208,7 @@ def test_a_key_of_another_pruner_names_the_pruner_chosen_and_its_keys(outcomes):
     assert "+pruner" not in line
 
 
-# ------------------------------------------------------------- a misspelled option of a config group (issue 52)
+# ------------------------------------------------------------- a misspelled option of a config group
 @pytest.mark.parametrize("case, cmd, bad, close, other", [
     ("pruner_option_typo", "prune.py", "pruner=sparsgpt", "pruner=sparsegpt", "wanda"),
     ("logger_option_typo", "train.py", "logger=wandbb", "logger=wandb", "tensorboard"),  # one item of a list

@@ -1,4 +1,4 @@
-"""Issue 13: every bad input answered in one line before any weight is loaded; runs that go wrong stop and export
+"""Every bad input answered in one line before any weight is loaded; runs that go wrong stop and export
 nothing as if fine; what worked keeps working (docs/errors.md).
 
 The command-line cases call each command's ``main`` in process (Hydra parses the patched ``sys.argv``), with every
@@ -136,7 +136,7 @@ def test_unknown_key_added_with_plus_is_rejected(tmp_path, monkeypatch, capsys, 
 
 
 def test_unknown_key_without_plus_gets_the_same_line(tmp_path, monkeypatch, capsys, no_weights):
-    """Issue 28: not Hydra's exit 1 advising ``+adapter.rr=16`` (spp.overrides checks sys.argv first)."""
+    """Not Hydra's exit 1 advising ``+adapter.rr=16`` (spp.overrides checks sys.argv first)."""
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
     code, err, _ = cli("train", [*TINY, "adapter.rr=16"], tmp_path, monkeypatch, capsys)
     assert code == 2
@@ -292,7 +292,7 @@ def test_resume_with_other_adapter_r_names_the_key(tmp_path, monkeypatch, capsys
 ])
 def test_resume_after_other_pruning_data_or_training_names_every_key(then, now, named, tmp_path, monkeypatch, capsys,
                                                                     no_weights):
-    """Issue 28 item 12: other masks (calibration, pruner settings), data or optimisation are refused in one line."""
+    """Other masks (calibration, pruner settings), data or optimisation are refused in one line."""
     ckpt = tmp_path / "old.ckpt"
     torch.save({"state_dict": {}, "spp_settings": settings_of(tiny_job(tmp_path, then))}, ckpt)
     code, err, _ = cli("train", [*TINY, *now.split(), f"trainer.resume_from={ckpt}"], tmp_path, monkeypatch, capsys)

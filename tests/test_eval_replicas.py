@@ -1,4 +1,4 @@
-"""Evaluation over replicas (issue 30): perplexity and lm-eval split data-parallel over processes that each hold
+"""Evaluation over replicas: perplexity and lm-eval split data-parallel over processes that each hold
 the whole model, on 2 gloo CPU processes started as ``torchrun`` starts them, against one process.
 
 Perplexity: batch ``b`` on replica ``b % R``, the same windows and numbers. lm-eval: document ``i`` on replica

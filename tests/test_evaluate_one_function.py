@@ -1,4 +1,4 @@
-"""One evaluation for ``train.py`` and ``eval.py`` (issue 30, item 2): the merged model a training run exported
+"""One evaluation for ``train.py`` and ``eval.py``: the merged model a training run exported
 scores the same numbers when ``eval.py`` evaluates the folder, both through ``spp.eval.evaluate.evaluate``; and
 ``eval.py`` on 2 processes started by ``torchrun`` (perplexity windows and lm-eval documents split over them)
 gives the numbers of one process."""

@@ -1,10 +1,10 @@
-"""Issue 28, item 4: a full disk at export time is one line (exit 2) naming the path, the bytes needed and free and
+"""A full disk at export time is one line (exit 2) naming the path, the bytes needed and free and
 the fix, and ``summary.json`` is still written, with ``"status": "export_failed"``; nothing half-written is left,
-the adapter files stay. The merged model is then not evaluated: evaluation reads the export (issue 30).
+the adapter files stay. The merged model is then not evaluated: evaluation reads the export.
 
 Two ways the disk is full: too little free space before the export (refused before anything is written), and
 the disk filling up while a shard is written (safetensors raises ``SafetensorError ... No space left on device``,
-the error the issue saw).
+the error seen on a real full disk).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The streamed export (issue 30, item 1): block by block, equal tensor for tensor to ``save_pretrained`` of the whole
+"""The streamed export: block by block, equal tensor for tensor to ``save_pretrained`` of the whole
 merged model, reloadable with ``AutoModelForCausalLM``, at most one block materialised at a time, every merged
 weight audited on the way out; on 2 CPU processes with FSDP2 shards and with DDP-style replicas the same files as
 one process."""

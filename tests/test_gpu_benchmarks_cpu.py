@@ -1,4 +1,4 @@
-"""CPU-safe paths of the GPU benchmarks (issue 17): floors, argument checks, tiny CPU runs, skips without CUDA."""
+"""CPU-safe paths of the GPU benchmarks: floors, argument checks, tiny CPU runs, skips without CUDA."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def test_floor_at_7b_matches_an_independent_count() -> None:
     for p, spp_products in ((0.0, 3), (0.05, 5)):
         want = (spp_products * lin + shared) / (2 * lin + shared)
         assert floor_ratio(a, 32, 1, n, "spp-fused", p, False) == pytest.approx(want, rel=1e-12)
-    # the issue quotes "about 1.4x without dropout and 2.3x with dropout 0.05" at 7B, sequence 2048
+    # the expected figure: "about 1.4x without dropout and 2.3x with dropout 0.05" at 7B, sequence 2048
     assert 1.40 < floor_ratio(a, 32, 1, n, "spp-fused", 0.0, False) < 1.47
     assert 2.25 < floor_ratio(a, 32, 4, n, "spp-naive", 0.05, False) < 2.35
     assert floor_ratio(a, 32, 4, n, "frozen", 0.05, True) == 1.0

@@ -158,7 +158,7 @@ def _train(tmp_path: Path, name: str, *extra: str) -> subprocess.Popen:
 
 @pytest.mark.slow  # a train.py run (22 s loaded); the guard's decisions are tested in-process above; CI runs it
 def test_train_py_stops_within_a_few_steps_of_a_blowup(tmp_path):
-    """Item 6, end to end: the real job stops at step 6 of 20 (3 steps after the loss blew up), exit 2, one line
+    """The guard end to end: the real job stops at step 6 of 20 (3 steps after the loss blew up), exit 2, one line
     naming the blow-up and the fix, no merged model; with ``guards.loss_blowup_steps=0`` (the negative control)
     the same run trains all 20 steps and exports."""
     runs = {"stopped": _train(tmp_path, "stopped"), "off": _train(tmp_path, "off", "guards.loss_blowup_steps=0")}
@@ -193,7 +193,7 @@ def test_guards_off_or_zero_steps_never_stop():
             guard.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss)}, None, step)
 
 
-# ------------------------------------------------------------------ loss_must_fall at finalize (item 11)
+# ------------------------------------------------------------------ loss_must_fall at finalize
 def test_loss_must_fall_is_not_fooled_by_noise():
     """tiny_smoke on valid data: 5.504 -> 5.51 in 6 steps is noise, not divergence."""
     assert loss_rise([5.504, 5.46, 5.52, 5.47, 5.49, 5.51]) is None

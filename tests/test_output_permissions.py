@@ -1,4 +1,4 @@
-"""Issue 28, item 13: what a run writes follows the user's umask (files ``0666 & ~umask``, folders
+"""What a run writes follows the user's umask (files ``0666 & ~umask``, folders
 ``0777 & ~umask``), so on a shared cluster a merged model is as readable as any other file the user makes.
 
 ``save_pretrained`` writes its safetensors through a 0600 temporary file; without :func:`spp.atomic.follow_umask`

@@ -1,5 +1,5 @@
 """The committed run plan (``benchmarks/run_plan.py``): ``docs/results/run_plan.json`` and the table in
-``docs/plan.md`` are what the code computes, issue 30's 70B bound holds, and the measured-RSS table in
+``docs/plan.md`` are what the code computes, the 70B bound (72 GiB per 80 GB GPU) holds, and the measured-RSS table in
 ``docs/plan.md`` is the committed ``docs/results/plan_rss.json``."""
 
 from __future__ import annotations

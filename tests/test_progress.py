@@ -1,4 +1,4 @@
-"""Progress never goes silent (issue 52): a piped ``debug=fast`` run logs one line per pruned block and a training
+"""Progress never goes silent: a piped ``debug=fast`` run logs one line per pruned block and a training
 line at least every 30 s; a bar's total is the batches the run really takes (``max_steps``); lm-eval's bars become
 log lines outside a terminal; an evaluation stopped during its lm-eval tasks keeps the perplexity it measured."""
 
@@ -101,7 +101,7 @@ def test_bar_total_is_the_batches_the_run_takes(max_steps, accumulate, expected)
     bar = StepBoundedTQDMBar()
     _fit(bar, max_steps, accumulate)
     assert bar.train_progress_bar.total == expected
-    if expected < 10:  # negative control: Lightning's own bar counts the whole epoch (the issue's "40/99")
+    if expected < 10:  # negative control: Lightning's own bar counts the whole epoch (a real run showed "40/99")
         plain = TQDMProgressBar()
         _fit(plain, max_steps, accumulate)
         assert plain.train_progress_bar.total == 10

@@ -1,4 +1,4 @@
-"""Issue 28, item 3: with ``data.train_on_inputs=false``, a prompt that fills ``data.max_length`` leaves no token
+"""With ``data.train_on_inputs=false``, a prompt that fills ``data.max_length`` leaves no token
 that carries loss. Such records are dropped at tokenisation and counted in the data summary (``summary.json`` →
 ``data.dropped_no_loss_records``); a batch without a loss-carrying token cannot reach the model (it would give a
 ``nan`` loss that the guards blame on the learning rate); if no training record is left, one line names

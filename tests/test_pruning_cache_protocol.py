@@ -1,4 +1,4 @@
-"""The pruning cache's protocol at scale (issue 29, item 5): written while pruning runs, read once, and no rank
+"""The pruning cache's protocol at scale: written while pruning runs, read once, and no rank
 left waiting on the training process group while rank 0 works alone.
 
 * SparseGPT's entry is streamed: each decoder block's weights file is handed to the writer as soon as the block is

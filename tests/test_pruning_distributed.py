@@ -1,4 +1,4 @@
-"""Pruning on N ranks as ``torchrun``/``srun`` start them (issue 29), on CPU processes with gloo.
+"""Pruning on N ranks as ``torchrun``/``srun`` start them, on CPU processes with gloo.
 
 Every rank runs its share of the calibration batches; Wanda, DS⊘T and magnitude masks are the same bits as one
 process (per-batch sums added in global batch order), and so are SparseGPT's (its Hessian is summed exactly, as

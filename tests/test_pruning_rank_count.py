@@ -2,7 +2,7 @@
 (:mod:`spp.pruning.statistics`), so 1, 2 and 3 processes started by ``torch.distributed.run`` give the same bits.
 
 The default-suite case (hidden 256, 2 blocks) is one where the former fp32 sum flipped 6,500 mask bits between 1
-and 2 ranks; the slow case is the widened tiny LLaMA of issue 49 (hidden 512, 8 blocks) on 1, 2 and 3 processes.
+and 2 ranks; the slow case is the widened tiny LLaMA (hidden 512, 8 blocks) on 1, 2 and 3 processes.
 """
 
 from __future__ import annotations

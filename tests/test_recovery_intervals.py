@@ -32,7 +32,7 @@ def _noisy(shift: float, noise: float, seed: int) -> dict:
 def test_small_sample_interval_is_t_on_seeds_with_the_windows_variance_added():
     """Three seeds 0.005, 0.02, 0.035 nats above on noisy windows: the interval is mean ± t(0.975, 2) · sqrt(var(per
     seed) / 3 + var(per window) / 40), by hand; it is wider than the two-level bootstrap, which here excludes 1 while
-    the small-sample interval does not, so the verdict is a tie (the issue's LoRA* / SPP at Wanda 2:4)."""
+    the small-sample interval does not, so the verdict is a tie (the case of LoRA* / SPP at Wanda 2:4)."""
     a = [_noisy(s, 0.01, 10 + i) for i, s in enumerate((0.005, 0.02, 0.035))]
     b = [entry(0.0)] * 3
     p = paired_ratio(a, b)

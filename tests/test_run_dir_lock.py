@@ -1,4 +1,4 @@
-"""Issue 28, item 2: one job per run directory.
+"""One job per run directory.
 
 Two ``train.py`` processes on one ``run_dir``: the second is refused in one line (exit 2) naming the run directory
 and the first job's pid, before it loads a model or removes any temporary, and the first finishes with a run

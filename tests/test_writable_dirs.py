@@ -1,4 +1,4 @@
-"""Issue 28, item 5: a cache or output directory that cannot be written is named in one line by the preflight,
+"""A cache or output directory that cannot be written is named in one line by the preflight,
 before any model is loaded (it used to be an ``OSError`` traceback after the load and the dense perplexity).
 
 Two ways to make a directory unwritable: a path below a regular file (no one, root included, can create it), and

@@ -37,7 +37,7 @@ C="model=smollm2_135m calibration.nsamples=32 data.max_examples=540 data.val_siz
    export.merged=false guards.enabled=false sample.enabled=false"
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
-# The half-decade grids (the recovery study, item 2) live in lab/recovery/selection.py, which the report also
+# The half-decade grids of the learning-rate search live in lab/recovery/selection.py, which the report also
 # reads: BASE_GRIDS at Wanda 2:4 (SPP on 1-2-5 steps, the rest on 1-3 steps); in another setting, once the method's
 # Wanda 2:4 grid is settled (interior), the three points centred on its choice there (base_grid).
 
@@ -171,15 +171,15 @@ zero_shot_export() {  # zero_shot_export METHOD SETTING
 
 competitor() { python -m lab.recovery competitor "$R" "$1"; }
 
-# objective=distill (the dense model as teacher) at the method's chosen cross-entropy rate, seeds 0-2 (the recovery study,
-# item 4: does distillation change the ranking?)
+# objective=distill (the dense model as teacher) at the method's chosen cross-entropy rate, seeds 0-2
+# (does distillation change the ranking?)
 distill() {
   local m=$1 st=nm2_4 s lr
   lr=$(chosen_lr "$st" "$m") || return 1
   for s in 0 1 2; do train "$R/distill/$st/$m/s$s" "$st" "$m" "$lr" "$s" objective=distill; done
 }
 
-# Recovery per CPU-minute (item 6): one run of two epochs (126 steps) at the chosen rate, the merged model's
+# Recovery per CPU-minute: one run of two epochs (126 steps) at the chosen rate, the merged model's
 # validation perplexity every 16 optimizer steps (trainer.curve_every_n_steps) with the training CPU time.
 recovery() {
   local m=$1 st=nm2_4 lr
@@ -187,7 +187,7 @@ recovery() {
   train "$R/${RECOVERY_KIND:-recovery}/$st/$m" "$st" "$m" "$lr" 0 trainer.max_epochs=2 trainer.curve_every_n_steps=16
 }
 
-# Fresh records (item 4 of the evidence issue): every recovery curve falls in its second epoch, which repeats the first
+# Fresh records: every recovery curve falls in its second epoch, which repeats the first
 # epoch's 500 records. The same method, rate and seed trained for as many steps on 1,000 records seen once each (one
 # epoch of 125 steps; the merged model's validation perplexity every 32 steps) tells repetition from over-training.
 fresh() {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stage (git add) the raw files of every FINISHED campaign-33 job (a directory holding summary.json or results.json),
+# Stage (git add) the raw files of every FINISHED recovery-study job (a directory holding summary.json or results.json),
 # never a job still running, after writing the machine's absolute paths in them relative (checkout -> relative,
 # the shared data root -> ../shared/data, the cache -> $SPP_CACHE_DIR). Large outputs stay out of git
 # (experiments/results/.gitignore). Use: bash experiments/recovery/stage_finished.sh && git commit -m "..."

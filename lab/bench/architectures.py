@@ -1,4 +1,4 @@
-"""The architecture matrix (issue 32): which families work end to end, cell by cell, on tiny random models.
+"""The architecture matrix: which families work end to end, cell by cell, on tiny random models.
 
 One cell = (family, pruner, pattern, adapter): prune the family's tiny model (``spp.models.tiny``) -> the training
 adapter -> a few AdamW steps -> streamed export (merge + audit) -> every pruned weight still zero in the files ->

@@ -1,6 +1,6 @@
 """The adapters the benchmarks compare: SPP (every impl), peft LoRA, SparsePEFT and masked full fine-tuning.
 
-SparsePEFT and masked full fine-tuning (issue 14) are self-contained functions: ``sparse_lora_linear`` /
+SparsePEFT and masked full fine-tuning are self-contained functions: ``sparse_lora_linear`` /
 ``masked_full_linear`` for the layer benchmark, ``sparse_lora_model`` / ``masked_full_model`` for the model step.
 """
 

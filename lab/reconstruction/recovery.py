@@ -1,4 +1,4 @@
-"""Recovery per CPU-minute (item 2): the share of the log-perplexity gap closed on the WikiText-2 *validation*
+"""Recovery per CPU-minute: the share of the log-perplexity gap closed on the WikiText-2 *validation*
 windows against training CPU minutes, each point with its paired bootstrap interval over windows.
 
 A reconstruction alone is one point at its CPU time (``reconstruction.timings.cpu_seconds``; the model does not

@@ -81,7 +81,7 @@ def test_rows(c: Campaign, drawn: list[Line]) -> list[list[str]]:
 
 
 def test_table(c: Campaign, drawn: list[Line]) -> list[str]:
-    """Item 3's table and the best two on validation."""
+    """The test-perplexity table and the best two on validation."""
     rows = test_rows(c, drawn)
     if not rows:
         return ["Not run yet: no chosen reconstruction, end-to-end run or reference evaluation.", ""]
@@ -98,7 +98,7 @@ def test_table(c: Campaign, drawn: list[Line]) -> list[str]:
 
 
 def machine_table(c: Campaign) -> list[str]:
-    """Item 4: per CPU the jobs' threads, cores, torch and the 1-minute load at their start and end."""
+    """The machines: per CPU the jobs' threads, cores, torch and the 1-minute load at their start and end."""
     jobs = [(r.machine, r.rel) for r in c.runs] + [(r.machine, r.rel) for r in c.refs]
     rows = []
     for cpu in sorted({cpu_name(m) for m, _ in jobs if m}):

@@ -1,4 +1,4 @@
-"""Seeds of the chosen reconstructions (item 3): a Student-t interval over seeds next to the window interval.
+"""Seeds of the chosen reconstructions: a Student-t interval over seeds next to the window interval.
 
 With ``n`` seeds of values ``x``, the interval is ``mean ± t(0.975, n − 1) · sd / √n`` (``sd`` the sample standard
 deviation). With n = 3, t = 4.303: the interval is wide and rests on the seeds' spread being roughly normal.

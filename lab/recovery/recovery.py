@@ -1,4 +1,4 @@
-"""Recovery per CPU-minute (the recovery study, item 6): along one longer run per method (``recovery/<method>``,
+"""Recovery per CPU-minute: along one longer run per method (``recovery/<method>``,
 ``trainer.curve_every_n_steps``), the share of the log-perplexity gap closed on the WikiText-2 *validation* windows
 against the training CPU time, read at 15 CPU-minutes and at the 60 % mark. A run trained again on another machine
 (``recovery_check/<method>``) is a row of its own: CPU minutes compare only on one machine, so each method is read
