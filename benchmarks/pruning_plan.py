@@ -15,7 +15,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from spp.planning.pruning import GIB, plan
+from spp.planning.hardware import GIB
+from spp.planning.pruning import plan
 from spp.planning.report import replace_between, write_committed
 from spp.planning.shapes import shape_from_arch
 from spp.projections import DEFAULT_TARGETS
@@ -30,7 +31,7 @@ BEGIN, END = "<!-- pruning-plan:begin -->\n", "<!-- pruning-plan:end -->\n"
 
 
 def plan_rows() -> list[dict[str, Any]]:
-    """One plan per model x pruner x GPU count, with the default :class:`~spp.planning.pruning.Hardware`."""
+    """One plan per model x pruner x GPU count, with the default :class:`~spp.planning.hardware.Hardware`."""
     rows = []
     for name in MODELS:
         arch = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml").arch)
@@ -57,7 +58,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                      f"{host['other_nodes'] / GIB:.0f} GiB | {r['gpu_bytes_per_device'] / GIB:.1f} GiB | "
                      f"{r['seconds']['total'] / 60:.1f} min |")
     assumptions = (
-        f"Assumptions (the defaults of `spp.planning.pruning.Hardware` and `Calibration`): {hw['gpus_per_node']} GPUs "
+        f"Assumptions (the defaults of `spp.planning.hardware.Hardware` and `Calibration`): {hw['gpus_per_node']} GPUs "
         f"of {hw['gpu_gib']:.0f} GiB per node; sustained {hw['bf16_tflops']:.0f} TFLOP/s bf16 (calibration forward "
         f"passes) and {hw['fp32_tflops']:.0f} TFLOP/s fp32 (SparseGPT's Hessians and solves); "
         f"{hw['column_overhead_s'] * 1e6:.0f} µs per SparseGPT column beyond its FLOPs; host-to-device copies at "

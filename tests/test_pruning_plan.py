@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from benchmarks.pruning_plan import BEGIN, DOC_PATH, END, JSON_PATH, MODELS, as_json, markdown, plan_rows, with_table
-from spp.planning.pruning import GIB
+from spp.planning.hardware import GIB
 
 # LLaMA parameter counts as published with the checkpoints (untied LM head)
 KNOWN_PARAMS = {"llama7b": 6_738_415_616, "llama13b": 13_015_864_320, "llama30b": 32_528_943_616,

@@ -11,7 +11,7 @@ import sysconfig
 from pathlib import Path
 
 from spp.atomic import write_text_atomic
-from spp.paths import REPO_ROOT, SHARED_DATA_DIR
+from spp.paths import REPO_ROOT, SHARED_DATA_DIR, default_cache_dir
 
 TEXT_SUFFIXES = (".json", ".jsonl", ".yaml", ".log", ".md", ".csv")
 SKIP_DIRS = ("adapter", "merged", "checkpoints", "wandb")
@@ -22,7 +22,7 @@ def replacements(cache_dir: str | Path | None = None) -> list[tuple[str, str]]:
     """``(absolute prefix, what it becomes)``, longest first: the cache -> ``$SPP_CACHE_DIR``, the shared data ->
     ``../shared/data``, the checkout -> relative, the Python installation (warnings name its files) ->
     ``$SITE_PACKAGES`` / ``$PYTHON_PREFIX``."""
-    cache = Path(cache_dir or os.environ.get("SPP_CACHE_DIR") or Path.home() / ".cache" / "spp")
+    cache = Path(cache_dir or default_cache_dir())
     pairs = [(str(cache), "$SPP_CACHE_DIR"), (str(SHARED_DATA_DIR), "../shared/data"), (f"{REPO_ROOT}/", ""),
              (str(REPO_ROOT), "."), (sysconfig.get_paths()["purelib"], "$SITE_PACKAGES"),
              (sys.base_prefix, "$PYTHON_PREFIX"), (sys.prefix, "$PYTHON_PREFIX")]
