@@ -1,13 +1,7 @@
-"""Masked full fine-tuning: every weight of the adapted projections is trained, its gradient multiplied by the mask.
+"""Masked full fine-tuning: every weight of the adapted projections trains, its gradient multiplied by the mask.
 
-The upper bound of sparse fine-tuning (what llm-compressor's ``ConstantPruningModifier`` does): for each adapted
-``nn.Linear`` the weight ``W`` itself requires grad and a gradient hook returns ``dL/dW ⊙ M`` (``M`` = pruning
-mask ∧ ``W ≠ 0``, stored bit-packed on the layer). With AdamW a pruned weight then never moves: its gradient,
-both moments and its update are 0, and decoupled weight decay multiplies 0 by ``1 - lr·wd``. Nothing else is
-trainable, so AdamW holds states only for these projections; "merge" is the identity.
-
-Memory is what makes it the expensive baseline: gradients and two AdamW moments for every adapted weight.
-:func:`estimate_training_memory` counts it; :func:`inject_masked_full` refuses when it does not fit.
+The upper bound of sparse fine-tuning (llm-compressor's ``ConstantPruningModifier``): with AdamW a pruned weight never
+moves (zero gradient, moments and update; decoupled decay multiplies 0). Costs gradients + two moments per weight.
 """
 
 from __future__ import annotations
@@ -46,18 +40,7 @@ ADAMW_STATES = 2
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Training memory of the trainable parameters (activations excluded).
-
-    Attributes:
-        trainable_params: Parameters that require grad.
-        kept_params: Of those, the ones the masks let move (the trained weights).
-        weight_bytes: Every parameter of the model (resident before training).
-        grad_bytes: One gradient per trainable parameter, in its dtype.
-        optimizer_bytes: AdamW's two moments per trainable parameter, in its dtype.
-        mask_bytes: The bit-packed masks.
-        device: Where the weights are (``cuda:0``, ``cpu``).
-        available_bytes: Free memory there now (CUDA: ``torch.cuda.mem_get_info``; CPU: psutil available RAM).
-    """
+    """Training memory of the trainable parameters (activations excluded); ``available_bytes`` is free memory now."""
 
     trainable_params: int
     kept_params: int
@@ -109,12 +92,8 @@ def estimate_training_memory(model: nn.Module, trainable: Iterable[torch.Tensor]
                              available_bytes: int | None = None) -> MemoryEstimate:
     """Weights + gradients + AdamW states of the trainable parameters of ``model`` (any adapter method).
 
-    Args:
-        model: The model (its parameters are the resident weights).
-        trainable: The parameters to be trained; default those with ``requires_grad``.
-        kept_params: Trained entries (default: every trainable entry; masked full passes the kept count).
-        mask_bytes: Bytes of masks to count (default: the packed mask buffers of masked full and SparsePEFT).
-        available_bytes: Override the measured free memory (tests).
+    ``trainable`` defaults to ``requires_grad`` parameters, ``kept_params`` to all their entries, ``mask_bytes`` to the
+    packed mask buffers of masked full and SparsePEFT; ``available_bytes`` overrides the measured free memory (tests).
     """
     params = _unique(model.parameters())
     train = _unique(trainable) if trainable is not None else [p for p in params if p.requires_grad]
@@ -152,13 +131,9 @@ def _mask_grad(module: nn.Linear):
 def mask_gradients(model: nn.Module) -> int:
     """Zero the pruned entries of every masked layer's gradient; returns how many layers it masked.
 
-    The tensor hook of :func:`inject_masked_full` belongs to the weight object it was registered on. Sharding
-    (``fully_shard`` replaces each weight by a sharded ``DTensor`` and writes the reduce-scattered gradient there)
-    and materialising a replica from rank 0 (``to_empty``) make new weight objects, so the hook is lost there.
-    Called before every optimizer step (``SPPModule.on_before_optimizer_step``, before clipping), this masks the
-    gradient wherever it lives: a plain tensor whole, a ``DTensor`` in the rows of this rank's shard (FSDP2 shards
-    dim 0 in ``torch.chunk`` pieces). Masking is element-wise, so masking after the cross-rank average gives the
-    average of masked gradients.
+    Sharding (``fully_shard``) and ``to_empty`` make new weight objects and lose the tensor hook, so this runs before
+    every optimizer step; a ``DTensor`` gradient is masked in this rank's rows (FSDP2 shards dim 0 in ``torch.chunk``
+    pieces). Masking is element-wise, so masking after the cross-rank average equals averaging masked gradients.
     """
     from torch.distributed.tensor import DTensor
 
@@ -190,11 +165,8 @@ def _hook(module: nn.Linear) -> None:
 def restore_gradient_hooks(model: nn.Module) -> int:
     """Put the gradient-mask hook back on each masked layer's *current* weight object; returns how many it moved.
 
-    Materialising a replica from rank 0 (``to_empty``) replaces the weight objects, and with them the hook of
-    :func:`inject_masked_full`. Under DDP :func:`mask_gradients` still masks before the step, but DeepSpeed moves
-    each gradient into its own (partitioned) buffers as soon as it is computed, so ``weight.grad`` is empty by then:
-    the mask must be applied by the hook, before DeepSpeed reduces the gradient. Not for FSDP2 (the sharded
-    ``DTensor`` weight is not the tensor autograd sees; :func:`mask_gradients` masks its shard).
+    Needed for DeepSpeed, which moves each gradient into its own buffers as soon as it is computed (``weight.grad`` is
+    empty at step time). Not for FSDP2 (:func:`mask_gradients` masks its shard).
     """
     moved = 0
     for module in masked_full_layers(model).values():
@@ -218,17 +190,8 @@ def inject_masked_full(
 ) -> nn.Module:
     """Make every weight of the ``targets`` linears trainable with gradient ``dL/dW ⊙ M``; freeze the rest.
 
-    Args:
-        model: The pruned model (modified in place and returned).
-        masks: Pruning masks (True = kept) by module name, one per adapted layer (extra ones ignored); ``None`` or
-            empty uses each weight's non-zeros. The mask used is ``M ∧ (W ≠ 0)``.
-        targets: Module-name suffixes (``adapter.targets``).
-        check_memory: Refuse when :func:`estimate_training_memory` exceeds the free memory.
-        available_bytes: Override the measured free memory (tests).
-
-    Raises:
-        ValueError: targets match nothing, an adapted layer without a mask, a mask pruning a non-zero weight, or
-            the model is already prepared. MemoryError: gradients + AdamW states do not fit (names the config key).
+    ``masks`` (True = kept, by module name; ``None``/empty = the weights' non-zeros) give ``M = mask ∧ (W ≠ 0)``.
+    Raises ValueError on bad targets/masks or a prepared model, MemoryError when gradients + AdamW states do not fit.
     """
     targets = tuple([targets] if isinstance(targets, str) else targets)
     if masked_full_layers(model):
@@ -273,11 +236,7 @@ def kept_parameters(model: nn.Module) -> int:
 
 @torch.no_grad()
 def merge_masked_full(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
-    """The identity on the weights: remove hooks and masks, freeze; report pruned weights that are non-zero (0).
-
-    Returns:
-        The same model and ``{"layers", "kept_params", "trainable_params", "pruned_nonzero"}``.
-    """
+    """The identity on the weights: remove hooks and masks, freeze; report stats (``pruned_nonzero`` should be 0)."""
     layers = masked_full_layers(model)
     if not layers:
         raise ValueError("merge_masked_full: the model holds no layer prepared by inject_masked_full")
@@ -297,8 +256,7 @@ def merge_masked_full(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def save_masked_full(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``masked_full.json`` (layers, kept counts, memory estimate): the trained weights are the model itself,
-    exported as the merged model, so no adapter tensors are written."""
+    """Write ``masked_full.json`` (layers, kept counts, memory); the trained weights are the merged model itself."""
     layers = masked_full_layers(model)
     if not layers:
         raise ValueError("save_masked_full: the model holds no layer prepared by inject_masked_full")
