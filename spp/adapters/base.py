@@ -60,17 +60,9 @@ class ParamCounts(NamedTuple):
 
 def count_parameters(model: nn.Module) -> ParamCounts:
     """Count trainable and frozen parameters of ``model`` (tied tensors once)."""
-    seen: set[int] = set()
-    trainable = frozen = 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        if p.requires_grad:
-            trainable += p.numel()
-        else:
-            frozen += p.numel()
-    return ParamCounts(trainable, frozen)
+    params = list(model.parameters())  # parameters() yields a shared tensor once
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    return ParamCounts(trainable, sum(p.numel() for p in params) - trainable)
 
 
 class LinearWrapper(nn.Module):
@@ -126,6 +118,7 @@ class AdapterMethod(ABC):
     kept_zeros_may_change: ClassVar[bool] = False
     zero3_refusal: ClassVar[str | None] = None
     reconstruct_lr: ClassVar[float] = 1e-2
+    summed_stats: ClassVar[tuple[str, ...]] = ()
 
     @abstractmethod
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
@@ -166,8 +159,11 @@ class AdapterMethod(ABC):
         return None
 
     def merge_summary(self, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """What :meth:`merge` reports, from every layer's :attr:`MergedLayer.stats` (default: ``{}``)."""
-        return {}
+        """What :meth:`merge` reports from every layer's :attr:`MergedLayer.stats`: default ``{"layers"}`` and the
+        sums of :attr:`summed_stats` (``{}`` without them)."""
+        if not self.summed_stats:
+            return {}
+        return {"layers": len(layers), **{k: sum(s[k] for s in layers.values()) for k in self.summed_stats}}
 
     def trained_parameters(self, model: nn.Module, sparsity: float | None = None) -> int:
         """Parameters training changes (Table 1); ``sparsity`` serves methods on ``meta`` where masks are unknown."""

@@ -24,7 +24,7 @@ from spp.adapters.base import (
 )
 from spp.adapters.config import AdapterConfig
 from spp.adapters.trained_on import RECORD, check_base
-from spp.atomic import write_file_atomic
+from spp.atomic import write_text_atomic
 from spp.errors import UserError
 from spp.models.conv1d import linearize_conv1d
 from spp.paths import CONF_DIR
@@ -128,14 +128,9 @@ def merge_adapter(model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[n
 def external_parameters(model: nn.Module, name: str | None = None) -> ExternalParameters:
     """The ``(reader, parameter)`` pairs of method ``name``, or of every registered method, without duplicates."""
     names = [name] if name is not None else list(method_names())
-    pairs: ExternalParameters = []
-    seen: set[tuple[int, int]] = set()
-    for method in names:
-        for reader, param in get_method(method).external_parameters(model):
-            if (id(reader), id(param)) not in seen:
-                seen.add((id(reader), id(param)))
-                pairs.append((reader, param))
-    return pairs
+    pairs = {(id(reader), id(param)): (reader, param) for method in names
+             for reader, param in get_method(method).external_parameters(model)}
+    return list(pairs.values())
 
 
 def after_placement(model: nn.Module) -> None:
@@ -161,8 +156,7 @@ def save_adapter_dir(method: AdapterMethod, model: nn.Module, directory: Path, e
     config = {k: v if isinstance(v, (bool, int, float, list, type(None))) else str(v)
               for k, v in vars(cfg).items()} if cfg is not None else {}
     marker = {"method": method.name, "config": config, "spp_version": __version__, RECORD: record}
-    text = json.dumps(marker, indent=2, sort_keys=True)
-    write_file_atomic(Path(directory) / MARKER, lambda p: p.write_text(text + "\n"))
+    write_text_atomic(Path(directory) / MARKER, json.dumps(marker, indent=2, sort_keys=True) + "\n")
 
 
 def check_adapter_files(directory: str | Path, key: str = "adapter_dir") -> None:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from spp.adapters.base import freeze_all, target_linears
-from spp.atomic import write_file_atomic
+from spp.atomic import write_text_atomic
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS
 from spp.version import __version__
@@ -81,10 +81,7 @@ def available_memory(device: torch.device) -> int:
 
 
 def _unique(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    seen: dict[int, torch.Tensor] = {}
-    for p in params:
-        seen.setdefault(id(p), p)
-    return list(seen.values())
+    return list({id(p): p for p in params}.values())
 
 
 def estimate_training_memory(model: nn.Module, trainable: Iterable[torch.Tensor] | None = None,
@@ -120,14 +117,6 @@ def masked_full_layers(model: nn.Module) -> dict[str, nn.Linear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and hasattr(m, MASK_BUFFER)}
 
 
-def _mask_grad(module: nn.Linear):
-    def hook(grad: torch.Tensor) -> torch.Tensor:
-        keep = unpack_rows(getattr(module, MASK_BUFFER), grad.shape[-1])
-        return grad.masked_fill(~keep.to(grad.device), 0.0)
-
-    return hook
-
-
 def mask_gradients(model: nn.Module) -> int:
     """Zero the pruned entries of every masked layer's gradient; returns how many layers it masked.
 
@@ -142,14 +131,10 @@ def mask_gradients(model: nn.Module) -> int:
         grad = module.weight.grad
         if grad is None:
             continue
-        if not isinstance(grad, DTensor):
-            keep = unpack_rows(getattr(module, MASK_BUFFER), grad.shape[-1]).to(grad.device)
-            grad.masked_fill_(~keep, 0.0)
-            done += 1
-            continue
-        local = grad.to_local()
-        rows = module.weight.shape[0]
-        offset = min(grad.device_mesh.get_local_rank() * -(-rows // grad.device_mesh.size()), rows)
+        local, offset = grad, 0
+        if isinstance(grad, DTensor):
+            local, rows = grad.to_local(), module.weight.shape[0]
+            offset = min(grad.device_mesh.get_local_rank() * -(-rows // grad.device_mesh.size()), rows)
         packed = getattr(module, MASK_BUFFER)[offset : offset + local.shape[0]]
         local.masked_fill_(~unpack_rows(packed, module.weight.shape[1]).to(local.device), 0.0)
         done += 1
@@ -158,7 +143,10 @@ def mask_gradients(model: nn.Module) -> int:
 
 def _hook(module: nn.Linear) -> None:
     """Register the gradient-mask hook on ``module.weight`` and remember which weight object holds it."""
-    setattr(module, HOOK_ATTR, module.weight.register_hook(_mask_grad(module)))
+    def mask(grad: torch.Tensor) -> torch.Tensor:
+        return grad.masked_fill(~unpack_rows(getattr(module, MASK_BUFFER), grad.shape[-1]).to(grad.device), 0.0)
+
+    setattr(module, HOOK_ATTR, module.weight.register_hook(mask))
     setattr(module, HOOKED_ATTR, weakref.ref(module.weight))
 
 
@@ -263,8 +251,5 @@ def save_masked_full(model: nn.Module, directory: str | os.PathLike, extra: dict
     meta = {"format": "masked_full", "spp_version": __version__,
             "layers": {n: int(unpack_rows(getattr(m, MASK_BUFFER), m.in_features).sum()) for n, m in layers.items()},
             "memory": estimate_training_memory(model).to_dict(), "extra": extra or {}}
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(meta, indent=2, sort_keys=True)
-    write_file_atomic(out / META_NAME, lambda p: p.write_text(text + "\n"))
-    return out
+    write_text_atomic(Path(directory) / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return Path(directory)

@@ -22,8 +22,9 @@ from torch.distributed.tensor import DTensor
 
 from spp.adapters.base import CONFIG_NAME
 from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS, MAX_DELTA_ELEMENTS, row_chunks
+from spp.adapters.config import check_dropout, check_rank
 from spp.adapters.peft_base import read_lora_settings
-from spp.atomic import write_file_atomic
+from spp.atomic import write_text_atomic
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS, model_targets
 from spp.version import __version__
@@ -51,7 +52,7 @@ def _masked_delta(a: torch.Tensor, b_rows: torch.Tensor, packed_rows: torch.Tens
 
 
 class MaskedLoRAFunction(torch.autograd.Function):
-    """``s · xd ((B A) ⊙ M)ᵀ`` with hand-written gradients, a chunk of rows at a time for large layers.
+    """``s · xd ((B A) ⊙ M)ᵀ`` with hand-written gradients, in one chunk of rows or several for large layers.
 
     With ``G = s (gᵀ xd) ⊙ M``: ``dB = G Aᵀ``, ``dA = Bᵀ G``, ``dxd = s g ((B A) ⊙ M)``.
     """
@@ -65,13 +66,9 @@ class MaskedLoRAFunction(torch.autograd.Function):
         with torch.autocast(dev, enabled=False):
             x2 = xd.reshape(-1, n).to(cdt)
             a, b = lora_a.to(cdt), lora_b.to(cdt)
-            chunks = _row_chunks(m, n)
-            if len(chunks) == 1:
-                y = x2 @ _masked_delta(a, b, packed, scale).t()
-            else:
-                y = x2.new_empty(x2.shape[0], m)
-                for lo, hi in chunks:
-                    y[:, lo:hi] = x2 @ _masked_delta(a, b[lo:hi], packed[lo:hi], scale).t()
+            y = x2.new_empty(x2.shape[0], m)
+            for lo, hi in _row_chunks(m, n):
+                y[:, lo:hi] = x2 @ _masked_delta(a, b[lo:hi], packed[lo:hi], scale).t()
         ctx.scale, ctx.cdt = scale, cdt
         ctx.save_for_backward(xd, lora_a, lora_b, packed)
         return y.view(*xd.shape[:-1], m)
@@ -85,30 +82,19 @@ class MaskedLoRAFunction(torch.autograd.Function):
         g2 = g.reshape(-1, m).to(cdt)
         x2 = xd.reshape(-1, n).to(cdt)
         a, b = lora_a.to(cdt), lora_b.to(cdt)
-        chunks = _row_chunks(m, n)
-        gx = ga = gb = None
-        if len(chunks) == 1:
+        gx = torch.zeros_like(x2) if need_x else None
+        ga = torch.zeros_like(a) if need_a else None
+        gb = torch.empty_like(b) if need_b else None
+        for lo, hi in _row_chunks(m, n):
             if need_x:
-                gx = g2 @ _masked_delta(a, b, packed, scale)
+                gx.addmm_(g2[:, lo:hi], _masked_delta(a, b[lo:hi], packed[lo:hi], scale))
             if need_a or need_b:
-                grad_delta = (g2.t() @ x2).mul_(scale).mul_(_keep(packed, n))
-                gb = grad_delta @ a.t() if need_b else None
-                ga = b.t() @ grad_delta if need_a else None
+                grad_delta = (g2[:, lo:hi].t() @ x2).mul_(scale).mul_(_keep(packed[lo:hi], n))
+                if need_b:
+                    gb[lo:hi] = grad_delta @ a.t()
+                if need_a:
+                    ga.addmm_(b[lo:hi].t(), grad_delta)
                 del grad_delta
-        else:
-            gx = torch.zeros_like(x2) if need_x else None
-            ga = torch.zeros_like(a) if need_a else None
-            gb = torch.empty_like(b) if need_b else None
-            for lo, hi in chunks:
-                if need_x:
-                    gx.addmm_(g2[:, lo:hi], _masked_delta(a, b[lo:hi], packed[lo:hi], scale))
-                if need_a or need_b:
-                    grad_delta = (g2[:, lo:hi].t() @ x2).mul_(scale).mul_(_keep(packed[lo:hi], n))
-                    if need_b:
-                        gb[lo:hi] = grad_delta @ a.t()
-                    if need_a:
-                        ga.addmm_(b[lo:hi].t(), grad_delta)
-                    del grad_delta
         return (gx.view(xd.shape).to(xd.dtype) if need_x else None,
                 ga.to(lora_a.dtype) if need_a else None,
                 gb.to(lora_b.dtype) if need_b else None, None, None)
@@ -234,14 +220,6 @@ def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]
     return pairs
 
 
-def _check_targets(model: nn.Module, targets: Sequence[str], r: int, dropout: float) -> list[str]:
-    if r < 1:
-        raise ValueError(f"adapter.r must be >= 1, got {r}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"adapter.dropout must be in [0, 1), got {dropout}")
-    return model_targets(model, targets, "adapter.targets")
-
-
 def inject_sparse_lora(
     model: nn.Module,
     masks: Mapping[str, torch.Tensor] | None = None,
@@ -258,8 +236,10 @@ def inject_sparse_lora(
     non-zero weight.
     """
     targets = tuple([targets] if isinstance(targets, str) else targets)
-    names = _check_targets(model, targets, r, dropout)
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none",
+    check_rank(r)
+    check_dropout(dropout)
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none",
+                        target_modules=model_targets(model, targets, "adapter.targets"),
                         task_type=task_type)
     return wrap_masked(model, config, masks, dtype, "sparse_lora")
 
@@ -311,12 +291,10 @@ def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     config = {**json.loads((out / CONFIG_NAME).read_text()), "peft_type": PEFT_TYPE}
-    config_text = json.dumps(config, indent=2, sort_keys=True)
-    write_file_atomic(out / CONFIG_NAME, lambda p: p.write_text(config_text + "\n"))
+    write_text_atomic(out / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
     meta = {"format": FORMAT, "spp_version": __version__,
             "layers": {name: int(layer.mask.sum()) for name, layer in layers.items()}, "extra": extra or {}}
-    text = json.dumps(meta, indent=2, sort_keys=True)
-    write_file_atomic(out / META_NAME, lambda p: p.write_text(text + "\n"))
+    write_text_atomic(out / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return out
 
 
@@ -363,9 +341,14 @@ def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
     peft_model = inject_sparse_lora(model, masks, targets=sorted(config.target_modules), r=config.r,
                                     alpha=config.lora_alpha, dropout=config.lora_dropout, dtype=dtype)
     check_mask_sizes(peft_model, meta, directory)
+    set_lora_tensors(peft_model, state, "load_sparse_lora")
+    return peft_model
+
+
+def set_lora_tensors(peft_model: PeftModel, state: dict[str, torch.Tensor], label: str) -> None:
+    """Load the adapter tensors ``state`` into ``peft_model``; ``ValueError`` when their names differ."""
     result = set_peft_model_state_dict(peft_model, state)
     missing = [k for k in result.missing_keys if "lora_" in k]
     if result.unexpected_keys or missing:
-        raise ValueError(f"load_sparse_lora: tensors differ from the model: unexpected {result.unexpected_keys[:3]}, "
+        raise ValueError(f"{label}: tensors differ from the model: unexpected {result.unexpected_keys[:3]}, "
                          f"missing {missing[:3]}")
-    return peft_model

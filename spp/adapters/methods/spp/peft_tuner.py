@@ -197,16 +197,11 @@ PEFT_KEY_PREFIX = "base_model.model."
 """What peft puts before a module path in its adapter files; spp's own files (``save_adapter``) start at the model."""
 
 
-def _adapter_keys(model: nn.Module, adapter_name: str) -> dict[str, tuple[int, ...]]:
-    """The model's SPP tensors of ``adapter_name``: state-dict key -> shape."""
-    prefixes = _get_tuner_state_dict_key_prefixes(model, adapter_name=adapter_name)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()
-            if any(k == p or k.startswith(p + ".") for p in prefixes)}
-
-
 def check_loaded(model: nn.Module, adapter_name: str, state_dict: dict[str, torch.Tensor]) -> None:
     """Raise if ``state_dict`` (keys as in the model) does not hold exactly the model's SPP tensors, shapes included."""
-    expected = _adapter_keys(model, adapter_name)
+    prefixes = _get_tuner_state_dict_key_prefixes(model, adapter_name=adapter_name)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()
+                if any(k == p or k.startswith(p + ".") for p in prefixes)}
     mine = {k for k in state_dict if f".{SPPModel.prefix}" in k}
     missing, unexpected = sorted(set(expected) - mine), sorted(mine - set(expected))
     shapes = [k for k in sorted(mine & set(expected)) if tuple(state_dict[k].shape) != expected[k]]
