@@ -1,9 +1,7 @@
-"""Adapters on a pruned model, laid out as peft's tuners: the interface (``base``), the shared config keys
-(``config``), the registry (``registry``) and one package per method (``methods/<name>/``: its config, layers,
-equations and the registered :class:`AdapterMethod`).
+"""Adapters on a pruned model, laid out as peft's tuners: interface, shared config, registry, one package per method.
 
-Importing the package registers the built-in methods, so Hydra can compose ``adapter=<name>`` for any of them; a
-plug-in registers when :func:`spp.plugins.load_plugins` imports its folder."""
+Importing the package registers the built-in methods, so Hydra can compose ``adapter=<name>``.
+"""
 
 from spp.adapters.base import AdapterMethod, ParamCounts, count_parameters
 from spp.adapters.config import AdapterConfig

@@ -1,9 +1,6 @@
 """What every adapter method provides (the registry's interface), and the helpers they share.
 
-A method is one folder (``spp/adapters/methods/<name>/``, or a plug-in's folder named in ``SPP_PLUGINS``) whose
-``__init__`` calls :func:`spp.adapters.registry.register` with an :class:`AdapterMethod`, plus one YAML
-(``conf/adapter/<name>.yaml``). Everything else in the project (training, the sparsity audit, the streamed export,
-``eval.py adapter_dir=``, the preflight, Table 1, the studies' tables) asks the method through this interface.
+A method is a folder whose ``__init__`` registers an :class:`AdapterMethod`, plus ``conf/adapter/<name>.yaml``.
 """
 
 from __future__ import annotations
@@ -63,22 +60,13 @@ class ParamCounts(NamedTuple):
 
 def count_parameters(model: nn.Module) -> ParamCounts:
     """Count trainable and frozen parameters of ``model`` (tied tensors once)."""
-    seen: set[int] = set()
-    trainable = frozen = 0
-    for p in model.parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
-        if p.requires_grad:
-            trainable += p.numel()
-        else:
-            frozen += p.numel()
-    return ParamCounts(trainable, frozen)
+    params = list(model.parameters())  # parameters() yields a shared tensor once
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    return ParamCounts(trainable, sum(p.numel() for p in params) - trainable)
 
 
 class LinearWrapper(nn.Module):
-    """A layer wrapping a frozen ``self.base`` linear: its shape and tensors read through (``layer.weight`` is the
-    pruned weight, as code that inspects ``nn.Linear`` attributes expects)."""
+    """A layer wrapping a frozen ``self.base`` linear whose shape and tensors read through (``layer.weight``)."""
 
     base: nn.Module
 
@@ -107,9 +95,7 @@ class MergedLayer(NamedTuple):
 
 
 class PeftIntegration(NamedTuple):
-    """A method as a registered peft method (``spp.peft`` registers it on import): its name for peft
-    (``PeftType.<NAME>``, ``"peft_type"`` in ``adapter_config.json``), peft config and tuner classes, the prefix of
-    its tensors' names, and what ``spp.peft`` exports for it (each under its ``__name__``)."""
+    """A method as a registered peft method: peft name, config/tuner classes, tensor prefix, ``spp.peft`` exports."""
 
     name: str
     config_class: type
@@ -121,17 +107,9 @@ class PeftIntegration(NamedTuple):
 class AdapterMethod(ABC):
     """One way to fine-tune a pruned model, registered by its folder's ``__init__``.
 
-    Attributes:
-        name: The ``adapter.name`` value (and ``conf/adapter/<name>.yaml``).
-        config_class: Its config dataclass (a subclass of :class:`~spp.adapters.config.AdapterConfig`), stored in
-            Hydra's ConfigStore as ``adapter/<name>_schema``.
-        trains: Whether the method has a training loop (``none`` has not).
-        kept_zeros_may_change: The merge may fill kept weights that happened to be exactly zero (LoRA*
-            re-masking); pruned positions must stay zero for every method.
-        zero3_refusal: Why the method cannot train under DeepSpeed ZeRO-3 (``strategy=deepspeed_stage3``), or
-            ``None`` when it can (the preflight refuses the job in one line otherwise).
-        reconstruct_lr: The learning rate block-wise reconstruction uses with this method as its trainable form
-            when ``reconstruct.lr`` is null (``docs/reconstruction.md``).
+    ``kept_zeros_may_change``: the merge may fill kept weights that were exactly zero (pruned ones always stay zero);
+    ``zero3_refusal``: why it cannot train under ZeRO-3 (``None`` if it can); ``reconstruct_lr``: its default lr in
+    block-wise reconstruction (``docs/reconstruction.md``).
     """
 
     name: ClassVar[str] = ""
@@ -140,12 +118,11 @@ class AdapterMethod(ABC):
     kept_zeros_may_change: ClassVar[bool] = False
     zero3_refusal: ClassVar[str | None] = None
     reconstruct_lr: ClassVar[float] = 1e-2
+    summed_stats: ClassVar[tuple[str, ...]] = ()
 
-    # ----------------------------------------------------------------------------------------- the life cycle
     @abstractmethod
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
-        """Attach the adapter; afterwards exactly the adapter's parameters require grad. ``masks`` may be empty
-        (the pruned weights' non-zeros then stand for them); ``model`` may live on the ``meta`` device (Table 1)."""
+        """Attach the adapter (only its parameters require grad); ``masks`` may be empty, ``model`` on ``meta``."""
 
     @abstractmethod
     def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
@@ -157,75 +134,54 @@ class AdapterMethod(ABC):
 
     @abstractmethod
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
-        """The pruned base ``model`` with the adapter :meth:`save` wrote into ``directory`` (unmerged), and the
-        config it was trained with (as far as :meth:`merge` needs it).
-
-        Raises:
-            spp.errors.UserError: the files do not belong to this method or to this model (naming ``adapter_dir``).
-        """
+        """The base ``model`` with the adapter :meth:`save` wrote (unmerged) and its config; UserError if not ours."""
 
     def needs_dense(self, cfg: AdapterConfig) -> bool:
-        """Whether ``cfg`` is completed from the dense and the pruned model before :meth:`inject` (:meth:`prepare`;
-        LoSA's per-block errors when not given): the training pipeline's pruning phase then keeps a dense copy
-        until it is. Default: no."""
+        """Whether :meth:`prepare` must complete ``cfg`` from the dense model first (LoSA). Default: no."""
         return False
 
     def prepare(self, cfg: AdapterConfig, dense: nn.Module, pruned: nn.Module,
                 batches: list[torch.Tensor]) -> dict[str, Any]:
-        """When :meth:`needs_dense`: the config keys to set from the ``dense`` and ``pruned`` models (whole, on rank
-        0's CPU) on the calibration token ``batches``; the pipeline sets them on the job's config on every rank
-        before :meth:`inject`."""
+        """Config keys to set from the ``dense`` and ``pruned`` models (rank 0's CPU) on calibration ``batches``."""
         return {}
 
     def wrong_adapter_dir(self, directory: Path, err: Exception) -> UserError:
-        """The one-line refusal of :meth:`load` when ``directory`` does not hold this method's files for this
-        model (``err`` says what is wrong)."""
+        """The one-line refusal of :meth:`load` when ``directory`` does not hold this method's files."""
         return UserError(f"adapter_dir={str(directory)!r}: {err}", f"point adapter_dir= at the adapter folder of an "
                          f"adapter={self.name} run on this pruned model", key="adapter_dir", path=directory)
 
-    # ----------------------------------------------------------------------------------------- views of a layer
     def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
-        """The weight ``module`` applies (what the sparsity audit checks), when it is one of this method's adapted
-        layers, from its gathered parameters (``full`` turns a shard into the whole tensor); else ``None`` (a plain
-        ``nn.Linear`` is audited on its own weight)."""
+        """The weight an adapted ``module`` applies (for the sparsity audit), else ``None``; ``full`` unshards."""
         return None
 
     def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:
-        """``module``'s weights as :meth:`merge` writes them, with what the merge reports of this layer, when
-        ``module`` is one of this method's adapted layers; else ``None``.
-
-        The streamed export (``spp.export.merged``) calls it one layer at a time on whole (unsharded) layers, so a
-        model is never merged whole; ``module`` itself is left as it is. ``mask`` is the layer's pruning mask
-        (True = kept). The default: the method adapts no layer.
-        """
+        """An adapted ``module``'s merged weights and stats (streamed export, one whole layer), else ``None``."""
         return None
 
     def merge_summary(self, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """What :meth:`merge` reports, from every layer's :attr:`MergedLayer.stats` by layer name (default: ``{}``)."""
-        return {}
+        """What :meth:`merge` reports from every layer's :attr:`MergedLayer.stats`: default ``{"layers"}`` and the
+        sums of :attr:`summed_stats` (``{}`` without them)."""
+        if not self.summed_stats:
+            return {}
+        return {"layers": len(layers), **{k: sum(s[k] for s in layers.values()) for k in self.summed_stats}}
 
-    # ----------------------------------------------------------------------------------------- what it trains
     def trained_parameters(self, model: nn.Module, sparsity: float | None = None) -> int:
-        """Parameters training changes in the injected ``model`` (Table 1's "trainable"); default: every parameter
-        that requires grad. ``sparsity`` (the pruned fraction) is for methods that train only the kept weights of
-        a model on the ``meta`` device, where the masks are unknown."""
+        """Parameters training changes (Table 1); ``sparsity`` serves methods on ``meta`` where masks are unknown."""
         return count_parameters(model).trainable
 
     def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
-        """The method's own work per training token, beyond the frozen base's forward and backward (what the run
-        plan's time counts, ``spp.planning.flops``): ``adapted_weights`` are the weights of the adapted linears over
-        the model, ``trainable`` its trainable values. Default ``6 x trainable`` (its tensors' forward, and backward
-        to their inputs and to themselves, as a LoRA factor)."""
+        """The method's own work per training token beyond the frozen base (``spp.planning.flops``).
+
+        Default ``6 x trainable``: its tensors' forward and backward, as a LoRA factor.
+        """
         return 6 * trainable
 
     def resident_terms(self, adapted_weights: int) -> dict[str, int]:
-        """Bytes its layers keep on every device beside the weights, never sharded, by term (the run plan's); the
-        adapted linears hold ``adapted_weights`` weights over the model. Default: none."""
+        """Bytes its layers keep on every device beside the weights, unsharded, by term. Default: none."""
         return {}
 
     def forward_transient_values(self, largest_weight: int) -> int:
-        """Values (in the activations' dtype) its forward builds for one adapted linear and keeps until backward;
-        the run plan counts the largest linear, of ``largest_weight`` weights. Default: none."""
+        """Values its forward keeps until backward for the largest adapted linear. Default: none."""
         return 0
 
     def backward_transient_bytes(self, largest_weight: int) -> int:
@@ -233,14 +189,11 @@ class AdapterMethod(ABC):
         return 0
 
     def keeps_merged_weights(self, cfg: AdapterConfig) -> bool:
-        """Whether every adapted linear keeps a merged copy of its weight from forward to backward (the run plan's
-        ``cached_weights``). Default: no."""
+        """Whether every adapted linear keeps a merged weight copy forward to backward. Default: no."""
         return False
 
     def preflight(self, cfg: AdapterConfig, shapes: Shapes | None) -> None:
-        """Refuse (:class:`~spp.errors.UserError` naming the key and the fix) a config that cannot work, before any
-        weight is loaded: its values against each other and against the adapted projections' ``shapes`` (``None``
-        when the model's shape is unknown before loading). Default: nothing to check."""
+        """Refuse (UserError naming key and fix) a config that cannot work, before loading (``shapes`` or None)."""
         return
 
     def rank(self, cfg: AdapterConfig) -> int | None:
@@ -248,27 +201,20 @@ class AdapterMethod(ABC):
         value = getattr(cfg, "r", None)
         return int(value) if value is not None else None
 
-    # ----------------------------------------------------------------------------------------- training hooks
     def external_parameters(self, model: nn.Module) -> ExternalParameters:
-        """Every parameter a module of the injected ``model`` reads without calling the module that owns it, with
-        that reader (:data:`ExternalParameters`). ZeRO-3 gathers a module's own parameters around its forward and
-        backward only, so these must be registered for their reader. Default: none (every read goes through the
-        owner's own forward, as peft LoRA's ``lora_A(x)`` does)."""
+        """Parameters a module reads without calling their owner, with that reader (ZeRO-3 must gather them)."""
         return []
 
     def after_placement(self, model: nn.Module) -> None:
-        """Called once every rank holds its replica (one process, DDP, DeepSpeed; not FSDP2, whose sharded weights
-        autograd does not see): what the method attached to parameter objects that materialising a replica replaced
-        is put back (masked full's gradient hooks). Default: nothing."""
+        """Re-attach what replica materialisation lost (masked full's hooks); not called under FSDP2."""
         return
 
     def before_optimizer_step(self, model: nn.Module) -> None:
         """Called before every optimizer step (and gradient clipping). Default: nothing."""
         return
 
-    # ----------------------------------------------------------------------------------------- outside spp
     def peft_integration(self) -> PeftIntegration | None:
-        """The method as a peft method (``import spp.peft`` registers it with peft), or ``None``. Default: none."""
+        """The method as a peft method (registered by ``import spp.peft``), or ``None``."""
         return None
 
 
@@ -294,23 +240,13 @@ def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 
 
 def target_linears(model: nn.Module, targets: tuple[str, ...] | list[str]) -> dict[str, nn.Linear]:
-    """The linear projections of ``model``'s decoder blocks that ``targets`` names, by path (the default targets
-    stand for all of them: :func:`spp.projections.find_projections`).
-
-    Raises:
-        UserError: ``targets`` is empty, or a name matches no linear projection (names the ones there are).
-    """
+    """The decoder-block linear projections ``targets`` names, by path (UserError if one matches nothing)."""
     return find_projections(model, targets, "adapter.targets")
 
 
 def read_adapter_files(directory: str | Path, meta_name: str, weights_name: str, fmt: str,
                        what: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """The JSON record ``meta_name`` (whose ``format`` must be ``fmt``) and the tensors of ``weights_name`` that a
-    method's ``save`` wrote into ``directory`` (bit-exact).
-
-    Raises:
-        FileNotFoundError: a file is missing. ValueError: the record is of another format.
-    """
+    """The JSON record (its ``format`` must be ``fmt``) and the bit-exact tensors a method's ``save`` wrote."""
     path = Path(directory)
     if not (path / meta_name).is_file() or not (path / weights_name).is_file():
         raise FileNotFoundError(f"no {meta_name} and {weights_name} in {directory}; expected {what} adapter files")
@@ -325,11 +261,7 @@ DAMAGED_FIX = "copy the adapter folder again from the run that wrote it (<run_di
 
 
 def read_json_file(path: str | Path, key: str = "adapter_dir") -> dict[str, Any]:
-    """A JSON file of an adapter folder.
-
-    Raises:
-        UserError: not valid JSON (a truncated copy), naming the file.
-    """
+    """A JSON file of an adapter folder; UserError naming it when damaged."""
     try:
         return json.loads(Path(path).read_text())
     except (ValueError, UnicodeDecodeError) as err:
@@ -337,11 +269,7 @@ def read_json_file(path: str | Path, key: str = "adapter_dir") -> dict[str, Any]
 
 
 def check_tensor_file(path: str | Path, key: str = "adapter_dir") -> None:
-    """A safetensors file's header parses and covers the whole file (cheap: no tensor is read).
-
-    Raises:
-        UserError: truncated or not a safetensors file, naming it.
-    """
+    """Check a safetensors header parses and covers the file (no tensor read); UserError when damaged."""
     from safetensors import safe_open
 
     try:
@@ -352,11 +280,7 @@ def check_tensor_file(path: str | Path, key: str = "adapter_dir") -> None:
 
 
 def load_tensor_file(path: str | Path, key: str = "adapter_dir") -> dict[str, torch.Tensor]:
-    """``safetensors.torch.load_file`` of an adapter file (bit-exact).
-
-    Raises:
-        UserError: truncated or not a safetensors file, naming it.
-    """
+    """``safetensors.torch.load_file`` of an adapter file (bit-exact); UserError when damaged."""
     from safetensors.torch import load_file
 
     check_tensor_file(path, key)

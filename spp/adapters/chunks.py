@@ -6,9 +6,7 @@ BACKWARD_CHUNK_ELEMENTS = 1 << 24
 """Largest transient buffer (elements) a chunked backward builds per chunk of rows: 2**24 fp32 = 64 MiB."""
 
 MAX_DELTA_ELEMENTS = 1 << 27
-"""Largest transient m x n product (elements) built in one piece: 2**27 (256 MiB in bf16) holds every projection of
-LLaMA-7B..30B at once (one large matrix product each, the fast path on GPU); larger layers are walked in row chunks
-of at most :data:`BACKWARD_CHUNK_ELEMENTS`."""
+"""Largest transient m x n product built in one piece (2**27: every projection of LLaMA-7B..30B, the fast GPU path)."""
 
 
 def row_chunks(m: int, n: int, whole: int = MAX_DELTA_ELEMENTS, chunk: int = BACKWARD_CHUNK_ELEMENTS

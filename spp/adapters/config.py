@@ -1,10 +1,6 @@
 """The base of every adapter method's config (``adapter.*``): the keys all methods share.
 
-Each method has its own dataclass, a subclass of :class:`AdapterConfig` holding only the keys it uses (SPP's ``r``,
-``scale``, ...; LoRA's ``r``, ``lora_alpha``), registered in Hydra's ConfigStore as ``adapter/<name>_schema`` by
-:func:`spp.adapters.registry.register`. ``conf/adapter/<name>.yaml`` starts with ``defaults: [<name>_schema,
-_self_]``, so the composed ``adapter`` node is typed as the method's subclass: its keys can be overridden and a
-misspelt key is refused.
+Each method subclasses it with its own keys, stored as Hydra's ``adapter/<name>_schema`` so a misspelt key is refused.
 """
 
 from __future__ import annotations

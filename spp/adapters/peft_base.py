@@ -1,17 +1,5 @@
-"""What spp's peft methods share (each method's tuner lives in its own folder, ``methods/<name>/peft_tuner.py``;
-``spp.peft`` registers them with peft).
-
-* :func:`peft_type`: the method's member of peft's :class:`peft.PeftType`, added on first use (peft's
-  ``register_peft_method`` accepts only names that enum lists, and it has no way to add a member from outside).
-* :func:`resolve_default_targets`: the default target list (``None``, or :data:`spp.projections.DEFAULT_TARGETS` in
-  any order) becomes the model's own decoder-block projections (:func:`spp.projections.model_targets`: LLaMA's
-  seven, Phi-3's fused ``qkv_proj`` / ``gate_up_proj``, OPT's, GPT-2's); explicit names are left to peft.
-* The base an adapter folder records (:mod:`spp.adapters.trained_on`), carried by a config read from a folder
-  (:func:`from_folder`, field ``spp_trained_on``: ``{}`` when the folder records none, ``None`` for a config made in
-  code) and checked by the tuners on the plain base model before they replace any layer
-  (:func:`check_recorded_base`).
-* The mixins of the tuners built on peft's ``LoraConfig`` / ``LoraModel`` (SparsePEFT, LoRA*); GPT-2's ``Conv1D``
-  layers are held as ``nn.Linear`` first (:func:`spp.models.conv1d.linearize_conv1d`).
+"""What spp's peft methods share: their ``PeftType`` members, default targets, recorded-base checks and the
+mixins of the tuners built on peft's ``LoraConfig`` / ``LoraModel`` (SparsePEFT, LoRA*).
 """
 
 from __future__ import annotations
@@ -43,8 +31,10 @@ UNSUPPORTED = ("use_dora", "fan_in_fan_out", "lora_bias")
 
 
 def peft_type(name: str) -> PeftType:
-    """``PeftType.<NAME>`` for method ``name``, added to peft's enum on first use (a member like ``PeftType.LORA``:
-    a ``str`` equal to its name, so ``"SPP"`` read from ``adapter_config.json`` finds it in peft's mappings)."""
+    """``PeftType.<NAME>`` for method ``name``, added to peft's enum on first use.
+
+    peft's ``register_peft_method`` accepts only names the enum lists and offers no way to add a member.
+    """
     key = name.upper()
     if key in PeftType.__members__:
         return PeftType[key]
@@ -61,12 +51,9 @@ def peft_type(name: str) -> PeftType:
 
 def read_lora_settings(directory: str | os.PathLike, own_type: str, label: str,
                        expected: str) -> tuple[LoraConfig, bool]:
-    """The LoRA settings of a LoRA-shaped method's folder (``adapter_config.json``'s ``peft_type`` ``own_type``, or
-    ``LORA`` in folders written before), as a plain ``LoraConfig`` read without peft's registry, and whether it
-    says ``own_type``. ``label`` (the method) and ``expected`` (the folder wanted) word the errors.
+    """A LoRA-shaped folder's settings as a plain ``LoraConfig`` (no peft registry); whether it says ``own_type``.
 
-    Raises:
-        FileNotFoundError: no ``adapter_config.json``. ValueError: another ``peft_type``, or a damaged file.
+    Older folders say ``LORA``; ``label`` and ``expected`` word the errors.
     """
     path = Path(directory) / CONFIG_NAME
     if not path.is_file():
@@ -79,16 +66,14 @@ def read_lora_settings(directory: str | os.PathLike, own_type: str, label: str,
 
 
 def resolve_default_targets(config: PeftConfig, model: nn.Module) -> None:
-    """Set ``config.target_modules`` to ``model``'s block projections when it is ``None`` or the default list (a
-    module without decoder blocks, such as a unit test's ``Sequential``, keeps the default names, matched anywhere)."""
+    """Default ``target_modules`` (``None`` or the default list) -> ``model``'s block projections (if any)."""
     targets = config.target_modules
     if targets is None or (not isinstance(targets, str) and is_default(targets)):
         config.target_modules = names_in(model, DEFAULT_TARGETS, "target_modules")
 
 
 def from_folder(load: Callable[[], C], path: str | os.PathLike, subfolder: str | None = None) -> C:
-    """``load()`` (peft's ``from_pretrained``) after checking a local folder's files (a truncated JSON or
-    safetensors file is one line naming it), with the folder's record in ``spp_trained_on``."""
+    """``load()`` (peft's ``from_pretrained``) after checking a local folder; its record in ``spp_trained_on``."""
     local = Path(path, subfolder or "").expanduser()
     if local.is_dir():
         check_adapter_files(local, key="adapter folder")
@@ -101,8 +86,7 @@ def from_folder(load: Callable[[], C], path: str | os.PathLike, subfolder: str |
 
 
 def check_recorded_base(config: PeftConfig, model: nn.Module) -> None:
-    """Refuse ``model`` when it is not the base ``config``'s folder records (warn when the folder records none);
-    nothing for a config made in code."""
+    """Refuse ``model`` when it is not the base ``config``'s folder records (warn without a record)."""
     record: dict[str, Any] | None = getattr(config, "spp_trained_on", None)
     if record is None:
         return
@@ -112,10 +96,7 @@ def check_recorded_base(config: PeftConfig, model: nn.Module) -> None:
 
 
 class MaskedLoraConfigMixin:
-    """What spp's peft configs built on ``LoraConfig`` (SparsePEFT, LoRA*) share: their own peft type, the LoRA
-    options they refuse, the folder check of ``from_pretrained`` and the older ``"peft_type": "LORA"`` they read.
-    Listed before ``LoraConfig`` among the bases; the class sets ``spp_name`` (its peft name) and ``masks`` (what
-    the refusal says it masks)."""
+    """Shared by peft configs built on ``LoraConfig`` (listed first among the bases; sets ``spp_name``, ``masks``)."""
 
     spp_name: ClassVar[str]
     masks: ClassVar[str]
@@ -144,10 +125,7 @@ class MaskedLoraConfigMixin:
 
 
 class MaskedLoraModelMixin:
-    """What spp's tuners built on ``LoraModel`` share: default targets (the model's block projections), GPT-2's
-    ``Conv1D`` held as ``nn.Linear``, a folder's adapter refused on another base than the one it records
-    (:func:`check_recorded_base`), and ``nn.Linear`` targets only, each replaced by the class's ``layer_class``.
-    Listed before ``LoraModel`` among the bases; the class sets ``layer_class`` and ``label`` (its name in refusals)."""
+    """Shared by tuners built on ``LoraModel`` (listed first among the bases; sets ``layer_class``, ``label``)."""
 
     layer_class: ClassVar[type[nn.Module]]
     label: ClassVar[str]
@@ -157,7 +135,7 @@ class MaskedLoraModelMixin:
         return super()._prepare_adapter_config(peft_config, model_config)  # type: ignore[misc]
 
     def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
-        linearize_conv1d(model)  # GPT-2's Conv1D held as nn.Linear, in place (its state dict keeps Conv1D's layout)
+        linearize_conv1d(model)  # in place; the state dict keeps Conv1D's layout
         check_recorded_base(peft_config, model)
         super()._prepare_model(peft_config, model)  # type: ignore[misc]
 

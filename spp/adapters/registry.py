@@ -1,10 +1,7 @@
 """The adapter registry: ``adapter.name`` -> the :class:`~spp.adapters.base.AdapterMethod` its folder registered.
 
-A method is a folder whose ``__init__`` calls :func:`register`: the project's own are the packages of
-``spp/adapters/methods/`` (imported on first use), a user's are the folders named in ``SPP_PLUGINS`` (imported by
-:func:`spp.plugins.load_plugins` before Hydra composes). :func:`register` also stores the method's config class in
-Hydra's ConfigStore as ``adapter/<name>_schema``, which ``conf/adapter/<name>.yaml`` (or the plug-in's
-``conf/adapter/<name>.yaml``) names first in its defaults list.
+Built-in methods are the packages of ``spp/adapters/methods/`` (imported on first use), plug-ins the folders in
+``SPP_PLUGINS``; each config class is stored in Hydra's ConfigStore as ``adapter/<name>_schema``.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from spp.adapters.base import (
 )
 from spp.adapters.config import AdapterConfig
 from spp.adapters.trained_on import RECORD, check_base
-from spp.atomic import write_file_atomic
+from spp.atomic import write_text_atomic
 from spp.errors import UserError
 from spp.models.conv1d import linearize_conv1d
 from spp.paths import CONF_DIR
@@ -53,12 +50,7 @@ _builtin_loaded = False
 def register(method: AdapterMethod) -> AdapterMethod:
     """Register ``method`` under ``method.name`` and its config class as Hydra's ``adapter/<name>_schema``.
 
-    The built-in methods are registered first, so a plug-in that takes one of their names is refused.
-
-    Raises:
-        TypeError: not an :class:`AdapterMethod`, or its ``config_class`` is not an ``AdapterConfig`` dataclass.
-        UserError: no name, a config whose ``name`` does not default to the method's name (``adapter.name`` would
-            compose as another method), or another method already holds the name (naming both files).
+    Built-ins register first, so a plug-in taking one of their names is refused (UserError naming both files).
     """
     if not isinstance(method, AdapterMethod):
         raise TypeError(f"register: expected an AdapterMethod instance, got {type(method).__name__}")
@@ -96,11 +88,7 @@ def registered_methods() -> list[AdapterMethod]:
 
 
 def get_method(name: str) -> AdapterMethod:
-    """The registered method called ``name``.
-
-    Raises:
-        UserError: no such method (lists the registered ones; key ``adapter.name``).
-    """
+    """The registered method called ``name`` (UserError listing the registered ones)."""
     load_builtin()
     return METHODS.get(name)
 
@@ -111,8 +99,7 @@ def make_config(name: str, **values: Any) -> AdapterConfig:
 
 
 def option_config(name: str, conf_dir: Path | None = None, **overrides: Any) -> AdapterConfig:
-    """The typed config ``adapter=<name>`` composes to (its schema, ``<conf_dir>/adapter/<name>.yaml`` without its
-    defaults list, then ``overrides``): what a notebook or test gets without Hydra. ``conf_dir``: the project's."""
+    """The typed config ``adapter=<name>`` composes to (schema, its YAML, ``overrides``), without Hydra."""
     from omegaconf import OmegaConf
 
     yaml = OmegaConf.load(Path(conf_dir or CONF_DIR) / "adapter" / f"{name}.yaml")
@@ -122,16 +109,9 @@ def option_config(name: str, conf_dir: Path | None = None, **overrides: Any) -> 
 
 
 def apply_adapter(model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, list[str]]:
-    """Attach the configured adapter and freeze everything else.
-
-    Returns:
-        ``(model, trainable parameter names)``; the model object may differ when the method wraps it.
-
-    Raises:
-        ValueError: a trainable method whose injection created no trainable parameter (names ``adapter.targets``).
-    """
+    """Attach the configured adapter, freeze the rest; returns ``(model, trainable parameter names)``."""
     method = get_method(cfg.name)
-    linearize_conv1d(model)  # a GPT-2 model built by the caller: its Conv1D projections as nn.Linear (a no-op else)
+    linearize_conv1d(model)  # a caller-built GPT-2: Conv1D as nn.Linear
     model = method.inject(model, cfg, masks)
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     if method.trains and not trainable:
@@ -146,17 +126,11 @@ def merge_adapter(model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[n
 
 
 def external_parameters(model: nn.Module, name: str | None = None) -> ExternalParameters:
-    """The ``(reader, parameter)`` pairs of method ``name`` (:meth:`AdapterMethod.external_parameters`), or of every
-    registered method when ``None`` (each finds only its own layers), without duplicates."""
+    """The ``(reader, parameter)`` pairs of method ``name``, or of every registered method, without duplicates."""
     names = [name] if name is not None else list(method_names())
-    pairs: ExternalParameters = []
-    seen: set[tuple[int, int]] = set()
-    for method in names:
-        for reader, param in get_method(method).external_parameters(model):
-            if (id(reader), id(param)) not in seen:
-                seen.add((id(reader), id(param)))
-                pairs.append((reader, param))
-    return pairs
+    pairs = {(id(reader), id(param)): (reader, param) for method in names
+             for reader, param in get_method(method).external_parameters(model)}
+    return list(pairs.values())
 
 
 def after_placement(model: nn.Module) -> None:
@@ -176,25 +150,17 @@ def before_optimizer_step(model: nn.Module) -> None:
 
 def save_adapter_dir(method: AdapterMethod, model: nn.Module, directory: Path, extra: dict[str, Any],
                      cfg: AdapterConfig | None = None) -> None:
-    """The method's adapter files, plus :data:`MARKER` naming the method, its config and the base it was trained on
-    (``extra[RECORD]``, :mod:`spp.adapters.trained_on`; what :func:`load_adapter_dir`, :func:`describe_dir` and
-    ``spp.peft`` read)."""
+    """The method's adapter files plus :data:`MARKER` (method, config, the base it was trained on)."""
     record = extra.get(RECORD)
     method.save(model, directory, {k: v for k, v in extra.items() if k != RECORD})
     config = {k: v if isinstance(v, (bool, int, float, list, type(None))) else str(v)
               for k, v in vars(cfg).items()} if cfg is not None else {}
     marker = {"method": method.name, "config": config, "spp_version": __version__, RECORD: record}
-    text = json.dumps(marker, indent=2, sort_keys=True)
-    write_file_atomic(Path(directory) / MARKER, lambda p: p.write_text(text + "\n"))
+    write_text_atomic(Path(directory) / MARKER, json.dumps(marker, indent=2, sort_keys=True) + "\n")
 
 
 def check_adapter_files(directory: str | Path, key: str = "adapter_dir") -> None:
-    """Every ``*.json`` of an adapter folder parses and every ``*.safetensors`` has a whole header and data (what a
-    truncated copy lacks); read before any model is loaded.
-
-    Raises:
-        UserError: the first damaged file, named.
-    """
+    """Check every ``*.json`` and ``*.safetensors`` of an adapter folder is whole, before any model loads."""
     path = Path(directory).expanduser()
     for file in sorted(path.glob("*.json")):
         read_json_file(file, key)
@@ -203,8 +169,7 @@ def check_adapter_files(directory: str | Path, key: str = "adapter_dir") -> None
 
 
 def _read_marker(path: Path) -> dict[str, Any]:
-    """The :data:`MARKER` of an adapter directory; an SPP directory written before markers existed is recognised by
-    its ``adapter_config.json`` (``format: spp``, its ``layer_kwargs`` as the config)."""
+    """The :data:`MARKER` of an adapter directory; a marker-less SPP folder is read from ``adapter_config.json``."""
     if (path / MARKER).is_file():
         return read_json_file(path / MARKER)
     if (path / "adapter_config.json").is_file():
@@ -215,17 +180,12 @@ def _read_marker(path: Path) -> dict[str, Any]:
 
 
 def trained_on(directory: str | Path) -> dict[str, Any] | None:
-    """The base the adapter folder was trained on (:data:`~spp.adapters.trained_on.RECORD` of its :data:`MARKER`);
-    ``None`` for a folder written before it was recorded."""
+    """The base the adapter folder records it was trained on; ``None`` for a folder without the record."""
     return _read_marker(Path(directory).expanduser()).get(RECORD) or None
 
 
 def describe_dir(directory: str | Path) -> tuple[AdapterMethod, dict[str, Any]]:
-    """The method that wrote the adapter directory and the config it recorded (may be empty).
-
-    Raises:
-        UserError: not an adapter directory, or a method that is not registered (key ``adapter_dir``).
-    """
+    """The method that wrote the adapter directory and its recorded config (UserError if not one / unregistered)."""
     path = Path(directory).expanduser()
     marker = _read_marker(path)
     check_adapter_files(path)
@@ -241,20 +201,12 @@ def describe_dir(directory: str | Path) -> tuple[AdapterMethod, dict[str, Any]]:
     return get_method(name), dict(marker.get("config") or {})
 
 
-def method_of_dir(directory: str | Path) -> AdapterMethod:
-    """The method that wrote the adapter directory (:func:`describe_dir`)."""
-    return describe_dir(directory)[0]
-
-
 def load_adapter_dir(model: nn.Module, directory: str | Path, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
-    """``model`` (pruned, plain) with the adapter of ``directory`` loaded and merged by its method, as the merged
-    export holds it; returns the merged model and ``{"method", "r", "merge"}``.
+    """``model`` with the adapter of ``directory`` loaded and merged; returns it and ``{"method", "r", "merge"}``.
 
-    Raises:
-        UserError: a damaged file, or ``model`` is not the base the folder records (:func:`trained_on`; a folder
-            without the record is loaded with a warning).
+    Refuses a base other than the one the folder records (a folder without the record loads with a warning).
     """
-    method = method_of_dir(directory)
+    method = describe_dir(directory)[0]
     check_base(trained_on(directory), model, f"adapter_dir={str(directory)!r}", path=directory)
     masks = masks or masks_from_weights(model)
     adapted, cfg = method.load(model, Path(directory).expanduser(), masks)
@@ -263,11 +215,10 @@ def load_adapter_dir(model: nn.Module, directory: str | Path, masks: Masks) -> t
 
 
 def masks_from_weights(model: nn.Module) -> Masks:
-    """``{name: weight != 0}`` of every linear projection in the decoder blocks: the masks of a pruned model whose
-    pruning masks are not at hand (a kept weight that is exactly zero counts as pruned)."""
+    """``{name: weight != 0}`` of every decoder-block projection (a kept exact zero counts as pruned)."""
     return {n: m.weight.detach() != 0 for n, m in find_projections(model, DEFAULT_TARGETS).items()}
 
 
 __all__ = ["AdapterMethod", "apply_adapter", "count_parameters", "describe_dir", "external_parameters", "get_method",
-           "check_adapter_files", "load_adapter_dir", "make_config", "merge_adapter", "method_names", "method_of_dir",
+           "check_adapter_files", "load_adapter_dir", "make_config", "merge_adapter", "method_names",
            "option_config", "register", "save_adapter_dir", "trained_on"]

@@ -1,14 +1,7 @@
-"""The base an adapter folder was trained on, recorded in its ``adapter_method.json`` and checked on loading.
+"""The base an adapter folder was trained on, recorded in ``adapter_method.json`` and checked on loading.
 
-An adapter holds only the trained tensors: loaded on another base (another model, or the same one pruned with other
-settings or calibration) it gives another model, with no error. ``train.py`` therefore records, under
-:data:`RECORD`, the base's model (``name``, :func:`spp.models.loading.model_identity`, dtype), its pruning (pruner,
-sparsity, the pruning cache key) and a fingerprint of its zero pattern (:func:`zero_fingerprint`: sha256 over the
-exact-zero bits of the pruned projections, in name order). Every loading path compares the fingerprint with the
-base it is given (:func:`check_base`: ``eval.py adapter_dir=``, :func:`spp.adapters.registry.load_adapter_dir`,
-``spp.peft``'s ``PeftModel.from_pretrained``) and refuses another base in one line; a folder written before the
-record existed loads with a warning. This module reads weights only (no pruning code: ``spp.pruning`` imports
-``spp.adapters``); the record itself is built by ``spp.training.finalize.provenance``.
+An adapter loaded on another base silently gives another model, so ``train.py`` records the base's model, pruning
+and a zero-pattern fingerprint, and every loading path refuses another base in one line (no record: a warning).
 """
 
 from __future__ import annotations
@@ -32,9 +25,10 @@ RECORD = "trained_on"
 
 
 def zero_fingerprint(zeros: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """``{"sha256", "layers", "zeros", "total"}`` of exact-zero patterns (True = zero) by layer name: sha256 over
-    each layer's name, shape and row-packed bits, layers in sorted name order (independent of the ranks, the
-    device and the order the layers were pruned in)."""
+    """``{"sha256", "layers", "zeros", "total"}`` of exact-zero patterns by layer name.
+
+    sha256 over each layer's name, shape and row-packed bits in sorted name order (independent of ranks and device).
+    """
     digest = hashlib.sha256()
     n_zeros = total = 0
     for name in sorted(zeros):
@@ -46,12 +40,7 @@ def zero_fingerprint(zeros: Mapping[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def model_fingerprint(model: nn.Module, targets: list[str] | tuple[str, ...] = DEFAULT_TARGETS) -> dict[str, Any]:
-    """:func:`zero_fingerprint` of the projections ``targets`` names (the pruner's targets) of a plain model (or one
-    whose adapted layers read their base weight through ``.weight``).
-
-    Raises:
-        UserError: ``targets`` matches no projection of ``model`` (another architecture).
-    """
+    """:func:`zero_fingerprint` of the projections ``targets`` names (UserError if none match ``model``)."""
     layers = find_projections(model, list(targets), "pruner.targets")
     return zero_fingerprint({name: module.weight.detach() == 0 for name, module in layers.items()})
 
@@ -67,8 +56,7 @@ def describe_base(record: Mapping[str, Any]) -> str:
 
 
 def recipe(record: Mapping[str, Any]) -> str:
-    """``model=tiny pruner=wanda sparsity=nm2_4 calibration=c4 calibration.nsamples=4 ...``: the overrides that
-    build the recorded base."""
+    """``model=tiny pruner=wanda sparsity=nm2_4 ...``: the overrides that build the recorded base."""
     model, pruning = record.get("model") or {}, record.get("pruning")
     parts = [f"model={model.get('name')}"]
     if pruning:
@@ -95,23 +83,16 @@ def base_refusal(what: str, record: Mapping[str, Any], difference: str, key: str
                      "evaluate that run's merged export (model.path=<run_dir>/merged)", key=key, path=path)
 
 
-def warn_unrecorded(what: str) -> None:
-    """One warning line for a folder written before adapters recorded their base."""
-    log.warning("%s records no base it was trained on (written before spp recorded it): loaded without checking that "
-                "this is the pruned model it was trained on", what)
-
-
 def check_base(record: Mapping[str, Any] | None, model: nn.Module, what: str, key: str = "adapter_dir",
                path: Any = None) -> None:
-    """Refuse ``model`` (the plain pruned base, before the adapter is loaded) when its zero pattern is not the one
-    ``record`` fingerprinted; warn (and accept) when there is no record.
+    """Refuse the plain pruned ``model`` when its zero pattern is not the one ``record`` fingerprinted.
 
-    Raises:
-        UserError: another zero pattern, or the recorded layers do not exist in ``model``.
+    Without a record: warn and accept. UserError also when the recorded layers do not exist in ``model``.
     """
     masks = (record or {}).get("masks")
     if not masks:
-        warn_unrecorded(what)
+        log.warning("%s records no base it was trained on (written before spp recorded it): loaded without checking "
+                    "that this is the pruned model it was trained on", what)
         return
     if any(p.device.type == "meta" for p in model.parameters()):
         log.warning("%s: the base's weights are not in memory (meta device, offloaded): its zero pattern is not "

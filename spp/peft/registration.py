@@ -1,10 +1,6 @@
-"""Registering spp's adapter methods with peft: each method that has a peft form says so
-(:meth:`spp.adapters.base.AdapterMethod.peft_integration`) and :func:`register_methods` registers it.
+"""Registering spp's adapter methods (those whose ``peft_integration`` is set) with peft.
 
-peft's :func:`peft.utils.register_peft_method` accepts only names that :class:`peft.PeftType` lists; the method's
-config adds its member (:func:`spp.adapters.peft_base.peft_type`). :func:`register_with_peft` then calls
-``register_peft_method`` once per process; calling it again (a second import, ``importlib.reload``) points peft at
-the current classes instead of failing on the duplicate name.
+Re-registering (a second import, ``importlib.reload``) points peft at the current classes instead of failing.
 """
 
 from __future__ import annotations
@@ -24,11 +20,9 @@ from spp.adapters.registry import registered_methods
 
 
 def register_with_peft(config_cls: type, model_cls: type, name: str, prefix: str) -> None:
-    """Register ``config_cls`` / ``model_cls`` as peft's method ``name`` (``get_peft_model``,
-    ``PeftModel.from_pretrained``), its tensors named ``<prefix>...``; a no-op when they are registered already.
+    """Register ``config_cls`` / ``model_cls`` as peft's method ``name`` (no-op if already registered).
 
-    Raises:
-        RuntimeError: peft already has a different method named ``name`` (not one of these classes' modules).
+    RuntimeError when peft already has a different method of that name.
     """
     member = peft_type(name)
     known = PEFT_TYPE_TO_TUNER_MAPPING.get(member)
@@ -45,11 +39,7 @@ def register_with_peft(config_cls: type, model_cls: type, name: str, prefix: str
 
 
 def register_methods() -> dict[str, Any]:
-    """Register every adapter method that has a peft form (plug-ins included) and return what they export, by name.
-
-    Raises:
-        RuntimeError: two methods export the same name, or peft has another method of a method's name.
-    """
+    """Register every adapter method with a peft form (plug-ins included); return their exports by name."""
     exports: dict[str, Any] = {}
     for method in registered_methods():
         integration = method.peft_integration()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,11 @@ from spp.adapters.methods.lora.remask import (
     LayerRemaskStats,
     RemaskStats,
     inject_lora,
+    layer_remask_stats,
     lora_layers,
     merge_and_remask,
 )
-from spp.atomic import write_file_atomic
+from spp.atomic import write_text_atomic
 from spp.errors import UserError
 
 
@@ -51,17 +53,14 @@ class LoRAStar(AdapterMethod):
         return merged, stats.to_dict()
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
-        """peft's files, with ``"peft_type": "LORA_STAR"``: peft alone refuses the folder (an unknown type) instead
-        of merging it as plain LoRA (``W~ + s·B A`` fills every pruned zero); ``spp.peft`` registers the type with
-        a merge that re-masks."""
+        """peft's files with ``"peft_type": "LORA_STAR"``: peft alone refuses them rather than merge as plain LoRA."""
         model.save_pretrained(directory)
         path = Path(directory) / CONFIG_NAME
-        text = json.dumps({**read_json_file(path), "peft_type": PEFT_TYPE}, indent=2, sort_keys=True)
-        write_file_atomic(path, lambda p: p.write_text(text + "\n"))
+        write_text_atomic(path, json.dumps({**read_json_file(path), "peft_type": PEFT_TYPE}, indent=2, sort_keys=True)
+                          + "\n")
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
-        """peft's own files (``PeftModel.from_pretrained`` with their settings read as plain LoRA: the merge that
-        follows re-masks); folders of either ``peft_type`` (``LORA_STAR``, or ``LORA`` from before)."""
+        """peft's own files (``LORA_STAR`` or older ``LORA``), settings read as plain LoRA: the merge re-masks."""
         from peft import PeftModel
 
         try:
@@ -76,22 +75,18 @@ class LoRAStar(AdapterMethod):
 
     @torch.no_grad()
     def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:
-        """A LoRA layer merged by peft (on a copy), then re-masked: ``(W~ + s·B A) ⊙ M``, with what re-masking
-        removed (``merge_and_remask``'s per-layer numbers)."""
+        """A LoRA layer merged by peft (on a copy), then re-masked, with what re-masking removed."""
         if not isinstance(module, LoraLayer):
             return None
         if mask is None:
             raise ValueError("LoRA* re-masks the merged weight: the layer's pruning mask is needed")
         mask = mask.to(module.get_base_layer().weight.device)
-        delta = sum(module.get_delta_weight(a).float() for a in module.active_adapters)
-        delta_sq, removed_sq = float(delta.square().sum()), float(delta.masked_fill(mask, 0.0).square().sum())
+        stats = asdict(layer_remask_stats("", module, mask))
+        del stats["name"]
         layer = copy.deepcopy(module)
         layer.merge()
         tensors = linear_tensors(layer.get_base_layer())
-        stats = {"delta_sq_norm": delta_sq, "removed_sq_norm": removed_sq,
-                 "removed_fraction": removed_sq / delta_sq if delta_sq > 0 else 0.0,
-                 "pruned_entries": int((~mask).sum()),
-                 "pruned_made_nonzero": int(((tensors["weight"] != 0) & ~mask).sum())}
+        stats["pruned_made_nonzero"] = int(((tensors["weight"] != 0) & ~mask).sum())
         tensors["weight"] = tensors["weight"].masked_fill(~mask, 0.0)
         return MergedLayer(tensors, stats)
 

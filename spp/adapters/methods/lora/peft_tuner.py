@@ -1,13 +1,7 @@
 """LoRA* (``adapter=lora``, the paper's Table 4 baseline) as a registered peft method (``peft_type: LORA_STAR``).
 
-LoRA* trains plain LoRA (``y = x W~ᵀ + s · dropout(x) (B A)ᵀ``) and re-masks the merge: ``(W~ + s·B A) ⊙ M``. peft's
-own LoRA merge ``W~ + s·B A`` fills every pruned zero, so a ``train.py`` LoRA* folder says ``"peft_type":
-"LORA_STAR"``: without ``import spp.peft`` peft refuses the unknown type; with it (:data:`LORA_STAR_PEFT`),
-:class:`LoraStarModel` loads it with :class:`LoraStarLinear` layers whose forward is LoRA's and whose merge adds
-``s·(B A) ⊙ M``, ``M = W~ ≠ 0`` taken from the pruned base weight when the layer is made (equal to
-``(W~ + s·B A) ⊙ M``: ``W~`` is zero off ``M``). Tensors and file keys are LoRA's (``lora_A``, ``lora_B``).
-:func:`from_lora_star_adapter` also reads a LoRA* folder written before (``"peft_type": "LORA"`` beside
-``adapter_method.json``), which ``PeftModel.from_pretrained`` reads as plain LoRA.
+peft's own LoRA merge ``W~ + s·B A`` fills every pruned zero, so LoRA* folders say ``LORA_STAR``: without
+``spp.peft`` peft refuses them; with it the merge adds ``s·(B A) ⊙ M`` (``M = W~ ≠ 0``, equal to re-masking).
 """
 
 from __future__ import annotations
@@ -32,27 +26,22 @@ PEFT_TYPE = "LORA_STAR"
 
 
 def read_lora_star_config(directory: str | Path) -> LoraConfig:
-    """The LoRA settings of a LoRA* folder (``peft_type`` ``LORA_STAR``, or ``LORA`` from before) as a plain
-    ``LoraConfig`` (:func:`~spp.adapters.peft_base.read_lora_settings`; ``spp.peft`` need not be imported)."""
+    """A LoRA* folder's LoRA settings (``LORA_STAR``, or ``LORA`` from before) as a plain ``LoraConfig``."""
     return read_lora_settings(directory, PEFT_TYPE, "LoRA*", "the adapter folder of an adapter=lora run")[0]
 
 
 @dataclass
 class LoraStarConfig(MaskedLoraConfigMixin, LoraConfig):
-    """LoRA* for peft: a ``LoraConfig`` (same keys and defaults) whose merge re-masks (``(W~ + s·B A) ⊙ M``).
+    """LoRA* for peft: a ``LoraConfig`` re-masking on merge; ``use_dora``/``fan_in_fan_out``/``lora_bias`` refused."""
 
-    ``use_dora``, ``fan_in_fan_out`` and ``lora_bias`` are refused. ``spp_trained_on``: the base the folder records.
-    """
-
-    spp_name: ClassVar[str] = "lora_star"  # PeftType.LORA_STAR; tensors are LoRA's (lora_A, lora_B)
+    spp_name: ClassVar[str] = "lora_star"  # tensors are LoRA's (lora_A, lora_B)
     masks: ClassVar[str] = "LoRA* re-masks a plain LoRA update of nn.Linear layers"
 
     spp_trained_on: dict[str, Any] | None = None
 
 
 class LoraStarLinear(LoraLinear):
-    """peft ``lora.Linear`` whose merge (and unmerge) uses ``s·(B A) ⊙ M`` with ``M = W~ ≠ 0`` recorded (bit-packed,
-    not saved) when the layer is made; its forward is plain LoRA, as LoRA* trains."""
+    """peft ``lora.Linear`` whose (un)merge uses ``s·(B A) ⊙ M`` (``M = W~ ≠ 0`` at creation); forward is plain LoRA."""
 
     def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, **kwargs: Any) -> None:
         super().__init__(base_layer, adapter_name, config=config, **kwargs)
@@ -70,8 +59,7 @@ class LoraStarLinear(LoraLinear):
 
 
 class LoraStarModel(MaskedLoraModelMixin, LoraModel):
-    """peft's LoRA tuner with :class:`LoraStarLinear` layers; default targets and GPT-2 as in
-    :mod:`spp.adapters.peft_base`; a folder's adapter is refused on another base than the one it records."""
+    """peft's LoRA tuner with :class:`LoraStarLinear` layers (:mod:`spp.adapters.peft_base`'s checks)."""
 
     layer_class: ClassVar[type[nn.Module]] = LoraStarLinear
     label: ClassVar[str] = "LoRA*"
@@ -79,12 +67,9 @@ class LoraStarModel(MaskedLoraModelMixin, LoraModel):
 
 def from_lora_star_adapter(model: nn.Module, directory: str | os.PathLike, adapter_name: str = "default",
                            is_trainable: bool = False, **kwargs: Any) -> PeftModel:
-    """``PeftModel.from_pretrained(model, directory)`` for any LoRA* folder of ``train.py`` (``adapter=lora``),
-    including one written before it recorded ``"peft_type": "LORA_STAR"``, which ``PeftModel.from_pretrained`` alone
-    would merge as plain LoRA (filling the pruned zeros).
+    """``PeftModel.from_pretrained`` for any ``adapter=lora`` folder, even an old ``"LORA"`` one.
 
-    Raises:
-        UserError: not an ``adapter=lora`` folder, a damaged file, or another base than the one it records.
+    ``PeftModel.from_pretrained`` alone would merge such an old folder as plain LoRA, filling the pruned zeros.
     """
     path = Path(directory).expanduser()
     method, _ = describe_dir(path)

@@ -1,8 +1,6 @@
-"""LoRA* (paper Sec. 4 "Comparison with LoRA*", Table 4): LoRA on the pruned model, merged, then re-masked.
+"""LoRA* (paper Sec. 4, Table 4): LoRA on the pruned model, merged, then re-masked: ``W* = (W~ + ΔW) ⊙ M``.
 
-LoRA (Sec. 3.2, Eq. ``eq:lora``) trains ``y = x W~ᵀ + s · dropout(x) Aᵀ Bᵀ``; merging gives the dense
-``W~ + s·B A``. LoRA* restores the sparsity afterwards: ``W* = (W~ + ΔW) ⊙ M``. The part of ``ΔW`` that
-falls on pruned positions is thrown away, and ``RemaskStats`` measures how much that was.
+The part of ``ΔW = s·B A`` on pruned positions is thrown away; ``RemaskStats`` measures how much that was.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
+from spp.adapters.config import check_dropout, check_rank
 from spp.projections import DEFAULT_TARGETS as LORA_TARGETS
 from spp.projections import model_targets
 
@@ -27,19 +26,12 @@ def inject_lora(
     alpha: float = 16,
     dropout: float = 0.05,
 ) -> PeftModel:
-    """Wrap ``model`` with peft LoRA adapters (B = 0 at init, so the output is unchanged) on ``targets``.
+    """Wrap ``model`` with peft LoRA adapters on ``targets`` (``B = 0``: output unchanged); only ``A``/``B`` train.
 
-    Paper LoRA* settings: r = 8, lora_alpha = 16 (scale s = alpha / r = 2), dropout 0.05, the 7 projections.
-    Only the LoRA ``A``/``B`` matrices are trainable afterwards.
-
-    Raises:
-        ValueError: bad ``r``/``dropout``, or a target name that matches no ``nn.Linear`` of the model
-            (config key ``adapter.targets``).
+    Paper LoRA* settings: r = 8, lora_alpha = 16 (s = 2), dropout 0.05, the 7 projections.
     """
-    if r < 1:
-        raise ValueError(f"adapter.r must be >= 1, got {r}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"adapter.dropout must be in [0, 1), got {dropout}")
+    check_rank(r)
+    check_dropout(dropout)
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
@@ -60,16 +52,7 @@ def lora_layers(model: PeftModel) -> Iterator[tuple[str, LoraLayer]]:
 
 @dataclass
 class LayerRemaskStats:
-    """What re-masking removed from one merged layer.
-
-    Attributes:
-        name: Original module name (``model.layers.0.self_attn.q_proj``).
-        delta_sq_norm: ‖ΔW‖²_F of the merged LoRA update ``ΔW = s·B A``.
-        removed_sq_norm: ‖ΔW ⊙ (1 − M)‖²_F, the part on pruned positions that re-masking zeroes.
-        removed_fraction: ``removed_sq_norm / delta_sq_norm`` (0 when ΔW = 0).
-        pruned_entries: Positions the mask prunes.
-        pruned_made_nonzero: Pruned positions that were non-zero after the merge, before re-masking.
-    """
+    """What re-masking removed from one merged layer (``removed`` = ‖ΔW ⊙ (1 − M)‖²_F, pruned positions)."""
 
     name: str
     delta_sq_norm: float
@@ -143,19 +126,22 @@ def _checked_mask(name: str, mask: torch.Tensor, weight: torch.Tensor) -> torch.
     return mask.to(weight.device)
 
 
+def layer_remask_stats(name: str, layer: LoraLayer, mask: torch.Tensor) -> LayerRemaskStats:
+    """What re-masking removes from ``layer``'s active update (``pruned_made_nonzero`` is set after the merge)."""
+    delta = torch.zeros_like(layer.get_base_layer().weight, dtype=torch.float32)
+    for adapter in layer.active_adapters:
+        delta += layer.get_delta_weight(adapter).float()
+    delta_sq = float(delta.square().sum())
+    removed_sq = float(delta.masked_fill(mask, 0.0).square().sum())
+    return LayerRemaskStats(name=name, delta_sq_norm=delta_sq, removed_sq_norm=removed_sq,
+                            removed_fraction=removed_sq / delta_sq if delta_sq > 0 else 0.0,
+                            pruned_entries=int((~mask).sum()), pruned_made_nonzero=0)
+
+
 def merge_and_remask(model: PeftModel, masks: Mapping[str, torch.Tensor]) -> tuple[nn.Module, RemaskStats]:
     """Merge LoRA into the base weights, then re-apply the pruning masks: ``W* = (W~ + ΔW) ⊙ M`` (LoRA*).
 
-    Args:
-        model: A ``PeftModel`` from ``inject_lora`` (its default adapter is merged).
-        masks: ``{original module name: bool mask (out, in)}``, True = kept, one per LoRA-adapted module
-            (names like ``model.layers.0.self_attn.q_proj``).
-
-    Returns:
-        The plain (unwrapped) model with sparse merged weights, and the re-masking statistics.
-
-    Raises:
-        ValueError: a LoRA layer without a mask, a mask for a module that has no LoRA, or a shape mismatch.
+    ``masks`` (True = kept) must cover exactly the LoRA-adapted modules; returns the plain model and the statistics.
     """
     layers = dict(lora_layers(model))
     missing = sorted(set(layers) - set(masks))
@@ -173,21 +159,7 @@ def merge_and_remask(model: PeftModel, masks: Mapping[str, torch.Tensor]) -> tup
             weight = layer.get_base_layer().weight
             mask = _checked_mask(name, masks[name], weight)
             checked[name] = mask
-            delta = torch.zeros_like(weight, dtype=torch.float32)
-            for adapter in layer.active_adapters:
-                delta += layer.get_delta_weight(adapter).float()
-            delta_sq = float(delta.square().sum())
-            removed_sq = float(delta.masked_fill(mask, 0.0).square().sum())
-            stats.layers.append(
-                LayerRemaskStats(
-                    name=name,
-                    delta_sq_norm=delta_sq,
-                    removed_sq_norm=removed_sq,
-                    removed_fraction=removed_sq / delta_sq if delta_sq > 0 else 0.0,
-                    pruned_entries=int((~mask).sum()),
-                    pruned_made_nonzero=0,
-                )
-            )
+            stats.layers.append(layer_remask_stats(name, layer, mask))
         plain = model.merge_and_unload()
         modules = dict(plain.named_modules())
         for layer_stats in stats.layers:

@@ -1,17 +1,8 @@
 """LoSA's per-block ranks from the blocks' reconstruction errors (Huang et al., ICLR 2025, arXiv 2502.14816, Sec. 3.4).
 
-The error of block ``l`` compares its output in the pruned model with its output in the dense model on the same
-calibration tokens (the pruned model's block inputs come from its own pruned blocks below)::
-
-    E_l = Σ_{t, j} ((F_l[t, j] − F~_l[t, j]) / ‖F_l[:, j]‖₂)² / d
-
-(``F`` dense, ``F~`` pruned, ``t`` over every calibration token, ``j`` over the ``d`` hidden features: each feature
-scaled by its dense norm over the tokens, as the reference does). Ranks are then proportional to the errors::
-
-    r_l = clip(round(L · r̄ · E_l / Σ_k E_k), r_min, r_max)
-
-and rounding and clipping are repaired one rank at a time until ``Σ_l r_l = L · r̄``: a surplus is taken from the
-blocks with the smallest errors first, a deficit given to those with the largest.
+``E_l = Σ_{t,j} ((F_l[t,j] − F~_l[t,j]) / ‖F_l[:,j]‖₂)² / d`` (dense ``F``, pruned ``F~``, each feature scaled by its
+dense norm as the reference does); ``r_l = clip(round(L · r̄ · E_l / Σ_k E_k), r_min, r_max)``, then repaired one
+rank at a time until ``Σ_l r_l = L · r̄`` (surplus from the smallest errors, deficit to the largest).
 """
 
 from __future__ import annotations
@@ -28,12 +19,7 @@ NORM_FLOOR = 1e-12
 
 
 def allocate_ranks(errors: Sequence[float], mean_rank: int, floor: int, ceiling: int) -> list[int]:
-    """Each block's rank: proportional to its error, within ``[floor, ceiling]``, summing to ``len(errors) · mean_rank``
-    (module docstring). Equal (or all-zero) errors give ``mean_rank`` everywhere.
-
-    Raises:
-        ValueError: a budget outside ``[floor, ceiling]``, or a negative or non-finite error.
-    """
+    """Each block's rank (module docstring); equal or all-zero errors give ``mean_rank`` everywhere."""
     if not floor <= mean_rank <= ceiling:
         raise ValueError(f"the mean rank {mean_rank} must lie in [rank_min={floor}, rank_max={ceiling}]")
     e = torch.tensor([float(v) for v in errors], dtype=torch.float64)
@@ -77,9 +63,7 @@ def _block_outputs(model: nn.Module, ids: torch.Tensor) -> list[torch.Tensor]:
 
 
 def block_errors(dense: nn.Module, pruned: nn.Module, batches: Sequence[torch.Tensor]) -> list[float]:
-    """``E_l`` of every decoder block (module docstring) on the calibration ``batches`` (token ids, ``(b, t)``):
-    what ``adapter.block_errors`` takes. Per feature, ``Σ_t (F − F~)²`` and ``‖F‖²`` are summed batch by batch, so
-    only one batch's outputs are held at a time."""
+    """``E_l`` of every decoder block on the calibration token ``batches``, one batch's outputs held at a time."""
     if len(batches) == 0:
         raise ValueError("block_errors needs at least one calibration batch of token ids")
     diff: list[torch.Tensor] = []

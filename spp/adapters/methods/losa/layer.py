@@ -1,6 +1,6 @@
-"""LoSA's layers: SparsePEFT's masked LoRA layer (``W~ + s·(B A) ⊙ M``, every pruned zero kept in training and
-merge) with the rank of each decoder block's layers set by :func:`~spp.adapters.methods.losa.allocation.allocate_ranks`
-(peft's ``rank_pattern``) and one scaling ``s = lora_alpha / r`` for all (peft's ``alpha_pattern``)."""
+"""LoSA's layers: SparsePEFT's masked LoRA with one rank per decoder block (peft's ``rank_pattern``) and one
+scaling ``s = lora_alpha / r`` for all (peft's ``alpha_pattern``).
+"""
 
 from __future__ import annotations
 
@@ -12,24 +12,21 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel
-from peft.utils import load_peft_weights, set_peft_model_state_dict
+from peft.utils import load_peft_weights
 from torch import nn
 
 from spp.adapters.methods.sparse_lora.layer import (
     META_NAME,
     check_mask_sizes,
     read_lora_config,
+    set_lora_tensors,
     wrap_masked,
 )
 from spp.projections import decoder_layers, find_projections
 
 
 def layer_ranks(model: nn.Module, targets: Sequence[str], ranks: Sequence[int]) -> dict[str, int]:
-    """``{layer name: its block's rank}`` for the projections ``targets`` names (``ranks``: one per decoder block).
-
-    Raises:
-        ValueError: ``ranks`` does not have one entry per decoder block.
-    """
+    """``{layer name: its block's rank}`` for the projections ``targets`` names (one rank per decoder block)."""
     prefix, layers = decoder_layers(model)
     if len(ranks) != len(layers):
         raise ValueError(f"adapter.block_errors has {len(ranks)} entries but the model has {len(layers)} decoder "
@@ -40,9 +37,7 @@ def layer_ranks(model: nn.Module, targets: Sequence[str], ranks: Sequence[int]) 
 
 def inject_losa(model: nn.Module, masks: Mapping[str, torch.Tensor] | None, ranks: Mapping[str, int], r: int,
                 alpha: float, dropout: float, dtype: torch.dtype = torch.float32) -> PeftModel:
-    """Wrap the layers ``ranks`` names (``{name: rank}``) with masked LoRA layers of that rank, all scaled by
-    ``alpha / r`` (peft init: ``B = 0``, output unchanged); only ``A``/``B`` train. ``masks`` (True = kept) must cover
-    every adapted layer; ``None``/empty: the weights' non-zeros."""
+    """Wrap the layers of ``ranks`` with masked LoRA of that rank, all scaled by ``alpha / r`` (``B = 0``)."""
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=sorted(ranks), bias="none",
                         task_type="CAUSAL_LM", rank_pattern={re.escape(n): k for n, k in ranks.items()},
                         alpha_pattern={re.escape(n): alpha * k / r for n, k in ranks.items()})
@@ -51,13 +46,7 @@ def inject_losa(model: nn.Module, masks: Mapping[str, torch.Tensor] | None, rank
 
 def load_losa(model: nn.Module, directory: str | os.PathLike,
               masks: Mapping[str, torch.Tensor] | None = None) -> tuple[PeftModel, LoraConfig]:
-    """The LoSA model :meth:`save` wrote (SparsePEFT's files; each layer's rank in ``rank_pattern``) re-created on
-    the same pruned base ``model``, and its LoRA settings.
-
-    Raises:
-        FileNotFoundError: a file is missing. ValueError: not such a folder, or layers, ranks, mask sizes or tensor
-            names that differ from the file (another base).
-    """
+    """The LoSA model :meth:`save` wrote, re-created on the same pruned base ``model``, and its LoRA settings."""
     path = Path(directory)
     config, _ = read_lora_config(path)
     meta_path = path / META_NAME
@@ -69,9 +58,5 @@ def load_losa(model: nn.Module, directory: str | os.PathLike,
     peft_model = inject_losa(model, masks, ranks, r=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
                              dtype=next(iter(state.values())).dtype)
     check_mask_sizes(peft_model, json.loads(meta_path.read_text()), directory)
-    result = set_peft_model_state_dict(peft_model, state)
-    missing = [k for k in result.missing_keys if "lora_" in k]
-    if result.unexpected_keys or missing:
-        raise ValueError(f"losa: tensors differ from the model: unexpected {result.unexpected_keys[:3]}, "
-                         f"missing {missing[:3]}")
+    set_lora_tensors(peft_model, state, "losa")
     return peft_model, config

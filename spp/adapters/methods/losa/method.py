@@ -1,5 +1,6 @@
-"""``adapter=losa``: LoSA (Huang et al., ICLR 2025): SparsePEFT's masked update ``s·(B A) ⊙ M`` with one rank per
-decoder block, proportional to the block's reconstruction error (``allocation``); merged and saved as SparsePEFT."""
+"""``adapter=losa``: LoSA (Huang et al., ICLR 2025): SparsePEFT's masked update with one rank per decoder block,
+proportional to the block's reconstruction error; merged and saved as SparsePEFT.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +23,7 @@ log = logging.getLogger(__name__)
 
 
 def block_ranks(model: nn.Module, cfg: LoSAConfig) -> list[int]:
-    """One rank per decoder block: :func:`allocate_ranks` of ``cfg.block_errors``, or ``cfg.r`` everywhere without
-    them (also on a ``meta`` skeleton, where the plan counts the same total: the ranks sum to ``L · r``)."""
+    """One rank per decoder block from ``cfg.block_errors``, or ``cfg.r`` everywhere without them (or on ``meta``)."""
     blocks = len(decoder_layers(model)[1])
     meta = any(p.is_meta for p in model.parameters())
     if cfg.block_errors is None or meta:
@@ -67,8 +67,7 @@ class LoSA(SparseLoRA):
                            alpha=cfg.lora_alpha, dropout=cfg.dropout, dtype=cfg.torch_dtype)
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
-        """peft's files (each layer's rank in ``rank_pattern``) plus ``sparse_lora.json``
-        (:func:`~spp.adapters.methods.losa.layer.load_losa`)."""
+        """peft's files (each layer's rank in ``rank_pattern``) plus ``sparse_lora.json`` (:func:`load_losa`)."""
         try:
             model, peft_cfg = load_losa(model, directory, masks)
         except (FileNotFoundError, ValueError) as err:

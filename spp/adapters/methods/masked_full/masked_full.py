@@ -1,13 +1,7 @@
-"""Masked full fine-tuning: every weight of the adapted projections is trained, its gradient multiplied by the mask.
+"""Masked full fine-tuning: every weight of the adapted projections trains, its gradient multiplied by the mask.
 
-The upper bound of sparse fine-tuning (what llm-compressor's ``ConstantPruningModifier`` does): for each adapted
-``nn.Linear`` the weight ``W`` itself requires grad and a gradient hook returns ``dL/dW ⊙ M`` (``M`` = pruning
-mask ∧ ``W ≠ 0``, stored bit-packed on the layer). With AdamW a pruned weight then never moves: its gradient,
-both moments and its update are 0, and decoupled weight decay multiplies 0 by ``1 - lr·wd``. Nothing else is
-trainable, so AdamW holds states only for these projections; "merge" is the identity.
-
-Memory is what makes it the expensive baseline: gradients and two AdamW moments for every adapted weight.
-:func:`estimate_training_memory` counts it; :func:`inject_masked_full` refuses when it does not fit.
+The upper bound of sparse fine-tuning (llm-compressor's ``ConstantPruningModifier``): with AdamW a pruned weight never
+moves (zero gradient, moments and update; decoupled decay multiplies 0). Costs gradients + two moments per weight.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ import torch
 from torch import nn
 
 from spp.adapters.base import freeze_all, target_linears
-from spp.atomic import write_file_atomic
+from spp.atomic import write_text_atomic
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS
 from spp.version import __version__
@@ -46,18 +40,7 @@ ADAMW_STATES = 2
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Training memory of the trainable parameters (activations excluded).
-
-    Attributes:
-        trainable_params: Parameters that require grad.
-        kept_params: Of those, the ones the masks let move (the trained weights).
-        weight_bytes: Every parameter of the model (resident before training).
-        grad_bytes: One gradient per trainable parameter, in its dtype.
-        optimizer_bytes: AdamW's two moments per trainable parameter, in its dtype.
-        mask_bytes: The bit-packed masks.
-        device: Where the weights are (``cuda:0``, ``cpu``).
-        available_bytes: Free memory there now (CUDA: ``torch.cuda.mem_get_info``; CPU: psutil available RAM).
-    """
+    """Training memory of the trainable parameters (activations excluded); ``available_bytes`` is free memory now."""
 
     trainable_params: int
     kept_params: int
@@ -98,10 +81,7 @@ def available_memory(device: torch.device) -> int:
 
 
 def _unique(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    seen: dict[int, torch.Tensor] = {}
-    for p in params:
-        seen.setdefault(id(p), p)
-    return list(seen.values())
+    return list({id(p): p for p in params}.values())
 
 
 def estimate_training_memory(model: nn.Module, trainable: Iterable[torch.Tensor] | None = None,
@@ -109,12 +89,8 @@ def estimate_training_memory(model: nn.Module, trainable: Iterable[torch.Tensor]
                              available_bytes: int | None = None) -> MemoryEstimate:
     """Weights + gradients + AdamW states of the trainable parameters of ``model`` (any adapter method).
 
-    Args:
-        model: The model (its parameters are the resident weights).
-        trainable: The parameters to be trained; default those with ``requires_grad``.
-        kept_params: Trained entries (default: every trainable entry; masked full passes the kept count).
-        mask_bytes: Bytes of masks to count (default: the packed mask buffers of masked full and SparsePEFT).
-        available_bytes: Override the measured free memory (tests).
+    ``trainable`` defaults to ``requires_grad`` parameters, ``kept_params`` to all their entries, ``mask_bytes`` to the
+    packed mask buffers of masked full and SparsePEFT; ``available_bytes`` overrides the measured free memory (tests).
     """
     params = _unique(model.parameters())
     train = _unique(trainable) if trainable is not None else [p for p in params if p.requires_grad]
@@ -141,24 +117,12 @@ def masked_full_layers(model: nn.Module) -> dict[str, nn.Linear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and hasattr(m, MASK_BUFFER)}
 
 
-def _mask_grad(module: nn.Linear):
-    def hook(grad: torch.Tensor) -> torch.Tensor:
-        keep = unpack_rows(getattr(module, MASK_BUFFER), grad.shape[-1])
-        return grad.masked_fill(~keep.to(grad.device), 0.0)
-
-    return hook
-
-
 def mask_gradients(model: nn.Module) -> int:
     """Zero the pruned entries of every masked layer's gradient; returns how many layers it masked.
 
-    The tensor hook of :func:`inject_masked_full` belongs to the weight object it was registered on. Sharding
-    (``fully_shard`` replaces each weight by a sharded ``DTensor`` and writes the reduce-scattered gradient there)
-    and materialising a replica from rank 0 (``to_empty``) make new weight objects, so the hook is lost there.
-    Called before every optimizer step (``SPPModule.on_before_optimizer_step``, before clipping), this masks the
-    gradient wherever it lives: a plain tensor whole, a ``DTensor`` in the rows of this rank's shard (FSDP2 shards
-    dim 0 in ``torch.chunk`` pieces). Masking is element-wise, so masking after the cross-rank average gives the
-    average of masked gradients.
+    Sharding (``fully_shard``) and ``to_empty`` make new weight objects and lose the tensor hook, so this runs before
+    every optimizer step; a ``DTensor`` gradient is masked in this rank's rows (FSDP2 shards dim 0 in ``torch.chunk``
+    pieces). Masking is element-wise, so masking after the cross-rank average equals averaging masked gradients.
     """
     from torch.distributed.tensor import DTensor
 
@@ -167,14 +131,10 @@ def mask_gradients(model: nn.Module) -> int:
         grad = module.weight.grad
         if grad is None:
             continue
-        if not isinstance(grad, DTensor):
-            keep = unpack_rows(getattr(module, MASK_BUFFER), grad.shape[-1]).to(grad.device)
-            grad.masked_fill_(~keep, 0.0)
-            done += 1
-            continue
-        local = grad.to_local()
-        rows = module.weight.shape[0]
-        offset = min(grad.device_mesh.get_local_rank() * -(-rows // grad.device_mesh.size()), rows)
+        local, offset = grad, 0
+        if isinstance(grad, DTensor):
+            local, rows = grad.to_local(), module.weight.shape[0]
+            offset = min(grad.device_mesh.get_local_rank() * -(-rows // grad.device_mesh.size()), rows)
         packed = getattr(module, MASK_BUFFER)[offset : offset + local.shape[0]]
         local.masked_fill_(~unpack_rows(packed, module.weight.shape[1]).to(local.device), 0.0)
         done += 1
@@ -183,18 +143,18 @@ def mask_gradients(model: nn.Module) -> int:
 
 def _hook(module: nn.Linear) -> None:
     """Register the gradient-mask hook on ``module.weight`` and remember which weight object holds it."""
-    setattr(module, HOOK_ATTR, module.weight.register_hook(_mask_grad(module)))
+    def mask(grad: torch.Tensor) -> torch.Tensor:
+        return grad.masked_fill(~unpack_rows(getattr(module, MASK_BUFFER), grad.shape[-1]).to(grad.device), 0.0)
+
+    setattr(module, HOOK_ATTR, module.weight.register_hook(mask))
     setattr(module, HOOKED_ATTR, weakref.ref(module.weight))
 
 
 def restore_gradient_hooks(model: nn.Module) -> int:
     """Put the gradient-mask hook back on each masked layer's *current* weight object; returns how many it moved.
 
-    Materialising a replica from rank 0 (``to_empty``) replaces the weight objects, and with them the hook of
-    :func:`inject_masked_full`. Under DDP :func:`mask_gradients` still masks before the step, but DeepSpeed moves
-    each gradient into its own (partitioned) buffers as soon as it is computed, so ``weight.grad`` is empty by then:
-    the mask must be applied by the hook, before DeepSpeed reduces the gradient. Not for FSDP2 (the sharded
-    ``DTensor`` weight is not the tensor autograd sees; :func:`mask_gradients` masks its shard).
+    Needed for DeepSpeed, which moves each gradient into its own buffers as soon as it is computed (``weight.grad`` is
+    empty at step time). Not for FSDP2 (:func:`mask_gradients` masks its shard).
     """
     moved = 0
     for module in masked_full_layers(model).values():
@@ -218,17 +178,8 @@ def inject_masked_full(
 ) -> nn.Module:
     """Make every weight of the ``targets`` linears trainable with gradient ``dL/dW ⊙ M``; freeze the rest.
 
-    Args:
-        model: The pruned model (modified in place and returned).
-        masks: Pruning masks (True = kept) by module name, one per adapted layer (extra ones ignored); ``None`` or
-            empty uses each weight's non-zeros. The mask used is ``M ∧ (W ≠ 0)``.
-        targets: Module-name suffixes (``adapter.targets``).
-        check_memory: Refuse when :func:`estimate_training_memory` exceeds the free memory.
-        available_bytes: Override the measured free memory (tests).
-
-    Raises:
-        ValueError: targets match nothing, an adapted layer without a mask, a mask pruning a non-zero weight, or
-            the model is already prepared. MemoryError: gradients + AdamW states do not fit (names the config key).
+    ``masks`` (True = kept, by module name; ``None``/empty = the weights' non-zeros) give ``M = mask ∧ (W ≠ 0)``.
+    Raises ValueError on bad targets/masks or a prepared model, MemoryError when gradients + AdamW states do not fit.
     """
     targets = tuple([targets] if isinstance(targets, str) else targets)
     if masked_full_layers(model):
@@ -273,11 +224,7 @@ def kept_parameters(model: nn.Module) -> int:
 
 @torch.no_grad()
 def merge_masked_full(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
-    """The identity on the weights: remove hooks and masks, freeze; report pruned weights that are non-zero (0).
-
-    Returns:
-        The same model and ``{"layers", "kept_params", "trainable_params", "pruned_nonzero"}``.
-    """
+    """The identity on the weights: remove hooks and masks, freeze; report stats (``pruned_nonzero`` should be 0)."""
     layers = masked_full_layers(model)
     if not layers:
         raise ValueError("merge_masked_full: the model holds no layer prepared by inject_masked_full")
@@ -297,16 +244,12 @@ def merge_masked_full(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def save_masked_full(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
-    """Write ``masked_full.json`` (layers, kept counts, memory estimate): the trained weights are the model itself,
-    exported as the merged model, so no adapter tensors are written."""
+    """Write ``masked_full.json`` (layers, kept counts, memory); the trained weights are the merged model itself."""
     layers = masked_full_layers(model)
     if not layers:
         raise ValueError("save_masked_full: the model holds no layer prepared by inject_masked_full")
     meta = {"format": "masked_full", "spp_version": __version__,
             "layers": {n: int(unpack_rows(getattr(m, MASK_BUFFER), m.in_features).sum()) for n, m in layers.items()},
             "memory": estimate_training_memory(model).to_dict(), "extra": extra or {}}
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(meta, indent=2, sort_keys=True)
-    write_file_atomic(out / META_NAME, lambda p: p.write_text(text + "\n"))
-    return out
+    write_text_atomic(Path(directory) / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return Path(directory)

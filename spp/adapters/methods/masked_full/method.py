@@ -27,14 +27,13 @@ from spp.errors import UserError
 class MaskedFull(AdapterMethod):
     """The adapted projections' weights train with gradient ``dL/dW ⊙ M``; merge is the identity.
 
-    Refuses (``MemoryError`` naming ``adapter.name=masked_full``) when gradients + AdamW states do not fit; the
-    estimate is :func:`spp.adapters.methods.masked_full.masked_full.estimate_training_memory`. The weights train in
-    their own dtype (``adapter.dtype`` does not apply).
+    Refuses (``MemoryError``) when gradients + AdamW states do not fit; ``adapter.dtype`` does not apply.
     """
 
     name = "masked_full"
     reconstruct_lr = 3e-3  # chosen on validation PPL, SmolLM2-135M Wanda 2:4 (reconstruction_smollm2_135m.md)
     config_class = MaskedFullConfig
+    summed_stats = ("kept_params", "trainable_params", "pruned_nonzero")  # as merge_masked_full reports
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         on_meta = any(p.is_meta for p in model.parameters())  # Table 1 builds models on meta: nothing to allocate
@@ -63,11 +62,6 @@ class MaskedFull(AdapterMethod):
                  "pruned_nonzero": int(((module.weight != 0) & ~keep).sum())}
         return MergedLayer(linear_tensors(module), stats)
 
-    def merge_summary(self, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """``{"layers", "kept_params", "trainable_params", "pruned_nonzero"}`` as :func:`merge_masked_full` reports."""
-        return {"layers": len(layers), **{k: sum(s[k] for s in layers.values())
-                                          for k in ("kept_params", "trainable_params", "pruned_nonzero")}}
-
     def resident_terms(self, adapted_weights: int) -> dict[str, int]:
         """Each adapted layer's packed mask (a bit per weight) on every device."""
         return {"mask_buffers": adapted_weights // 8}
@@ -77,8 +71,7 @@ class MaskedFull(AdapterMethod):
         return 2 * adapted_weights
 
     def trained_parameters(self, model: nn.Module, sparsity: float | None = None) -> int:
-        """The weights that move: the kept entries of the adapted layers (``(1 - sparsity)`` of each adapted weight
-        when ``sparsity`` is given, for a model on ``meta``); ``count_parameters`` counts whole tensors."""
+        """The kept entries of the adapted layers (``1 - sparsity`` of each when given, for a model on ``meta``)."""
         if sparsity is None:
             return kept_parameters(model)
         return sum(round(p.numel() * (1.0 - sparsity)) for p in model.parameters() if p.requires_grad)

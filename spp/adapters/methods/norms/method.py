@@ -1,5 +1,4 @@
-"""``adapter=norms``: PERP's normalisation-and-bias retraining (Zimmer et al., arXiv 2312.15230): no linear weight
-moves, so every zero is kept trivially; the merge is the identity."""
+"""``adapter=norms``: PERP's normalisation-and-bias retraining (Zimmer et al., arXiv 2312.15230); merge: identity."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from torch import nn
 from spp.adapters.base import WEIGHTS_NAME, AdapterMethod, Masks, freeze_all, read_adapter_files
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.norms.config import NormsConfig
-from spp.atomic import write_file_atomic
+from spp.atomic import write_file_atomic, write_text_atomic
 from spp.projections import DEFAULT_TARGETS, matches, names_in
 from spp.version import __version__
 
@@ -24,16 +23,14 @@ META_NAME = "norms.json"
 
 
 def is_norm(module: nn.Module) -> bool:
-    """A normalisation layer: ``nn.LayerNorm`` / ``nn.RMSNorm``, or a class named ``*Norm`` with a ``weight``
-    (Hugging Face's ``LlamaRMSNorm``, ``Qwen2RMSNorm``, ...)."""
+    """``nn.LayerNorm`` / ``nn.RMSNorm``, or a class named ``*Norm`` with a ``weight`` (HF's ``LlamaRMSNorm``, ...)."""
     if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
         return True
     return type(module).__name__.endswith("Norm") and isinstance(getattr(module, "weight", None), nn.Parameter)
 
 
 def norm_parameters(model: nn.Module, targets: list[str] | tuple[str, ...]) -> dict[str, nn.Parameter]:
-    """What ``adapter=norms`` trains, by parameter name: every parameter of every normalisation layer, and the bias
-    of every ``targets`` linear layer that has one."""
+    """What ``adapter=norms`` trains: every normalisation parameter and the bias of each ``targets`` linear."""
     out: dict[str, nn.Parameter] = {}
     targets = names_in(model, targets)  # the default: every block projection (OPT's fc1/fc2, Qwen2's q/k/v biases)
     for name, module in model.named_modules():
@@ -56,21 +53,16 @@ def save_norms(model: nn.Module, directory: str | os.PathLike, extra: dict[str, 
     if not tensors:
         raise ValueError("save_norms: nothing of the model is trainable; inject adapter=norms first")
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     write_file_atomic(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
     biases = sorted({n.rsplit(".", 2)[-2] for n in tensors if n.endswith(".bias")})
     meta = {"format": FORMAT, "spp_version": __version__, "targets": biases or list(DEFAULT_TARGETS),
             "tensors": sorted(tensors), "extra": extra}
-    write_file_atomic(out / META_NAME, lambda p: p.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n"))
+    write_text_atomic(out / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return out
 
 
 def load_norms(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.Module, list[str]]:
-    """Copy the tensors :func:`save_norms` wrote into the pruned ``model`` (bit-exact); returns it and the targets.
-
-    Raises:
-        FileNotFoundError: missing files. ValueError: another format, or names / shapes that differ from the model.
-    """
+    """Copy the tensors :func:`save_norms` wrote into the pruned ``model`` (bit-exact); returns it and the targets."""
     meta, state = read_adapter_files(directory, META_NAME, WEIGHTS_NAME, FORMAT, "norms")
     params = dict(model.named_parameters())
     missing = sorted(set(state) - set(params))

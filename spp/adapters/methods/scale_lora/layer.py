@@ -1,12 +1,8 @@
-"""ScaleLoRA (PERP, Zimmer et al., arXiv 2312.15230, Sec. 3): a frozen pruned linear scaled element-wise by a
-rank-``r`` multiplier.
+"""ScaleLoRA (PERP, Zimmer et al., arXiv 2312.15230, Sec. 3): a pruned linear scaled element-wise by a rank-r product.
 
-With frozen ``W`` (m x n), ``B`` (m x r) and ``A`` (r x n) both initialised to ``1/√r`` (so ``B A = 1``)::
-
-    W_eff = W ⊙ (B A),   y = x W_effᵀ + bias,   merge: W <- W ⊙ (B A)   (a zero of W stays zero)
-
-With ``g = dL/dy`` and ``P = (gᵀ x) ⊙ W``: ``dx = g W_eff``, ``dB = P Aᵀ``, ``dA = Bᵀ P``. :class:`ScaleLoRAFunction`
-saves only ``x``, ``A``, ``B`` and builds ``W_eff`` and ``P`` transiently, in row chunks for large layers."""
+``W_eff = W ⊙ (B A)`` with ``A``, ``B`` at ``1/√r`` (so ``B A = 1``); merge ``W <- W ⊙ (B A)`` keeps every zero.
+With ``P = (gᵀ x) ⊙ W``: ``dx = g W_eff``, ``dB = P Aᵀ``, ``dA = Bᵀ P`` (built transiently, in row chunks).
+"""
 
 from __future__ import annotations
 
@@ -31,7 +27,7 @@ from spp.adapters.base import (
     target_linears,
 )
 from spp.adapters.chunks import row_chunks
-from spp.atomic import write_file_atomic
+from spp.atomic import write_file_atomic, write_text_atomic
 from spp.version import __version__
 
 FORMAT = "scale_lora"
@@ -89,9 +85,7 @@ class ScaleLoRAFunction(torch.autograd.Function):
 
 
 class ScaleLoRALinear(LinearWrapper):
-    """A frozen (pruned) ``nn.Linear`` whose weight is scaled element-wise by ``B A`` (module docstring).
-
-    ``A`` / ``B`` are fp32 (``dtype=None``), or the base weight's dtype when wider."""
+    """A frozen pruned ``nn.Linear`` scaled element-wise by ``B A``; ``A``/``B`` fp32 or the weight's dtype if wider."""
 
     def __init__(self, base: nn.Linear, r: int = 8, dtype: torch.dtype | None = None, name: str | None = None) -> None:
         super().__init__()
@@ -123,8 +117,7 @@ class ScaleLoRALinear(LinearWrapper):
 
     @torch.no_grad()
     def merged_weight(self) -> tuple[torch.Tensor, int]:
-        """``W ⊙ (B A)`` rounded once to the weight's dtype, every zero of ``W`` copied unchanged (same bits); and how
-        many non-zero weights became zero (a zero factor, or underflow in the weight's dtype)."""
+        """``W ⊙ (B A)`` rounded once (zeros keep their bits), and how many non-zeros it turned into zeros."""
         w, factor = self.base.weight.detach(), self.multiplier()
         merged = torch.where(w == 0, w, (w.to(factor.dtype) * factor).to(w.dtype))
         return merged, int((merged == 0).sum() - (w == 0).sum())
@@ -149,8 +142,7 @@ def inject_scale_lora(model: nn.Module, targets: Sequence[str], r: int = 8,
 
 @torch.no_grad()
 def merge_scale_lora(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
-    """``W <- W ⊙ (B A)`` in every ScaleLoRA layer, the plain ``nn.Linear`` put back; returns the model and
-    ``{"layers", "made_zero"}`` (non-zero weights the merge turned into zeros: 0 unless a factor is 0)."""
+    """``W <- W ⊙ (B A)`` in every ScaleLoRA layer, plain linear back; returns ``{"layers", "made_zero"}``."""
     layers = scale_lora_layers(model)
     if not layers:
         raise ValueError("merge_scale_lora: the model holds no ScaleLoRA layer (nothing to merge)")
@@ -167,25 +159,22 @@ def merge_scale_lora(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def save_scale_lora(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
-    """``adapter_model.safetensors`` (``<layer>.scale_lora_A`` / ``_B``) and ``scale_lora.json`` (targets, rank,
-    layers)."""
+    """``adapter_model.safetensors`` (``<layer>.scale_lora_A``/``_B``) and ``scale_lora.json``."""
     layers = scale_lora_layers(model)
     if not layers:
         raise ValueError("save_scale_lora: the model holds no ScaleLoRA layer; inject it first")
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     tensors = {f"{n}.{k}": getattr(lay, k).detach().contiguous() for n, lay in layers.items()
                for k in ("scale_lora_A", "scale_lora_B")}
     write_file_atomic(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
     meta = {"format": FORMAT, "spp_version": __version__, "r": next(iter(layers.values())).r,
             "targets": sorted({n.rsplit(".", 1)[-1] for n in layers}), "layers": sorted(layers), "extra": extra or {}}
-    write_file_atomic(out / META_NAME, lambda p: p.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n"))
+    write_text_atomic(out / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return out
 
 
 def load_scale_lora(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.Module, dict[str, Any]]:
-    """Inject ScaleLoRA as :func:`save_scale_lora` recorded it into the pruned ``model`` and load ``A`` / ``B``
-    bit-exactly; returns the model and the recorded ``scale_lora.json``."""
+    """Inject ScaleLoRA as :func:`save_scale_lora` recorded it and load ``A``/``B`` bit-exactly; returns both."""
     meta, state = read_adapter_files(directory, META_NAME, WEIGHTS_NAME, FORMAT, "ScaleLoRA")
     inject_scale_lora(model, meta["targets"], r=int(meta["r"]), dtype=next(iter(state.values())).dtype)
     layers = scale_lora_layers(model)
@@ -205,7 +194,6 @@ def load_scale_lora(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.
 
 
 def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
-    """``(layer, base.weight)`` and ``(layer, base.bias)`` of every ScaleLoRA layer: its forward reads the frozen
-    weight and bias without calling ``base``."""
+    """``(layer, base.weight/bias)`` pairs: the forward reads them without calling ``base``."""
     return [(layer, p) for layer in scale_lora_layers(model).values()
             for p in (layer.base.weight, layer.base.bias) if p is not None]

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, ExternalParameters, Full, Masks, MergedLayer
+from spp.adapters.base import AdapterMethod, ExternalParameters, Full, Masks, MergedLayer, linear_tensors
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.scale_lora.config import ScaleLoRAConfig
 from spp.adapters.methods.scale_lora.layer import (
@@ -22,11 +22,11 @@ from spp.adapters.methods.scale_lora.layer import (
 
 
 class ScaleLoRA(AdapterMethod):
-    """``B`` (m x r) and ``A`` (r x n), both ``1/√r`` at init, scale the frozen pruned weight: ``W ⊙ (B A)``. A zero
-    of ``W`` stays zero through training and merge, whatever ``B A`` is."""
+    """``W ⊙ (B A)`` with ``B`` (m x r), ``A`` (r x n) at ``1/√r``: a zero of ``W`` stays zero whatever ``B A`` is."""
 
     name = "scale_lora"
     config_class = ScaleLoRAConfig
+    summed_stats = ("made_zero",)  # as merge_scale_lora reports
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         return inject_scale_lora(model, tuple(cfg.targets), r=cfg.r, dtype=cfg.torch_dtype)
@@ -63,14 +63,6 @@ class ScaleLoRA(AdapterMethod):
         if not isinstance(module, ScaleLoRALinear):
             return None
         merged, made_zero = module.merged_weight()
-        tensors = {"weight": merged}
-        if module.base.bias is not None:
-            tensors["bias"] = module.base.bias.detach()
-        return MergedLayer(tensors, {"made_zero": made_zero})
-
-    def merge_summary(self, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """``{"layers", "made_zero"}`` as :func:`merge_scale_lora` reports."""
-        return {"layers": len(layers), "made_zero": sum(s["made_zero"] for s in layers.values())}
-
+        return MergedLayer({**linear_tensors(module.base), "weight": merged}, {"made_zero": made_zero})
 
 METHOD = ScaleLoRA()

@@ -1,15 +1,8 @@
-"""SparsePEFT (SQFT, Muñoz et al., EMNLP 2024 Findings, arXiv 2410.03750): LoRA whose update is masked.
+"""SparsePEFT (SQFT, Muñoz et al., arXiv 2410.03750): LoRA whose update is masked.
 
-With frozen pruned ``W~`` (m x n), mask ``M`` (True = kept), ``A`` (r x n), ``B`` (m x r), ``s = lora_alpha / r``
-and ``xd = dropout(x)``::
-
-    training:  y = x W~ᵀ + s · xd · ((B A) ⊙ M)ᵀ
-    merge:     W = W~ + s · (B A) ⊙ M            (pruned positions keep their bits: every zero stays)
-
-:class:`SparseLoraLinear` is peft's ``lora.Linear`` with one LoRA variant (:class:`SparseLoraVariant`); saved
-folders say ``"peft_type": "SPARSE_LORA"`` so ``PeftModel.from_pretrained`` (with ``spp.peft``) loads them masked.
-:class:`MaskedLoRAFunction` saves ``xd``, ``A``, ``B`` and the packed mask only: no m x n float survives the forward.
-The mask is ``M ∧ (W~ ≠ 0)`` (SQFT's), so a kept exact zero also stays zero."""
+Training ``y = x W~ᵀ + s · dropout(x) · ((B A) ⊙ M)ᵀ``; merge ``W = W~ + s · (B A) ⊙ M`` (every zero stays), with
+``M ∧ (W~ ≠ 0)`` (SQFT's) as the mask; no m x n float survives the forward.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +22,9 @@ from torch.distributed.tensor import DTensor
 
 from spp.adapters.base import CONFIG_NAME
 from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS, MAX_DELTA_ELEMENTS, row_chunks
+from spp.adapters.config import check_dropout, check_rank
 from spp.adapters.peft_base import read_lora_settings
-from spp.atomic import write_file_atomic
+from spp.atomic import write_text_atomic
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS, model_targets
 from spp.version import __version__
@@ -38,8 +32,7 @@ from spp.version import __version__
 FORMAT = "sparse_lora"
 META_NAME = "sparse_lora.json"
 PEFT_TYPE = "SPARSE_LORA"
-"""``adapter_config.json``'s ``peft_type``: ``peft.PeftModel.from_pretrained`` reads the folder as SparsePEFT once
-``spp.peft`` is imported (folders written before say ``"LORA"``; spp's loader reads both)."""
+"""``adapter_config.json``'s ``peft_type`` (older folders say ``"LORA"``; spp's loader reads both)."""
 
 
 def _row_chunks(m: int, n: int) -> list[tuple[int, int]]:
@@ -59,10 +52,10 @@ def _masked_delta(a: torch.Tensor, b_rows: torch.Tensor, packed_rows: torch.Tens
 
 
 class MaskedLoRAFunction(torch.autograd.Function):
-    """``s · xd ((B A) ⊙ M)ᵀ`` with hand-written gradients (the SparsePEFT branch).
+    """``s · xd ((B A) ⊙ M)ᵀ`` with hand-written gradients, in one chunk of rows or several for large layers.
 
-    With ``G = s (gᵀ xd) ⊙ M`` (transient): ``dB = G Aᵀ``, ``dA = Bᵀ G``, ``dxd = s g ((B A) ⊙ M)``; layers above
-    ``MAX_DELTA_ELEMENTS`` weights are done a chunk of rows at a time."""
+    With ``G = s (gᵀ xd) ⊙ M``: ``dB = G Aᵀ``, ``dA = Bᵀ G``, ``dxd = s g ((B A) ⊙ M)``.
+    """
 
     @staticmethod
     def forward(ctx: Any, xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, packed: torch.Tensor,
@@ -73,13 +66,9 @@ class MaskedLoRAFunction(torch.autograd.Function):
         with torch.autocast(dev, enabled=False):
             x2 = xd.reshape(-1, n).to(cdt)
             a, b = lora_a.to(cdt), lora_b.to(cdt)
-            chunks = _row_chunks(m, n)
-            if len(chunks) == 1:
-                y = x2 @ _masked_delta(a, b, packed, scale).t()
-            else:
-                y = x2.new_empty(x2.shape[0], m)
-                for lo, hi in chunks:
-                    y[:, lo:hi] = x2 @ _masked_delta(a, b[lo:hi], packed[lo:hi], scale).t()
+            y = x2.new_empty(x2.shape[0], m)
+            for lo, hi in _row_chunks(m, n):
+                y[:, lo:hi] = x2 @ _masked_delta(a, b[lo:hi], packed[lo:hi], scale).t()
         ctx.scale, ctx.cdt = scale, cdt
         ctx.save_for_backward(xd, lora_a, lora_b, packed)
         return y.view(*xd.shape[:-1], m)
@@ -93,30 +82,19 @@ class MaskedLoRAFunction(torch.autograd.Function):
         g2 = g.reshape(-1, m).to(cdt)
         x2 = xd.reshape(-1, n).to(cdt)
         a, b = lora_a.to(cdt), lora_b.to(cdt)
-        chunks = _row_chunks(m, n)
-        gx = ga = gb = None
-        if len(chunks) == 1:
+        gx = torch.zeros_like(x2) if need_x else None
+        ga = torch.zeros_like(a) if need_a else None
+        gb = torch.empty_like(b) if need_b else None
+        for lo, hi in _row_chunks(m, n):
             if need_x:
-                gx = g2 @ _masked_delta(a, b, packed, scale)
+                gx.addmm_(g2[:, lo:hi], _masked_delta(a, b[lo:hi], packed[lo:hi], scale))
             if need_a or need_b:
-                grad_delta = (g2.t() @ x2).mul_(scale).mul_(_keep(packed, n))
-                gb = grad_delta @ a.t() if need_b else None
-                ga = b.t() @ grad_delta if need_a else None
+                grad_delta = (g2[:, lo:hi].t() @ x2).mul_(scale).mul_(_keep(packed[lo:hi], n))
+                if need_b:
+                    gb[lo:hi] = grad_delta @ a.t()
+                if need_a:
+                    ga.addmm_(b[lo:hi].t(), grad_delta)
                 del grad_delta
-        else:
-            gx = torch.zeros_like(x2) if need_x else None
-            ga = torch.zeros_like(a) if need_a else None
-            gb = torch.empty_like(b) if need_b else None
-            for lo, hi in chunks:
-                if need_x:
-                    gx.addmm_(g2[:, lo:hi], _masked_delta(a, b[lo:hi], packed[lo:hi], scale))
-                if need_a or need_b:
-                    grad_delta = (g2[:, lo:hi].t() @ x2).mul_(scale).mul_(_keep(packed[lo:hi], n))
-                    if need_b:
-                        gb[lo:hi] = grad_delta @ a.t()
-                    if need_a:
-                        ga.addmm_(b[lo:hi].t(), grad_delta)
-                    del grad_delta
         return (gx.view(xd.shape).to(xd.dtype) if need_x else None,
                 ga.to(lora_a.dtype) if need_a else None,
                 gb.to(lora_b.dtype) if need_b else None, None, None)
@@ -179,10 +157,7 @@ class SparseLoraVariant(LoraVariant):
 
 
 class SparseLoraLinear(LoraLinear):
-    """peft ``lora.Linear`` with a bit-packed mask buffer; its one LoRA variant is :class:`SparseLoraVariant`.
-
-    The mask starts as ``W~ ≠ 0``; :meth:`set_mask` narrows it to ``M ∧ (W~ ≠ 0)`` after checking every pruned weight
-    is zero."""
+    """peft ``lora.Linear`` with a bit-packed mask buffer (starts as ``W~ ≠ 0``) and :class:`SparseLoraVariant`."""
 
     def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, **kwargs: Any) -> None:
         if config.fan_in_fan_out or config.lora_bias:
@@ -212,9 +187,7 @@ class SparseLoraLinear(LoraLinear):
 
     @torch.no_grad()
     def effective_weight(self) -> torch.Tensor:
-        """The weight the layer applies (detached, fp32 or wider): ``W~ + s·(B A) ⊙ M`` over the active adapters.
-
-        FSDP2 ``DTensor`` shards are gathered first: a collective, so every rank must call it."""
+        """The applied weight ``W~ + s·(B A) ⊙ M`` (fp32 or wider); gathers FSDP2 shards, so every rank calls it."""
         weight = _whole(self.get_base_layer().weight)
         cdt = _compute_dtype(weight)
         if self.merged or self.disable_adapters:
@@ -239,21 +212,12 @@ def sparse_lora_layers(model: nn.Module) -> Iterator[tuple[str, SparseLoraLinear
 
 
 def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
-    """``(layer, lora_A[a].weight)`` and ``(layer, lora_B[a].weight)`` of every SparsePEFT layer: the masked branch
-    reads them without calling ``lora_A`` / ``lora_B`` (the base weight goes through its own forward)."""
+    """``(layer, lora_A/B weight)`` pairs: the masked branch reads them without calling ``lora_A`` / ``lora_B``."""
     pairs: list[tuple[nn.Module, nn.Parameter]] = []
     for _, layer in sparse_lora_layers(model):
         for adapter in layer.lora_A:
             pairs += [(layer, layer.lora_A[adapter].weight), (layer, layer.lora_B[adapter].weight)]
     return pairs
-
-
-def _check_targets(model: nn.Module, targets: Sequence[str], r: int, dropout: float) -> list[str]:
-    if r < 1:
-        raise ValueError(f"adapter.r must be >= 1, got {r}")
-    if not 0.0 <= dropout < 1.0:
-        raise ValueError(f"adapter.dropout must be in [0, 1), got {dropout}")
-    return model_targets(model, targets, "adapter.targets")
 
 
 def inject_sparse_lora(
@@ -266,23 +230,23 @@ def inject_sparse_lora(
     dtype: torch.dtype = torch.float32,
     task_type: str | None = "CAUSAL_LM",
 ) -> PeftModel:
-    """Wrap ``model`` with SparsePEFT layers on ``targets`` (peft LoRA init: ``B = 0``, output unchanged); the
-    ``PeftModel`` with only ``A``/``B`` trainable.
+    """Wrap ``model`` with SparsePEFT layers on ``targets`` (``B = 0``: output unchanged); only ``A``/``B`` train.
 
-    ``masks`` (True = kept, by module name) must cover every adapted layer; ``None`` or empty uses each weight's
-    non-zeros. A mask that prunes a non-zero weight raises ``ValueError``."""
+    ``masks`` (True = kept) must cover every adapted layer (``None``/empty: the non-zeros); ValueError if one prunes a
+    non-zero weight.
+    """
     targets = tuple([targets] if isinstance(targets, str) else targets)
-    names = _check_targets(model, targets, r, dropout)
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, bias="none",
+    check_rank(r)
+    check_dropout(dropout)
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none",
+                        target_modules=model_targets(model, targets, "adapter.targets"),
                         task_type=task_type)
     return wrap_masked(model, config, masks, dtype, "sparse_lora")
 
 
 def wrap_masked(model: nn.Module, config: LoraConfig, masks: Mapping[str, torch.Tensor] | None, dtype: torch.dtype,
                 method: str) -> PeftModel:
-    """``model`` wrapped by peft with :class:`SparseLoraLinear` layers as ``config`` says, each layer's mask set
-    (``masks``, True = kept, must cover every adapted layer; ``None``/empty: the weights' non-zeros) and ``A``/``B``
-    in ``dtype``; ``method`` names the adapter in the error for a missing mask."""
+    """``model`` wrapped in :class:`SparseLoraLinear` layers per ``config``, masks set, ``A``/``B`` in ``dtype``."""
     config._register_custom_module({nn.Linear: SparseLoraLinear})
     peft_model = get_peft_model(model, config)
     layers = dict(sparse_lora_layers(peft_model))
@@ -301,10 +265,7 @@ def wrap_masked(model: nn.Module, config: LoraConfig, masks: Mapping[str, torch.
 
 @torch.no_grad()
 def merge_sparse_lora(model: PeftModel) -> tuple[nn.Module, dict[str, Any]]:
-    """Merge ``W = W~ + s·(B A) ⊙ M`` into every layer and unwrap (peft's ``merge_and_unload``).
-
-    Returns the plain model and ``{"layers", "delta_sq_norm", "pruned_nonzero"}`` (‖s·(B A) ⊙ M‖²_F summed; pruned
-    positions non-zero after the merge, 0 unless something is broken)."""
+    """Merge ``W = W~ + s·(B A) ⊙ M``, unwrap; returns the model, ``{"layers", "delta_sq_norm", "pruned_nonzero"}``."""
     layers = dict(sparse_lora_layers(model))
     if not layers:
         raise ValueError("merge_sparse_lora: the model holds no SparsePEFT layer (nothing to merge)")
@@ -322,9 +283,7 @@ def merge_sparse_lora(model: PeftModel) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
-    """peft's adapter files (``"peft_type": "SPARSE_LORA"``) plus ``sparse_lora.json`` (each layer's mask size).
-
-    Without ``spp.peft`` imported peft refuses the unknown type instead of applying the update unmasked."""
+    """peft's files (``"peft_type": "SPARSE_LORA"``, so peft without ``spp.peft`` refuses) plus ``sparse_lora.json``."""
     layers = dict(sparse_lora_layers(model))
     if not layers:
         raise ValueError("save_sparse_lora: the model holds no SparsePEFT layer; call inject_sparse_lora first")
@@ -332,24 +291,20 @@ def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     config = {**json.loads((out / CONFIG_NAME).read_text()), "peft_type": PEFT_TYPE}
-    config_text = json.dumps(config, indent=2, sort_keys=True)
-    write_file_atomic(out / CONFIG_NAME, lambda p: p.write_text(config_text + "\n"))
+    write_text_atomic(out / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
     meta = {"format": FORMAT, "spp_version": __version__,
             "layers": {name: int(layer.mask.sum()) for name, layer in layers.items()}, "extra": extra or {}}
-    text = json.dumps(meta, indent=2, sort_keys=True)
-    write_file_atomic(out / META_NAME, lambda p: p.write_text(text + "\n"))
+    write_text_atomic(out / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return out
 
 
 def read_lora_config(directory: str | os.PathLike) -> tuple[LoraConfig, bool]:
-    """The LoRA settings of a SparsePEFT folder's ``adapter_config.json`` and whether it says ``SPARSE_LORA`` (older
-    folders say ``LORA``); read without peft's registry."""
+    """A SparsePEFT folder's LoRA settings and whether it says ``SPARSE_LORA`` (read without peft's registry)."""
     return read_lora_settings(directory, PEFT_TYPE, "SparsePEFT", "a directory written by save_sparse_lora")
 
 
 def _read_meta(path: Path) -> dict[str, Any] | None:
-    """``sparse_lora.json`` (checked); ``None`` for a ``SPARSE_LORA`` folder without it (peft's ``save_pretrained``
-    of a ``spp.peft.SparseLoraConfig`` model), which needs no marker to be known as SparsePEFT."""
+    """``sparse_lora.json`` (checked); ``None`` for a ``SPARSE_LORA`` folder from peft's ``save_pretrained``."""
     meta_path = path / META_NAME
     if not meta_path.is_file():
         if (path / CONFIG_NAME).is_file() and read_lora_config(path)[1]:
@@ -362,8 +317,7 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
 
 
 def check_mask_sizes(model: nn.Module, meta: dict[str, Any] | None, directory: str | os.PathLike) -> None:
-    """Each layer's mask size against ``sparse_lora.json``'s ``layers`` (a base pruned otherwise has other sizes);
-    nothing to check without them (peft's ``save_pretrained``)."""
+    """Each layer's mask size against ``sparse_lora.json`` (another pruned base differs); no record, no check."""
     if not meta or "layers" not in meta:
         return
     kept = {name: int(layer.mask.sum()) for name, layer in sparse_lora_layers(model)}
@@ -375,11 +329,10 @@ def check_mask_sizes(model: nn.Module, meta: dict[str, Any] | None, directory: s
 
 def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
                      masks: Mapping[str, torch.Tensor] | None = None) -> PeftModel:
-    """Re-create the SparsePEFT model written by :func:`save_sparse_lora` (or peft's ``save_pretrained`` of a
-    ``spp.peft.SparseLoraConfig`` model) on the same pruned base ``model``.
+    """Re-create the SparsePEFT model :func:`save_sparse_lora` (or peft) wrote on the same pruned base ``model``.
 
-    ``masks=None`` uses the base weights' non-zeros. Layers, mask sizes or tensor names that differ from the file (a
-    different base model) raise ``ValueError``."""
+    ``masks=None`` uses the non-zeros; layers, mask sizes or tensor names that differ raise ``ValueError``.
+    """
     path = Path(directory)
     meta = _read_meta(path)
     config, _ = read_lora_config(path)
@@ -388,9 +341,14 @@ def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
     peft_model = inject_sparse_lora(model, masks, targets=sorted(config.target_modules), r=config.r,
                                     alpha=config.lora_alpha, dropout=config.lora_dropout, dtype=dtype)
     check_mask_sizes(peft_model, meta, directory)
+    set_lora_tensors(peft_model, state, "load_sparse_lora")
+    return peft_model
+
+
+def set_lora_tensors(peft_model: PeftModel, state: dict[str, torch.Tensor], label: str) -> None:
+    """Load the adapter tensors ``state`` into ``peft_model``; ``ValueError`` when their names differ."""
     result = set_peft_model_state_dict(peft_model, state)
     missing = [k for k in result.missing_keys if "lora_" in k]
     if result.unexpected_keys or missing:
-        raise ValueError(f"load_sparse_lora: tensors differ from the model: unexpected {result.unexpected_keys[:3]}, "
+        raise ValueError(f"{label}: tensors differ from the model: unexpected {result.unexpected_keys[:3]}, "
                          f"missing {missing[:3]}")
-    return peft_model

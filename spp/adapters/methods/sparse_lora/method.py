@@ -37,6 +37,7 @@ class SparseLoRA(AdapterMethod):
 
     name = "sparse_lora"
     config_class = SparseLoRAConfig
+    summed_stats = ("delta_sq_norm", "pruned_nonzero")  # as merge_sparse_lora reports
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
         return inject_sparse_lora(model, masks, targets=tuple(cfg.targets), r=cfg.r, alpha=cfg.lora_alpha,
@@ -83,11 +84,6 @@ class SparseLoRA(AdapterMethod):
         tensors = linear_tensors(layer.get_base_layer())
         pruned_nonzero = int(((tensors["weight"] != 0) & ~keep.to(tensors["weight"].device)).sum())
         return MergedLayer(tensors, {"delta_sq_norm": delta_sq, "pruned_nonzero": pruned_nonzero})
-
-    def merge_summary(self, layers: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """``{"layers", "delta_sq_norm", "pruned_nonzero"}`` as :func:`merge_sparse_lora` reports."""
-        return {"layers": len(layers), "delta_sq_norm": sum(s["delta_sq_norm"] for s in layers.values()),
-                "pruned_nonzero": sum(s["pruned_nonzero"] for s in layers.values())}
 
     def peft_integration(self) -> PeftIntegration:
         """SparsePEFT as a registered peft method (``methods/sparse_lora/peft_tuner.py``)."""

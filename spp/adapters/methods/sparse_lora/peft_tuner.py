@@ -1,11 +1,6 @@
-"""SparsePEFT (SQFT, ``adapter=sparse_lora``) as a registered peft method (``peft_type: SPARSE_LORA``;
-``import spp.peft`` registers it: :data:`SPARSE_LORA_PEFT`).
+"""SparsePEFT (SQFT, ``adapter=sparse_lora``) as a registered peft method (``peft_type: SPARSE_LORA``).
 
-LoRA whose update is masked by the pruning mask ``M``: the layer computes ``y = x W~ᵀ + s · xd ((B A) ⊙ M)ᵀ`` and
-merges into ``W = W~ + s·(B A) ⊙ M``, so every pruned zero stays zero (bit for bit). The layers are spp's own
-:class:`~spp.adapters.methods.sparse_lora.layer.SparseLoraLinear` (``adapter=sparse_lora``'s), with the mask taken
-from the base weight (``M = W~ ≠ 0``, SQFT's definition; the pruning mask itself for a pruned model). Tensors and
-file keys are LoRA's (``lora_A`` / ``lora_B``).
+The layers are spp's own ``SparseLoraLinear`` (mask ``M = W~ ≠ 0``), merging ``W~ + s·(B A) ⊙ M`` (zeros kept).
 """
 
 from __future__ import annotations
@@ -27,12 +22,10 @@ from spp.projections import DEFAULT_TARGETS
 
 @dataclass
 class SparseLoraConfig(MaskedLoraConfigMixin, LoraConfig):
-    """SparsePEFT for ``peft.get_peft_model``: a ``LoraConfig`` (same keys) whose update is masked by the pruning
-    mask in training and in the merge ``W~ + s·(B A) ⊙ M`` (zeros kept).
+    """SparsePEFT for ``peft.get_peft_model``: a ``LoraConfig`` with spp's ``adapter=sparse_lora`` defaults.
 
-    Defaults are spp's ``adapter=sparse_lora`` (the paper's LoRA* baseline): ``r=8``, ``lora_alpha=16``,
-    ``lora_dropout=0.05``; ``target_modules`` ``None`` or the default list = every linear projection of the model's
-    decoder blocks. ``use_dora``, ``fan_in_fan_out`` and ``lora_bias`` are refused.
+    ``target_modules`` ``None`` or the default list = every decoder-block projection; ``use_dora``, ``fan_in_fan_out``
+    and ``lora_bias`` are refused.
     """
 
     spp_name: ClassVar[str] = "sparse_lora"  # PeftType.SPARSE_LORA
@@ -46,9 +39,7 @@ class SparseLoraConfig(MaskedLoraConfigMixin, LoraConfig):
 
 
 class SparseLoraModel(MaskedLoraModelMixin, LoraModel):
-    """peft's LoRA tuner whose layers are spp's ``SparseLoraLinear`` (in ``named_modules`` order, as
-    ``inject_sparse_lora``: same initial ``A`` from the same seed); default targets and GPT-2 as in
-    :mod:`spp.adapters.peft_base`."""
+    """peft's LoRA tuner with ``SparseLoraLinear`` layers, in ``inject_sparse_lora``'s order (same initial ``A``)."""
 
     prefix: str = "lora_"  # LoRA's tensors (lora_A, lora_B): the same state-dict keys
 
@@ -57,8 +48,7 @@ class SparseLoraModel(MaskedLoraModelMixin, LoraModel):
 
 
 def _read_meta(path: Path, directory: str | os.PathLike) -> dict[str, Any] | None:
-    """``sparse_lora.json`` of a SparsePEFT folder (``None`` when absent: peft's ``save_pretrained``), the folder
-    checked to be SparsePEFT (``SPARSE_LORA``, or ``LORA`` with the marker)."""
+    """``sparse_lora.json`` (``None`` when absent), the folder checked to be SparsePEFT."""
     for name in ("adapter_config.json", "adapter_model.safetensors"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"No {name} in {str(directory)!r}; point at a SparsePEFT adapter folder (a "
@@ -75,18 +65,9 @@ def _read_meta(path: Path, directory: str | os.PathLike) -> dict[str, Any] | Non
 
 def from_sparse_lora_adapter(model: nn.Module, directory: str | os.PathLike, adapter_name: str = "default",
                              is_trainable: bool = False, **kwargs: Any) -> PeftModel:
-    """``PeftModel.from_pretrained(model, directory)`` for a SparsePEFT folder, including one spp wrote before it
-    recorded ``"peft_type": "SPARSE_LORA"`` (``"LORA"`` + ``sparse_lora.json``), which ``PeftModel.from_pretrained``
-    alone would read as plain LoRA (its merge would fill the pruned zeros).
+    """``PeftModel.from_pretrained`` for a SparsePEFT folder, even an old ``"LORA"`` + ``sparse_lora.json`` one.
 
-    Args:
-        model: The pruned base model the adapter was trained on (plain HF module).
-        directory: A train.py ``adapter=sparse_lora`` folder, or peft's ``save_pretrained`` of a SparsePEFT model.
-        adapter_name, is_trainable, **kwargs: As ``PeftModel.from_pretrained``.
-
-    Raises:
-        FileNotFoundError: a file is missing. ValueError: not a SparsePEFT adapter, or mask sizes that differ from
-            ``sparse_lora.json`` (a base pruned otherwise).
+    ``PeftModel.from_pretrained`` alone would read such a folder as plain LoRA (its merge fills the pruned zeros).
     """
     path = Path(directory).expanduser()
     meta = _read_meta(path, directory)

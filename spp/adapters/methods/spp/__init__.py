@@ -1,5 +1,4 @@
-"""``adapter=spp``: SPP itself (paper Sec. 3.2): its config (``config``), the equations (``functional``), the layer
-(``layer``), model-level inject / merge (``model``), adapter files (``io``) and the registered method (``method``)."""
+"""``adapter=spp``: SPP itself (paper Sec. 3.2): config, equations, layer, inject / merge, files, method."""
 
 from spp.adapters.methods.spp.config import Impl, Init, SPPAdapterConfig
 from spp.adapters.methods.spp.functional import (

@@ -1,20 +1,9 @@
 """Exact SPP forward/backward formulations (paper Eq. 5-7) as plain functions and one autograd Function.
 
-Notation (paper Sec. 3.2): frozen ``W`` (m x n), ``alpha`` (r x n), ``beta`` (m x 1), ``k = m / r``,
-``A = Repeat0(alpha, k)``, scale ``s``, ``xd = Dropout(x)``. Training forward, Eq. 6::
-
-    y = x W^T + s * xd (W ⊙ A ⊙ beta)^T
-
-The ``fused`` path uses at most three full-size products and keeps nothing m x n between forward and backward:
-without dropout ``y = x W_eff^T`` with ``W_eff = W ⊙ (1 + s A beta)``; with dropout ``y = x W^T + xd W'^T``,
-``W' = s W ⊙ A ⊙ beta``. With ``P = G ⊙ W`` (``G = g^T x`` or ``g^T xd``)::
-
-    dbeta_i  = s * sum_c P[i, c] * alpha[j(i), c]
-    dalpha_j = s * sum_{i in block j} beta_i * P[i, c]
-
-The backward walks whole row blocks in chunks (``BACKWARD_CHUNK_ELEMENTS``). ``keep_weight=True``
-(``fused_cached``) keeps ``W_eff`` / ``W'`` for the backward: one m x n tensor per layer (425 MiB fp32 for
-SmolLM2-135M) for two fewer m x n passes per step (``benchmarks/README.md``)."""
+``fused``: at most three full-size products, nothing m x n kept to backward; with ``P = G ⊙ W`` the gradients are
+``dbeta_i = s Σ_c P[i,c] alpha[j(i),c]`` and ``dalpha_j = s Σ_{i in block j} beta_i P[i,c]``. ``fused_cached``
+keeps ``W_eff``/``W'`` (one m x n tensor per layer) for two fewer m x n passes per step (``benchmarks/README.md``).
+"""
 
 from __future__ import annotations
 
@@ -30,8 +19,7 @@ def repeat_alpha(alpha: torch.Tensor, out_features: int) -> torch.Tensor:
 
 
 def adapted_weight(weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None) -> torch.Tensor:
-    """Eq. 5: ``W' = W ⊙ Repeat0(alpha, m/r) ⊙ Repeat1(beta, n)`` (materialized, m x n); ``beta=None`` is one
-    (the ``use_beta=False`` ablation)."""
+    """Eq. 5: ``W' = W ⊙ Repeat0(alpha, m/r) ⊙ beta`` (materialized, m x n); ``beta=None`` is one."""
     w = weight * repeat_alpha(alpha.to(weight.dtype), weight.shape[0])
     if beta is not None:
         w = w * beta.to(weight.dtype)
@@ -49,8 +37,7 @@ def merge_factor(alpha: torch.Tensor, beta: torch.Tensor | None, out_features: i
 
 def _blocked_scale(weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None, scale: float,
                    residual: bool) -> torch.Tensor:
-    """Transient weight for one fused product: ``W ⊙ (1 + s A beta)`` if residual else ``s W ⊙ A ⊙ beta``, in two
-    passes over m x n (outer products per block, then one in-place multiply(-add) with ``W``)."""
+    """Transient ``W ⊙ (1 + s A beta)`` if residual else ``s W ⊙ A ⊙ beta``, in two passes over m x n."""
     m, n = weight.shape
     r = alpha.shape[0]
     k = m // r
@@ -69,8 +56,7 @@ def naive_adapter(x: torch.Tensor, weight: torch.Tensor, alpha: torch.Tensor, be
 
 def blocked_adapter(x: torch.Tensor, weight: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor | None,
                     scale: float) -> torch.Tensor:
-    """Adapter term of Eq. 6 in the row-blocked form of Eq. 7, ``y' = [ ... (x ⊙ alpha_j) W_j^T ... ] ⊙ beta^T``:
-    one product per row block, the repeated alpha never built."""
+    """Adapter term of Eq. 6 in the row-blocked form of Eq. 7: one product per block, repeated alpha never built."""
     r = alpha.shape[0]
     k = weight.shape[0] // r
     a = alpha.to(x.dtype)
@@ -90,8 +76,8 @@ def _row_chunks(m: int, n: int, k: int) -> list[tuple[int, int]]:
 class SPPFusedFunction(torch.autograd.Function):
     """Eq. 6 with hand-written gradients: three full-size products per step when dropout is off.
 
-    ``x`` is (N x n), ``xd`` ``None`` when dropout is inactive. Saves ``x`` or ``xd`` and parameter references; no
-    m x n temporary survives the forward unless ``keep_weight``."""
+    ``xd`` is ``None`` when dropout is inactive; no m x n temporary survives the forward unless ``keep_weight``.
+    """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, xd: torch.Tensor | None, weight: torch.Tensor, alpha: torch.Tensor,

@@ -14,34 +14,18 @@ from torch import nn
 from spp.adapters.base import CONFIG_NAME, WEIGHTS_NAME, load_tensor_file, read_json_file
 from spp.adapters.methods.spp.config import LAYER_KEYS
 from spp.adapters.methods.spp.model import adapter_state_dict, inject, spp_layers
-from spp.atomic import write_file_atomic
+from spp.atomic import write_file_atomic, write_text_atomic
 from spp.version import __version__
 
 FORMAT = "spp"
 PEFT_TYPE = "SPP"
-"""``adapter_config.json``'s ``peft_type``: ``peft.PeftModel.from_pretrained`` reads the folder once ``spp.peft`` is
-imported (it registers SPP with peft); spp's own loader reads ``format``."""
-
-
-def _layer_kwargs(layer: Any) -> dict[str, Any]:
-    """An ``SPPLinear``'s settings under :data:`LAYER_KEYS` (its dropout probability is ``dropout_p``)."""
-    return {key: getattr(layer, "dropout_p" if key == "dropout" else key) for key in LAYER_KEYS}
+"""``adapter_config.json``'s ``peft_type`` (peft reads it once ``spp.peft`` is imported)."""
 
 
 def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: dict[str, Any] | None = None) -> Path:
-    """Write the SPP parameters of ``model`` and the settings needed to re-inject them.
+    """Write ``model``'s SPP parameters and settings (``adapter_config.json``, ``adapter_model.safetensors``).
 
-    Args:
-        model: A model holding ``SPPLinear`` layers (unmerged).
-        directory: Created if missing; receives ``adapter_config.json`` and ``adapter_model.safetensors`` (also a
-            peft adapter folder: ``peft_type`` SPP, see ``spp.peft``).
-        extra_config: JSON-serialisable extras stored under ``"extra"`` (e.g. model identity, pruner).
-
-    Returns:
-        The directory.
-
-    Raises:
-        ValueError: no SPP layers, a merged layer, or layers with different settings.
+    The folder is also a peft adapter (``peft_type`` SPP). ValueError: no SPP layers, a merged one, or mixed settings.
     """
     layers = spp_layers(model)
     if not layers:
@@ -49,7 +33,8 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: d
     merged = [n for n, lay in layers.items() if lay.merged]
     if merged:
         raise ValueError(f"save_adapter: layers {merged[:3]} are merged; unmerge() them before saving.")
-    kwargs = {n: _layer_kwargs(lay) for n, lay in layers.items()}
+    kwargs = {n: {key: getattr(lay, "dropout_p" if key == "dropout" else key) for key in LAYER_KEYS}
+              for n, lay in layers.items()}
     first_name, first = next(iter(kwargs.items()))
     for n, kw in kwargs.items():
         if kw != first:
@@ -65,11 +50,9 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: d
         "extra": extra_config or {},
     }
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.contiguous() for k, v in adapter_state_dict(model).items()}
     write_file_atomic(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
-    text = json.dumps(config, indent=2, sort_keys=True)
-    write_file_atomic(out / CONFIG_NAME, lambda p: p.write_text(text + "\n"))
+    write_text_atomic(out / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
 
 
@@ -85,16 +68,7 @@ def read_adapter_config(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
-    """Load alpha/beta written by ``save_adapter`` into ``model`` (bit-exact when dtypes match).
-
-    An un-injected model is first injected with the saved targets and layer settings.
-
-    Returns:
-        The same ``model``.
-
-    Raises:
-        FileNotFoundError: missing files. ValueError: layer names or shapes differ from the file.
-    """
+    """Load alpha/beta written by ``save_adapter`` into ``model`` (injecting first if needed; bit-exact)."""
     config = read_adapter_config(directory)
     weights = Path(directory) / WEIGHTS_NAME
     if not weights.is_file():

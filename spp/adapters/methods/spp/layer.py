@@ -21,9 +21,7 @@ from spp.adapters.methods.spp.functional import (
 )
 
 IMPLS: tuple[str, ...] = tuple(str(impl) for impl in Impl)
-"""Exact implementations of Eq. 6: ``fused`` (custom autograd, 3 full-size products per step without dropout),
-``naive`` (materializes Eq. 5), ``blocked`` (the paper's Eq. 7), ``fused_cached`` (``fused`` that keeps the
-forward's ``W_eff`` / ``W'`` for the backward instead of rebuilding it: + one out x in tensor per layer)."""
+"""Exact implementations of Eq. 6: ``fused``, ``fused_cached`` (keeps W_eff), ``naive`` (Eq. 5), ``blocked`` (Eq. 7)."""
 
 FUSED_IMPLS: tuple[str, ...] = ("fused", "fused_cached")
 
@@ -76,15 +74,11 @@ def _check_settings(label: str, m: int, r: int, impl: str, dropout: float, alpha
 
 
 class SPPLinear(LinearWrapper):
-    """Sparsity-preserved adapter around a frozen (pruned) linear layer (paper Sec. 3.2).
+    """Sparsity-preserved adapter around a frozen pruned linear layer (paper Sec. 3.2, Eq. 5-6).
 
-    Training forward (Eq. 6): ``y = base(x) + scale * dropout(x) @ W'^T`` with
-    ``W' = W ⊙ Repeat0(spp_alpha, m/r) ⊙ spp_beta`` (Eq. 5); the merge writes ``W ⊙ (1 + scale A beta)``, so every
-    zero of ``W`` stays zero. ``residual=False`` (Sec. 3.2 remark 1, an ablation): alpha and beta start at one, no
-    scale or dropout, ``y = x (W ⊙ Repeat0(alpha) ⊙ beta)^T + bias``.
-
-    ``r`` must divide ``out_features``; without beta alpha must start at zero. ``spp_alpha``/``spp_beta`` stay fp32
-    for bf16/fp16 base weights (as peft keeps LoRA factors) so small updates are not rounded; the forward casts."""
+    Merge writes ``W ⊙ (1 + s A beta)``, so every zero stays; ``residual=False`` is the Sec. 3.2 ablation
+    ``y = x (W ⊙ A ⊙ beta)^T``. Parameters stay fp32 on bf16/fp16 bases (as peft keeps LoRA factors).
+    """
 
     def __init__(
         self,
@@ -135,7 +129,6 @@ class SPPLinear(LinearWrapper):
         return (f"r={self.r}, scale={self.scale}, dropout={self.dropout_p}, impl={self.impl!r}, "
                 f"use_beta={self.use_beta}, residual={self.residual}, merged={self.merged}")
 
-    # ----------------------------------------------------------------- forward
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Eq. 6 (or the merged layer's plain linear once ``merge()`` has run)."""
         if self.merged:
@@ -155,7 +148,6 @@ class SPPLinear(LinearWrapper):
         adapter = naive_adapter if self.impl == "naive" else blocked_adapter
         return self.base(x) + adapter(xd, w, alpha, beta, self.scale)
 
-    # ----------------------------------------------------------------- merge / unmerge
     def _factor(self) -> torch.Tensor:
         """fp32 multiplier of the merged weight: ``1 + s A beta`` (residual) or ``A beta`` (no residual)."""
         alpha = self.spp_alpha.detach().float()
@@ -167,11 +159,10 @@ class SPPLinear(LinearWrapper):
 
     @torch.no_grad()
     def merge(self, keep_original: bool = True) -> None:
-        """Write the adapted weight into ``base.weight`` in place, in the weight's own dtype.
+        """Write the adapted weight into ``base.weight`` (fp32 product rounded once; zeros keep their bits).
 
-        The product is taken in fp32 and rounded once; zeros of ``W`` are copied unchanged (same bits). With
-        ``keep_original`` ``unmerge()`` restores a kept copy bit-exactly; otherwise it divides by the factor (one
-        rounding)."""
+        Without ``keep_original``, ``unmerge()`` divides by the factor (one rounding) instead of restoring a copy.
+        """
         if self.merged:
             raise RuntimeError(f"{self.name or 'SPPLinear'}: merge() called on an already merged layer.")
         w = self.base.weight

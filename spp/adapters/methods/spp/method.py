@@ -30,15 +30,13 @@ from spp.errors import UserError
 
 
 def layer_kwargs(cfg: SPPAdapterConfig) -> dict[str, Any]:
-    """The :class:`~spp.adapters.methods.spp.layer.SPPLinear` keyword arguments held by an ``adapter=spp`` config
-    (a choice as its bare value)."""
+    """The ``SPPLinear`` keyword arguments an ``adapter=spp`` config holds (a choice as its bare value)."""
     values = {key: getattr(cfg, key) for key in LAYER_KEYS}
     return {**{k: str(v) if isinstance(v, Choice) else v for k, v in values.items()}, "dtype": cfg.torch_dtype}
 
 
 def check_rank_divides(r: int, outs: dict[str, int]) -> None:
-    """SPP's shape rule: ``r`` divides every adapted projection's out-features (Eq. 6 repeats each row of alpha
-    ``out_features / r`` times). Raises :class:`UserError` naming ``adapter.r`` and the ranks that fit."""
+    """UserError naming ``adapter.r`` and the ranks that fit unless ``r`` divides every out-feature count (Eq. 6)."""
     bad = {p: o for p, o in outs.items() if o % int(r)}
     if bad:
         ok = [d for d in range(1, 65) if all(o % d == 0 for o in outs.values())]
@@ -73,8 +71,7 @@ class SPP(AdapterMethod):
         return model, SPPAdapterConfig(targets=list(config["targets"]), **config["layer_kwargs"])
 
     def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
-        """``G = gᵀx`` for every adapted linear (``2 N_a``, like a weight gradient); with dropout a second full-size
-        product forward and backward (``+4 N_a``)."""
+        """``G = gᵀx`` per adapted linear (``2 N_a``); with dropout a second full-size product (``+4 N_a``)."""
         return 2 * adapted_weights + (4 * adapted_weights if dropout > 0 else 0)
 
     def forward_transient_values(self, largest_weight: int) -> int:
@@ -102,8 +99,7 @@ class SPP(AdapterMethod):
         return external_parameters(model)
 
     def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
-        """An unmerged ``SPPLinear``'s ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (Eq. 5/6), or ``W ⊙ Repeat0(alpha)⊙beta``
-        without the residual; a merged one's own weight."""
+        """An unmerged ``SPPLinear``'s adapted weight (Eq. 5/6, residual or not); a merged one's own weight."""
         if not isinstance(module, SPPLinear):
             return None
         w = full(module.base.weight)

@@ -18,20 +18,9 @@ def spp_layers(model: nn.Module) -> dict[str, SPPLinear]:
 
 
 def inject(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS, **layer_kwargs: Any) -> nn.Module:
-    """Replace every ``nn.Linear`` whose path ends with a target name by an ``SPPLinear``; freeze the rest.
+    """Replace every targeted ``nn.Linear`` by an ``SPPLinear`` (``layer_kwargs``), freeze the rest; in place.
 
-    Args:
-        model: Any module (typically an HF ``*ForCausalLM``); modified in place and returned.
-        targets: Module-name suffixes to adapt (``q_proj`` matches ``model.layers.0.self_attn.q_proj``); the
-            default stands for every linear projection of the decoder blocks, whatever the architecture.
-        **layer_kwargs: Passed to every ``SPPLinear`` (``r``, ``scale``, ``dropout``, ``impl``, ...).
-
-    Returns:
-        The same ``model``: only ``spp_alpha``/``spp_beta`` require grad afterwards.
-
-    Raises:
-        ValueError: ``targets`` is empty or a name matches no linear projection of the decoder blocks (names the
-            ones there are), or the model already holds SPP layers.
+    ``targets`` are module-name suffixes; the default stands for every decoder-block projection of any architecture.
     """
     if spp_layers(model):
         raise ValueError("inject: the model already holds SPPLinear layers; call merge_and_unload first.")
@@ -44,11 +33,7 @@ def inject(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS, **layer_k
 
 
 def merge_and_unload(model: nn.Module) -> nn.Module:
-    """Merge every SPP layer into its base weight (its dtype, zeros kept) and put the plain ``nn.Linear`` back.
-
-    Returns:
-        The same ``model`` holding ordinary ``nn.Linear`` modules, ready for ``save_pretrained``.
-    """
+    """Merge every SPP layer into its base weight (its dtype, zeros kept); put the plain ``nn.Linear`` back."""
     layers = spp_layers(model)
     if not layers:
         raise ValueError("merge_and_unload: the model holds no SPPLinear layers (nothing to merge).")
@@ -71,8 +56,7 @@ def adapter_state_dict(model: nn.Module) -> dict[str, Any]:
 
 
 def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
-    """``(layer, base.weight)`` and ``(layer, base.bias)`` of every ``SPPLinear``: its Eq. 6 reads the frozen weight
-    (fused path, and the adapter term of the naive / blocked paths) without calling ``base``."""
+    """``(layer, base.weight/bias)`` pairs: Eq. 6 reads the frozen weight without calling ``base``."""
     pairs: list[tuple[nn.Module, nn.Parameter]] = []
     for layer in spp_layers(model).values():
         pairs += [(layer, p) for p in (layer.base.weight, layer.base.bias) if p is not None]

@@ -1,9 +1,6 @@
-"""SPP as a registered peft method (``peft_type: SPP``): :class:`SPPConfig`, peft's tuner layer :class:`SPPLayer`
-(holding one of spp's own ``SPPLinear`` per adapter) and tuner :class:`SPPModel`, and :func:`from_spp_adapter`.
+"""SPP as a registered peft method (``peft_type: SPP``): config, tuner layer, tuner model and loader.
 
-``import spp.peft`` registers it (:data:`SPP_PEFT`); then ``peft.get_peft_model(model, SPPConfig(...))`` adapts a model
-with the same init and forward as ``spp.inject``, ``PeftModel.from_pretrained`` reads the adapter folder a
-``train.py`` run writes, and ``merge_and_unload()`` keeps every zero of the pruned weights (``docs/peft.md``).
+``import spp.peft`` registers it; ``merge_and_unload()`` keeps every zero of the pruned weights (``docs/peft.md``).
 """
 
 from __future__ import annotations
@@ -41,9 +38,7 @@ PEFT_FIELDS = ("peft_type", "task_type", "base_model_name_or_path", "revision", 
 
 
 def from_spp_format(saved: dict[str, Any]) -> dict[str, Any]:
-    """:class:`SPPConfig` keyword arguments from the ``adapter_config.json`` of
-    :func:`spp.adapters.methods.spp.io.save_adapter` (``targets`` + ``layer_kwargs``; ``layers``, ``extra``,
-    ``format`` and ``spp_version`` are spp's own records and are dropped)."""
+    """:class:`SPPConfig` kwargs from spp's own ``adapter_config.json`` (spp-only records are dropped)."""
     missing = [k for k in ("targets", "layer_kwargs") if k not in saved]
     if missing:
         raise ValueError(f"adapter_config.json has format 'spp' but no {missing}: the file is damaged; write it "
@@ -55,26 +50,10 @@ def from_spp_format(saved: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass
 class SPPConfig(PeftConfig):
-    """SPP (paper Sec. 3.2) for ``peft.get_peft_model``: each targeted ``nn.Linear`` with frozen pruned weight ``W``
-    (m x n) gets ``alpha`` (r x n) and ``beta`` (m x 1); it computes Eq. 6,
-    ``y = x W^T + s · dropout(x) (W ⊙ Repeat0(alpha, m/r) ⊙ beta)^T``, and merges into
-    ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)``, so every zero of ``W`` stays zero. The layer is spp's own ``SPPLinear``:
-    the same init and forward as ``spp.inject``.
+    """SPP (paper Sec. 3.2, Eq. 6) for ``peft.get_peft_model``, computed by spp's own ``SPPLinear``.
 
-    Attributes:
-        target_modules: Module-name suffixes (or one regex) of the linear layers to adapt; ``None`` or the default
-            list = every linear projection of the model's decoder blocks (the paper's seven on LLaMA; Phi-3's
-            fused ones, OPT's, GPT-2's ``Conv1D`` ones held as ``nn.Linear``).
-        exclude_modules: Module names (or one regex) never adapted.
-        r: Rows of ``alpha``; must divide every target's out-features.
-        scale: ``s`` of Eq. 6.
-        dropout: Dropout on the adapter branch input.
-        alpha_init, beta_init: ``kaiming`` (nn.Linear's default), ``zeros`` or ``ones``.
-        use_beta: With the ``beta`` column (without it, ``alpha_init`` must be ``zeros``).
-        impl: ``fused``, ``fused_cached``, ``naive`` or ``blocked`` (all exact).
-        residual: ``False`` is the multiplicative ablation ``y = x (W ⊙ Repeat0(alpha) ⊙ beta)^T``.
-        spp_trained_on: The base the adapter folder records (:func:`~spp.adapters.peft_base.from_folder`; ``None``
-            in code).
+    ``target_modules=None`` (or the default list) means every linear projection of the decoder blocks; ``r`` must
+    divide every target's out-features; ``spp_trained_on`` is the base the adapter folder records.
     """
 
     spp_name: ClassVar[str] = "spp"  # PeftType.SPP, adapter_config.json's "peft_type": "SPP"
@@ -127,15 +106,10 @@ class SPPConfig(PeftConfig):
 
 
 class SPPLayer(nn.Module, BaseTunerLayer):
-    """A frozen pruned ``nn.Linear`` (``base_layer``) with SPP adapters, as peft lays tuner layers out.
+    """A frozen pruned ``nn.Linear`` with SPP adapters (``spp_alpha``/``spp_beta``), as peft lays tuner layers out.
 
-    Each adapter's tensors live in ``spp_alpha[name]`` (r x n) and ``spp_beta[name]`` (m x 1), so peft saves them as
-    ``<module>.spp_alpha`` / ``<module>.spp_beta``: the names of spp's own adapter files. The computing is done by an
-    :class:`~spp.adapters.methods.spp.layer.SPPLinear` per adapter (``spp_cores``, not a registered submodule: it
-    shares ``base_layer`` and reads these parameters), so init, forward (Eq. 6), merge
-    ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` (zeros kept bit for bit) and unmerge are spp's own code.
-
-    One adapter is applied at a time: SPP updates multiply the weight, so two active adapters do not add up.
+    Each adapter computes through its own ``SPPLinear`` (``spp_cores``, not a submodule). One adapter is applied at a
+    time: SPP updates multiply the weight, so two active adapters do not add up.
     """
 
     adapter_layer_names: tuple[str, ...] = ("spp_alpha", "spp_beta")
@@ -168,8 +142,7 @@ class SPPLayer(nn.Module, BaseTunerLayer):
         self.set_adapter(self.active_adapters, inference_mode=config.inference_mode)
 
     def core(self, adapter_name: str) -> SPPLinear:
-        """Adapter ``adapter_name``'s ``SPPLinear``, reading this layer's current parameters and train/eval mode
-        (peft may have replaced a parameter object, e.g. when casting its dtype)."""
+        """Adapter ``adapter_name``'s ``SPPLinear``, synced with this layer's (peft may swap them) and mode."""
         core = self.spp_cores[adapter_name]
         core.spp_alpha = self.spp_alpha[adapter_name]
         if adapter_name in self.spp_beta:
@@ -178,8 +151,7 @@ class SPPLayer(nn.Module, BaseTunerLayer):
         return core
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        """Eq. 6 through the active adapter's ``SPPLinear``; the base layer alone when adapters are disabled or
-        merged."""
+        """Eq. 6 through the active adapter's ``SPPLinear``; the base layer alone when disabled or merged."""
         if self.disable_adapters:
             if self.merged:
                 self.unmerge()
@@ -193,13 +165,7 @@ class SPPLayer(nn.Module, BaseTunerLayer):
         return self.core(active[0])(x)
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
-        """Write ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` into the base weight (``SPPLinear.merge``: fp32 product rounded
-        once, every zero kept bit for bit; the unmerged weight is kept for an exact ``unmerge``).
-
-        Args:
-            safe_merge: Undo the merge and raise if the merged weight is not finite.
-            adapter_names: Adapters to merge, in order (default: the active ones).
-        """
+        """Write ``W ⊙ (1 + s·Repeat0(alpha)⊙beta)`` into the base weight, zeros kept bit for bit (exact unmerge)."""
         for adapter in check_adapters_to_merge(self, adapter_names):
             if adapter not in self.spp_cores:
                 continue
@@ -231,16 +197,11 @@ PEFT_KEY_PREFIX = "base_model.model."
 """What peft puts before a module path in its adapter files; spp's own files (``save_adapter``) start at the model."""
 
 
-def _adapter_keys(model: nn.Module, adapter_name: str) -> dict[str, tuple[int, ...]]:
-    """The model's SPP tensors of ``adapter_name``: state-dict key -> shape."""
-    prefixes = _get_tuner_state_dict_key_prefixes(model, adapter_name=adapter_name)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()
-            if any(k == p or k.startswith(p + ".") for p in prefixes)}
-
-
 def check_loaded(model: nn.Module, adapter_name: str, state_dict: dict[str, torch.Tensor]) -> None:
     """Raise if ``state_dict`` (keys as in the model) does not hold exactly the model's SPP tensors, shapes included."""
-    expected = _adapter_keys(model, adapter_name)
+    prefixes = _get_tuner_state_dict_key_prefixes(model, adapter_name=adapter_name)
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()
+                if any(k == p or k.startswith(p + ".") for p in prefixes)}
     mine = {k for k in state_dict if f".{SPPModel.prefix}" in k}
     missing, unexpected = sorted(set(expected) - mine), sorted(mine - set(expected))
     shapes = [k for k in sorted(mine & set(expected)) if tuple(state_dict[k].shape) != expected[k]]
@@ -252,12 +213,7 @@ def check_loaded(model: nn.Module, adapter_name: str, state_dict: dict[str, torc
 
 
 class SPPModel(BaseTuner):
-    """Replaces each targeted ``nn.Linear`` by an :class:`SPPLayer` (in ``named_modules`` order, as
-    ``spp.inject``, so both draw the same initial tensors from the same seed).
-
-    Any supported architecture: the default targets are the model's own block projections, and GPT-2's ``Conv1D``
-    layers are held as ``nn.Linear`` first (:mod:`spp.adapters.peft_base`).
-    """
+    """Replaces each targeted ``nn.Linear`` by an :class:`SPPLayer`, in ``spp.inject``'s order (same init)."""
 
     prefix: str = "spp_"
     """peft's prefix of the method's tensors (``spp_alpha``, ``spp_beta``), as in spp's own adapter files."""
@@ -266,16 +222,13 @@ class SPPModel(BaseTuner):
     target_module_mapping: dict[str, list[str]] = {}
 
     def _prepare_adapter_config(self, peft_config: PeftConfig, model_config: dict) -> PeftConfig:
-        """``target_modules=None`` or the default list means every linear projection of the model's decoder blocks
-        (the paper's seven on LLaMA); ``self.model`` is set by ``BaseTuner.__init__`` before this runs."""
+        """Resolve the default targets (``self.model`` is set by ``BaseTuner.__init__`` before this runs)."""
         resolve_default_targets(peft_config, self.model)
         return peft_config
 
     def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
-        """GPT-2's ``Conv1D`` layers become ``nn.Linear`` (their state dict keeps ``Conv1D``'s layout); a folder's
-        adapter is refused on another base than the one it records
-        (:func:`spp.adapters.peft_base.check_recorded_base`)."""
-        linearize_conv1d(model)  # GPT-2's Conv1D held as nn.Linear, in place
+        """Hold GPT-2's ``Conv1D`` as ``nn.Linear``; refuse a folder's adapter on another base than it records."""
+        linearize_conv1d(model)
         check_recorded_base(peft_config, model)
 
     def _create_and_replace(self, peft_config: SPPConfig, adapter_name: str, target: nn.Module, target_name: str,
@@ -295,8 +248,7 @@ class SPPModel(BaseTuner):
     @classmethod
     def _remap_adapter_state_dict_for_load(cls, model: nn.Module, config: PeftConfig, adapter_name: str,
                                            state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """peft's key mapping, also for spp's own files (keys without ``base_model.model.``), checked to hold
-        exactly the model's SPP tensors."""
+        """peft's key mapping, also for spp's own files (no ``base_model.model.``), checked against the model."""
         if state_dict and not any(k.startswith(PEFT_KEY_PREFIX) for k in state_dict):
             state_dict = {PEFT_KEY_PREFIX + k: v for k, v in state_dict.items()}
         remapped = super()._remap_adapter_state_dict_for_load(model, config, adapter_name, state_dict)
@@ -306,18 +258,7 @@ class SPPModel(BaseTuner):
 
 def from_spp_adapter(model: nn.Module, directory: str | os.PathLike, adapter_name: str = "default",
                      is_trainable: bool = False, **kwargs: Any) -> PeftModel:
-    """``PeftModel.from_pretrained(model, directory)`` for an SPP adapter folder, including one written before
-    ``save_adapter`` recorded ``"peft_type": "SPP"`` (which ``PeftModel.from_pretrained`` alone cannot read).
-
-    Args:
-        model: The pruned base model the adapter was trained on (plain HF module).
-        directory: ``adapter_config.json`` + ``adapter_model.safetensors`` (spp's ``save_adapter`` or peft's
-            ``save_pretrained`` of an SPP model).
-        adapter_name, is_trainable, **kwargs: As ``PeftModel.from_pretrained``.
-
-    Raises:
-        FileNotFoundError: a file is missing. ValueError: not an SPP adapter, or tensors that differ from the model.
-    """
+    """``PeftModel.from_pretrained`` for an SPP adapter folder, also one without ``"peft_type": "SPP"``."""
     path = Path(directory).expanduser()
     for name in (CONFIG_NAME, WEIGHTS_NAME):
         if not (path / name).is_file():
