@@ -15,7 +15,7 @@ from spp.eval.evaluate import Evaluation
 from spp.eval.perplexity import gap_closed
 from spp.eval.tables import few_windows_caveat
 from spp.sweeps import objective_value
-from spp.training.callbacks.pruning import PrunedModel, ppl_text
+from spp.training.callbacks.pruning import PrunedModel, ppl_with_interval
 from spp.training.config import SweepObjective
 from spp.training.finalize import FinalizeResult
 from spp.training.phases import FitResult
@@ -131,14 +131,15 @@ def results_table(summary: dict[str, Any]) -> Table:
     label = summary["run"]["adapter"]
     table.add_row(
         f"perplexity{where}",
-        f"dense {ppl_text(ppl.get('dense'))} → pruned {ppl_text(ppl.get('pruned'))} → "
-        + (f"reconstructed {ppl_text(ppl['reconstructed'])} → " if ppl.get("reconstructed") else "")
-        + f"pruned+{label} {ppl_text(ppl.get('merged'))}",
+        f"dense {ppl_with_interval(ppl.get('dense'))} → pruned {ppl_with_interval(ppl.get('pruned'))} → "
+        + (f"reconstructed {ppl_with_interval(ppl['reconstructed'])} → " if ppl.get("reconstructed") else "")
+        + f"pruned+{label} {ppl_with_interval(ppl.get('merged'))}",
     )
     main = ((summary.get("config") or {}).get("eval") or {}).get("ppl_source")
     for src, entry in (summary.get("merged_ppl_by_source") or {}).items():
         if entry and src != main:
-            table.add_row(f"perplexity {src} ({entry['windows']} windows)", f"pruned+{label} {ppl_text(entry)}")
+            table.add_row(f"perplexity {src} ({entry['windows']} windows)",
+                          f"pruned+{label} {ppl_with_interval(entry)}")
     sp = summary.get("sparsity", {})
     before, after = sp.get("before"), sp.get("after")
     table.add_row(

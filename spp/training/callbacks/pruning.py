@@ -109,7 +109,7 @@ class PrunedModel:
         return self.record.result
 
 
-def ppl_text(entry: dict[str, Any] | None) -> str:
+def ppl_with_interval(entry: dict[str, Any] | None) -> str:
     """``30.64``, or ``30.64 [29.80, 31.50]`` when the entry carries an interval (``ci_low`` / ``ci_high``)."""
     if not entry:
         return "-"
@@ -123,7 +123,7 @@ def ppl_log_text(entry: dict[str, Any] | None) -> str:
     if not entry:
         return "-"
     how = "cached" if entry.get("cache_hit") else f"{entry.get('seconds', 0):.1f} s"
-    return (f"{ppl_text(entry)} ({entry.get('source')}, seqlen {entry.get('seqlen')}, "
+    return (f"{ppl_with_interval(entry)} ({entry.get('source')}, seqlen {entry.get('seqlen')}, "
             f"{entry.get('windows')} windows; {how})")
 
 
