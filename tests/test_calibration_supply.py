@@ -20,10 +20,15 @@ from spp.models.config import ModelConfig
 from spp.models.loading import load_tokenizer
 from spp.models.tiny import tiny_llama
 from spp.paths import SAMPLE_DATA_DIR
-from spp.preflight.data_files import check_calibration
 from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.cache import prune_cached
-from spp.pruning.calibration_data import check_supply, draw_calibration, load_texts, sample_windows
+from spp.pruning.calibration_data import (
+    check_calibration_source,
+    check_supply,
+    draw_calibration,
+    load_texts,
+    sample_windows,
+)
 from spp.pruning.engine import prune_model
 
 C4 = SAMPLE_DATA_DIR / "c4/c4_sample.jsonl"
@@ -144,9 +149,11 @@ def test_commands_refuse_before_loading(cmd, args, key, words, tmp_path, monkeyp
 
 def test_preflight_check_needs_no_weights(tmp_path, no_weights):
     path = _jsonl(tmp_path / "docs.jsonl", [300, 300])
-    check_calibration(CalibrationConfig(source=path, nsamples=2, seqlen=256, sampling="document"), None, TINY)
+    check_calibration_source(CalibrationConfig(source=path, nsamples=2, seqlen=256, sampling="document"), None,
+                             TINY)
     with pytest.raises(UserError, match="holds 2 of 2"):
-        check_calibration(CalibrationConfig(source=path, nsamples=3, seqlen=256, sampling="document"), None, TINY)
+        check_calibration_source(CalibrationConfig(source=path, nsamples=3, seqlen=256, sampling="document"), None,
+                                 TINY)
 
 
 def test_prune_result_records_the_draw_also_on_a_cache_hit(tmp_path, tiny_tok):

@@ -18,7 +18,7 @@ from train_helpers import tiny_job
 
 from spp.errors import UserError
 from spp.paths import REPO_ROOT, SAMPLE_DATA_DIR
-from spp.preflight.shapes import check_targets
+from spp.preflight.shapes import check_shapes
 from spp.training.val_schedule import first_validation_batch, no_validation_reason
 
 SWEEP = ["-m", "hydra/sweeper=optuna_lr", "experiment=tiny_smoke"]
@@ -122,17 +122,17 @@ def test_targets_matching_no_linear_layer():
     llama = {**LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                            vocab_size=256).to_dict(), "model_type": "llama"}
     pruner, sparsity = PrunerConfig(name="wanda"), SparsityConfig(name="nm2_4", kind="nm", n=2, m=4)
-    check_targets(gpt2, "/m", pruner=pruner, sparsity=sparsity, adapter=make_config("spp"))  # its Conv1D projections
+    check_shapes(gpt2, pruner=pruner, sparsity=sparsity, adapter=make_config("spp"))  # its Conv1D projections
     with pytest.raises(UserError, match=r"pruner.targets: 'q_proj' matches no module of a GPT2Block .*'c_fc'"):
-        check_targets(gpt2, "/m", pruner=PrunerConfig(name="wanda", targets=["q_proj"]), sparsity=sparsity)
-    check_targets(llama, "/m", pruner=pruner, sparsity=sparsity, adapter=make_config("spp"))
+        check_shapes(gpt2, pruner=PrunerConfig(name="wanda", targets=["q_proj"]), sparsity=sparsity)
+    check_shapes(llama, pruner=pruner, sparsity=sparsity, adapter=make_config("spp"))
     with pytest.raises(UserError, match=r"adapter.targets: 'qproj' matches no module .* names among \["):
-        check_targets(llama, "/m", adapter=make_config("spp", targets=["qproj"]))
+        check_shapes(llama, adapter=make_config("spp", targets=["qproj"]))
     with pytest.raises(UserError, match=r"adapter.targets: 'input_layernorm' is a LlamaRMSNorm .*not a linear"):
-        check_targets(llama, "/m", adapter=make_config("spp", targets=["q_proj", "input_layernorm"]))
+        check_shapes(llama, adapter=make_config("spp", targets=["q_proj", "input_layernorm"]))
     with pytest.raises(UserError, match=r"pruner.targets: 'c_attn'"):
-        check_targets(llama, "/m", pruner=PrunerConfig(name="wanda", targets=["c_attn"]), sparsity=sparsity)
-    check_targets({"hidden_size": 64}, "/m", pruner=pruner, sparsity=sparsity)  # no model_type: left to load time
+        check_shapes(llama, pruner=PrunerConfig(name="wanda", targets=["c_attn"]), sparsity=sparsity)
+    check_shapes({"hidden_size": 64}, pruner=pruner, sparsity=sparsity)  # no model_type: left to load time
 
 
 # ------------------------------------------------------------------- 8: generate.py on a folder without a tokenizer

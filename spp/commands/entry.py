@@ -27,10 +27,6 @@ from spp.overrides import checked_overrides  # noqa: E402
 from spp.paths import CONF_DIR  # noqa: E402
 
 
-def _nothing() -> None:
-    """The default :attr:`Command.register`: nothing to store."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Command:
     """One command: what :func:`main` needs to run it."""
@@ -43,7 +39,7 @@ class Command:
     """The typed job config (a dataclass) the composed config is converted into, checked against."""
     run: Callable[[Any], Any]
     """Runs one typed job; its return value goes back to Hydra (what a sweeper optimizes)."""
-    register: Callable[[], None] = _nothing
+    register: Callable[[], None]
     """Stores the command's schemas (and resolvers) for Hydra; runs before the plug-ins load and Hydra composes."""
 
 

@@ -6,8 +6,7 @@ project's 2-core CPU machine (process constant measured). Job keys replace the m
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 GIB = 2**30
 MIB = 2**20
@@ -66,10 +65,6 @@ class Hardware:
         """Host memory of one node in bytes (``None``: not checked)."""
         return None if self.host_gib is None else int(self.host_gib * GIB)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return asdict(self)
-
 
 GPU_NODE = Hardware()
 """An 8 x H100 80 GB node (throughputs assumed, see :class:`Hardware`)."""
@@ -82,7 +77,6 @@ measured with torch 2.13.0+cpu, transformers 5.24, lightning 2.6.6; the tiny mod
 ``train_tflops``: 50 GFLOP/s, the order of a fp32 matmul on 2 cores (time on a CPU is a rough guide only)."""
 
 
-def for_accelerator(kind: str, **changes: Any) -> Hardware:
-    """:data:`GPU_NODE` or :data:`CPU_HOST` with ``changes`` (``None`` values are ignored)."""
-    base = CPU_HOST if kind == "cpu" else GPU_NODE
-    return replace(base, **{k: v for k, v in changes.items() if v is not None})
+def for_accelerator(kind: str) -> Hardware:
+    """:data:`GPU_NODE` or :data:`CPU_HOST`."""
+    return CPU_HOST if kind == "cpu" else GPU_NODE

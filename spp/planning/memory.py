@@ -102,13 +102,6 @@ def resident_weights(spec: RunSpec) -> dict[str, int]:
     return weights
 
 
-def adapter_transients(spec: RunSpec) -> dict[str, int]:
-    """What the adapter's forward and backward build for one linear at a time, the largest, as its method says
-    (SPP: the merged weight and its backward's row chunks)."""
-    a = spec.adapter
-    return {"adapter_transients": a.forward_transient_values * spec.act_bytes + a.backward_transient_bytes}
-
-
 def teacher_terms(spec: RunSpec) -> tuple[dict[str, int], dict[str, int]]:
     """``(weights, step)``: the dense teacher on one device and what its outputs and the distillation loss hold
     at the peak of a step (module docstring); empty without a teacher."""
@@ -127,7 +120,10 @@ def teacher_terms(spec: RunSpec) -> tuple[dict[str, int], dict[str, int]]:
 def fit_device_bytes(spec: RunSpec, hw: Hardware) -> dict[str, int]:
     """Every term of one training device (GPU, or the CPU process under ``kind=cpu``), the dense teacher's too."""
     teacher, teacher_step = teacher_terms(spec)
-    step = {**training_activations(spec), **adapter_transients(spec), **teacher_step}
+    # what the adapter's forward and backward build for its largest linear, as its method says (SPP: the merged
+    # weight and its backward's row chunks)
+    transients = spec.adapter.forward_transient_values * spec.act_bytes + spec.adapter.backward_transient_bytes
+    step = {**training_activations(spec), "adapter_transients": transients, **teacher_step}
     optimizer = optimizer_terms(spec)
     if spec.train.max_steps == 0 and spec.strategy != "deepspeed":
         # no step (a reconstruction-only run): the model is placed, AdamW's moments are made at the first step

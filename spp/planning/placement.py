@@ -7,8 +7,7 @@ by up to one block, so each GPU is charged ``weights / k`` plus one block (and `
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 WEIGHT_SHARE = 0.8
 """At most this share of a GPU's memory holds weights of the evaluated model."""
@@ -24,10 +23,6 @@ class EvalPlacement:
     gpus_per_replica: int
     how: str
     reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready."""
-        return asdict(self)
 
 
 def _gib(n: float) -> str:

@@ -29,7 +29,6 @@ from spp.planning.spec import ReconstructSpec, RunSpec
 from spp.projections import block_projections
 from spp.pruning.reconstruction.engine import form_config
 from spp.pruning.reconstruction.one_block import OneBlock
-from spp.pruning.resolve import resolve_form
 from spp.pruning.targets import decoder_layers
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -72,13 +71,12 @@ def form_tensors(arch: dict[str, Any], form: Any, dtype: str) -> dict[str, int]:
             "largest_adapted": max((m.in_features * m.out_features for m in adapted), default=0)}
 
 
-def reconstruct_spec(job: Any, arch: dict[str, Any], method: AdapterMethod | None = None) -> ReconstructSpec | None:
+def reconstruct_spec(job: Any, arch: dict[str, Any], method: AdapterMethod | None) -> ReconstructSpec | None:
     """The :class:`ReconstructSpec` of ``job.reconstruct`` (``None`` for ``reconstruct=none``), read duck-typed;
-    ``method``: the resolved form (the resolver's when not given)."""
+    ``method``: the resolved form."""
     cfg = getattr(job, "reconstruct", None)
     if cfg is None or not cfg.enabled:
         return None
-    method = method if method is not None else resolve_form(cfg)
     tensors = form_tensors(arch, form_config(cfg, method), str(cfg.dtype))
     kept = method.forward_transient_values(tensors["largest_adapted"])
     return ReconstructSpec(form=str(cfg.form), nsamples=int(cfg.nsamples), seqlen=int(cfg.seqlen),

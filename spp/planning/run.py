@@ -6,12 +6,12 @@ counted per process and per node (rank 0's node holds ``devices - 1`` other rank
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spp.planning import pruning, reconstruction
 from spp.planning.flops import forward_flops, train_flops, train_tokens
-from spp.planning.hardware import CPU_HOST, GIB, Hardware
+from spp.planning.hardware import CPU_HOST, Hardware
 from spp.planning.memory import activation_choices, fit_device_bytes, forward_bytes, optimizer_terms, resident_weights
 from spp.planning.placement import EvalPlacement, eval_placement
 from spp.planning.spec import RunSpec
@@ -129,10 +129,8 @@ def prune_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
             rank0["cache_writer"] = sum(o * i for o, i in shape.linears.values()) * shape.bytes_per_param
         disk["cache_entry"] = shape.pruned_params // 8 + (shape.pruned_params * shape.bytes_per_param
                                                           if spec.updates_weights else 0)
-        seconds = pruning.seconds(shape, world, hw, cal, spec.uses_hessian,
-                                  spec.true_sequential)
-        seconds.pop("load")
-        seconds.pop("total")
+        parts = pruning.seconds(shape, world, hw, cal, spec.uses_hessian, spec.true_sequential)
+        seconds = {k: v for k, v in parts.items() if k not in ("load", "total")}
     tokens = spec.eval.before * spec.eval.ppl_windows * spec.eval.seqlen
     seconds["perplexity"] = tokens * forward_flops(shape, spec.eval.seqlen) / world / (hw.eval_tflops * 1e12)
     rank = {**_process(hw), **on_host, **tokenize}
@@ -315,7 +313,7 @@ class RunPlan:
                 "peak_device_bytes": self.peak_device_bytes, "peak_host_node_bytes": self.peak_host_node_bytes,
                 "peak_rank0_bytes": self.peak_process_bytes(True), "peak_rank_bytes": self.peak_process_bytes(False),
                 "seconds": round(self.seconds, 1), "phases": [p.to_dict() for p in self.phases],
-                "eval_placement": self.placement.to_dict(), "hardware": self.hardware.to_dict(),
+                "eval_placement": asdict(self.placement), "hardware": asdict(self.hardware),
                 "optimizer": optimizer_terms(s) if s.adapter.trains else {},
                 "activations_with_and_without_checkpointing": list(activation_choices(s)) if s.adapter.trains else []}
 
@@ -347,8 +345,3 @@ def plan_run(spec: RunSpec, hw: Hardware) -> RunPlan:
     if spec.eval.ppl_windows or spec.eval.lm_eval_tokens:
         phases.append(evaluate_phase(spec, hw, placement))
     return RunPlan(spec, hw, phases, placement)
-
-
-def gib(n: float) -> float:
-    """Bytes in GiB."""
-    return n / GIB

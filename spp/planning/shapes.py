@@ -85,33 +85,6 @@ class ModelShape:
                 "pruned_params": self.pruned_params, "weight_bytes": self.weight_bytes}
 
 
-def shape_of(model: nn.Module, name: str, targets: list[str], bytes_per_param: int,
-             blocks: int | None = None) -> ModelShape:
-    """The :class:`ModelShape` of ``model`` (any device, ``meta`` included).
-
-    ``blocks``: the real number of decoder blocks when ``model`` was built with fewer identical ones (every block
-    of a LLaMA-style stack has the same parameters, so one built block stands for all of them).
-    """
-    linearize_conv1d(model)  # GPT-2's Conv1D: the (out, in) of an nn.Linear (a no-op on a skeleton_from_arch one)
-    _prefix, layers = decoder_layers(model)
-    block = layers[0]
-    block_params = sum(p.numel() for p in block.parameters())
-    total = sum(p.numel() for p in model.parameters())  # ``parameters()`` counts a tied head once
-    config = model.config
-    embedding = model.get_input_embeddings()
-    chosen = block_linears(block, resolve_targets(block, targets, "pruner.targets"))
-    linears = {n.rsplit(".", 1)[-1]: (m.out_features, m.in_features) for n, m in chosen.items()}
-    every = {n: (m.out_features, m.in_features) for n, m in block_projections(block).items()}
-    return ModelShape(
-        name=name, blocks=blocks or len(layers), block_params=block_params,
-        outside_params=total - len(layers) * block_params,
-        embedding_params=sum(p.numel() for p in embedding.parameters()),
-        linears=linears,
-        hidden=int(config.hidden_size), intermediate=int(getattr(config, "intermediate_size", 0) or 0),
-        vocab=int(config.vocab_size), bytes_per_param=bytes_per_param, block_linears=every,
-        **attention_fields(config, block))
-
-
 def attention_fields(config: Any, block: nn.Module) -> dict[str, Any]:
     """The :class:`ModelShape` fields that differ between LLaMA-style architectures, from the config and one
     block: heads, heads x head dimension (``head_dim`` when the config states it), normalisation layers per block,
@@ -157,12 +130,25 @@ def skeleton_from_arch(arch: dict[str, Any], blocks: int) -> nn.Module:
 
 
 def shape_from_arch(name: str, arch: dict[str, Any], targets: list[str], bytes_per_param: int = 2) -> ModelShape:
-    """The shape of the causal LM described by ``arch``, built on ``meta`` with :data:`BUILT_BLOCKS` blocks
-    (:func:`skeleton_from_arch`)."""
-    layers = int(arch.get("num_hidden_layers", 32))
-    model = skeleton_from_arch(arch, min(layers, BUILT_BLOCKS))
-    _prefix, built = decoder_layers(model)
-    sizes = {sum(p.numel() for p in block.parameters()) for block in built}
+    """The :class:`ModelShape` of the causal LM described by ``arch``, built on ``meta`` with :data:`BUILT_BLOCKS`
+    blocks (:func:`skeleton_from_arch`): every block of a LLaMA-style stack has the same parameters, so one built
+    block stands for all ``num_hidden_layers`` of them."""
+    blocks = int(arch.get("num_hidden_layers", 32))
+    model = skeleton_from_arch(arch, min(blocks, BUILT_BLOCKS))
+    _prefix, layers = decoder_layers(model)
+    sizes = {sum(p.numel() for p in block.parameters()) for block in layers}
     if len(sizes) != 1:
         raise ValueError(f"{name}: decoder blocks of different sizes {sorted(sizes)}; the plan assumes alike blocks")
-    return shape_of(model, name, targets, bytes_per_param, blocks=layers)
+    block, block_params = layers[0], sizes.pop()
+    total = sum(p.numel() for p in model.parameters())  # ``parameters()`` counts a tied head once
+    config = model.config
+    chosen = block_linears(block, resolve_targets(block, targets, "pruner.targets"))
+    return ModelShape(
+        name=name, blocks=blocks, block_params=block_params,
+        outside_params=total - len(layers) * block_params,
+        embedding_params=sum(p.numel() for p in model.get_input_embeddings().parameters()),
+        linears={n.rsplit(".", 1)[-1]: (m.out_features, m.in_features) for n, m in chosen.items()},
+        hidden=int(config.hidden_size), intermediate=int(getattr(config, "intermediate_size", 0) or 0),
+        vocab=int(config.vocab_size), bytes_per_param=bytes_per_param,
+        block_linears={n: (m.out_features, m.in_features) for n, m in block_projections(block).items()},
+        **attention_fields(config, block))

@@ -1,15 +1,12 @@
-"""The data files a job reads, checked before any weight is loaded: the training records (``data.source``), the
-calibration file and the perplexity files."""
+"""The data files a job reads, checked before any weight is loaded: the training records (``data.source``) and the
+perplexity files (the calibration file: :func:`spp.pruning.calibration_data.check_calibration_source`)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from spp.data.config import HUB_PREFIX
 from spp.data.records import load_alpaca_records
 from spp.errors import UserError
 from spp.eval.perplexity import source_file
-from spp.pruning.calibration_data import check_calibration_source
 
 
 def check_data_source(source: str, data_dir: str | None, key: str = "data.source") -> int:
@@ -29,12 +26,6 @@ def check_data_source(source: str, data_dir: str | None, key: str = "data.source
         raise UserError(f"{key}={source!r}: {err}", f"fix the file or point {key}= at a good copy", key=key,
                         path=source) from err
     return len(records.records)
-
-
-def check_calibration(calibration: Any, data_dir: str | None, model: Any = None) -> None:
-    """The calibration source's file exists and, given the ``model`` config, can supply the windows asked
-    (:func:`spp.pruning.calibration_data.check_calibration_source`)."""
-    check_calibration_source(calibration, data_dir, model)
 
 
 def check_ppl_sources(sources: list[str], data_dir: str | None) -> None:

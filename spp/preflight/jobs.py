@@ -10,12 +10,13 @@ from spp.atomic import check_writable_dir
 from spp.deepspeed_support import check_deepspeed
 from spp.errors import UserError
 from spp.planning.job import check_job
-from spp.preflight.data_files import check_calibration, check_data_source, check_ppl_sources
+from spp.preflight.data_files import check_data_source, check_ppl_sources
 from spp.preflight.model_files import model_arch
 from spp.preflight.reconstruction import check_reconstruct
-from spp.preflight.shapes import check_shapes, check_targets
+from spp.preflight.shapes import check_shapes
 from spp.preflight.vocab import check_vocab
 from spp.pruning.base import Pruner
+from spp.pruning.calibration_data import check_calibration_source
 from spp.pruning.registry import needs_calibration
 from spp.training.resume_checks import check_resume
 from spp.training.run import Methods, resolve_methods
@@ -23,12 +24,10 @@ from spp.training.run import Methods, resolve_methods
 CACHE_DIR_FIX = "point cache_dir= (or the SPP_CACHE_DIR environment variable) at a directory you can write to"
 
 
-def check_positive(values: dict[str, float]) -> None:
-    """Each value finite and > 0 (scales, learning rates)."""
-    for key, value in values.items():
-        if value is None or not math.isfinite(float(value)) or float(value) <= 0:
-            raise UserError(f"{key}={value} must be a finite number > 0", f"set {key} to a positive number",
-                            key=key)
+def check_positive(key: str, value: float | None) -> None:
+    """``value`` finite and > 0 (a learning rate)."""
+    if value is None or not math.isfinite(float(value)) or float(value) <= 0:
+        raise UserError(f"{key}={value} must be a finite number > 0", f"set {key} to a positive number", key=key)
 
 
 def preflight_train(job: Any, resume: str | None = None, methods: Methods | None = None) -> dict[str, Any]:
@@ -40,7 +39,7 @@ def preflight_train(job: Any, resume: str | None = None, methods: Methods | None
     check_pruner(methods.pruner, job.sparsity)
     prunes = methods.pruner is not None  # a pruner and a pattern that is not dense
     arch = model_arch(job.model)
-    check_positive({"trainer.lr": job.trainer.lr})
+    check_positive("trainer.lr", job.trainer.lr)
     seqlens = {"data.max_length": job.data.max_length}
     if prunes:
         seqlens["calibration.seqlen"] = job.calibration.seqlen
@@ -48,15 +47,13 @@ def preflight_train(job: Any, resume: str | None = None, methods: Methods | None
         seqlens["eval.seqlen"] = job.eval.seqlen
     check_shapes(arch, adapter=job.adapter, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens,
                  method=methods.adapter)
-    check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity, adapter=job.adapter,
-                  method=methods.adapter)
     check_vocab(job.model, arch)
     check_reconstruct(job.reconstruct, arch, job.data_dir, job.model, methods.form)
     check_job(job, arch, methods)  # the memory plan: every phase fits this machine's GPUs and host (docs/plan.md)
     if methods.trains:
         check_data_source(job.data.source, job.data_dir)
     if prunes and needs_calibration(job.pruner, job.sparsity):
-        check_calibration(job.calibration, job.data_dir, job.model)
+        check_calibration_source(job.calibration, job.data_dir, job.model)
     if job.eval.ppl:
         check_ppl_sources([job.eval.ppl_source, *job.eval.extra_ppl_sources], job.data_dir)
     if resume:
@@ -66,19 +63,17 @@ def preflight_train(job: Any, resume: str | None = None, methods: Methods | None
     return arch
 
 
-def preflight_prune(job: Any, methods: Methods | None = None) -> dict[str, Any]:
-    """Everything ``prune.py`` can check before loading a weight (``methods``: as :func:`preflight_train`'s)."""
-    methods = methods if methods is not None else resolve_methods(job)
+def preflight_prune(job: Any, methods: Methods) -> dict[str, Any]:
+    """Everything ``prune.py`` can check before loading a weight (``methods``: the job's resolved methods)."""
     arch = model_arch(job.model)
     check_pruner(methods.pruner, job.sparsity)
     calibrates = needs_calibration(job.pruner, job.sparsity)
     seqlens = {"calibration.seqlen": job.calibration.seqlen} if calibrates else {}
     check_shapes(arch, sparsity=job.sparsity, pruner=job.pruner, seqlens=seqlens)
-    check_targets(arch, job.model.path, pruner=job.pruner, sparsity=job.sparsity)
     check_vocab(job.model, arch)
     check_reconstruct(job.reconstruct, arch, job.data_dir, job.model, methods.form)
     if calibrates:
-        check_calibration(job.calibration, job.data_dir, job.model)
+        check_calibration_source(job.calibration, job.data_dir, job.model)
     if job.use_cache and methods.pruner is not None:
         check_cache_dirs(job.cache_dir, ["pruning"])
     return arch

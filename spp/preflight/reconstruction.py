@@ -13,16 +13,15 @@ from spp.preflight.shapes import check_shapes
 from spp.pruning.calibration_data import check_calibration_source
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import calibration_of, form_config
-from spp.pruning.resolve import form_method
 
 _CALIBRATION_KEY = re.compile(r"\bcalibration\.(source|path|nsamples|seqlen)\b")
 """The calibration keys a reconstruction has under its own name (``reconstruct.source`` ...)."""
 
 
-def check_reconstruct(cfg: ReconstructConfig, arch: dict[str, Any], data_dir: str | None, model: Any = None,
-                      method: AdapterMethod | None = None) -> None:
+def check_reconstruct(cfg: ReconstructConfig, arch: dict[str, Any], data_dir: str | None, model: Any,
+                      method: AdapterMethod | None) -> None:
     """Refuse, before any weight is read, a reconstruction that would fail after pruning (``method``: the resolved
-    form, a job's ``Methods.form``; resolved here when not given).
+    form, a job's ``Methods.form``).
 
     Raises:
         UserError: ``reconstruct.form`` unknown or ``none``; ``reconstruct.form_options`` with a key the form lacks;
@@ -31,7 +30,6 @@ def check_reconstruct(cfg: ReconstructConfig, arch: dict[str, Any], data_dir: st
     """
     if not cfg.enabled:
         return
-    method = method if method is not None else form_method(cfg.form)
     form = form_config(cfg, method)
     try:  # the form's own shape rules (SPP: r divides every out_features), as an adapter's
         check_shapes(arch, adapter=form, seqlens={"reconstruct.seqlen": cfg.seqlen}, method=method)

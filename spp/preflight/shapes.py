@@ -64,9 +64,11 @@ def arch_layers(arch: dict[str, Any]) -> ArchLayers | None:
 
 def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = None, pruner: Any = None,
                  seqlens: dict[str, int] | None = None, method: AdapterMethod | None = None) -> None:
-    """Every shape rule of the run against the arch: the adapter method's own (:meth:`~spp.adapters.base.
-    AdapterMethod.preflight`, e.g. SPP's ``r | out_features``; ``method``: the resolved method of ``adapter``, else
-    resolved here), N:M's ``m | in_features``, the sequence lengths within ``max_position_embeddings``."""
+    """Every shape rule of the run against the arch: the sequence lengths within ``max_position_embeddings``, the
+    adapter method's own (:meth:`~spp.adapters.base.AdapterMethod.preflight`, e.g. SPP's ``r | out_features``;
+    ``method``: the resolved method of ``adapter``, else resolved here), every name of ``adapter.targets`` and
+    ``pruner.targets`` matching a linear of the meta decoder block (the default list stands for all:
+    :func:`spp.projections.resolve_targets`), N:M's ``m | in_features``."""
     if adapter is not None and method is None:
         method = resolve_adapter(adapter.name)
     layers = arch_layers(arch)
@@ -83,9 +85,11 @@ def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = N
         return
     if adapter is not None:  # the method's own rules (SPP: r divides every out_features)
         method.preflight(adapter, layers.shapes(list(adapter.targets), "adapter.targets") if method.trains else None)
-    if sparsity is not None and pruner is not None and sparsity.kind == "nm" and prunes(pruner):
+    if sparsity is None or pruner is None or not prunes(pruner, sparsity):
+        return
+    shapes = layers.shapes(list(pruner.targets), "pruner.targets")
+    if sparsity.kind == "nm":
         m = int(sparsity.m)
-        shapes = layers.shapes(list(pruner.targets), "pruner.targets")
         bad = {p: inp for p, (inp, _out) in shapes.items() if inp % m}
         if bad:
             name, inp = next(iter(bad.items()))
@@ -93,15 +97,3 @@ def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = N
                             "input dimension)", f"choose sparsity.m dividing {inp}, or drop {name} from "
                             "pruner.targets", key="sparsity.m")
 
-
-def check_targets(arch: dict[str, Any], path: str, *, pruner: Any = None, sparsity: Any = None,
-                  adapter: Any = None, method: AdapterMethod | None = None) -> None:
-    """Every name of ``pruner.targets`` and ``adapter.targets`` matches a linear of the meta decoder block (the
-    default list stands for all: :func:`spp.projections.resolve_targets`)."""
-    layers = arch_layers(arch)
-    if layers is None:
-        return
-    if pruner is not None and sparsity is not None and prunes(pruner, sparsity):
-        resolve_targets(layers.block, list(pruner.targets), "pruner.targets")
-    if adapter is not None and (method if method is not None else resolve_adapter(adapter.name)).trains:
-        resolve_targets(layers.block, list(adapter.targets), "adapter.targets")
