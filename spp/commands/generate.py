@@ -44,7 +44,7 @@ def load_tokenizer_from(source: str) -> PreTrainedTokenizerBase:
     return tok
 
 
-def generate_one(job: GenerateJobConfig, output_file: Path | None) -> GenerationResult:
+def generate_one(job: GenerateJobConfig, output_file: Path) -> GenerationResult:
     """Load, optionally convert to 2:4 semi-structured, generate, print and write the record."""
     model, tokenizer, dtype_name = _load(job)
     device = job.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -63,9 +63,8 @@ def generate_one(job: GenerateJobConfig, output_file: Path | None) -> Generation
     print(f"### Prompt:\n{result.prompt}\n\n### Completion:\n{result.completion}\n")
     print(f"{result.new_tokens} new tokens in {result.seconds:.2f} s = {result.tokens_per_s:.1f} tokens/s "
           f"({how}, {result.device}, {result.dtype}{kernels})")
-    if output_file is not None:
-        write_json_atomic(output_file, {**result.to_dict(), "model": job.model.path,
-                                        "config": OmegaConf.to_container(OmegaConf.structured(job))})
+    write_json_atomic(output_file, {**result.to_dict(), "model": job.model.path,
+                                    "config": OmegaConf.to_container(OmegaConf.structured(job))})
     return result
 
 

@@ -10,6 +10,9 @@ import math
 from dataclasses import replace
 from typing import Any
 
+import psutil
+import torch
+
 from spp.adapters.base import AdapterMethod
 from spp.errors import UserError
 from spp.models.loading import resolve_source
@@ -95,8 +98,6 @@ def device_count(devices: Any, kind: str) -> int:
     if isinstance(devices, (list, tuple)):
         return len(devices)
     if str(devices) in ("auto", "-1"):
-        import torch
-
         return max(1, torch.cuda.device_count()) if kind == "gpu" else 1
     return int(devices)
 
@@ -188,8 +189,9 @@ def job_hardware(job: Any, kind: str, detect: bool) -> Hardware:
     ``detect`` (a real run) this machine's (no CUDA: GPU not checked); else the preset's GPU and no host figure."""
     hw = for_accelerator(kind)
     device, host = job.trainer.device_memory_gib, job.trainer.host_memory_gib
-    if device is None and detect and kind == "gpu":
-        hw = replace(hw, device_gib=cuda_memory_gib())
+    if device is None and detect and kind == "gpu":  # this machine's first GPU (none without CUDA)
+        cuda = torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else None
+        hw = replace(hw, device_gib=cuda)
     elif device is not None:
         hw = replace(hw, device_gib=float(device))
     if host is None and detect:
@@ -197,19 +199,8 @@ def job_hardware(job: Any, kind: str, detect: bool) -> Hardware:
     return replace(hw, host_gib=None if host is None else float(host))
 
 
-def cuda_memory_gib() -> float | None:
-    """Memory of this machine's first GPU (``None`` without CUDA)."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_device_properties(0).total_memory / GIB
-
-
 def host_memory_gib() -> float:
     """Memory this process may use: the machine's (psutil), or a smaller cgroup limit (a Slurm job's ``--mem``)."""
-    import psutil
-
     total = psutil.virtual_memory().total
     try:
         with open("/sys/fs/cgroup/memory.max") as fh:
@@ -238,8 +229,6 @@ def accelerator_kind(accelerator: str, plan_only: bool) -> str:
         return "cpu"
     if accelerator in ("gpu", "cuda") or plan_only:
         return "gpu"
-    import torch
-
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 

@@ -87,16 +87,6 @@ def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
     return meta
 
 
-def check_safetensors(path: Path) -> None:
-    """Open a ``.safetensors`` header with ``safe_open`` (which checks the file is as long as the header says);
-    ``EOFError`` with the library's message for a truncated or damaged file."""
-    try:
-        with safe_open(str(path), framework="pt"):
-            pass
-    except SafetensorError as err:
-        raise EOFError(f"truncated or damaged safetensors file ({path.stat().st_size} bytes): {err}") from err
-
-
 def _gguf_arch(cfg: ModelConfig, path: Path) -> dict[str, Any]:
     with user_file(path, "model.path", _fix_model_path(cfg)):
         meta = gguf_metadata(path)
@@ -137,7 +127,11 @@ def model_arch(cfg: ModelConfig) -> dict[str, Any]:
         with user_file(file, "model.path", _fix_model_path(cfg)):
             if not file.is_file():
                 raise FileNotFoundError(f"shard {file.name} listed in model.safetensors.index.json is missing")
-            check_safetensors(file)
+            try:  # safe_open checks the file is as long as its header says
+                with safe_open(str(file), framework="pt"):
+                    pass
+            except SafetensorError as err:
+                raise EOFError(f"truncated or damaged safetensors file ({file.stat().st_size} bytes): {err}") from err
     return arch
 
 
