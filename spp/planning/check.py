@@ -68,39 +68,40 @@ def _batches(b: int, whole: int | None) -> list[int]:
     return out
 
 
-def remedies(spec: RunSpec, phase: str) -> list[tuple[str, RunSpec]]:
-    """``(overrides, changed spec)`` to try for a phase that does not fit (module docstring)."""
-    out: list[tuple[str, RunSpec]] = []
-    train, more = spec.train, [n for n in (2, 4, 8) if n > spec.devices]
+def remedies(spec: RunSpec, phase: str) -> list[dict[str, Any]]:
+    """The overrides (``{key: value}``, in order) to try for a phase that does not fit (module docstring)."""
+    train, fsdp = spec.train, {"strategy": "fsdp"}
+    more = [{"trainer.devices": n} for n in (2, 4, 8) if n > spec.devices]  # the hidden states or windows split
     if phase == "fit":
-        if not train.checkpointing:
-            out.append(("trainer.gradient_checkpointing=true", replace(spec, train=replace(train, checkpointing=True))))
-        out += [(f"data.train_batch_size={b}", replace(spec, train=replace(train, micro_batch=b)))
-                for b in _batches(train.micro_batch, train.global_batch)]
-        fsdp = replace(train, checkpointing=True)  # conf/strategy/fsdp.yaml checkpoints every block
-        if not spec.sharded:
-            out.append(("strategy=fsdp", replace(spec, strategy="fsdp", train=fsdp)))
-        out += [(f"strategy=fsdp trainer.devices={n}", replace(spec, strategy="fsdp", devices=n, train=fsdp))
-                for n in more]
-    elif phase == "prune":
-        cal = spec.calibration
-        out += [(f"calibration.batch_size={b}", replace(spec, calibration=replace(cal, batch_size=b)))
-                for b in _batches(cal.batch_size, None)]
-        out += [(f"trainer.devices={n}", replace(spec, devices=n)) for n in more]
-    elif phase == "reconstruct" and spec.reconstruct is not None:
+        checkpointing = [] if train.checkpointing else [{"trainer.gradient_checkpointing": "true"}]
+        batches = [{"data.train_batch_size": b} for b in _batches(train.micro_batch, train.global_batch)]
+        return checkpointing + batches + ([] if spec.sharded else [fsdp]) + [{**fsdp, **n} for n in more]
+    if phase == "prune":
+        return [{"calibration.batch_size": b} for b in _batches(spec.calibration.batch_size, None)] + more
+    if phase == "reconstruct" and spec.reconstruct is not None:
         rc = spec.reconstruct
-        if rc.act_bytes > 2:
-            out.append(("reconstruct.dtype=bfloat16", replace(spec, reconstruct=replace(rc, act_bytes=2))))
-        out += [(f"reconstruct.nsamples={n}", replace(spec, reconstruct=replace(rc, nsamples=n)))
-                for n in _batches(rc.nsamples, None)]
-        out += [(f"trainer.devices={n}", replace(spec, devices=n)) for n in more]  # the windows split
-    elif phase == "place":  # DeepSpeed materialises the whole model on every GPU first; FSDP2 does not
-        fsdp = replace(spec.train, checkpointing=True)
-        out.append(("strategy=fsdp", replace(spec, strategy="fsdp", train=fsdp)))
-    elif phase == "evaluate":
-        out.append(("eval.batch_size=1 eval.lm_eval_batch_size=1",
-                    replace(spec, eval=replace(spec.eval, batch=1, lm_eval_batch=1))))
-    return out
+        dtype = [] if rc.act_bytes <= 2 else [{"reconstruct.dtype": "bfloat16"}]
+        return dtype + [{"reconstruct.nsamples": n} for n in _batches(rc.nsamples, None)] + more
+    # place: DeepSpeed materialises the whole model on every GPU first; FSDP2 does not
+    return {"place": [fsdp], "evaluate": [{"eval.batch_size": 1, "eval.lm_eval_batch_size": 1}]}.get(phase, [])
+
+
+def applied(spec: RunSpec, overrides: dict[str, Any]) -> RunSpec:
+    """``spec`` with :func:`remedies`' ``overrides`` (``strategy=fsdp`` checkpoints every block, as
+    ``conf/strategy/fsdp.yaml`` does)."""
+    get, train, rc = overrides.get, spec.train, spec.reconstruct
+    fsdp = get("strategy") == "fsdp"
+    train = replace(train, checkpointing=train.checkpointing or fsdp or "trainer.gradient_checkpointing" in overrides,
+                    micro_batch=get("data.train_batch_size", train.micro_batch))
+    if rc is not None:
+        rc = replace(rc, act_bytes=2 if "reconstruct.dtype" in overrides else rc.act_bytes,
+                     nsamples=get("reconstruct.nsamples", rc.nsamples))
+    return replace(spec, train=train, strategy="fsdp" if fsdp else spec.strategy, reconstruct=rc,
+                   devices=get("trainer.devices", spec.devices),
+                   calibration=replace(spec.calibration, batch_size=get("calibration.batch_size",
+                                                                        spec.calibration.batch_size)),
+                   eval=replace(spec.eval, batch=get("eval.batch_size", spec.eval.batch),
+                                lm_eval_batch=get("eval.lm_eval_batch_size", spec.eval.lm_eval_batch)))
 
 
 def fix(plan: RunPlan, problem: Problem) -> tuple[str, str]:
@@ -110,13 +111,15 @@ def fix(plan: RunPlan, problem: Problem) -> tuple[str, str]:
         return not any(p.phase == problem.phase and p.memory == problem.memory for p in left)
 
     tried = remedies(plan.spec, problem.phase)
-    for overrides, spec in tried:
-        if solved(spec):
-            return f"set {overrides} (planned to fit)", overrides.split("=")[0]
-    if len(tried) > 1:
-        combined = plan.spec
-        for _overrides, spec in tried:
-            combined = _merge(combined, spec)
+    for overrides in tried:
+        if solved(applied(plan.spec, overrides)):
+            return f"set {' '.join(f'{k}={v}' for k, v in overrides.items())} (planned to fit)", next(iter(overrides))
+    if len(tried) > 1:  # all of them together: the largest device count, the smallest batches
+        merged: dict[str, Any] = {}
+        for overrides in tried:
+            merged.update({k: (max if k == "trainer.devices" else min)(merged.get(k, v), v)
+                           for k, v in overrides.items()})
+        combined = applied(plan.spec, merged)
         if solved(combined):
             changes = _changes(plan.spec, combined)
             return f"set {' '.join(changes)} (planned to fit)", changes[0].split("=")[0]
@@ -129,22 +132,6 @@ def fix(plan: RunPlan, problem: Problem) -> tuple[str, str]:
     return (f"run on a node with at least {problem.need / GIB:.0f} GiB of host memory (global rank 0 holds the "
             "whole model while pruning), or fewer processes per node (trainer.devices); trainer.host_memory_gib "
             "states a node's memory"), "trainer.host_memory_gib"
-
-
-def _merge(base: RunSpec, other: RunSpec) -> RunSpec:
-    """``base`` with every remedy field ``other`` changed (the largest device count, the smallest batches)."""
-    train = replace(base.train, checkpointing=base.train.checkpointing or other.train.checkpointing,
-                    micro_batch=min(base.train.micro_batch, other.train.micro_batch))
-    cal = replace(base.calibration, batch_size=min(base.calibration.batch_size, other.calibration.batch_size))
-    strategy = "fsdp" if "fsdp" in (base.strategy, other.strategy) else base.strategy
-    ev = replace(base.eval, batch=min(base.eval.batch, other.eval.batch),
-                 lm_eval_batch=min(base.eval.lm_eval_batch, other.eval.lm_eval_batch))
-    rc = base.reconstruct
-    if rc is not None and other.reconstruct is not None:
-        rc = replace(rc, act_bytes=min(rc.act_bytes, other.reconstruct.act_bytes),
-                     nsamples=min(rc.nsamples, other.reconstruct.nsamples))
-    return replace(base, train=train, calibration=cal, strategy=strategy, eval=ev,
-                   devices=max(base.devices, other.devices), reconstruct=rc)
 
 
 def _changes(old: RunSpec, new: RunSpec) -> list[str]:
