@@ -6,6 +6,7 @@ further block adds; the rest is counted once. The method states its FLOPs and tr
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -26,20 +27,18 @@ def adapter_spec(cfg: Any, arch: dict[str, Any], shape: ModelShape, model_dtype:
     Raises ``UserError`` for an unknown method, ``ValueError`` for targets that match no layer."""
     method = method if method is not None else resolve_adapter(cfg.name)
     dropout = float(getattr(cfg, "dropout", 0.0) or 0.0)
-    counts = {"trainable": 0, "trainable_bytes": 0, "added_bytes": 0}
-    if method.trains:
-        one, two = (trainable_tensors(cfg, arch, blocks, model_dtype) for blocks in (1, 2))
-        counts = {k: one[k] + (shape.blocks - 1) * (two[k] - one[k]) for k in counts}
     spec = AdapterSpec(name=str(cfg.name), trains=bool(method.trains), targets=tuple(cfg.targets), dropout=dropout,
-                       keeps_weight=method.keeps_merged_weights(cfg), **counts)
+                       keeps_weight=method.keeps_merged_weights(cfg))
     if not method.trains:
         return spec
+    one, two = (trainable_tensors(cfg, arch, blocks, model_dtype) for blocks in (1, 2))
+    counts = {k: one[k] + (shape.blocks - 1) * (two[k] - one[k]) for k in one}
     adapted = spec.adapted_weights(shape)
     largest = max((o * i for o, i in spec.dims(shape)), default=0)
-    return AdapterSpec(**{**vars(spec), "flops": int(method.train_flops(adapted, spec.trainable, dropout)),
-                          "resident": tuple(method.resident_terms(adapted).items()),
-                          "forward_transient_values": method.forward_transient_values(largest),
-                          "backward_transient_bytes": method.backward_transient_bytes(largest)})
+    return replace(spec, **counts, flops=int(method.train_flops(adapted, counts["trainable"], dropout)),
+                   resident=tuple(method.resident_terms(adapted).items()),
+                   forward_transient_values=method.forward_transient_values(largest),
+                   backward_transient_bytes=method.backward_transient_bytes(largest))
 
 
 def trainable_tensors(cfg: Any, arch: dict[str, Any], blocks: int, model_dtype: str) -> dict[str, int]:

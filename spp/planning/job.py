@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import replace
+from itertools import chain
 from typing import Any
 
 import psutil
@@ -71,18 +72,16 @@ def lm_eval_tokens(tasks: list[str], limit: int | None, mmlu_limit: int | None) 
     """Tokens of ``eval.tasks`` (:data:`TASK_TOKENS`; ``limit`` documents per task, ``mmlu_limit`` per MMLU
     subject; a subject or category task is counted as one subject)."""
     total = 0
-    for task in tasks:
-        name = task.removeprefix("spp_")
-        names = ZERO_SHOT if name in ("zeroshot", "zero_shot") else [name]
-        for leaf in names:
-            if leaf == "mmlu" or leaf.startswith("mmlu_"):
-                subjects = MMLU_SUBJECT_COUNT if leaf == "mmlu" else 1
-                per_subject = TASK_TOKENS["mmlu"][0] // MMLU_SUBJECT_COUNT
-                cap = mmlu_limit or limit
-                total += subjects * min(per_subject, cap or per_subject) * TASK_TOKENS["mmlu"][1]
-            else:
-                docs, per_doc = TASK_TOKENS.get(leaf, (1000, 200))
-                total += min(docs, limit or docs) * per_doc
+    names = [task.removeprefix("spp_") for task in tasks]
+    for leaf in chain.from_iterable(ZERO_SHOT if name in ("zeroshot", "zero_shot") else [name] for name in names):
+        if leaf == "mmlu" or leaf.startswith("mmlu_"):
+            subjects = MMLU_SUBJECT_COUNT if leaf == "mmlu" else 1
+            per_subject = TASK_TOKENS["mmlu"][0] // MMLU_SUBJECT_COUNT
+            cap = mmlu_limit or limit
+            total += subjects * min(per_subject, cap or per_subject) * TASK_TOKENS["mmlu"][1]
+        else:
+            docs, per_doc = TASK_TOKENS.get(leaf, (1000, 200))
+            total += min(docs, limit or docs) * per_doc
     return total
 
 
@@ -174,14 +173,9 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
                    uses_hessian=prunes and bool(pruner.uses_hessian),
                    calibration=Calibration(cal.nsamples, cal.seqlen, cal.batch_size),
                    true_sequential=bool(job.pruner.true_sequential), export_merged=bool(job.export.merged),
-                   export_adapter=bool(job.export.adapter), teacher=teacher_outputs(job),
-                   reconstruct=reconstruct_spec(job, arch, form))
-
-
-def teacher_outputs(job: Any) -> str:
-    """What ``job.objective`` needs of the dense teacher (its ``teacher_outputs``: ``none``, ``logits`` or
-    ``block_outputs``), read duck-typed (``spp.training.objectives``)."""
-    return str(getattr(getattr(job, "objective", None), "teacher_outputs", "none"))
+                   export_adapter=bool(job.export.adapter), reconstruct=reconstruct_spec(job, arch, form),
+                   # what the objective needs of the dense teacher, read duck-typed (spp.training.objectives)
+                   teacher=str(getattr(getattr(job, "objective", None), "teacher_outputs", "none")))
 
 
 def job_hardware(job: Any, kind: str, detect: bool) -> Hardware:

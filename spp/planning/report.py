@@ -54,11 +54,9 @@ def table(header: tuple[str, ...], body: list[tuple[str, ...]]) -> list[str]:
 def text(plan: RunPlan, sources: dict[str, str] | None = None) -> str:
     """The plan as printed by ``plan=true``: the job, the machine, one row per phase, placement, peaks, fit."""
     s, sources = plan.spec, sources or {}
-    trainable = s.adapter.trainable
-    weights = _gib(s.shape.weight_bytes)
-    lines = [f"plan: {s.shape.name} ({s.shape.params / 1e9:.2f} B parameters, weights {weights} GiB),"
-             f" {s.strategy_label} on {s.devices} {'GPU' if s.kind == 'gpu' else 'CPU process'}(s) x {s.nodes} "
-             f"node(s); adapter {s.adapter.name} ({trainable / 1e6:.1f} M trainable); pruner {s.pruner}",
+    lines = [f"plan: {s.shape.name} ({s.shape.params / 1e9:.2f} B parameters, weights {_gib(s.shape.weight_bytes)} "
+             f"GiB), {s.strategy_label} on {s.devices} {'GPU' if s.kind == 'gpu' else 'CPU process'}(s) x {s.nodes} "
+             f"node(s); adapter {s.adapter.name} ({s.adapter.trainable / 1e6:.1f} M trainable); pruner {s.pruner}",
              _machine(plan, sources), "", *table(COLUMNS, rows(plan)), ""]
     if s.adapter.trains:
         with_ckpt, without = activation_choices(s)

@@ -170,8 +170,7 @@ def fit_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
     if spec.has_teacher and spec.kind == "gpu":  # rank 0's host copy of the teacher until it is placed
         transient["teacher_placement"] = shape.weight_bytes
     rank0 = {**base, "masks": shape.pruned_params // 8 if spec.prunes else 0, **on_host, **transient}
-    tokens = train_tokens(spec)
-    seconds = {"train": tokens * sum(train_flops(spec).values()) / spec.world / (hw.train_tflops * 1e12)}
+    seconds = {"train": train_tokens(spec) * sum(train_flops(spec).values()) / spec.world / (hw.train_tflops * 1e12)}
     disk = {"checkpoints": spec.train.checkpoints_kept * gather}
     where = f"{spec.kind.upper()}, " + (f"1/{spec.world} shards" if spec.sharded else "replicas")
     return PhasePlan("fit", where, device, rank0, {**base, **on_host}, spec.devices, disk, seconds)
