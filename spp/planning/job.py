@@ -135,7 +135,7 @@ def _eval_spec(job: Any, prunes: bool, per_char: float) -> EvalSpec:
     text_tokens = int(TEXT_CHARS.get(str(ev.ppl_source).removeprefix("hf:"), TEXT_CHARS["wikitext2"]) * per_char)
     windows = (ev.max_windows or text_tokens // ev.seqlen) if ev.ppl else 0
     before = (int(job.dense_ppl) + int(job.pruned_ppl and prunes)) if ev.ppl else 0
-    return EvalSpec(ppl_windows=windows, ppl_sources=1, seqlen=ev.seqlen, batch=ev.batch_size, before=before,
+    return EvalSpec(ppl_windows=windows, seqlen=ev.seqlen, batch=ev.batch_size, before=before,
                     text_tokens=text_tokens if ev.ppl else 0,
                     lm_eval_tokens=lm_eval_tokens(list(ev.tasks), ev.limit, ev.mmlu_limit),
                     lm_eval_batch=ev.lm_eval_batch_size)

@@ -265,7 +265,7 @@ def _eval_seconds(spec: RunSpec, hw: Hardware, placement: EvalPlacement) -> dict
     """Loading the export, then every window and request split over the replicas (a ``parallelize`` replica
     computes on one GPU at a time)."""
     shape, ev = spec.shape, spec.eval
-    tokens = ev.ppl_windows * ev.ppl_sources * ev.seqlen + ev.lm_eval_tokens
+    tokens = ev.ppl_windows * ev.seqlen + ev.lm_eval_tokens
     rate = CPU_HOST.eval_tflops if placement.how == "cpu" else hw.eval_tflops  # a GPU job's fallback too
     return {"load": shape.weight_bytes / (hw.disk_gbps * 1e9),
             "forward": tokens * forward_flops(shape, ev.seqlen) / placement.replicas / (rate * 1e12)}

@@ -78,12 +78,6 @@ class ModelShape:
         """One decoder block in the model's dtype."""
         return self.block_params * self.bytes_per_param
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready, with the derived totals."""
-        return {**self.__dict__, "linears": {k: list(v) for k, v in self.linears.items()},
-                "block_linears": {k: list(v) for k, v in self.block_linears.items()}, "params": self.params,
-                "pruned_params": self.pruned_params, "weight_bytes": self.weight_bytes}
-
 
 def attention_fields(config: Any, block: nn.Module) -> dict[str, Any]:
     """The :class:`ModelShape` fields that differ between LLaMA-style architectures, from the config and one

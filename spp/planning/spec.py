@@ -84,7 +84,6 @@ class EvalSpec:
     """
 
     ppl_windows: int = 0
-    ppl_sources: int = 1
     seqlen: int = 2048
     batch: int = 1
     before: int = 0
