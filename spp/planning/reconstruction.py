@@ -85,23 +85,11 @@ def reconstruct_spec(job: Any, arch: dict[str, Any], method: AdapterMethod | Non
                            forward_transient_values=kept, **tensors)
 
 
-def hidden_set_bytes(spec: RunSpec) -> int:
-    """One set of this rank's hidden states: ``ceil(nsamples / world) x seqlen x hidden`` in ``reconstruct.dtype``."""
-    rc = _rc(spec)
-    return -(-rc.nsamples // spec.world) * rc.seqlen * spec.shape.hidden * rc.act_bytes
-
-
-def _rc(spec: RunSpec) -> ReconstructSpec:
-    if spec.reconstruct is None:
-        raise ValueError("the job does not reconstruct (reconstruct=none)")
-    return spec.reconstruct
-
-
-def _per_window(spec: RunSpec) -> dict[str, int]:
+def _per_window(spec: RunSpec, rc: ReconstructSpec) -> dict[str, int]:
     """What one window costs on the device: its call arguments (kept for every window) and the activations of
     one forward without gradients and of one forward and backward through the formed block (autograd's saved
     tensors of ``spp.planning.memory.block_activation_bytes``, the form's dropped-out inputs, the loss)."""
-    shape, rc = spec.shape, _rc(spec)
+    shape = spec.shape
     a, s, h, q, i = rc.act_bytes, rc.seqlen, shape.hidden, shape.attention_width, shape.intermediate
     head_dim = q // shape.heads if shape.heads else h
     loss = s * h * 4 * (LOSS_VALUES_PER_FEATURE + (2 if a < 4 else 0))
@@ -113,15 +101,15 @@ def _per_window(spec: RunSpec) -> dict[str, int]:
             "train_window": s * kept + loss + kept_for_backward}
 
 
-def moments(spec: RunSpec, rank0_cpu: bool = False) -> dict[str, dict[str, int]]:
+def moments(spec: RunSpec, rc: ReconstructSpec, rank0_cpu: bool = False) -> dict[str, dict[str, int]]:
     """The device terms of one rank at each moment of a block (module docstring): ``dense``, ``train``, ``end``.
     ``rank0_cpu``: global rank 0 of a CPU run, whose onloaded block is its home when the dtypes agree."""
-    shape, rc, world = spec.shape, _rc(spec), spec.world
+    shape, world = spec.shape, spec.world
     windows = -(-rc.nsamples // world)
-    one_set = hidden_set_bytes(spec)
+    one_set = windows * rc.seqlen * shape.hidden * rc.act_bytes  # this rank's hidden states, in reconstruct.dtype
     aliased = rank0_cpu and rc.act_bytes == shape.bytes_per_param
     block = 0 if aliased else shape.block_params * rc.act_bytes
-    win = _per_window(spec)
+    win = _per_window(spec, rc)
     base = {"dense_inputs": one_set, "targets": one_set, "call_arguments": windows * win["call_arguments"]}
     if rc.sparse_inputs:
         base["sparse_inputs"] = one_set
@@ -137,29 +125,29 @@ def moments(spec: RunSpec, rank0_cpu: bool = False) -> dict[str, dict[str, int]]
     return {name: {k: int(v) for k, v in terms.items() if v} for name, terms in out.items()}
 
 
-def device_terms(spec: RunSpec, hw: Hardware, rank0_cpu: bool = False) -> dict[str, int]:
+def device_terms(spec: RunSpec, rc: ReconstructSpec, hw: Hardware, rank0_cpu: bool = False) -> dict[str, int]:
     """The terms of the largest moment (:func:`moments`), with the CUDA context on a GPU and glibc's retained
     heap on a CPU (:data:`RECONSTRUCT_HEAP_RETENTION`)."""
-    peak = max(moments(spec, rank0_cpu).values(), key=lambda terms: sum(terms.values()))
+    peak = max(moments(spec, rc, rank0_cpu).values(), key=lambda terms: sum(terms.values()))
     if spec.kind == "gpu":
         return {**peak, "cuda_context": hw.process_device_bytes}
     hidden = sum(v for k, v in peak.items() if k in HIDDEN_SETS)
     return {**peak, "heap_retention": int(RECONSTRUCT_HEAP_RETENTION * hidden)}
 
 
-def host_terms(spec: RunSpec) -> dict[str, int]:
+def host_terms(spec: RunSpec, rc: ReconstructSpec) -> dict[str, int]:
     """Global rank 0's host terms beside its process: the pruned weights (home), the dense copy (taken before
     pruning), the packed masks, the drawn windows' ids and one block handed to the cache writer."""
-    shape, rc = spec.shape, _rc(spec)
+    shape = spec.shape
     return {"weights": shape.weight_bytes, "dense_copy": shape.weight_bytes,
             "masks": shape.pruned_params // 8 if spec.prunes else 0, "calibration_ids": rc.nsamples * rc.seqlen * 8,
             "cache_writer": shape.block_bytes if spec.prunes else 0}
 
 
-def seconds(spec: RunSpec, hw: Hardware) -> dict[str, float]:
+def seconds(spec: RunSpec, rc: ReconstructSpec, hw: Hardware) -> dict[str, float]:
     """Estimated wall seconds (module docstring): the blocks' FLOPs over the ranks, moving the blocks between host
     and device (dense and pruned onloaded, the pruned one written back) and writing the cache entry."""
-    shape, rc = spec.shape, _rc(spec)
+    shape = spec.shape
     forward = 2 * sum(o * i for o, i in shape.block_linears.values()) + 2 * rc.seqlen * shape.attention_width
     passes = 3 * rc.epochs + 3
     flops = shape.blocks * rc.nsamples * rc.seqlen * forward * passes / spec.world
@@ -172,16 +160,16 @@ def seconds(spec: RunSpec, hw: Hardware) -> dict[str, float]:
     return out
 
 
-def phase_parts(spec: RunSpec, hw: Hardware) -> tuple[str, dict[str, int], dict[str, int], dict[str, int], int,
-                                                      dict[str, int], dict[str, float]]:
+def phase_parts(spec: RunSpec, rc: ReconstructSpec, hw: Hardware) -> tuple[
+        str, dict[str, int], dict[str, int], dict[str, int], int, dict[str, int], dict[str, float]]:
     """``(where, device, rank0, rank, processes per node, disk, seconds)`` of the reconstruct phase."""
     process = {"process": hw.process_host_bytes}
-    host = {k: v for k, v in host_terms(spec).items() if v}
+    host = {k: v for k, v in host_terms(spec, rc).items() if v}
     if spec.kind == "cpu":  # the device terms are each process's own memory
-        device, rank0 = {}, {**process, **host, **device_terms(spec, hw, rank0_cpu=True)}
-        rank = {**process, **device_terms(spec, hw)}
+        device, rank0 = {}, {**process, **host, **device_terms(spec, rc, hw, rank0_cpu=True)}
+        rank = {**process, **device_terms(spec, rc, hw)}
     else:
-        device, rank0, rank = device_terms(spec, hw), {**process, **host}, dict(process)
+        device, rank0, rank = device_terms(spec, rc, hw), {**process, **host}, dict(process)
     disk = {"cache_entry": spec.shape.blocks * spec.shape.block_bytes + spec.shape.pruned_params // 8} \
         if spec.prunes else {}
-    return (f"{spec.kind.upper()}, a block at a time", device, rank0, rank, spec.devices, disk, seconds(spec, hw))
+    return (f"{spec.kind.upper()}, a block at a time", device, rank0, rank, spec.devices, disk, seconds(spec, rc, hw))

@@ -334,7 +334,7 @@ def plan_run(spec: RunSpec, hw: Hardware) -> RunPlan:
                                                      "replica of its own (spp.eval.evaluate)"))
     phases = [load_phase(spec, hw), prune_phase(spec, hw)]
     if spec.reconstruct is not None:
-        phases.append(PhasePlan("reconstruct", *reconstruction.phase_parts(spec, hw)))
+        phases.append(PhasePlan("reconstruct", *reconstruction.phase_parts(spec, spec.reconstruct, hw)))
     if spec.adapter.trains:
         if spec.strategy == "deepspeed" and spec.kind == "gpu":
             phases.append(deepspeed_place_phase(spec, hw))
