@@ -73,12 +73,10 @@ def _run_locked(run: Run, callbacks: list[Callback] | None, start: float) -> dic
     """The three phases and the report, inside the run directory's lock (:func:`run_job`)."""
     job, run_dir = run.job, run.run_dir
     if is_job_leader():
-        remove_stale_temporaries(run_dir, [Path(job.cache_dir).expanduser() / "pruning",
-                                           Path(job.cache_dir).expanduser() / "ppl"])
+        remove_stale_temporaries(run_dir, [Path(job.cache_dir).expanduser() / cache for cache in ("pruning", "ppl")])
         save_and_print_config(OmegaConf.structured(job), run_dir, show=job.print_config)
-    wandb = job.logger.wandb
     rank = getattr(job.adapter, "r", None)  # the methods with a rank (spp, lora, ...) name it in the run
-    ids = run_tags(job.model.name, job.pruner.name, job.sparsity.name, job.adapter.name, rank, wandb,
+    ids = run_tags(job.model.name, job.pruner.name, job.sparsity.name, job.adapter.name, rank, job.logger.wandb,
                    objective=job.objective.name)
     loggers = build_loggers(job.logger, run_dir, ids, logged_config(run))
     try:

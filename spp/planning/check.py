@@ -157,20 +157,17 @@ def _changes(old: RunSpec, new: RunSpec) -> list[str]:
     return out
 
 
-def _terms(terms: dict[str, int], n: int = 3) -> str:
-    top = sorted(terms.items(), key=lambda kv: -kv[1])[:n]
-    return ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in top)
-
-
 def refusal(plan: RunPlan, problem: Problem, source: str) -> UserError:
     """The one-line :class:`UserError` for ``problem``; ``source`` says where the machine figure came from."""
     s = plan.spec
     text, key = fix(plan, problem)
+    largest = sorted(problem.terms.items(), key=lambda kv: -kv[1])[:3]
+    top = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in largest)
     where = {"GPU": "per GPU", OTHER_NODE: "of host memory on each node but global rank 0's"}.get(
         problem.memory, "of host memory on global rank 0's node")
     what = (f"the {problem.phase} phase of {s.shape.name} ({s.shape.params / 1e9:.1f} B parameters, {s.strategy_label} "
             f"on {s.devices} device(s) x {s.nodes} node(s)) needs {problem.need / GIB:.1f} GiB {where} "
-            f"({_terms(problem.terms)} GiB, ...) but has {problem.have / GIB:.1f} GiB ({source})")
+            f"({top} GiB, ...) but has {problem.have / GIB:.1f} GiB ({source})")
     return UserError(what, f"{text}; add plan=true to see every phase", key=key)
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 import math
+from contextlib import suppress
 from dataclasses import replace
 from itertools import chain
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -196,12 +198,9 @@ def job_hardware(job: Any, kind: str, detect: bool) -> Hardware:
 def host_memory_gib() -> float:
     """Memory this process may use: the machine's (psutil), or a smaller cgroup limit (a Slurm job's ``--mem``)."""
     total = psutil.virtual_memory().total
-    try:
-        with open("/sys/fs/cgroup/memory.max") as fh:
-            limit = fh.read().strip()
+    with suppress(OSError):  # no cgroup v2 limit to read
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         total = min(total, int(limit)) if limit.isdigit() else total
-    except OSError:
-        pass
     return total / GIB
 
 
