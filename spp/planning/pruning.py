@@ -104,12 +104,12 @@ def seconds(shape: ModelShape, world: int, hw: Hardware, cal: Calibration, hessi
 
 
 def plan(shape: ModelShape, world: int, pruner: str, hw: Hardware | None = None,
-         cal: Calibration | None = None, true_sequential: bool = False) -> dict[str, Any]:
+         cal: Calibration | None = None) -> dict[str, Any]:
     """The pruning plan of ``shape`` on ``world`` GPUs: memory per node and device, time, and the assumptions."""
     hw, cal = hw or Hardware(), cal or Calibration()
     hessian = uses_hessian(pruner)
     process_gpu = hw.process_device_bytes if hw.kind == "gpu" else 0
-    gpu = gpu_bytes(shape, world, cal, hessian, true_sequential) + process_gpu
+    gpu = gpu_bytes(shape, world, cal, hessian) + process_gpu
     stated = {"gpu_gib": hw.device_gib or 0.0, "gpus_per_node": hw.gpus_per_node, "bf16_tflops": hw.eval_tflops,
               "fp32_tflops": hw.prune_fp32_tflops, "column_overhead_s": hw.column_overhead_s,
               "h2d_gbps": hw.h2d_gbps, "broadcast_gbps": hw.broadcast_gbps, "disk_gbps": hw.disk_gbps,
@@ -117,5 +117,5 @@ def plan(shape: ModelShape, world: int, pruner: str, hw: Hardware | None = None,
     return {"model": shape.name, "params": shape.params, "world": world, "pruner": pruner,
             "gpu_bytes_per_device": gpu, "gpu_fits": gpu <= stated["gpu_gib"] * GIB,
             "host_bytes": host_bytes_per_node(shape, world, hw, cal),
-            "seconds": seconds(shape, world, hw, cal, hessian, true_sequential),
+            "seconds": seconds(shape, world, hw, cal, hessian),
             "hardware": stated, "calibration": asdict(cal)}
