@@ -54,11 +54,8 @@ class EvalRecord:
 
 def task_metrics(tasks: dict[str, dict[str, float]]) -> dict[str, float]:
     """Logger keys of lm-eval results: ``acc/<task>``, ``acc_norm/<task>`` and ``acc/zero_shot_mean`` (7 tasks)."""
-    out: dict[str, float] = {}
-    for task, metrics in tasks.items():
-        for name in ("acc", "acc_norm"):
-            if name in metrics:
-                out[f"{name}/{task}"] = float(metrics[name])
+    out = {f"{name}/{task}": float(metrics[name]) for task, metrics in tasks.items() for name in ("acc", "acc_norm")
+           if name in metrics}
     mean = zero_shot_mean(tasks)
     if mean is not None:
         out["acc/zero_shot_mean"] = mean
@@ -85,15 +82,18 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
     out.update(reconstruction_metrics(summary.get("reconstruction")))
     zero_shot = (summary.get("zero_shot") or {}).get("metrics") or {}
     out.update({f"final/{key}": value for key, value in task_metrics(zero_shot).items()})
-    sparsity = summary.get("sparsity") or {}
-    for key in ("before", "after"):
-        if sparsity.get(key) is not None:
-            out[f"final/sparsity_{key}"] = float(sparsity[key])
-    if (summary.get("params") or {}).get("trainable") is not None:
-        out["final/trainable_params"] = float(summary["params"]["trainable"])
-    if (summary.get("merge") or {}).get("removed_fraction") is not None:
-        out["final/remask_removed_fraction"] = float(summary["merge"]["removed_fraction"])
+    out.update({f"final/{name}": float(value) for name, (part, key) in SUMMARY_SCALARS.items()
+                if (value := (summary.get(part) or {}).get(key)) is not None})
     return out
+
+
+SUMMARY_SCALARS: dict[str, tuple[str, str]] = {
+    "sparsity_before": ("sparsity", "before"),
+    "sparsity_after": ("sparsity", "after"),
+    "trainable_params": ("params", "trainable"),
+    "remask_removed_fraction": ("merge", "removed_fraction"),
+}
+"""``final/<name>`` scalars of :func:`final_metrics` read from ``summary[part][key]``."""
 
 
 def reconstruction_metrics(record: dict[str, Any] | None) -> dict[str, float]:

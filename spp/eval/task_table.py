@@ -88,10 +88,8 @@ def register_task(task: EvalTask) -> EvalTask:
 
 def _holder(task: EvalTask) -> str:
     """The file that registered the row whose name or online name ``task`` takes (this one for a group's name)."""
-    for name, row in _TASKS.items():
-        if {task.name, task.online_name} & {name, row.online_name}:
-            return REGISTRY.sources[name]
-    return __file__
+    return next((REGISTRY.sources[name] for name, row in _TASKS.items()
+                 if {task.name, task.online_name} & {name, row.online_name}), __file__)
 
 
 def get_task(name: str) -> EvalTask:
