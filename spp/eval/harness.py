@@ -80,23 +80,15 @@ def resolve_tasks(tasks: str | Iterable[str]) -> list[str]:
     An unknown task raises a one-line ``UserError`` naming the accepted ones."""
     names = [tasks] if isinstance(tasks, str) else list(tasks)
     known, short = known_tasks(), aliases()
-    out: list[str] = []
-    for name in names:
-        resolved = name if name in known else short.get(name)
-        if resolved is None:
-            raise unknown_task(name)
-        if resolved not in out:
-            out.append(resolved)
-    return out
+    resolved = [name if name in known else short.get(name) for name in names]
+    if None in resolved:
+        raise unknown_task(names[resolved.index(None)])
+    return list(dict.fromkeys(resolved))
 
 
 def leaf_tasks(tasks: Iterable[str]) -> list[str]:
     """Expand groups (``spp_zeroshot``, ``spp_mmlu``, ``spp_mmlu_<category>``) into their leaf tasks."""
-    leaves: list[str] = []
-    for task in resolve_tasks(tasks):
-        members = group_members(task)
-        leaves += [task] if members is None else members
-    return list(dict.fromkeys(leaves))
+    return list(dict.fromkeys(leaf for task in resolve_tasks(tasks) for leaf in group_members(task) or [task]))
 
 
 def task_data_files(tasks: Iterable[str], data_dir: str | os.PathLike[str] | None = None) -> dict[str, list[Path]]:
@@ -187,14 +179,10 @@ def zero_shot_mean_stderr(metrics: dict[str, dict[str, float]], metric: str = "a
 
 def _run_names(names: list[str], online: bool) -> list[str]:
     """The names lm-eval runs: the local ``spp_*`` tasks, or online their standard tasks (the group expanded)."""
+    if not online:
+        return list(names)
     online_of = online_names()
-    run_names: list[str] = []
-    for name in names:
-        if online and name == ZERO_SHOT_GROUP:
-            run_names += [online_of[t] for t in PAPER_MEAN_TASKS]
-        else:
-            run_names.append(online_of[name] if online else name)
-    return run_names
+    return [online_of[t] for name in names for t in (PAPER_MEAN_TASKS if name == ZERO_SHOT_GROUP else [name])]
 
 
 def evaluate_tasks(
@@ -212,10 +200,10 @@ def evaluate_tasks(
 ) -> HarnessResult:
     """Evaluate with lm-eval's ``HFLM`` + ``simple_evaluate`` (0-shot tasks; MMLU 5-shot from its YAML).
 
-    ``model`` is an in-memory LM (needs ``tokenizer``) or a saved directory (loaded on the CPU). ``limit`` takes
-    the first documents, or with ``doc_seed`` a seeded random sample (ignored, with a warning, for ``online``).
-    ``replicas`` splits every task's documents (every leader calls this and returns replica 0's result, with
-    ``raw["placement"]``).
+    ``model`` is an in-memory LM (needs ``tokenizer``) or a saved directory (loaded on the CPU; with ``replicas``, on
+    the replica's GPUs). ``limit`` takes the first documents, or with ``doc_seed`` a seeded random sample (ignored,
+    with a warning, for ``online``). ``replicas`` splits every task's documents (every leader calls this and returns
+    replica 0's result, with ``raw["placement"]``).
     """
     import lm_eval
 

@@ -47,9 +47,7 @@ class EvalRecord:
 
     def flat_metrics(self) -> dict[str, float]:
         """``{"ppl/wikitext2": .., "acc/spp_boolq": .., "acc_norm/..": .., "acc/zero_shot_mean": ..}`` for loggers."""
-        out: dict[str, float] = {f"ppl/{src}": float(r["ppl"]) for src, r in self.ppl.items()}
-        out.update(task_metrics(self.tasks))
-        return out
+        return {**{f"ppl/{src}": float(r["ppl"]) for src, r in self.ppl.items()}, **task_metrics(self.tasks)}
 
 
 def task_metrics(tasks: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -99,14 +97,11 @@ SUMMARY_SCALARS: dict[str, tuple[str, str]] = {
 def reconstruction_metrics(record: dict[str, Any] | None) -> dict[str, float]:
     """Block-wise reconstruction's losses as ``final/reconstruct_...`` scalars: each block's loss at its start and
     end (``..._block07_start``), and their means over the blocks."""
-    out: dict[str, float] = {}
-    for block in (record or {}).get("blocks") or []:
-        for end in ("start", "end"):
-            out[f"final/reconstruct_loss_block{block['block']:02d}_{end}"] = float(block[f"loss_{end}"])
-    for end in ("start", "end"):
-        if (record or {}).get(f"loss_{end}_mean") is not None:
-            out[f"final/reconstruct_loss_{end}_mean"] = float(record[f"loss_{end}_mean"])
-    return out
+    record = record or {}
+    out = {f"final/reconstruct_loss_block{block['block']:02d}_{end}": float(block[f"loss_{end}"])
+           for block in record.get("blocks") or [] for end in ("start", "end")}
+    return out | {f"final/reconstruct_loss_{end}_mean": float(record[f"loss_{end}_mean"]) for end in ("start", "end")
+                  if record.get(f"loss_{end}_mean") is not None}
 
 
 def _pct(value: float | None) -> str:

@@ -118,11 +118,9 @@ def is_mmlu(name: str) -> bool:
 
 def online_names() -> dict[str, str]:
     """Offline task or group name -> the standard lm-eval task of which it is a local mirror."""
-    out = {name: task.online_name for name, task in _TASKS.items() if task.kind != "mmlu"}
-    out[MMLU_GROUP] = "mmlu"
-    out.update({f"{MMLU_GROUP}_{c}": f"mmlu_{c}" for c in CATEGORIES})
-    out.update({name: task.online_name for name, task in _TASKS.items() if task.kind == "mmlu"})
-    return out
+    return {**{name: task.online_name for name, task in _TASKS.items() if task.kind != "mmlu"}, MMLU_GROUP: "mmlu",
+            **{f"{MMLU_GROUP}_{c}": f"mmlu_{c}" for c in CATEGORIES},
+            **{name: task.online_name for name, task in _TASKS.items() if task.kind == "mmlu"}}
 
 
 def aliases() -> dict[str, str]:
