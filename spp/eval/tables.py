@@ -71,12 +71,10 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
                 if entry.get(end) is not None:
                     out[f"final/ppl_{stage}_{end}"] = float(entry[end])
     main = ((summary.get("config") or {}).get("eval") or {}).get("ppl_source")
-    for src, entry in (summary.get("merged_ppl_by_source") or {}).items():
-        if entry and src != main:  # eval.extra_ppl_sources of the merged model (e.g. wikitext2_val)
-            out[f"final/ppl_merged_{src}"] = float(entry["ppl"])
-    for key, value in (summary.get("gap_closed") or {}).items():
-        if key.startswith("gap_closed"):
-            out[f"final/{key}"] = float(value)
+    out.update({f"final/ppl_merged_{src}": float(entry["ppl"])  # eval.extra_ppl_sources of the merged model
+                for src, entry in (summary.get("merged_ppl_by_source") or {}).items() if entry and src != main})
+    out.update({f"final/{key}": float(value) for key, value in (summary.get("gap_closed") or {}).items()
+                if key.startswith("gap_closed")})
     out.update(reconstruction_metrics(summary.get("reconstruction")))
     zero_shot = (summary.get("zero_shot") or {}).get("metrics") or {}
     out.update({f"final/{key}": value for key, value in task_metrics(zero_shot).items()})
