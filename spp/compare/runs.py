@@ -139,9 +139,7 @@ def swept_keys(runs: list[SweptRun]) -> list[str]:
 
     When the overrides explain no difference (no ``.hydra/``, different scripts), the differing config keys are used,
     a group's keys folded into the group when its ``name`` differs; :data:`NOT_SWEPT` keys are left out."""
-    keys: list[str] = []
-    for run in runs:
-        keys += [k for k in run.overrides if k not in keys and k.split(".")[0] not in NOT_SWEPT]
+    keys = list(dict.fromkeys(k for run in runs for k in run.overrides if k.split(".")[0] not in NOT_SWEPT))
     differing = [k for k in keys if len({run.value(k) for run in runs}) > 1]
     return differing or _config_differences(runs)
 

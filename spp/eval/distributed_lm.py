@@ -44,13 +44,14 @@ class DistributedHFLM(HFLM):
 
 
 def load_replica_model(path: str | os.PathLike[str], devices: list[int], device: str | None = None,
-                       dtype: str | torch.dtype = "auto",
                        max_memory_per_gpu: int | str | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Load a saved causal LM for one replica, whole on ``device`` or spread over ``devices`` with accelerate's
-    ``device_map="auto"``; returns it in eval mode with the lm-eval ``--model_args`` placing it the same way."""
+    """Load a saved causal LM for one replica (in the dtype it was saved in), whole on ``device`` or spread over
+    ``devices`` with accelerate's ``device_map="auto"``; returns it in eval mode with the lm-eval ``--model_args``
+    placing it the same way."""
     from transformers import AutoModelForCausalLM
 
-    args: dict[str, Any] = {"pretrained": str(path), "dtype": str(dtype)}
+    dtype = "auto"
+    args: dict[str, Any] = {"pretrained": str(path), "dtype": dtype}
     if device == "cpu" or not devices:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device or "cpu")
         args["device"] = device or "cpu"

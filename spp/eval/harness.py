@@ -59,20 +59,6 @@ class HarnessResult:
         """MMLU ``acc`` aggregated as lm-eval does (subjects weighted by size within and across categories)."""
         return self.metrics.get(MMLU_GROUP, {}).get("acc")
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable summary (metrics, limit, shots, task versions, 7-task mean, MMLU)."""
-        return {
-            "metrics": self.metrics,
-            "zero_shot_mean_acc": self.zero_shot_mean,
-            "zero_shot_mean_stderr": zero_shot_mean_stderr(self.metrics),
-            "mmlu_acc": self.mmlu_acc,
-            "limit": self.limit,
-            "doc_seed": self.raw.get("doc_seed"),
-            "num_fewshot": self.num_fewshot,
-            "versions": self.raw.get("versions", {}),
-            **({"placement": self.raw["placement"]} if "placement" in self.raw else {}),
-        }
-
 
 def resolve_tasks(tasks: str | Iterable[str]) -> list[str]:
     """Map config task names (``boolq``, ``zeroshot``, ``mmlu`` ...) to the table's offline task names.

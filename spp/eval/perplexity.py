@@ -314,9 +314,8 @@ def perplexity(
     ``PPL = exp( (1 / (W (L-1))) * sum_w sum_{t=1}^{L-1} -log p(x_{w,t} | x_{w,<t}) )`` with ``W`` windows
     of ``L = seqlen`` tokens. ``max_windows=None`` takes all windows (for ``c4`` the first 256, as SparseGPT);
     ``device`` defaults to the model's first parameter's."""
-    config = getattr(model, "config", None)
     windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
-                           getattr(config, "max_position_embeddings", None))
+                           getattr(getattr(model, "config", None), "max_position_embeddings", None))
     if device is None:
         device = next(model.parameters()).device
     return result_from_sums(score_windows(model, windows, batch_size, range(len(windows.batches(batch_size))),

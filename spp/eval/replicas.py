@@ -104,10 +104,8 @@ def replica_devices(layout: ReplicaLayout, device_count: int | None = None) -> l
     return gpus
 
 
-def max_memory_map(devices: list[int], per_gpu: int | str | None) -> dict[int, int | str] | None:
+def max_memory_map(devices: list[int], per_gpu: int | str | None) -> dict[int, int | str]:
     """accelerate's ``max_memory`` restricted to ``devices`` (``None`` = accelerate's own estimate per device)."""
-    if not devices:
-        return None
     if per_gpu is None:
         from accelerate.utils import get_max_memory
 
@@ -241,9 +239,8 @@ def replica_perplexity(model: torch.nn.Module, tokenizer: Any, replicas: Replica
     added in float64 (the same numbers); every leader calls it and gets the result."""
     if not replicas.is_leader:
         raise RuntimeError("replica_perplexity runs on replica leaders only (the others hold no model)")
-    config = getattr(model, "config", None)
     windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
-                           getattr(config, "max_position_embeddings", None))
+                           getattr(getattr(model, "config", None), "max_position_embeddings", None))
     mine = replicas.mine(len(windows.batches(batch_size)))
     sums = score_windows(model, windows, batch_size, mine, next(model.parameters()).device, quiet=replicas.index != 0)
     return result_from_sums(replicas.all_reduce_(sums), windows)
