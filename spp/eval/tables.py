@@ -155,15 +155,19 @@ def paper_table(records: Sequence[EvalRecord]) -> str:
     return "\n".join(lines + _majority_rows(records, len(sources)))
 
 
+def paper_values(tasks: dict[str, dict[str, float]]) -> list[float | None]:
+    """Table 2's numbers of one row: the seven tasks' ``acc``, their mean, MMLU's ``acc`` (``None`` where missing)."""
+    return [*(tasks.get(task, {}).get("acc") for task, _ in PAPER_COLUMNS), zero_shot_mean(tasks),
+            tasks.get(MMLU_GROUP, {}).get("acc")]
+
+
 def _majority_rows(records: Sequence[EvalRecord], ppl_columns: int) -> list[str]:
     """A "majority class" row per distinct set of scored documents (``info["majority_class"]``, written with
     ``eval.log_samples=true``): the accuracy of always giving each task's most frequent correct answer."""
     rows: list[str] = []
     for majority in {json.dumps(m, sort_keys=True): m for r in records
                      if (m := r.info.get("majority_class"))}.values():
-        cells = ["majority class (scored documents)", *["–"] * ppl_columns]
-        cells += [_pct(majority.get(task, {}).get("acc")) for task, _ in PAPER_COLUMNS]
-        cells += [_pct(zero_shot_mean(majority)), _pct(majority.get(MMLU_GROUP, {}).get("acc"))]
+        cells = ["majority class (scored documents)", *["–"] * ppl_columns, *map(_pct, paper_values(majority))]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
@@ -243,15 +247,7 @@ def write_results(
 def log_to_loggers(loggers: Sequence[Any], records: Sequence[EvalRecord]) -> None:
     """Log each record's metrics (prefixed by its row index) and, on W&B, the Table-2 table as a ``wandb.Table``."""
     columns = ["model", *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"]
-    rows = [
-        [
-            r.label,
-            *(r.tasks.get(task, {}).get("acc") for task, _ in PAPER_COLUMNS),
-            zero_shot_mean(r.tasks),
-            r.tasks.get(MMLU_GROUP, {}).get("acc"),
-        ]
-        for r in records
-    ]
+    rows = [[r.label, *paper_values(r.tasks)] for r in records]
     for logger in loggers:
         for i, r in enumerate(records):
             prefix = f"eval/{i}/" if len(records) > 1 else "eval/"
