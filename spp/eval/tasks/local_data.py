@@ -196,11 +196,6 @@ def mmlu(subject: str = "", **kwargs: Any) -> datasets.DatasetDict:
     """One MMLU ``subject`` (from ``dataset_kwargs``) in ``cais/mmlu`` shape; test + dev."""
     if not subject:
         raise ValueError("MMLU task needs dataset_kwargs.subject (e.g. 'anatomy')")
-    return datasets.DatasetDict(
-        {
-            "test": datasets.Dataset.from_list(
-                sample_order(_mmlu_rows(task_file(f"spp_mmlu_{subject}", kwargs, 0), subject), kwargs.get("doc_seed"))
-            ),
-            "dev": datasets.Dataset.from_list(_mmlu_rows(task_file(f"spp_mmlu_{subject}", kwargs, 1), subject)),
-        }
-    )
+    splits = _split("test", _mmlu_rows(task_file(f"spp_mmlu_{subject}", kwargs, 0), subject), kwargs)
+    splits["dev"] = datasets.Dataset.from_list(_mmlu_rows(task_file(f"spp_mmlu_{subject}", kwargs, 1), subject))
+    return splits
