@@ -280,7 +280,7 @@ def test_eval_field_changes_the_perplexity_key_exactly_when_it_reaches_the_measu
     other = replace(EVAL_BASE, **{field: value})
     same_key = ppl_cache_key("w", EVAL_BASE, SAMPLE_DATA_DIR) == ppl_cache_key("w", other, SAMPLE_DATA_DIR)
     assert same_key != changes
-    # what perplexity() is called with (cached_perplexity passes exactly ppl_settings) changes with the key
+    # what perplexity() is called with (cached_offloaded_perplexity passes exactly ppl_settings) changes with the key
     assert (ppl_settings(EVAL_BASE) != ppl_settings(other)) == changes
 
 

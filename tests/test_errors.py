@@ -21,10 +21,12 @@ import torch
 from train_helpers import tiny_job
 
 from spp.atomic import remove_stale_temporaries
+from spp.distributed import DistContext
 from spp.errors import DivergedError, UserError, as_user_error
 from spp.eval.config import EvalConfig
-from spp.eval.ppl_cache import cached_perplexity
+from spp.eval.offloaded import cached_offloaded_perplexity
 from spp.models.config import ModelConfig
+from spp.models.offload import OffloadedModel
 from spp.models.tiny import tiny_llama
 from spp.paths import CONF_DIR, SAMPLE_DATA_DIR, data_provenance, find_data, forget_data_reads
 from spp.preflight.data_files import check_data_source
@@ -418,8 +420,9 @@ def test_nan_perplexity_is_not_cached(tmp_path, tiny_tok):
     model = tiny_llama(seed=0)
     with torch.no_grad():
         model.model.norm.weight.fill_(float("nan"))
-    res = cached_perplexity(model, tiny_tok, EvalConfig(seqlen=32, max_windows=1), "nan-model", tmp_path,
-                            str(SAMPLE_DATA_DIR))
+    off = OffloadedModel(model, DistContext())
+    res = cached_offloaded_perplexity(off, tiny_tok, EvalConfig(seqlen=32, max_windows=1), "nan-model", tmp_path,
+                                      str(SAMPLE_DATA_DIR))
     assert not math.isfinite(res["ppl"])
     assert not list(tmp_path.rglob("*.json"))
 

@@ -49,7 +49,7 @@ def test_group_aggregates(run):
     for cat in CATEGORIES:
         accs = [run.metrics[f"spp_mmlu_{s}"]["acc"] for s, c in MMLU_SUBJECTS.items() if c == cat]
         assert run.metrics[f"spp_mmlu_{cat}"]["acc"] == pytest.approx(sum(accs) / len(accs), abs=1e-12)
-    assert run.to_dict()["zero_shot_mean_acc"] == pytest.approx(mean)
+    assert run.zero_shot_mean == pytest.approx(mean)
 
 
 @pytest.mark.slow  # a second lm-eval run through its command line (17 s)

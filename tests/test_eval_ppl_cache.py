@@ -8,10 +8,13 @@ import shutil
 import pytest
 import torch
 
+from spp.distributed import DistContext
 from spp.eval.config import EvalConfig
+from spp.eval.offloaded import cached_offloaded_perplexity
 from spp.eval.perplexity import perplexity
-from spp.eval.ppl_cache import cached_perplexity, ppl_cache_key, weights_key
+from spp.eval.ppl_cache import ppl_cache_key, weights_key
 from spp.models.config import ModelConfig
+from spp.models.offload import OffloadedModel
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 
 EVAL = EvalConfig(seqlen=64, max_windows=2)
@@ -23,13 +26,14 @@ def _entries(cache_dir) -> list:
 
 
 def test_second_call_hits_and_returns_the_measured_number(tiny_model, tiny_tok, sample_data_dir, tmp_path):
-    first = cached_perplexity(tiny_model, tiny_tok, EVAL, "w", tmp_path, sample_data_dir)
-    second = cached_perplexity(tiny_model, tiny_tok, EVAL, "w", tmp_path, sample_data_dir)
     direct = perplexity(tiny_model, tiny_tok, seqlen=64, max_windows=2, data_dir=sample_data_dir)
+    off = OffloadedModel(tiny_model, DistContext())
+    first = cached_offloaded_perplexity(off, tiny_tok, EVAL, "w", tmp_path, sample_data_dir)
+    second = cached_offloaded_perplexity(off, tiny_tok, EVAL, "w", tmp_path, sample_data_dir)
     assert (first["cache_hit"], second["cache_hit"]) == (False, True)
     assert first["ppl"] == second["ppl"] == pytest.approx(direct.ppl, rel=1e-6) and len(_entries(tmp_path)) == 1
-    other = cached_perplexity(tiny_model, tiny_tok, EvalConfig(seqlen=64, max_windows=3), "w", tmp_path,
-                              sample_data_dir)
+    other = cached_offloaded_perplexity(off, tiny_tok, EvalConfig(seqlen=64, max_windows=3), "w", tmp_path,
+                                        sample_data_dir)
     assert other["cache_hit"] is False and other["windows"] == 3 and len(_entries(tmp_path)) == 2
 
 
@@ -52,7 +56,8 @@ def test_key_follows_the_file_content_not_the_source_name_or_directory(sample_da
 def test_non_finite_perplexity_is_returned_but_not_cached(tiny_model, tiny_tok, sample_data_dir, tmp_path):
     with torch.no_grad():
         tiny_model.lm_head.weight.fill_(float("nan"))
-    result = cached_perplexity(tiny_model, tiny_tok, EVAL, "nan-model", tmp_path, sample_data_dir)
+    off = OffloadedModel(tiny_model, DistContext())
+    result = cached_offloaded_perplexity(off, tiny_tok, EVAL, "nan-model", tmp_path, sample_data_dir)
     assert result["ppl"] != result["ppl"] and result["cache_hit"] is False  # NaN
     assert _entries(tmp_path) == []
 

@@ -244,7 +244,7 @@ def test_an_in_memory_model_on_a_single_replica_scores_as_plain_lm_eval(tiny_tok
     got = evaluate_tasks(model, tiny_tok, replicas=ReplicaGroup.create(DistContext()), **args)
     ref = evaluate_tasks(model, tiny_tok, **args)
     assert got.metrics == ref.metrics and _records(got.raw["samples"]) == _records(ref.raw["samples"])
-    assert got.to_dict()["placement"] == {"replicas": 1, "gpus_per_replica": 1, "how": "single", "world": 1,
-                                          "lm_eval_model_args": {"pretrained": "<in-memory model>", "device": "cpu",
-                                                                 "batch_size": 1}}
-    assert "placement" not in ref.to_dict()
+    assert got.raw["placement"] == {"replicas": 1, "gpus_per_replica": 1, "how": "single", "world": 1,
+                                    "lm_eval_model_args": {"pretrained": "<in-memory model>", "device": "cpu",
+                                                           "batch_size": 1}}
+    assert "placement" not in ref.raw

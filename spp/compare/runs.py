@@ -40,28 +40,22 @@ class SweptRun:
         found = _lookup(self.config, key)
         if isinstance(found, dict):
             found = found.get("name", self.overrides.get(key, MISSING))
-        elif found is None and key not in self.overrides:
-            found = _lookup_present(self.config, key)
-        elif found is None:
-            found = self.overrides[key]
+        elif found is None or found is _ABSENT:  # null or absent in the config: the override, else as recorded
+            found = self.overrides.get(key, MISSING if found is _ABSENT else None)
         return _text(found)
 
 
+_ABSENT = object()
+
+
 def _lookup(tree: dict[str, Any], key: str) -> Any:
-    """``tree["a"]["b"]`` for ``a.b``; ``None`` when a part is absent."""
+    """``tree["a"]["b"]`` for ``a.b``; ``_ABSENT`` when a part is absent."""
     node: Any = tree
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            return None
+            return _ABSENT
         node = node[part]
     return node
-
-
-def _lookup_present(tree: dict[str, Any], key: str) -> Any:
-    """Like :func:`_lookup`, but :data:`MISSING` for an absent key (``None`` for a key set to null)."""
-    parent, _, last = key.rpartition(".")
-    node = _lookup(tree, parent) if parent else tree
-    return node[last] if isinstance(node, dict) and last in node else MISSING
 
 
 def _text(value: Any) -> str:
@@ -120,11 +114,8 @@ def find_runs(folder: str | Path) -> list[SweptRun]:
 
 def _natural(path: Path) -> tuple[tuple[int, str], ...]:
     """Sort key for a path whose parts start with job numbers: ``10_x`` after ``9_x``."""
-    out = []
-    for part in path.parts:
-        head = part.split("_", 1)[0]
-        out.append((int(head), part) if head.isdigit() else (-1, part))
-    return tuple(out)
+    return tuple((int(head), part) if (head := part.split("_", 1)[0]).isdigit() else (-1, part)
+                 for part in path.parts)
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -148,9 +139,7 @@ def swept_keys(runs: list[SweptRun]) -> list[str]:
 
     When the overrides explain no difference (no ``.hydra/``, different scripts), the differing config keys are used,
     a group's keys folded into the group when its ``name`` differs; :data:`NOT_SWEPT` keys are left out."""
-    keys: list[str] = []
-    for run in runs:
-        keys += [k for k in run.overrides if k not in keys and k.split(".")[0] not in NOT_SWEPT]
+    keys = list(dict.fromkeys(k for run in runs for k in run.overrides if k.split(".")[0] not in NOT_SWEPT))
     differing = [k for k in keys if len({run.value(k) for run in runs}) > 1]
     return differing or _config_differences(runs)
 

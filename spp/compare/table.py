@@ -43,10 +43,8 @@ COMPARED_METRICS: dict[str, Metric] = {m.name: m for m in (
 def _ppl(summary: dict[str, Any], stages: tuple[str, ...]) -> tuple[str | None, dict[str, Any]]:
     """The first perplexity entry of ``stages`` the summary holds, with its stage name."""
     ppl = summary.get("perplexity") or {}
-    for stage in stages:
-        if isinstance(ppl.get(stage), dict) and ppl[stage].get("ppl") is not None:
-            return stage, ppl[stage]
-    return None, {}
+    return next(((stage, ppl[stage]) for stage in stages
+                 if isinstance(ppl.get(stage), dict) and ppl[stage].get("ppl") is not None), (None, {}))
 
 
 def _with_interval(row: dict[str, Any], name: str, entry: dict[str, Any]) -> None:

@@ -24,10 +24,8 @@ def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
     """``{"calibration.nsamples": 128, ...}`` of a nested key."""
     if not isinstance(value, dict):
         return {prefix: value}
-    out: dict[str, Any] = {}
-    for k, v in value.items():
-        out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-    return out
+    return {key: leaf for k, v in value.items()
+            for key, leaf in _flat(v, f"{prefix}.{k}" if prefix else str(k)).items()}
 
 
 def key_differences(trained: dict[str, Any], here: dict[str, Any]) -> list[str]:

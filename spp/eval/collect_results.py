@@ -8,12 +8,11 @@ import argparse
 import json
 import os
 from collections.abc import Iterable
+from dataclasses import fields
 from pathlib import Path
 
 from spp.atomic import write_text_atomic
 from spp.eval.tables import EvalRecord, markdown_report
-
-RECORD_FIELDS = ("label", "ppl", "tasks", "limit", "info")
 
 
 def load_records(paths: Iterable[str | os.PathLike[str]]) -> list[EvalRecord]:
@@ -25,7 +24,7 @@ def load_records(paths: Iterable[str | os.PathLike[str]]) -> list[EvalRecord]:
         payload = json.loads(path.read_text())
         if "records" not in payload:
             raise ValueError(f"{path} is not an eval.py results.json (no 'records' key)")
-        records += [EvalRecord(**{k: r[k] for k in RECORD_FIELDS}) for r in payload["records"]]
+        records += [EvalRecord(**{f.name: r[f.name] for f in fields(EvalRecord)}) for r in payload["records"]]
     return records
 
 

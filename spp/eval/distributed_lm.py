@@ -19,41 +19,39 @@ IN_MEMORY = "<in-memory model>"
 
 
 class DistributedHFLM(HFLM):
-    """An ``HFLM`` whose rank and world size are the replica index and count (``replicas=None``: one process).
+    """An ``HFLM`` whose rank and world size are the replica index and count.
 
     ``pretrained`` is whole on this replica (one device, or a ``device_map``); this process must be a leader."""
 
-    def __init__(self, pretrained: torch.nn.Module, tokenizer: Any, replicas: ReplicaGroup | None = None,
-                 **kwargs: Any) -> None:
-        if replicas is not None and not replicas.is_leader:
+    def __init__(self, pretrained: torch.nn.Module, tokenizer: Any, replicas: ReplicaGroup, **kwargs: Any) -> None:
+        if not replicas.is_leader:
             raise RuntimeError("DistributedHFLM runs on replica leaders only (the others hold no model)")
         super().__init__(pretrained=pretrained, tokenizer=tokenizer, **kwargs)
         self.replicas = replicas
-        if replicas is not None:
-            self._rank, self._world_size = replicas.index, replicas.count
+        self._rank, self._world_size = replicas.index, replicas.count
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every replica's tensor, concatenated in replica order."""
-        return tensor if self.replicas is None else self.replicas.all_gather(tensor)
+        return self.replicas.all_gather(tensor)
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Every replica's object on replica ``dst`` (``None`` elsewhere)."""
-        return [obj] if self.replicas is None else self.replicas.gather_object(obj, dst)
+        return self.replicas.gather_object(obj, dst)
 
     def barrier(self) -> None:
         """Wait for every replica."""
-        if self.replicas is not None:
-            self.replicas.barrier()
+        self.replicas.barrier()
 
 
 def load_replica_model(path: str | os.PathLike[str], devices: list[int], device: str | None = None,
-                       dtype: str | torch.dtype = "auto",
                        max_memory_per_gpu: int | str | None = None) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Load a saved causal LM for one replica, whole on ``device`` or spread over ``devices`` with accelerate's
-    ``device_map="auto"``; returns it in eval mode with the lm-eval ``--model_args`` placing it the same way."""
+    """Load a saved causal LM for one replica (in the dtype it was saved in), whole on ``device`` or spread over
+    ``devices`` with accelerate's ``device_map="auto"``; returns it in eval mode with the lm-eval ``--model_args``
+    placing it the same way."""
     from transformers import AutoModelForCausalLM
 
-    args: dict[str, Any] = {"pretrained": str(path), "dtype": str(dtype)}
+    dtype = "auto"
+    args: dict[str, Any] = {"pretrained": str(path), "dtype": dtype}
     if device == "cpu" or not devices:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device or "cpu")
         args["device"] = device or "cpu"
@@ -68,17 +66,13 @@ def load_replica_model(path: str | os.PathLike[str], devices: list[int], device:
 
 
 def replica_lm(model: torch.nn.Module | str | os.PathLike[str], tokenizer: Any, replicas: ReplicaGroup,
-               batch_size: int | str = 1, device: str | None = None,
-               max_memory_per_gpu: int | str | None = None) -> tuple[DistributedHFLM, dict[str, Any]]:
+               batch_size: int | str = 1) -> tuple[DistributedHFLM, dict[str, Any]]:
     """This leader's :class:`DistributedHFLM` for an in-memory ``model`` or a model directory, and its equivalent
     ``--model_args``; ``tokenizer=None`` reads the directory's."""
     if isinstance(model, (str, Path)):
-        gpus = [] if device == "cpu" else replica_devices(replicas.layout)
-        module, args = load_replica_model(model, gpus, device, max_memory_per_gpu=max_memory_per_gpu)
+        module, args = load_replica_model(model, replica_devices(replicas.layout))
         tokenizer = tokenizer if tokenizer is not None else str(model)
-    else:
-        if tokenizer is None:
-            raise ValueError("replica_lm: an in-memory model needs its tokenizer (tokenizer=...)")
+    else:  # an in-memory model comes with its tokenizer (evaluate_tasks checked)
         module, args = model, {"pretrained": IN_MEMORY, "device": str(next(model.parameters()).device)}
     lm = DistributedHFLM(module, tokenizer, replicas, batch_size=batch_size)
     return lm, {**args, "batch_size": batch_size}

@@ -22,6 +22,7 @@ from spp.eval.config import EvalConfig
 from spp.eval.distributed_lm import IN_MEMORY, load_replica_model
 from spp.eval.doc_records import DOC_RECORDS_FILE, doc_records, majority_class
 from spp.eval.harness import run_eval_tasks
+from spp.eval.ppl_cache import ppl_settings
 from spp.eval.replicas import ReplicaGroup, replica_devices, replica_perplexity
 from spp.generation import generate_text
 from spp.planning.folder import placement_of_folder
@@ -115,9 +116,8 @@ def _measure(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGr
     if eval_cfg.ppl:
         for src in [eval_cfg.ppl_source, *eval_cfg.extra_ppl_sources]:
             t0 = time.perf_counter()
-            res = replica_perplexity(model, tokenizer, replicas, source=src, seqlen=int(eval_cfg.seqlen),
-                                     max_windows=eval_cfg.max_windows, batch_size=int(eval_cfg.batch_size),
-                                     data_dir=data_dir, sampling=eval_cfg.window_sampling)
+            res = replica_perplexity(model, tokenizer, replicas, data_dir=data_dir,
+                                     **{**ppl_settings(eval_cfg), "source": src})
             seconds = round(time.perf_counter() - t0, 2)
             out.ppl_by_source[src] = {**res.to_dict(), "seconds": seconds, "cache_hit": False}
             out.seconds[f"ppl_{src}"] = seconds

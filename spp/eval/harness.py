@@ -59,20 +59,6 @@ class HarnessResult:
         """MMLU ``acc`` aggregated as lm-eval does (subjects weighted by size within and across categories)."""
         return self.metrics.get(MMLU_GROUP, {}).get("acc")
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-serialisable summary (metrics, limit, shots, task versions, 7-task mean, MMLU)."""
-        return {
-            "metrics": self.metrics,
-            "zero_shot_mean_acc": self.zero_shot_mean,
-            "zero_shot_mean_stderr": zero_shot_mean_stderr(self.metrics),
-            "mmlu_acc": self.mmlu_acc,
-            "limit": self.limit,
-            "doc_seed": self.raw.get("doc_seed"),
-            "num_fewshot": self.num_fewshot,
-            "versions": self.raw.get("versions", {}),
-            **({"placement": self.raw["placement"]} if "placement" in self.raw else {}),
-        }
-
 
 def resolve_tasks(tasks: str | Iterable[str]) -> list[str]:
     """Map config task names (``boolq``, ``zeroshot``, ``mmlu`` ...) to the table's offline task names.
@@ -80,23 +66,15 @@ def resolve_tasks(tasks: str | Iterable[str]) -> list[str]:
     An unknown task raises a one-line ``UserError`` naming the accepted ones."""
     names = [tasks] if isinstance(tasks, str) else list(tasks)
     known, short = known_tasks(), aliases()
-    out: list[str] = []
-    for name in names:
-        resolved = name if name in known else short.get(name)
-        if resolved is None:
-            raise unknown_task(name)
-        if resolved not in out:
-            out.append(resolved)
-    return out
+    resolved = [name if name in known else short.get(name) for name in names]
+    if None in resolved:
+        raise unknown_task(names[resolved.index(None)])
+    return list(dict.fromkeys(resolved))
 
 
 def leaf_tasks(tasks: Iterable[str]) -> list[str]:
     """Expand groups (``spp_zeroshot``, ``spp_mmlu``, ``spp_mmlu_<category>``) into their leaf tasks."""
-    leaves: list[str] = []
-    for task in resolve_tasks(tasks):
-        members = group_members(task)
-        leaves += [task] if members is None else members
-    return list(dict.fromkeys(leaves))
+    return list(dict.fromkeys(leaf for task in resolve_tasks(tasks) for leaf in group_members(task) or [task]))
 
 
 def task_data_files(tasks: Iterable[str], data_dir: str | os.PathLike[str] | None = None) -> dict[str, list[Path]]:
@@ -122,11 +100,9 @@ def task_data_files(tasks: Iterable[str], data_dir: str | os.PathLike[str] | Non
 _WARNED_SAMPLED: set[tuple[str, ...]] = set()
 
 
-class _QuietCustomDatasetNotice(logging.Filter):
+def _quiet_custom_dataset_notice(record: logging.LogRecord) -> bool:
     """Drop lm-eval's per-task 'Custom kwargs can be passed to --metadata' notice (one per MMLU subject)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Custom kwargs can be passed" not in record.getMessage()
+    return "Custom kwargs can be passed" not in record.getMessage()
 
 
 def task_manager(data_dir: str | os.PathLike[str] | None = None, online: bool = False,
@@ -138,7 +114,7 @@ def task_manager(data_dir: str | os.PathLike[str] | None = None, online: bool = 
 
     if online:
         return TaskManager()
-    logging.getLogger("lm_eval.api.task").addFilter(_QuietCustomDatasetNotice())
+    logging.getLogger("lm_eval.api.task").addFilter(_quiet_custom_dataset_notice)
     meta: dict[str, Any] = {"data_dir": str(Path(data_dir).expanduser().resolve())} if data_dir else {}
     if doc_seed is not None:
         meta["doc_seed"] = int(doc_seed)
@@ -189,14 +165,10 @@ def zero_shot_mean_stderr(metrics: dict[str, dict[str, float]], metric: str = "a
 
 def _run_names(names: list[str], online: bool) -> list[str]:
     """The names lm-eval runs: the local ``spp_*`` tasks, or online their standard tasks (the group expanded)."""
+    if not online:
+        return list(names)
     online_of = online_names()
-    run_names: list[str] = []
-    for name in names:
-        if online and name == ZERO_SHOT_GROUP:
-            run_names += [online_of[t] for t in PAPER_MEAN_TASKS]
-        else:
-            run_names.append(online_of[name] if online else name)
-    return run_names
+    return [online_of[t] for name in names for t in (PAPER_MEAN_TASKS if name == ZERO_SHOT_GROUP else [name])]
 
 
 def evaluate_tasks(
@@ -206,31 +178,28 @@ def evaluate_tasks(
     limit: int | float | None = None,
     batch_size: int | str = 1,
     data_dir: str | os.PathLike[str] | None = None,
-    device: str | None = None,
     online: bool = False,
-    num_fewshot: int | None = None,
     seed: int | None = None,
     log_samples: bool = False,
     doc_seed: int | None = None,
     replicas: ReplicaGroup | None = None,
-    max_memory_per_gpu: int | str | None = None,
 ) -> HarnessResult:
     """Evaluate with lm-eval's ``HFLM`` + ``simple_evaluate`` (0-shot tasks; MMLU 5-shot from its YAML).
 
-    ``model`` is an in-memory LM (needs ``tokenizer``) or a saved directory (loaded on ``device``). ``limit`` takes
-    the first documents, or with ``doc_seed`` a seeded random sample (ignored, with a warning, for ``online``).
-    ``replicas`` splits every task's documents (every leader calls this and returns replica 0's result, with
-    ``raw["placement"]``); ``max_memory_per_gpu`` caps each GPU of a replica spread over several (accelerate).
+    ``model`` is an in-memory LM (needs ``tokenizer``) or a saved directory (loaded on the CPU; with ``replicas``, on
+    the replica's GPUs). ``limit`` takes the first documents, or with ``doc_seed`` a seeded random sample (ignored,
+    with a warning, for ``online``). ``replicas`` splits every task's documents (every leader calls this and returns
+    replica 0's result, with ``raw["placement"]``).
     """
     import lm_eval
 
     names = _checked(tasks, model, tokenizer, data_dir, online, doc_seed, limit)
-    lm, model_args = _make_lm(model, tokenizer, batch_size, device, replicas, max_memory_per_gpu)
+    lm, model_args = _make_lm(model, tokenizer, batch_size, replicas)
     run_names = _run_names(names, online)
     was_training = getattr(model, "training", False)
     try:
         with lm_eval_bars_as_lines():  # outside a terminal: a line per bar, not one huge line of redraws
-            out = lm_eval.simple_evaluate(model=lm, tasks=run_names, num_fewshot=num_fewshot, limit=limit,
+            out = lm_eval.simple_evaluate(model=lm, tasks=run_names, limit=limit,
                                           log_samples=log_samples,
                                           task_manager=task_manager(data_dir, online, doc_seed), **_seeds(seed))
     finally:
@@ -266,36 +235,30 @@ def _shared(out: dict[str, Any] | None, replicas: ReplicaGroup | None, model_arg
     ran in ``raw["placement"]``."""
     if replicas is None and out is None:
         raise RuntimeError("lm-eval returned no results (non-zero rank of a distributed run)")
-    result = None if out is None else _harness_result(out, limit, online, doc_seed)
+    result = None
+    if out is not None:
+        raw = {k: out[k] for k in ("results", "groups", "n-samples", "n-shot", "versions", "samples") if k in out}
+        shots = {k: int(v) for k, v in out.get("n-shot", {}).items()}
+        result = HarnessResult(metrics=summarize(out, online), limit=limit, num_fewshot=shots,
+                               raw={**raw, "doc_seed": doc_seed})
     if replicas is not None:
         result = replicas.broadcast_object(result, src=0)
         result.raw["placement"] = replicas.placement(model_args).to_dict()
     return result
 
 
-def _make_lm(model: torch.nn.Module | str | Path, tokenizer: Any, batch_size: int | str, device: str | None,
-             replicas: ReplicaGroup | None, max_memory_per_gpu: int | str | None) -> tuple[Any, dict[str, Any]]:
-    """lm-eval's model object (over ``replicas`` when given) and the ``--model_args`` it stands for."""
+def _make_lm(model: torch.nn.Module | str | Path, tokenizer: Any, batch_size: int | str,
+             replicas: ReplicaGroup | None) -> tuple[Any, dict[str, Any]]:
+    """lm-eval's model object and, over ``replicas``, the ``--model_args`` it stands for (recorded as the placement)."""
     if replicas is not None:
         from spp.eval.distributed_lm import replica_lm  # start-up time: lm-eval's model classes (≈ 6 s) only here
 
-        return replica_lm(model, tokenizer, replicas, batch_size, device, max_memory_per_gpu)
+        return replica_lm(model, tokenizer, replicas, batch_size)
     from lm_eval.models.huggingface import HFLM
 
-    kwargs = {"device": device or "cpu"} if isinstance(model, (str, Path)) else {}
-    lm = HFLM(pretrained=str(model) if isinstance(model, (str, Path)) else model, tokenizer=tokenizer,
-              batch_size=batch_size, **kwargs)
-    return lm, {"pretrained": str(model) if isinstance(model, (str, Path)) else "<in-memory model>",
-                "batch_size": batch_size, **kwargs}
-
-
-def _harness_result(out: dict[str, Any], limit: int | float | None, online: bool,
-                    doc_seed: int | None) -> HarnessResult:
-    """The :class:`HarnessResult` of lm-eval's ``simple_evaluate`` output."""
-    raw = {k: out[k] for k in ("results", "groups", "n-samples", "n-shot", "versions", "samples") if k in out}
-    shots = {k: int(v) for k, v in out.get("n-shot", {}).items()}
-    raw["doc_seed"] = doc_seed
-    return HarnessResult(metrics=summarize(out, online), limit=limit, num_fewshot=shots, raw=raw)
+    kwargs = {"device": "cpu"} if isinstance(model, (str, Path)) else {}
+    return HFLM(pretrained=str(model) if isinstance(model, (str, Path)) else model, tokenizer=tokenizer,
+                batch_size=batch_size, **kwargs), {}
 
 
 def run_eval_tasks(
@@ -309,7 +272,7 @@ def run_eval_tasks(
     MMLU runs in a second lm-eval call with ``eval_cfg.mmlu_limit`` when that differs from ``limit``; metrics merge.
     """
     names = resolve_tasks(list(eval_cfg.tasks))
-    mmlu_limit = getattr(eval_cfg, "mmlu_limit", None)
+    mmlu_limit = eval_cfg.mmlu_limit
     split = mmlu_limit is not None and mmlu_limit != eval_cfg.limit
     batches = [(names, eval_cfg.limit)]
     if split:
@@ -317,25 +280,21 @@ def run_eval_tasks(
             ([t for t in names if not is_mmlu(t)], eval_cfg.limit),
             ([t for t in names if is_mmlu(t)], mmlu_limit),
         ]
-    merged: HarnessResult | None = None
-    for tasks, limit in batches:
-        if not tasks:
-            continue
-        res = evaluate_tasks(model, tokenizer, tasks=tasks, limit=limit, batch_size=int(eval_cfg.lm_eval_batch_size),
-                             data_dir=data_dir, online=bool(eval_cfg.online), seed=seed, replicas=replicas,
-                             log_samples=bool(getattr(eval_cfg, "log_samples", False)),
-                             doc_seed=getattr(eval_cfg, "doc_seed", None) if limit is not None else None)
-        if merged is None:
-            merged = res
-            continue
+    results = [evaluate_tasks(model, tokenizer, tasks=tasks, limit=limit, batch_size=int(eval_cfg.lm_eval_batch_size),
+                              data_dir=data_dir, online=bool(eval_cfg.online), seed=seed, replicas=replicas,
+                              log_samples=bool(eval_cfg.log_samples),
+                              doc_seed=eval_cfg.doc_seed if limit is not None else None)
+               for tasks, limit in batches if tasks]
+    if not results:
+        raise ValueError("eval.tasks is empty; list tasks such as [spp_zeroshot, spp_mmlu]")
+    merged = results[0]
+    for res in results[1:]:
         merged.metrics.update(res.metrics)
         merged.num_fewshot.update(res.num_fewshot)
         if merged.raw.get("doc_seed") is None:
             merged.raw["doc_seed"] = res.raw.get("doc_seed")
         for key in ("results", "versions", "n-shot", "n-samples", "groups", "samples"):
             merged.raw.setdefault(key, {}).update(res.raw.get(key, {}))
-    if merged is None:
-        raise ValueError("eval.tasks is empty; list tasks such as [spp_zeroshot, spp_mmlu]")
     if split:
         merged.limit = eval_cfg.limit
         merged.raw["mmlu_limit"] = mmlu_limit

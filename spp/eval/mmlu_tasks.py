@@ -4,9 +4,9 @@ The YAMLs mirror lm-eval's ``mmlu/default``; regenerate with ``python -m spp.eva
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
+
+from spp.atomic import write_text_atomic
 
 MMLU_TASK_DIR: Path = Path(__file__).resolve().parent / "tasks" / "mmlu"
 CATEGORIES: tuple[str, ...] = ("stem", "other", "social_sciences", "humanities")
@@ -95,15 +95,7 @@ def render_mmlu_yamls() -> dict[str, str]:
 def write_mmlu_yamls(directory: Path = MMLU_TASK_DIR) -> list[Path]:
     """Write :func:`render_mmlu_yamls` into ``directory`` (each file atomically); return the paths."""
     directory.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in render_mmlu_yamls().items():
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, directory / name)
-        written.append(directory / name)
-    return written
+    return [write_text_atomic(directory / name, text) for name, text in render_mmlu_yamls().items()]
 
 
 if __name__ == "__main__":

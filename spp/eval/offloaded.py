@@ -56,14 +56,21 @@ def offloaded_perplexity(off: OffloadedModel, tokenizer: Any, source: str = "wik
 
 def cached_offloaded_perplexity(off: OffloadedModel, tokenizer: Any, eval_cfg: EvalConfig, weights: str,
                                 cache_dir: str | None, data_dir: str | None = None) -> dict[str, Any]:
-    """:func:`offloaded_perplexity` through the perplexity cache: rank 0 reads and writes the entry, every rank
-    gets the same result (measured by all of them on a miss). Returns the entry plus ``seconds``, ``cache_hit``."""
+    """:func:`offloaded_perplexity` through the perplexity cache (``cache_dir=None``: no cache): rank 0 reads and
+    writes the entry, every rank gets the same result (measured by all of them on a miss). Returns the entry plus
+    ``seconds``, ``cache_hit``."""
     ctx = off.ctx
     path = None
     cached = None
     if ctx.is_main and cache_dir is not None:
         path = Path(cache_dir).expanduser() / "ppl" / f"{ppl_cache_key(weights, eval_cfg, data_dir)}.json"
-        cached = _read(path)
+        try:
+            cached = json.loads(path.read_text())
+            cached.pop("made_from", None)
+        except FileNotFoundError:
+            pass
+        except (OSError, json.JSONDecodeError) as err:
+            log.warning("perplexity cache: unreadable entry %s (%s); measuring again", path, err)
     cached = ctx.broadcast_object(cached)
     if cached is not None:
         return {**cached, "cache_hit": True}
@@ -73,16 +80,4 @@ def cached_offloaded_perplexity(off: OffloadedModel, tokenizer: Any, eval_cfg: E
               "ranks": ctx.world}
     if path is not None and math.isfinite(res.ppl):
         write_json_atomic(path, {**result, "made_from": ppl_cache_parts(weights, eval_cfg, data_dir)})
-    return result
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        result = json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, json.JSONDecodeError) as err:
-        log.warning("perplexity cache: unreadable entry %s (%s); measuring again", path, err)
-        return None
-    result.pop("made_from", None)
     return result

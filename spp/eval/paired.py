@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
 
@@ -35,16 +35,6 @@ class PairedAccuracy:
     mdd: float
     a_only: int
     b_only: int
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-serialisable)."""
-        return asdict(self)
-
-
-def _z(level: float, power: float) -> tuple[float, float]:
-    """``z_(1-α/2)`` of the two-sided ``level`` and ``z_power``."""
-    normal = NormalDist()
-    return normal.inv_cdf(0.5 + level / 2.0), normal.inv_cdf(power)
 
 
 def _paired_values(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: str) -> dict[str, list[tuple[float,
@@ -86,7 +76,7 @@ def paired_accuracy(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: st
     """One :class:`PairedAccuracy` per task both files scored, then their unweighted mean (:data:`MEAN_ROW`)."""
     if not (0 < level < 1 and 0 < power < 1):
         raise ValueError(f"level={level} and power={power} must be in (0, 1)")
-    z, z_power = _z(level, power)
+    z, z_power = NormalDist().inv_cdf(0.5 + level / 2.0), NormalDist().inv_cdf(power)  # z_(1-α/2) and z_power
     rows = [_row(task, pairs, z, z_power) for task, pairs in sorted(_paired_values(a, b, metric).items())]
     t = len(rows)
     diff = sum(r.diff for r in rows) / t

@@ -29,6 +29,8 @@ C4_MAX_DOCS = 1100
 C4_MAX_WINDOWS = 256
 HUB_WIKITEXT2 = "hf:wikitext2"
 SOURCES = ("wikitext2", WIKITEXT2_VAL, "c4", HUB_WIKITEXT2)
+LOCAL_SOURCES = {"wikitext2": WIKITEXT2_TEST, WIKITEXT2_VAL: WIKITEXT2_VALIDATION, "c4": C4_SAMPLE}
+"""The file (under a data root) each named local source reads."""
 WINDOW_SAMPLING = ("first", "systematic")
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -80,12 +82,8 @@ def source_file(source: str, data_dir: str | os.PathLike[str] | None = None) -> 
     """The local file a perplexity source reads (``None`` for the hub source ``hf:wikitext2``)."""
     if source == HUB_WIKITEXT2:
         return None
-    if source == "wikitext2":
-        return find_data(WIKITEXT2_TEST, data_dir)
-    if source == WIKITEXT2_VAL:
-        return find_data(WIKITEXT2_VALIDATION, data_dir)
-    if source == "c4":
-        return find_data(C4_SAMPLE, data_dir)
+    if source in LOCAL_SOURCES:
+        return find_data(LOCAL_SOURCES[source], data_dir)
     path = Path(source).expanduser()
     if path.suffix not in {".json", ".jsonl", ".txt"}:
         raise ValueError(f"unknown perplexity source {source!r} (eval.ppl_source): use one of {', '.join(SOURCES)} "
@@ -105,13 +103,11 @@ def load_eval_text(source: str = "wikitext2", data_dir: str | os.PathLike[str] |
         rows = load_dataset("wikitext", "wikitext-2-raw-v1", split="test")["text"]
         return "\n\n".join(rows), "wikitext2"
     path = source_file(source, data_dir)
-    if source in ("wikitext2", WIKITEXT2_VAL):
-        return "\n\n".join(_read_rows(path)), source
     if source == "c4":
         return " ".join(_read_rows(path)[:C4_MAX_DOCS]), "c4-train00000-sample"
     if path.suffix == ".txt":
         return path.read_text(encoding="utf-8"), str(path)
-    return "\n\n".join(_read_rows(path)), str(path)
+    return "\n\n".join(_read_rows(path)), source if source in LOCAL_SOURCES else str(path)
 
 
 def check_seqlen(seqlen: int, max_positions: int | None) -> None:
@@ -160,11 +156,22 @@ def bootstrap_ppl_interval(window_nll: list[float] | np.ndarray, resamples: int 
     x = np.asarray(window_nll, dtype=np.float64)
     if x.size == 0:
         raise ValueError("bootstrap needs at least one window")
-    idx = np.random.default_rng(seed).integers(0, x.size, size=(resamples, x.size))
-    means = x[idx].mean(axis=1)
+    lo, hi = _interval(_resampled_means(x, resamples, seed), level)
+    return math.exp(lo), math.exp(hi)
+
+
+def _resampled_means(x: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """Means over the last axis (windows) of ``resamples`` bootstrap resamples of the windows (the same resampled
+    windows for every row of a 2-D ``x``) -> ``(..., resamples)``."""
+    idx = np.random.default_rng(seed).integers(0, x.shape[-1], size=(resamples, x.shape[-1]))
+    return x[..., idx].mean(axis=-1)
+
+
+def _interval(samples: np.ndarray, level: float) -> tuple[float, float]:
+    """The central ``level`` percentile interval of bootstrap ``samples``."""
     alpha = (1.0 - level) / 2.0
-    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
-    return math.exp(float(lo)), math.exp(float(hi))
+    lo, hi = (float(v) for v in np.quantile(samples, [alpha, 1.0 - alpha]))
+    return lo, hi
 
 
 def _windows_nll(result: dict[str, Any] | PerplexityResult) -> tuple[np.ndarray, tuple[Any, ...]]:
@@ -175,17 +182,12 @@ def _windows_nll(result: dict[str, Any] | PerplexityResult) -> tuple[np.ndarray,
                                                            tuple(r.get("window_starts") or ()))
 
 
-def _paired(*results: dict[str, Any] | PerplexityResult) -> np.ndarray:
-    """Stack the per-window NLLs of results measured on the same windows -> ``(len(results), windows)``."""
+def window_nll_matrix(*results: dict[str, Any] | PerplexityResult) -> np.ndarray:
+    """The per-window NLLs of results measured on the same windows, shape ``(len(results), windows)``."""
     arrays, keys = zip(*(_windows_nll(r) for r in results), strict=True)
     if any(k != keys[0] for k in keys[1:]):
         raise ValueError("paired comparison needs results on the same windows (source, seqlen, window_starts)")
     return np.stack(arrays)
-
-
-def window_nll_matrix(*results: dict[str, Any] | PerplexityResult) -> np.ndarray:
-    """The per-window NLLs of results measured on the same windows, shape ``(len(results), windows)``."""
-    return _paired(*results)
 
 
 def paired_difference(a: dict[str, Any] | PerplexityResult, b: dict[str, Any] | PerplexityResult,
@@ -193,12 +195,9 @@ def paired_difference(a: dict[str, Any] | PerplexityResult, b: dict[str, Any] | 
                       level: float = CI_LEVEL) -> dict[str, float]:
     """Paired comparison of ``a`` against ``b`` on the same windows, with percentile-bootstrap intervals (windows
     resampled jointly): ``log_ppl_diff`` (mean of ``nll_a - nll_b``) and ``ppl_ratio = exp(log_ppl_diff)``."""
-    x = _paired(a, b)
+    x = window_nll_matrix(a, b)
     d = x[0] - x[1]
-    idx = np.random.default_rng(seed).integers(0, d.size, size=(resamples, d.size))
-    boot = d[idx].mean(axis=1)
-    alpha = (1.0 - level) / 2.0
-    lo, hi = (float(v) for v in np.quantile(boot, [alpha, 1.0 - alpha]))
+    lo, hi = _interval(_resampled_means(d, resamples, seed), level)
     mean = float(d.mean())
     return {"log_ppl_diff": mean, "log_ppl_diff_low": lo, "log_ppl_diff_high": hi,
             "ppl_ratio": math.exp(mean), "ppl_ratio_low": math.exp(lo), "ppl_ratio_high": math.exp(hi),
@@ -210,17 +209,15 @@ def gap_closed(dense: dict[str, Any] | PerplexityResult, pruned: dict[str, Any] 
                seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL) -> dict[str, float]:
     """Fraction of the log-perplexity gap closed, ``(log ppl_pruned - log ppl_merged) / (log ppl_pruned -
     log ppl_dense)``, with a paired percentile-bootstrap interval (the same resampled windows for all three)."""
-    x = _paired(dense, pruned, merged)
+    x = window_nll_matrix(dense, pruned, merged)
     if not x[1].mean() > x[0].mean():
         raise ValueError("gap closed needs a pruned model worse than the dense one (no log-perplexity gap)")
-    idx = np.random.default_rng(seed).integers(0, x.shape[1], size=(resamples, x.shape[1]))
-    m = x[:, idx].mean(axis=2)  # (3, resamples)
+    m = _resampled_means(x, resamples, seed)  # (3, resamples)
     with np.errstate(divide="ignore", invalid="ignore"):
         boot = (m[1] - m[2]) / (m[1] - m[0])
     boot = boot[np.isfinite(boot)]
     mu = x.mean(axis=1)
-    alpha = (1.0 - level) / 2.0
-    lo, hi = (float(v) for v in np.quantile(boot, [alpha, 1.0 - alpha]))
+    lo, hi = _interval(boot, level)
     return {"gap_closed": float((mu[1] - mu[2]) / (mu[1] - mu[0])), "gap_closed_low": lo, "gap_closed_high": hi,
             "windows": int(x.shape[1]), "resamples": resamples}
 
@@ -232,12 +229,6 @@ def nll_sums(logits: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
     shift_labels = windows[:, 1:].reshape(-1).to(logits.device)
     nll = F.cross_entropy(shift_logits, shift_labels, reduction="none")
     return nll.view(windows.size(0), -1).sum(dim=1)
-
-
-@torch.no_grad()
-def window_nll_sum(model: torch.nn.Module, windows: torch.Tensor) -> torch.Tensor:
-    """Sum of next-token NLL (fp32) of each window in a batch ``(b, seqlen)`` -> ``(b,)``."""
-    return nll_sums(model(input_ids=windows, use_cache=False).logits, windows)
 
 
 @dataclass
@@ -279,8 +270,7 @@ def result_from_sums(per_window: torch.Tensor, windows: Windows) -> PerplexityRe
     tokens = n_windows * (seqlen - 1)
     nll_mean = float(per_window.sum()) / tokens
     window_nll = (per_window / (seqlen - 1)).tolist()
-    finite = all(math.isfinite(v) for v in window_nll)
-    lo, hi = bootstrap_ppl_interval(window_nll) if finite else (None, None)
+    lo, hi = bootstrap_ppl_interval(window_nll) if all(math.isfinite(v) for v in window_nll) else (None, None)
     stride = starts[1] // seqlen - starts[0] // seqlen if len(starts) > 1 else 1
     return PerplexityResult(
         ppl=math.exp(nll_mean), nll_mean=nll_mean, seqlen=seqlen, windows=n_windows, tokens=tokens,
@@ -301,7 +291,8 @@ def score_windows(model: torch.nn.Module, windows: Windows, batch_size: int, bat
         for b in progress(batches, f"ppl {windows.label}@{windows.seqlen}: batch", "batch",
                           disable=quiet):  # outside a terminal: a log line every 30 s and one at the end
             start = b * batch_size
-            sums[start : start + chunks[b].size(0)] = window_nll_sum(model, chunks[b].to(device)).double().cpu()
+            logits = model(input_ids=chunks[b].to(device), use_cache=False).logits
+            sums[start : start + chunks[b].size(0)] = nll_sums(logits, chunks[b]).double().cpu()
     finally:
         model.train(was_training)
     return sums
@@ -323,9 +314,8 @@ def perplexity(
     ``PPL = exp( (1 / (W (L-1))) * sum_w sum_{t=1}^{L-1} -log p(x_{w,t} | x_{w,<t}) )`` with ``W`` windows
     of ``L = seqlen`` tokens. ``max_windows=None`` takes all windows (for ``c4`` the first 256, as SparseGPT);
     ``device`` defaults to the model's first parameter's."""
-    config = getattr(model, "config", None)
     windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
-                           getattr(config, "max_position_embeddings", None))
+                           getattr(getattr(model, "config", None), "max_position_embeddings", None))
     if device is None:
         device = next(model.parameters()).device
     return result_from_sums(score_windows(model, windows, batch_size, range(len(windows.batches(batch_size))),

@@ -1,4 +1,5 @@
-"""Perplexity with a small on-disk cache, so a sweep measures the dense and the pruned model once.
+"""The perplexity cache's keys (:mod:`spp.eval.offloaded` reads and writes it), so a sweep measures the dense and
+the pruned model once.
 
 The key holds the sha256 of the resolved data file, not the source's name; non-finite results are not cached."""
 
@@ -6,18 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
-import math
 import os
-import time
-from pathlib import Path
 from typing import Any
 
-import torch
-
-from spp.atomic import write_json_atomic
 from spp.eval.config import EvalConfig
-from spp.eval.perplexity import HUB_WIKITEXT2, perplexity, source_file
+from spp.eval.perplexity import HUB_WIKITEXT2, source_file
 from spp.models.config import ModelConfig
 from spp.models.loading import model_identity
 from spp.paths import file_sha256
@@ -28,11 +22,9 @@ PPL_CACHE_VERSION = "3"
 """Bump when a change to the perplexity code changes its results (version 1 keyed on the source name; version 2
 entries hold no per-window NLL, interval or window sampling)."""
 
-log = logging.getLogger(__name__)
-
 
 def ppl_settings(eval_cfg: EvalConfig) -> dict[str, Any]:
-    """The :func:`spp.eval.perplexity.perplexity` keyword arguments held by the ``eval`` group."""
+    """The :func:`spp.eval.offloaded.offloaded_perplexity` keyword arguments held by the ``eval`` group."""
     return {
         "source": eval_cfg.ppl_source,
         "seqlen": int(eval_cfg.seqlen),
@@ -76,35 +68,3 @@ def ppl_cache_key(weights: str, eval_cfg: EvalConfig, data_dir: str | os.PathLik
     """The entry name (first 20 hex digits of a sha256) for ``weights`` measured with ``eval_cfg``."""
     parts = ppl_cache_parts(weights, eval_cfg, data_dir)
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def cached_perplexity(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    eval_cfg: EvalConfig,
-    weights: str,
-    cache_dir: str | os.PathLike[str] | None,
-    data_dir: str | os.PathLike[str] | None = None,
-    device: torch.device | str | None = None,
-) -> dict[str, Any]:
-    """``eval.ppl_source`` perplexity of ``model``, read from the cache when there (``cache_dir=None``: no cache).
-
-    Returns ``PerplexityResult.to_dict()`` plus ``seconds`` and ``cache_hit``."""
-    path = None
-    if cache_dir is not None:
-        path = Path(cache_dir).expanduser() / "ppl" / f"{ppl_cache_key(weights, eval_cfg, data_dir)}.json"
-        try:
-            result = json.loads(path.read_text())
-        except FileNotFoundError:
-            pass
-        except (OSError, json.JSONDecodeError) as err:
-            log.warning("perplexity cache: unreadable entry %s (%s); measuring again", path, err)
-        else:
-            result.pop("made_from", None)
-            return {**result, "cache_hit": True}
-    start = time.perf_counter()
-    res = perplexity(model, tokenizer, data_dir=data_dir, device=device, **ppl_settings(eval_cfg))
-    result = {**res.to_dict(), "seconds": round(time.perf_counter() - start, 2), "cache_hit": False}
-    if path is not None and math.isfinite(res.ppl):
-        write_json_atomic(path, {**result, "made_from": ppl_cache_parts(weights, eval_cfg, data_dir)})
-    return result

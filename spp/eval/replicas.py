@@ -88,19 +88,6 @@ class ReplicaLayout:
         return list(range(first, first + self.gpus_per_replica))
 
 
-def replica_layout(ctx: DistContext, gpus_per_replica: int = 1, local_world: int | None = None) -> ReplicaLayout:
-    """The layout of ``ctx``'s processes into replicas of ``gpus_per_replica`` GPUs."""
-    per_node = local_world if local_world is not None else local_world_size(ctx.world)
-    if ctx.world == 1:
-        per_node = 1
-    layout = ReplicaLayout(ctx.rank, ctx.world, per_node, gpus_per_replica)
-    if ctx.distributed and layout.local_rank != cluster_environment().local_rank():
-        raise UserError(f"rank {ctx.rank} has local rank {cluster_environment().local_rank()}, not "
-                        f"{layout.local_rank}: ranks are not numbered node by node ({per_node} per node)",
-                        "start the job with torchrun or srun (consecutive ranks per node)")
-    return layout
-
-
 def replica_devices(layout: ReplicaLayout, device_count: int | None = None) -> list[int]:
     """CUDA device indices of this replica's ``device_map`` (``[]`` without CUDA); a one-GPU replica takes the
     process's own GPU. Fewer visible GPUs than the replica spans (srun ``--gpus-per-task=1``) raise ``UserError``."""
@@ -117,10 +104,8 @@ def replica_devices(layout: ReplicaLayout, device_count: int | None = None) -> l
     return gpus
 
 
-def max_memory_map(devices: list[int], per_gpu: int | str | None) -> dict[int, int | str] | None:
+def max_memory_map(devices: list[int], per_gpu: int | str | None) -> dict[int, int | str]:
     """accelerate's ``max_memory`` restricted to ``devices`` (``None`` = accelerate's own estimate per device)."""
-    if not devices:
-        return None
     if per_gpu is None:
         from accelerate.utils import get_max_memory
 
@@ -141,7 +126,12 @@ class ReplicaGroup:
                timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplicaGroup:
         """The replicas of ``ctx`` (default: the current process group); every rank calls it."""
         ctx = ctx if ctx is not None else DistContext.current()
-        layout = replica_layout(ctx, gpus_per_replica, local_world)
+        per_node = 1 if ctx.world == 1 else local_world if local_world is not None else local_world_size(ctx.world)
+        layout = ReplicaLayout(ctx.rank, ctx.world, per_node, gpus_per_replica)
+        if ctx.distributed and layout.local_rank != cluster_environment().local_rank():
+            raise UserError(f"rank {ctx.rank} has local rank {cluster_environment().local_rank()}, not "
+                            f"{layout.local_rank}: ranks are not numbered node by node ({per_node} per node)",
+                            "start the job with torchrun or srun (consecutive ranks per node)")
         group = None
         if ctx.distributed:
             ctx.allow_long_waits(timeout_s)
@@ -244,16 +234,13 @@ class ReplicaPlacement:
 
 def replica_perplexity(model: torch.nn.Module, tokenizer: Any, replicas: ReplicaGroup, source: str = "wikitext2",
                        seqlen: int = 2048, max_windows: int | None = None, batch_size: int = 1,
-                       data_dir: str | os.PathLike[str] | None = None, device: str | torch.device | None = None,
-                       sampling: str = "first") -> PerplexityResult:
+                       data_dir: str | os.PathLike[str] | None = None, sampling: str = "first") -> PerplexityResult:
     """:func:`spp.eval.perplexity.perplexity` with batch ``b`` scored by replica ``b % R`` and the per-window NLL sums
     added in float64 (the same numbers); every leader calls it and gets the result."""
     if not replicas.is_leader:
         raise RuntimeError("replica_perplexity runs on replica leaders only (the others hold no model)")
-    config = getattr(model, "config", None)
     windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
-                           getattr(config, "max_position_embeddings", None))
-    device = device if device is not None else next(model.parameters()).device
+                           getattr(getattr(model, "config", None), "max_position_embeddings", None))
     mine = replicas.mine(len(windows.batches(batch_size)))
-    sums = score_windows(model, windows, batch_size, mine, device, quiet=replicas.index != 0)
+    sums = score_windows(model, windows, batch_size, mine, next(model.parameters()).device, quiet=replicas.index != 0)
     return result_from_sums(replicas.all_reduce_(sums), windows)

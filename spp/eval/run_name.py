@@ -20,21 +20,14 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def export_info(model_path: str | None) -> dict[str, Any] | None:
-    """``spp_export.json`` of a model directory written by ``train.py`` (``None`` for anything else), read through
-    its schema (:class:`spp.export.manifest.ExportManifest`)."""
-    manifest = ExportManifest.read(model_path)
-    return None if manifest is None else {"adapter": manifest.adapter, "pruning": manifest.pruning,
-                                          "status": manifest.status}
-
-
 def eval_run_name(model_path: str | None, model_name: str, pruner: str, sparsity: str,
                   adapter_dir: str | None = None) -> str:
-    """``<model>/<pruner>-<sparsity>[/<adapter>-r<r>]`` for what ``eval.py`` evaluates."""
-    info = export_info(model_path)
-    if info is not None:
-        pruning = info.get("pruning") or {}
-        adapter = info.get("adapter") or {}
+    """``<model>/<pruner>-<sparsity>[/<adapter>-r<r>]`` for what ``eval.py`` evaluates: an export's recorded names
+    (its ``spp_export.json``, :class:`spp.export.manifest.ExportManifest`), else the command line's."""
+    manifest = ExportManifest.read(model_path)
+    if manifest is not None:
+        pruning = manifest.pruning or {}
+        adapter = manifest.adapter or {}
         name = f"{pruning.get('model', model_name)}/{pruning.get('pruner', pruner)}-{pruning.get('sparsity', sparsity)}"
         method = adapter.get("name")
         if method and method != "none":

@@ -50,10 +50,9 @@ def context_length(model_cfg: ModelConfig) -> int | None:
     kind, where, gguf_file = resolve_source(model_cfg)
     if kind == "tiny":
         return int({**TINY_ARCH, **dict(model_cfg.arch)}["max_position_embeddings"])
-    if kind == "dir" and not gguf_file:
-        value = json.loads((Path(where) / "config.json").read_text()).get("max_position_embeddings")
-        return int(value) if value is not None else None
-    value = dict(model_cfg.arch or {}).get("max_position_embeddings")
+    config = json.loads((Path(where) / "config.json").read_text()) if kind == "dir" and not gguf_file else dict(
+        model_cfg.arch or {})
+    value = config.get("max_position_embeddings")
     return int(value) if value is not None else None
 
 
@@ -118,16 +117,9 @@ def default_label(cfg: EvalJobConfig) -> str:
 
 def linear_sparsity(model: torch.nn.Module) -> float:
     """Fraction of exact zeros over the weights of every linear projection inside the decoder blocks."""
-    zeros = total = 0
-    for module in find_projections(model, DEFAULT_TARGETS).values():
-        weight = module.weight
-        zeros += int((weight == 0).sum())
-        total += weight.numel()
-    return zeros / total if total else 0.0
-
-
-def _device(cfg: EvalJobConfig) -> torch.device:
-    return torch.device(cfg.eval.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    weights = [module.weight for module in find_projections(model, DEFAULT_TARGETS).values()]
+    total = sum(weight.numel() for weight in weights)
+    return sum(int((weight == 0).sum()) for weight in weights) / total if total else 0.0
 
 
 def is_folder(cfg: EvalJobConfig) -> bool:
@@ -159,7 +151,7 @@ def folder_sparsity(path: Path) -> float:
 
 def _in_memory(cfg: EvalJobConfig, info: dict[str, Any]) -> tuple[torch.nn.Module, Any]:
     """Load, prune (through the cache) and adapt the model in this process, for a job that is not a folder."""
-    device = _device(cfg)
+    device = torch.device(cfg.eval.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, tokenizer = load_model(cfg.model)
     model.to(device)
     masks: dict[str, torch.Tensor] = {}

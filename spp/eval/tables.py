@@ -47,18 +47,13 @@ class EvalRecord:
 
     def flat_metrics(self) -> dict[str, float]:
         """``{"ppl/wikitext2": .., "acc/spp_boolq": .., "acc_norm/..": .., "acc/zero_shot_mean": ..}`` for loggers."""
-        out: dict[str, float] = {f"ppl/{src}": float(r["ppl"]) for src, r in self.ppl.items()}
-        out.update(task_metrics(self.tasks))
-        return out
+        return {**{f"ppl/{src}": float(r["ppl"]) for src, r in self.ppl.items()}, **task_metrics(self.tasks)}
 
 
 def task_metrics(tasks: dict[str, dict[str, float]]) -> dict[str, float]:
     """Logger keys of lm-eval results: ``acc/<task>``, ``acc_norm/<task>`` and ``acc/zero_shot_mean`` (7 tasks)."""
-    out: dict[str, float] = {}
-    for task, metrics in tasks.items():
-        for name in ("acc", "acc_norm"):
-            if name in metrics:
-                out[f"{name}/{task}"] = float(metrics[name])
+    out = {f"{name}/{task}": float(metrics[name]) for task, metrics in tasks.items() for name in ("acc", "acc_norm")
+           if name in metrics}
     mean = zero_shot_mean(tasks)
     if mean is not None:
         out["acc/zero_shot_mean"] = mean
@@ -76,37 +71,35 @@ def final_metrics(summary: dict[str, Any]) -> dict[str, float]:
                 if entry.get(end) is not None:
                     out[f"final/ppl_{stage}_{end}"] = float(entry[end])
     main = ((summary.get("config") or {}).get("eval") or {}).get("ppl_source")
-    for src, entry in (summary.get("merged_ppl_by_source") or {}).items():
-        if entry and src != main:  # eval.extra_ppl_sources of the merged model (e.g. wikitext2_val)
-            out[f"final/ppl_merged_{src}"] = float(entry["ppl"])
-    for key, value in (summary.get("gap_closed") or {}).items():
-        if key.startswith("gap_closed"):
-            out[f"final/{key}"] = float(value)
+    out.update({f"final/ppl_merged_{src}": float(entry["ppl"])  # eval.extra_ppl_sources of the merged model
+                for src, entry in (summary.get("merged_ppl_by_source") or {}).items() if entry and src != main})
+    out.update({f"final/{key}": float(value) for key, value in (summary.get("gap_closed") or {}).items()
+                if key.startswith("gap_closed")})
     out.update(reconstruction_metrics(summary.get("reconstruction")))
     zero_shot = (summary.get("zero_shot") or {}).get("metrics") or {}
     out.update({f"final/{key}": value for key, value in task_metrics(zero_shot).items()})
-    sparsity = summary.get("sparsity") or {}
-    for key in ("before", "after"):
-        if sparsity.get(key) is not None:
-            out[f"final/sparsity_{key}"] = float(sparsity[key])
-    if (summary.get("params") or {}).get("trainable") is not None:
-        out["final/trainable_params"] = float(summary["params"]["trainable"])
-    if (summary.get("merge") or {}).get("removed_fraction") is not None:
-        out["final/remask_removed_fraction"] = float(summary["merge"]["removed_fraction"])
+    out.update({f"final/{name}": float(value) for name, (part, key) in SUMMARY_SCALARS.items()
+                if (value := (summary.get(part) or {}).get(key)) is not None})
     return out
+
+
+SUMMARY_SCALARS: dict[str, tuple[str, str]] = {
+    "sparsity_before": ("sparsity", "before"),
+    "sparsity_after": ("sparsity", "after"),
+    "trainable_params": ("params", "trainable"),
+    "remask_removed_fraction": ("merge", "removed_fraction"),
+}
+"""``final/<name>`` scalars of :func:`final_metrics` read from ``summary[part][key]``."""
 
 
 def reconstruction_metrics(record: dict[str, Any] | None) -> dict[str, float]:
     """Block-wise reconstruction's losses as ``final/reconstruct_...`` scalars: each block's loss at its start and
     end (``..._block07_start``), and their means over the blocks."""
-    out: dict[str, float] = {}
-    for block in (record or {}).get("blocks") or []:
-        for end in ("start", "end"):
-            out[f"final/reconstruct_loss_block{block['block']:02d}_{end}"] = float(block[f"loss_{end}"])
-    for end in ("start", "end"):
-        if (record or {}).get(f"loss_{end}_mean") is not None:
-            out[f"final/reconstruct_loss_{end}_mean"] = float(record[f"loss_{end}_mean"])
-    return out
+    record = record or {}
+    out = {f"final/reconstruct_loss_block{block['block']:02d}_{end}": float(block[f"loss_{end}"])
+           for block in record.get("blocks") or [] for end in ("start", "end")}
+    return out | {f"final/reconstruct_loss_{end}_mean": float(record[f"loss_{end}_mean"]) for end in ("start", "end")
+                  if record.get(f"loss_{end}_mean") is not None}
 
 
 def _pct(value: float | None) -> str:
@@ -162,15 +155,19 @@ def paper_table(records: Sequence[EvalRecord]) -> str:
     return "\n".join(lines + _majority_rows(records, len(sources)))
 
 
+def paper_values(tasks: dict[str, dict[str, float]]) -> list[float | None]:
+    """Table 2's numbers of one row: the seven tasks' ``acc``, their mean, MMLU's ``acc`` (``None`` where missing)."""
+    return [*(tasks.get(task, {}).get("acc") for task, _ in PAPER_COLUMNS), zero_shot_mean(tasks),
+            tasks.get(MMLU_GROUP, {}).get("acc")]
+
+
 def _majority_rows(records: Sequence[EvalRecord], ppl_columns: int) -> list[str]:
     """A "majority class" row per distinct set of scored documents (``info["majority_class"]``, written with
     ``eval.log_samples=true``): the accuracy of always giving each task's most frequent correct answer."""
     rows: list[str] = []
     for majority in {json.dumps(m, sort_keys=True): m for r in records
                      if (m := r.info.get("majority_class"))}.values():
-        cells = ["majority class (scored documents)", *["–"] * ppl_columns]
-        cells += [_pct(majority.get(task, {}).get("acc")) for task, _ in PAPER_COLUMNS]
-        cells += [_pct(zero_shot_mean(majority)), _pct(majority.get(MMLU_GROUP, {}).get("acc"))]
+        cells = ["majority class (scored documents)", *["–"] * ppl_columns, *map(_pct, paper_values(majority))]
         rows.append("| " + " | ".join(cells) + " |")
     return rows
 
@@ -250,15 +247,7 @@ def write_results(
 def log_to_loggers(loggers: Sequence[Any], records: Sequence[EvalRecord]) -> None:
     """Log each record's metrics (prefixed by its row index) and, on W&B, the Table-2 table as a ``wandb.Table``."""
     columns = ["model", *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"]
-    rows = [
-        [
-            r.label,
-            *(r.tasks.get(task, {}).get("acc") for task, _ in PAPER_COLUMNS),
-            zero_shot_mean(r.tasks),
-            r.tasks.get(MMLU_GROUP, {}).get("acc"),
-        ]
-        for r in records
-    ]
+    rows = [[r.label, *paper_values(r.tasks)] for r in records]
     for logger in loggers:
         for i, r in enumerate(records):
             prefix = f"eval/{i}/" if len(records) > 1 else "eval/"

@@ -88,10 +88,8 @@ def register_task(task: EvalTask) -> EvalTask:
 
 def _holder(task: EvalTask) -> str:
     """The file that registered the row whose name or online name ``task`` takes (this one for a group's name)."""
-    for name, row in _TASKS.items():
-        if {task.name, task.online_name} & {name, row.online_name}:
-            return REGISTRY.sources[name]
-    return __file__
+    return next((REGISTRY.sources[name] for name, row in _TASKS.items()
+                 if {task.name, task.online_name} & {name, row.online_name}), __file__)
 
 
 def get_task(name: str) -> EvalTask:
@@ -120,11 +118,9 @@ def is_mmlu(name: str) -> bool:
 
 def online_names() -> dict[str, str]:
     """Offline task or group name -> the standard lm-eval task of which it is a local mirror."""
-    out = {name: task.online_name for name, task in _TASKS.items() if task.kind != "mmlu"}
-    out[MMLU_GROUP] = "mmlu"
-    out.update({f"{MMLU_GROUP}_{c}": f"mmlu_{c}" for c in CATEGORIES})
-    out.update({name: task.online_name for name, task in _TASKS.items() if task.kind == "mmlu"})
-    return out
+    return {**{name: task.online_name for name, task in _TASKS.items() if task.kind != "mmlu"}, MMLU_GROUP: "mmlu",
+            **{f"{MMLU_GROUP}_{c}": f"mmlu_{c}" for c in CATEGORIES},
+            **{name: task.online_name for name, task in _TASKS.items() if task.kind == "mmlu"}}
 
 
 def aliases() -> dict[str, str]:

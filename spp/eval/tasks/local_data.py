@@ -5,6 +5,7 @@ With ``doc_seed`` every split but MMLU's ``dev`` is shuffled, so ``limit`` takes
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import random
@@ -129,7 +130,9 @@ def winogrande(**kwargs: Any) -> datasets.DatasetDict:
     return _split("validation", rows, kwargs)
 
 
-def _arc(task: str, kwargs: dict[str, Any]) -> datasets.DatasetDict:
+def _arc(task: str, **kwargs: Any) -> datasets.DatasetDict:
+    """ARC test (``task``: ``spp_arc_easy`` or ``spp_arc_challenge``) in HF ``ai2_arc`` shape (``question``,
+    ``choices.text/label``, ``answerKey``)."""
     rows = []
     for r in _jsonl(task_file(task, kwargs)):
         choices = r["question"]["choices"]
@@ -144,14 +147,8 @@ def _arc(task: str, kwargs: dict[str, Any]) -> datasets.DatasetDict:
     return _split("test", rows, kwargs)
 
 
-def arc_easy(**kwargs: Any) -> datasets.DatasetDict:
-    """ARC-Easy test in HF ``ai2_arc`` shape (``question``, ``choices.text/label``, ``answerKey``)."""
-    return _arc("spp_arc_easy", kwargs)
-
-
-def arc_challenge(**kwargs: Any) -> datasets.DatasetDict:
-    """ARC-Challenge test in HF ``ai2_arc`` shape."""
-    return _arc("spp_arc_challenge", kwargs)
+arc_easy = functools.partial(_arc, "spp_arc_easy")
+arc_challenge = functools.partial(_arc, "spp_arc_challenge")
 
 
 _OBQA_CHOICE = re.compile(r"\(([A-D])\) ")
@@ -199,11 +196,6 @@ def mmlu(subject: str = "", **kwargs: Any) -> datasets.DatasetDict:
     """One MMLU ``subject`` (from ``dataset_kwargs``) in ``cais/mmlu`` shape; test + dev."""
     if not subject:
         raise ValueError("MMLU task needs dataset_kwargs.subject (e.g. 'anatomy')")
-    return datasets.DatasetDict(
-        {
-            "test": datasets.Dataset.from_list(
-                sample_order(_mmlu_rows(task_file(f"spp_mmlu_{subject}", kwargs, 0), subject), kwargs.get("doc_seed"))
-            ),
-            "dev": datasets.Dataset.from_list(_mmlu_rows(task_file(f"spp_mmlu_{subject}", kwargs, 1), subject)),
-        }
-    )
+    splits = _split("test", _mmlu_rows(task_file(f"spp_mmlu_{subject}", kwargs, 0), subject), kwargs)
+    splits["dev"] = datasets.Dataset.from_list(_mmlu_rows(task_file(f"spp_mmlu_{subject}", kwargs, 1), subject))
+    return splits
