@@ -14,7 +14,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
-from spp.adapters.config import check_dropout, check_rank
+from spp.bitmask import checked_mask
 from spp.projections import DEFAULT_TARGETS as LORA_TARGETS
 from spp.projections import model_targets
 
@@ -30,8 +30,6 @@ def inject_lora(
 
     Paper LoRA* settings: r = 8, lora_alpha = 16 (s = 2), dropout 0.05, the 7 projections.
     """
-    check_rank(r)
-    check_dropout(dropout)
     config = LoraConfig(
         r=r,
         lora_alpha=alpha,
@@ -113,19 +111,6 @@ class RemaskStats:
         }
 
 
-def _checked_mask(name: str, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if tuple(mask.shape) != tuple(weight.shape):
-        raise ValueError(
-            f"mask for {name!r} has shape {tuple(mask.shape)} but the weight is {tuple(weight.shape)} (out, in); "
-            "masks must be the pruning masks of this model"
-        )
-    if mask.dtype != torch.bool:
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError(f"mask for {name!r} has dtype {mask.dtype} with values other than 0/1; give a bool mask")
-        mask = mask != 0
-    return mask.to(weight.device)
-
-
 def layer_remask_stats(name: str, layer: LoraLayer, mask: torch.Tensor) -> LayerRemaskStats:
     """What re-masking removes from ``layer``'s active update (``pruned_made_nonzero`` is set after the merge)."""
     delta = torch.zeros_like(layer.get_base_layer().weight, dtype=torch.float32)
@@ -157,7 +142,7 @@ def merge_and_remask(model: PeftModel, masks: Mapping[str, torch.Tensor]) -> tup
     with torch.no_grad():
         for name, layer in layers.items():
             weight = layer.get_base_layer().weight
-            mask = _checked_mask(name, masks[name], weight)
+            mask = checked_mask(name, masks[name], weight)
             checked[name] = mask
             stats.layers.append(layer_remask_stats(name, layer, mask))
         plain = model.merge_and_unload()

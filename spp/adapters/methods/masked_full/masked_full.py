@@ -6,7 +6,6 @@ moves (zero gradient, moments and update; decoupled decay multiplies 0). Costs g
 
 from __future__ import annotations
 
-import json
 import os
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,11 +17,9 @@ import psutil
 import torch
 from torch import nn
 
-from spp.adapters.base import freeze_all, target_linears
-from spp.atomic import write_text_atomic
+from spp.adapters.base import freeze_all, target_linears, write_record
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS
-from spp.version import __version__
 
 MASK_BUFFER = "masked_full_mask"
 """Name of the bit-packed mask buffer put on every adapted ``nn.Linear``."""
@@ -181,10 +178,9 @@ def inject_masked_full(
     ``masks`` (True = kept, by module name; ``None``/empty = the weights' non-zeros) give ``M = mask ∧ (W ≠ 0)``.
     Raises ValueError on bad targets/masks or a prepared model, MemoryError when gradients + AdamW states do not fit.
     """
-    targets = tuple([targets] if isinstance(targets, str) else targets)
     if masked_full_layers(model):
         raise ValueError("inject_masked_full: the model is already prepared for masked full fine-tuning")
-    found = target_linears(model, targets)
+    found = target_linears(model, tuple(targets))
     if masks:
         missing = sorted(set(found) - set(masks))
         if missing:
@@ -248,8 +244,6 @@ def save_masked_full(model: nn.Module, directory: str | os.PathLike, extra: dict
     layers = masked_full_layers(model)
     if not layers:
         raise ValueError("save_masked_full: the model holds no layer prepared by inject_masked_full")
-    meta = {"format": "masked_full", "spp_version": __version__,
-            "layers": {n: int(unpack_rows(getattr(m, MASK_BUFFER), m.in_features).sum()) for n, m in layers.items()},
-            "memory": estimate_training_memory(model).to_dict(), "extra": extra or {}}
-    write_text_atomic(Path(directory) / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_record(Path(directory) / META_NAME, "masked_full", extra, memory=estimate_training_memory(model).to_dict(),
+                 layers={n: int(unpack_rows(getattr(m, MASK_BUFFER), m.in_features).sum()) for n, m in layers.items()})
     return Path(directory)

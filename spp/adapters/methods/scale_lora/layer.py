@@ -6,7 +6,6 @@ With ``P = (gᵀ x) ⊙ W``: ``dx = g W_eff``, ``dB = P Aᵀ``, ``dA = Bᵀ P`` 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from spp.adapters.base import (
@@ -23,12 +21,12 @@ from spp.adapters.base import (
     LinearWrapper,
     freeze_all,
     read_adapter_files,
+    save_tensor_file,
     set_submodule,
     target_linears,
+    write_record,
 )
 from spp.adapters.chunks import row_chunks
-from spp.atomic import write_file_atomic, write_text_atomic
-from spp.version import __version__
 
 FORMAT = "scale_lora"
 META_NAME = "scale_lora.json"
@@ -164,12 +162,10 @@ def save_scale_lora(model: nn.Module, directory: str | os.PathLike, extra: dict[
     if not layers:
         raise ValueError("save_scale_lora: the model holds no ScaleLoRA layer; inject it first")
     out = Path(directory)
-    tensors = {f"{n}.{k}": getattr(lay, k).detach().contiguous() for n, lay in layers.items()
-               for k in ("scale_lora_A", "scale_lora_B")}
-    write_file_atomic(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
-    meta = {"format": FORMAT, "spp_version": __version__, "r": next(iter(layers.values())).r,
-            "targets": sorted({n.rsplit(".", 1)[-1] for n in layers}), "layers": sorted(layers), "extra": extra or {}}
-    write_text_atomic(out / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    save_tensor_file(out / WEIGHTS_NAME, {f"{n}.{k}": getattr(lay, k).detach() for n, lay in layers.items()
+                                          for k in ("scale_lora_A", "scale_lora_B")})
+    write_record(out / META_NAME, FORMAT, extra, r=next(iter(layers.values())).r, layers=sorted(layers),
+                 targets=sorted({n.rsplit(".", 1)[-1] for n in layers}))
     return out
 
 
@@ -191,9 +187,3 @@ def load_scale_lora(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.
                                      f"{tuple(target.shape)} in the model")
                 target.copy_(value)
     return model, meta
-
-
-def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
-    """``(layer, base.weight/bias)`` pairs: the forward reads them without calling ``base``."""
-    return [(layer, p) for layer in scale_lora_layers(model).values()
-            for p in (layer.base.weight, layer.base.bias) if p is not None]

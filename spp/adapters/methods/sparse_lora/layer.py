@@ -20,24 +20,16 @@ from peft.utils import load_peft_weights, set_peft_model_state_dict
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from spp.adapters.base import CONFIG_NAME
-from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS, MAX_DELTA_ELEMENTS, row_chunks
-from spp.adapters.config import check_dropout, check_rank
-from spp.adapters.peft_base import read_lora_settings
-from spp.atomic import write_text_atomic
+from spp.adapters.base import CONFIG_NAME, write_record
+from spp.adapters.chunks import row_chunks
+from spp.adapters.peft_base import read_lora_settings, save_as_peft_type
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS, model_targets
-from spp.version import __version__
 
 FORMAT = "sparse_lora"
 META_NAME = "sparse_lora.json"
 PEFT_TYPE = "SPARSE_LORA"
 """``adapter_config.json``'s ``peft_type`` (older folders say ``"LORA"``; spp's loader reads both)."""
-
-
-def _row_chunks(m: int, n: int) -> list[tuple[int, int]]:
-    """Rows of ``(B A) ⊙ M`` built at once (:func:`spp.adapters.chunks.row_chunks` with this module's limits)."""
-    return row_chunks(m, n, MAX_DELTA_ELEMENTS, BACKWARD_CHUNK_ELEMENTS)
 
 
 def _keep(packed_rows: torch.Tensor, n: int) -> torch.Tensor:
@@ -67,7 +59,7 @@ class MaskedLoRAFunction(torch.autograd.Function):
             x2 = xd.reshape(-1, n).to(cdt)
             a, b = lora_a.to(cdt), lora_b.to(cdt)
             y = x2.new_empty(x2.shape[0], m)
-            for lo, hi in _row_chunks(m, n):
+            for lo, hi in row_chunks(m, n):
                 y[:, lo:hi] = x2 @ _masked_delta(a, b[lo:hi], packed[lo:hi], scale).t()
         ctx.scale, ctx.cdt = scale, cdt
         ctx.save_for_backward(xd, lora_a, lora_b, packed)
@@ -85,7 +77,7 @@ class MaskedLoRAFunction(torch.autograd.Function):
         gx = torch.zeros_like(x2) if need_x else None
         ga = torch.zeros_like(a) if need_a else None
         gb = torch.empty_like(b) if need_b else None
-        for lo, hi in _row_chunks(m, n):
+        for lo, hi in row_chunks(m, n):
             if need_x:
                 gx.addmm_(g2[:, lo:hi], _masked_delta(a, b[lo:hi], packed[lo:hi], scale))
             if need_a or need_b:
@@ -186,6 +178,12 @@ class SparseLoraLinear(LoraLinear):
         return delta.masked_fill(~self.mask.to(delta.device), 0.0)
 
     @torch.no_grad()
+    def delta_sq_norm(self) -> float:
+        """``‖s·(B A) ⊙ M‖²_F`` summed over the active adapters (what the merge adds), in float64."""
+        return sum(float(self.get_delta_weight(a).double().square().sum()) for a in self.active_adapters
+                   if a in self.lora_A)
+
+    @torch.no_grad()
     def effective_weight(self) -> torch.Tensor:
         """The applied weight ``W~ + s·(B A) ⊙ M`` (fp32 or wider); gathers FSDP2 shards, so every rank calls it."""
         weight = _whole(self.get_base_layer().weight)
@@ -235,9 +233,6 @@ def inject_sparse_lora(
     ``masks`` (True = kept) must cover every adapted layer (``None``/empty: the non-zeros); ValueError if one prunes a
     non-zero weight.
     """
-    targets = tuple([targets] if isinstance(targets, str) else targets)
-    check_rank(r)
-    check_dropout(dropout)
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none",
                         target_modules=model_targets(model, targets, "adapter.targets"),
                         task_type=task_type)
@@ -270,11 +265,7 @@ def merge_sparse_lora(model: PeftModel) -> tuple[nn.Module, dict[str, Any]]:
     if not layers:
         raise ValueError("merge_sparse_lora: the model holds no SparsePEFT layer (nothing to merge)")
     packed = {name: (layer.sparse_mask_packed, layer.in_features) for name, layer in layers.items()}
-    delta_sq = 0.0
-    for layer in layers.values():
-        for adapter in layer.active_adapters:
-            if adapter in layer.lora_A:
-                delta_sq += float(layer.get_delta_weight(adapter).double().square().sum())
+    delta_sq = sum(layer.delta_sq_norm() for layer in layers.values())
     plain = model.merge_and_unload()
     modules = dict(plain.named_modules())
     pruned_nonzero = sum(int(((modules[name].weight != 0) & ~unpack_rows(p, n)).sum())
@@ -289,12 +280,8 @@ def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict
         raise ValueError("save_sparse_lora: the model holds no SparsePEFT layer; call inject_sparse_lora first")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    config = {**json.loads((out / CONFIG_NAME).read_text()), "peft_type": PEFT_TYPE}
-    write_text_atomic(out / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
-    meta = {"format": FORMAT, "spp_version": __version__,
-            "layers": {name: int(layer.mask.sum()) for name, layer in layers.items()}, "extra": extra or {}}
-    write_text_atomic(out / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    save_as_peft_type(model, out, PEFT_TYPE)
+    write_record(out / META_NAME, FORMAT, extra, layers={name: int(layer.mask.sum()) for name, layer in layers.items()})
     return out
 
 

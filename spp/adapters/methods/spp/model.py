@@ -55,14 +55,6 @@ def adapter_state_dict(model: nn.Module) -> dict[str, Any]:
     return out
 
 
-def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
-    """``(layer, base.weight/bias)`` pairs: Eq. 6 reads the frozen weight without calling ``base``."""
-    pairs: list[tuple[nn.Module, nn.Parameter]] = []
-    for layer in spp_layers(model).values():
-        pairs += [(layer, p) for p in (layer.base.weight, layer.base.bias) if p is not None]
-    return pairs
-
-
 def set_impl(model: nn.Module, impl: str) -> None:
     """Switch every SPP layer of ``model`` to another exact implementation (``fused``/``naive``/``blocked``)."""
     if impl not in IMPLS:
