@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -21,7 +21,7 @@ from spp.adapters.base import CONFIG_NAME, linear_tensors, read_json_file, write
 from spp.adapters.registry import check_adapter_files, trained_on
 from spp.adapters.trained_on import check_base
 from spp.models.conv1d import linearize_conv1d
-from spp.projections import DEFAULT_TARGETS, is_default, names_in
+from spp.projections import DEFAULT_TARGETS, is_default, model_targets, names_in
 
 C = TypeVar("C", bound=PeftConfig)
 
@@ -65,6 +65,13 @@ def read_lora_settings(directory: str | os.PathLike, own_type: str, label: str,
     if kind not in ("LORA", own_type):
         raise ValueError(f"{path} is not a {label} adapter (peft_type={kind!r})")
     return LoraConfig.from_peft_type(**{**saved, "peft_type": "LORA"}), kind == own_type
+
+
+def lora_config(model: nn.Module, targets: Sequence[str], r: int, alpha: float, dropout: float,
+                task_type: str | None = "CAUSAL_LM") -> LoraConfig:
+    """peft's ``LoraConfig`` (no bias) of the projections ``targets`` names in ``model`` (spp's LoRA-shaped methods)."""
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type=task_type,
+                      target_modules=model_targets(model, targets, "adapter.targets"))
 
 
 def lora_keys(config: LoraConfig) -> dict[str, Any]:

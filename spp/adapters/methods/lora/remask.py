@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
+from spp.adapters.peft_base import lora_config
 from spp.bitmask import checked_mask
 from spp.projections import DEFAULT_TARGETS as LORA_TARGETS
-from spp.projections import model_targets
 
 
 def inject_lora(
@@ -30,15 +30,7 @@ def inject_lora(
 
     Paper LoRA* settings: r = 8, lora_alpha = 16 (s = 2), dropout 0.05, the 7 projections.
     """
-    config = LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=model_targets(model, targets, "adapter.targets"),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
+    return get_peft_model(model, lora_config(model, targets, r, alpha, dropout))
 
 
 def lora_layers(model: PeftModel) -> Iterator[tuple[str, LoraLayer]]:

@@ -114,8 +114,8 @@ def masked_full_layers(model: nn.Module) -> dict[str, nn.Linear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and hasattr(m, MASK_BUFFER)}
 
 
-def mask_gradients(model: nn.Module) -> int:
-    """Zero the pruned entries of every masked layer's gradient; returns how many layers it masked.
+def mask_gradients(model: nn.Module) -> None:
+    """Zero the pruned entries of every masked layer's gradient.
 
     Sharding (``fully_shard``) and ``to_empty`` make new weight objects and lose the tensor hook, so this runs before
     every optimizer step; a ``DTensor`` gradient is masked in this rank's rows (FSDP2 shards dim 0 in ``torch.chunk``
@@ -123,7 +123,6 @@ def mask_gradients(model: nn.Module) -> int:
     """
     from torch.distributed.tensor import DTensor
 
-    done = 0
     for module in masked_full_layers(model).values():
         grad = module.weight.grad
         if grad is None:
@@ -134,8 +133,6 @@ def mask_gradients(model: nn.Module) -> int:
             offset = min(grad.device_mesh.get_local_rank() * -(-rows // grad.device_mesh.size()), rows)
         packed = getattr(module, MASK_BUFFER)[offset : offset + local.shape[0]]
         local.masked_fill_(~unpack_rows(packed, module.weight.shape[1]).to(local.device), 0.0)
-        done += 1
-    return done
 
 
 def _hook(module: nn.Linear) -> None:
@@ -147,13 +144,12 @@ def _hook(module: nn.Linear) -> None:
     setattr(module, HOOKED_ATTR, weakref.ref(module.weight))
 
 
-def restore_gradient_hooks(model: nn.Module) -> int:
-    """Put the gradient-mask hook back on each masked layer's *current* weight object; returns how many it moved.
+def restore_gradient_hooks(model: nn.Module) -> None:
+    """Put the gradient-mask hook back on each masked layer's *current* weight object.
 
     Needed for DeepSpeed, which moves each gradient into its own buffers as soon as it is computed (``weight.grad`` is
     empty at step time). Not for FSDP2 (:func:`mask_gradients` masks its shard).
     """
-    moved = 0
     for module in masked_full_layers(model).values():
         handle = getattr(module, HOOK_ATTR, None)
         hooked = getattr(module, HOOKED_ATTR, None)
@@ -162,21 +158,19 @@ def restore_gradient_hooks(model: nn.Module) -> int:
         if handle is not None:
             handle.remove()
         _hook(module)
-        moved += 1
-    return moved
 
 
 def inject_masked_full(
     model: nn.Module,
     masks: Mapping[str, torch.Tensor] | None = None,
     targets: Sequence[str] = DEFAULT_TARGETS,
-    check_memory: bool = True,
     available_bytes: int | None = None,
 ) -> nn.Module:
     """Make every weight of the ``targets`` linears trainable with gradient ``dL/dW ⊙ M``; freeze the rest.
 
     ``masks`` (True = kept, by module name; ``None``/empty = the weights' non-zeros) give ``M = mask ∧ (W ≠ 0)``.
-    Raises ValueError on bad targets/masks or a prepared model, MemoryError when gradients + AdamW states do not fit.
+    Raises ValueError on bad targets/masks or a prepared model, MemoryError when gradients + AdamW states do not fit
+    (not checked on ``meta``, where Table 1 builds models: nothing is allocated).
     """
     if masked_full_layers(model):
         raise ValueError("inject_masked_full: the model is already prepared for masked full fine-tuning")
@@ -191,9 +185,8 @@ def inject_masked_full(
         weight = module.weight.detach()
         mask = checked_mask(name, masks[name], weight) if masks else torch.ones_like(weight, dtype=torch.bool)
         keep[name] = pack_rows(mask & (weight != 0))
-    if check_memory:
-        kept = 0 if any(p.is_meta for p in keep.values()) else sum(
-            int(unpack_rows(p, found[n].in_features).sum()) for n, p in keep.items())
+    if not any(p.is_meta for p in keep.values()):
+        kept = sum(int(unpack_rows(p, found[n].in_features).sum()) for n, p in keep.items())
         estimate = estimate_training_memory(model, [m.weight for m in found.values()], kept_params=kept,
                                             mask_bytes=sum(p.numel() for p in keep.values()),
                                             available_bytes=available_bytes)
@@ -218,25 +211,27 @@ def kept_parameters(model: nn.Module) -> int:
                for m in masked_full_layers(model).values())
 
 
+def layer_stats(module: nn.Linear) -> dict[str, int]:
+    """A prepared layer's kept weights, its trainable entries and its pruned entries that are not zero (should be 0)."""
+    keep = unpack_rows(getattr(module, MASK_BUFFER), module.in_features).to(module.weight.device)
+    return {"kept_params": int(keep.sum()), "trainable_params": keep.numel(),
+            "pruned_nonzero": int(((module.weight != 0) & ~keep).sum())}
+
+
 @torch.no_grad()
 def merge_masked_full(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
     """The identity on the weights: remove hooks and masks, freeze; report stats (``pruned_nonzero`` should be 0)."""
     layers = masked_full_layers(model)
     if not layers:
         raise ValueError("merge_masked_full: the model holds no layer prepared by inject_masked_full")
-    kept = trainable = pruned_nonzero = 0
+    stats = [layer_stats(module) for module in layers.values()]
     for module in layers.values():
-        keep = unpack_rows(getattr(module, MASK_BUFFER), module.in_features)
-        kept += int(keep.sum())
-        trainable += keep.numel()
-        pruned_nonzero += int(((module.weight != 0) & ~keep).sum())
         getattr(module, HOOK_ATTR).remove()
         delattr(module, HOOK_ATTR)
         delattr(module, HOOKED_ATTR)
         delattr(module, MASK_BUFFER)
     freeze_all(model)
-    return model, {"layers": len(layers), "kept_params": kept, "trainable_params": trainable,
-                   "pruned_nonzero": pruned_nonzero}
+    return model, {"layers": len(layers), **{k: sum(s[k] for s in stats) for k in stats[0]}}
 
 
 def save_masked_full(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:

@@ -46,14 +46,9 @@ def norm_parameters(model: nn.Module, targets: list[str] | tuple[str, ...]) -> d
     return out
 
 
-def trained_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters that require grad, by name (what :meth:`Norms.inject` made trainable), detached."""
-    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-
-
 def save_norms(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any]) -> Path:
     """``adapter_model.safetensors`` (the trained tensors by parameter name) and ``norms.json`` (their names)."""
-    tensors = trained_tensors(model)
+    tensors = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}  # what Norms.inject freed
     if not tensors:
         raise ValueError("save_norms: nothing of the model is trainable; inject adapter=norms first")
     out = Path(directory)

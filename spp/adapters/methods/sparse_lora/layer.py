@@ -21,10 +21,10 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from spp.adapters.base import CONFIG_NAME, write_record
-from spp.adapters.chunks import row_chunks
-from spp.adapters.peft_base import read_lora_settings, save_as_peft_type
+from spp.adapters.chunks import ModulatedLowRankFunction
+from spp.adapters.peft_base import lora_config, read_lora_settings, save_as_peft_type
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
-from spp.projections import DEFAULT_TARGETS, model_targets
+from spp.projections import DEFAULT_TARGETS
 
 FORMAT = "sparse_lora"
 META_NAME = "sparse_lora.json"
@@ -32,70 +32,11 @@ PEFT_TYPE = "SPARSE_LORA"
 """``adapter_config.json``'s ``peft_type`` (older folders say ``"LORA"``; spp's loader reads both)."""
 
 
-def _keep(packed_rows: torch.Tensor, n: int) -> torch.Tensor:
-    """The mask rows as 0/1 ``uint8`` (a multiplier: one kernel, no bool negation)."""
-    bits = (packed_rows.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=packed_rows.device)) & 1
-    return bits.view(packed_rows.shape[0], -1)[:, :n]
-
-
-def _masked_delta(a: torch.Tensor, b_rows: torch.Tensor, packed_rows: torch.Tensor, scale: float) -> torch.Tensor:
-    """Rows of ``s · (B A) ⊙ M`` (transient; a pruned entry may be -0.0, which no product distinguishes)."""
-    return (b_rows @ a).mul_(scale).mul_(_keep(packed_rows, a.shape[1]))
-
-
-class MaskedLoRAFunction(torch.autograd.Function):
-    """``s · xd ((B A) ⊙ M)ᵀ`` with hand-written gradients, in one chunk of rows or several for large layers.
-
-    With ``G = s (gᵀ xd) ⊙ M``: ``dB = G Aᵀ``, ``dA = Bᵀ G``, ``dxd = s g ((B A) ⊙ M)``.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, packed: torch.Tensor,
-                scale: float) -> torch.Tensor:
-        dev = xd.device.type
-        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else xd.dtype
-        m, n = lora_b.shape[0], lora_a.shape[1]
-        with torch.autocast(dev, enabled=False):
-            x2 = xd.reshape(-1, n).to(cdt)
-            a, b = lora_a.to(cdt), lora_b.to(cdt)
-            y = x2.new_empty(x2.shape[0], m)
-            for lo, hi in row_chunks(m, n):
-                y[:, lo:hi] = x2 @ _masked_delta(a, b[lo:hi], packed[lo:hi], scale).t()
-        ctx.scale, ctx.cdt = scale, cdt
-        ctx.save_for_backward(xd, lora_a, lora_b, packed)
-        return y.view(*xd.shape[:-1], m)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        xd, lora_a, lora_b, packed = ctx.saved_tensors
-        scale, cdt = ctx.scale, ctx.cdt
-        need_x, need_a, need_b = ctx.needs_input_grad[:3]
-        m, n = lora_b.shape[0], lora_a.shape[1]
-        g2 = g.reshape(-1, m).to(cdt)
-        x2 = xd.reshape(-1, n).to(cdt)
-        a, b = lora_a.to(cdt), lora_b.to(cdt)
-        gx = torch.zeros_like(x2) if need_x else None
-        ga = torch.zeros_like(a) if need_a else None
-        gb = torch.empty_like(b) if need_b else None
-        for lo, hi in row_chunks(m, n):
-            if need_x:
-                gx.addmm_(g2[:, lo:hi], _masked_delta(a, b[lo:hi], packed[lo:hi], scale))
-            if need_a or need_b:
-                grad_delta = (g2[:, lo:hi].t() @ x2).mul_(scale).mul_(_keep(packed[lo:hi], n))
-                if need_b:
-                    gb[lo:hi] = grad_delta @ a.t()
-                if need_a:
-                    ga.addmm_(b[lo:hi].t(), grad_delta)
-                del grad_delta
-        return (gx.view(xd.shape).to(xd.dtype) if need_x else None,
-                ga.to(lora_a.dtype) if need_a else None,
-                gb.to(lora_b.dtype) if need_b else None, None, None)
-
-
 def masked_lora(xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, packed_mask: torch.Tensor,
                 scale: float) -> torch.Tensor:
-    """The SparsePEFT branch ``s · xd · ((B A) ⊙ M)ᵀ`` (``packed_mask``: :func:`~spp.bitmask.pack_rows`)."""
-    return MaskedLoRAFunction.apply(xd, lora_a, lora_b, packed_mask, float(scale))
+    """The SparsePEFT branch ``s · xd · ((B A) ⊙ M)ᵀ`` (``packed_mask``: :func:`~spp.bitmask.pack_rows`), with
+    hand-written gradients: with ``G = s (gᵀ xd) ⊙ M``, ``dB = G Aᵀ``, ``dA = Bᵀ G``, ``dxd = s g ((B A) ⊙ M)``."""
+    return ModulatedLowRankFunction.apply(xd, lora_a, lora_b, None, packed_mask, float(scale))
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
@@ -104,13 +45,9 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(weight.dtype, torch.float32)
-
-
 def _merged_weight(module: SparseLoraLinear, adapter: str, weight: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
     """``W~ ± s·(B A) ⊙ M`` rounded once to the weight's dtype; pruned positions are ``weight``'s own bits."""
-    cdt = _compute_dtype(weight)
+    cdt = torch.promote_types(weight.dtype, torch.float32)
     delta = module.get_delta_weight(adapter).to(cdt)
     summed = torch.add(weight.detach().to(cdt), delta, alpha=sign).to(weight.dtype)
     return torch.where(module.mask, summed, weight.detach())
@@ -187,7 +124,7 @@ class SparseLoraLinear(LoraLinear):
     def effective_weight(self) -> torch.Tensor:
         """The applied weight ``W~ + s·(B A) ⊙ M`` (fp32 or wider); gathers FSDP2 shards, so every rank calls it."""
         weight = _whole(self.get_base_layer().weight)
-        cdt = _compute_dtype(weight)
+        cdt = torch.promote_types(weight.dtype, torch.float32)
         if self.merged or self.disable_adapters:
             return weight.to(cdt)
         delta = torch.zeros(weight.shape, dtype=cdt, device=weight.device)
@@ -233,10 +170,7 @@ def inject_sparse_lora(
     ``masks`` (True = kept) must cover every adapted layer (``None``/empty: the non-zeros); ValueError if one prunes a
     non-zero weight.
     """
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none",
-                        target_modules=model_targets(model, targets, "adapter.targets"),
-                        task_type=task_type)
-    return wrap_masked(model, config, masks, dtype, "sparse_lora")
+    return wrap_masked(model, lora_config(model, targets, r, alpha, dropout, task_type), masks, dtype, "sparse_lora")
 
 
 def wrap_masked(model: nn.Module, config: LoraConfig, masks: Mapping[str, torch.Tensor] | None, dtype: torch.dtype,

@@ -15,11 +15,10 @@ from spp.adapters.base import (
     load_tensor_file,
     read_json_file,
     save_tensor_file,
-    write_json_file,
+    write_record,
 )
 from spp.adapters.methods.spp.config import LAYER_KEYS
 from spp.adapters.methods.spp.model import adapter_state_dict, inject, spp_layers
-from spp.version import __version__
 
 FORMAT = "spp"
 PEFT_TYPE = "SPP"
@@ -44,18 +43,10 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: d
         if kw != first:
             raise ValueError(f"save_adapter: layer {n} has settings {kw} but {first_name} has {first}; "
                              "one adapter file holds one setting for all layers.")
-    config = {
-        "format": FORMAT,
-        "peft_type": PEFT_TYPE,
-        "spp_version": __version__,
-        "targets": sorted({n.rsplit(".", 1)[-1] for n in layers}),
-        "layers": list(layers),
-        "layer_kwargs": first,
-        "extra": extra_config or {},
-    }
     out = Path(directory)
     save_tensor_file(out / WEIGHTS_NAME, adapter_state_dict(model))
-    write_json_file(out / CONFIG_NAME, config)
+    write_record(out / CONFIG_NAME, FORMAT, extra_config, peft_type=PEFT_TYPE, layers=list(layers), layer_kwargs=first,
+                 targets=sorted({n.rsplit(".", 1)[-1] for n in layers}))
     return out
 
 
