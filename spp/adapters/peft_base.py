@@ -17,7 +17,7 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import PeftType
 from torch import nn
 
-from spp.adapters.base import CONFIG_NAME, linear_tensors, read_json_file, write_json_file
+from spp.adapters.base import CONFIG_NAME, WEIGHTS_NAME, linear_tensors, read_json_file, write_json_file
 from spp.adapters.registry import check_adapter_files, trained_on
 from spp.adapters.trained_on import check_base
 from spp.models.conv1d import linearize_conv1d
@@ -93,6 +93,14 @@ def save_as_peft_type(model: nn.Module, directory: Path, own_type: str) -> None:
     model.save_pretrained(directory)
     path = Path(directory) / CONFIG_NAME
     write_json_file(path, {**read_json_file(path), "peft_type": own_type})
+
+
+def read_peft_folder(path: Path, directory: str | os.PathLike, what: str) -> dict[str, Any]:
+    """A peft adapter folder's ``adapter_config.json``, after checking it and the tensors are there (``what`` it is)."""
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"No {name} in {str(directory)!r}; point at {what}")
+    return read_json_file(path / CONFIG_NAME, key="adapter folder")
 
 
 def resolve_default_targets(config: PeftConfig, model: nn.Module) -> None:

@@ -129,14 +129,10 @@ def merge_and_remask(model: PeftModel, masks: Mapping[str, torch.Tensor]) -> tup
             f"{' ...' if len(missing) > 5 else ''}; masks for non-LoRA modules: {extra[:5]}"
             f"{' ...' if len(extra) > 5 else ''}"
         )
-    stats = RemaskStats()
-    checked: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for name, layer in layers.items():
-            weight = layer.get_base_layer().weight
-            mask = checked_mask(name, masks[name], weight)
-            checked[name] = mask
-            stats.layers.append(layer_remask_stats(name, layer, mask))
+        checked = {name: checked_mask(name, masks[name], layer.get_base_layer().weight)
+                   for name, layer in layers.items()}
+        stats = RemaskStats([layer_remask_stats(name, layers[name], mask) for name, mask in checked.items()])
         plain = model.merge_and_unload()
         modules = dict(plain.named_modules())
         for layer_stats in stats.layers:

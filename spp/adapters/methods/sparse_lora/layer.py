@@ -148,11 +148,8 @@ def sparse_lora_layers(model: nn.Module) -> Iterator[tuple[str, SparseLoraLinear
 
 def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
     """``(layer, lora_A/B weight)`` pairs: the masked branch reads them without calling ``lora_A`` / ``lora_B``."""
-    pairs: list[tuple[nn.Module, nn.Parameter]] = []
-    for _, layer in sparse_lora_layers(model):
-        for adapter in layer.lora_A:
-            pairs += [(layer, layer.lora_A[adapter].weight), (layer, layer.lora_B[adapter].weight)]
-    return pairs
+    return [(layer, factors[adapter].weight) for _, layer in sparse_lora_layers(model) for adapter in layer.lora_A
+            for factors in (layer.lora_A, layer.lora_B)]
 
 
 def inject_sparse_lora(

@@ -118,7 +118,7 @@ class SPPFusedFunction(torch.autograd.Function):
         cdt = ctx.cdt
         g = g.to(cdt).contiguous()
         weight, a, b = (t.to(cdt) if t is not None else None for t in (weight, alpha, beta))
-        gx = gxd = ga = gb = gbias = None
+        gx = gxd = None
         if ctx.has_xd and need_x:
             gx = g @ weight  # base path: no temporary
         # The input gradient through the adapted weight (x-grad without dropout, xd-grad with it) is
@@ -157,10 +157,7 @@ class SPPFusedFunction(torch.autograd.Function):
             gx = acc
         if gx is not None:
             gx = gx.to(ctx.dtypes[0])
-        if ga_full is not None:
-            ga = ga_full.mul_(scale).to(alpha.dtype)
-        if gb_full is not None:
-            gb = gb_full.mul_(scale).reshape(beta.shape).to(beta.dtype)
-        if need_bias:
-            gbias = g.sum(0).to(ctx.saved_tensors[1].dtype)
+        ga = ga_full.mul_(scale).to(alpha.dtype) if ga_full is not None else None
+        gb = gb_full.mul_(scale).reshape(beta.shape).to(beta.dtype) if gb_full is not None else None
+        gbias = g.sum(0).to(ctx.saved_tensors[1].dtype) if need_bias else None
         return gx, gxd, None, ga, gb, gbias, None, None, None
