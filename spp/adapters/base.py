@@ -233,6 +233,14 @@ def linear_tensors(linear: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def check_masks_cover(label: str, names: Iterable[str], masks: Masks | None) -> None:
+    """``ValueError`` naming the adapted layers ``names`` that given ``masks`` hold no pruning mask for."""
+    missing = sorted(set(names) - set(masks or {}))
+    if masks and missing:
+        raise ValueError(f"{label}: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
+                         "prune the layers that adapter.targets names")
+
+
 def wrapper_reads(layers: Iterable[LinearWrapper]) -> ExternalParameters:
     """``(layer, base.weight/bias)`` pairs: a :class:`LinearWrapper`'s forward reads them without calling ``base``."""
     return [(layer, p) for layer in layers for p in (layer.base.weight, layer.base.bias) if p is not None]

@@ -34,10 +34,8 @@ def inject_lora(
 
 
 def lora_layers(model: PeftModel) -> Iterator[tuple[str, LoraLayer]]:
-    """Yield ``(original module name, LoRA layer)``, e.g. ``("model.layers.0.self_attn.q_proj", layer)``."""
-    for name, module in model.base_model.model.named_modules():
-        if isinstance(module, LoraLayer):
-            yield name, module
+    """The ``(original module name, LoRA layer)`` pairs, e.g. ``("model.layers.0.self_attn.q_proj", layer)``."""
+    return ((name, module) for name, module in model.base_model.model.named_modules() if isinstance(module, LoraLayer))
 
 
 @dataclass

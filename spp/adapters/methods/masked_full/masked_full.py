@@ -17,7 +17,7 @@ import psutil
 import torch
 from torch import nn
 
-from spp.adapters.base import freeze_all, target_linears, write_record
+from spp.adapters.base import check_masks_cover, freeze_all, target_linears, write_record
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS
 
@@ -175,11 +175,7 @@ def inject_masked_full(
     if masked_full_layers(model):
         raise ValueError("inject_masked_full: the model is already prepared for masked full fine-tuning")
     found = target_linears(model, tuple(targets))
-    if masks:
-        missing = sorted(set(found) - set(masks))
-        if missing:
-            raise ValueError(f"masked_full: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
-                             "prune the layers that adapter.targets names")
+    check_masks_cover("masked_full", found, masks)
     keep = {}
     for name, module in found.items():
         weight = module.weight.detach()
@@ -207,8 +203,7 @@ def inject_masked_full(
 
 def kept_parameters(model: nn.Module) -> int:
     """Weights that masked full fine-tuning trains (the kept entries of the adapted layers)."""
-    return sum(int(unpack_rows(getattr(m, MASK_BUFFER), m.in_features).sum())
-               for m in masked_full_layers(model).values())
+    return sum(layer_stats(m)["kept_params"] for m in masked_full_layers(model).values())
 
 
 def layer_stats(module: nn.Linear) -> dict[str, int]:

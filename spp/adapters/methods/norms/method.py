@@ -28,9 +28,8 @@ META_NAME = "norms.json"
 
 def is_norm(module: nn.Module) -> bool:
     """``nn.LayerNorm`` / ``nn.RMSNorm``, or a class named ``*Norm`` with a ``weight`` (HF's ``LlamaRMSNorm``, ...)."""
-    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-        return True
-    return type(module).__name__.endswith("Norm") and isinstance(getattr(module, "weight", None), nn.Parameter)
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or (
+        type(module).__name__.endswith("Norm") and isinstance(getattr(module, "weight", None), nn.Parameter))
 
 
 def norm_parameters(model: nn.Module, targets: list[str] | tuple[str, ...]) -> dict[str, nn.Parameter]:

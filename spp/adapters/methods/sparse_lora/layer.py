@@ -20,7 +20,7 @@ from peft.utils import load_peft_weights, set_peft_model_state_dict
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from spp.adapters.base import CONFIG_NAME, write_record
+from spp.adapters.base import CONFIG_NAME, check_masks_cover, write_record
 from spp.adapters.chunks import ModulatedLowRankFunction
 from spp.adapters.peft_base import lora_config, read_lora_settings, save_as_peft_type
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
@@ -139,11 +139,9 @@ class SparseLoraLinear(LoraLinear):
 
 
 def sparse_lora_layers(model: nn.Module) -> Iterator[tuple[str, SparseLoraLinear]]:
-    """Yield ``(original module name, layer)`` (``model.layers.0.self_attn.q_proj``) of a SparsePEFT model."""
+    """The ``(original module name, layer)`` pairs (``model.layers.0.self_attn.q_proj``) of a SparsePEFT model."""
     root = model.base_model.model if isinstance(model, PeftModel) else model
-    for name, module in root.named_modules():
-        if isinstance(module, SparseLoraLinear):
-            yield name, module
+    return ((name, module) for name, module in root.named_modules() if isinstance(module, SparseLoraLinear))
 
 
 def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
@@ -176,11 +174,8 @@ def wrap_masked(model: nn.Module, config: LoraConfig, masks: Mapping[str, torch.
     config._register_custom_module({nn.Linear: SparseLoraLinear})
     peft_model = get_peft_model(model, config)
     layers = dict(sparse_lora_layers(peft_model))
+    check_masks_cover(method, layers, masks)
     if masks:
-        missing = sorted(set(layers) - set(masks))
-        if missing:
-            raise ValueError(f"{method}: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
-                             "prune the layers that adapter.targets names")
         for name, layer in layers.items():
             layer.set_mask(checked_mask(name, masks[name], layer.get_base_layer().weight))
     for layer in layers.values():
