@@ -24,10 +24,9 @@ from peft.tuners.tuners_utils import (
 from torch import nn
 
 from spp.adapters.base import PeftIntegration
-from spp.adapters.methods.spp import io as spp_io
 from spp.adapters.methods.spp.config import LAYER_KEYS
 from spp.adapters.methods.spp.config import SPPAdapterConfig as _PaperDefaults
-from spp.adapters.methods.spp.io import PEFT_TYPE
+from spp.adapters.methods.spp.io import FORMAT, PEFT_TYPE
 from spp.adapters.methods.spp.layer import SPPLinear, _check_settings, _divisors
 from spp.adapters.peft_base import (
     check_recorded_base,
@@ -106,7 +105,7 @@ class SPPConfig(PeftConfig):
     @classmethod
     def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
         """Read spp's own ``adapter_config.json`` (``format: spp``, what ``train.py`` writes) as well as peft's."""
-        if kwargs.get("format") == spp_io.FORMAT:
+        if kwargs.get("format") == FORMAT:
             kwargs = from_spp_format(kwargs)
         return super().check_kwargs(**kwargs)
 
