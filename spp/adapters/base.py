@@ -149,13 +149,15 @@ class AdapterMethod(ABC):
         return {}
 
     @contextmanager
-    def refusing_other_files(self, directory: Path) -> Iterator[None]:
-        """Turn a ``FileNotFoundError``/``ValueError`` of reading ``directory`` into :meth:`load`'s one-line refusal."""
+    def refusing_other_files(self, directory: Path, what: str = "",
+                             errors: tuple[type[Exception], ...] = (FileNotFoundError, ValueError)) -> Iterator[None]:
+        """Turn ``errors`` of reading ``directory`` into :meth:`load`'s one-line refusal (``what``: what it is not)."""
         try:
             yield
-        except (FileNotFoundError, ValueError) as err:
+        except errors as err:
             fix = f"point adapter_dir= at the adapter folder of an adapter={self.name} run on this pruned model"
-            raise UserError(f"adapter_dir={str(directory)!r}: {err}", fix, key="adapter_dir", path=directory) from err
+            raise UserError(f"adapter_dir={str(directory)!r}{what}: {err}", fix, key="adapter_dir",
+                            path=directory) from err
 
     def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
         """The weight an adapted ``module`` applies (for the sparsity audit), else ``None``; ``full`` unshards."""

@@ -23,7 +23,6 @@ from spp.adapters.methods.lora.remask import (
     merge_and_remask,
 )
 from spp.adapters.peft_base import lora_keys, merged_copy, save_as_peft_type
-from spp.errors import UserError
 
 
 class LoRAStar(AdapterMethod):
@@ -50,13 +49,10 @@ class LoRAStar(AdapterMethod):
         """peft's own files (``LORA_STAR`` or older ``LORA``), settings read as plain LoRA: the merge re-masks."""
         from peft import PeftModel
 
-        try:
+        with self.refusing_other_files(directory, " is not a LoRA adapter of this model",
+                                       (OSError, ValueError, KeyError, RuntimeError)):
             peft_cfg = read_lora_star_config(directory)
             model = PeftModel.from_pretrained(model, str(directory), config=peft_cfg)
-        except (OSError, ValueError, KeyError, RuntimeError) as err:
-            raise UserError(f"adapter_dir={str(directory)!r} is not a LoRA adapter of this model: {err}",
-                            "point adapter_dir= at the adapter folder of an adapter=lora run on this pruned model",
-                            key="adapter_dir", path=directory) from err
         return model, LoRAConfig(**lora_keys(peft_cfg))
 
     @torch.no_grad()
