@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import spp.adapters.chunks as chunks
 import spp.adapters.methods.scale_lora.layer as sl
 from lab.table1_params import count_method_parameters, model_arch
 from spp.adapters import apply_adapter, get_method, make_config
@@ -72,7 +73,7 @@ def _ours(layer: ScaleLoRALinear, x: torch.Tensor) -> tuple[torch.Tensor, tuple[
 @pytest.mark.parametrize("bias", [True, False])
 def test_forward_and_gradients_equal_the_formula_in_float64(chunked, bias, monkeypatch):
     if chunked:  # 24 rows in chunks of 5: the large-layer path
-        monkeypatch.setattr(sl, "row_chunks", lambda m, n: [(lo, min(lo + 5, m)) for lo in range(0, m, 5)])
+        monkeypatch.setattr(chunks, "row_chunks", lambda m, n: [(lo, min(lo + 5, m)) for lo in range(0, m, 5)])
     layer = _layer(bias=bias)
     x = torch.randn(3, 7, 20, generator=torch.Generator().manual_seed(1), dtype=F64)
     y, grads = _ours(layer, x)
@@ -86,7 +87,7 @@ def test_forward_and_gradients_equal_the_formula_in_float64(chunked, bias, monke
 def test_gradcheck():
     layer = _layer(m=8, n=8, r=2)
     x = torch.randn(2, 8, dtype=F64, requires_grad=True)
-    fn = sl.ScaleLoRAFunction.apply
+    fn = sl.scale_lora_product
     assert torch.autograd.gradcheck(lambda x, a, b: fn(x, layer.base.weight, a, b, layer.base.bias),
                                     (x, layer.scale_lora_A, layer.scale_lora_B))
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from peft import PeftModel
 
-import spp.adapters.methods.sparse_lora.layer as sl
+import spp.adapters.chunks as chunks
+from spp.adapters.chunks import row_chunks
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.sparse_lora.layer import (
     SparseLoraLinear,
@@ -68,9 +69,8 @@ def reference(x, w, a, b, mask, s, xd=None):
 @pytest.mark.parametrize("chunk", [None, 40])
 def test_function_forward_and_gradients_float64(monkeypatch, chunk):
     if chunk is not None:  # force several row chunks (40 elements = 4 rows of 10)
-        monkeypatch.setattr(sl, "MAX_DELTA_ELEMENTS", chunk)
-        monkeypatch.setattr(sl, "BACKWARD_CHUNK_ELEMENTS", chunk)
-        assert len(sl._row_chunks(13, 10)) == 4
+        monkeypatch.setattr(chunks, "row_chunks", lambda m, n: row_chunks(m, n, chunk, chunk))
+        assert len(chunks.row_chunks(13, 10)) == 4
     gen = torch.Generator().manual_seed(0)
     m, n, r, s = 13, 10, 3, 1.7
     x = torch.randn(2, 5, n, generator=gen, dtype=torch.float64, requires_grad=True)

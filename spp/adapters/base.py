@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
@@ -15,8 +16,10 @@ import torch
 from torch import nn
 
 from spp.adapters.config import AdapterConfig
+from spp.atomic import write_file_atomic, write_text_atomic
 from spp.errors import UserError
 from spp.projections import find_projections
+from spp.version import __version__
 
 Masks = dict[str, torch.Tensor]
 """Pruning masks (True = kept) keyed by the original linear names (``model.layers.0.self_attn.q_proj``)."""
@@ -145,10 +148,16 @@ class AdapterMethod(ABC):
         """Config keys to set from the ``dense`` and ``pruned`` models (rank 0's CPU) on calibration ``batches``."""
         return {}
 
-    def wrong_adapter_dir(self, directory: Path, err: Exception) -> UserError:
-        """The one-line refusal of :meth:`load` when ``directory`` does not hold this method's files."""
-        return UserError(f"adapter_dir={str(directory)!r}: {err}", f"point adapter_dir= at the adapter folder of an "
-                         f"adapter={self.name} run on this pruned model", key="adapter_dir", path=directory)
+    @contextmanager
+    def refusing_other_files(self, directory: Path, what: str = "",
+                             errors: tuple[type[Exception], ...] = (FileNotFoundError, ValueError)) -> Iterator[None]:
+        """Turn ``errors`` of reading ``directory`` into :meth:`load`'s one-line refusal (``what``: what it is not)."""
+        try:
+            yield
+        except errors as err:
+            fix = f"point adapter_dir= at the adapter folder of an adapter={self.name} run on this pruned model"
+            raise UserError(f"adapter_dir={str(directory)!r}{what}: {err}", fix, key="adapter_dir",
+                            path=directory) from err
 
     def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
         """The weight an adapted ``module`` applies (for the sparsity audit), else ``None``; ``full`` unshards."""
@@ -226,6 +235,19 @@ def linear_tensors(linear: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+def check_masks_cover(label: str, names: Iterable[str], masks: Masks | None) -> None:
+    """``ValueError`` naming the adapted layers ``names`` that given ``masks`` hold no pruning mask for."""
+    missing = sorted(set(names) - set(masks or {}))
+    if masks and missing:
+        raise ValueError(f"{label}: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
+                         "prune the layers that adapter.targets names")
+
+
+def wrapper_reads(layers: Iterable[LinearWrapper]) -> ExternalParameters:
+    """``(layer, base.weight/bias)`` pairs: a :class:`LinearWrapper`'s forward reads them without calling ``base``."""
+    return [(layer, p) for layer in layers for p in (layer.base.weight, layer.base.bias) if p is not None]
+
+
 def freeze_all(model: nn.Module) -> None:
     """Set ``requires_grad=False`` on every parameter of ``model``."""
     for p in model.parameters():
@@ -254,6 +276,24 @@ def read_adapter_files(directory: str | Path, meta_name: str, weights_name: str,
     if meta.get("format") != fmt:
         raise ValueError(f"{path / meta_name} is not a {what} adapter (format={meta.get('format')!r})")
     return meta, load_tensor_file(path / weights_name)
+
+
+def write_json_file(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as indented JSON with sorted keys, written atomically (every JSON file of an adapter folder)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_record(path: Path, fmt: str, extra: dict[str, Any] | None, **fields: Any) -> None:
+    """A method's JSON record (its ``format`` ``fmt``, spp's version, ``fields`` and the caller's ``extra``)."""
+    write_json_file(path, {"format": fmt, "spp_version": __version__, **fields, "extra": extra or {}})
+
+
+def save_tensor_file(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """``tensors`` (made contiguous) as a safetensors file, written atomically (:func:`load_tensor_file` reads it)."""
+    from safetensors.torch import save_file
+
+    contiguous = {k: v.contiguous() for k, v in tensors.items()}
+    write_file_atomic(path, lambda tmp: save_file(contiguous, str(tmp), metadata={"format": "pt"}))
 
 
 DAMAGED_FIX = "copy the adapter folder again from the run that wrote it (<run_dir>/adapter), or train it again"

@@ -4,22 +4,24 @@ mixins of the tuners built on peft's ``LoraConfig`` / ``LoraModel`` (SparsePEFT,
 
 from __future__ import annotations
 
+import copy
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import torch
 from peft import LoraConfig
 from peft.config import PeftConfig
 from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import PeftType
 from torch import nn
 
-from spp.adapters.base import CONFIG_NAME, read_json_file
+from spp.adapters.base import CONFIG_NAME, WEIGHTS_NAME, linear_tensors, read_json_file, write_json_file
 from spp.adapters.registry import check_adapter_files, trained_on
 from spp.adapters.trained_on import check_base
 from spp.models.conv1d import linearize_conv1d
-from spp.projections import DEFAULT_TARGETS, is_default, names_in
+from spp.projections import DEFAULT_TARGETS, is_default, model_targets, names_in
 
 C = TypeVar("C", bound=PeftConfig)
 
@@ -63,6 +65,42 @@ def read_lora_settings(directory: str | os.PathLike, own_type: str, label: str,
     if kind not in ("LORA", own_type):
         raise ValueError(f"{path} is not a {label} adapter (peft_type={kind!r})")
     return LoraConfig.from_peft_type(**{**saved, "peft_type": "LORA"}), kind == own_type
+
+
+def lora_config(model: nn.Module, targets: Sequence[str], r: int, alpha: float, dropout: float,
+                task_type: str | None = "CAUSAL_LM") -> LoraConfig:
+    """peft's ``LoraConfig`` (no bias) of the projections ``targets`` names in ``model`` (spp's LoRA-shaped methods)."""
+    return LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none", task_type=task_type,
+                      target_modules=model_targets(model, targets, "adapter.targets"))
+
+
+def lora_keys(config: LoraConfig) -> dict[str, Any]:
+    """The ``adapter.*`` keys (``targets``, ``r``, ``lora_alpha``, ``dropout``) a saved ``LoraConfig`` records."""
+    return {"targets": sorted(config.target_modules), "r": config.r, "lora_alpha": float(config.lora_alpha),
+            "dropout": float(config.lora_dropout)}
+
+
+@torch.no_grad()
+def merged_copy(layer: BaseTunerLayer) -> dict[str, torch.Tensor]:
+    """The plain tensors of a peft layer merged by its own ``merge`` on a copy (the layer itself is left as it is)."""
+    merged = copy.deepcopy(layer)
+    merged.merge()
+    return linear_tensors(merged.get_base_layer())
+
+
+def save_as_peft_type(model: nn.Module, directory: Path, own_type: str) -> None:
+    """peft's ``save_pretrained`` files, ``adapter_config.json`` saying ``own_type`` (peft alone refuses the folder)."""
+    model.save_pretrained(directory)
+    path = Path(directory) / CONFIG_NAME
+    write_json_file(path, {**read_json_file(path), "peft_type": own_type})
+
+
+def read_peft_folder(path: Path, directory: str | os.PathLike, what: str) -> dict[str, Any]:
+    """A peft adapter folder's ``adapter_config.json``, after checking it and the tensors are there (``what`` it is)."""
+    for name in (CONFIG_NAME, WEIGHTS_NAME):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"No {name} in {str(directory)!r}; point at {what}")
+    return read_json_file(path / CONFIG_NAME, key="adapter folder")
 
 
 def resolve_default_targets(config: PeftConfig, model: nn.Module) -> None:

@@ -7,7 +7,6 @@ Built-in methods are the packages of ``spp/adapters/methods/`` (imported on firs
 from __future__ import annotations
 
 import importlib
-import json
 import pkgutil
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,10 @@ from spp.adapters.base import (
     check_tensor_file,
     count_parameters,
     read_json_file,
+    write_json_file,
 )
 from spp.adapters.config import AdapterConfig
 from spp.adapters.trained_on import RECORD, check_base
-from spp.atomic import write_text_atomic
 from spp.errors import UserError
 from spp.models.conv1d import linearize_conv1d
 from spp.paths import CONF_DIR
@@ -125,24 +124,23 @@ def merge_adapter(model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[n
     return get_method(cfg.name).merge(model, cfg, masks)
 
 
-def external_parameters(model: nn.Module, name: str | None = None) -> ExternalParameters:
-    """The ``(reader, parameter)`` pairs of method ``name``, or of every registered method, without duplicates."""
-    names = [name] if name is not None else list(method_names())
-    pairs = {(id(reader), id(param)): (reader, param) for method in names
-             for reader, param in get_method(method).external_parameters(model)}
+def external_parameters(model: nn.Module) -> ExternalParameters:
+    """The ``(reader, parameter)`` pairs of every registered method, without duplicates."""
+    pairs = {(id(reader), id(param)): (reader, param) for method in registered_methods()
+             for reader, param in method.external_parameters(model)}
     return list(pairs.values())
 
 
 def after_placement(model: nn.Module) -> None:
     """Every registered method's :meth:`AdapterMethod.after_placement` (each acts on its own layers only)."""
-    for name in method_names():
-        get_method(name).after_placement(model)
+    for method in registered_methods():
+        method.after_placement(model)
 
 
 def before_optimizer_step(model: nn.Module) -> None:
     """Every registered method's :meth:`AdapterMethod.before_optimizer_step` (each acts on its own layers only)."""
-    for name in method_names():
-        get_method(name).before_optimizer_step(model)
+    for method in registered_methods():
+        method.before_optimizer_step(model)
 
 
 # ------------------------------------------------------------------------------------------------ adapter files
@@ -156,7 +154,7 @@ def save_adapter_dir(method: AdapterMethod, model: nn.Module, directory: Path, e
     config = {k: v if isinstance(v, (bool, int, float, list, type(None))) else str(v)
               for k, v in vars(cfg).items()} if cfg is not None else {}
     marker = {"method": method.name, "config": config, "spp_version": __version__, RECORD: record}
-    write_text_atomic(Path(directory) / MARKER, json.dumps(marker, indent=2, sort_keys=True) + "\n")
+    write_json_file(Path(directory) / MARKER, marker)
 
 
 def check_adapter_files(directory: str | Path, key: str = "adapter_dir") -> None:

@@ -1,9 +1,6 @@
 """``adapter=lora``: the paper's LoRA* baseline (Table 4): peft LoRA, merged, then re-masked (``lora_star``)."""
 
-from spp.adapters.methods.lora.config import LoRAConfig
 from spp.adapters.methods.lora.method import METHOD
 from spp.adapters.registry import register
 
 register(METHOD)
-
-__all__ = ["METHOD", "LoRAConfig"]

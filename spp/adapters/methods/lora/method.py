@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -12,15 +10,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
-from spp.adapters.base import (
-    CONFIG_NAME,
-    AdapterMethod,
-    Masks,
-    MergedLayer,
-    PeftIntegration,
-    linear_tensors,
-    read_json_file,
-)
+from spp.adapters.base import AdapterMethod, Masks, MergedLayer, PeftIntegration
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.lora.config import LoRAConfig
 from spp.adapters.methods.lora.peft_tuner import LORA_STAR_PEFT, PEFT_TYPE, read_lora_star_config
@@ -32,8 +22,7 @@ from spp.adapters.methods.lora.remask import (
     lora_layers,
     merge_and_remask,
 )
-from spp.atomic import write_text_atomic
-from spp.errors import UserError
+from spp.adapters.peft_base import lora_keys, merged_copy, save_as_peft_type
 
 
 class LoRAStar(AdapterMethod):
@@ -54,24 +43,17 @@ class LoRAStar(AdapterMethod):
 
     def save(self, model: nn.Module, directory: Path, extra: dict[str, Any]) -> None:
         """peft's files with ``"peft_type": "LORA_STAR"``: peft alone refuses them rather than merge as plain LoRA."""
-        model.save_pretrained(directory)
-        path = Path(directory) / CONFIG_NAME
-        write_text_atomic(path, json.dumps({**read_json_file(path), "peft_type": PEFT_TYPE}, indent=2, sort_keys=True)
-                          + "\n")
+        save_as_peft_type(model, directory, PEFT_TYPE)
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
         """peft's own files (``LORA_STAR`` or older ``LORA``), settings read as plain LoRA: the merge re-masks."""
         from peft import PeftModel
 
-        try:
+        with self.refusing_other_files(directory, " is not a LoRA adapter of this model",
+                                       (OSError, ValueError, KeyError, RuntimeError)):
             peft_cfg = read_lora_star_config(directory)
             model = PeftModel.from_pretrained(model, str(directory), config=peft_cfg)
-        except (OSError, ValueError, KeyError, RuntimeError) as err:
-            raise UserError(f"adapter_dir={str(directory)!r} is not a LoRA adapter of this model: {err}",
-                            "point adapter_dir= at the adapter folder of an adapter=lora run on this pruned model",
-                            key="adapter_dir", path=directory) from err
-        return model, LoRAConfig(targets=sorted(peft_cfg.target_modules), r=peft_cfg.r,
-                                 lora_alpha=float(peft_cfg.lora_alpha), dropout=float(peft_cfg.lora_dropout))
+        return model, LoRAConfig(**lora_keys(peft_cfg))
 
     @torch.no_grad()
     def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:
@@ -83,9 +65,7 @@ class LoRAStar(AdapterMethod):
         mask = mask.to(module.get_base_layer().weight.device)
         stats = asdict(layer_remask_stats("", module, mask))
         del stats["name"]
-        layer = copy.deepcopy(module)
-        layer.merge()
-        tensors = linear_tensors(layer.get_base_layer())
+        tensors = merged_copy(module)
         stats["pruned_made_nonzero"] = int(((tensors["weight"] != 0) & ~mask).sum())
         tensors["weight"] = tensors["weight"].masked_fill(~mask, 0.0)
         return MergedLayer(tensors, stats)

@@ -10,13 +10,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel, get_peft_model
 from peft.tuners.lora import LoraLayer
 from torch import nn
 
-from spp.adapters.config import check_dropout, check_rank
+from spp.adapters.peft_base import lora_config
+from spp.bitmask import checked_mask
 from spp.projections import DEFAULT_TARGETS as LORA_TARGETS
-from spp.projections import model_targets
 
 
 def inject_lora(
@@ -30,24 +30,12 @@ def inject_lora(
 
     Paper LoRA* settings: r = 8, lora_alpha = 16 (s = 2), dropout 0.05, the 7 projections.
     """
-    check_rank(r)
-    check_dropout(dropout)
-    config = LoraConfig(
-        r=r,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=model_targets(model, targets, "adapter.targets"),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
+    return get_peft_model(model, lora_config(model, targets, r, alpha, dropout))
 
 
 def lora_layers(model: PeftModel) -> Iterator[tuple[str, LoraLayer]]:
-    """Yield ``(original module name, LoRA layer)``, e.g. ``("model.layers.0.self_attn.q_proj", layer)``."""
-    for name, module in model.base_model.model.named_modules():
-        if isinstance(module, LoraLayer):
-            yield name, module
+    """The ``(original module name, LoRA layer)`` pairs, e.g. ``("model.layers.0.self_attn.q_proj", layer)``."""
+    return ((name, module) for name, module in model.base_model.model.named_modules() if isinstance(module, LoraLayer))
 
 
 @dataclass
@@ -113,19 +101,6 @@ class RemaskStats:
         }
 
 
-def _checked_mask(name: str, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if tuple(mask.shape) != tuple(weight.shape):
-        raise ValueError(
-            f"mask for {name!r} has shape {tuple(mask.shape)} but the weight is {tuple(weight.shape)} (out, in); "
-            "masks must be the pruning masks of this model"
-        )
-    if mask.dtype != torch.bool:
-        if not bool(((mask == 0) | (mask == 1)).all()):
-            raise ValueError(f"mask for {name!r} has dtype {mask.dtype} with values other than 0/1; give a bool mask")
-        mask = mask != 0
-    return mask.to(weight.device)
-
-
 def layer_remask_stats(name: str, layer: LoraLayer, mask: torch.Tensor) -> LayerRemaskStats:
     """What re-masking removes from ``layer``'s active update (``pruned_made_nonzero`` is set after the merge)."""
     delta = torch.zeros_like(layer.get_base_layer().weight, dtype=torch.float32)
@@ -152,14 +127,10 @@ def merge_and_remask(model: PeftModel, masks: Mapping[str, torch.Tensor]) -> tup
             f"{' ...' if len(missing) > 5 else ''}; masks for non-LoRA modules: {extra[:5]}"
             f"{' ...' if len(extra) > 5 else ''}"
         )
-    stats = RemaskStats()
-    checked: dict[str, torch.Tensor] = {}
     with torch.no_grad():
-        for name, layer in layers.items():
-            weight = layer.get_base_layer().weight
-            mask = _checked_mask(name, masks[name], weight)
-            checked[name] = mask
-            stats.layers.append(layer_remask_stats(name, layer, mask))
+        checked = {name: checked_mask(name, masks[name], layer.get_base_layer().weight)
+                   for name, layer in layers.items()}
+        stats = RemaskStats([layer_remask_stats(name, layers[name], mask) for name, mask in checked.items()])
         plain = model.merge_and_unload()
         modules = dict(plain.named_modules())
         for layer_stats in stats.layers:

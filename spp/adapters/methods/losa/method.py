@@ -17,6 +17,7 @@ from spp.adapters.methods.losa.allocation import allocate_ranks, block_errors
 from spp.adapters.methods.losa.config import LoSAConfig
 from spp.adapters.methods.losa.layer import inject_losa, layer_ranks, load_losa
 from spp.adapters.methods.sparse_lora.method import SparseLoRA
+from spp.adapters.peft_base import lora_keys
 from spp.projections import decoder_layers
 
 log = logging.getLogger(__name__)
@@ -68,12 +69,9 @@ class LoSA(SparseLoRA):
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
         """peft's files (each layer's rank in ``rank_pattern``) plus ``sparse_lora.json`` (:func:`load_losa`)."""
-        try:
+        with self.refusing_other_files(directory):
             model, peft_cfg = load_losa(model, directory, masks)
-        except (FileNotFoundError, ValueError) as err:
-            raise self.wrong_adapter_dir(directory, err) from err
-        return model, LoSAConfig(targets=sorted(peft_cfg.target_modules), r=peft_cfg.r,
-                                 lora_alpha=float(peft_cfg.lora_alpha), dropout=float(peft_cfg.lora_dropout))
+        return model, LoSAConfig(**lora_keys(peft_cfg))
 
 
 METHOD = LoSA()

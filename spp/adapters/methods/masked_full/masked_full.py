@@ -6,7 +6,6 @@ moves (zero gradient, moments and update; decoupled decay multiplies 0). Costs g
 
 from __future__ import annotations
 
-import json
 import os
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -18,11 +17,9 @@ import psutil
 import torch
 from torch import nn
 
-from spp.adapters.base import freeze_all, target_linears
-from spp.atomic import write_text_atomic
+from spp.adapters.base import check_masks_cover, freeze_all, target_linears, write_record
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS
-from spp.version import __version__
 
 MASK_BUFFER = "masked_full_mask"
 """Name of the bit-packed mask buffer put on every adapted ``nn.Linear``."""
@@ -117,8 +114,8 @@ def masked_full_layers(model: nn.Module) -> dict[str, nn.Linear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear) and hasattr(m, MASK_BUFFER)}
 
 
-def mask_gradients(model: nn.Module) -> int:
-    """Zero the pruned entries of every masked layer's gradient; returns how many layers it masked.
+def mask_gradients(model: nn.Module) -> None:
+    """Zero the pruned entries of every masked layer's gradient.
 
     Sharding (``fully_shard``) and ``to_empty`` make new weight objects and lose the tensor hook, so this runs before
     every optimizer step; a ``DTensor`` gradient is masked in this rank's rows (FSDP2 shards dim 0 in ``torch.chunk``
@@ -126,7 +123,6 @@ def mask_gradients(model: nn.Module) -> int:
     """
     from torch.distributed.tensor import DTensor
 
-    done = 0
     for module in masked_full_layers(model).values():
         grad = module.weight.grad
         if grad is None:
@@ -137,8 +133,6 @@ def mask_gradients(model: nn.Module) -> int:
             offset = min(grad.device_mesh.get_local_rank() * -(-rows // grad.device_mesh.size()), rows)
         packed = getattr(module, MASK_BUFFER)[offset : offset + local.shape[0]]
         local.masked_fill_(~unpack_rows(packed, module.weight.shape[1]).to(local.device), 0.0)
-        done += 1
-    return done
 
 
 def _hook(module: nn.Linear) -> None:
@@ -150,13 +144,12 @@ def _hook(module: nn.Linear) -> None:
     setattr(module, HOOKED_ATTR, weakref.ref(module.weight))
 
 
-def restore_gradient_hooks(model: nn.Module) -> int:
-    """Put the gradient-mask hook back on each masked layer's *current* weight object; returns how many it moved.
+def restore_gradient_hooks(model: nn.Module) -> None:
+    """Put the gradient-mask hook back on each masked layer's *current* weight object.
 
     Needed for DeepSpeed, which moves each gradient into its own buffers as soon as it is computed (``weight.grad`` is
     empty at step time). Not for FSDP2 (:func:`mask_gradients` masks its shard).
     """
-    moved = 0
     for module in masked_full_layers(model).values():
         handle = getattr(module, HOOK_ATTR, None)
         hooked = getattr(module, HOOKED_ATTR, None)
@@ -165,39 +158,31 @@ def restore_gradient_hooks(model: nn.Module) -> int:
         if handle is not None:
             handle.remove()
         _hook(module)
-        moved += 1
-    return moved
 
 
 def inject_masked_full(
     model: nn.Module,
     masks: Mapping[str, torch.Tensor] | None = None,
     targets: Sequence[str] = DEFAULT_TARGETS,
-    check_memory: bool = True,
     available_bytes: int | None = None,
 ) -> nn.Module:
     """Make every weight of the ``targets`` linears trainable with gradient ``dL/dW ⊙ M``; freeze the rest.
 
     ``masks`` (True = kept, by module name; ``None``/empty = the weights' non-zeros) give ``M = mask ∧ (W ≠ 0)``.
-    Raises ValueError on bad targets/masks or a prepared model, MemoryError when gradients + AdamW states do not fit.
+    Raises ValueError on bad targets/masks or a prepared model, MemoryError when gradients + AdamW states do not fit
+    (not checked on ``meta``, where Table 1 builds models: nothing is allocated).
     """
-    targets = tuple([targets] if isinstance(targets, str) else targets)
     if masked_full_layers(model):
         raise ValueError("inject_masked_full: the model is already prepared for masked full fine-tuning")
-    found = target_linears(model, targets)
-    if masks:
-        missing = sorted(set(found) - set(masks))
-        if missing:
-            raise ValueError(f"masked_full: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
-                             "prune the layers that adapter.targets names")
+    found = target_linears(model, tuple(targets))
+    check_masks_cover("masked_full", found, masks)
     keep = {}
     for name, module in found.items():
         weight = module.weight.detach()
         mask = checked_mask(name, masks[name], weight) if masks else torch.ones_like(weight, dtype=torch.bool)
         keep[name] = pack_rows(mask & (weight != 0))
-    if check_memory:
-        kept = 0 if any(p.is_meta for p in keep.values()) else sum(
-            int(unpack_rows(p, found[n].in_features).sum()) for n, p in keep.items())
+    if not any(p.is_meta for p in keep.values()):
+        kept = sum(int(unpack_rows(p, found[n].in_features).sum()) for n, p in keep.items())
         estimate = estimate_training_memory(model, [m.weight for m in found.values()], kept_params=kept,
                                             mask_bytes=sum(p.numel() for p in keep.values()),
                                             available_bytes=available_bytes)
@@ -218,8 +203,14 @@ def inject_masked_full(
 
 def kept_parameters(model: nn.Module) -> int:
     """Weights that masked full fine-tuning trains (the kept entries of the adapted layers)."""
-    return sum(int(unpack_rows(getattr(m, MASK_BUFFER), m.in_features).sum())
-               for m in masked_full_layers(model).values())
+    return sum(layer_stats(m)["kept_params"] for m in masked_full_layers(model).values())
+
+
+def layer_stats(module: nn.Linear) -> dict[str, int]:
+    """A prepared layer's kept weights, its trainable entries and its pruned entries that are not zero (should be 0)."""
+    keep = unpack_rows(getattr(module, MASK_BUFFER), module.in_features).to(module.weight.device)
+    return {"kept_params": int(keep.sum()), "trainable_params": keep.numel(),
+            "pruned_nonzero": int(((module.weight != 0) & ~keep).sum())}
 
 
 @torch.no_grad()
@@ -228,19 +219,14 @@ def merge_masked_full(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
     layers = masked_full_layers(model)
     if not layers:
         raise ValueError("merge_masked_full: the model holds no layer prepared by inject_masked_full")
-    kept = trainable = pruned_nonzero = 0
+    stats = [layer_stats(module) for module in layers.values()]
     for module in layers.values():
-        keep = unpack_rows(getattr(module, MASK_BUFFER), module.in_features)
-        kept += int(keep.sum())
-        trainable += keep.numel()
-        pruned_nonzero += int(((module.weight != 0) & ~keep).sum())
         getattr(module, HOOK_ATTR).remove()
         delattr(module, HOOK_ATTR)
         delattr(module, HOOKED_ATTR)
         delattr(module, MASK_BUFFER)
     freeze_all(model)
-    return model, {"layers": len(layers), "kept_params": kept, "trainable_params": trainable,
-                   "pruned_nonzero": pruned_nonzero}
+    return model, {"layers": len(layers), **{k: sum(s[k] for s in stats) for k in stats[0]}}
 
 
 def save_masked_full(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
@@ -248,8 +234,6 @@ def save_masked_full(model: nn.Module, directory: str | os.PathLike, extra: dict
     layers = masked_full_layers(model)
     if not layers:
         raise ValueError("save_masked_full: the model holds no layer prepared by inject_masked_full")
-    meta = {"format": "masked_full", "spp_version": __version__,
-            "layers": {n: int(unpack_rows(getattr(m, MASK_BUFFER), m.in_features).sum()) for n, m in layers.items()},
-            "memory": estimate_training_memory(model).to_dict(), "extra": extra or {}}
-    write_text_atomic(Path(directory) / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_record(Path(directory) / META_NAME, "masked_full", extra, memory=estimate_training_memory(model).to_dict(),
+                 layers={n: int(unpack_rows(getattr(m, MASK_BUFFER), m.in_features).sum()) for n, m in layers.items()})
     return Path(directory)

@@ -15,12 +15,12 @@ from spp.adapters.methods.masked_full.masked_full import (
     MASK_BUFFER,
     inject_masked_full,
     kept_parameters,
+    layer_stats,
     mask_gradients,
     merge_masked_full,
     restore_gradient_hooks,
     save_masked_full,
 )
-from spp.bitmask import unpack_rows
 from spp.errors import UserError
 
 
@@ -36,8 +36,7 @@ class MaskedFull(AdapterMethod):
     summed_stats = ("kept_params", "trainable_params", "pruned_nonzero")  # as merge_masked_full reports
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
-        on_meta = any(p.is_meta for p in model.parameters())  # Table 1 builds models on meta: nothing to allocate
-        return inject_masked_full(model, masks, targets=tuple(cfg.targets), check_memory=not on_meta)
+        return inject_masked_full(model, masks, targets=tuple(cfg.targets))
 
     def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
         return merge_masked_full(model)
@@ -57,10 +56,7 @@ class MaskedFull(AdapterMethod):
         """A trained layer's own weights (the merge is the identity), with its kept, trained and pruned non-zeros."""
         if not (isinstance(module, nn.Linear) and hasattr(module, MASK_BUFFER)):
             return None
-        keep = unpack_rows(getattr(module, MASK_BUFFER), module.in_features).to(module.weight.device)
-        stats = {"kept_params": int(keep.sum()), "trainable_params": keep.numel(),
-                 "pruned_nonzero": int(((module.weight != 0) & ~keep).sum())}
-        return MergedLayer(linear_tensors(module), stats)
+        return MergedLayer(linear_tensors(module), layer_stats(module))
 
     def resident_terms(self, adapted_weights: int) -> dict[str, int]:
         """Each adapted layer's packed mask (a bit per weight) on every device."""

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
-from spp.adapters.base import WEIGHTS_NAME, AdapterMethod, Masks, freeze_all, read_adapter_files
+from spp.adapters.base import (
+    WEIGHTS_NAME,
+    AdapterMethod,
+    Masks,
+    freeze_all,
+    read_adapter_files,
+    save_tensor_file,
+    write_record,
+)
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.norms.config import NormsConfig
-from spp.atomic import write_file_atomic, write_text_atomic
 from spp.projections import DEFAULT_TARGETS, matches, names_in
-from spp.version import __version__
 
 FORMAT = "norms"
 META_NAME = "norms.json"
@@ -24,9 +28,8 @@ META_NAME = "norms.json"
 
 def is_norm(module: nn.Module) -> bool:
     """``nn.LayerNorm`` / ``nn.RMSNorm``, or a class named ``*Norm`` with a ``weight`` (HF's ``LlamaRMSNorm``, ...)."""
-    if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-        return True
-    return type(module).__name__.endswith("Norm") and isinstance(getattr(module, "weight", None), nn.Parameter)
+    return isinstance(module, (nn.LayerNorm, nn.RMSNorm)) or (
+        type(module).__name__.endswith("Norm") and isinstance(getattr(module, "weight", None), nn.Parameter))
 
 
 def norm_parameters(model: nn.Module, targets: list[str] | tuple[str, ...]) -> dict[str, nn.Parameter]:
@@ -42,22 +45,15 @@ def norm_parameters(model: nn.Module, targets: list[str] | tuple[str, ...]) -> d
     return out
 
 
-def trained_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters that require grad, by name (what :meth:`Norms.inject` made trainable), detached."""
-    return {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-
-
 def save_norms(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any]) -> Path:
     """``adapter_model.safetensors`` (the trained tensors by parameter name) and ``norms.json`` (their names)."""
-    tensors = {n: t.contiguous() for n, t in trained_tensors(model).items()}
+    tensors = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}  # what Norms.inject freed
     if not tensors:
         raise ValueError("save_norms: nothing of the model is trainable; inject adapter=norms first")
     out = Path(directory)
-    write_file_atomic(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
+    save_tensor_file(out / WEIGHTS_NAME, tensors)
     biases = sorted({n.rsplit(".", 2)[-2] for n in tensors if n.endswith(".bias")})
-    meta = {"format": FORMAT, "spp_version": __version__, "targets": biases or list(DEFAULT_TARGETS),
-            "tensors": sorted(tensors), "extra": extra}
-    write_text_atomic(out / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_record(out / META_NAME, FORMAT, extra, targets=biases or list(DEFAULT_TARGETS), tensors=sorted(tensors))
     return out
 
 
@@ -100,10 +96,8 @@ class Norms(AdapterMethod):
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
         """``norms.json`` + ``adapter_model.safetensors`` (:func:`load_norms`)."""
-        try:
+        with self.refusing_other_files(directory):
             model, targets = load_norms(model, directory)
-        except (FileNotFoundError, ValueError) as err:
-            raise self.wrong_adapter_dir(directory, err) from err
         return model, NormsConfig(targets=targets)
 
 

@@ -6,7 +6,6 @@ With ``P = (gᵀ x) ⊙ W``: ``dx = g W_eff``, ``dB = P Aᵀ``, ``dA = Bᵀ P`` 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import warnings
@@ -15,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from spp.adapters.base import (
@@ -23,65 +21,21 @@ from spp.adapters.base import (
     LinearWrapper,
     freeze_all,
     read_adapter_files,
+    save_tensor_file,
     set_submodule,
     target_linears,
+    write_record,
 )
-from spp.adapters.chunks import row_chunks
-from spp.atomic import write_file_atomic, write_text_atomic
-from spp.version import __version__
+from spp.adapters.chunks import ModulatedLowRankFunction
 
 FORMAT = "scale_lora"
 META_NAME = "scale_lora.json"
 
 
-def _compute_dtype(x: torch.Tensor) -> torch.dtype:
-    dev = x.device.type
-    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-
-
-class ScaleLoRAFunction(torch.autograd.Function):
+def scale_lora_product(x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
+                       bias: torch.Tensor | None) -> torch.Tensor:
     """``x (W ⊙ (B A))ᵀ + bias`` with the module docstring's hand-written gradients (``W``, ``bias`` frozen)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                bias: torch.Tensor | None) -> torch.Tensor:
-        cdt = _compute_dtype(x)
-        m, n = weight.shape
-        with torch.autocast(x.device.type, enabled=False):
-            x2, a, b = x.reshape(-1, n).to(cdt), lora_a.to(cdt), lora_b.to(cdt)
-            y = x2.new_empty(x2.shape[0], m)
-            for lo, hi in row_chunks(m, n):
-                y[:, lo:hi] = x2 @ (weight[lo:hi].to(cdt) * (b[lo:hi] @ a)).t()
-            if bias is not None:
-                y += bias.to(cdt)
-        ctx.cdt, ctx.bias_dtype = cdt, bias.dtype if bias is not None else None
-        ctx.save_for_backward(x, weight, lora_a, lora_b)
-        return y.view(*x.shape[:-1], m)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, weight, lora_a, lora_b = ctx.saved_tensors
-        need_x, _, need_a, need_b, need_bias = ctx.needs_input_grad
-        cdt, (m, n) = ctx.cdt, weight.shape
-        g2, x2 = g.reshape(-1, m).to(cdt), x.reshape(-1, n).to(cdt)
-        a, b = lora_a.to(cdt), lora_b.to(cdt)
-        gx = torch.zeros_like(x2) if need_x else None
-        ga = torch.zeros_like(a) if need_a else None
-        gb = torch.empty_like(b) if need_b else None
-        for lo, hi in row_chunks(m, n):
-            w = weight[lo:hi].to(cdt)
-            if need_x:
-                gx.addmm_(g2[:, lo:hi], w * (b[lo:hi] @ a))
-            if need_a or need_b:
-                p = (g2[:, lo:hi].t() @ x2).mul_(w)
-                if need_b:
-                    gb[lo:hi] = p @ a.t()
-                if need_a:
-                    ga.addmm_(b[lo:hi].t(), p)
-                del p
-        return (gx.view(x.shape).to(x.dtype) if need_x else None, None,
-                ga.to(lora_a.dtype) if need_a else None, gb.to(lora_b.dtype) if need_b else None,
-                g2.sum(0).to(ctx.bias_dtype) if need_bias else None)
+    return ModulatedLowRankFunction.apply(x, lora_a, lora_b, bias, weight, None)
 
 
 class ScaleLoRALinear(LinearWrapper):
@@ -91,11 +45,8 @@ class ScaleLoRALinear(LinearWrapper):
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"{name or 'ScaleLoRALinear'}: wraps an nn.Linear, got {type(base).__name__}")
-        if r < 1:
-            raise ValueError(f"adapter.r={r} must be >= 1")
         self.base, self.r, self.name = base, int(r), name
-        for p in base.parameters():
-            p.requires_grad_(False)
+        freeze_all(base)
         w = base.weight
         pdt = dtype or torch.promote_types(w.dtype, torch.float32)
         init = 1.0 / math.sqrt(r)
@@ -107,7 +58,7 @@ class ScaleLoRALinear(LinearWrapper):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x (W ⊙ (B A))ᵀ + bias``."""
-        return ScaleLoRAFunction.apply(x, self.base.weight, self.scale_lora_A, self.scale_lora_B, self.base.bias)
+        return scale_lora_product(x, self.base.weight, self.scale_lora_A, self.scale_lora_B, self.base.bias)
 
     @torch.no_grad()
     def multiplier(self) -> torch.Tensor:
@@ -164,12 +115,10 @@ def save_scale_lora(model: nn.Module, directory: str | os.PathLike, extra: dict[
     if not layers:
         raise ValueError("save_scale_lora: the model holds no ScaleLoRA layer; inject it first")
     out = Path(directory)
-    tensors = {f"{n}.{k}": getattr(lay, k).detach().contiguous() for n, lay in layers.items()
-               for k in ("scale_lora_A", "scale_lora_B")}
-    write_file_atomic(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
-    meta = {"format": FORMAT, "spp_version": __version__, "r": next(iter(layers.values())).r,
-            "targets": sorted({n.rsplit(".", 1)[-1] for n in layers}), "layers": sorted(layers), "extra": extra or {}}
-    write_text_atomic(out / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    save_tensor_file(out / WEIGHTS_NAME, {f"{n}.{k}": getattr(lay, k).detach() for n, lay in layers.items()
+                                          for k in ("scale_lora_A", "scale_lora_B")})
+    write_record(out / META_NAME, FORMAT, extra, r=next(iter(layers.values())).r, layers=sorted(layers),
+                 targets=sorted({n.rsplit(".", 1)[-1] for n in layers}))
     return out
 
 
@@ -191,9 +140,3 @@ def load_scale_lora(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.
                                      f"{tuple(target.shape)} in the model")
                 target.copy_(value)
     return model, meta
-
-
-def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
-    """``(layer, base.weight/bias)`` pairs: the forward reads them without calling ``base``."""
-    return [(layer, p) for layer in scale_lora_layers(model).values()
-            for p in (layer.base.weight, layer.base.bias) if p is not None]

@@ -8,16 +8,24 @@ from typing import Any
 import torch
 from torch import nn
 
-from spp.adapters.base import AdapterMethod, ExternalParameters, Full, Masks, MergedLayer, linear_tensors
+from spp.adapters.base import (
+    AdapterMethod,
+    ExternalParameters,
+    Full,
+    Masks,
+    MergedLayer,
+    linear_tensors,
+    wrapper_reads,
+)
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.scale_lora.config import ScaleLoRAConfig
 from spp.adapters.methods.scale_lora.layer import (
     ScaleLoRALinear,
-    external_parameters,
     inject_scale_lora,
     load_scale_lora,
     merge_scale_lora,
     save_scale_lora,
+    scale_lora_layers,
 )
 
 
@@ -39,15 +47,13 @@ class ScaleLoRA(AdapterMethod):
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
         """``scale_lora.json`` + ``adapter_model.safetensors`` (:func:`load_scale_lora`)."""
-        try:
+        with self.refusing_other_files(directory):
             model, meta = load_scale_lora(model, directory)
-        except (FileNotFoundError, ValueError) as err:
-            raise self.wrong_adapter_dir(directory, err) from err
         return model, ScaleLoRAConfig(targets=list(meta["targets"]), r=int(meta["r"]))
 
     def external_parameters(self, model: nn.Module) -> ExternalParameters:
         """Each ScaleLoRA layer reads ``base.weight`` / ``base.bias`` without calling ``base``."""
-        return external_parameters(model)
+        return wrapper_reads(scale_lora_layers(model).values())
 
     def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
         """``W ⊙ (B A)`` in fp32 (or wider) from the gathered tensors."""

@@ -20,14 +20,11 @@ from peft.utils import load_peft_weights, set_peft_model_state_dict
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from spp.adapters.base import CONFIG_NAME
-from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS, MAX_DELTA_ELEMENTS, row_chunks
-from spp.adapters.config import check_dropout, check_rank
-from spp.adapters.peft_base import read_lora_settings
-from spp.atomic import write_text_atomic
+from spp.adapters.base import CONFIG_NAME, check_masks_cover, write_record
+from spp.adapters.chunks import ModulatedLowRankFunction
+from spp.adapters.peft_base import lora_config, read_lora_settings, save_as_peft_type
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
-from spp.projections import DEFAULT_TARGETS, model_targets
-from spp.version import __version__
+from spp.projections import DEFAULT_TARGETS
 
 FORMAT = "sparse_lora"
 META_NAME = "sparse_lora.json"
@@ -35,75 +32,11 @@ PEFT_TYPE = "SPARSE_LORA"
 """``adapter_config.json``'s ``peft_type`` (older folders say ``"LORA"``; spp's loader reads both)."""
 
 
-def _row_chunks(m: int, n: int) -> list[tuple[int, int]]:
-    """Rows of ``(B A) ⊙ M`` built at once (:func:`spp.adapters.chunks.row_chunks` with this module's limits)."""
-    return row_chunks(m, n, MAX_DELTA_ELEMENTS, BACKWARD_CHUNK_ELEMENTS)
-
-
-def _keep(packed_rows: torch.Tensor, n: int) -> torch.Tensor:
-    """The mask rows as 0/1 ``uint8`` (a multiplier: one kernel, no bool negation)."""
-    bits = (packed_rows.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=packed_rows.device)) & 1
-    return bits.view(packed_rows.shape[0], -1)[:, :n]
-
-
-def _masked_delta(a: torch.Tensor, b_rows: torch.Tensor, packed_rows: torch.Tensor, scale: float) -> torch.Tensor:
-    """Rows of ``s · (B A) ⊙ M`` (transient; a pruned entry may be -0.0, which no product distinguishes)."""
-    return (b_rows @ a).mul_(scale).mul_(_keep(packed_rows, a.shape[1]))
-
-
-class MaskedLoRAFunction(torch.autograd.Function):
-    """``s · xd ((B A) ⊙ M)ᵀ`` with hand-written gradients, in one chunk of rows or several for large layers.
-
-    With ``G = s (gᵀ xd) ⊙ M``: ``dB = G Aᵀ``, ``dA = Bᵀ G``, ``dxd = s g ((B A) ⊙ M)``.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, packed: torch.Tensor,
-                scale: float) -> torch.Tensor:
-        dev = xd.device.type
-        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else xd.dtype
-        m, n = lora_b.shape[0], lora_a.shape[1]
-        with torch.autocast(dev, enabled=False):
-            x2 = xd.reshape(-1, n).to(cdt)
-            a, b = lora_a.to(cdt), lora_b.to(cdt)
-            y = x2.new_empty(x2.shape[0], m)
-            for lo, hi in _row_chunks(m, n):
-                y[:, lo:hi] = x2 @ _masked_delta(a, b[lo:hi], packed[lo:hi], scale).t()
-        ctx.scale, ctx.cdt = scale, cdt
-        ctx.save_for_backward(xd, lora_a, lora_b, packed)
-        return y.view(*xd.shape[:-1], m)
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        xd, lora_a, lora_b, packed = ctx.saved_tensors
-        scale, cdt = ctx.scale, ctx.cdt
-        need_x, need_a, need_b = ctx.needs_input_grad[:3]
-        m, n = lora_b.shape[0], lora_a.shape[1]
-        g2 = g.reshape(-1, m).to(cdt)
-        x2 = xd.reshape(-1, n).to(cdt)
-        a, b = lora_a.to(cdt), lora_b.to(cdt)
-        gx = torch.zeros_like(x2) if need_x else None
-        ga = torch.zeros_like(a) if need_a else None
-        gb = torch.empty_like(b) if need_b else None
-        for lo, hi in _row_chunks(m, n):
-            if need_x:
-                gx.addmm_(g2[:, lo:hi], _masked_delta(a, b[lo:hi], packed[lo:hi], scale))
-            if need_a or need_b:
-                grad_delta = (g2[:, lo:hi].t() @ x2).mul_(scale).mul_(_keep(packed[lo:hi], n))
-                if need_b:
-                    gb[lo:hi] = grad_delta @ a.t()
-                if need_a:
-                    ga.addmm_(b[lo:hi].t(), grad_delta)
-                del grad_delta
-        return (gx.view(xd.shape).to(xd.dtype) if need_x else None,
-                ga.to(lora_a.dtype) if need_a else None,
-                gb.to(lora_b.dtype) if need_b else None, None, None)
-
-
 def masked_lora(xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, packed_mask: torch.Tensor,
                 scale: float) -> torch.Tensor:
-    """The SparsePEFT branch ``s · xd · ((B A) ⊙ M)ᵀ`` (``packed_mask``: :func:`~spp.bitmask.pack_rows`)."""
-    return MaskedLoRAFunction.apply(xd, lora_a, lora_b, packed_mask, float(scale))
+    """The SparsePEFT branch ``s · xd · ((B A) ⊙ M)ᵀ`` (``packed_mask``: :func:`~spp.bitmask.pack_rows`), with
+    hand-written gradients: with ``G = s (gᵀ xd) ⊙ M``, ``dB = G Aᵀ``, ``dA = Bᵀ G``, ``dxd = s g ((B A) ⊙ M)``."""
+    return ModulatedLowRankFunction.apply(xd, lora_a, lora_b, None, packed_mask, float(scale))
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
@@ -112,13 +45,9 @@ def _whole(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def _compute_dtype(weight: torch.Tensor) -> torch.dtype:
-    return torch.promote_types(weight.dtype, torch.float32)
-
-
 def _merged_weight(module: SparseLoraLinear, adapter: str, weight: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
     """``W~ ± s·(B A) ⊙ M`` rounded once to the weight's dtype; pruned positions are ``weight``'s own bits."""
-    cdt = _compute_dtype(weight)
+    cdt = torch.promote_types(weight.dtype, torch.float32)
     delta = module.get_delta_weight(adapter).to(cdt)
     summed = torch.add(weight.detach().to(cdt), delta, alpha=sign).to(weight.dtype)
     return torch.where(module.mask, summed, weight.detach())
@@ -186,10 +115,16 @@ class SparseLoraLinear(LoraLinear):
         return delta.masked_fill(~self.mask.to(delta.device), 0.0)
 
     @torch.no_grad()
+    def delta_sq_norm(self) -> float:
+        """``‖s·(B A) ⊙ M‖²_F`` summed over the active adapters (what the merge adds), in float64."""
+        return sum(float(self.get_delta_weight(a).double().square().sum()) for a in self.active_adapters
+                   if a in self.lora_A)
+
+    @torch.no_grad()
     def effective_weight(self) -> torch.Tensor:
         """The applied weight ``W~ + s·(B A) ⊙ M`` (fp32 or wider); gathers FSDP2 shards, so every rank calls it."""
         weight = _whole(self.get_base_layer().weight)
-        cdt = _compute_dtype(weight)
+        cdt = torch.promote_types(weight.dtype, torch.float32)
         if self.merged or self.disable_adapters:
             return weight.to(cdt)
         delta = torch.zeros(weight.shape, dtype=cdt, device=weight.device)
@@ -204,20 +139,15 @@ class SparseLoraLinear(LoraLinear):
 
 
 def sparse_lora_layers(model: nn.Module) -> Iterator[tuple[str, SparseLoraLinear]]:
-    """Yield ``(original module name, layer)`` (``model.layers.0.self_attn.q_proj``) of a SparsePEFT model."""
+    """The ``(original module name, layer)`` pairs (``model.layers.0.self_attn.q_proj``) of a SparsePEFT model."""
     root = model.base_model.model if isinstance(model, PeftModel) else model
-    for name, module in root.named_modules():
-        if isinstance(module, SparseLoraLinear):
-            yield name, module
+    return ((name, module) for name, module in root.named_modules() if isinstance(module, SparseLoraLinear))
 
 
 def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
     """``(layer, lora_A/B weight)`` pairs: the masked branch reads them without calling ``lora_A`` / ``lora_B``."""
-    pairs: list[tuple[nn.Module, nn.Parameter]] = []
-    for _, layer in sparse_lora_layers(model):
-        for adapter in layer.lora_A:
-            pairs += [(layer, layer.lora_A[adapter].weight), (layer, layer.lora_B[adapter].weight)]
-    return pairs
+    return [(layer, factors[adapter].weight) for _, layer in sparse_lora_layers(model) for adapter in layer.lora_A
+            for factors in (layer.lora_A, layer.lora_B)]
 
 
 def inject_sparse_lora(
@@ -235,13 +165,7 @@ def inject_sparse_lora(
     ``masks`` (True = kept) must cover every adapted layer (``None``/empty: the non-zeros); ValueError if one prunes a
     non-zero weight.
     """
-    targets = tuple([targets] if isinstance(targets, str) else targets)
-    check_rank(r)
-    check_dropout(dropout)
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, bias="none",
-                        target_modules=model_targets(model, targets, "adapter.targets"),
-                        task_type=task_type)
-    return wrap_masked(model, config, masks, dtype, "sparse_lora")
+    return wrap_masked(model, lora_config(model, targets, r, alpha, dropout, task_type), masks, dtype, "sparse_lora")
 
 
 def wrap_masked(model: nn.Module, config: LoraConfig, masks: Mapping[str, torch.Tensor] | None, dtype: torch.dtype,
@@ -250,11 +174,8 @@ def wrap_masked(model: nn.Module, config: LoraConfig, masks: Mapping[str, torch.
     config._register_custom_module({nn.Linear: SparseLoraLinear})
     peft_model = get_peft_model(model, config)
     layers = dict(sparse_lora_layers(peft_model))
+    check_masks_cover(method, layers, masks)
     if masks:
-        missing = sorted(set(layers) - set(masks))
-        if missing:
-            raise ValueError(f"{method}: no pruning mask for {len(missing)} adapted layer(s), e.g. {missing[:3]}; "
-                             "prune the layers that adapter.targets names")
         for name, layer in layers.items():
             layer.set_mask(checked_mask(name, masks[name], layer.get_base_layer().weight))
     for layer in layers.values():
@@ -270,11 +191,7 @@ def merge_sparse_lora(model: PeftModel) -> tuple[nn.Module, dict[str, Any]]:
     if not layers:
         raise ValueError("merge_sparse_lora: the model holds no SparsePEFT layer (nothing to merge)")
     packed = {name: (layer.sparse_mask_packed, layer.in_features) for name, layer in layers.items()}
-    delta_sq = 0.0
-    for layer in layers.values():
-        for adapter in layer.active_adapters:
-            if adapter in layer.lora_A:
-                delta_sq += float(layer.get_delta_weight(adapter).double().square().sum())
+    delta_sq = sum(layer.delta_sq_norm() for layer in layers.values())
     plain = model.merge_and_unload()
     modules = dict(plain.named_modules())
     pruned_nonzero = sum(int(((modules[name].weight != 0) & ~unpack_rows(p, n)).sum())
@@ -289,12 +206,8 @@ def save_sparse_lora(model: PeftModel, directory: str | os.PathLike, extra: dict
         raise ValueError("save_sparse_lora: the model holds no SparsePEFT layer; call inject_sparse_lora first")
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    config = {**json.loads((out / CONFIG_NAME).read_text()), "peft_type": PEFT_TYPE}
-    write_text_atomic(out / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
-    meta = {"format": FORMAT, "spp_version": __version__,
-            "layers": {name: int(layer.mask.sum()) for name, layer in layers.items()}, "extra": extra or {}}
-    write_text_atomic(out / META_NAME, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    save_as_peft_type(model, out, PEFT_TYPE)
+    write_record(out / META_NAME, FORMAT, extra, layers={name: int(layer.mask.sum()) for name, layer in layers.items()})
     return out
 
 

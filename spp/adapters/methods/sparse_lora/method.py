@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ from spp.adapters.base import (
     Masks,
     MergedLayer,
     PeftIntegration,
-    linear_tensors,
 )
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.sparse_lora.config import SparseLoRAConfig
@@ -30,6 +28,7 @@ from spp.adapters.methods.sparse_lora.layer import (
     save_sparse_lora,
 )
 from spp.adapters.methods.sparse_lora.peft_tuner import SPARSE_LORA_PEFT
+from spp.adapters.peft_base import lora_keys, merged_copy
 
 
 class SparseLoRA(AdapterMethod):
@@ -51,13 +50,10 @@ class SparseLoRA(AdapterMethod):
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
         """peft's files plus ``sparse_lora.json`` (:func:`~spp.adapters.methods.sparse_lora.layer.load_sparse_lora`)."""
-        try:
+        with self.refusing_other_files(directory):
             peft_cfg, _ = read_lora_config(directory)
             model = load_sparse_lora(model, directory, masks)
-        except (FileNotFoundError, ValueError) as err:
-            raise self.wrong_adapter_dir(directory, err) from err
-        return model, SparseLoRAConfig(targets=sorted(peft_cfg.target_modules), r=peft_cfg.r,
-                                       lora_alpha=float(peft_cfg.lora_alpha), dropout=float(peft_cfg.lora_dropout))
+        return model, SparseLoRAConfig(**lora_keys(peft_cfg))
 
     def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
         """A SparsePEFT layer's ``W~ + s·(B A) ⊙ M`` (its own ``effective_weight``, gathered)."""
@@ -76,14 +72,9 @@ class SparseLoRA(AdapterMethod):
         """A SparsePEFT layer merged by its own variant (on a copy): ``W~ + s·(B A) ⊙ M``."""
         if not isinstance(module, SparseLoraLinear):
             return None
-        delta_sq = sum(float(module.get_delta_weight(a).detach().double().square().sum())
-                       for a in module.active_adapters if a in module.lora_A)
-        keep = module.mask
-        layer = copy.deepcopy(module)
-        layer.merge()
-        tensors = linear_tensors(layer.get_base_layer())
-        pruned_nonzero = int(((tensors["weight"] != 0) & ~keep.to(tensors["weight"].device)).sum())
-        return MergedLayer(tensors, {"delta_sq_norm": delta_sq, "pruned_nonzero": pruned_nonzero})
+        tensors = merged_copy(module)
+        pruned_nonzero = int(((tensors["weight"] != 0) & ~module.mask.to(tensors["weight"].device)).sum())
+        return MergedLayer(tensors, {"delta_sq_norm": module.delta_sq_norm(), "pruned_nonzero": pruned_nonzero})
 
     def peft_integration(self) -> PeftIntegration:
         """SparsePEFT as a registered peft method (``methods/sparse_lora/peft_tuner.py``)."""

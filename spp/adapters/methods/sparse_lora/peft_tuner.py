@@ -16,7 +16,7 @@ from torch import nn
 from spp.adapters.base import PeftIntegration, read_json_file
 from spp.adapters.methods.sparse_lora.config import SparseLoRAConfig as _SppDefaults
 from spp.adapters.methods.sparse_lora.layer import FORMAT, META_NAME, PEFT_TYPE, SparseLoraLinear, check_mask_sizes
-from spp.adapters.peft_base import MaskedLoraConfigMixin, MaskedLoraModelMixin
+from spp.adapters.peft_base import MaskedLoraConfigMixin, MaskedLoraModelMixin, read_peft_folder
 from spp.projections import DEFAULT_TARGETS
 
 
@@ -41,19 +41,14 @@ class SparseLoraConfig(MaskedLoraConfigMixin, LoraConfig):
 class SparseLoraModel(MaskedLoraModelMixin, LoraModel):
     """peft's LoRA tuner with ``SparseLoraLinear`` layers, in ``inject_sparse_lora``'s order (same initial ``A``)."""
 
-    prefix: str = "lora_"  # LoRA's tensors (lora_A, lora_B): the same state-dict keys
-
     layer_class: ClassVar[type[nn.Module]] = SparseLoraLinear
     label: ClassVar[str] = "SparsePEFT"
 
 
 def _read_meta(path: Path, directory: str | os.PathLike) -> dict[str, Any] | None:
     """``sparse_lora.json`` (``None`` when absent), the folder checked to be SparsePEFT."""
-    for name in ("adapter_config.json", "adapter_model.safetensors"):
-        if not (path / name).is_file():
-            raise FileNotFoundError(f"No {name} in {str(directory)!r}; point at a SparsePEFT adapter folder (a "
-                                    "train.py run's <run_dir>/adapter with adapter=sparse_lora)")
-    kind = read_json_file(path / "adapter_config.json", key="adapter folder").get("peft_type")
+    kind = read_peft_folder(path, directory, "a SparsePEFT adapter folder (a train.py run's <run_dir>/adapter with "
+                            "adapter=sparse_lora)").get("peft_type")
     meta = read_json_file(path / META_NAME, key="adapter folder") if (path / META_NAME).is_file() else None
     if kind == "LORA" and (meta or {}).get("format") != FORMAT:
         raise ValueError(f"{str(directory)!r} is a plain LoRA adapter (peft_type='LORA', no {META_NAME}); load it "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS
+from spp.adapters.chunks import BACKWARD_CHUNK_ELEMENTS, compute_dtype
 
 
 def repeat_alpha(alpha: torch.Tensor, out_features: int) -> torch.Tensor:
@@ -83,16 +83,10 @@ class SPPFusedFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, xd: torch.Tensor | None, weight: torch.Tensor, alpha: torch.Tensor,
                 beta: torch.Tensor | None, bias: torch.Tensor | None, scale: float,
                 residual: bool, keep_weight: bool = False) -> torch.Tensor:
-        dev = x.device.type
-        # Compute dtype: the autocast dtype when autocast is on (as F.linear would use), else the input's.
-        cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
+        dev, cdt = x.device.type, compute_dtype(x)
         ctx.dtypes = (x.dtype, xd.dtype if xd is not None else None)
         with torch.autocast(dev, enabled=False):
-            x = x.to(cdt)
-            xd = xd.to(cdt) if xd is not None else None
-            w = weight.to(cdt)
-            a = alpha.to(cdt)
-            b = beta.to(cdt) if beta is not None else None
+            x, xd, w, a, b = (t.to(cdt) if t is not None else None for t in (x, xd, weight, alpha, beta))
             if xd is None:
                 # One product with the (transient) merged weight W ⊙ (1 + s A beta), or W ⊙ A ⊙ beta.
                 w_in = _blocked_scale(w, a, b, scale, residual)
@@ -107,7 +101,6 @@ class SPPFusedFunction(torch.autograd.Function):
         ctx.residual = residual
         ctx.has_xd = xd is not None
         ctx.cdt = cdt
-        ctx.keep_weight = keep_weight
         # keep_weight: the backward reuses this forward's W_eff / W' (one m x n tensor per layer kept alive).
         kept = w_in if keep_weight else None
         del w_in
@@ -124,10 +117,8 @@ class SPPFusedFunction(torch.autograd.Function):
         k = m // r
         cdt = ctx.cdt
         g = g.to(cdt).contiguous()
-        weight = weight.to(cdt)
-        a = alpha.to(cdt)
-        b = beta.to(cdt) if beta is not None else None
-        gx = gxd = ga = gb = gbias = None
+        weight, a, b = (t.to(cdt) if t is not None else None for t in (weight, alpha, beta))
+        gx = gxd = None
         if ctx.has_xd and need_x:
             gx = g @ weight  # base path: no temporary
         # The input gradient through the adapted weight (x-grad without dropout, xd-grad with it) is
@@ -166,10 +157,7 @@ class SPPFusedFunction(torch.autograd.Function):
             gx = acc
         if gx is not None:
             gx = gx.to(ctx.dtypes[0])
-        if ga_full is not None:
-            ga = ga_full.mul_(scale).to(alpha.dtype)
-        if gb_full is not None:
-            gb = gb_full.mul_(scale).reshape(beta.shape).to(beta.dtype)
-        if need_bias:
-            gbias = g.sum(0).to(ctx.saved_tensors[1].dtype)
+        ga = ga_full.mul_(scale).to(alpha.dtype) if ga_full is not None else None
+        gb = gb_full.mul_(scale).reshape(beta.shape).to(beta.dtype) if gb_full is not None else None
+        gbias = g.sum(0).to(ctx.saved_tensors[1].dtype) if need_bias else None
         return gx, gxd, None, ga, gb, gbias, None, None, None

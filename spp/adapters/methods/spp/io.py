@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
-from spp.adapters.base import CONFIG_NAME, WEIGHTS_NAME, load_tensor_file, read_json_file
+from spp.adapters.base import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    load_tensor_file,
+    read_json_file,
+    save_tensor_file,
+    write_record,
+)
 from spp.adapters.methods.spp.config import LAYER_KEYS
 from spp.adapters.methods.spp.model import adapter_state_dict, inject, spp_layers
-from spp.atomic import write_file_atomic, write_text_atomic
-from spp.version import __version__
 
 FORMAT = "spp"
 PEFT_TYPE = "SPP"
@@ -40,19 +43,10 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: d
         if kw != first:
             raise ValueError(f"save_adapter: layer {n} has settings {kw} but {first_name} has {first}; "
                              "one adapter file holds one setting for all layers.")
-    config = {
-        "format": FORMAT,
-        "peft_type": PEFT_TYPE,
-        "spp_version": __version__,
-        "targets": sorted({n.rsplit(".", 1)[-1] for n in layers}),
-        "layers": list(layers),
-        "layer_kwargs": first,
-        "extra": extra_config or {},
-    }
     out = Path(directory)
-    tensors = {k: v.contiguous() for k, v in adapter_state_dict(model).items()}
-    write_file_atomic(out / WEIGHTS_NAME, lambda p: save_file(tensors, str(p), metadata={"format": "pt"}))
-    write_text_atomic(out / CONFIG_NAME, json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_tensor_file(out / WEIGHTS_NAME, adapter_state_dict(model))
+    write_record(out / CONFIG_NAME, FORMAT, extra_config, peft_type=PEFT_TYPE, layers=list(layers), layer_kwargs=first,
+                 targets=sorted({n.rsplit(".", 1)[-1] for n in layers}))
     return out
 
 
@@ -82,7 +76,7 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         raise ValueError(f"load_adapter: SPP layers differ from {directory}: missing in model {missing}, "
                          f"not in the file {unexpected}. Use the same model architecture and targets.")
     state = load_tensor_file(weights)
-    expected = {k: v for k, v in adapter_state_dict(model).items()}
+    expected = adapter_state_dict(model)
     if set(state) != set(expected):
         raise ValueError(f"load_adapter: tensor names differ: file-only {sorted(set(state) - set(expected))[:5]}, "
                          f"model-only {sorted(set(expected) - set(state))[:5]} (use_beta mismatch?).")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spp.adapters.base import LinearWrapper
+from spp.adapters.base import LinearWrapper, freeze_all
 from spp.adapters.methods.spp.config import Impl, Init, SPPAdapterConfig
 from spp.adapters.methods.spp.functional import (
     SPPFusedFunction,
@@ -36,14 +37,12 @@ def _divisors(m: int, limit: int = 24) -> list[int]:
     return [d for d in range(1, m + 1) if m % d == 0][:limit]
 
 
-def _init_(t: torch.Tensor, how: str) -> None:
-    """Initialise ``t`` in place: ``kaiming`` is nn.Linear's default (kaiming_uniform_ with a=sqrt(5))."""
-    if how == "kaiming":
-        nn.init.kaiming_uniform_(t, a=math.sqrt(5))
-    elif how == "zeros":
-        nn.init.zeros_(t)
-    else:
-        nn.init.ones_(t)
+INIT_FUNCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "kaiming": lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5)),  # nn.Linear's default
+    "zeros": nn.init.zeros_,
+    "ones": nn.init.ones_,
+}
+"""How each :class:`~spp.adapters.methods.spp.config.Init` initialises a tensor in place."""
 
 
 def _check_settings(label: str, m: int, r: int, impl: str, dropout: float, alpha_init: str, beta_init: str,
@@ -113,15 +112,14 @@ class SPPLinear(LinearWrapper):
         self.alpha_init, self.beta_init = alpha_init, beta_init
         self.merged = False
         self._original_weight: torch.Tensor | None = None
-        for p in base.parameters():
-            p.requires_grad_(False)
+        freeze_all(base)
         w = base.weight
         pdt = dtype or torch.promote_types(w.dtype, torch.float32)
         self.spp_alpha = nn.Parameter(torch.empty(r, n, dtype=pdt, device=w.device))
-        _init_(self.spp_alpha.data, alpha_init)
+        INIT_FUNCTIONS[alpha_init](self.spp_alpha.data)
         if use_beta:
             self.spp_beta = nn.Parameter(torch.empty(m, 1, dtype=pdt, device=w.device))
-            _init_(self.spp_beta.data, beta_init)
+            INIT_FUNCTIONS[beta_init](self.spp_beta.data)
         else:
             self.register_parameter("spp_beta", None)
 

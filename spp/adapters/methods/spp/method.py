@@ -18,13 +18,14 @@ from spp.adapters.base import (
     PeftIntegration,
     Shapes,
     linear_tensors,
+    wrapper_reads,
 )
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.spp.config import LAYER_KEYS, Impl, SPPAdapterConfig
 from spp.adapters.methods.spp.functional import BACKWARD_CHUNK_ELEMENTS, adapted_weight, merge_factor
 from spp.adapters.methods.spp.io import load_adapter, read_adapter_config, save_adapter
 from spp.adapters.methods.spp.layer import SPPLinear
-from spp.adapters.methods.spp.model import external_parameters, inject, merge_and_unload
+from spp.adapters.methods.spp.model import inject, merge_and_unload, spp_layers
 from spp.choices import Choice
 from spp.errors import UserError
 
@@ -63,11 +64,9 @@ class SPP(AdapterMethod):
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
         """``adapter_config.json`` + ``adapter_model.safetensors`` (:func:`~.io.load_adapter`)."""
-        try:
+        with self.refusing_other_files(directory):
             config = read_adapter_config(directory)
             model = load_adapter(model, directory)
-        except (FileNotFoundError, ValueError) as err:
-            raise self.wrong_adapter_dir(directory, err) from err
         return model, SPPAdapterConfig(targets=list(config["targets"]), **config["layer_kwargs"])
 
     def train_flops(self, adapted_weights: int, trainable: int, dropout: float) -> int:
@@ -96,7 +95,7 @@ class SPP(AdapterMethod):
 
     def external_parameters(self, model: nn.Module) -> ExternalParameters:
         """Each ``SPPLinear`` reads ``base.weight`` / ``base.bias`` without calling ``base``."""
-        return external_parameters(model)
+        return wrapper_reads(spp_layers(model).values())
 
     def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
         """An unmerged ``SPPLinear``'s adapted weight (Eq. 5/6, residual or not); a merged one's own weight."""

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from spp.adapters.base import set_submodule
+from spp.adapters.base import freeze_all, set_submodule
 from spp.adapters.methods.spp.layer import IMPLS, SPPLinear
 from spp.projections import DEFAULT_TARGETS, find_projections
 
@@ -25,8 +25,7 @@ def inject(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS, **layer_k
     if spp_layers(model):
         raise ValueError("inject: the model already holds SPPLinear layers; call merge_and_unload first.")
     found = list(find_projections(model, targets, "adapter.targets").items())
-    for p in model.parameters():
-        p.requires_grad_(False)
+    freeze_all(model)
     for name, mod in found:
         set_submodule(model, name, SPPLinear(mod, name=name, **layer_kwargs))
     return model
@@ -47,20 +46,8 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
 
 def adapter_state_dict(model: nn.Module) -> dict[str, Any]:
     """Only the SPP parameters: ``<layer path>.spp_alpha`` and ``<layer path>.spp_beta`` (detached tensors)."""
-    out = {}
-    for name, layer in spp_layers(model).items():
-        out[f"{name}.spp_alpha"] = layer.spp_alpha.detach()
-        if layer.spp_beta is not None:
-            out[f"{name}.spp_beta"] = layer.spp_beta.detach()
-    return out
-
-
-def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
-    """``(layer, base.weight/bias)`` pairs: Eq. 6 reads the frozen weight without calling ``base``."""
-    pairs: list[tuple[nn.Module, nn.Parameter]] = []
-    for layer in spp_layers(model).values():
-        pairs += [(layer, p) for p in (layer.base.weight, layer.base.bias) if p is not None]
-    return pairs
+    return {f"{name}.{key}": p.detach() for name, layer in spp_layers(model).items()
+            for key, p in (("spp_alpha", layer.spp_alpha), ("spp_beta", layer.spp_beta)) if p is not None}
 
 
 def set_impl(model: nn.Module, impl: str) -> None:

@@ -23,13 +23,18 @@ from peft.tuners.tuners_utils import (
 )
 from torch import nn
 
-from spp.adapters.base import CONFIG_NAME, WEIGHTS_NAME, PeftIntegration, read_json_file
-from spp.adapters.methods.spp import io as spp_io
+from spp.adapters.base import PeftIntegration
 from spp.adapters.methods.spp.config import LAYER_KEYS
 from spp.adapters.methods.spp.config import SPPAdapterConfig as _PaperDefaults
-from spp.adapters.methods.spp.io import PEFT_TYPE
+from spp.adapters.methods.spp.io import FORMAT, PEFT_TYPE
 from spp.adapters.methods.spp.layer import SPPLinear, _check_settings, _divisors
-from spp.adapters.peft_base import check_recorded_base, from_folder, peft_type, resolve_default_targets
+from spp.adapters.peft_base import (
+    check_recorded_base,
+    from_folder,
+    peft_type,
+    read_peft_folder,
+    resolve_default_targets,
+)
 from spp.models.conv1d import linearize_conv1d
 from spp.projections import DEFAULT_TARGETS
 
@@ -100,7 +105,7 @@ class SPPConfig(PeftConfig):
     @classmethod
     def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
         """Read spp's own ``adapter_config.json`` (``format: spp``, what ``train.py`` writes) as well as peft's."""
-        if kwargs.get("format") == spp_io.FORMAT:
+        if kwargs.get("format") == FORMAT:
             kwargs = from_spp_format(kwargs)
         return super().check_kwargs(**kwargs)
 
@@ -260,11 +265,7 @@ def from_spp_adapter(model: nn.Module, directory: str | os.PathLike, adapter_nam
                      is_trainable: bool = False, **kwargs: Any) -> PeftModel:
     """``PeftModel.from_pretrained`` for an SPP adapter folder, also one without ``"peft_type": "SPP"``."""
     path = Path(directory).expanduser()
-    for name in (CONFIG_NAME, WEIGHTS_NAME):
-        if not (path / name).is_file():
-            raise FileNotFoundError(f"No {name} in {str(directory)!r}; point at an SPP adapter folder (a train.py "
-                                    "run's <run_dir>/adapter)")
-    saved = read_json_file(path / CONFIG_NAME, key="adapter folder")
+    saved = read_peft_folder(path, directory, "an SPP adapter folder (a train.py run's <run_dir>/adapter)")
     if saved.get("peft_type", PEFT_TYPE) != PEFT_TYPE:  # none: a folder of before (format spp)
         raise ValueError(f"{str(directory)!r} is not an SPP adapter (peft_type={saved.get('peft_type')!r}); load it "
                          "with peft.PeftModel.from_pretrained")
