@@ -81,10 +81,9 @@ def provenance(run: Run, pruned: PrunedModel | None = None) -> dict[str, Any]:
                          "cache_key": ident.digest}}  # eval.py's W&B run names the pruned base with it
     if pruned is None or not len(pruned.zeros):
         return names
-    dense = ident.key is None
     record = {"model": {"name": job.model.name, "identity": ident.model, "dtype": job.model.torch_dtype},
-              "pruning": None if dense else {"pruner": job.pruner.name, "sparsity": job.sparsity.name,
-                                             "cache_key": ident.digest, "key": ident.key},
+              "pruning": None if ident.key is None else {"pruner": job.pruner.name, "sparsity": job.sparsity.name,
+                                                         "cache_key": ident.digest, "key": ident.key},
               "masks": {**zero_fingerprint(pruned.zeros), "targets": sorted(job.pruner.targets)},
               "reconstruction": None if ident.reconstruction is None else
               dict(zip(("key", "cache_key"), ident.reconstruction, strict=True))}
