@@ -198,8 +198,7 @@ class SPPModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only the trainable (adapter) tensors in the checkpoint's ``state_dict``."""
         keep = {f"model.{n}" for n in self.trainable_names}
-        state = checkpoint.get("state_dict", {})
-        checkpoint["state_dict"] = {k: v for k, v in state.items() if k in keep}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint.get("state_dict", {}).items() if k in keep}
         checkpoint["adapter_keys"] = sorted(keep)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

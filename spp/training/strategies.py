@@ -206,10 +206,9 @@ def replicate_from_rank0(model: nn.Module, ctx: DistContext, strategy: Strategy 
     broadcast into; DeepSpeed does not broadcast buffers, so rank 0's are broadcast here (a collective)."""
     if not ctx.is_main:
         model.to_empty(device=ctx.device)
-        for module in model.modules():
-            if isinstance(module, PreTrainedModel):
-                module.tie_weights()  # ``to_empty`` gives a tied LM head a tensor of its own
-                break
+        hf = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+        if hf is not None:
+            hf.tie_weights()  # ``to_empty`` gives a tied LM head a tensor of its own
     if isinstance(strategy, DeepSpeedStrategy):
         broadcast_state(model, ctx, parameters=False)
 

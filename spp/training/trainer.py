@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,19 +58,10 @@ def accumulation(job: TrainJobConfig) -> int:
     return tcfg.global_batch_size // per_step
 
 
-PROGRESS_CALLBACKS: dict[ProgressBar, Callable[[TrainerConfig], Callback]] = {
-    ProgressBar.rich: lambda tcfg: StepBoundedRichBar(leave=True),
-    ProgressBar.tqdm: lambda tcfg: StepBoundedTQDMBar(),
-    ProgressBar.log: lambda tcfg: LogProgress(tcfg.progress_every_s),
-}
-"""The progress display of each :func:`progress_mode` (``none``: no callback)."""
-
-
 def loop_callbacks(tcfg: TrainerConfig, run_dir: Path) -> list[Callback]:
     """What runs during training: adapter checkpoints (with the random state), learning rate, throughput, clock and
     progress."""
-    progress = PROGRESS_CALLBACKS.get(progress_mode(tcfg.progress_bar))
-    return [
+    callbacks: list[Callback] = [
         AdapterCheckpoint(run_dir / "checkpoints", tcfg.checkpoint_every_n_steps, tcfg.save_top_k),
         RngState(),
         LearningRateMonitor("step"),
@@ -79,8 +69,15 @@ def loop_callbacks(tcfg: TrainerConfig, run_dir: Path) -> list[Callback]:
                           length_fn=lambda b: int(b["attention_mask"].sum()),
                           window_size=max(2, min(20, tcfg.max_steps))),
         Timer(),
-        *([progress(tcfg)] if progress is not None else []),
     ]
+    bar = progress_mode(tcfg.progress_bar)
+    if bar is ProgressBar.rich:
+        callbacks.append(StepBoundedRichBar(leave=True))
+    elif bar is ProgressBar.tqdm:
+        callbacks.append(StepBoundedTQDMBar())
+    elif bar is ProgressBar.log:
+        callbacks.append(LogProgress(tcfg.progress_every_s))
+    return callbacks
 
 
 BARS = (ProgressBar.rich, ProgressBar.tqdm)
