@@ -26,7 +26,6 @@ from spp.preflight.model_files import model_arch
 from spp.run_lock import hold_run_dir, is_job_leader
 from spp.sweeps import objective_value, require_objective_recorded, require_validation_objective
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
-from spp.training.callbacks.val_perplexity import ValidationPerplexity
 from spp.training.config import TrainJobConfig, register_train_schema
 from spp.training.finalize import FinalizeResult, finalize
 from spp.training.phases import fit
@@ -82,7 +81,7 @@ def _run_locked(run: Run, callbacks: list[Callback] | None, start: float) -> dic
                    objective=job.objective.name)
     loggers = build_loggers(job.logger, run_dir, ids, logged_config(run))
     try:
-        pruned, fitted = fit(run, loggers, [ValidationPerplexity(), *(callbacks or [])])
+        pruned, fitted = fit(run, loggers, callbacks)
         final = finalize(run, pruned, fitted, DistContext.current(local_device(job.trainer.accelerator)))
         close_process_group()
         if not fitted.is_global_zero:

@@ -23,6 +23,8 @@ from spp.training.teacher import match_dtype, place_teacher
 
 log = logging.getLogger(__name__)
 
+VAL_PPL_KEY = "val/ppl"
+
 
 class SPPModule(L.LightningModule):
     """Trains the parameters of ``model`` that require grad with AdamW, warm-up then linear/cosine decay.
@@ -157,10 +159,15 @@ class SPPModule(L.LightningModule):
         return loss
 
     def on_validation_end(self) -> None:
-        """Keep the epoch's synced ``val/loss`` (the value every logger received) for the summary."""
+        """Keep the epoch's synced ``val/loss`` (the value every logger received) for the summary, and log
+        ``val/ppl = exp(val/loss)`` (the validation split's perplexity) to every logger at this optimiser step."""
         value = self.trainer.callback_metrics.get("val/loss")
-        if value is not None and not self.trainer.sanity_checking:
-            self.val_losses.append(float(value))
+        if value is None or self.trainer.sanity_checking:
+            return
+        self.val_losses.append(float(value))
+        ppl = math.exp(float(value)) if float(value) < 700 else math.inf  # exp overflows a float above ~709
+        for logger in self.loggers:
+            logger.log_metrics({VAL_PPL_KEY: ppl}, step=self.trainer.global_step)
 
     @property
     def train_losses(self) -> list[float]:
