@@ -57,16 +57,16 @@ def test_built_weights_key_the_cache_not_the_config(tmp_path: Path) -> None:
     """A seed-1 module after a seed-0 one (same ``settings.model``, same cache) is pruned, not given seed 0's
     entry: its weights equal seed 1 pruned alone in an empty cache. The same weights again do hit."""
     first = _fit(Tune(model=tiny_llama(seed=0)), tmp_path / "cache")
-    assert not first.pruned.result.cache_hit
+    assert not first.pruned.record.result.cache_hit
     seed1 = Tune(model=tiny_llama(seed=1))
     second = _fit(seed1, tmp_path / "cache")
-    assert not second.pruned.result.cache_hit
+    assert not second.pruned.record.result.cache_hit
     alone = Tune(model=tiny_llama(seed=1))
     _fit(alone, tmp_path / "other-cache")
     got, want = _weights(seed1.model), _weights(alone.model)
     assert all(torch.equal(got[k], want[k]) for k in want)
     again = _fit(Tune(model=tiny_llama(seed=1)), tmp_path / "cache")  # negative control: the key is stable
-    assert again.pruned.result.cache_hit
+    assert again.pruned.record.result.cache_hit
 
 
 def test_fingerprint_sees_one_changed_weight() -> None:

@@ -225,7 +225,7 @@ def _main(run_dir: str, *overrides: str) -> None:
     _record_how_the_export_found_the_model(Path(run_dir) / "run" / "held_at_export.json")
     patch = os.environ.get("SPP_TEST_PATCH", "")
     if patch == "no_buffers":
-        spp.training.strategies.broadcast_buffers = lambda model, ctx: None
+        spp.training.strategies.broadcast_state = lambda model, ctx, parameters=True: None
     if patch == "no_grad_hooks":
         spp.training.module.SPPModule._after_placement = lambda self: None  # masked_full: no hooks after placement
     run_job(tiny_job(Path(run_dir), *overrides))

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from spp.atomic import remove_stale_temporaries, write_json_atomic
 from spp.commands.entry import Command
-from spp.distributed import DistContext, close_process_group
+from spp.distributed import DistContext, close_process_group, local_device
 from spp.errors import DivergedError
 from spp.eval.doc_records import DOC_RECORDS_FILE, write_doc_records
 from spp.eval.tables import final_metrics
@@ -24,13 +24,12 @@ from spp.planning.job import plan_output
 from spp.preflight.jobs import preflight_train
 from spp.preflight.model_files import model_arch
 from spp.run_lock import hold_run_dir, is_job_leader
-from spp.sweeps import require_objective_recorded, require_validation_objective
+from spp.sweeps import objective_value, require_objective_recorded, require_validation_objective
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
-from spp.training.callbacks.val_perplexity import ValidationPerplexity
 from spp.training.config import TrainJobConfig, register_train_schema
 from spp.training.finalize import FinalizeResult, finalize
-from spp.training.phases import fit, job_device
-from spp.training.report import build_summary, print_results, sweep_objective
+from spp.training.phases import fit
+from spp.training.report import build_summary, print_results
 from spp.training.run import Methods, Run, build_run, resolve_methods
 from spp.training.run_logging import log_final_table, log_run_outputs, logged_config
 from spp.training.val_schedule import no_validation_reason
@@ -45,7 +44,7 @@ def run(job: TrainJobConfig) -> float | None:
     require_objective_recorded(str(job.sweep_objective),  # ... and needs one
                                lambda: no_validation_reason(job, methods.adapter))
     summary = run_job(job, methods=methods)
-    return sweep_objective(summary, job.sweep_objective) if summary else None
+    return objective_value(summary, job.sweep_objective.value) if summary else None
 
 
 def run_dir_of(job: TrainJobConfig) -> Path:
@@ -80,8 +79,8 @@ def _run_locked(run: Run, callbacks: list[Callback] | None, start: float) -> dic
                    objective=job.objective.name)
     loggers = build_loggers(job.logger, run_dir, ids, logged_config(run))
     try:
-        pruned, fitted = fit(run, loggers, [ValidationPerplexity(), *(callbacks or [])])
-        final = finalize(run, pruned, fitted, DistContext.current(job_device(job)))
+        pruned, fitted = fit(run, loggers, callbacks)
+        final = finalize(run, pruned, fitted, DistContext.current(local_device(job.trainer.accelerator)))
         close_process_group()
         if not fitted.is_global_zero:
             return None

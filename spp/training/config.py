@@ -352,31 +352,22 @@ class TrainJobConfig(CacheLockJobConfig):
             )
 
 
-def static_world_size(tcfg: TrainerConfig) -> int | None:
-    """Processes that ``trainer.devices`` × ``trainer.num_nodes`` ask for, when the config alone says (``None`` for
-    ``auto`` / ``-1``, which the machine decides)."""
-    devices = tcfg.devices
-    if isinstance(devices, (list, tuple)):
-        return max(1, len(devices)) * tcfg.num_nodes
-    if str(devices) in ("auto", "-1"):
-        return None if tcfg.num_nodes == 1 else tcfg.num_nodes
-    return max(1, int(devices)) * tcfg.num_nodes
-
-
-def curve_refusal(job: TrainJobConfig, world: int | None = None) -> None:
+def curve_refusal(job: TrainJobConfig) -> None:
     """Refuse ``trainer.curve_every_n_steps`` (one line) without ``eval.ppl``, with a sharding strategy, or on more
-    than one process (``world``: the Trainer's world size, else what the config says).
+    than one process (as far as the config says, ``auto`` devices counted as one: the Trainer refuses the rest).
 
     Raises:
         ValueError: naming the key and the fix.
     """
+    from spp.planning.job import device_count  # start-up time: the planner loads transformers
+
     key = f"trainer.curve_every_n_steps={job.trainer.curve_every_n_steps}"
     if not job.eval.ppl:
         raise ValueError(f"{key} measures the merged model's perplexity, but eval.ppl=false; set eval.ppl=true or "
                          "trainer.curve_every_n_steps=null")
-    world = world if world is not None else static_world_size(job.trainer)
-    if (world or 1) > 1 or job.strategy.name in (StrategyName.fsdp, StrategyName.deepspeed):
-        raise ValueError(f"{key} needs one process (trainer.devices=1): {world or 1} process(es), "
+    world = device_count(job.trainer.devices, "cpu") * job.trainer.num_nodes
+    if world > 1 or job.strategy.name in (StrategyName.fsdp, StrategyName.deepspeed):
+        raise ValueError(f"{key} needs one process (trainer.devices=1): {world} process(es), "
                          f"strategy={job.strategy.name.value}; set trainer.devices=1 trainer.num_nodes=1 "
                          "strategy=auto or trainer.curve_every_n_steps=null")
 

@@ -81,10 +81,9 @@ def provenance(run: Run, pruned: PrunedModel | None = None) -> dict[str, Any]:
                          "cache_key": ident.digest}}  # eval.py's W&B run names the pruned base with it
     if pruned is None or not len(pruned.zeros):
         return names
-    dense = ident.key is None
     record = {"model": {"name": job.model.name, "identity": ident.model, "dtype": job.model.torch_dtype},
-              "pruning": None if dense else {"pruner": job.pruner.name, "sparsity": job.sparsity.name,
-                                             "cache_key": ident.digest, "key": ident.key},
+              "pruning": None if ident.key is None else {"pruner": job.pruner.name, "sparsity": job.sparsity.name,
+                                                         "cache_key": ident.digest, "key": ident.key},
               "masks": {**zero_fingerprint(pruned.zeros), "targets": sorted(job.pruner.targets)},
               "reconstruction": None if ident.reconstruction is None else
               dict(zip(("key", "cache_key"), ident.reconstruction, strict=True))}
@@ -174,9 +173,8 @@ def release(fitted: FitResult, pruned: PrunedModel) -> None:
                     "stays in use during evaluation", ", ".join(holders) or "an unknown holder")
 
 
-def finalize(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext | None = None) -> FinalizeResult:
+def finalize(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext) -> FinalizeResult:
     """Adapter files, export, evaluation and guards, on every rank (see the module docstring)."""
-    ctx = ctx or DistContext()
     job, run_dir = run.job, run.run_dir
     result = FinalizeResult()
     start = time.perf_counter()
@@ -221,9 +219,7 @@ def _place(job: TrainJobConfig, run_dir: Path, target: Path, diverged: list[str]
             if manifest is not None:
                 manifest.status = "diverged"
                 manifest.write(target)
-            if moved.exists():
-                shutil.rmtree(moved)
-            target.rename(moved)
+            target.rename(moved)  # a previous run's merged.diverged/ went in clear_previous_exports
         log.warning("run diverged (%s): the merged model is at %s, not at merged/; adapter and checkpoints kept in "
                     "%s", "; ".join(diverged), moved if job.export.merged else "(not kept)", run_dir)
     elif job.export.merged:

@@ -17,11 +17,13 @@ from spp.adapters.config import AdapterConfig
 from spp.adapters.registry import after_placement, apply_adapter, before_optimizer_step
 from spp.distributed import DistContext
 from spp.training.config import StrategyConfig, TrainerConfig
-from spp.training.objectives import Objective, ObjectiveConfig, build_objective
+from spp.training.objectives import Objective, build_objective
 from spp.training.strategies import has_meta_parameters, replicate_from_rank0, shard_from_rank0, shard_model
 from spp.training.teacher import match_dtype, place_teacher
 
 log = logging.getLogger(__name__)
+
+VAL_PPL_KEY = "val/ppl"
 
 
 class SPPModule(L.LightningModule):
@@ -42,7 +44,7 @@ class SPPModule(L.LightningModule):
         decoder_layer_cls: type[nn.Module] | None = None,
         adapter: AdapterConfig | None = None,
         seed: int = 0,
-        objective: Objective | ObjectiveConfig | None = None,
+        objective: Objective | None = None,
         method: AdapterMethod | None = None,
     ) -> None:
         super().__init__()
@@ -56,8 +58,7 @@ class SPPModule(L.LightningModule):
         self.params: ParamCounts | None = None
         self.trainable_names = [] if model is None else [n for n, p in model.named_parameters() if p.requires_grad]
         self._compiled: list[Any] = []  # a list, so nn.Module does not register the compiled view as a child
-        built = isinstance(objective, Objective)
-        self.objective = objective if built else build_objective(objective, decoder_layer_cls)
+        self.objective = objective if objective is not None else build_objective(None, decoder_layer_cls)
         self.method = method
         self._teacher: list[nn.Module] = []  # a list too: no strategy wraps, casts or checkpoints the teacher
         self._configured = False
@@ -158,10 +159,15 @@ class SPPModule(L.LightningModule):
         return loss
 
     def on_validation_end(self) -> None:
-        """Keep the epoch's synced ``val/loss`` (the value every logger received) for the summary."""
+        """Keep the epoch's synced ``val/loss`` (the value every logger received) for the summary, and log
+        ``val/ppl = exp(val/loss)`` (the validation split's perplexity) to every logger at this optimiser step."""
         value = self.trainer.callback_metrics.get("val/loss")
-        if value is not None and not self.trainer.sanity_checking:
-            self.val_losses.append(float(value))
+        if value is None or self.trainer.sanity_checking:
+            return
+        self.val_losses.append(float(value))
+        ppl = math.exp(float(value)) if float(value) < 700 else math.inf  # exp overflows a float above ~709
+        for logger in self.loggers:
+            logger.log_metrics({VAL_PPL_KEY: ppl}, step=self.trainer.global_step)
 
     @property
     def train_losses(self) -> list[float]:
@@ -176,17 +182,11 @@ class SPPModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """Each method's hook before clipping and the step (masked full fine-tuning zeroes the pruned entries of the
         possibly sharded gradients: :meth:`~spp.adapters.base.AdapterMethod.before_optimizer_step`)."""
-        if self.method is not None:
-            self.method.before_optimizer_step(self.model)
-        else:
-            before_optimizer_step(self.model)
+        (self.method.before_optimizer_step if self.method is not None else before_optimizer_step)(self.model)
 
     def _after_placement(self) -> None:
         """The adapter method's hook once the model is placed (every registered method's without ``method``)."""
-        if self.method is not None:
-            self.method.after_placement(self.model)
-        else:
-            after_placement(self.model)
+        (self.method.after_placement if self.method is not None else after_placement)(self.model)
 
     # ----------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict[str, Any]:
@@ -205,8 +205,7 @@ class SPPModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep only the trainable (adapter) tensors in the checkpoint's ``state_dict``."""
         keep = {f"model.{n}" for n in self.trainable_names}
-        state = checkpoint.get("state_dict", {})
-        checkpoint["state_dict"] = {k: v for k, v in state.items() if k in keep}
+        checkpoint["state_dict"] = {k: v for k, v in checkpoint.get("state_dict", {}).items() if k in keep}
         checkpoint["adapter_keys"] = sorted(keep)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

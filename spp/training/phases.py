@@ -24,14 +24,13 @@ from spp.quiet import quiet_lightning
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
 from spp.training.callbacks.guards import GuardsCallback
 from spp.training.callbacks.pruning import PrunedModel, PruningCallback, PruningSettings
-from spp.training.callbacks.recovery_curve import RecoveryCurve, curve_callbacks
+from spp.training.callbacks.recovery_curve import curve_callbacks
 from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit
-from spp.training.config import ProgressBar, TrainJobConfig
 from spp.training.module import SPPModule
 from spp.training.resume_checks import settings_of
 from spp.training.run import Run
 from spp.training.strategies import decoder_layer_class, gather_trainable, is_sharded
-from spp.training.trainer import build_trainer, peak_memory, progress_mode, train_seconds
+from spp.training.trainer import build_trainer, peak_memory, shows_bar, train_seconds
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +82,6 @@ class KeepPrunedWeights(Callback):
             pruned.home = dict(pruned.model.state_dict())
 
 
-def job_device(job: TrainJobConfig) -> torch.device:
-    """Where rank 0 evaluates at the end: its own GPU (from the launcher's environment) or the CPU."""
-    return local_device(job.trainer.accelerator)
-
-
 def pruning_callback_settings(run: Run) -> PruningSettings:
     """What the pruning callback needs of the run; the dense model is kept (``keep_dense``) when the training
     objective has a teacher and something trains."""
@@ -112,8 +106,7 @@ def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None
     if not run.methods.trains:
         return _untrained(run, pruning)
     datamodule = AlpacaDataModule(tokenizer, job.data, data_dir=job.data_dir,
-                                  progress=progress_mode(job.trainer.progress_bar) in (ProgressBar.rich,
-                                                                                       ProgressBar.tqdm))
+                                  progress=shows_bar(job.trainer.progress_bar))
     datamodule.setup("fit")  # bad data (e.g. every prompt longer than data.max_length) fails before the Trainer
     module = SPPModule(None, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls),
                        adapter=job.adapter, seed=job.seed, objective=run.methods.objective,
@@ -134,22 +127,16 @@ def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None
     memory = peak_memory(trainer.strategy.root_device)
     for logger in loggers:
         logger.log_metrics({"train/peak_memory_mib": memory["peak_mib"]}, step=trainer.global_step)
-    record = TrainingRecord(module.params, trainer.global_step, module.train_losses, module.val_losses,
-                            module.train_parts, auditor.reports, datamodule.summary(), round(train_seconds(trainer), 2),
-                            memory, _curve_points(trainer))
+    record = TrainingRecord(module.params, trainer.global_step, losses, module.val_losses, module.train_parts,
+                            auditor.reports, datamodule.summary(), round(train_seconds(trainer), 2), memory,
+                            curve[0].points if curve else None)
     return pruning.pruned, FitResult(module.model, state, record, trainer.is_global_zero, is_sharded(trainer.strategy),
                                      isinstance(trainer.strategy, DeepSpeedStrategy))
 
 
-def _curve_points(trainer: L.Trainer) -> list[dict[str, Any]] | None:
-    """The recovery curve's points (``trainer.curve_every_n_steps``), or ``None`` when it is off."""
-    curve = next((c for c in trainer.callbacks if isinstance(c, RecoveryCurve)), None)
-    return curve.points if curve is not None else None
-
-
 def _untrained(run: Run, pruning: PruningCallback) -> tuple[PrunedModel, FitResult]:
     """``adapter=none``: prune in this process (no Trainer), attach nothing, audit."""
-    pruned = pruning.run_alone(job_device(run.job))
+    pruned = pruning.run_alone(local_device(run.job.trainer.accelerator))
     model, _ = apply_adapter(pruned.model, run.job.adapter, pruned.masks)
     report = audit(model, pruned.masks, pruned.zeros, when="fit_start")
     return pruned, FitResult(model, {}, TrainingRecord(count_parameters(model),

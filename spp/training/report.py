@@ -14,9 +14,7 @@ from rich.table import Table
 from spp.eval.evaluate import Evaluation
 from spp.eval.perplexity import gap_closed
 from spp.eval.tables import few_windows_caveat
-from spp.sweeps import objective_value
 from spp.training.callbacks.pruning import PrunedModel, ppl_with_interval
-from spp.training.config import SweepObjective
 from spp.training.finalize import FinalizeResult
 from spp.training.phases import FitResult
 from spp.training.run import Run
@@ -40,17 +38,15 @@ def _loss_summary(train: list[float], val: list[float], steps: int,
     """The training objective's losses (``train``; its parts, e.g. ``ce``, in ``train_parts`` when it has any) and
     the validation cross-entropy (``val``)."""
     k = max(1, min(10, len(train) // 4))
-    out = {
+    return {
         "train_first": sum(train[:k]) / k if train else None,
         "train_last": sum(train[-k:]) / k if train else None,
         "averaged_over": k,
         "train": train,
         "val": val,
         "optimizer_steps": steps,
+        **({"train_parts": parts} if parts else {}),
     }
-    if parts:
-        out["train_parts"] = parts
-    return out
 
 
 def _gap_closed(dense: dict[str, Any] | None, pruned: dict[str, Any] | None,
@@ -100,8 +96,8 @@ def build_summary(run: Run, ids: Mapping[str, Any], pruned: PrunedModel, fitted:
         "recovery_curve": trained.recovery_curve,
         "losses": _loss_summary(trained.train_losses, trained.val_losses, trained.steps, trained.train_parts),
         "data": trained.data,
-        "pruning": {"cache_hit": pruned.result.cache_hit, "timings": pruned.result.timings,
-                    "report": pruned.result.report.overall},
+        "pruning": {"cache_hit": pruned.record.result.cache_hit, "timings": pruned.record.result.timings,
+                    "report": pruned.record.result.report.overall},
         "merge": final.merge,
         "evaluation": merged.record() if final.evaluation is not None else {},
         "timings": timings,
@@ -112,12 +108,6 @@ def build_summary(run: Run, ids: Mapping[str, Any], pruned: PrunedModel, fitted:
         "config": OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True),
         "versions": versions(),
     }
-
-
-def sweep_objective(summary: dict[str, Any], which: SweepObjective) -> float | None:
-    """The value a sweeper minimises (``sweep_objective``): the last validation loss, the merged model's WikiText-2
-    validation perplexity, or its (test) perplexity (:func:`spp.sweeps.objective_value`)."""
-    return objective_value(summary, which.value)
 
 
 def results_table(summary: dict[str, Any]) -> Table:

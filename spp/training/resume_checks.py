@@ -39,11 +39,9 @@ def pruning_groups(job: Any, identity: Any = None) -> dict[str, dict[str, Any]]:
     if identity.key is None:
         return {"model": {"weights": identity.model}}
     key = identity.key
-    groups = {"model": {"weights": key["model"]}, "pruner": dict(key["pruner"]),
-              "pruning": {"code_version": key["code_version"], "cache_key": identity.digest[:16]}}
-    if "calibration" in key:
-        groups["calibration"] = dict(key["calibration"])
-    return groups
+    return {"model": {"weights": key["model"]}, "pruner": dict(key["pruner"]),
+            "pruning": {"code_version": key["code_version"], "cache_key": identity.digest[:16]},
+            **({"calibration": dict(key["calibration"])} if "calibration" in key else {})}
 
 
 def world_of(job: Any) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, Strategy
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
 from spp.adapters.registry import external_parameters
@@ -48,16 +47,13 @@ def decoder_layer_class(name: str | None) -> type[nn.Module] | None:
     if name is None or name == AUTO:
         return None
     module_name, _, cls_name = name.rpartition(".")
-    candidates = [module_name] if module_name else []
     if not module_name:
         family = name.split("DecoderLayer")[0].split("Block")[0].lower()
-        candidates += [f"transformers.models.{family}.modeling_{family}"]
-    cls = None if module_name else getattr(transformers, name, None)
-    for candidate in candidates:
-        if cls is not None:
-            break
+        module_name = f"transformers.models.{family}.modeling_{family}"
+    cls = getattr(transformers, name, None) if cls_name == name else None
+    if cls is None:
         try:
-            cls = getattr(importlib.import_module(candidate), cls_name or name, None)
+            cls = getattr(importlib.import_module(module_name), cls_name, None)
         except ImportError:
             cls = None
     if cls is None:
@@ -76,10 +72,7 @@ class AdapterFSDPStrategy(ModelParallelStrategy):
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """The trainable tensors, gathered on rank 0 (a collective: every rank calls it)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        return get_model_state_dict(self.model, options=options)
+        return full_trainable_state(self.model)
 
 
 class AdapterDeepSpeedStrategy(DeepSpeedStrategy):
@@ -108,11 +101,8 @@ class AdapterDeepSpeedStrategy(DeepSpeedStrategy):
 
 
 def _backend(cfg: StrategyConfig, accelerator: str) -> str | None:
-    if cfg.process_group_backend:
-        return cfg.process_group_backend
-    if accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available()):
-        return "gloo"
-    return None
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    return cfg.process_group_backend or ("gloo" if on_cpu else None)
 
 
 def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: int = 1) -> Strategy | str:
@@ -216,21 +206,21 @@ def replicate_from_rank0(model: nn.Module, ctx: DistContext, strategy: Strategy 
     broadcast into; DeepSpeed does not broadcast buffers, so rank 0's are broadcast here (a collective)."""
     if not ctx.is_main:
         model.to_empty(device=ctx.device)
-        for module in model.modules():
-            if isinstance(module, PreTrainedModel):
-                module.tie_weights()  # ``to_empty`` gives a tied LM head a tensor of its own
-                break
+        hf = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+        if hf is not None:
+            hf.tie_weights()  # ``to_empty`` gives a tied LM head a tensor of its own
     if isinstance(strategy, DeepSpeedStrategy):
-        broadcast_buffers(model, ctx)
+        broadcast_state(model, ctx, parameters=False)
 
 
 @torch.no_grad()
-def broadcast_buffers(model: nn.Module, ctx: DistContext) -> None:
-    """Overwrite every buffer of ``model`` with rank 0's, one at a time through this rank's device."""
-    for _, buffer in model.named_buffers():
-        staged = ctx.broadcast_(buffer.to(ctx.device))
-        if staged is not buffer:
-            buffer.copy_(staged)
+def broadcast_state(model: nn.Module, ctx: DistContext, parameters: bool = True) -> None:
+    """Overwrite every buffer (and, with ``parameters``, every parameter) of ``model`` with rank 0's, one at a time
+    through this rank's device."""
+    for tensor in [*(model.parameters() if parameters else ()), *model.buffers()]:
+        staged = ctx.broadcast_(tensor.to(ctx.device))
+        if staged is not tensor:
+            tensor.copy_(staged)
 
 
 def has_meta_parameters(model: nn.Module) -> bool:
@@ -240,23 +230,22 @@ def has_meta_parameters(model: nn.Module) -> bool:
 
 def is_sharded(strategy: Strategy | str) -> bool:
     """Whether parameters are sharded across ranks (FSDP2, DeepSpeed ZeRO-3)."""
-    if isinstance(strategy, ModelParallelStrategy):
-        return True
-    return isinstance(strategy, DeepSpeedStrategy) and getattr(strategy, "zero_stage_3", False)
+    return isinstance(strategy, ModelParallelStrategy) or (isinstance(strategy, DeepSpeedStrategy)
+                                                            and getattr(strategy, "zero_stage_3", False))
 
 
-def full_tensor(t: torch.Tensor) -> torch.Tensor:
-    """The whole tensor of a (possibly FSDP2-sharded) parameter; a collective when it is a ``DTensor``."""
-    return t.full_tensor() if isinstance(t, DTensor) else t
+def full_trainable_state(model: nn.Module) -> dict[str, Any]:
+    """FSDP2: the trainable tensors in full, on CPU (``get_model_state_dict``; a collective: every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    return get_model_state_dict(model, options=options)
 
 
 def gather_trainable(strategy: Strategy | str, model: nn.Module) -> dict[str, torch.Tensor]:
     """The trainable tensors of ``model`` in full, on CPU (a collective under sharded strategies: all ranks)."""
     if isinstance(strategy, ModelParallelStrategy):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
-        return dict(get_model_state_dict(model, options=options))
+        return dict(full_trainable_state(model))
     if isinstance(strategy, DeepSpeedStrategy):  # the optimizer's fp32 masters (ZeRO-3: gathered)
         return deepspeed_master_tensors(model)
     return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import logging
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from spp.distributed import DistContext
-from spp.training.strategies import replicate_from_rank0, shard_from_rank0, shard_model
+from spp.training.strategies import broadcast_state, replicate_from_rank0, shard_from_rank0, shard_model
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +34,6 @@ def place_teacher(teacher: nn.Module, ctx: DistContext, from_rank0: bool, mesh: 
         n = sum(p.numel() for p in teacher.parameters())
         how = f"FSDP2 shards over {ctx.world} ranks" if mesh is not None else f"a replica on {ctx.device} per rank"
         log.info("fit phase: dense teacher (%s parameters, frozen) placed as %s", f"{n:,}", how)
-
-
-@torch.no_grad()
-def broadcast_state(model: nn.Module, ctx: DistContext) -> None:
-    """Overwrite every parameter and buffer of ``model`` (on ``ctx.device``) with rank 0's, one at a time."""
-    for tensor in [*model.parameters(), *model.buffers()]:
-        ctx.broadcast_(tensor.data, src=0)
 
 
 def match_dtype(teacher: nn.Module, student: nn.Module) -> None:

@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.loggers import Logger
 
+from spp.planning.job import accelerator_kind, device_count
 from spp.training.callbacks.adapter_checkpoint import AdapterCheckpoint
 from spp.training.callbacks.progress import LogProgress, StepBoundedRichBar, StepBoundedTQDMBar
 from spp.training.callbacks.rng_state import RngState
@@ -35,15 +36,8 @@ def resolve_precision(precision: str, accelerator: str) -> str:
 
 
 def world_size(cfg: TrainerConfig) -> int:
-    """Processes Lightning will start for ``trainer.devices`` × ``trainer.num_nodes``."""
-    devices = cfg.devices
-    if isinstance(devices, (list, tuple)):
-        per_node = len(devices)
-    elif str(devices) in ("auto", "-1"):
-        per_node = torch.cuda.device_count() if cfg.accelerator != "cpu" and torch.cuda.is_available() else 1
-    else:
-        per_node = int(devices)
-    return max(1, per_node) * cfg.num_nodes
+    """Processes Lightning will start for ``trainer.devices`` × ``trainer.num_nodes`` (``auto``: the visible GPUs)."""
+    return device_count(cfg.devices, accelerator_kind(str(cfg.accelerator), plan_only=False)) * cfg.num_nodes
 
 
 def accumulation(job: TrainJobConfig) -> int:
@@ -64,17 +58,16 @@ def accumulation(job: TrainJobConfig) -> int:
     return tcfg.global_batch_size // per_step
 
 
-def loop_callbacks(job: TrainJobConfig, run_dir: Path, steps_hint: int) -> list[Callback]:
+def loop_callbacks(tcfg: TrainerConfig, run_dir: Path) -> list[Callback]:
     """What runs during training: adapter checkpoints (with the random state), learning rate, throughput, clock and
     progress."""
-    tcfg = job.trainer
     callbacks: list[Callback] = [
         AdapterCheckpoint(run_dir / "checkpoints", tcfg.checkpoint_every_n_steps, tcfg.save_top_k),
         RngState(),
         LearningRateMonitor("step"),
         ThroughputMonitor(batch_size_fn=lambda b: b["input_ids"].size(0),
                           length_fn=lambda b: int(b["attention_mask"].sum()),
-                          window_size=max(2, min(20, steps_hint))),
+                          window_size=max(2, min(20, tcfg.max_steps))),
         Timer(),
     ]
     bar = progress_mode(tcfg.progress_bar)
@@ -87,11 +80,17 @@ def loop_callbacks(job: TrainJobConfig, run_dir: Path, steps_hint: int) -> list[
     return callbacks
 
 
+BARS = (ProgressBar.rich, ProgressBar.tqdm)
+
+
 def progress_mode(requested: ProgressBar) -> ProgressBar:
     """The display actually used: a bar only on a terminal; ``log`` lines when stdout is a file or a pipe."""
-    if requested in (ProgressBar.rich, ProgressBar.tqdm) and not sys.stdout.isatty():
-        return ProgressBar.log
-    return requested
+    return ProgressBar.log if requested in BARS and not sys.stdout.isatty() else requested
+
+
+def shows_bar(requested: ProgressBar) -> bool:
+    """Whether a terminal bar (Rich or tqdm) is drawn for ``trainer.progress_bar=requested``."""
+    return progress_mode(requested) in BARS
 
 
 def build_trainer(job: TrainJobConfig, run_dir: Path, loggers: list[Logger], callbacks: list[Callback]) -> L.Trainer:
@@ -112,9 +111,9 @@ def build_trainer(job: TrainJobConfig, run_dir: Path, loggers: list[Logger], cal
         num_sanity_val_steps=tcfg.num_sanity_val_steps,
         log_every_n_steps=tcfg.log_every_n_steps,
         deterministic=tcfg.deterministic,
-        enable_progress_bar=progress_mode(tcfg.progress_bar) in (ProgressBar.rich, ProgressBar.tqdm),
+        enable_progress_bar=shows_bar(tcfg.progress_bar),
         enable_model_summary=False,
-        callbacks=[*loop_callbacks(job, run_dir, tcfg.max_steps), *callbacks],
+        callbacks=[*loop_callbacks(tcfg, run_dir), *callbacks],
         logger=loggers,
         default_root_dir=str(run_dir),
     )

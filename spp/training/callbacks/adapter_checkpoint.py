@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from spp.deepspeed_support import client_state_file
@@ -38,13 +39,8 @@ def resume_command(run_dir: Path, overrides: list[str] | None = None) -> str:
     """``python train.py <this run's overrides> run_dir=<run_dir> trainer.resume_from=last``, quoted for the shell
     and for Hydra (a ``run_dir`` with a space or a non-ASCII letter). ``overrides``: the run's command-line
     overrides (default: Hydra's record of them)."""
-    if overrides is None:
-        try:
-            from hydra.core.hydra_config import HydraConfig
-
-            overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else None
-        except (ImportError, ValueError):
-            overrides = None
+    if overrides is None and HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
     keep = ["<the overrides of this run>"] if overrides is None else [
         shlex.quote(o) for o in overrides if o.lstrip("+~").split("=", 1)[0] not in ("run_dir", "trainer.resume_from")]
     return " ".join(["python train.py", *keep, shlex.quote(f"run_dir={hydra_value(str(run_dir))}"),
@@ -152,10 +148,10 @@ def resolve_resume(resume_from: str | None, checkpoint_dir: Path) -> str | None:
     if not resume_from:
         return None
     path = checkpoint_dir / "last.ckpt" if resume_from == "last" else Path(resume_from).expanduser()
-    if (path.is_file() and _inside_deepspeed_checkpoint(path) is None) or client_state_file(path) is not None:
+    outer = _inside_deepspeed_checkpoint(path)
+    if (path.is_file() and outer is None) or client_state_file(path) is not None:
         return str(path)
     key = f"trainer.resume_from={resume_from!r}"
-    outer = _inside_deepspeed_checkpoint(path)
     if outer is not None:
         raise FileNotFoundError(f"{key}: {path} is inside the DeepSpeed checkpoint {outer}; give "
                                 f"trainer.resume_from={outer}")

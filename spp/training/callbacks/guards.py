@@ -15,15 +15,12 @@ from spp.errors import DivergedError
 from spp.training.config import GuardsConfig
 
 
-def _lr(trainer: L.Trainer) -> float | None:
+def _lr_text(trainer: L.Trainer) -> str:
+    """`` (learning rate 0.004)``, or nothing when no optimizer holds one yet."""
     try:
-        return float(trainer.optimizers[0].param_groups[0]["lr"])
+        return f" (learning rate {float(trainer.optimizers[0].param_groups[0]['lr']):g})"
     except (IndexError, KeyError, AttributeError):
-        return None
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t
+        return ""
 
 
 class GuardsCallback(Callback):
@@ -43,17 +40,11 @@ class GuardsCallback(Callback):
         self._step_at_batch_start = 0
 
     def _stop(self, trainer: L.Trainer, what: str, value: float) -> None:
-        lr = _lr(trainer)
         raise DivergedError(
-            f"training stopped: {what} is {value} at step {trainer.global_step} (learning rate {lr:g})"
-            if lr is not None else f"training stopped: {what} is {value} at step {trainer.global_step}",
+            f"training stopped: {what} is {value} at step {trainer.global_step}{_lr_text(trainer)}",
             "lower trainer.lr (or set trainer.gradient_clip_val); the checkpoints written so far are kept",
             key="trainer.lr",
         )
-
-    @property
-    def _watch_blowup(self) -> bool:
-        return self.guards.enabled and self.guards.loss_blowup_steps > 0
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
                              batch_idx: int) -> None:
@@ -66,7 +57,7 @@ class GuardsCallback(Callback):
             value = float(loss.detach().float())
             if not math.isfinite(value):
                 self._stop(trainer, "the training loss", value)
-        if not self._watch_blowup:
+        if not (self.guards.enabled and self.guards.loss_blowup_steps > 0):
             return
         if isinstance(loss, torch.Tensor):
             self._step_losses.append(loss.detach().float())
@@ -87,10 +78,9 @@ class GuardsCallback(Callback):
         self.steps_above = self.steps_above + 1 if not loss <= bound else 0
         if self.steps_above < g.loss_blowup_steps:
             return
-        lr = _lr(trainer)
         raise DivergedError(
             f"training stopped: the training loss blew up: {loss:.4g} at step {trainer.global_step}"
-            f"{f' (learning rate {lr:g})' if lr is not None else ''}, above {bound:.4g} "
+            f"{_lr_text(trainer)}, above {bound:.4g} "
             f"(guards.loss_blowup_factor={g.loss_blowup_factor:g} x the first step's {self.first_loss:.4g}, and "
             f"more than guards.loss_blowup_margin={g.loss_blowup_margin:g} above it) for {self.steps_above} "
             "consecutive optimiser steps",
@@ -109,7 +99,8 @@ class GuardsCallback(Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         if "16-mixed" in str(trainer.precision) and "bf16" not in str(trainer.precision):
             return
-        grads = [_local(p.grad).detach().float() for p in pl_module.parameters() if p.grad is not None]
+        grads = [(g.to_local() if hasattr(g, "to_local") else g).detach().float()  # a DTensor: this rank's shard
+                 for g in (p.grad for p in pl_module.parameters()) if g is not None]
         if not grads:
             return
         norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))

@@ -21,7 +21,6 @@ from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.eval.config import EvalConfig
 from spp.eval.offloaded import cached_offloaded_perplexity
-from spp.eval.ppl_cache import weights_key
 from spp.generation import generate_text
 from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
@@ -39,6 +38,7 @@ from spp.pruning.masks import MaskSet, ZeroPattern
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import ReconstructResult
 from spp.pruning.reconstruction.phase import Probe, frozen_copy, probe, reconstruct_phase
+from spp.training.run import pruning_identity
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,6 @@ class PruningSettings:
     pruned_ppl: bool = True
     sample: tuple[str, int] | None = None
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S
-    keep_masks: bool = False
     keep_dense: bool = False
     reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
     pruner_method: Pruner | None = None
@@ -103,11 +102,6 @@ class PrunedModel:
     home: dict[str, Any] = field(default_factory=dict)
     dense: nn.Module | None = None
 
-    @property
-    def result(self) -> PruneResult:
-        """The prune result (``record.result``)."""
-        return self.record.result
-
 
 def ppl_with_interval(entry: dict[str, Any] | None) -> str:
     """``30.64``, or ``30.64 [29.80, 31.50]`` when the entry carries an interval (``ci_low`` / ``ci_high``)."""
@@ -129,9 +123,8 @@ def ppl_log_text(entry: dict[str, Any] | None) -> str:
 
 def sample(prompt: str, max_new_tokens: int, model: nn.Module, tokenizer: Any) -> dict[str, Any]:
     """A greedy completion of ``prompt`` (Alpaca template), logged as it is made."""
-    out = generate_text(model, tokenizer, prompt, max_new_tokens=max_new_tokens).to_dict()
-    for key in ("token_ids", "text", "prompt"):
-        out.pop(key, None)
+    out = {k: v for k, v in generate_text(model, tokenizer, prompt, max_new_tokens=max_new_tokens).to_dict().items()
+           if k not in ("token_ids", "text", "prompt")}
     log.info("completion: %r", out["completion"])
     return out
 
@@ -143,20 +136,11 @@ def _ppl(off: OffloadedModel, tokenizer: Any, settings: PruningSettings, which: 
     if which == "reconstructed" and (found is None or found.digest is None):
         settings = dataclasses.replace(settings, cache_dir=None)
     weights = (found.digest if which == "reconstructed" and found.digest is not None else
-               _weights_key(settings, which == "dense"))
+               settings.identity.model if which == "dense" else settings.identity.pruned_weights)
     entry = cached_offloaded_perplexity(off, tokenizer, settings.eval, weights, settings.cache_dir, settings.data_dir)
     if off.ctx.is_main:
         log.info("%s perplexity: %s", which, ppl_log_text(entry))
     return entry
-
-
-def _weights_key(settings: PruningSettings, dense: bool) -> str:
-    """The perplexity cache's key of the dense or the pruned weights: from ``settings.identity`` when given."""
-    known = settings.identity
-    if dense:
-        return known.model if known is not None else weights_key(settings.model)
-    return (known.pruned_weights if known is not None else
-            weights_key(settings.model, settings.pruner, settings.sparsity, settings.calibration, settings.data_dir))
 
 
 def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: Any, ctx: DistContext,
@@ -172,9 +156,11 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
         seconds["load_model"] = round(time.perf_counter() - start, 2)
     else:
         settings = identify_built(settings, model, ctx)
+    if settings.identity is None:  # no Run gave it (or the model was built by the caller): the same, computed here
+        settings = dataclasses.replace(settings, identity=pruning_identity(settings, settings.form))
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(settings.model)
     cache_dir = settings.cache_dir or str(default_cache_dir())
-    keys = settings.identity.keys if settings.identity is not None else None
+    keys = settings.identity.keys
     found = probe(settings.reconstruct, settings.model, settings.pruner, settings.sparsity, settings.calibration,
                   cache_dir, settings.data_dir, ctx, form=settings.form, keys=keys)
     dense = frozen_copy(model) if settings.keep_dense or found.needs_dense or settings.adapter else None
@@ -190,9 +176,8 @@ def prune_phase(settings: PruningSettings, model: nn.Module | None, tokenizer: A
                  settings.sparsity.name, ctx.world, settings.calibration.nsamples, settings.calibration.seqlen,
                  settings.calibration.source)
     result = prune_cached(off, tokenizer, settings.model, settings.pruner, settings.sparsity, settings.calibration,
-                          cache_dir, settings.data_dir, keep_masks=settings.keep_masks,
-                          lock_timeout_s=settings.lock_timeout_s, method=settings.pruner_method,
-                          entry_key=keys[0] if keys is not None else None)
+                          cache_dir, settings.data_dir, lock_timeout_s=settings.lock_timeout_s,
+                          method=settings.pruner_method, entry_key=keys[0] if keys is not None else None)
     seconds["prune_or_load"] = round(time.perf_counter() - t0, 2)
     _log_result(result, settings, seconds["prune_or_load"], ctx)
     if measure and settings.pruned_ppl:

@@ -31,9 +31,9 @@ from spp.training.config import TrainJobConfig
 log = logging.getLogger(__name__)
 
 CURVE_FILE = "recovery_curve.json"
+"""The curve's file in the run directory (rewritten atomically after every point)."""
 CURVE_METRIC = "curve/ppl_merged"
 """The logged metric of each point: the merged model's ``wikitext2_val`` perplexity."""
-"""The curve's file in the run directory (rewritten atomically after every point)."""
 
 
 class MergedLinear(nn.Module):
@@ -94,7 +94,9 @@ class RecoveryCurve(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Refuse more than one process before anything is loaded (the callback runs before the pruning one)."""
         if trainer.world_size > 1:
-            raise UserError.from_message(_refusal(trainer.world_size, self.every))
+            raise UserError.from_message(
+                f"trainer.curve_every_n_steps={self.every} needs one process (trainer.devices=1): this job runs "
+                f"{trainer.world_size}; set trainer.devices=1 trainer.num_nodes=1 or trainer.curve_every_n_steps=null")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """The first point (step 0, or the resumed step after the points the interrupted run wrote)."""
@@ -166,11 +168,6 @@ class RecoveryCurve(Callback):
         """What ``recovery_curve.json`` holds."""
         return {"source": WIKITEXT2_VAL, "every_n_steps": self.every, "adapter": self.method.name,
                 "points": self.points}
-
-
-def _refusal(world: int, every: int) -> str:
-    return (f"trainer.curve_every_n_steps={every} needs one process (trainer.devices=1): this job runs {world}; set "
-            "trainer.devices=1 trainer.num_nodes=1 or trainer.curve_every_n_steps=null")
 
 
 def curve_callbacks(job: TrainJobConfig, run_dir: Path, tokenizer: Any, method: AdapterMethod) -> list[Callback]:

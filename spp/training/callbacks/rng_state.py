@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from spp.distributed import DistContext
 from spp.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -44,15 +45,6 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(states["cuda"])
 
 
-def _gathered(trainer: L.Trainer, states: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every rank's ``states`` (rank order); this process's alone when no process group is up."""
-    if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-        out: list[Any] = [None] * torch.distributed.get_world_size()
-        torch.distributed.all_gather_object(out, states)
-        return out
-    return [states]
-
-
 class RngState(Callback):
     """Keep the random stream a function of the training batches, and save / restore it with checkpoints."""
 
@@ -73,7 +65,7 @@ class RngState(Callback):
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         # the state the next training batch starts from: the one after the last batch, not the current one (an
         # epoch-end checkpoint is written after that epoch's validation, whose loader drew from the generator)
-        checkpoint[RNG_KEY] = _gathered(trainer, self._after_batch or rng_states())
+        checkpoint[RNG_KEY] = DistContext.current().gather_objects(self._after_batch or rng_states())  # rank order
 
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(RNG_KEY)

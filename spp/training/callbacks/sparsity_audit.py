@@ -10,7 +10,6 @@ import lightning as L
 import torch
 from torch import nn
 
-from spp.adapters.base import AdapterMethod
 from spp.adapters.registry import registered_methods
 from spp.distributed import DistContext
 from spp.export.merged import plain_name
@@ -18,21 +17,16 @@ from spp.gathering import Gatherer, gatherer_for
 from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
 
 log = logging.getLogger(__name__)
-WRAPPER_SUFFIXES = (".base_layer", ".base")
 
 
 def original_name(name: str) -> str:
     """Strip adapter wrappers (PEFT's ``base_model.model.`` / ``.base_layer``, SPP's ``.base``) from a path."""
-    name = plain_name(name)
-    for suffix in WRAPPER_SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name
+    return plain_name(name).removesuffix(".base_layer").removesuffix(".base")
 
 
 @torch.no_grad()
-def effective_weights(model: nn.Module, names: set[str], gatherer: Gatherer | None = None,
-                      methods: list[AdapterMethod] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+def effective_weights(model: nn.Module, names: set[str],
+                      gatherer: Gatherer | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(original_name, weight the layer applies)`` for every pruned linear layer in ``names``.
 
     Adapted layers report :meth:`~spp.adapters.base.AdapterMethod.effective_weight` (SPP's Eq. ``W ⊙ (1 +
@@ -40,7 +34,7 @@ def effective_weights(model: nn.Module, names: set[str], gatherer: Gatherer | No
     the same layers); a yielded tensor is valid until the next one is asked for.
     """
     gatherer = gatherer or gatherer_for(model)
-    methods = methods if methods is not None else registered_methods()
+    methods = registered_methods()
     done: set[str] = set()
     for name, module in model.named_modules():
         key = original_name(name)
@@ -115,19 +109,14 @@ class SparsityAuditCallback(L.Callback):
     Every rank walks the same layers; rank 0 compares and its verdict reaches every rank, so all stop together.
     """
 
-    def __init__(self, masks: Mapping[str, torch.Tensor] | None = None,
-                 reference_zeros: Mapping[str, torch.Tensor] | None = None, source: Any = None) -> None:
-        self._masks = masks
-        self._reference = reference_zeros
+    def __init__(self, source: Any) -> None:
         self.source = source
         self.reports: list[dict[str, Any]] = []
         self._names: set[str] | None = None
 
     def _run(self, trainer: L.Trainer, pl_module: L.LightningModule, when: str) -> None:
         ctx = DistContext.current(trainer.strategy.root_device)
-        masks, reference = self._masks, self._reference
-        if self.source is not None:
-            masks, reference = self.source.pruned.masks, self.source.pruned.zeros
+        masks, reference = self.source.pruned.masks, self.source.pruned.zeros
         if self._names is None:
             self._names = set(ctx.broadcast_object(sorted(masks) if ctx.is_main else None))
         verdict: Any = None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -155,11 +155,8 @@ def teacher_forward(teacher: nn.Module, batch: dict[str, torch.Tensor],
     (block outputs only with ``layer_cls``). An FSDP2-sharded teacher is resharded afterwards (its root would keep
     the embeddings and LM head gathered: FSDP2 does not reshard a root after forward)."""
     inputs = {k: v for k, v in batch.items() if k != "labels"}
-    if layer_cls is None:
-        out, blocks = teacher(**inputs, use_cache=False), []
-    else:
-        with block_outputs(teacher, layer_cls) as blocks:
-            out = teacher(**inputs, use_cache=False)
+    with block_outputs(teacher, layer_cls) if layer_cls is not None else nullcontext([]) as blocks:
+        out = teacher(**inputs, use_cache=False)
     if hasattr(teacher, "reshard"):
         teacher.reshard()
     return out, blocks

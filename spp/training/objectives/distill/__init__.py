@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -76,11 +77,8 @@ class Distill(Objective):
                                "callback)")
         cfg, features = self.cfg, self.cfg.feature_weight > 0
         t_out, t_blocks = teacher_forward(teacher, batch, self.layer_cls if features else None)
-        if features:
-            with block_outputs(student, self.layer_cls) as s_blocks:
-                s_out = student(**batch, use_cache=False)
-        else:
-            s_blocks, s_out = [], student(**batch, use_cache=False)
+        with block_outputs(student, self.layer_cls) if features else nullcontext([]) as s_blocks:
+            s_out = student(**batch, use_cache=False)
         mask = loss_positions(batch["labels"])
         kl = logit_kl(s_out.logits, t_out.logits, mask, cfg.temperature)
         loss = cfg.kl_weight * kl
