@@ -66,11 +66,6 @@ def tiny_config(**overrides: Any) -> PreTrainedConfig:
     return LlamaConfig(**fields) if model_type == "llama" else AutoConfig.for_model(model_type, **fields)
 
 
-def tiny_llama_config(**overrides: Any) -> PreTrainedConfig:
-    """Return a small config (LLaMA unless ``model_type`` says otherwise: 64 hidden, 2 layers, GQA 4/2 heads)."""
-    return tiny_config(**overrides)
-
-
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
     """Build a randomly initialised tiny causal LM (:func:`tiny_config`) deterministically from ``seed``."""
     config = tiny_config(**overrides)
@@ -80,9 +75,10 @@ def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: A
     return model.to(dtype).eval()
 
 
-def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
-    """Build a randomly initialised tiny ``LlamaForCausalLM`` (or the ``model_type`` family's) from ``seed``."""
-    return tiny_model(seed, dtype, **overrides)
+tiny_llama_config = tiny_config
+"""The tiny config (LLaMA unless ``model_type`` says otherwise: 64 hidden, 2 layers, GQA 4/2 heads)."""
+tiny_llama = tiny_model
+"""A randomly initialised tiny ``LlamaForCausalLM`` (or the ``model_type`` family's) from ``seed``."""
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
