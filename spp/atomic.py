@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spp.errors import UserError
+from spp.errors import UserError, exception_chain
 
 log = logging.getLogger(__name__)
 
@@ -113,16 +113,9 @@ def check_writable_dir(path: str | os.PathLike[str], key: str, fix: str | None =
 def is_disk_full(err: BaseException) -> bool:
     """Whether ``err`` (or an error it was raised from) says the disk or the user's quota is full: ``ENOSPC`` /
     ``EDQUOT``, also as safetensors' writer words it (``SafetensorError: ... StorageFull ... No space left``)."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(text in str(current) for text in ("No space left on device", "Disk quota exceeded", "StorageFull")):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+               or any(text in str(e) for text in ("No space left on device", "Disk quota exceeded", "StorageFull"))
+               for e in exception_chain(err))
 
 
 def human_bytes(n: float) -> str:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import re
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from spp.errors import dataclass_subclasses
 from spp.eval.job_config import EvalJobConfig
 from spp.generation import GenerateJobConfig
 from spp.paths import CONF_DIR
@@ -206,26 +209,20 @@ def _option_key(job: type, key: str) -> bool:
     """Whether ``key`` (``adapter.r``) is a field of a subclass of its group's schema (an option's own key)."""
     group, _, leaf = key.partition(".")
     declared = _field_type(job, group)
-    pending = list(declared.__subclasses__()) if declared is not None else []
-    while pending:
-        cls = pending.pop()
-        pending += cls.__subclasses__()
-        if dataclasses.is_dataclass(cls) and leaf in {f.name for f in dataclasses.fields(cls)}:
-            return True
-    return False
+    return declared is not None and any(leaf in {f.name for f in dataclasses.fields(cls)}
+                                        for cls in dataclass_subclasses(declared))
 
 
 def option_line(group: str, option: str) -> str:
     """The first comment sentence of an option file (after ``@package``), its ``Use:`` part dropped."""
-    lines = []
-    for line in (CONF_DIR / group / f"{option}.yaml").read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        text = line.lstrip("# ").strip()
-        if not text.startswith("@package"):
-            lines.append(text)
-    text = " ".join(lines).split("Use:")[0].strip()
+    lines = [line.lstrip("# ").strip() for line in _head_comments(CONF_DIR / group / f"{option}.yaml")]
+    text = " ".join(t for t in lines if not t.startswith("@package")).split("Use:")[0].strip()
     return first_sentence(text)
+
+
+def _head_comments(path: Path) -> list[str]:
+    """The comment lines at the head of a YAML file (up to its first other line)."""
+    return list(itertools.takewhile(lambda line: line.startswith("#"), path.read_text().splitlines()))
 
 
 def purpose(config: str) -> str:
@@ -238,9 +235,7 @@ def use_lines(config: str) -> list[str]:
     """The commands listed after ``# Use:`` at the head of ``conf/<config>.yaml``."""
     out: list[str] = []
     started = False
-    for line in (CONF_DIR / f"{config}.yaml").read_text().splitlines():
-        if not line.startswith("#"):
-            break
+    for line in _head_comments(CONF_DIR / f"{config}.yaml"):
         body = line[1:].strip()
         if body.startswith("Use:"):
             started, body = True, body.removeprefix("Use:").strip()
@@ -256,8 +251,8 @@ def _value(root: DictConfig | None, key: str) -> str:
         value = OmegaConf.select(root, key, throw_on_missing=False)
     except Exception:  # an interpolation that needs the run (``${now:...}``): show it unresolved
         value = OmegaConf.select(root, key, throw_on_resolution_failure=False)
-    if isinstance(value, DictConfig | list) or OmegaConf.is_config(value):
-        value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
     return "null" if value is None else str(value)
 
 

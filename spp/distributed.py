@@ -150,7 +150,7 @@ class DistContext:
         box = [obj if self.rank == src else None]
         group = self._group(long_wait)
         if group is None:
-            dist.broadcast_object_list(box, src=src, device=self._object_device())
+            dist.broadcast_object_list(box, src=src, device=self.device if self.device.type == "cuda" else None)
         else:
             dist.broadcast_object_list(box, src=src, group=group)
         return box[0]
@@ -167,9 +167,6 @@ class DistContext:
         """Wait for every rank."""
         if self.distributed:
             dist.barrier()
-
-    def _object_device(self) -> torch.device | None:
-        return self.device if self.device.type == "cuda" else None
 
 
 def close_process_group() -> None:

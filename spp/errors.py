@@ -80,6 +80,16 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def exception_chain(exc: BaseException, context: bool = True) -> Iterator[BaseException]:
+    """``exc`` and the errors it was raised from (``__cause__``, else with ``context`` ``__context__``), once each."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (current.__context__ if context else None)
+
+
 def library_file_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that libraries raise on a damaged user file (safetensors, JSON, GGUF's struct, text decoding)."""
     errors: list[type[BaseException]] = [json.JSONDecodeError, struct.error, UnicodeDecodeError, EOFError]
@@ -121,13 +131,9 @@ def register_error_translator(translate: typing.Callable[[BaseException], UserEr
 def as_user_error(exc: BaseException) -> UserError | None:
     """The :class:`UserError` behind ``exc`` (in its cause chain, a ``FileNotFoundError`` naming a config key, or a
     registered translator's), or ``None`` for an internal error."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, UserError):
-            return current
-        current = current.__cause__
+    found = next((e for e in exception_chain(exc, context=False) if isinstance(e, UserError)), None)
+    if found is not None:
+        return found
     if isinstance(exc, FileNotFoundError) and _KEY.search(str(exc)):
         return UserError.from_message(str(exc))
     for translate in _TRANSLATORS:
@@ -190,11 +196,11 @@ def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None
                 _reject_in_node(node, sub, prefix=f"{name}.")
 
 
-def _subclasses(cls: type) -> list[type]:
+def dataclass_subclasses(cls: type) -> list[type]:
     """Every dataclass deriving from ``cls``, depth first."""
     out = []
     for sub in cls.__subclasses__():
-        out += [sub, *_subclasses(sub)] if dataclasses.is_dataclass(sub) else _subclasses(sub)
+        out += [sub, *dataclass_subclasses(sub)] if dataclasses.is_dataclass(sub) else dataclass_subclasses(sub)
     return out
 
 
@@ -206,7 +212,7 @@ def _reject_in_node(node: DictConfig, declared: type, prefix: str) -> None:
         reject_unknown_keys(node, actual, prefix=prefix)
         return
     errors = []
-    for candidate in [declared, *_subclasses(declared)]:
+    for candidate in [declared, *dataclass_subclasses(declared)]:
         try:
             reject_unknown_keys(node, candidate, prefix=prefix)
             return

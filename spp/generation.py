@@ -56,12 +56,6 @@ def format_prompt(prompt: str, template: str = "alpaca", input: str = "") -> str
     raise ValueError(f"template={template!r} is not one of {list(TEMPLATES)}; set template=alpaca or template=none")
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    for param in model.parameters():
-        return param.device
-    return torch.device("cpu")
-
-
 def generate_text(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -84,7 +78,7 @@ def generate_text(
     if do_sample and not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p} must be in (0, 1]")
     text = format_prompt(prompt, template, input)
-    device = _model_device(model)
+    device = next(model.parameters()).device
     enc = tokenizer(text, return_tensors="pt").to(device)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos

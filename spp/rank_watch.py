@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from spp.errors import RankFailureError, UserError, register_error_translator
+from spp.errors import RankFailureError, UserError, exception_chain, register_error_translator
 
 HEARTBEAT_S = 1.0
 """How often each rank bumps its beat."""
@@ -143,15 +143,8 @@ def _at_exit() -> None:
 
 def is_comms_error(exc: BaseException) -> bool:
     """A collective's failure (gloo/NCCL/the store), anywhere in ``exc``'s cause or context chain."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if type(current).__name__ in _DIST_ERRORS or (isinstance(current, RuntimeError)
-                                                      and _COMMS.search(str(current))):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(type(e).__name__ in _DIST_ERRORS or (isinstance(e, RuntimeError) and _COMMS.search(str(e)))
+               for e in exception_chain(exc))
 
 
 def phase_of(tb: TracebackType | None) -> tuple[str, str]:

@@ -60,7 +60,8 @@ class Registry(Generic[T]):
         default = config_name(config_cls)
         name = name or default
         if not name:
-            raise UserError(f"{self.kind} {_label(entry)} has no name",
+            label = (entry if inspect.isclass(entry) else type(entry)).__name__
+            raise UserError(f"{self.kind} {label} has no name",
                             f"give its config a `name` field defaulting to the option's name ({defined_in(entry)})")
         if default is not None and default != name and config_cls is not None:
             raise UserError(f"{self.kind} {name!r}: its config {config_cls.__name__}.name defaults to {default!r}, "
@@ -104,9 +105,3 @@ class Registry(Generic[T]):
     def _unknown(self, name: str, known: list[str]) -> UserError:
         return UserError(f"{self.key}={name!r} is not a registered {self.kind}", f"use one of {known}, or name "
                          "its plug-in folder in SPP_PLUGINS", key=self.key)
-
-
-def _label(entry: Any) -> str:
-    """An entry's class name, for a message."""
-    target = entry if inspect.isclass(entry) else type(entry)
-    return target.__name__
