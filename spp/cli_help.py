@@ -160,13 +160,8 @@ def key_doc(job: type, key: str) -> str:
 def groups_of(config: str) -> list[str]:
     """The config groups the primary config ``conf/<config>.yaml`` composes, in its ``defaults`` order."""
     defaults = yaml.safe_load((CONF_DIR / f"{config}.yaml").read_text()).get("defaults", [])
-    groups = []
-    for entry in defaults:
-        if isinstance(entry, dict):
-            name = next(iter(entry)).removeprefix("optional ").strip()
-            if not name.startswith(("override ", "hydra/")):
-                groups.append(name)
-    return groups
+    names = [next(iter(entry)).removeprefix("optional ").strip() for entry in defaults if isinstance(entry, dict)]
+    return [name for name in names if not name.startswith(("override ", "hydra/"))]
 
 
 def options_of(group: str) -> list[str]:

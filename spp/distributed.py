@@ -50,13 +50,6 @@ def local_device(accelerator: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
-def global_rank() -> int:
-    """This process's global rank: the process group's, else what the launcher's environment says (0 alone)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return cluster_environment().global_rank()
-
-
 _WAIT_GROUP: tuple[Any, float, Any] | None = None
 """This process's wait group: ``(the default group it belongs to, its timeout, the group)``
 (:meth:`DistContext.allow_long_waits`)."""

@@ -92,14 +92,9 @@ def exception_chain(exc: BaseException, context: bool = True) -> Iterator[BaseEx
 
 def library_file_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that libraries raise on a damaged user file (safetensors, JSON, GGUF's struct, text decoding)."""
-    errors: list[type[BaseException]] = [json.JSONDecodeError, struct.error, UnicodeDecodeError, EOFError]
-    try:
-        from safetensors import SafetensorError
+    from safetensors import SafetensorError  # a transformers dependency, imported when a file is read
 
-        errors.append(SafetensorError)
-    except ImportError:  # pragma: no cover - safetensors is a transformers dependency
-        pass
-    return tuple(errors)
+    return json.JSONDecodeError, struct.error, UnicodeDecodeError, EOFError, SafetensorError
 
 
 @contextmanager

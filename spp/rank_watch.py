@@ -10,6 +10,7 @@ import re
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -150,11 +151,7 @@ def is_comms_error(exc: BaseException) -> bool:
 def phase_of(tb: TracebackType | None) -> tuple[str, str]:
     """The job phase and where this rank was, from a collective's traceback: ``("prune", "spp/models/offload.py:76
     load (broadcast)")`` — the innermost ``spp`` frame outside the collective helpers, and the collective."""
-    frames = []
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        frames.append((code.co_filename, tb.tb_lineno, code.co_name))
-        tb = tb.tb_next
+    frames = [(frame.f_code.co_filename, line, frame.f_code.co_name) for frame, line in traceback.walk_tb(tb)]
     ours = [(path, line, func) for path, line, func in ((_spp_path(n), ln, f) for n, ln, f in frames) if path]
     ours = [f for f in ours if f[0] not in _PLUMBING] or ours
     calls = [func for name, _, func in frames if "torch/distributed/" in Path(name).as_posix()

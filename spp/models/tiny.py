@@ -58,11 +58,9 @@ def tiny_config(**overrides: Any) -> PreTrainedConfig:
         raise ValueError(f"model.arch.model_type={model_type!r} has no tiny config; choose one of "
                          f"{sorted(TINY_FAMILIES)}")
     base = {k: v for k, v in TINY_ARCH.items() if model_type != "gpt2" or k not in _NOT_GPT2}
-    fields = {**base, **TINY_FAMILIES[model_type], **overrides}
+    ids = {"bos_token_id": "<s>", "eos_token_id": "</s>", "pad_token_id": "<pad>"}
+    fields = {**{k: SPECIAL_TOKENS.index(t) for k, t in ids.items()}, **base, **TINY_FAMILIES[model_type], **overrides}
     fields.pop("model_type", None)
-    fields.setdefault("bos_token_id", SPECIAL_TOKENS.index("<s>"))
-    fields.setdefault("eos_token_id", SPECIAL_TOKENS.index("</s>"))
-    fields.setdefault("pad_token_id", SPECIAL_TOKENS.index("<pad>"))
     return LlamaConfig(**fields) if model_type == "llama" else AutoConfig.for_model(model_type, **fields)
 
 
