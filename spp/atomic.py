@@ -35,12 +35,9 @@ def follow_umask(root: str | os.PathLike[str]) -> None:
     writes owner-only temporaries, and on a shared cluster the user's umask decides who reads a result."""
     mask = _umask()
     for folder, dirs, files in os.walk(root):
-        for name in dirs:
+        for name, mode in [*((d, 0o777) for d in dirs), *((f, 0o666) for f in files)]:
             if not os.path.islink(os.path.join(folder, name)):
-                os.chmod(os.path.join(folder, name), 0o777 & ~mask)
-        for name in files:
-            if not os.path.islink(os.path.join(folder, name)):
-                os.chmod(os.path.join(folder, name), 0o666 & ~mask)
+                os.chmod(os.path.join(folder, name), mode & ~mask)
 
 
 def write_file_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]) -> Path:

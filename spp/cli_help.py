@@ -97,24 +97,19 @@ def attribute_docs(cls: type) -> dict[str, str]:
 
 def _own_attribute_docs(text: str) -> dict[str, str]:
     """The ``Attributes:`` entries of one docstring."""
-    doc = inspect.cleandoc(text)
     out: dict[str, str] = {}
     section = False
     current: str | None = None
-    for line in doc.splitlines():
+    for line in inspect.cleandoc(text).splitlines():
+        match = re.match(r"^ {4}(\w+)(?: \([^)]*\))?: ?(.*)$", line)
         if line.strip() == "Attributes:":
             section, current = True, None
-            continue
-        if not section:
-            continue
-        if line and not line.startswith(" "):  # the next section (or prose) ends the block
+        elif section and line and not line.startswith(" "):  # the next section (or prose) ends the block
             section = False
-            continue
-        match = re.match(r"^ {4}(\w+)(?: \([^)]*\))?: ?(.*)$", line)
-        if match:
+        elif section and match:
             current = match.group(1)
             out[current] = match.group(2).strip()
-        elif current and line.strip():
+        elif section and current and line.strip():
             out[current] += " " + line.strip()
     return out
 

@@ -141,11 +141,9 @@ class DistContext:
         if not self.distributed:
             return obj
         box = [obj if self.rank == src else None]
-        group = self._group(long_wait)
-        if group is None:
-            dist.broadcast_object_list(box, src=src, device=self.device if self.device.type == "cuda" else None)
-        else:
-            dist.broadcast_object_list(box, src=src, group=group)
+        group = self._group(long_wait)  # the gloo wait group sends objects through the CPU
+        device = self.device if group is None and self.device.type == "cuda" else None
+        dist.broadcast_object_list(box, src=src, group=group, device=device)
         return box[0]
 
     def gather_objects(self, obj: Any, long_wait: bool = False) -> list[Any]:

@@ -16,7 +16,6 @@ from spp.data.prompts import RESPONSE_SPLIT, user_prompt
 from spp.export.semi_structured import export_semi_structured
 from spp.job_base import JobConfig
 from spp.models.config import ModelConfig
-from spp.projections import DEFAULT_TARGETS
 
 TEMPLATES: tuple[str, ...] = ("alpaca", "none")
 """``template`` values: ``alpaca`` wraps the prompt as an Alpaca instruction (how SPP runs are tuned),
@@ -108,13 +107,12 @@ def generate_text(
     )
 
 
-def to_sparse24(model: PreTrainedModel, dtype: torch.dtype = torch.bfloat16, device: str = "cuda",
-                targets: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
+def to_sparse24(model: PreTrainedModel, dtype: torch.dtype = torch.bfloat16, device: str = "cuda") -> list[str]:
     """Move ``model`` to CUDA in ``dtype`` with every 2:4 target projection semi-structured sparse; returns their
     names. The 2:4 pattern and shape limits are checked on every layer first."""
     if torch.cuda.is_available():
         model.to(device, dtype)
-    return export_semi_structured(model, targets)
+    return export_semi_structured(model)
 
 
 @dataclass

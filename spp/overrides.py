@@ -50,11 +50,7 @@ def plain_keys(overrides: Sequence[Override]) -> list[str]:
 
 def _schema_error(parts: Sequence[str], schema: type, prefix: str = "") -> UserError | None:
     """:func:`spp.errors.reject_unknown_keys` for the one dotted key ``parts`` below ``schema``."""
-    tree: dict[str, Any] = {}
-    node = tree
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = None
+    tree = functools.reduce(lambda inner, part: {part: inner}, reversed(parts), None)
     try:
         reject_unknown_keys(OmegaConf.create(tree), schema, prefix=prefix)
     except UserError as err:
