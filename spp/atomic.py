@@ -133,7 +133,6 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str] | None, cache_dirs:
     """Remove what killed runs left: ``.merged.*`` / ``.adapter.*`` / ``.model.*`` folders and ``.*.tmp`` files in
     ``run_dir``; cache ``*.tmp`` files untouched for ``min_age_s`` (a live writer keeps its file fresh)."""
     removed: list[str] = []
-    now = time.time()
     if run_dir is not None and Path(run_dir).is_dir():
         for path in Path(run_dir).iterdir():
             if path.is_dir() and path.name.startswith(STALE_DIRS):
@@ -148,7 +147,7 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str] | None, cache_dirs:
             continue
         for path in root.rglob("*.tmp"):
             try:
-                if path.is_file() and now - path.stat().st_mtime > min_age_s:
+                if path.is_file() and time.time() - path.stat().st_mtime > min_age_s:
                     path.unlink()
                     removed.append(str(path))
             except OSError:

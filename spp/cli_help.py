@@ -254,10 +254,8 @@ def render(name: str, root: DictConfig | None = None) -> str:
     """The help text of command ``name`` (``train``, ``evaluate``, ``prune``, ``generate``)."""
     cmd = COMMANDS[name]
     job = cmd.job
-    choices: dict[str, Any] = {}
-    if root is not None:
-        found = OmegaConf.select(root, "hydra.runtime.choices", throw_on_resolution_failure=False)
-        choices = OmegaConf.to_container(found) if found is not None else {}
+    found = None if root is None else OmegaConf.select(root, "hydra.runtime.choices", throw_on_resolution_failure=False)
+    choices: dict[str, Any] = OmegaConf.to_container(found) if found is not None else {}
     out = [f"{cmd.script}: {purpose(cmd.config)}", "",
            f"Usage: python {cmd.script} [group=option ...] [key=value ...]   (-m / --multirun: a sweep over "
            "comma-separated values)", "", "== Common commands =="]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import os
 import re
@@ -47,7 +48,7 @@ class UserError(ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle with every field (an error of rank 0 is broadcast to the other ranks, which raise it too)."""
-        return _rebuild_user_error, (type(self), self.what, self.fix, self.key, self.path)
+        return functools.partial(type(self), key=self.key, path=self.path), (self.what, self.fix)
 
     @classmethod
     def from_message(cls, message: str, fix: str | None = None) -> UserError:
@@ -70,10 +71,6 @@ class DivergedError(UserError):
 
 class RankFailureError(UserError):
     """A rank of a distributed job died, stopped or hung; the survivors name it in one line (``spp.rank_watch``)."""
-
-
-def _rebuild_user_error(cls: type[UserError], what: str, fix: str, key: str | None, path: str | None) -> UserError:
-    return cls(what, fix, key=key, path=path)
 
 
 def _one_line(text: str) -> str:

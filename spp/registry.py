@@ -28,12 +28,9 @@ def defined_in(obj: Any) -> str:
 
 def config_name(config_cls: type | None) -> str | None:
     """The default of a config dataclass's ``name`` field (``None``: no such field, or no default)."""
-    if config_cls is None or not dataclasses.is_dataclass(config_cls):
-        return None
-    field = {f.name: f for f in dataclasses.fields(config_cls)}.get("name")
-    if field is None or field.default is dataclasses.MISSING:
-        return None
-    return str(field.default)
+    fields = dataclasses.fields(config_cls) if config_cls is not None and dataclasses.is_dataclass(config_cls) else ()
+    default = next((f.default for f in fields if f.name == "name"), dataclasses.MISSING)
+    return None if default is dataclasses.MISSING else str(default)
 
 
 def _identity(entry: Any) -> tuple[str, str]:
