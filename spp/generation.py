@@ -81,11 +81,9 @@ def generate_text(
     enc = tokenizer(text, return_tensors="pt").to(device)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample,
-                                  "eos_token_id": eos, "pad_token_id": pad}
-    if do_sample:
-        gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
-    gen_config = GenerationConfig(**gen_kwargs)
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": 0} if do_sample else {}
+    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, eos_token_id=eos,
+                                  pad_token_id=pad, **sampling)
     cuda = device.type == "cuda"
     with torch.random.fork_rng(devices=[device] if cuda else []), torch.inference_mode():
         torch.manual_seed(seed)

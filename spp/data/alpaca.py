@@ -96,12 +96,9 @@ class AlpacaDataModule(L.LightningDataModule):
         if cfg.max_examples is not None:
             records = records[: cfg.max_examples]
         n_val = validation_split_size(len(records), cfg.val_size, cfg.max_val_fraction)
-        generator = torch.Generator().manual_seed(cfg.seed)
-        order = torch.randperm(len(records), generator=generator).tolist()
-        val_records = [records[i] for i in sorted(order[:n_val])]
-        train_records = [records[i] for i in sorted(order[n_val:])]
-        train_records, train_features = self._tokenize(train_records, "train")
-        val_records, val_features = self._tokenize(val_records, "val")
+        order = torch.randperm(len(records), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+        train_records, train_features = self._tokenize([records[i] for i in sorted(order[n_val:])], "train")
+        val_records, val_features = self._tokenize([records[i] for i in sorted(order[:n_val])], "val")
         self._check_dropped(len(train_records))
         self.train_dataset, self.val_dataset = TokenizedDataset(train_features), TokenizedDataset(val_features)
         self.record_set = record_set

@@ -67,8 +67,7 @@ def read_json_records(path: str | os.PathLike[str]) -> list[Any]:
     """Parse a JSON array or JSON-lines file (by its first non-blank character); errors name file, line and column."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
+    if text.lstrip().startswith("["):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
