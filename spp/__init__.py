@@ -17,22 +17,7 @@ _SOURCES = {
     "__version__": "spp.version",
 }
 
-__all__ = [
-    "DEFAULT_IMPL",
-    "DEFAULT_TARGETS",
-    "IMPLS",
-    "SPPLinear",
-    "__version__",
-    "adapter_state_dict",
-    "count_parameters",
-    "inject",
-    "load_adapter",
-    "merge_and_unload",
-    "read_adapter_config",
-    "save_adapter",
-    "set_impl",
-    "spp_layers",
-]
+__all__ = sorted(_SOURCES)
 
 
 def __getattr__(name: str) -> Any:

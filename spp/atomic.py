@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spp.errors import UserError
+from spp.errors import UserError, exception_chain
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +35,9 @@ def follow_umask(root: str | os.PathLike[str]) -> None:
     writes owner-only temporaries, and on a shared cluster the user's umask decides who reads a result."""
     mask = _umask()
     for folder, dirs, files in os.walk(root):
-        for name in dirs:
+        for name, mode in [*((d, 0o777) for d in dirs), *((f, 0o666) for f in files)]:
             if not os.path.islink(os.path.join(folder, name)):
-                os.chmod(os.path.join(folder, name), 0o777 & ~mask)
-        for name in files:
-            if not os.path.islink(os.path.join(folder, name)):
-                os.chmod(os.path.join(folder, name), 0o666 & ~mask)
+                os.chmod(os.path.join(folder, name), mode & ~mask)
 
 
 def write_file_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]) -> Path:
@@ -113,16 +110,9 @@ def check_writable_dir(path: str | os.PathLike[str], key: str, fix: str | None =
 def is_disk_full(err: BaseException) -> bool:
     """Whether ``err`` (or an error it was raised from) says the disk or the user's quota is full: ``ENOSPC`` /
     ``EDQUOT``, also as safetensors' writer words it (``SafetensorError: ... StorageFull ... No space left``)."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if any(text in str(current) for text in ("No space left on device", "Disk quota exceeded", "StorageFull")):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+               or any(text in str(e) for text in ("No space left on device", "Disk quota exceeded", "StorageFull"))
+               for e in exception_chain(err))
 
 
 def human_bytes(n: float) -> str:
@@ -143,7 +133,6 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str] | None, cache_dirs:
     """Remove what killed runs left: ``.merged.*`` / ``.adapter.*`` / ``.model.*`` folders and ``.*.tmp`` files in
     ``run_dir``; cache ``*.tmp`` files untouched for ``min_age_s`` (a live writer keeps its file fresh)."""
     removed: list[str] = []
-    now = time.time()
     if run_dir is not None and Path(run_dir).is_dir():
         for path in Path(run_dir).iterdir():
             if path.is_dir() and path.name.startswith(STALE_DIRS):
@@ -158,7 +147,7 @@ def remove_stale_temporaries(run_dir: str | os.PathLike[str] | None, cache_dirs:
             continue
         for path in root.rglob("*.tmp"):
             try:
-                if path.is_file() and now - path.stat().st_mtime > min_age_s:
+                if path.is_file() and time.time() - path.stat().st_mtime > min_age_s:
                     path.unlink()
                     removed.append(str(path))
             except OSError:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import itertools
 import re
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from spp.errors import dataclass_subclasses
 from spp.eval.job_config import EvalJobConfig
 from spp.generation import GenerateJobConfig
 from spp.paths import CONF_DIR
@@ -94,24 +97,19 @@ def attribute_docs(cls: type) -> dict[str, str]:
 
 def _own_attribute_docs(text: str) -> dict[str, str]:
     """The ``Attributes:`` entries of one docstring."""
-    doc = inspect.cleandoc(text)
     out: dict[str, str] = {}
     section = False
     current: str | None = None
-    for line in doc.splitlines():
+    for line in inspect.cleandoc(text).splitlines():
+        match = re.match(r"^ {4}(\w+)(?: \([^)]*\))?: ?(.*)$", line)
         if line.strip() == "Attributes:":
             section, current = True, None
-            continue
-        if not section:
-            continue
-        if line and not line.startswith(" "):  # the next section (or prose) ends the block
+        elif section and line and not line.startswith(" "):  # the next section (or prose) ends the block
             section = False
-            continue
-        match = re.match(r"^ {4}(\w+)(?: \([^)]*\))?: ?(.*)$", line)
-        if match:
+        elif section and match:
             current = match.group(1)
             out[current] = match.group(2).strip()
-        elif current and line.strip():
+        elif section and current and line.strip():
             out[current] += " " + line.strip()
     return out
 
@@ -157,13 +155,8 @@ def key_doc(job: type, key: str) -> str:
 def groups_of(config: str) -> list[str]:
     """The config groups the primary config ``conf/<config>.yaml`` composes, in its ``defaults`` order."""
     defaults = yaml.safe_load((CONF_DIR / f"{config}.yaml").read_text()).get("defaults", [])
-    groups = []
-    for entry in defaults:
-        if isinstance(entry, dict):
-            name = next(iter(entry)).removeprefix("optional ").strip()
-            if not name.startswith(("override ", "hydra/")):
-                groups.append(name)
-    return groups
+    names = [next(iter(entry)).removeprefix("optional ").strip() for entry in defaults if isinstance(entry, dict)]
+    return [name for name in names if not name.startswith(("override ", "hydra/"))]
 
 
 def options_of(group: str) -> list[str]:
@@ -206,26 +199,20 @@ def _option_key(job: type, key: str) -> bool:
     """Whether ``key`` (``adapter.r``) is a field of a subclass of its group's schema (an option's own key)."""
     group, _, leaf = key.partition(".")
     declared = _field_type(job, group)
-    pending = list(declared.__subclasses__()) if declared is not None else []
-    while pending:
-        cls = pending.pop()
-        pending += cls.__subclasses__()
-        if dataclasses.is_dataclass(cls) and leaf in {f.name for f in dataclasses.fields(cls)}:
-            return True
-    return False
+    return declared is not None and any(leaf in {f.name for f in dataclasses.fields(cls)}
+                                        for cls in dataclass_subclasses(declared))
 
 
 def option_line(group: str, option: str) -> str:
     """The first comment sentence of an option file (after ``@package``), its ``Use:`` part dropped."""
-    lines = []
-    for line in (CONF_DIR / group / f"{option}.yaml").read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        text = line.lstrip("# ").strip()
-        if not text.startswith("@package"):
-            lines.append(text)
-    text = " ".join(lines).split("Use:")[0].strip()
+    lines = [line.lstrip("# ").strip() for line in _head_comments(CONF_DIR / group / f"{option}.yaml")]
+    text = " ".join(t for t in lines if not t.startswith("@package")).split("Use:")[0].strip()
     return first_sentence(text)
+
+
+def _head_comments(path: Path) -> list[str]:
+    """The comment lines at the head of a YAML file (up to its first other line)."""
+    return list(itertools.takewhile(lambda line: line.startswith("#"), path.read_text().splitlines()))
 
 
 def purpose(config: str) -> str:
@@ -238,9 +225,7 @@ def use_lines(config: str) -> list[str]:
     """The commands listed after ``# Use:`` at the head of ``conf/<config>.yaml``."""
     out: list[str] = []
     started = False
-    for line in (CONF_DIR / f"{config}.yaml").read_text().splitlines():
-        if not line.startswith("#"):
-            break
+    for line in _head_comments(CONF_DIR / f"{config}.yaml"):
         body = line[1:].strip()
         if body.startswith("Use:"):
             started, body = True, body.removeprefix("Use:").strip()
@@ -256,8 +241,8 @@ def _value(root: DictConfig | None, key: str) -> str:
         value = OmegaConf.select(root, key, throw_on_missing=False)
     except Exception:  # an interpolation that needs the run (``${now:...}``): show it unresolved
         value = OmegaConf.select(root, key, throw_on_resolution_failure=False)
-    if isinstance(value, DictConfig | list) or OmegaConf.is_config(value):
-        value = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
     return "null" if value is None else str(value)
 
 
@@ -269,10 +254,8 @@ def render(name: str, root: DictConfig | None = None) -> str:
     """The help text of command ``name`` (``train``, ``evaluate``, ``prune``, ``generate``)."""
     cmd = COMMANDS[name]
     job = cmd.job
-    choices: dict[str, Any] = {}
-    if root is not None:
-        found = OmegaConf.select(root, "hydra.runtime.choices", throw_on_resolution_failure=False)
-        choices = OmegaConf.to_container(found) if found is not None else {}
+    found = None if root is None else OmegaConf.select(root, "hydra.runtime.choices", throw_on_resolution_failure=False)
+    choices: dict[str, Any] = OmegaConf.to_container(found) if found is not None else {}
     out = [f"{cmd.script}: {purpose(cmd.config)}", "",
            f"Usage: python {cmd.script} [group=option ...] [key=value ...]   (-m / --multirun: a sweep over "
            "comma-separated values)", "", "== Common commands =="]

@@ -51,9 +51,9 @@ def check_deepspeed(strategy: Any, accelerator: str, adapter: Any = None) -> Non
                         key="strategy") from err
 
 
-def checkpoint_tag_dir(path: str | Path) -> Path | None:
-    """The tag directory of a DeepSpeed checkpoint directory (from ``<path>/latest``, else the only sub-directory with
-    a model-states file), or ``None`` if ``path`` is not one."""
+def client_state_file(path: str | Path) -> Path | None:
+    """The file of a DeepSpeed checkpoint directory that holds Lightning's client state, or ``None``: in its tag
+    directory (from ``<path>/latest``, else the only sub-directory with a model-states file)."""
     root = Path(path)
     if not root.is_dir():
         return None
@@ -64,15 +64,9 @@ def checkpoint_tag_dir(path: str | Path) -> Path | None:
     else:
         candidates = sorted(p for p in root.iterdir() if p.is_dir())
     found = [c for c in candidates if any((c / name).is_file() for name in CLIENT_STATE_FILES)]
-    return found[0] if len(found) == 1 else None
-
-
-def client_state_file(path: str | Path) -> Path | None:
-    """The file of a DeepSpeed checkpoint directory that holds Lightning's client state, or ``None``."""
-    tag = checkpoint_tag_dir(path)
-    if tag is None:
+    if len(found) != 1:
         return None
-    return next(tag / name for name in CLIENT_STATE_FILES if (tag / name).is_file())
+    return next(found[0] / name for name in CLIENT_STATE_FILES if (found[0] / name).is_file())
 
 
 def check_resume_format(strategy: Any, checkpoint: str | Path) -> Path:

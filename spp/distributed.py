@@ -50,13 +50,6 @@ def local_device(accelerator: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
-def global_rank() -> int:
-    """This process's global rank: the process group's, else what the launcher's environment says (0 alone)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return cluster_environment().global_rank()
-
-
 _WAIT_GROUP: tuple[Any, float, Any] | None = None
 """This process's wait group: ``(the default group it belongs to, its timeout, the group)``
 (:meth:`DistContext.allow_long_waits`)."""
@@ -148,11 +141,9 @@ class DistContext:
         if not self.distributed:
             return obj
         box = [obj if self.rank == src else None]
-        group = self._group(long_wait)
-        if group is None:
-            dist.broadcast_object_list(box, src=src, device=self._object_device())
-        else:
-            dist.broadcast_object_list(box, src=src, group=group)
+        group = self._group(long_wait)  # the gloo wait group sends objects through the CPU
+        device = self.device if group is None and self.device.type == "cuda" else None
+        dist.broadcast_object_list(box, src=src, group=group, device=device)
         return box[0]
 
     def gather_objects(self, obj: Any, long_wait: bool = False) -> list[Any]:
@@ -167,9 +158,6 @@ class DistContext:
         """Wait for every rank."""
         if self.distributed:
             dist.barrier()
-
-    def _object_device(self) -> torch.device | None:
-        return self.device if self.device.type == "cuda" else None
 
 
 def close_process_group() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import json
 import os
 import re
@@ -47,7 +48,7 @@ class UserError(ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle with every field (an error of rank 0 is broadcast to the other ranks, which raise it too)."""
-        return _rebuild_user_error, (type(self), self.what, self.fix, self.key, self.path)
+        return functools.partial(type(self), key=self.key, path=self.path), (self.what, self.fix)
 
     @classmethod
     def from_message(cls, message: str, fix: str | None = None) -> UserError:
@@ -72,24 +73,25 @@ class RankFailureError(UserError):
     """A rank of a distributed job died, stopped or hung; the survivors name it in one line (``spp.rank_watch``)."""
 
 
-def _rebuild_user_error(cls: type[UserError], what: str, fix: str, key: str | None, path: str | None) -> UserError:
-    return cls(what, fix, key=key, path=path)
-
-
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+def exception_chain(exc: BaseException, context: bool = True) -> Iterator[BaseException]:
+    """``exc`` and the errors it was raised from (``__cause__``, else with ``context`` ``__context__``), once each."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (current.__context__ if context else None)
+
+
 def library_file_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that libraries raise on a damaged user file (safetensors, JSON, GGUF's struct, text decoding)."""
-    errors: list[type[BaseException]] = [json.JSONDecodeError, struct.error, UnicodeDecodeError, EOFError]
-    try:
-        from safetensors import SafetensorError
+    from safetensors import SafetensorError  # a transformers dependency, imported when a file is read
 
-        errors.append(SafetensorError)
-    except ImportError:  # pragma: no cover - safetensors is a transformers dependency
-        pass
-    return tuple(errors)
+    return json.JSONDecodeError, struct.error, UnicodeDecodeError, EOFError, SafetensorError
 
 
 @contextmanager
@@ -121,13 +123,9 @@ def register_error_translator(translate: typing.Callable[[BaseException], UserEr
 def as_user_error(exc: BaseException) -> UserError | None:
     """The :class:`UserError` behind ``exc`` (in its cause chain, a ``FileNotFoundError`` naming a config key, or a
     registered translator's), or ``None`` for an internal error."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, UserError):
-            return current
-        current = current.__cause__
+    found = next((e for e in exception_chain(exc, context=False) if isinstance(e, UserError)), None)
+    if found is not None:
+        return found
     if isinstance(exc, FileNotFoundError) and _KEY.search(str(exc)):
         return UserError.from_message(str(exc))
     for translate in _TRANSLATORS:
@@ -190,11 +188,11 @@ def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None
                 _reject_in_node(node, sub, prefix=f"{name}.")
 
 
-def _subclasses(cls: type) -> list[type]:
+def dataclass_subclasses(cls: type) -> list[type]:
     """Every dataclass deriving from ``cls``, depth first."""
     out = []
     for sub in cls.__subclasses__():
-        out += [sub, *_subclasses(sub)] if dataclasses.is_dataclass(sub) else _subclasses(sub)
+        out += [sub, *dataclass_subclasses(sub)] if dataclasses.is_dataclass(sub) else dataclass_subclasses(sub)
     return out
 
 
@@ -206,7 +204,7 @@ def _reject_in_node(node: DictConfig, declared: type, prefix: str) -> None:
         reject_unknown_keys(node, actual, prefix=prefix)
         return
     errors = []
-    for candidate in [declared, *_subclasses(declared)]:
+    for candidate in [declared, *dataclass_subclasses(declared)]:
         try:
             reject_unknown_keys(node, candidate, prefix=prefix)
             return

@@ -60,15 +60,10 @@ class ZeroGatherer(Gatherer):
             yield
 
 
-def is_zero3_parameter(p: torch.Tensor) -> bool:
-    """Whether ``p`` is a DeepSpeed ZeRO-3 partitioned parameter (DeepSpeed gives each one a ``ds_id``)."""
-    return hasattr(p, "ds_id")
-
-
 def gatherer_for(model: nn.Module) -> Gatherer:
     """The gatherer for how ``model``'s parameters are held now: ZeRO-3 partitions, FSDP2 ``DTensor`` s or whole."""
     params = list(model.parameters())
-    if any(is_zero3_parameter(p) for p in params):
+    if any(hasattr(p, "ds_id") for p in params):  # DeepSpeed gives each ZeRO-3 partitioned parameter a ``ds_id``
         return ZeroGatherer()
     if any(isinstance(p, DTensor) for p in params):
         return DTensorGatherer()

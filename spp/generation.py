@@ -16,7 +16,6 @@ from spp.data.prompts import RESPONSE_SPLIT, user_prompt
 from spp.export.semi_structured import export_semi_structured
 from spp.job_base import JobConfig
 from spp.models.config import ModelConfig
-from spp.projections import DEFAULT_TARGETS
 
 TEMPLATES: tuple[str, ...] = ("alpaca", "none")
 """``template`` values: ``alpaca`` wraps the prompt as an Alpaca instruction (how SPP runs are tuned),
@@ -56,12 +55,6 @@ def format_prompt(prompt: str, template: str = "alpaca", input: str = "") -> str
     raise ValueError(f"template={template!r} is not one of {list(TEMPLATES)}; set template=alpaca or template=none")
 
 
-def _model_device(model: torch.nn.Module) -> torch.device:
-    for param in model.parameters():
-        return param.device
-    return torch.device("cpu")
-
-
 def generate_text(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -84,15 +77,13 @@ def generate_text(
     if do_sample and not 0 < top_p <= 1:
         raise ValueError(f"top_p={top_p} must be in (0, 1]")
     text = format_prompt(prompt, template, input)
-    device = _model_device(model)
+    device = next(model.parameters()).device
     enc = tokenizer(text, return_tensors="pt").to(device)
     eos = tokenizer.eos_token_id
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    gen_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": do_sample,
-                                  "eos_token_id": eos, "pad_token_id": pad}
-    if do_sample:
-        gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=0)
-    gen_config = GenerationConfig(**gen_kwargs)
+    sampling = {"temperature": temperature, "top_p": top_p, "top_k": 0} if do_sample else {}
+    gen_config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=do_sample, eos_token_id=eos,
+                                  pad_token_id=pad, **sampling)
     cuda = device.type == "cuda"
     with torch.random.fork_rng(devices=[device] if cuda else []), torch.inference_mode():
         torch.manual_seed(seed)
@@ -114,13 +105,12 @@ def generate_text(
     )
 
 
-def to_sparse24(model: PreTrainedModel, dtype: torch.dtype = torch.bfloat16, device: str = "cuda",
-                targets: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
+def to_sparse24(model: PreTrainedModel, dtype: torch.dtype = torch.bfloat16, device: str = "cuda") -> list[str]:
     """Move ``model`` to CUDA in ``dtype`` with every 2:4 target projection semi-structured sparse; returns their
     names. The 2:4 pattern and shape limits are checked on every layer first."""
     if torch.cuda.is_available():
         model.to(device, dtype)
-    return export_semi_structured(model, targets)
+    return export_semi_structured(model)
 
 
 @dataclass

@@ -227,11 +227,8 @@ def config_tree(cfg: DictConfig) -> Tree:
     """The resolved config as a Rich tree (one branch per group)."""
     tree = Tree("[bold]config[/bold]")
     for key, value in cfg.items():
-        branch = tree.add(f"[bold cyan]{key}[/bold cyan]")
-        if isinstance(value, DictConfig):
-            branch.add(OmegaConf.to_yaml(value, resolve=True).rstrip() or "{}")
-        else:
-            branch.add(str(value))
+        text = OmegaConf.to_yaml(value, resolve=True).rstrip() or "{}" if isinstance(value, DictConfig) else str(value)
+        tree.add(f"[bold cyan]{key}[/bold cyan]").add(text)
     return tree
 
 

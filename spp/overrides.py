@@ -43,24 +43,14 @@ def parsed_overrides(argv: Sequence[str]) -> list[Override]:
         return []
 
 
-def plain_override_keys(argv: Sequence[str]) -> list[str]:
-    """The keys of the plain ``key=value`` overrides in a command line (not ``+``/``++``/``~``, no ``@package``), read
-    by Hydra's own parsers; ``[]`` when they cannot parse it (Hydra then reports the problem)."""
-    return plain_keys(parsed_overrides(argv))
-
-
 def plain_keys(overrides: Sequence[Override]) -> list[str]:
-    """The keys of the plain ``key=value`` overrides among ``overrides`` (see :func:`plain_override_keys`)."""
+    """The keys of the plain ``key=value`` overrides among ``overrides`` (not ``+``/``++``/``~``, no ``@package``)."""
     return [o.key_or_group for o in overrides if o.type == OverrideType.CHANGE and not o.package]
 
 
 def _schema_error(parts: Sequence[str], schema: type, prefix: str = "") -> UserError | None:
     """:func:`spp.errors.reject_unknown_keys` for the one dotted key ``parts`` below ``schema``."""
-    tree: dict[str, Any] = {}
-    node = tree
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = None
+    tree = functools.reduce(lambda inner, part: {part: inner}, reversed(parts), None)
     try:
         reject_unknown_keys(OmegaConf.create(tree), schema, prefix=prefix)
     except UserError as err:
@@ -95,11 +85,15 @@ def unknown_override(keys: Sequence[str], schema: type, config_name: str | None 
 def group_options(group: str) -> list[str]:
     """The user-facing options of config group ``group`` as Hydra finds them (``conf/``, search-path plug-ins, the
     ConfigStore), without the internal ``<name>_schema`` entries that type them."""
+    return [name for name in _loader().get_group_options(group) if not name.endswith("_schema")]
+
+
+def _loader() -> Any:
+    """Hydra's config loader over ``conf/`` and the search-path plug-ins."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra._internal.utils import create_config_search_path
 
-    loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
-    return [name for name in loader.get_group_options(group) if not name.endswith("_schema")]
+    return ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
 
 
 def unknown_option(overrides: Sequence[Override]) -> UserError | None:
@@ -181,8 +175,6 @@ def group_schemas(group: str) -> dict[str, type]:
 def chosen_options(config_name: str, group: str, overrides: Sequence[Override]) -> list[tuple[str, type]] | None:
     """``(option, schema)`` for each option of ``group`` the command line chooses, each composed (group selections
     only, other sweeps at their first value) to read the type of its node; ``None`` when one does not compose."""
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.utils import create_config_search_path
     from hydra.types import RunMode
 
     selections = [o for o in overrides if "." not in o.key_or_group and o.key_or_group != "hydra"]
@@ -190,7 +182,7 @@ def chosen_options(config_name: str, group: str, overrides: Sequence[Override]) 
     values = list(mine.sweep_string_iterator()) if mine is not None and mine.is_sweep_override() else [None]
     out = []
     try:
-        loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(CONF_DIR)))
+        loader = _loader()
         for value in values:
             lines = [_first_value(o, value if o is mine else None) for o in selections]
             with contextlib.redirect_stderr(io.StringIO()):

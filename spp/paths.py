@@ -145,19 +145,15 @@ def _provenance_row(file: Path, root: Path | None) -> dict[str, Any]:
             "truncated_sample": shipped and is_truncated_sample(sample)}
 
 
-def data_provenance(reset: bool = False) -> list[dict[str, Any]]:
+def data_provenance() -> list[dict[str, Any]]:
     """Every data file resolved by :func:`find_data` (folders file by file): path relative to the repo or data root,
-    sha256, size, and whether it is the shipped (or truncated) sample. ``reset=True`` forgets them afterwards."""
+    sha256, size, and whether it is the shipped (or truncated) sample."""
     files: dict[str, tuple[Path, Path | None]] = {}
     for path, root in _READ.values():
         for file in sorted(path.rglob("*")) if path.is_dir() else [path]:
             if file.is_file() and not file.name.startswith(("LICENSE", ".")):
                 files[str(file)] = (file, root)
-    rows = sorted((_provenance_row(file, root) for file, root in files.values()),
-                  key=lambda r: (r["root"], r["path"]))
-    if reset:
-        _READ.clear()
-    return rows
+    return sorted((_provenance_row(file, root) for file, root in files.values()), key=lambda r: (r["root"], r["path"]))
 
 
 def default_cache_dir() -> Path:

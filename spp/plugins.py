@@ -25,19 +25,20 @@ log = logging.getLogger(__name__)
 _loaded: dict[str, str] = {}
 
 
+def _named() -> list[Path]:
+    """The folders ``SPP_PLUGINS`` names, in order, resolved (empty entries skipped)."""
+    return [Path(e).expanduser().resolve() for e in os.environ.get(PLUGINS_ENV, "").split(os.pathsep) if e.strip()]
+
+
 def plugin_dirs() -> list[Path]:
     """The folders ``SPP_PLUGINS`` names, in order; ``UserError`` for one that is not a Python package."""
-    out = []
-    for entry in os.environ.get(PLUGINS_ENV, "").split(os.pathsep):
-        if not entry.strip():
-            continue
-        path = Path(entry).expanduser().resolve()
+    paths = _named()
+    for path in paths:
         if not (path / "__init__.py").is_file():
             raise UserError(f"{PLUGINS_ENV} names {path}, which is not a plug-in folder (a Python package with an "
                             "__init__.py that registers the method)", f"fix {PLUGINS_ENV} (folders separated by "
                             f"'{os.pathsep}'), or add {path / '__init__.py'}", key=PLUGINS_ENV, path=path)
-        out.append(path)
-    return out
+    return paths
 
 
 def load_plugins() -> list[str]:
@@ -83,9 +84,4 @@ def _import_folder(name: str, path: Path) -> ModuleType:
 
 def plugin_conf_dirs() -> list[Path]:
     """The ``conf/`` folders of the plug-ins (what the Hydra search path plug-in adds); no import happens."""
-    dirs = []
-    for entry in os.environ.get(PLUGINS_ENV, "").split(os.pathsep):
-        conf = Path(entry).expanduser().resolve() / "conf" if entry.strip() else None
-        if conf is not None and conf.is_dir():
-            dirs.append(conf)
-    return dirs
+    return [path / "conf" for path in _named() if (path / "conf").is_dir()]

@@ -96,19 +96,13 @@ def is_attention(path: str) -> bool:
     return any(part.endswith(("attn", "attention")) for part in path.split(".")[:-1])
 
 
-def _attention_paths(projections: Iterable[str]) -> list[str]:
-    return [p for p in projections if is_attention(p)]
-
-
-def resolve_targets(block: nn.Module, targets: Iterable[str], key: str = "pruner.targets",
-                    default: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
+def resolve_targets(block: nn.Module, targets: Iterable[str], key: str = "pruner.targets") -> list[str]:
     """The target names on a model whose blocks look like ``block``: the default list becomes the block's projection
     names; an explicit list must match linear projections (else a ``UserError`` naming ``key``)."""
     targets = list([targets] if isinstance(targets, str) else targets)
     projections = block_projections(block)
-    if is_default(targets, default):
-        chosen = _attention_paths(projections) if default == ATTENTION_TARGETS else list(projections)
-        return leaf_names(chosen)
+    if is_default(targets):
+        return leaf_names(projections)
     kind = type(block).__name__
     fix = f"set {key} to names among {leaf_names(projections)} (or leave it at its default: all of them)"
     if not targets:
@@ -137,10 +131,9 @@ def names_in(model: nn.Module, targets: Iterable[str], key: str = "adapter.targe
         return targets
 
 
-def model_targets(model: nn.Module, targets: Iterable[str], key: str = "adapter.targets",
-                  default: tuple[str, ...] = DEFAULT_TARGETS) -> list[str]:
+def model_targets(model: nn.Module, targets: Iterable[str], key: str = "adapter.targets") -> list[str]:
     """:func:`resolve_targets` against ``model``'s first decoder block."""
-    return resolve_targets(decoder_layers(model)[1][0], targets, key, default)
+    return resolve_targets(decoder_layers(model)[1][0], targets, key)
 
 
 def find_projections(model: nn.Module, targets: Iterable[str], key: str = "adapter.targets") -> dict[str, nn.Module]:

@@ -24,21 +24,16 @@ LIGHTNING_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.
                      "lightning.fabric.utilities.seed", "lightning.pytorch.utilities.seed")
 
 
-class _DropBoilerplate(logging.Filter):
-    """Drop a record whose message starts with one of :data:`QUIET_PREFIXES`."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not re.sub(r"^\[rank: \d+\] ", "", str(record.msg)).startswith(QUIET_PREFIXES)
-
-
-_FILTER = _DropBoilerplate()
+def _drop_boilerplate(record: logging.LogRecord) -> bool:
+    """The logging filter: drop a record whose message starts with one of :data:`QUIET_PREFIXES`."""
+    return not re.sub(r"^\[rank: \d+\] ", "", str(record.msg)).startswith(QUIET_PREFIXES)
 
 
 def quiet_lightning() -> None:
     """Install the filters (idempotent)."""
     for name in LIGHTNING_LOGGERS:
         logger = logging.getLogger(name)
-        if _FILTER not in logger.filters:
-            logger.addFilter(_FILTER)
+        if _drop_boilerplate not in logger.filters:
+            logger.addFilter(_drop_boilerplate)
     for pattern in QUIET_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)

@@ -10,11 +10,12 @@ import re
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from spp.errors import RankFailureError, UserError, register_error_translator
+from spp.errors import RankFailureError, UserError, exception_chain, register_error_translator
 
 HEARTBEAT_S = 1.0
 """How often each rank bumps its beat."""
@@ -143,25 +144,14 @@ def _at_exit() -> None:
 
 def is_comms_error(exc: BaseException) -> bool:
     """A collective's failure (gloo/NCCL/the store), anywhere in ``exc``'s cause or context chain."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if type(current).__name__ in _DIST_ERRORS or (isinstance(current, RuntimeError)
-                                                      and _COMMS.search(str(current))):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
+    return any(type(e).__name__ in _DIST_ERRORS or (isinstance(e, RuntimeError) and _COMMS.search(str(e)))
+               for e in exception_chain(exc))
 
 
 def phase_of(tb: TracebackType | None) -> tuple[str, str]:
     """The job phase and where this rank was, from a collective's traceback: ``("prune", "spp/models/offload.py:76
     load (broadcast)")`` — the innermost ``spp`` frame outside the collective helpers, and the collective."""
-    frames = []
-    while tb is not None:
-        code = tb.tb_frame.f_code
-        frames.append((code.co_filename, tb.tb_lineno, code.co_name))
-        tb = tb.tb_next
+    frames = [(frame.f_code.co_filename, line, frame.f_code.co_name) for frame, line in traceback.walk_tb(tb)]
     ours = [(path, line, func) for path, line, func in ((_spp_path(n), ln, f) for n, ln, f in frames) if path]
     ours = [f for f in ours if f[0] not in _PLUMBING] or ours
     calls = [func for name, _, func in frames if "torch/distributed/" in Path(name).as_posix()

@@ -28,12 +28,9 @@ def defined_in(obj: Any) -> str:
 
 def config_name(config_cls: type | None) -> str | None:
     """The default of a config dataclass's ``name`` field (``None``: no such field, or no default)."""
-    if config_cls is None or not dataclasses.is_dataclass(config_cls):
-        return None
-    field = {f.name: f for f in dataclasses.fields(config_cls)}.get("name")
-    if field is None or field.default is dataclasses.MISSING:
-        return None
-    return str(field.default)
+    fields = dataclasses.fields(config_cls) if config_cls is not None and dataclasses.is_dataclass(config_cls) else ()
+    default = next((f.default for f in fields if f.name == "name"), dataclasses.MISSING)
+    return None if default is dataclasses.MISSING else str(default)
 
 
 def _identity(entry: Any) -> tuple[str, str]:
@@ -60,7 +57,8 @@ class Registry(Generic[T]):
         default = config_name(config_cls)
         name = name or default
         if not name:
-            raise UserError(f"{self.kind} {_label(entry)} has no name",
+            label = (entry if inspect.isclass(entry) else type(entry)).__name__
+            raise UserError(f"{self.kind} {label} has no name",
                             f"give its config a `name` field defaulting to the option's name ({defined_in(entry)})")
         if default is not None and default != name and config_cls is not None:
             raise UserError(f"{self.kind} {name!r}: its config {config_cls.__name__}.name defaults to {default!r}, "
@@ -104,9 +102,3 @@ class Registry(Generic[T]):
     def _unknown(self, name: str, known: list[str]) -> UserError:
         return UserError(f"{self.key}={name!r} is not a registered {self.kind}", f"use one of {known}, or name "
                          "its plug-in folder in SPP_PLUGINS", key=self.key)
-
-
-def _label(entry: Any) -> str:
-    """An entry's class name, for a message."""
-    target = entry if inspect.isclass(entry) else type(entry)
-    return target.__name__

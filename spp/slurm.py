@@ -25,6 +25,7 @@ from spp.planning.pruning import Calibration
 from spp.planning.pruning import plan as pruning_plan
 from spp.planning.shapes import shape_from_arch
 from spp.preflight.model_files import model_arch
+from spp.projections import DEFAULT_TARGETS
 from spp.training.config import TrainJobConfig
 
 MARGIN = 1.10
@@ -81,8 +82,7 @@ def other_need(cfg: DictConfig, gpus: int, nodes: int) -> int:
     model = OmegaConf.to_object(cfg.model)
     arch = _arch(model)
     dtype = {"float32": 4, "float64": 8}.get(str(model.torch_dtype), 2)
-    shape = shape_from_arch(model.name, arch, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                               "down_proj"], dtype)
+    shape = shape_from_arch(model.name, arch, list(DEFAULT_TARGETS), dtype)
     hw = for_accelerator("gpu" if gpus else "cpu")
     if "calibration" in cfg and "pruner" in cfg:
         cal = cfg.calibration

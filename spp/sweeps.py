@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +52,13 @@ def optuna_sweep() -> bool:
     return hydra_cfg.mode == RunMode.MULTIRUN and "optuna" in str(hydra_cfg.sweeper.get("_target_", "")).lower()
 
 
-def require_validation_objective(objective: str | None, allowed: Sequence[str] = VALIDATION_OBJECTIVES) -> None:
+def require_validation_objective(objective: str | None) -> None:
     """Refuse an Optuna sweep job whose ``sweep_objective`` is not a validation metric: choosing on the test split
     would leak it into the numbers reported on it. Does nothing outside an Optuna multirun."""
-    if optuna_sweep() and objective not in allowed:
+    if optuna_sweep() and objective not in VALIDATION_OBJECTIVES:
         raise UserError(
             f"sweep_objective={objective}: an Optuna sweep selects hyper-parameters, so the job must return a "
-            f"validation metric ({', '.join(allowed)}), never a test-split number",
+            f"validation metric ({', '.join(VALIDATION_OBJECTIVES)}), never a test-split number",
             "set sweep_objective=val_loss or ppl_val_merged (hydra/sweeper=optuna_lr sets val_loss; drop "
             "sweep_objective= from the command line)",
             key="sweep_objective",

@@ -130,7 +130,7 @@ def test_split_sizes_disjoint_and_seeded(tiny_tok, sample_data_dir: Path) -> Non
     kwargs = {"data_dir": sample_data_dir, "progress": False, "max_examples": 300, "max_length": 64}
     dm = AlpacaDataModule(tiny_tok, DataConfig(source=SAMPLE), **kwargs)
     dm.setup("fit")
-    assert (dm.num_train_examples, dm.num_val_examples) == (270, 30)
+    assert (len(dm.train_dataset), len(dm.val_dataset)) == (270, 30)
     first_300 = dm.record_set.records[:300]
     positions = {id(r): i for i, r in enumerate(first_300)}
     train_pos = [positions[id(r)] for r in dm.train_records]
@@ -142,13 +142,13 @@ def test_split_sizes_disjoint_and_seeded(tiny_tok, sample_data_dir: Path) -> Non
     other = AlpacaDataModule(tiny_tok, DataConfig(source=SAMPLE, seed=1), **kwargs)
     other.setup("fit")
     assert other.val_dataset.features != dm.val_dataset.features
-    assert dm.num_train_tokens == sum(len(f["input_ids"]) for f in dm.train_dataset.features) == 270 * 64
+    assert dm.train_dataset.num_tokens == sum(len(f["input_ids"]) for f in dm.train_dataset.features) == 270 * 64
 
 
 def test_full_sample_split_and_loader(tiny_tok, sample_data_dir: Path) -> None:
     dm = AlpacaDataModule(tiny_tok, source=SAMPLE, data_dir=sample_data_dir, progress=False, train_batch_size=4)
     dm.setup("fit")
-    assert (dm.num_train_examples, dm.num_val_examples) == (1396, 155)
+    assert (len(dm.train_dataset), len(dm.val_dataset)) == (1396, 155)
     loader = dm.train_dataloader()
     batch = next(iter(loader))
     lengths = batch["attention_mask"].sum(1)
@@ -189,7 +189,7 @@ def test_malformed_records_are_skipped_counted_and_listed(tmp_path: Path, tiny_t
     assert "skipped 5 malformed" in message and "bad.json[1]" in message and "bad.json[7]" in message
     dm = AlpacaDataModule(tiny_tok, source=str(path), val_size=0, progress=False)
     dm.setup("fit")
-    assert dm.num_train_examples == 3 and [s.index for s in dm.skipped] == [1, 2, 4, 5, 7]
+    assert len(dm.train_dataset) == 3 and [s.index for s in dm.record_set.skipped] == [1, 2, 4, 5, 7]
     assert dm.summary()["skipped_records"] == 5
 
 

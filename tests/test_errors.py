@@ -233,7 +233,8 @@ def test_provenance_marks_truncated_samples():
     forget_data_reads()
     find_data("boolq/val.jsonl", SAMPLE_DATA_DIR)
     find_data("rte/val.jsonl", SAMPLE_DATA_DIR)
-    rows = {r["path"]: r for r in data_provenance(reset=True)}  # shipped: relative to the checkout (the recovery study)
+    rows = {r["path"]: r for r in data_provenance()}  # shipped: relative to the checkout (the recovery study)
+    forget_data_reads()
     assert rows["data/boolq/val.jsonl"]["truncated_sample"] and rows["data/boolq/val.jsonl"]["shipped_sample"]
     assert not rows["data/rte/val.jsonl"]["truncated_sample"] and rows["data/rte/val.jsonl"]["root"] == "repo"
     assert len(rows["data/rte/val.jsonl"]["sha256"]) == 64
@@ -251,7 +252,8 @@ def test_provenance_is_relative_to_the_data_root_and_compares_bytes(tmp_path):
     find_data("boolq/val.jsonl", tmp_path)
     find_data("rte/val.jsonl", tmp_path)
     find_data(tmp_path / "own.json")
-    rows = {r["path"]: r for r in data_provenance(reset=True)}
+    rows = {r["path"]: r for r in data_provenance()}
+    forget_data_reads()
     assert set(rows) == {"boolq/val.jsonl", "rte/val.jsonl", "own.json"}
     assert rows["boolq/val.jsonl"]["root"] == "data_root" and rows["own.json"]["root"] == "external"
     assert rows["boolq/val.jsonl"]["shipped_sample"] and rows["boolq/val.jsonl"]["truncated_sample"]

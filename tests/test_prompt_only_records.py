@@ -54,7 +54,7 @@ def test_prompts_filling_max_length_are_dropped_and_counted(tmp_path, tiny_tok, 
     with caplog.at_level("WARNING"):
         dm = module(tiny_tok, write_records(tmp_path / "data.json", records))
     # the prompt of exactly max_length tokens leaves nothing; one token shorter leaves the first response token
-    assert dm.num_train_examples == 4
+    assert len(dm.train_dataset) == 4
     assert [r.instruction for r in dm.train_records] == [SHORT["instruction"]] * 2 + ["x" * (MAX_LENGTH - 1 - len(
         user_prompt("").encode()))] + [SHORT["instruction"]]
     assert dm.summary()["dropped_no_loss_records"] == {"train": 2, "val": 0}
@@ -71,13 +71,13 @@ def test_dropping_applies_to_the_validation_split_too(tmp_path, tiny_tok):
     dm = module(tiny_tok, write_records(tmp_path / "data.json", records), val_size=10, max_val_fraction=0.5)
     dropped = dm.summary()["dropped_no_loss_records"]
     assert dropped["train"] + dropped["val"] == 12 and dropped["val"] > 0
-    assert dm.num_train_examples + dm.num_val_examples == 8
+    assert len(dm.train_dataset) + len(dm.val_dataset) == 8
 
 
 def test_train_on_inputs_keeps_long_prompts(tmp_path, tiny_tok):
     records = [SHORT, prompt_of_length(MAX_LENGTH + 40)]
     dm = module(tiny_tok, write_records(tmp_path / "data.json", records), train_on_inputs=True)
-    assert dm.num_train_examples == 2 and dm.summary()["dropped_no_loss_records"] == {"train": 0, "val": 0}
+    assert len(dm.train_dataset) == 2 and dm.summary()["dropped_no_loss_records"] == {"train": 0, "val": 0}
 
 
 def test_no_record_left_is_one_line_naming_the_keys(tmp_path, tiny_tok):

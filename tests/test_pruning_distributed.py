@@ -31,7 +31,7 @@ from torch import nn
 
 import spp.pruning.cache.lock as lock_module
 import spp.pruning.engine as engine_module
-from spp.distributed import DistContext, cluster_environment, global_rank, local_device
+from spp.distributed import DistContext, cluster_environment, local_device
 from spp.errors import UserError
 from spp.eval.perplexity import perplexity
 from spp.models.config import ModelConfig
@@ -310,7 +310,7 @@ def test_srun_tasks_pick_their_own_gpu_without_local_rank(local, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
     assert type(cluster_environment()).__name__ == "SLURMEnvironment"
     assert local_device("gpu") == torch.device("cuda", local)
-    assert global_rank() == 8 + local
+    assert cluster_environment().global_rank() == 8 + local
     assert local_device("cpu") == torch.device("cpu")
 
 

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from spp.data.collate import PadCollator
 from spp.data.config import DataConfig, validation_split_size
-from spp.data.records import AlpacaRecord, RecordSet, SkippedRecord, load_alpaca_records
+from spp.data.records import AlpacaRecord, RecordSet, load_alpaca_records
 from spp.data.resumable import ResumableLoader, trainer_position
 from spp.data.tokenization import IGNORE_INDEX, Feature, carries_loss, tokenize_records
 from spp.errors import UserError
@@ -86,9 +86,6 @@ class AlpacaDataModule(L.LightningDataModule):
         self._resume: dict[str, int] = {}  # loader position restored from a checkpoint (see spp.data.resumable)
         self.dropped_no_loss: dict[str, int] = {"train": 0, "val": 0}  # records without a loss-carrying token
 
-    def prepare_data(self) -> None:
-        """Nothing to download for local sources; hub sources are fetched (and cached) in ``setup``."""
-
     def setup(self, stage: str | None = None) -> None:
         """Load, validate, cap (``max_examples``), split (seeded) and tokenise the records, once."""
         if self.train_dataset is not None:
@@ -99,12 +96,9 @@ class AlpacaDataModule(L.LightningDataModule):
         if cfg.max_examples is not None:
             records = records[: cfg.max_examples]
         n_val = validation_split_size(len(records), cfg.val_size, cfg.max_val_fraction)
-        generator = torch.Generator().manual_seed(cfg.seed)
-        order = torch.randperm(len(records), generator=generator).tolist()
-        val_records = [records[i] for i in sorted(order[:n_val])]
-        train_records = [records[i] for i in sorted(order[n_val:])]
-        train_records, train_features = self._tokenize(train_records, "train")
-        val_records, val_features = self._tokenize(val_records, "val")
+        order = torch.randperm(len(records), generator=torch.Generator().manual_seed(cfg.seed)).tolist()
+        train_records, train_features = self._tokenize([records[i] for i in sorted(order[n_val:])], "train")
+        val_records, val_features = self._tokenize([records[i] for i in sorted(order[:n_val])], "val")
         self._check_dropped(len(train_records))
         self.train_dataset, self.val_dataset = TokenizedDataset(train_features), TokenizedDataset(val_features)
         self.record_set = record_set
@@ -114,7 +108,7 @@ class AlpacaDataModule(L.LightningDataModule):
             "%d train tokens",
             cfg.name,
             len(record_set.records),
-            record_set.num_skipped,
+            len(record_set.skipped),
             len(record_set.sources),
             len(self.train_dataset),
             len(self.val_dataset),
@@ -152,11 +146,10 @@ class AlpacaDataModule(L.LightningDataModule):
             raise RuntimeError("AlpacaDataModule.setup() must run before its datasets or loaders are used")
         return self.train_dataset, self.val_dataset
 
-    def _world(self) -> tuple[int, int]:
-        trainer = getattr(self, "trainer", None)
-        if trainer is None:
-            return 1, 0
-        return int(trainer.world_size), int(trainer.global_rank)
+    def _loader(self, dataset: TokenizedDataset, batch_size: int, **kwargs: Any) -> DataLoader:
+        """A loader of ``dataset`` batched by the collator (``num_workers`` kept alive between epochs)."""
+        return DataLoader(dataset, batch_size=batch_size, collate_fn=self.collator, num_workers=self.cfg.num_workers,
+                          persistent_workers=self.cfg.num_workers > 0, **kwargs)
 
     def train_dataloader(self) -> DataLoader | ResumableLoader:
         """Shuffled training batches; the order depends only on ``(data.seed, epoch)``, so resumes repeat it.
@@ -164,27 +157,19 @@ class AlpacaDataModule(L.LightningDataModule):
         A ``DistributedSampler`` is used even on one process: Lightning calls its ``set_epoch`` and adds none of its own
         under DDP. Under a trainer the loader skips the batches a resumed checkpoint already trained on."""
         train, _ = self._require_setup()
-        world_size, rank = self._world()
+        trainer = self.trainer
+        world_size, rank = (1, 0) if trainer is None else (int(trainer.world_size), int(trainer.global_rank))
         sampler = DistributedSampler(
             train, num_replicas=world_size, rank=rank, shuffle=self.cfg.shuffle, seed=self.cfg.seed
         )
-        loader = DataLoader(
-            train,
-            batch_size=self.cfg.train_batch_size,
-            sampler=sampler,
-            collate_fn=self.collator,
-            num_workers=self.cfg.num_workers,
-            persistent_workers=self.cfg.num_workers > 0,
-        )
-        trainer = getattr(self, "trainer", None)
+        loader = self._loader(train, self.cfg.train_batch_size, sampler=sampler)
         return loader if trainer is None else ResumableLoader(loader, lambda: trainer_position(trainer), self._resume)
 
     def state_dict(self) -> dict[str, int]:
         """Where training stands in the current epoch (Lightning stores it in every checkpoint)."""
-        trainer = getattr(self, "trainer", None)
-        if trainer is None:
+        if self.trainer is None:
             return {}
-        epoch, done = trainer_position(trainer)
+        epoch, done = trainer_position(self.trainer)
         return {"epoch": epoch, "batches_done": done}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -195,36 +180,7 @@ class AlpacaDataModule(L.LightningDataModule):
     def val_dataloader(self) -> DataLoader | list:
         """Validation batches in a fixed order (an empty list when the validation split is empty)."""
         _, val = self._require_setup()
-        if len(val) == 0:
-            return []
-        return DataLoader(
-            val,
-            batch_size=self.cfg.eval_batch_size,
-            shuffle=False,
-            collate_fn=self.collator,
-            num_workers=self.cfg.num_workers,
-            persistent_workers=self.cfg.num_workers > 0,
-        )
-
-    @property
-    def skipped(self) -> list[SkippedRecord]:
-        """Malformed records left out (empty before ``setup``)."""
-        return list(self.record_set.skipped) if self.record_set else []
-
-    @property
-    def num_train_examples(self) -> int:
-        """Training examples after the split."""
-        return len(self._require_setup()[0])
-
-    @property
-    def num_val_examples(self) -> int:
-        """Validation examples after the split."""
-        return len(self._require_setup()[1])
-
-    @property
-    def num_train_tokens(self) -> int:
-        """Unpadded tokens in one pass over the training split."""
-        return self._require_setup()[0].num_tokens
+        return self._loader(val, self.cfg.eval_batch_size, shuffle=False) if len(val) else []
 
     def summary(self) -> dict[str, Any]:
         """Counts for logs and ``summary.json``: sources, valid/skipped records, split sizes, tokens, and the
@@ -235,7 +191,7 @@ class AlpacaDataModule(L.LightningDataModule):
             "name": self.cfg.name,
             "sources": list(self.record_set.sources),
             "valid_records": len(self.record_set.records),
-            "skipped_records": self.record_set.num_skipped,
+            "skipped_records": len(self.record_set.skipped),
             "skipped_indices": [[s.source, s.index] for s in self.record_set.skipped],
             "train_examples": len(train),
             "val_examples": len(val),

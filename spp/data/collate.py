@@ -35,10 +35,8 @@ class PadCollator:
             out = torch.full((len(features), length), pad_value, dtype=torch.long)
             for row, feature in enumerate(features):
                 values = torch.as_tensor(feature[key], dtype=torch.long)
-                if self.padding_side == "right":
-                    out[row, : len(values)] = values
-                else:
-                    out[row, length - len(values) :] = values
+                start = 0 if self.padding_side == "right" else length - len(values)
+                out[row, start : start + len(values)] = values
             batch[key] = out
         if not bool((batch["labels"][:, 1:] != IGNORE_INDEX).any()):
             raise ValueError(f"a batch of {len(features)} example(s) has no token that carries loss (its causal-LM "

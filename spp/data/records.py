@@ -6,7 +6,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,11 +46,6 @@ class RecordSet:
     skipped: list[SkippedRecord] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
 
-    @property
-    def num_skipped(self) -> int:
-        """How many malformed records were skipped."""
-        return len(self.skipped)
-
 
 def natural_key(path: Path) -> list[int | str]:
     """Sort key that orders the numbers inside a file name numerically (``x_9`` before ``x_10``)."""
@@ -72,8 +67,7 @@ def read_json_records(path: str | os.PathLike[str]) -> list[Any]:
     """Parse a JSON array or JSON-lines file (by its first non-blank character); errors name file, line and column."""
     path = Path(path)
     text = path.read_text(encoding="utf-8")
-    stripped = text.lstrip()
-    if stripped.startswith("["):
+    if text.lstrip().startswith("["):
         try:
             data = json.loads(text)
         except json.JSONDecodeError as err:
@@ -110,25 +104,10 @@ def validate_record(raw: Any) -> AlpacaRecord | str:
             return f"{key!r} is {type(raw[key]).__name__}, expected str"
         if not raw[key].strip():
             return f"empty {key!r}"
-    value = raw.get("input")
-    if value is None:
-        value = ""
+    value = "" if raw.get("input") is None else raw["input"]
     if not isinstance(value, str):
         return f"'input' is {type(value).__name__}, expected str"
     return AlpacaRecord(instruction=raw["instruction"], input=value, output=raw["output"])
-
-
-def validate_records(raws: Iterable[Any], source: str) -> tuple[list[AlpacaRecord], list[SkippedRecord]]:
-    """Split raw records into valid ones and skipped ones (with their index within ``source``)."""
-    records: list[AlpacaRecord] = []
-    skipped: list[SkippedRecord] = []
-    for index, raw in enumerate(raws):
-        result = validate_record(raw)
-        if isinstance(result, AlpacaRecord):
-            records.append(result)
-        else:
-            skipped.append(SkippedRecord(source=source, index=index, reason=result))
-    return records, skipped
 
 
 def warn_skipped(skipped: Sequence[SkippedRecord]) -> None:
@@ -160,25 +139,24 @@ def load_alpaca_records(
 
     Malformed records are skipped and logged with file and index. A source found nowhere raises
     ``FileNotFoundError`` listing the places searched; invalid JSON or no valid record raises ``ValueError``."""
-    sources: list[str] = []
-    records: list[AlpacaRecord] = []
-    skipped: list[SkippedRecord] = []
     if source.startswith(HUB_PREFIX):
-        dataset_id = source[len(HUB_PREFIX) :]
-        sources.append(source)
-        records, skipped = validate_records(_load_hub(dataset_id, hub_split), source)
+        parts = [(source, _load_hub(source[len(HUB_PREFIX) :], hub_split))]
     else:
         path = find_data(source, data_dir)
-        files = list_split_files(path) if path.is_dir() else [path]
-        for file in files:
-            sources.append(str(file))
-            got, bad = validate_records(read_json_records(file), str(file))
-            records.extend(got)
-            skipped.extend(bad)
+        parts = [(str(f), read_json_records(f)) for f in (list_split_files(path) if path.is_dir() else [path])]
+    records: list[AlpacaRecord] = []
+    skipped: list[SkippedRecord] = []
+    for name, raws in parts:
+        for index, raw in enumerate(raws):
+            result = validate_record(raw)
+            if isinstance(result, AlpacaRecord):
+                records.append(result)
+            else:
+                skipped.append(SkippedRecord(source=name, index=index, reason=result))
     warn_skipped(skipped)
     if not records:
         raise ValueError(
             f"data.source={source!r} holds no valid Alpaca record ({len(skipped)} malformed); each record needs "
             "string fields 'instruction' and 'output' (and optionally 'input')"
         )
-    return RecordSet(records=records, skipped=skipped, sources=sources)
+    return RecordSet(records=records, skipped=skipped, sources=[name for name, _ in parts])

@@ -20,33 +20,16 @@ class ResumableLoader:
         self._position = position
         self._pending = pending
 
-    @property
-    def sampler(self) -> Any:
-        """The wrapped loader's sampler (Lightning calls its ``set_epoch``)."""
-        return getattr(self.loader, "sampler", None)
-
-    @property
-    def batch_sampler(self) -> Any:
-        """The wrapped loader's batch sampler."""
-        return getattr(self.loader, "batch_sampler", None)
-
-    @property
-    def batch_size(self) -> int | None:
-        """The wrapped loader's batch size."""
-        return getattr(self.loader, "batch_size", None)
-
-    @property
-    def dataset(self) -> Any:
-        """The wrapped loader's dataset."""
-        return getattr(self.loader, "dataset", None)
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped loader's attributes (``sampler``, whose ``set_epoch`` Lightning calls; ``dataset``, ...)."""
+        if name == "loader":  # not set yet (an unpickled copy): no recursion through ``self.loader``
+            raise AttributeError(name)
+        return getattr(self.loader, name)
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Any]:
-        return self._iterate()
-
-    def _iterate(self) -> Iterator[Any]:
         iterator = iter(self.loader)
         if self._pending:
             epoch, done = int(self._pending.pop("epoch", -1)), int(self._pending.pop("batches_done", 0))

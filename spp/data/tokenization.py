@@ -23,16 +23,6 @@ def carries_loss(labels: list[int]) -> bool:
     return any(t != IGNORE_INDEX for t in labels[1:])
 
 
-def require_eos(tokenizer: PreTrainedTokenizerBase) -> int:
-    """The tokenizer's EOS id; ``ValueError`` when it has none (set ``data.add_eos=false`` or give it one)."""
-    if tokenizer.eos_token_id is None:
-        raise ValueError(
-            f"tokenizer {type(tokenizer).__name__} has no eos_token; set data.add_eos=false or use a tokenizer "
-            "with an EOS token"
-        )
-    return int(tokenizer.eos_token_id)
-
-
 def tokenize_records(
     records: Sequence[AlpacaRecord],
     tokenizer: PreTrainedTokenizerBase,
@@ -46,7 +36,10 @@ def tokenize_records(
 
     EOS is appended when there is room. With ``train_on_inputs=False`` the user prompt's labels become -100, so only
     the response carries loss."""
-    eos_id = require_eos(tokenizer) if add_eos else None
+    if add_eos and tokenizer.eos_token_id is None:
+        raise ValueError(f"tokenizer {type(tokenizer).__name__} has no eos_token; set data.add_eos=false or use a "
+                         "tokenizer with an EOS token")
+    eos_id = int(tokenizer.eos_token_id) if add_eos else None
     features: list[Feature] = []
     bar = tqdm(total=len(records), desc="tokenising Alpaca", unit="rec", disable=not progress, leave=False)
     for start in range(0, len(records), chunk_size):

@@ -34,8 +34,8 @@ from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 AUDIT_COUNTS = 5  # layers, zeros, total, kept zeros filled, kept weights zeroed (see _audit)
-WRAPPER_PREFIXES = ("base_model.model.",)
-"""Prefixes an adapter wrapper adds to the plain model's names (peft's ``PeftModel``)."""
+WRAPPER_PREFIX = "base_model.model."
+"""The prefix an adapter wrapper adds to the plain model's names (peft's ``PeftModel``)."""
 EXPORT_SLACK_BYTES = 32 * 2**20
 """Room an export needs beyond its tensors (tokenizer and JSON files), on top of 1 % of the tensors' bytes."""
 
@@ -76,10 +76,7 @@ def hf_model(model: nn.Module) -> nn.Module:
 
 def plain_name(name: str) -> str:
     """``name`` without the adapter wrapper's prefix (``base_model.model.model.layers.0`` -> ``model.layers.0``)."""
-    for prefix in WRAPPER_PREFIXES:
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
+    return name.removeprefix(WRAPPER_PREFIX)
 
 
 def _tensors(module: nn.Module, prefix: str, skip: list[str],
@@ -140,7 +137,7 @@ def _zero_refs(ctx: DistContext, zeros: ZeroPattern | None, block: str) -> dict[
         masks = zeros.masks
         payload = {n: (masks.packed(n), masks.shape(n)[1], zeros.kept_zeros.get(n)) for n in masks
                    if n.startswith(block + ".")}
-    payload = ctx.broadcast_object(payload) if ctx.distributed else payload
+    payload = ctx.broadcast_object(payload)
     refs = {}
     for name, (packed, cols, kept) in (payload or {}).items():
         mask = unpack_rows(packed, cols)
@@ -205,12 +202,7 @@ def _portable(err: Exception, path: Path) -> Exception:
 
 def needed_bytes(model: nn.Module) -> int:
     """About what the export writes: the model's tensors (adapter tensors included: a slight overestimate)."""
-    seen: set[int] = set()
-    total = 0
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            total += p.numel() * p.element_size()
+    total = sum(p.numel() * p.element_size() for p in model.parameters())  # a tied tensor counts once
     return total * 101 // 100 + EXPORT_SLACK_BYTES
 
 
@@ -240,7 +232,7 @@ def _begin(path: Path, ctx: DistContext, needed: int) -> Path:
         else:
             outcome = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}"
             outcome.mkdir()
-    outcome = ctx.broadcast_object(outcome) if ctx.distributed else outcome
+    outcome = ctx.broadcast_object(outcome)
     if isinstance(outcome, UserError):
         raise outcome
     return Path(outcome)
@@ -287,9 +279,7 @@ def _in_model_order(records: list[dict[str, Any]], prefix: str) -> dict[str, dic
 def _finish(model: nn.Module, inputs: ExportInputs, tmp: Path, path: Path, records: list[dict[str, Any]],
             count: int) -> dict[str, Any]:
     """Rank 0: the index, config, generation config, tokenizer and ``spp_export.json``; then publish ``tmp``."""
-    weight_map: dict[str, str] = {}
-    for rec in records:
-        weight_map.update(rec["weight_map"])
+    weight_map = {k: v for rec in records for k, v in rec["weight_map"].items()}
     layers, zeros, total, filled, zeroed = (sum(rec["audit"][k] for rec in records) for k in range(AUDIT_COUNTS))
     audit = {"layers": layers, "zeros": zeros, "total": total, "sparsity": zeros / max(total, 1),
              "kept_zeros_changed": filled + zeroed, "kept_zeros_filled": filled, "kept_weights_zeroed": zeroed}
@@ -336,7 +326,7 @@ def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ct
                 outcome = _portable(err, path)
         if not isinstance(outcome, dict):
             shutil.rmtree(tmp, ignore_errors=True)
-    outcome = ctx.broadcast_object(outcome) if ctx.distributed else outcome
+    outcome = ctx.broadcast_object(outcome)
     if isinstance(outcome, Exception):
         raise outcome
     return ExportResult(path, outcome["audit"], count, round(time.perf_counter() - start, 2), outcome["layout"],

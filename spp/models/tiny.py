@@ -58,17 +58,10 @@ def tiny_config(**overrides: Any) -> PreTrainedConfig:
         raise ValueError(f"model.arch.model_type={model_type!r} has no tiny config; choose one of "
                          f"{sorted(TINY_FAMILIES)}")
     base = {k: v for k, v in TINY_ARCH.items() if model_type != "gpt2" or k not in _NOT_GPT2}
-    fields = {**base, **TINY_FAMILIES[model_type], **overrides}
+    ids = {"bos_token_id": "<s>", "eos_token_id": "</s>", "pad_token_id": "<pad>"}
+    fields = {**{k: SPECIAL_TOKENS.index(t) for k, t in ids.items()}, **base, **TINY_FAMILIES[model_type], **overrides}
     fields.pop("model_type", None)
-    fields.setdefault("bos_token_id", SPECIAL_TOKENS.index("<s>"))
-    fields.setdefault("eos_token_id", SPECIAL_TOKENS.index("</s>"))
-    fields.setdefault("pad_token_id", SPECIAL_TOKENS.index("<pad>"))
     return LlamaConfig(**fields) if model_type == "llama" else AutoConfig.for_model(model_type, **fields)
-
-
-def tiny_llama_config(**overrides: Any) -> PreTrainedConfig:
-    """Return a small config (LLaMA unless ``model_type`` says otherwise: 64 hidden, 2 layers, GQA 4/2 heads)."""
-    return tiny_config(**overrides)
 
 
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
@@ -80,9 +73,10 @@ def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: A
     return model.to(dtype).eval()
 
 
-def tiny_llama(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Any:
-    """Build a randomly initialised tiny ``LlamaForCausalLM`` (or the ``model_type`` family's) from ``seed``."""
-    return tiny_model(seed, dtype, **overrides)
+tiny_llama_config = tiny_config
+"""The tiny config (LLaMA unless ``model_type`` says otherwise: 64 hidden, 2 layers, GQA 4/2 heads)."""
+tiny_llama = tiny_model
+"""A randomly initialised tiny ``LlamaForCausalLM`` (or the ``model_type`` family's) from ``seed``."""
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
