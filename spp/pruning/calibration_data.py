@@ -232,10 +232,3 @@ def draw_calibration(
     if announce:
         log.info(draw.describe())
     return draw
-
-
-def calibration_windows(
-    tokenizer: PreTrainedTokenizerBase, calibration: CalibrationConfig, data_dir: str | None = None
-) -> torch.Tensor:
-    """Load the configured source and return (nsamples, seqlen) token ids (:func:`draw_calibration`'s windows)."""
-    return draw_calibration(tokenizer, calibration, data_dir).windows

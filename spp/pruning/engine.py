@@ -29,9 +29,9 @@ from spp.pruning.layerwise import LayerwiseRatios, layerwise_ratios
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import check_layer_fits, sparsity_summary
 from spp.pruning.registry import NO_PRUNING
-from spp.pruning.report import PruneReport, build_report, report_from_layers
+from spp.pruning.report import PruneReport, report_from_layers
 from spp.pruning.resolve import prunes, resolve_pruner
-from spp.pruning.statistics import InputStatistics
+from spp.pruning.statistics import InputStatistics, observe_inputs
 from spp.pruning.targets import block_linears, prunable_linears
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ def _unpruned(off: OffloadedModel, linears: dict[str, nn.Linear], sparsity: Spar
     weights = {n: off.home[off.canonical(f"{n}.weight")] for n in linears} if off.ctx.is_main else {}
     timings = {"calibration_data": 0.0, "capture": 0.0, "statistics": 0.0, "pruning": 0.0, "propagate": 0.0,
                "total": time.perf_counter() - t_start}
-    report = build_report(weights, sparsity)
+    report = report_from_layers(sparsity_summary(weights, *sparsity.nm_pair)["layers"], sparsity)
     report.overall["timings"] = dict(timings)
     return PruneResult(masks, report, timings, zeros=ZeroPattern.record(masks, weights))
 
@@ -253,15 +253,7 @@ class _Run:
             return {}
         t0 = time.perf_counter()
         stats = {n: self.pruner.statistics(targets[n].in_features, self.ctx.device) for n in group}
-        handles = [targets[n].register_forward_hook(lambda _m, inp, _o, s=stats[n]: s.add(inp[0])) for n in group]
-        try:
-            for b, x, (args, kw) in zip(self.batches, hidden, calls, strict=True):
-                for s in stats.values():
-                    s.at_batch(b)
-                block(x, *args, **kw)
-        finally:
-            for h in handles:
-                h.remove()
+        observe_inputs(block, targets, stats, self.batches, hidden, calls)
         for k, n in enumerate(group):
             owner = self.ctx.owner(self.matrices + k) if self.pruner.uses_hessian else None
             stats[n].reduce(self.ctx, self.nbatches, owner)
@@ -301,7 +293,7 @@ class _Run:
             self.masks.set(qualified, out.mask)
         if self.ctx.is_main:
             self.kept_zeros[qualified] = kept_zero_indices(qualified, out.mask, weight)
-            self.layers.update(sparsity_summary({qualified: weight}, *_nm(self.sparsity))["layers"])
+            self.layers.update(sparsity_summary({qualified: weight}, *self.sparsity.nm_pair)["layers"])
             self.extras[qualified] = {"seconds": seconds, **out.info}
 
     def _solve_owned(self, group: list[str], targets: dict[str, nn.Linear],
@@ -335,10 +327,6 @@ class _Run:
             new = out.weight.to(weight.device, weight.dtype) if mine else torch.empty_like(weight)
             self.ctx.broadcast_(new, src=owner)
         return MatrixOutcome(mask.bool(), new, dict(status["info"]))
-
-
-def _nm(sparsity: SparsityConfig) -> tuple[int | None, int | None]:
-    return (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
 
 
 def sublayer_groups(block_targets: dict[str, nn.Linear], true_sequential: bool) -> list[list[str]]:

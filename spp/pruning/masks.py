@@ -48,14 +48,6 @@ class MaskSet(Mapping[str, torch.Tensor]):
         """Bytes held by the packed masks."""
         return sum(p.numel() for p in self._packed.values())
 
-    def kept(self) -> int:
-        """Kept weights over every matrix (True bits)."""
-        return sum(int(self[name].sum()) for name in self)
-
-    def numel(self) -> int:
-        """Weights over every matrix."""
-        return sum(rows * cols for rows, cols in (self.shape(n) for n in self))
-
 
 class ZeroPattern(Mapping[str, torch.Tensor]):
     """The exact-zero pattern (True = zero) of pruned weights: every pruned position plus the kept zeros."""

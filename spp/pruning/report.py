@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from spp.pruning.config import SparsityConfig
-from spp.pruning.patterns import sparsity_summary
 
 
 @dataclass
@@ -35,17 +32,6 @@ class PruneReport:
         nm = "-" if o.get("nm_valid") is None else ("yes" if o["nm_valid"] else f"NO ({o['nm_violations']})")
         lines.append(f"| **overall** ({o.get('layers', 0)} layers) | | {o.get('sparsity', 0.0):.4f} | {nm} | |")
         return "\n".join(lines)
-
-
-def build_report(
-    weights: dict[str, torch.Tensor],
-    sparsity: SparsityConfig,
-    extras: dict[str, dict[str, Any]] | None = None,
-) -> PruneReport:
-    """Audit the pruned weights: exact zeros per layer and overall, and every N:M group (``extras``: per-layer fields
-    such as seconds)."""
-    nm = (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
-    return report_from_layers(sparsity_summary(weights, *nm)["layers"], sparsity, extras)
 
 
 def report_from_layers(

@@ -27,7 +27,7 @@ from spp.models.loading import model_identity
 from spp.models.offload import OffloadedModel
 from spp.paths import file_sha256
 from spp.pruning.base import Pruner
-from spp.pruning.cache.lock import check_locks_span_nodes, entry_lock
+from spp.pruning.cache.lock import check_locks_span_nodes, entry_lock, read_or_lock
 from spp.pruning.cache.store import (
     CorruptEntryError,
     EntryReader,
@@ -76,19 +76,19 @@ def pruner_key(pruner: PrunerConfig) -> dict[str, Any]:
         rule = f.metadata.get(CACHE_KEY, True)
         if rule is False or (callable(rule) and not rule(cfg)):
             continue
-        value = _plain(getattr(cfg, f.name))
+        value = json_ready(getattr(cfg, f.name))
         key[f.name] = sorted(value) if f.metadata.get(UNORDERED) else value
     return key
 
 
-def _plain(value: Any) -> Any:
-    """A config value as JSON writes it the same way every time (Enums by value, tuples as lists)."""
+def json_ready(value: Any) -> Any:
+    """A config value as JSON writes it the same way every time (Enums by value, tuples as lists, dicts sorted)."""
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [json_ready(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): json_ready(v) for k, v in sorted(value.items())}
     return value
 
 
@@ -177,7 +177,6 @@ def _apply(off: OffloadedModel, reader: EntryReader, linears: dict[str, nn.Linea
            sparsity: SparsityConfig) -> tuple[MaskSet, dict[str, torch.Tensor], dict[str, Any]]:
     """Apply the entry to rank 0's home weights, one matrix at a time: masks, kept zeros and report rows."""
     masks, kept, layers = MaskSet(), {}, {}
-    nm = (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
     with torch.no_grad():
         for name in linears:
             weight = off.home[off.canonical(f"{name}.weight")]
@@ -187,24 +186,8 @@ def _apply(off: OffloadedModel, reader: EntryReader, linears: dict[str, nn.Linea
             weight.masked_fill_(~mask, 0)
             masks.set(name, mask)
             kept[name] = kept_zero_indices(name, mask, weight)
-            layers.update(sparsity_summary({name: weight}, *nm)["layers"])
+            layers.update(sparsity_summary({name: weight}, *sparsity.nm_pair)["layers"])
     return masks, kept, layers
-
-
-def _decide(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity: SparsityConfig,
-            linears: dict[str, nn.Linear], stack: ExitStack, timeout_s: float) -> PruneResult | None:
-    """Rank 0: the entry's result when it exists (read lock-free), else ``None`` with the writer's lock held in
-    ``stack`` (re-checked under the lock: another job may have written it while this one waited)."""
-    cached = _load_entry(off, entry, key, sparsity, linears)
-    if cached is not None:
-        return cached
-    stack.enter_context(entry_lock(entry, timeout_s))
-    cached = _load_entry(off, entry, key, sparsity, linears)
-    if cached is not None:
-        stack.close()
-        return cached
-    remove_entry(entry)  # a corrupt or stale entry, removed under the lock
-    return None
 
 
 def prune_cached(
@@ -239,7 +222,8 @@ def prune_cached(
             key, digest = entry_key or cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
             entry = cache_entry_dir(cache_dir, key, digest)
             try:
-                hit = _decide(off, entry, key, sparsity, linears, stack, lock_timeout_s)
+                hit = read_or_lock(lambda: _load_entry(off, entry, key, sparsity, linears), entry, stack,
+                                   lock_timeout_s)
             except UserError as err:
                 error = err
         decision = ctx.broadcast_object(error or ("hit" if hit is not None else "prune"), long_wait=True)
@@ -302,10 +286,8 @@ def _finish(off: OffloadedModel, writer: EntryWriter | None, result: PruneResult
 def _hit_result(off: OffloadedModel, result: PruneResult | None, sparsity: SparsityConfig,
                 keep_masks: bool) -> PruneResult:
     """Rank 0's hit result on rank 0; elsewhere an empty one (or rank 0's masks, with ``keep_masks``)."""
-    if keep_masks:
-        masks = off.ctx.broadcast_object(result.masks if result is not None else None, long_wait=True)
-        result = result or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
-    return result or PruneResult(MaskSet(), report_from_layers({}, sparsity), cache_hit=True)
+    masks = off.ctx.broadcast_object(result and result.masks, long_wait=True) if keep_masks else MaskSet()
+    return result or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
 
 
 def get_or_prune(

@@ -9,19 +9,23 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from filelock import FileLock, Timeout
 
 from spp.distributed import DistContext
 from spp.errors import UserError
+from spp.pruning.cache.store import remove_entry
 
 log = logging.getLogger(__name__)
 
 UNSUPPORTED_ERRNOS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 """``flock`` errors that mean the filesystem does not support locks (not that the lock is held)."""
+
+T = TypeVar("T")
 
 _probed: set[str] = set()
 _spanned: set[str] = set()
@@ -34,10 +38,8 @@ def check_locks_work(path: Path) -> None:
     if str(directory) in _probed:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        _try_lock(path, create=True)
     except OSError as err:
         if err.errno in UNSUPPORTED_ERRNOS:
             raise UserError(
@@ -45,18 +47,15 @@ def check_locks_work(path: Path) -> None:
                 f"{os.strerror(err.errno)}), so concurrent jobs could prune and write the same entry twice",
                 "put cache_dir= on a filesystem with flock (a local disk, or Lustre/NFS mounted with flock; see "
                 "docs/sweeps.md)", key="cache_dir") from err
-        if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            raise
-    finally:
-        os.close(fd)
+        raise
     _probed.add(str(directory))
 
 
-def _try_lock(path: Path) -> bool | None:
+def _try_lock(path: Path, create: bool = False) -> bool | None:
     """Whether a non-blocking exclusive ``flock`` on ``path`` is granted (released at once); ``None`` when the
     file is not visible here (the cache is not shared with this node: nothing to collide with)."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o666)
     except FileNotFoundError:
         return None
     try:
@@ -123,3 +122,19 @@ def entry_lock(entry: Path, timeout_s: float = 7200.0) -> Iterator[None]:
         yield
     finally:
         lock.release()
+
+
+def read_or_lock(read: Callable[[], T | None], entry: Path, stack: ExitStack, timeout_s: float) -> T | None:
+    """Rank 0: ``read()``'s result when the entry is finished (read lock-free), else ``None`` with the writer's lock
+    held in ``stack``; read again under the lock (another job may have written it meanwhile), a stale or corrupt
+    entry is then removed."""
+    found = read()
+    if found is not None:
+        return found
+    stack.enter_context(entry_lock(entry, timeout_s))
+    found = read()
+    if found is not None:
+        stack.close()
+        return found
+    remove_entry(entry)
+    return None
