@@ -28,7 +28,6 @@ from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.layerwise import LayerwiseRatios, layerwise_ratios
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import check_layer_fits, sparsity_summary
-from spp.pruning.registry import NO_PRUNING
 from spp.pruning.report import PruneReport, report_from_layers
 from spp.pruning.resolve import prunes, resolve_pruner
 from spp.pruning.statistics import InputStatistics, observe_inputs
@@ -67,25 +66,24 @@ class PruneResult:
     zeros: ZeroPattern | None = None
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` -> CUDA when available, else CPU."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+def local_context(device: str | torch.device | None) -> DistContext:
+    """This process alone, on ``device`` (``None``: CUDA when available, else CPU)."""
+    return DistContext(device=torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
 
 
 def validate_for_model(
     model: nn.Module, pruner: PrunerConfig, sparsity: SparsityConfig, calibration: CalibrationConfig,
     method: Pruner | None = None,
-) -> dict[str, nn.Linear]:
-    """Check every setting against the model before any work (shapes only: a ``meta`` skeleton will do).
+) -> tuple[dict[str, nn.Linear], Pruner | None]:
+    """Check every setting against the model before any work (shapes only: a ``meta`` skeleton will do); the
+    prunable linears and the pruner (``method``, else resolved; ``None`` when nothing is pruned).
     Raises ``ValueError`` naming the config key or layer (bad ratio / N:M / targets / seqlen, :meth:`Pruner.check`)."""
     pruner, sparsity, calibration = pruner.validate(), sparsity.validate(), calibration.validate()
     linears = prunable_linears(model, pruner.targets)
-    if not sparsity.is_dense and pruner.name != NO_PRUNING:
+    method = (method or resolve_pruner(pruner)) if prunes(pruner, sparsity) else None
+    if method is not None:
         for name, linear in linears.items():
             check_layer_fits(name, linear.weight.shape, sparsity)
-        method = method if method is not None else resolve_pruner(pruner)
         method.check(sparsity)
         if method.needs_calibration:
             max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -94,7 +92,7 @@ def validate_for_model(
                     f"calibration.seqlen={calibration.seqlen} exceeds the model's max_position_embeddings={max_pos}; "
                     f"set calibration.seqlen<={max_pos}"
                 )
-    return linears
+    return linears, method
 
 
 @torch.no_grad()
@@ -112,7 +110,7 @@ def prune_model(
     The model is offloaded meanwhile and put back on its own device; GPT-2's ``Conv1D`` become ``nn.Linear`` in place.
     :func:`prune_offloaded` is the same on N ranks."""
     linearize_conv1d(model)  # a GPT-2 model built by the caller: its Conv1D projections as nn.Linear (a no-op else)
-    off = OffloadedModel(model, DistContext(device=resolve_device(device)))
+    off = OffloadedModel(model, local_context(device))
     try:
         return prune_offloaded(off, tokenizer, pruner, sparsity, calibration or CalibrationConfig(), data_dir,
                                method=method)
@@ -135,10 +133,9 @@ def prune_offloaded(
     ``on_block(prefix)`` is called once each block is final and written home (the cache streams it to disk)."""
     t_start = time.perf_counter()
     model = off.model
-    linears = validate_for_model(model, pruner, sparsity, calibration, method)
-    if not prunes(pruner, sparsity):
+    linears, method = validate_for_model(model, pruner, sparsity, calibration, method)
+    if method is None:
         return _unpruned(off, linears, sparsity, t_start)
-    method = method if method is not None else resolve_pruner(pruner, sparsity)
     was_training = model.training
     model.eval()  # no dropout in the calibration forward passes
     try:
@@ -166,7 +163,8 @@ def _unpruned(off: OffloadedModel, linears: dict[str, nn.Linear], sparsity: Spar
                "total": time.perf_counter() - t_start}
     report = report_from_layers(sparsity_summary(weights, *sparsity.nm_pair)["layers"], sparsity)
     report.overall["timings"] = dict(timings)
-    return PruneResult(masks, report, timings, zeros=ZeroPattern.record(masks, weights))
+    return PruneResult(masks, report, timings, zeros=ZeroPattern(masks, {
+        n: kept_zero_indices(n, masks[n], w) for n, w in weights.items()}))
 
 
 class _Run:
@@ -220,7 +218,6 @@ class _Run:
         without calibration); with ``sparsity.layerwise``, run its dense pass first (``self.layerwise``)."""
         self.batches: list[int] = []
         self.nbatches = 0
-        self.layerwise: LayerwiseRatios | None = None
         owl = self.sparsity.layerwise != "none"
         if not (self.pruner.needs_calibration or owl):
             return [], BlockCalls(len(self.runner.layers))

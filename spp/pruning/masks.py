@@ -56,11 +56,6 @@ class ZeroPattern(Mapping[str, torch.Tensor]):
         self.masks = masks
         self.kept_zeros = {k: v.cpu() for k, v in (kept_zeros or {}).items() if v.numel()}
 
-    @classmethod
-    def record(cls, masks: MaskSet, weights: Mapping[str, torch.Tensor]) -> ZeroPattern:
-        """The pattern of the pruned ``weights`` (each checked against its mask: pruned weights must be zero)."""
-        return cls(masks, {name: kept_zero_indices(name, masks[name], w) for name, w in weights.items()})
-
     def __getitem__(self, name: str) -> torch.Tensor:
         zero = ~self.masks[name]
         extra = self.kept_zeros.get(name)

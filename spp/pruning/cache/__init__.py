@@ -9,17 +9,17 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from spp.atomic import is_disk_full
-from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
@@ -27,23 +27,21 @@ from spp.models.loading import model_identity
 from spp.models.offload import OffloadedModel
 from spp.paths import file_sha256
 from spp.pruning.base import Pruner
-from spp.pruning.cache.lock import check_locks_span_nodes, entry_lock, read_or_lock
+from spp.pruning.cache.lock import check_locks_span_nodes, entry_lock
 from spp.pruning.cache.store import (
     CorruptEntryError,
     EntryReader,
     EntryWriter,
-    list_entries,
     open_for_key,
     remove_entry,
 )
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
 from spp.pruning.config import CACHE_KEY, UNORDERED, CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.pruning.engine import PruneResult, prune_offloaded, resolve_device, validate_for_model
+from spp.pruning.engine import PruneResult, local_context, prune_offloaded, validate_for_model
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import sparsity_summary
 from spp.pruning.registry import needs_calibration, resolve_config
 from spp.pruning.report import report_from_layers
-from spp.pruning.resolve import prunes, resolve_pruner
 
 PRUNING_CODE_VERSION = "2"  # 2: SparseGPT's Hessian summed exactly (the same masks on any number of ranks)
 """Bump when a change to the pruning code changes its results: old cache entries then stop matching."""
@@ -52,6 +50,8 @@ READ_MARGIN_S = 3600.0
 """Beyond ``cache_lock_timeout_s``: how long rank 0 may take alone to read the weights, apply or finish an entry."""
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 __all__ = [
     "PRUNING_CODE_VERSION",
@@ -62,7 +62,6 @@ __all__ = [
     "get_or_prune",
     "prune_cached",
     "pruner_key",
-    "list_entries",
     "remove_entry",
 ]
 
@@ -129,10 +128,11 @@ def pattern_label(pattern: dict[str, Any]) -> str:
     return f"{pattern['kind']}{100 * float(pattern['ratio']):g}{owl}"
 
 
-def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str) -> Path:
-    """Directory of the entry for ``key``: ``<model identity>/<pruner>-<pattern>-<digest[:16]>``.
-    Named from the key, not display names, so equal patterns written two ways share one entry."""
-    label = f"{key['pruner']['name']}-{pattern_label(key['sparsity'])}-{digest[:16]}"
+def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str, form: str = "") -> Path:
+    """Directory of the entry for ``key``: ``<model identity>/<pruner>-<pattern>[-<form>]-<digest[:16]>`` (``form``:
+    a reconstruction's entry beside it). Named from the key, not display names, so equal patterns written two ways
+    share one entry."""
+    label = f"{key['pruner']['name']}-{pattern_label(key['sparsity'])}{'-' + form if form else ''}-{digest[:16]}"
     return Path(cache_dir).expanduser() / "pruning" / key["model"] / label
 
 
@@ -190,6 +190,22 @@ def _apply(off: OffloadedModel, reader: EntryReader, linears: dict[str, nn.Linea
     return masks, kept, layers
 
 
+def read_or_lock(read: Callable[[], T | None], entry: Path, stack: ExitStack, timeout_s: float) -> T | None:
+    """Rank 0: ``read()``'s result when the entry is finished (read lock-free), else ``None`` with the writer's lock
+    held in ``stack``; read again under the lock (another job may have written it meanwhile), a stale or corrupt
+    entry is then removed."""
+    found = read()
+    if found is not None:
+        return found
+    stack.enter_context(entry_lock(entry, timeout_s))
+    found = read()
+    if found is not None:
+        stack.close()
+        return found
+    remove_entry(entry)
+    return None
+
+
 def prune_cached(
     off: OffloadedModel,
     tokenizer: PreTrainedTokenizerBase | None,
@@ -209,10 +225,9 @@ def prune_cached(
     On a miss rank 0 holds the writer lock and writes blocks in the background; decisions travel over the wait group
     (timeout ``lock_timeout_s`` + :data:`READ_MARGIN_S`) so no rank hits the training group's timeout."""
     ctx = off.ctx
-    linears = validate_for_model(off.model, pruner, sparsity, calibration, method)
-    if not prunes(pruner, sparsity):
+    linears, method = validate_for_model(off.model, pruner, sparsity, calibration, method)
+    if method is None:
         return prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks)
-    method = method if method is not None else resolve_pruner(pruner, sparsity)
     ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
     check_locks_span_nodes(ctx, Path(cache_dir).expanduser() / "pruning")
     with ExitStack() as stack:
@@ -304,7 +319,7 @@ def get_or_prune(
 ) -> PruneResult:
     """Prune a whole in-memory ``model`` in place in this process, through the cache (:func:`prune_cached`).
     A partial entry or one failing its checksum counts as a miss and is rewritten atomically."""
-    off = OffloadedModel(model, DistContext(device=resolve_device(device)))
+    off = OffloadedModel(model, local_context(device))
     try:
         return prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir,
                             method=method)

@@ -9,23 +9,19 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
 
 from filelock import FileLock, Timeout
 
 from spp.distributed import DistContext
 from spp.errors import UserError
-from spp.pruning.cache.store import remove_entry
 
 log = logging.getLogger(__name__)
 
 UNSUPPORTED_ERRNOS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
 """``flock`` errors that mean the filesystem does not support locks (not that the lock is held)."""
-
-T = TypeVar("T")
 
 _probed: set[str] = set()
 _spanned: set[str] = set()
@@ -123,18 +119,3 @@ def entry_lock(entry: Path, timeout_s: float = 7200.0) -> Iterator[None]:
     finally:
         lock.release()
 
-
-def read_or_lock(read: Callable[[], T | None], entry: Path, stack: ExitStack, timeout_s: float) -> T | None:
-    """Rank 0: ``read()``'s result when the entry is finished (read lock-free), else ``None`` with the writer's lock
-    held in ``stack``; read again under the lock (another job may have written it meanwhile), a stale or corrupt
-    entry is then removed."""
-    found = read()
-    if found is not None:
-        return found
-    stack.enter_context(entry_lock(entry, timeout_s))
-    found = read()
-    if found is not None:
-        stack.close()
-        return found
-    remove_entry(entry)
-    return None

@@ -51,10 +51,7 @@ def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: Recon
 
 def entry_dir(cache_dir: str | Path, pruning_key: dict[str, Any], digest: str) -> Path:
     """``<cache_dir>/pruning/<model>/<pruner>-<pattern>-blockwise-<digest[:16]>``."""
-    beside = cache_entry_dir(cache_dir, pruning_key, digest)
-    pruner, _, rest = beside.name.partition("-")
-    pattern = rest.rsplit("-", 1)[0]
-    return beside.parent / f"{pruner}-{pattern}-blockwise-{digest[:16]}"
+    return cache_entry_dir(cache_dir, pruning_key, digest, form="blockwise")
 
 
 def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructResult | None:

@@ -20,11 +20,10 @@ from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
 from spp.pruning.base import Pruner
-from spp.pruning.cache import READ_MARGIN_S, cache_key, prune_cached
-from spp.pruning.cache.lock import read_or_lock
+from spp.pruning.cache import READ_MARGIN_S, cache_key, prune_cached, read_or_lock
 from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, read_manifest
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.pruning.engine import PruneResult, prune_offloaded, resolve_device
+from spp.pruning.engine import PruneResult, local_context, prune_offloaded
 from spp.pruning.masks import MaskSet
 from spp.pruning.reconstruction import cache
 from spp.pruning.reconstruction.config import ReconstructConfig
@@ -95,8 +94,7 @@ def reconstruct_phase(off: OffloadedModel, dense: nn.Module | None, tokenizer: P
         if failed:
             raise UserError(f"the reconstruction cache entry {found.entry} failed its checks while it was read",
                             "run the job again: it reconstructs afresh and rewrites the entry", key="cache_dir")
-        _log_hit(hit, ctx)
-        return hit or ReconstructResult(cache_hit=True)
+        return _hit(hit, ctx)
     if dense is None:
         raise ValueError("reconstruct_phase: the dense model is needed (the probe found no finished entry)")
     dense_off = OffloadedModel(dense, ctx)
@@ -117,8 +115,7 @@ def _run(off: OffloadedModel, dense: OffloadedModel, tokenizer: PreTrainedTokeni
         hit = (read_or_lock(lambda: cache.load(off, found.entry, found.key), found.entry, stack, lock_timeout_s)
                if ctx.is_main else None)
         if ctx.broadcast_object(hit is not None, long_wait=True):  # another job wrote it meanwhile
-            _log_hit(hit, ctx)
-            return hit or ReconstructResult(cache_hit=True)
+            return _hit(hit, ctx)
         writer = cache.EntryWrite(off, found.entry) if ctx.is_main else None
         try:
             result = reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg, data_dir,
@@ -141,10 +138,12 @@ def _run(off: OffloadedModel, dense: OffloadedModel, tokenizer: PreTrainedTokeni
     return result
 
 
-def _log_hit(hit: ReconstructResult | None, ctx: DistContext) -> None:
+def _hit(hit: ReconstructResult | None, ctx: DistContext) -> ReconstructResult:
+    """A cache hit's result: rank 0's (logged), an empty one elsewhere."""
     if ctx.is_main and hit is not None:
         log.info("reconstruction: cache hit (%s), %d blocks applied in %.1f s", hit.cache_path, len(hit.blocks),
                  hit.timings.get("cache_load", 0.0))
+    return hit or ReconstructResult(cache_hit=True)
 
 
 def get_or_reconstruct(model: nn.Module, tokenizer: PreTrainedTokenizerBase, model_cfg: ModelConfig,
@@ -158,7 +157,7 @@ def get_or_reconstruct(model: nn.Module, tokenizer: PreTrainedTokenizerBase, mod
     taken before pruning, only when no finished reconstruction entry exists. Returns the prune result and the
     reconstruction's (``prune.py``; ``eval.py`` with ``reconstruct=blockwise``: the base a reconstructed run's adapter
     was trained on). ``method``, ``form``: the resolved pruner and form, or None."""
-    ctx = ctx if ctx is not None else DistContext(device=resolve_device(device))
+    ctx = ctx if ctx is not None else local_context(device)
     found = probe(cfg, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir, ctx, form=form)
     dense = frozen_copy(model) if found.needs_dense else None
     off = OffloadedModel(model, ctx)
