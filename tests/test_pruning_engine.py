@@ -4,6 +4,7 @@ through pruned blocks, no-op pruners, SPP-injected names and early, clear errors
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -159,7 +160,7 @@ def test_report_lists_every_layer_with_exact_zero_fraction(tiny_tok) -> None:
     for name, row in rows.items():
         assert row["sparsity"] == float((model.get_submodule(name).weight == 0).float().mean())
     assert "obs_loss" in rows[BLOCK0[0]] and result.timings["statistics"] > 0
-    json.dumps(result.report.to_dict())
+    json.dumps(dataclasses.asdict(result.report))
     assert result.report.to_markdown().count("\n") == 14 + 2
 
 

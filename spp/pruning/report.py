@@ -15,10 +15,6 @@ class PruneReport:
     layers: list[dict[str, Any]] = field(default_factory=list)
     overall: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"overall": self.overall, "layers": self.layers}
-
     def to_markdown(self) -> str:
         """A Markdown table: one row per layer, then the overall line."""
         lines = ["| layer | shape | sparsity | N:M valid | seconds |", "|---|---|---|---|---|"]
