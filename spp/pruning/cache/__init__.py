@@ -244,8 +244,9 @@ def prune_cached(
         decision = ctx.broadcast_object(error or ("hit" if hit is not None else "prune"), long_wait=True)
         if isinstance(decision, UserError):
             raise decision
-        if decision == "hit":  # rank 0 holds the result, the others need nothing more
-            return _hit_result(off, hit, sparsity, keep_masks)
+        if decision == "hit":  # rank 0 holds the result; the others an empty one (rank 0's masks with keep_masks)
+            masks = off.ctx.broadcast_object(hit and hit.masks, long_wait=True) if keep_masks else MaskSet()
+            return hit or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
         writer = EntryWriter(entry) if ctx.is_main else None
         result = _prune_writing(off, tokenizer, (pruner, method), sparsity, calibration, data_dir, keep_masks, writer,
                                 linears)
@@ -296,13 +297,6 @@ def _finish(off: OffloadedModel, writer: EntryWriter | None, result: PruneResult
     error = off.ctx.broadcast_object(error, long_wait=True)
     if error is not None:
         raise error
-
-
-def _hit_result(off: OffloadedModel, result: PruneResult | None, sparsity: SparsityConfig,
-                keep_masks: bool) -> PruneResult:
-    """Rank 0's hit result on rank 0; elsewhere an empty one (or rank 0's masks, with ``keep_masks``)."""
-    masks = off.ctx.broadcast_object(result and result.masks, long_wait=True) if keep_masks else MaskSet()
-    return result or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
 
 
 def get_or_prune(
