@@ -145,12 +145,8 @@ def prune_offloaded(
     finally:
         model.train(was_training)
     run.timings["total"] = time.perf_counter() - t_start
-    report = report_from_layers(run.layers, sparsity, run.extras)
-    report.overall["timings"] = dict(run.timings)
-    if run.calibration is not None:
-        report.overall["calibration"] = run.calibration
-    if run.layerwise is not None:
-        report.overall["layerwise"] = run.layerwise.record(sparsity)
+    report = report_from_layers(run.layers, sparsity, run.extras, timings=dict(run.timings),
+                                calibration=run.calibration, layerwise=run.layerwise and run.layerwise.record(sparsity))
     return PruneResult(run.masks, report, run.timings, zeros=ZeroPattern(run.masks, run.kept_zeros))
 
 
@@ -161,8 +157,8 @@ def _unpruned(off: OffloadedModel, linears: dict[str, nn.Linear], sparsity: Spar
     weights = {n: off.home[off.canonical(f"{n}.weight")] for n in linears} if off.ctx.is_main else {}
     timings = {"calibration_data": 0.0, "capture": 0.0, "statistics": 0.0, "pruning": 0.0, "propagate": 0.0,
                "total": time.perf_counter() - t_start}
-    report = report_from_layers(sparsity_summary(weights, *sparsity.nm_pair)["layers"], sparsity)
-    report.overall["timings"] = dict(timings)
+    report = report_from_layers(sparsity_summary(weights, *sparsity.nm_pair)["layers"], sparsity,
+                                timings=dict(timings))
     return PruneResult(masks, report, timings, zeros=ZeroPattern(masks, {
         n: kept_zero_indices(n, masks[n], w) for n, w in weights.items()}))
 

@@ -34,9 +34,10 @@ def report_from_layers(
     layers: dict[str, dict[str, Any]],
     sparsity: SparsityConfig,
     extras: dict[str, dict[str, Any]] | None = None,
+    **more: Any,
 ) -> PruneReport:
     """The report from per-layer rows of :func:`~spp.pruning.patterns.sparsity_summary` (computed block by block
-    while pruning) and per-layer extras; the overall line sums the rows."""
+    while pruning) and per-layer extras; the overall line sums the rows, then holds ``more`` (``None`` left out)."""
     extras = extras or {}
     is_nm = sparsity.kind == "nm"
     rows = [{"name": name, **layer, "nm_valid": layer.get("nm_valid"), **extras.get(name, {})}
@@ -53,5 +54,6 @@ def report_from_layers(
         "pattern": sparsity.name,
         "nm_valid": violations == 0 if is_nm else None,
         "nm_violations": violations,
+        **{k: v for k, v in more.items() if v is not None},
     }
     return PruneReport(rows, overall)

@@ -166,10 +166,8 @@ def _load_entry(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity:
                         "was removed", "run the job again: it prunes afresh and rewrites the entry",
                         key="cache_dir") from err
     timings = {"cache_load": time.perf_counter() - t0, "total": time.perf_counter() - t0}
-    report = report_from_layers(layers, sparsity)
-    report.overall["timings"] = {"original": reader.manifest.get("timings", {}), **timings}
-    if "calibration" in reader.manifest.get("overall", {}):  # the draw that made the entry
-        report.overall["calibration"] = reader.manifest["overall"]["calibration"]
+    report = report_from_layers(layers, sparsity, timings={"original": reader.manifest.get("timings", {}), **timings},
+                                calibration=reader.manifest.get("overall", {}).get("calibration"))  # the entry's draw
     return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry), zeros=ZeroPattern(masks, kept))
 
 
