@@ -8,12 +8,12 @@ import pytest
 
 from spp.paths import SAMPLE_DATA_DIR
 from spp.pruning import CalibrationConfig
-from spp.pruning.calibration_data import calibration_windows, load_texts, resolve_calibration_file
+from spp.pruning.calibration_data import draw_calibration, load_texts, resolve_calibration_file
 
 
 def test_c4_windows_follow_the_reference_sampler(tiny_tok) -> None:
     cal = CalibrationConfig(source="c4", nsamples=5, seqlen=300, seed=0)
-    windows = calibration_windows(tiny_tok, cal, SAMPLE_DATA_DIR)
+    windows = draw_calibration(tiny_tok, cal, SAMPLE_DATA_DIR).windows
     assert windows.shape == (5, 300)
     docs = load_texts(SAMPLE_DATA_DIR / "c4/c4_sample.jsonl")
     random.seed(0)  # Wanda/SparseGPT get_c4: redraw documents until one is longer than seqlen, then a window
@@ -24,13 +24,13 @@ def test_c4_windows_follow_the_reference_sampler(tiny_tok) -> None:
                 break
         start = random.randint(0, len(ids) - 300 - 1)
         assert row == ids[start : start + 300]
-    other_seed = calibration_windows(tiny_tok, CalibrationConfig(nsamples=5, seqlen=300, seed=1), SAMPLE_DATA_DIR)
+    other_seed = draw_calibration(tiny_tok, CalibrationConfig(nsamples=5, seqlen=300, seed=1), SAMPLE_DATA_DIR).windows
     assert not (other_seed == windows).all()
 
 
 def test_alpaca_stream_windows_come_from_the_joined_records(tiny_tok) -> None:
     cal = CalibrationConfig(source="alpaca", nsamples=3, seqlen=128)
-    windows = calibration_windows(tiny_tok, cal, SAMPLE_DATA_DIR)
+    windows = draw_calibration(tiny_tok, cal, SAMPLE_DATA_DIR).windows
     texts = load_texts(resolve_calibration_file(cal, SAMPLE_DATA_DIR))
     assert len(texts) == 1551 and "\n\n" in texts[0]
     stream = tiny_tok("\n\n".join(texts))["input_ids"]

@@ -4,6 +4,7 @@ through pruned blocks, no-op pruners, SPP-injected names and early, clear errors
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from torch import nn
 from spp.models import tiny_llama
 from spp.paths import SAMPLE_DATA_DIR
 from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig, check_nm, current_masks, prune_model
-from spp.pruning.calibration_data import calibration_windows
+from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.patterns import prune_lowest_per_row
 from spp.pruning.registry import pruner_config
 
@@ -74,7 +75,7 @@ def test_wanda_masks_equal_a_direct_computation_with_pruned_propagation(tiny_tok
     ratio = 0.75
     sparsity = SparsityConfig(name="unstructured75", kind="unstructured", ratio=ratio)
     result = _prune(model, tiny_tok, "wanda", sparsity)
-    windows = calibration_windows(tiny_tok, CAL, SAMPLE_DATA_DIR)
+    windows = draw_calibration(tiny_tok, CAL, SAMPLE_DATA_DIR).windows
     dense_inputs = _inputs_of(dense, windows, BLOCK0 + BLOCK1)
     for name in BLOCK0:  # block 0 sees the embeddings: same inputs as the dense model
         expected = _direct_wanda(dense.get_submodule(name).weight, dense_inputs[name], 4, ratio)
@@ -98,7 +99,7 @@ def test_true_sequential_calibrates_o_proj_after_qkv_are_pruned(tiny_tok) -> Non
     model = tiny_llama(seed=0)
     dense = copy.deepcopy(model)
     result = _prune(model, tiny_tok, {"name": "wanda", "true_sequential": True}, U50)
-    windows = calibration_windows(tiny_tok, CAL, SAMPLE_DATA_DIR)
+    windows = draw_calibration(tiny_tok, CAL, SAMPLE_DATA_DIR).windows
     qkv_pruned = copy.deepcopy(dense)
     with torch.no_grad():
         for name in BLOCK0[:3]:
@@ -159,7 +160,7 @@ def test_report_lists_every_layer_with_exact_zero_fraction(tiny_tok) -> None:
     for name, row in rows.items():
         assert row["sparsity"] == float((model.get_submodule(name).weight == 0).float().mean())
     assert "obs_loss" in rows[BLOCK0[0]] and result.timings["statistics"] > 0
-    json.dumps(result.report.to_dict())
+    json.dumps(dataclasses.asdict(result.report))
     assert result.report.to_markdown().count("\n") == 14 + 2
 
 

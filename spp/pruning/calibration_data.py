@@ -83,13 +83,11 @@ class Supply:
 def _longer_documents(texts: list[str], tokenizer: PreTrainedTokenizerBase, seqlen: int, wanted: int,
                       supply: Supply, chunk: int = 256) -> int:
     """Tokenize documents in file order until ``wanted`` of them are longer than ``seqlen`` tokens; their count."""
-    found = sum(len(ids) > seqlen for ids in supply.documents.values())
+    found = 0
     for first in range(0, len(texts), chunk):
         if found >= wanted:
             break
-        todo = [i for i in range(first, min(first + chunk, len(texts))) if i not in supply.documents]
-        for i, ids in zip(todo, tokenizer([texts[i] for i in todo], verbose=False)["input_ids"] if todo else [],
-                          strict=True):
+        for i, ids in enumerate(tokenizer(texts[first:first + chunk], verbose=False)["input_ids"], start=first):
             supply.documents[i] = ids
             found += len(ids) > seqlen
     return found
@@ -100,16 +98,15 @@ def _refuse(what: str, fix: str, where: str, key: str = "calibration.nsamples") 
 
 
 def check_supply(texts: list[str], tokenizer: PreTrainedTokenizerBase, calibration: CalibrationConfig,
-                 where: str, supply: Supply | None = None) -> Supply:
+                 where: str) -> Supply:
     """Refuse (:class:`UserError`) a source that cannot supply ``nsamples`` windows of ``seqlen`` tokens (fewer
     documents longer than ``seqlen``, or a stream under ``nsamples * seqlen`` tokens); returns what it tokenized."""
     seqlen, nsamples = calibration.seqlen, calibration.nsamples
-    supply = supply or Supply()
+    supply = Supply()
     larger = "point calibration.path at a larger file (the paper: C4's en/c4-train.00000-of-01024.json.gz, see " \
              "docs/pruning.md#calibration)"
     if sampling_of(calibration) == "stream":
-        if supply.stream is None:
-            supply.stream = _ids(tokenizer, "\n\n".join(texts))
+        supply.stream = _ids(tokenizer, "\n\n".join(texts))
         tokens = len(supply.stream)
         if tokens <= seqlen:
             raise _refuse(f"the text of {where} has only {tokens} tokens, not more than calibration.seqlen={seqlen} "
@@ -191,11 +188,10 @@ class CalibrationDraw:
 
 def sample_windows(
     texts: list[str], tokenizer: PreTrainedTokenizerBase, calibration: CalibrationConfig, where: str = "data",
-    supply: Supply | None = None,
 ) -> CalibrationDraw:
     """Draw ``calibration.nsamples`` windows of ``calibration.seqlen`` tokens (after :func:`check_supply`)."""
     seqlen, nsamples = calibration.seqlen, calibration.nsamples
-    supply = check_supply(texts, tokenizer, calibration, where, supply)
+    supply = check_supply(texts, tokenizer, calibration, where)
     rng = random.Random(calibration.seed)
     windows: list[list[int]] = []
     if sampling_of(calibration) == "document":
@@ -232,10 +228,3 @@ def draw_calibration(
     if announce:
         log.info(draw.describe())
     return draw
-
-
-def calibration_windows(
-    tokenizer: PreTrainedTokenizerBase, calibration: CalibrationConfig, data_dir: str | None = None
-) -> torch.Tensor:
-    """Load the configured source and return (nsamples, seqlen) token ids (:func:`draw_calibration`'s windows)."""
-    return draw_calibration(tokenizer, calibration, data_dir).windows

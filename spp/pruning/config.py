@@ -125,6 +125,11 @@ class SparsityConfig:
         return float(self.ratio)
 
     @property
+    def nm_pair(self) -> tuple[int | None, int | None]:
+        """``(n, m)`` of an N:M pattern, else ``(None, None)``: the arguments of the N:M audit."""
+        return (int(self.n), int(self.m)) if self.kind == "nm" else (None, None)
+
+    @property
     def is_dense(self) -> bool:
         """True when nothing is pruned."""
         return self.kind == "dense"

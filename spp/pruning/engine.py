@@ -28,10 +28,9 @@ from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.layerwise import LayerwiseRatios, layerwise_ratios
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import check_layer_fits, sparsity_summary
-from spp.pruning.registry import NO_PRUNING
-from spp.pruning.report import PruneReport, build_report, report_from_layers
+from spp.pruning.report import PruneReport, report_from_layers
 from spp.pruning.resolve import prunes, resolve_pruner
-from spp.pruning.statistics import InputStatistics
+from spp.pruning.statistics import InputStatistics, observe_inputs
 from spp.pruning.targets import block_linears, prunable_linears
 
 log = logging.getLogger(__name__)
@@ -67,25 +66,24 @@ class PruneResult:
     zeros: ZeroPattern | None = None
 
 
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    """``None`` -> CUDA when available, else CPU."""
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+def local_context(device: str | torch.device | None) -> DistContext:
+    """This process alone, on ``device`` (``None``: CUDA when available, else CPU)."""
+    return DistContext(device=torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")))
 
 
 def validate_for_model(
     model: nn.Module, pruner: PrunerConfig, sparsity: SparsityConfig, calibration: CalibrationConfig,
     method: Pruner | None = None,
-) -> dict[str, nn.Linear]:
-    """Check every setting against the model before any work (shapes only: a ``meta`` skeleton will do).
+) -> tuple[dict[str, nn.Linear], Pruner | None]:
+    """Check every setting against the model before any work (shapes only: a ``meta`` skeleton will do); the
+    prunable linears and the pruner (``method``, else resolved; ``None`` when nothing is pruned).
     Raises ``ValueError`` naming the config key or layer (bad ratio / N:M / targets / seqlen, :meth:`Pruner.check`)."""
     pruner, sparsity, calibration = pruner.validate(), sparsity.validate(), calibration.validate()
     linears = prunable_linears(model, pruner.targets)
-    if not sparsity.is_dense and pruner.name != NO_PRUNING:
+    method = (method or resolve_pruner(pruner)) if prunes(pruner, sparsity) else None
+    if method is not None:
         for name, linear in linears.items():
             check_layer_fits(name, linear.weight.shape, sparsity)
-        method = method if method is not None else resolve_pruner(pruner)
         method.check(sparsity)
         if method.needs_calibration:
             max_pos = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -94,7 +92,7 @@ def validate_for_model(
                     f"calibration.seqlen={calibration.seqlen} exceeds the model's max_position_embeddings={max_pos}; "
                     f"set calibration.seqlen<={max_pos}"
                 )
-    return linears
+    return linears, method
 
 
 @torch.no_grad()
@@ -112,7 +110,7 @@ def prune_model(
     The model is offloaded meanwhile and put back on its own device; GPT-2's ``Conv1D`` become ``nn.Linear`` in place.
     :func:`prune_offloaded` is the same on N ranks."""
     linearize_conv1d(model)  # a GPT-2 model built by the caller: its Conv1D projections as nn.Linear (a no-op else)
-    off = OffloadedModel(model, DistContext(device=resolve_device(device)))
+    off = OffloadedModel(model, local_context(device))
     try:
         return prune_offloaded(off, tokenizer, pruner, sparsity, calibration or CalibrationConfig(), data_dir,
                                method=method)
@@ -135,10 +133,9 @@ def prune_offloaded(
     ``on_block(prefix)`` is called once each block is final and written home (the cache streams it to disk)."""
     t_start = time.perf_counter()
     model = off.model
-    linears = validate_for_model(model, pruner, sparsity, calibration, method)
-    if not prunes(pruner, sparsity):
+    linears, method = validate_for_model(model, pruner, sparsity, calibration, method)
+    if method is None:
         return _unpruned(off, linears, sparsity, t_start)
-    method = method if method is not None else resolve_pruner(pruner, sparsity)
     was_training = model.training
     model.eval()  # no dropout in the calibration forward passes
     try:
@@ -148,12 +145,8 @@ def prune_offloaded(
     finally:
         model.train(was_training)
     run.timings["total"] = time.perf_counter() - t_start
-    report = report_from_layers(run.layers, sparsity, run.extras)
-    report.overall["timings"] = dict(run.timings)
-    if run.calibration is not None:
-        report.overall["calibration"] = run.calibration
-    if run.layerwise is not None:
-        report.overall["layerwise"] = run.layerwise.record(sparsity)
+    report = report_from_layers(run.layers, sparsity, run.extras, timings=dict(run.timings),
+                                calibration=run.calibration, layerwise=run.layerwise and run.layerwise.record(sparsity))
     return PruneResult(run.masks, report, run.timings, zeros=ZeroPattern(run.masks, run.kept_zeros))
 
 
@@ -164,9 +157,10 @@ def _unpruned(off: OffloadedModel, linears: dict[str, nn.Linear], sparsity: Spar
     weights = {n: off.home[off.canonical(f"{n}.weight")] for n in linears} if off.ctx.is_main else {}
     timings = {"calibration_data": 0.0, "capture": 0.0, "statistics": 0.0, "pruning": 0.0, "propagate": 0.0,
                "total": time.perf_counter() - t_start}
-    report = build_report(weights, sparsity)
-    report.overall["timings"] = dict(timings)
-    return PruneResult(masks, report, timings, zeros=ZeroPattern.record(masks, weights))
+    report = report_from_layers(sparsity_summary(weights, *sparsity.nm_pair)["layers"], sparsity,
+                                timings=dict(timings))
+    return PruneResult(masks, report, timings, zeros=ZeroPattern(masks, {
+        n: kept_zero_indices(n, masks[n], w) for n, w in weights.items()}))
 
 
 class _Run:
@@ -220,7 +214,6 @@ class _Run:
         without calibration); with ``sparsity.layerwise``, run its dense pass first (``self.layerwise``)."""
         self.batches: list[int] = []
         self.nbatches = 0
-        self.layerwise: LayerwiseRatios | None = None
         owl = self.sparsity.layerwise != "none"
         if not (self.pruner.needs_calibration or owl):
             return [], BlockCalls(len(self.runner.layers))
@@ -253,15 +246,7 @@ class _Run:
             return {}
         t0 = time.perf_counter()
         stats = {n: self.pruner.statistics(targets[n].in_features, self.ctx.device) for n in group}
-        handles = [targets[n].register_forward_hook(lambda _m, inp, _o, s=stats[n]: s.add(inp[0])) for n in group]
-        try:
-            for b, x, (args, kw) in zip(self.batches, hidden, calls, strict=True):
-                for s in stats.values():
-                    s.at_batch(b)
-                block(x, *args, **kw)
-        finally:
-            for h in handles:
-                h.remove()
+        observe_inputs(block, targets, stats, self.batches, hidden, calls)
         for k, n in enumerate(group):
             owner = self.ctx.owner(self.matrices + k) if self.pruner.uses_hessian else None
             stats[n].reduce(self.ctx, self.nbatches, owner)
@@ -301,7 +286,7 @@ class _Run:
             self.masks.set(qualified, out.mask)
         if self.ctx.is_main:
             self.kept_zeros[qualified] = kept_zero_indices(qualified, out.mask, weight)
-            self.layers.update(sparsity_summary({qualified: weight}, *_nm(self.sparsity))["layers"])
+            self.layers.update(sparsity_summary({qualified: weight}, *self.sparsity.nm_pair)["layers"])
             self.extras[qualified] = {"seconds": seconds, **out.info}
 
     def _solve_owned(self, group: list[str], targets: dict[str, nn.Linear],
@@ -335,10 +320,6 @@ class _Run:
             new = out.weight.to(weight.device, weight.dtype) if mine else torch.empty_like(weight)
             self.ctx.broadcast_(new, src=owner)
         return MatrixOutcome(mask.bool(), new, dict(status["info"]))
-
-
-def _nm(sparsity: SparsityConfig) -> tuple[int | None, int | None]:
-    return (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
 
 
 def sublayer_groups(block_targets: dict[str, nn.Linear], true_sequential: bool) -> list[list[str]]:

@@ -12,36 +12,13 @@ import torch
 from omegaconf import OmegaConf
 
 from spp.atomic import write_dir_atomic, write_json_atomic, write_text_atomic
-from spp.distributed import DistContext, launch_processes
+from spp.distributed import launch_processes
 from spp.models.loading import load_for_rank, load_tokenizer
-from spp.models.offload import OffloadedModel
-from spp.pruning.cache import READ_MARGIN_S, prune_cached
+from spp.pruning.cache import READ_MARGIN_S
 from spp.pruning.config import PruneJobConfig
-from spp.pruning.engine import PruneResult, prune_offloaded
 from spp.pruning.patterns import sparsity_summary
-from spp.pruning.reconstruction.engine import ReconstructResult
-from spp.pruning.reconstruction.phase import frozen_copy, probe, reconstruct_phase
+from spp.pruning.reconstruction.phase import get_or_reconstruct
 from spp.pruning.targets import prunable_linears
-
-
-def _prune_and_reconstruct(job: PruneJobConfig, model: torch.nn.Module, tokenizer: Any, ctx: DistContext,
-                           methods: Any = None) -> tuple[OffloadedModel, PruneResult, ReconstructResult | None]:
-    """Offload ``model``, prune it, then reconstruct it when asked; every rank. The dense copy is taken before pruning,
-    only when no finished reconstruction entry exists. ``methods``: the resolved pruner and form."""
-    method, form = (methods.pruner, methods.form) if methods is not None else (None, None)
-    found = probe(job.reconstruct, job.model, job.pruner, job.sparsity, job.calibration,
-                  job.cache_dir if job.use_cache else None, job.data_dir, ctx, form=form)
-    dense = frozen_copy(model) if found.needs_dense else None
-    off = OffloadedModel(model, ctx)
-    if job.use_cache:
-        result = prune_cached(off, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
-                              job.data_dir, lock_timeout_s=job.cache_lock_timeout_s, method=method)
-    else:
-        result = prune_offloaded(off, tokenizer, job.pruner, job.sparsity, job.calibration, job.data_dir, method=method)
-    if not job.reconstruct.enabled:
-        return off, result, None
-    return off, result, reconstruct_phase(off, dense, tokenizer, result.masks, job.pruner, found, job.data_dir,
-                                          job.cache_lock_timeout_s, form)
 
 
 def prune_job(job: PruneJobConfig, output_dir: Path, methods: Any = None) -> dict[str, Any] | None:
@@ -53,16 +30,19 @@ def prune_job(job: PruneJobConfig, output_dir: Path, methods: Any = None) -> dic
     torch.manual_seed(job.seed)
     model, tokenizer = load_for_rank(job.model, ctx.rank), load_tokenizer(job.model)
     timing: dict[str, Any] = {"load_model": time.perf_counter() - t_start, "ranks": ctx.world}
-    off, result, reconstruction = _prune_and_reconstruct(job, model, tokenizer, ctx, methods)
-    model = off.restore()
+    method, form = (methods.pruner, methods.form) if methods is not None else (None, None)
+    result, reconstruction = get_or_reconstruct(
+        model, tokenizer, job.model, job.pruner, job.sparsity, job.calibration, job.reconstruct,
+        job.cache_dir if job.use_cache else None, job.data_dir, ctx=ctx, lock_timeout_s=job.cache_lock_timeout_s,
+        method=method, form=form)
     if not ctx.is_main:
         return None
     timing.update(prune=result.timings, cache_hit=result.cache_hit, cache_path=result.cache_path)
     if reconstruction is not None:
         timing["reconstruct"] = reconstruction.timings
         write_json_atomic(output_dir / "reconstruction.json", reconstruction.summary())
-    nm = (job.sparsity.n, job.sparsity.m) if job.sparsity.kind == "nm" else (None, None)
-    summary = sparsity_summary({n: m.weight for n, m in prunable_linears(model, job.pruner.targets).items()}, *nm)
+    summary = sparsity_summary({n: m.weight for n, m in prunable_linears(model, job.pruner.targets).items()},
+                               *job.sparsity.nm_pair)
     summary.update(
         model=job.model.name, pruner=job.pruner.name, sparsity=job.sparsity.name,
         target_ratio=job.sparsity.target_ratio,

@@ -14,7 +14,7 @@ from torch import nn
 from spp.distributed import DistContext
 from spp.models.block_runner import BlockCalls, BlockRunner
 from spp.pruning.config import SparsityConfig
-from spp.pruning.statistics import InputStatistics
+from spp.pruning.statistics import InputStatistics, observe_inputs
 from spp.pruning.targets import block_linears
 
 
@@ -62,17 +62,8 @@ def _block_scores(block: nn.Module, targets: dict[str, nn.Linear], hidden: list[
     """``|W| · ‖X‖₂`` of each target of the dense ``block`` over this rank's batches (summed over ranks), and the
     block's outputs (the next block's dense inputs)."""
     stats = {n: InputStatistics(lin.in_features, ctx.device) for n, lin in targets.items()}
-    handles = [targets[n].register_forward_hook(lambda _m, inp, _o, s=stats[n]: s.add(inp[0])) for n in targets]
-    outputs = []
-    try:
-        for b, x, (args, kw) in zip(batches, hidden, calls, strict=True):
-            for s in stats.values():
-                s.at_batch(b)
-            out = block(x, *args, **kw)
-            outputs.append(out[0] if isinstance(out, tuple) else out)
-    finally:
-        for h in handles:
-            h.remove()
+    outputs: list[torch.Tensor] = []
+    observe_inputs(block, targets, stats, batches, hidden, calls, outputs)
     scores = []
     for n, lin in targets.items():
         stats[n].reduce(ctx, nbatches)
@@ -136,8 +127,7 @@ def _block_grams(runner: BlockRunner, hidden: list[torch.Tensor], calls: BlockCa
         grams.append(x @ x.t())
         del x
         with runner.block(i) as block:
-            outs = [block(h, *args, **kw) for h, (args, kw) in zip(hidden, calls[i], strict=True)]
-        hidden = [o[0] if isinstance(o, tuple) else o for o in outs]
+            hidden = runner.run(block, hidden, calls[i])
     return grams
 
 

@@ -48,14 +48,6 @@ class MaskSet(Mapping[str, torch.Tensor]):
         """Bytes held by the packed masks."""
         return sum(p.numel() for p in self._packed.values())
 
-    def kept(self) -> int:
-        """Kept weights over every matrix (True bits)."""
-        return sum(int(self[name].sum()) for name in self)
-
-    def numel(self) -> int:
-        """Weights over every matrix."""
-        return sum(rows * cols for rows, cols in (self.shape(n) for n in self))
-
 
 class ZeroPattern(Mapping[str, torch.Tensor]):
     """The exact-zero pattern (True = zero) of pruned weights: every pruned position plus the kept zeros."""
@@ -63,11 +55,6 @@ class ZeroPattern(Mapping[str, torch.Tensor]):
     def __init__(self, masks: MaskSet, kept_zeros: Mapping[str, torch.Tensor] | None = None) -> None:
         self.masks = masks
         self.kept_zeros = {k: v.cpu() for k, v in (kept_zeros or {}).items() if v.numel()}
-
-    @classmethod
-    def record(cls, masks: MaskSet, weights: Mapping[str, torch.Tensor]) -> ZeroPattern:
-        """The pattern of the pruned ``weights`` (each checked against its mask: pruned weights must be zero)."""
-        return cls(masks, {name: kept_zero_indices(name, masks[name], w) for name, w in weights.items()})
 
     def __getitem__(self, name: str) -> torch.Tensor:
         zero = ~self.masks[name]

@@ -44,9 +44,7 @@ def prune_lowest_global(scores: torch.Tensor, ratio: float) -> torch.Tensor:
 
 def keep_top_n_of_m(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:
     """Keep the ``n`` highest scores in every group of ``m`` consecutive columns (ties: lower index pruned first)."""
-    rows, cols = scores.shape
-    if cols % m:
-        raise ValueError(f"N:M needs the number of columns ({cols}) to be a multiple of M={m}")
+    rows, cols = scores.shape  # cols is a multiple of m: check_layer_fits refused any other layer before pruning
     groups = scores.reshape(rows, cols // m, m)
     pruned = torch.sort(groups, dim=-1, stable=True).indices[..., : m - n]
     keep = torch.ones_like(groups, dtype=torch.bool).scatter_(-1, pruned, False)
@@ -62,9 +60,7 @@ def mask_from_scores(scores: torch.Tensor, sparsity: SparsityConfig, scope: str 
         return keep_top_n_of_m(scores, int(sparsity.n), int(sparsity.m))
     if scope == "row":
         return prune_lowest_per_row(scores, sparsity.target_ratio)
-    if scope == "matrix":
-        return prune_lowest_global(scores, sparsity.target_ratio)
-    raise ValueError(f"unknown comparison scope {scope!r}; use 'row' or 'matrix'")
+    return prune_lowest_global(scores, sparsity.target_ratio)  # "matrix"; RIAConfig refuses any other pruner.scope
 
 
 @dataclass
@@ -91,13 +87,6 @@ def check_nm(mask_or_weight: torch.Tensor, n: int, m: int) -> NMCheck:
     return NMCheck(violations == 0, violations, per_group.numel(), int((per_group == n).sum()))
 
 
-def zero_count(mask_or_weight: torch.Tensor) -> int:
-    """Number of pruned entries: False in a bool keep-mask, exact zeros in a weight."""
-    if mask_or_weight.dtype == torch.bool:
-        return int((~mask_or_weight).sum())
-    return int((mask_or_weight == 0).sum())
-
-
 def sparsity_summary(
     tensors: Mapping[str, torch.Tensor], n: int | None = None, m: int | None = None
 ) -> dict[str, Any]:
@@ -106,7 +95,7 @@ def sparsity_summary(
     layers: dict[str, dict[str, Any]] = {}
     zeros_total = numel_total = violations_total = 0
     for name, tensor in tensors.items():
-        zeros = zero_count(tensor)
+        zeros = int((~tensor).sum()) if tensor.dtype == torch.bool else int((tensor == 0).sum())  # False = pruned
         row: dict[str, Any] = {
             "shape": list(tensor.shape),
             "zeros": zeros,

@@ -49,17 +49,12 @@ def pruner_names() -> list[str]:
     return PRUNERS.names()
 
 
-def pruner_class(name: str) -> type[Pruner]:
-    """The :class:`Pruner` subclass registered as ``name``; ``UserError`` listing the known ones otherwise."""
-    return PRUNERS.get(name)
-
-
 def resolve_config(cfg: PrunerConfig) -> PrunerConfig:
     """``cfg`` as its pruner's own config class (shared fields copied, the rest default); ``none`` stays as is.
     Raises ``ValueError`` for an unknown name or a value the pruner's config refuses."""
     if cfg.name == NO_PRUNING:
         return cfg
-    config_cls = pruner_class(cfg.name).config_class
+    config_cls = PRUNERS.get(cfg.name).config_class
     if isinstance(cfg, config_cls):
         return cfg
     shared = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(PrunerConfig)}
@@ -70,13 +65,13 @@ def pruner_config(name: str, **settings: Any) -> PrunerConfig:
     """The config of pruner ``name`` with ``settings`` (``pruner_config("sparsegpt", blocksize=64)``)."""
     if name == NO_PRUNING:
         return PrunerConfig(name=name, **settings)
-    return pruner_class(name).config_class(**settings)
+    return PRUNERS.get(name).config_class(**settings)
 
 
 def get_pruner(cfg: PrunerConfig) -> Pruner:
     """The pruner ``cfg.name`` names, built from ``cfg``; ``UserError`` for ``none`` or an unknown name."""
     cfg = resolve_config(cfg)
-    return pruner_class(cfg.name)(cfg)
+    return PRUNERS.get(cfg.name)(cfg)
 
 
 def needs_calibration(cfg: PrunerConfig, sparsity: SparsityConfig | None = None) -> bool:
@@ -84,4 +79,4 @@ def needs_calibration(cfg: PrunerConfig, sparsity: SparsityConfig | None = None)
     them whatever the pruner."""
     if cfg.name == NO_PRUNING:
         return False
-    return pruner_class(cfg.name).needs_calibration or (sparsity is not None and sparsity.layerwise != "none")
+    return PRUNERS.get(cfg.name).needs_calibration or (sparsity is not None and sparsity.layerwise != "none")

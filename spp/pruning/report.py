@@ -5,10 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from spp.pruning.config import SparsityConfig
-from spp.pruning.patterns import sparsity_summary
 
 
 @dataclass
@@ -17,10 +14,6 @@ class PruneReport:
 
     layers: list[dict[str, Any]] = field(default_factory=list)
     overall: dict[str, Any] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"overall": self.overall, "layers": self.layers}
 
     def to_markdown(self) -> str:
         """A Markdown table: one row per layer, then the overall line."""
@@ -37,24 +30,14 @@ class PruneReport:
         return "\n".join(lines)
 
 
-def build_report(
-    weights: dict[str, torch.Tensor],
-    sparsity: SparsityConfig,
-    extras: dict[str, dict[str, Any]] | None = None,
-) -> PruneReport:
-    """Audit the pruned weights: exact zeros per layer and overall, and every N:M group (``extras``: per-layer fields
-    such as seconds)."""
-    nm = (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
-    return report_from_layers(sparsity_summary(weights, *nm)["layers"], sparsity, extras)
-
-
 def report_from_layers(
     layers: dict[str, dict[str, Any]],
     sparsity: SparsityConfig,
     extras: dict[str, dict[str, Any]] | None = None,
+    **more: Any,
 ) -> PruneReport:
     """The report from per-layer rows of :func:`~spp.pruning.patterns.sparsity_summary` (computed block by block
-    while pruning) and per-layer extras; the overall line sums the rows."""
+    while pruning) and per-layer extras; the overall line sums the rows, then holds ``more`` (``None`` left out)."""
     extras = extras or {}
     is_nm = sparsity.kind == "nm"
     rows = [{"name": name, **layer, "nm_valid": layer.get("nm_valid"), **extras.get(name, {})}
@@ -71,5 +54,6 @@ def report_from_layers(
         "pattern": sparsity.name,
         "nm_valid": violations == 0 if is_nm else None,
         "nm_violations": violations,
+        **{k: v for k, v in more.items() if v is not None},
     }
     return PruneReport(rows, overall)

@@ -35,9 +35,7 @@ def training_forms() -> list[str]:
 def resolve_form(cfg: ReconstructConfig) -> AdapterMethod | None:
     """The adapter method ``reconstruct.form`` names; ``None`` when ``reconstruct=none``.
     Raises ``UserError`` for an unknown form or one that trains nothing."""
-    if not cfg.enabled:
-        return None
-    return form_method(cfg.form)
+    return form_method(cfg.form) if cfg.enabled else None
 
 
 def form_method(form: str) -> AdapterMethod:

@@ -4,8 +4,11 @@ Sums add in fp64 in global batch order; X Xᵀ is summed as int64 on a fixed-poi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
+from torch import nn
 
 from spp.distributed import DistContext
 
@@ -145,9 +148,12 @@ class InputStatistics:
                 part = torch.zeros(zeros, dtype=torch.int64, device=self.device)
             self.xtx[exponent] = ctx.all_reduce_(part) if owner is None else ctx.reduce_(part, dst=owner)
 
-    def _require(self) -> None:
+    def _require(self, enabled: bool = True, flag: str = "") -> None:
+        """Inputs were added, and the statistic asked for was accumulated (``flag``: its constructor switch)."""
         if self.nsamples == 0:
             raise RuntimeError("no calibration inputs reached this layer; did the block forward pass run?")
+        if not enabled:
+            raise RuntimeError(f"InputStatistics was created without {flag}=True")
 
     @property
     def input_norm_sq(self) -> torch.Tensor:
@@ -158,9 +164,7 @@ class InputStatistics:
     @property
     def hessian(self) -> torch.Tensor:
         """SparseGPT's H = (2/N) Σ X Xᵀ over N calibration sequences (fp32, in x in)."""
-        self._require()
-        if not self.hessian_enabled:
-            raise RuntimeError("InputStatistics was created without hessian=True")
+        self._require(self.hessian_enabled, "hessian")
         total = torch.zeros(self.in_features, self.in_features, dtype=torch.float64, device=self.device)
         for exponent in sorted(self.xtx):  # a fixed order: the same bits on every rank count
             total.add_(self.xtx[exponent].double(), alpha=2.0 ** (exponent - FRACTION_BITS))
@@ -169,28 +173,34 @@ class InputStatistics:
     @property
     def sequence_sum(self) -> torch.Tensor:
         """DS⊘T's ``sum_metric_row``: mean over sequences of Σ_tokens x_j (fp32)."""
-        self._require()
-        if self.sum is None:
-            raise RuntimeError("InputStatistics was created without moments=True")
+        self._require(self.sum is not None, "moments")
         return (self.sum / self.nsamples).float()
-
-    @property
-    def mean(self) -> torch.Tensor:
-        """Per-feature mean over all tokens (fp32)."""
-        self._require()
-        if self.sum is None:
-            raise RuntimeError("InputStatistics was created without moments=True")
-        return (self.sum / self.ntokens).float()
 
     @property
     def var(self) -> torch.Tensor:
         """Per-feature population variance over all tokens (fp32)."""
-        self._require()
-        if self.sum is None:
-            raise RuntimeError("InputStatistics was created without moments=True")
+        self._require(self.sum is not None, "moments")
         mean = self.sum / self.ntokens
         return (self.sq_sum / self.ntokens - mean**2).clamp_min(0).float()
 
     def finite(self) -> bool:
         """Whether every accumulated statistic is finite (checked before anything is pruned)."""
         return bool(torch.isfinite(self.sq_sum).all()) and self._xtx_finite
+
+
+def observe_inputs(block: nn.Module, linears: Mapping[str, nn.Linear], stats: dict[str, InputStatistics],
+                   batches: list[int], hidden: list[torch.Tensor], calls: list[Any],
+                   outputs: list[torch.Tensor] | None = None) -> None:
+    """Run ``block`` on this rank's batches (global indices ``batches``) with each linear's inputs added to
+    ``stats[name]``; with ``outputs``, the block's outputs are appended to it."""
+    handles = [linears[n].register_forward_hook(lambda _m, inp, _o, s=s: s.add(inp[0])) for n, s in stats.items()]
+    try:
+        for b, x, (args, kw) in zip(batches, hidden, calls, strict=True):
+            for s in stats.values():
+                s.at_batch(b)
+            out = block(x, *args, **kw)
+            if outputs is not None:
+                outputs.append(out[0] if isinstance(out, tuple) else out)
+    finally:
+        for h in handles:
+            h.remove()

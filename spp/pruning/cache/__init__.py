@@ -9,17 +9,17 @@ import hashlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from spp.atomic import is_disk_full
-from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
@@ -32,18 +32,16 @@ from spp.pruning.cache.store import (
     CorruptEntryError,
     EntryReader,
     EntryWriter,
-    list_entries,
     open_for_key,
     remove_entry,
 )
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
 from spp.pruning.config import CACHE_KEY, UNORDERED, CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.pruning.engine import PruneResult, prune_offloaded, resolve_device, validate_for_model
+from spp.pruning.engine import PruneResult, local_context, prune_offloaded, validate_for_model
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import sparsity_summary
 from spp.pruning.registry import needs_calibration, resolve_config
 from spp.pruning.report import report_from_layers
-from spp.pruning.resolve import prunes, resolve_pruner
 
 PRUNING_CODE_VERSION = "2"  # 2: SparseGPT's Hessian summed exactly (the same masks on any number of ranks)
 """Bump when a change to the pruning code changes its results: old cache entries then stop matching."""
@@ -52,6 +50,8 @@ READ_MARGIN_S = 3600.0
 """Beyond ``cache_lock_timeout_s``: how long rank 0 may take alone to read the weights, apply or finish an entry."""
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 __all__ = [
     "PRUNING_CODE_VERSION",
@@ -62,7 +62,6 @@ __all__ = [
     "get_or_prune",
     "prune_cached",
     "pruner_key",
-    "list_entries",
     "remove_entry",
 ]
 
@@ -76,19 +75,19 @@ def pruner_key(pruner: PrunerConfig) -> dict[str, Any]:
         rule = f.metadata.get(CACHE_KEY, True)
         if rule is False or (callable(rule) and not rule(cfg)):
             continue
-        value = _plain(getattr(cfg, f.name))
+        value = json_ready(getattr(cfg, f.name))
         key[f.name] = sorted(value) if f.metadata.get(UNORDERED) else value
     return key
 
 
-def _plain(value: Any) -> Any:
-    """A config value as JSON writes it the same way every time (Enums by value, tuples as lists)."""
+def json_ready(value: Any) -> Any:
+    """A config value as JSON writes it the same way every time (Enums by value, tuples as lists, dicts sorted)."""
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [json_ready(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): json_ready(v) for k, v in sorted(value.items())}
     return value
 
 
@@ -129,10 +128,11 @@ def pattern_label(pattern: dict[str, Any]) -> str:
     return f"{pattern['kind']}{100 * float(pattern['ratio']):g}{owl}"
 
 
-def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str) -> Path:
-    """Directory of the entry for ``key``: ``<model identity>/<pruner>-<pattern>-<digest[:16]>``.
-    Named from the key, not display names, so equal patterns written two ways share one entry."""
-    label = f"{key['pruner']['name']}-{pattern_label(key['sparsity'])}-{digest[:16]}"
+def cache_entry_dir(cache_dir: str | Path, key: dict[str, Any], digest: str, form: str = "") -> Path:
+    """Directory of the entry for ``key``: ``<model identity>/<pruner>-<pattern>[-<form>]-<digest[:16]>`` (``form``:
+    a reconstruction's entry beside it). Named from the key, not display names, so equal patterns written two ways
+    share one entry."""
+    label = f"{key['pruner']['name']}-{pattern_label(key['sparsity'])}{'-' + form if form else ''}-{digest[:16]}"
     return Path(cache_dir).expanduser() / "pruning" / key["model"] / label
 
 
@@ -166,10 +166,8 @@ def _load_entry(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity:
                         "was removed", "run the job again: it prunes afresh and rewrites the entry",
                         key="cache_dir") from err
     timings = {"cache_load": time.perf_counter() - t0, "total": time.perf_counter() - t0}
-    report = report_from_layers(layers, sparsity)
-    report.overall["timings"] = {"original": reader.manifest.get("timings", {}), **timings}
-    if "calibration" in reader.manifest.get("overall", {}):  # the draw that made the entry
-        report.overall["calibration"] = reader.manifest["overall"]["calibration"]
+    report = report_from_layers(layers, sparsity, timings={"original": reader.manifest.get("timings", {}), **timings},
+                                calibration=reader.manifest.get("overall", {}).get("calibration"))  # the entry's draw
     return PruneResult(masks, report, timings, cache_hit=True, cache_path=str(entry), zeros=ZeroPattern(masks, kept))
 
 
@@ -177,7 +175,6 @@ def _apply(off: OffloadedModel, reader: EntryReader, linears: dict[str, nn.Linea
            sparsity: SparsityConfig) -> tuple[MaskSet, dict[str, torch.Tensor], dict[str, Any]]:
     """Apply the entry to rank 0's home weights, one matrix at a time: masks, kept zeros and report rows."""
     masks, kept, layers = MaskSet(), {}, {}
-    nm = (int(sparsity.n), int(sparsity.m)) if sparsity.kind == "nm" else (None, None)
     with torch.no_grad():
         for name in linears:
             weight = off.home[off.canonical(f"{name}.weight")]
@@ -187,23 +184,23 @@ def _apply(off: OffloadedModel, reader: EntryReader, linears: dict[str, nn.Linea
             weight.masked_fill_(~mask, 0)
             masks.set(name, mask)
             kept[name] = kept_zero_indices(name, mask, weight)
-            layers.update(sparsity_summary({name: weight}, *nm)["layers"])
+            layers.update(sparsity_summary({name: weight}, *sparsity.nm_pair)["layers"])
     return masks, kept, layers
 
 
-def _decide(off: OffloadedModel, entry: Path, key: dict[str, Any], sparsity: SparsityConfig,
-            linears: dict[str, nn.Linear], stack: ExitStack, timeout_s: float) -> PruneResult | None:
-    """Rank 0: the entry's result when it exists (read lock-free), else ``None`` with the writer's lock held in
-    ``stack`` (re-checked under the lock: another job may have written it while this one waited)."""
-    cached = _load_entry(off, entry, key, sparsity, linears)
-    if cached is not None:
-        return cached
+def read_or_lock(read: Callable[[], T | None], entry: Path, stack: ExitStack, timeout_s: float) -> T | None:
+    """Rank 0: ``read()``'s result when the entry is finished (read lock-free), else ``None`` with the writer's lock
+    held in ``stack``; read again under the lock (another job may have written it meanwhile), a stale or corrupt
+    entry is then removed."""
+    found = read()
+    if found is not None:
+        return found
     stack.enter_context(entry_lock(entry, timeout_s))
-    cached = _load_entry(off, entry, key, sparsity, linears)
-    if cached is not None:
+    found = read()
+    if found is not None:
         stack.close()
-        return cached
-    remove_entry(entry)  # a corrupt or stale entry, removed under the lock
+        return found
+    remove_entry(entry)
     return None
 
 
@@ -226,10 +223,9 @@ def prune_cached(
     On a miss rank 0 holds the writer lock and writes blocks in the background; decisions travel over the wait group
     (timeout ``lock_timeout_s`` + :data:`READ_MARGIN_S`) so no rank hits the training group's timeout."""
     ctx = off.ctx
-    linears = validate_for_model(off.model, pruner, sparsity, calibration, method)
-    if not prunes(pruner, sparsity):
+    linears, method = validate_for_model(off.model, pruner, sparsity, calibration, method)
+    if method is None:
         return prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks)
-    method = method if method is not None else resolve_pruner(pruner, sparsity)
     ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
     check_locks_span_nodes(ctx, Path(cache_dir).expanduser() / "pruning")
     with ExitStack() as stack:
@@ -239,14 +235,16 @@ def prune_cached(
             key, digest = entry_key or cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
             entry = cache_entry_dir(cache_dir, key, digest)
             try:
-                hit = _decide(off, entry, key, sparsity, linears, stack, lock_timeout_s)
+                hit = read_or_lock(lambda: _load_entry(off, entry, key, sparsity, linears), entry, stack,
+                                   lock_timeout_s)
             except UserError as err:
                 error = err
         decision = ctx.broadcast_object(error or ("hit" if hit is not None else "prune"), long_wait=True)
         if isinstance(decision, UserError):
             raise decision
-        if decision == "hit":  # rank 0 holds the result, the others need nothing more
-            return _hit_result(off, hit, sparsity, keep_masks)
+        if decision == "hit":  # rank 0 holds the result; the others an empty one (rank 0's masks with keep_masks)
+            masks = off.ctx.broadcast_object(hit and hit.masks, long_wait=True) if keep_masks else MaskSet()
+            return hit or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
         writer = EntryWriter(entry) if ctx.is_main else None
         result = _prune_writing(off, tokenizer, (pruner, method), sparsity, calibration, data_dir, keep_masks, writer,
                                 linears)
@@ -299,15 +297,6 @@ def _finish(off: OffloadedModel, writer: EntryWriter | None, result: PruneResult
         raise error
 
 
-def _hit_result(off: OffloadedModel, result: PruneResult | None, sparsity: SparsityConfig,
-                keep_masks: bool) -> PruneResult:
-    """Rank 0's hit result on rank 0; elsewhere an empty one (or rank 0's masks, with ``keep_masks``)."""
-    if keep_masks:
-        masks = off.ctx.broadcast_object(result.masks if result is not None else None, long_wait=True)
-        result = result or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
-    return result or PruneResult(MaskSet(), report_from_layers({}, sparsity), cache_hit=True)
-
-
 def get_or_prune(
     model: nn.Module,
     tokenizer: PreTrainedTokenizerBase | None,
@@ -322,7 +311,7 @@ def get_or_prune(
 ) -> PruneResult:
     """Prune a whole in-memory ``model`` in place in this process, through the cache (:func:`prune_cached`).
     A partial entry or one failing its checksum counts as a miss and is rewritten atomically."""
-    off = OffloadedModel(model, DistContext(device=resolve_device(device)))
+    off = OffloadedModel(model, local_context(device))
     try:
         return prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir,
                             method=method)

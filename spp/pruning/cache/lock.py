@@ -34,10 +34,8 @@ def check_locks_work(path: Path) -> None:
     if str(directory) in _probed:
         return
     directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        _try_lock(path, create=True)
     except OSError as err:
         if err.errno in UNSUPPORTED_ERRNOS:
             raise UserError(
@@ -45,18 +43,15 @@ def check_locks_work(path: Path) -> None:
                 f"{os.strerror(err.errno)}), so concurrent jobs could prune and write the same entry twice",
                 "put cache_dir= on a filesystem with flock (a local disk, or Lustre/NFS mounted with flock; see "
                 "docs/sweeps.md)", key="cache_dir") from err
-        if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            raise
-    finally:
-        os.close(fd)
+        raise
     _probed.add(str(directory))
 
 
-def _try_lock(path: Path) -> bool | None:
+def _try_lock(path: Path, create: bool = False) -> bool | None:
     """Whether a non-blocking exclusive ``flock`` on ``path`` is granted (released at once); ``None`` when the
     file is not visible here (the cache is not shared with this node: nothing to collide with)."""
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0), 0o666)
     except FileNotFoundError:
         return None
     try:
@@ -123,3 +118,4 @@ def entry_lock(entry: Path, timeout_s: float = 7200.0) -> Iterator[None]:
         yield
     finally:
         lock.release()
+

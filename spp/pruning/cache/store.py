@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
-from spp.atomic import publish
+from spp.atomic import write_file_atomic
 from spp.paths import file_sha256
 
 STATE_FILE = "state.safetensors"
@@ -33,16 +32,13 @@ class CorruptEntryError(RuntimeError):
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        publish(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    write_file_atomic(path, write)
 
 
 def pack_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -54,13 +50,6 @@ def unpack_mask(packed: torch.Tensor, shape: list[int]) -> torch.Tensor:
     """Inverse of ``pack_mask``."""
     numel = int(np.prod(shape))
     return torch.from_numpy(np.unpackbits(packed.numpy(), count=numel).astype(bool).reshape(shape))
-
-
-def _write_tensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> str:
-    """Serialise ``tensors`` (safetensors), write them atomically to ``path``; the sha256 of the bytes written."""
-    data = save_bytes(tensors, metadata=metadata)
-    _atomic_write_bytes(path, data)
-    return hashlib.sha256(data).hexdigest()
 
 
 class EntryWriter:
@@ -84,7 +73,10 @@ class EntryWriter:
         self._pending.append(self._pool.submit(self._write, name, tensors))
 
     def _write(self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-        self.files[name] = _write_tensors(tensors, self.entry / name, metadata)
+        """Serialise ``tensors`` (safetensors) atomically to the entry's file ``name``; record its sha256."""
+        data = save_bytes(tensors, metadata=metadata)
+        _atomic_write_bytes(self.entry / name, data)
+        self.files[name] = hashlib.sha256(data).hexdigest()
 
     def finish(self, masks: Mapping[str, torch.Tensor], manifest: dict[str, Any]) -> None:
         """Wait for the weights files, write the packed masks, then the manifest; on a failed write no manifest."""

@@ -8,7 +8,6 @@ import hashlib
 import json
 import logging
 import time
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,7 @@ import torch
 from spp.adapters.base import AdapterMethod
 from spp.models.offload import OffloadedModel
 from spp.paths import file_sha256
-from spp.pruning.cache import cache_entry_dir
-from spp.pruning.cache.lock import entry_lock
+from spp.pruning.cache import cache_entry_dir, json_ready
 from spp.pruning.cache.store import CorruptEntryError, EntryWriter, open_for_key, remove_entry
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
 from spp.pruning.masks import MaskSet
@@ -36,7 +34,7 @@ def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: Recon
     """The fields that determine a reconstruction, and their sha256: the pruning key's digest, every
     ``reconstruct.*`` field, the form's resolved adapter options, the calibration file's sha256, the code version
     (``form``: the resolved form, or None)."""
-    fields = {f.name: _plain(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "name"}
+    fields = {f.name: json_ready(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name != "name"}
     fields["lr"] = learning_rate(cfg, form)  # null and the form's own rate written out are one reconstruction
     calibration = calibration_of(cfg)
     fields["sampling"] = sampling_of(calibration)
@@ -45,28 +43,15 @@ def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: Recon
         "model": pruning_key["model"],
         "pruning": pruning_digest,
         "reconstruct": fields,
-        "form": _plain(dataclasses.asdict(form_config(cfg, form))),
+        "form": json_ready(dataclasses.asdict(form_config(cfg, form))),
         "file_sha256": file_sha256(resolve_calibration_file(calibration, data_dir)),
     }
     return key, hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _plain(value: Any) -> Any:
-    if hasattr(value, "value") and not isinstance(value, (int, float, str)):
-        return value.value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in sorted(value.items())}
-    return value
-
-
 def entry_dir(cache_dir: str | Path, pruning_key: dict[str, Any], digest: str) -> Path:
     """``<cache_dir>/pruning/<model>/<pruner>-<pattern>-blockwise-<digest[:16]>``."""
-    beside = cache_entry_dir(cache_dir, pruning_key, digest)
-    pruner, _, rest = beside.name.partition("-")
-    pattern = rest.rsplit("-", 1)[0]
-    return beside.parent / f"{pruner}-{pattern}-blockwise-{digest[:16]}"
+    return cache_entry_dir(cache_dir, pruning_key, digest, form="blockwise")
 
 
 def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructResult | None:
@@ -118,19 +103,3 @@ class EntryWrite:
         """Stop writing and remove the unfinished entry."""
         self.writer.abort()
         remove_entry(self.entry)
-
-
-def decide(off: OffloadedModel, entry: Path, key: dict[str, Any], stack: ExitStack,
-           timeout_s: float) -> ReconstructResult | None:
-    """Rank 0: the entry's result when it exists (read lock-free), else ``None`` with the writer's lock held in
-    ``stack`` (checked again under the lock)."""
-    hit = load(off, entry, key)
-    if hit is not None:
-        return hit
-    stack.enter_context(entry_lock(entry, timeout_s))
-    hit = load(off, entry, key)
-    if hit is not None:
-        stack.close()
-        return hit
-    remove_entry(entry)
-    return None

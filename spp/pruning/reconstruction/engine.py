@@ -32,7 +32,7 @@ from spp.pruning.reconstruction.config import (
     ReconstructLoss,
     ReconstructTargets,
 )
-from spp.pruning.reconstruction.one_block import FormedBlock, block_masks
+from spp.pruning.reconstruction.one_block import BLOCK_PATH, FormedBlock
 from spp.pruning.reconstruction.train_block import mean_loss, train_form
 from spp.pruning.resolve import form_method
 from spp.pruning.targets import block_linears
@@ -135,13 +135,12 @@ class _Pass:
 
     def block_masks(self, block: nn.Module, prefix: str) -> dict[str, torch.Tensor]:
         """Rank 0's masks of the block's target linears, on every rank (named as in the one-block model)."""
-        out = MaskSet()
+        out = {}
         for name, linear in block_linears(block, self.targets).items():
-            qualified = f"{prefix}.{name}"
-            mask = (self.masks[qualified].to(self.ctx.device, torch.uint8) if self.ctx.is_main else
+            mask = (self.masks[f"{prefix}.{name}"].to(self.ctx.device, torch.uint8) if self.ctx.is_main else
                     torch.empty(linear.weight.shape, dtype=torch.uint8, device=self.ctx.device))
-            out.set(qualified, self.ctx.broadcast_(mask, src=0).bool().cpu())
-        return block_masks(out, prefix)
+            out[f"{BLOCK_PATH}.{name}"] = self.ctx.broadcast_(mask, src=0).bool().cpu()
+        return out
 
     def attach(self, formed: FormedBlock, i: int) -> list[nn.Parameter]:
         """Attach the form to block ``i``: its random start drawn from ``reconstruct.seed`` and the block's index
@@ -196,7 +195,7 @@ def _call(block: nn.Module, x: torch.Tensor, call: Call) -> torch.Tensor:
 def _check_zeros(block: nn.Module, masks: dict[str, torch.Tensor], prefix: str) -> None:
     """Every pruned weight of the merged block is exactly zero (else the form broke the pattern: stop)."""
     for name, module in block.named_modules():
-        mask = masks.get(f"layers.0.{name}")
+        mask = masks.get(f"{BLOCK_PATH}.{name}")
         if mask is not None and bool((module.weight.detach()[~mask.to(module.weight.device)] != 0).any()):
             raise RuntimeError(f"reconstruction filled pruned weights of {prefix}.{name}: the form's merge broke the "
                                "sparsity pattern")

@@ -16,11 +16,14 @@ from transformers import PreTrainedTokenizerBase
 from spp.adapters.base import AdapterMethod
 from spp.distributed import DistContext
 from spp.errors import UserError
+from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
-from spp.pruning.cache import READ_MARGIN_S, cache_key
+from spp.pruning.base import Pruner
+from spp.pruning.cache import READ_MARGIN_S, cache_key, prune_cached, read_or_lock
 from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, read_manifest
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.engine import PruneResult, local_context, prune_offloaded
 from spp.pruning.masks import MaskSet
 from spp.pruning.reconstruction import cache
 from spp.pruning.reconstruction.config import ReconstructConfig
@@ -91,8 +94,7 @@ def reconstruct_phase(off: OffloadedModel, dense: nn.Module | None, tokenizer: P
         if failed:
             raise UserError(f"the reconstruction cache entry {found.entry} failed its checks while it was read",
                             "run the job again: it reconstructs afresh and rewrites the entry", key="cache_dir")
-        _log_hit(hit, ctx)
-        return hit or ReconstructResult(cache_hit=True)
+        return _hit(hit, ctx)
     if dense is None:
         raise ValueError("reconstruct_phase: the dense model is needed (the probe found no finished entry)")
     dense_off = OffloadedModel(dense, ctx)
@@ -110,10 +112,10 @@ def _run(off: OffloadedModel, dense: OffloadedModel, tokenizer: PreTrainedTokeni
     if found.entry is None:
         return reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg, data_dir, form=form)
     with ExitStack() as stack:
-        hit = cache.decide(off, found.entry, found.key, stack, lock_timeout_s) if ctx.is_main else None
+        hit = (read_or_lock(lambda: cache.load(off, found.entry, found.key), found.entry, stack, lock_timeout_s)
+               if ctx.is_main else None)
         if ctx.broadcast_object(hit is not None, long_wait=True):  # another job wrote it meanwhile
-            _log_hit(hit, ctx)
-            return hit or ReconstructResult(cache_hit=True)
+            return _hit(hit, ctx)
         writer = cache.EntryWrite(off, found.entry) if ctx.is_main else None
         try:
             result = reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg, data_dir,
@@ -136,30 +138,37 @@ def _run(off: OffloadedModel, dense: OffloadedModel, tokenizer: PreTrainedTokeni
     return result
 
 
-def _log_hit(hit: ReconstructResult | None, ctx: DistContext) -> None:
+def _hit(hit: ReconstructResult | None, ctx: DistContext) -> ReconstructResult:
+    """A cache hit's result: rank 0's (logged), an empty one elsewhere."""
     if ctx.is_main and hit is not None:
         log.info("reconstruction: cache hit (%s), %d blocks applied in %.1f s", hit.cache_path, len(hit.blocks),
                  hit.timings.get("cache_load", 0.0))
+    return hit or ReconstructResult(cache_hit=True)
 
 
 def get_or_reconstruct(model: nn.Module, tokenizer: PreTrainedTokenizerBase, model_cfg: ModelConfig,
                        pruner: PrunerConfig, sparsity: SparsityConfig, calibration: CalibrationConfig,
-                       cfg: ReconstructConfig, cache_dir: str | None, data_dir: str | None = None,
-                       device: Any = None) -> tuple[Any, ReconstructResult]:
-    """Prune and reconstruct a whole in-memory ``model`` in place in this process, through both caches
-    (``cache_dir=None``: neither); returns the prune result and the reconstruction's (``eval.py`` with
-    ``reconstruct=blockwise``: the base a reconstructed run's adapter was trained on)."""
-    from spp.pruning.cache import prune_cached  # the cache imports the engine; no cycle at import time
-    from spp.pruning.engine import prune_offloaded, resolve_device
-
-    ctx = DistContext(device=resolve_device(device))
-    found = probe(cfg, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir, ctx)
+                       cfg: ReconstructConfig, cache_dir: str | None, data_dir: str | None = None, device: Any = None,
+                       *, ctx: DistContext | None = None, lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+                       method: Pruner | None = None,
+                       form: AdapterMethod | None = None) -> tuple[PruneResult, ReconstructResult | None]:
+    """Prune a whole in-memory ``model`` in place, then reconstruct it when ``cfg`` is enabled, through both caches
+    (``cache_dir=None``: neither), on every rank of ``ctx`` (default: this process on ``device``); the dense copy is
+    taken before pruning, only when no finished reconstruction entry exists. Returns the prune result and the
+    reconstruction's (``prune.py``; ``eval.py`` with ``reconstruct=blockwise``: the base a reconstructed run's adapter
+    was trained on). ``method``, ``form``: the resolved pruner and form, or None."""
+    ctx = ctx if ctx is not None else local_context(device)
+    found = probe(cfg, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir, ctx, form=form)
     dense = frozen_copy(model) if found.needs_dense else None
     off = OffloadedModel(model, ctx)
     try:
-        result = (prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir)
+        result = (prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir,
+                               lock_timeout_s=lock_timeout_s, method=method)
                   if cache_dir is not None else
-                  prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir))
-        return result, reconstruct_phase(off, dense, tokenizer, result.masks, pruner, found, data_dir)
+                  prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, method=method))
+        if not cfg.enabled:
+            return result, None
+        return result, reconstruct_phase(off, dense, tokenizer, result.masks, pruner, found, data_dir, lock_timeout_s,
+                                         form)
     finally:
         off.restore()

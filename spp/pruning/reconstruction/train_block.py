@@ -30,11 +30,6 @@ def lr_factor(step: int, steps: int, warmup: int, schedule: ReconstructSchedule)
     return 0.5 * (1.0 + math.cos(math.pi * done))
 
 
-def local_index(sample: int, ctx: DistContext) -> int | None:
-    """This rank's index of global window ``sample`` (rank ``r`` holds windows ``r, r + N, ...``), else None."""
-    return sample // ctx.world if sample % ctx.world == ctx.rank else None
-
-
 @torch.no_grad()
 def mean_loss(forward: Forward, targets: list[torch.Tensor], cfg: ReconstructConfig, ctx: DistContext,
               keep: list[torch.Tensor] | None = None) -> float:
@@ -67,8 +62,8 @@ def train_form(params: list[nn.Parameter], forward: Forward, targets: list[torch
             batch = perm[start:start + cfg.batch_size]
             opt.zero_grad(set_to_none=False)
             for sample in batch:
-                j = local_index(sample, ctx)
-                if j is not None:
+                if sample % ctx.world == ctx.rank:  # rank r holds windows r, r + N, ... (its local sample // N)
+                    j = sample // ctx.world
                     (window_losses(forward(j), targets[j], cfg.loss).sum() / len(batch)).backward()
             _sum_gradients(params, ctx)
             if before_step is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from spp.pruning.config import SparsityConfig
+from spp.pruning.patterns import prune_lowest_global
 from spp.pruning.threads import one_cpu_thread
 
 
@@ -85,12 +86,8 @@ def sparsegpt_prune(
             Err1 = torch.zeros_like(W1)
             U1 = U[i1:i2, i1:i2]
             d = torch.diag(U1)
-            if sparsity.kind == "unstructured":
-                score = (W1**2 / d.reshape(1, -1) ** 2).reshape(-1)
-                k = int(score.numel() * sparsity.target_ratio)
-                mask1 = torch.zeros(score.numel(), dtype=torch.bool, device=W.device)
-                mask1[torch.sort(score, stable=True).indices[:k]] = True
-                mask1 = mask1.view(rows, count)
+            if sparsity.kind == "unstructured":  # one threshold over the column block
+                mask1 = ~prune_lowest_global(W1**2 / d.reshape(1, -1) ** 2, sparsity.target_ratio)
             else:
                 mask1 = torch.zeros_like(W1, dtype=torch.bool)
             for i in range(count):
