@@ -27,8 +27,8 @@ def main() -> None:
     import transformers
 
     from lab.bench.architectures import CELLS, run_cell, supported_table
+    from lab.bench.common import write_committed
     from spp.paths import SAMPLE_DATA_DIR
-    from spp.planning.report import write_committed
 
     records = []
     with tempfile.TemporaryDirectory() as tmp:

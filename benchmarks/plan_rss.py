@@ -126,7 +126,7 @@ def main() -> None:
 def write_table(data: dict[str, Any]) -> None:
     """Put :func:`markdown` between the markers of ``docs/plan.md``."""
     doc = ROOT / "docs" / "plan.md"
-    from spp.planning.report import replace_between
+    from lab.bench.common import replace_between
 
     doc.write_text(replace_between(doc.read_text(), BEGIN, END, markdown(data)))
 

@@ -99,7 +99,7 @@ def main() -> None:
 
     import torch
 
-    from spp.planning.report import write_committed
+    from lab.bench.common import write_committed
 
     rows = []
     for name, args in CASES.items():

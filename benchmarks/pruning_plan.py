@@ -15,9 +15,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from lab.bench.common import replace_between, write_committed
 from spp.planning.hardware import GIB
 from spp.planning.pruning import plan
-from spp.planning.report import replace_between, write_committed
 from spp.planning.shapes import shape_from_arch
 from spp.projections import DEFAULT_TARGETS
 

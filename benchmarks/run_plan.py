@@ -19,10 +19,11 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
+from lab.bench.common import replace_between, write_committed
 from spp.planning.hardware import GIB, GPU_NODE
 from spp.planning.job import plan_job
 from spp.planning.reconstruction import HIDDEN_SETS
-from spp.planning.report import as_json, replace_between, time_text, write_committed
+from spp.planning.report import as_json, time_text
 from spp.preflight.model_files import model_arch
 from spp.training.config import load_job, register_train_schema
 

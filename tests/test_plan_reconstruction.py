@@ -26,6 +26,7 @@ from benchmarks.run_plan import (
     reconstruct_markdown,
     reconstruct_rows,
 )
+from lab.bench.common import replace_between
 from spp.errors import UserError
 from spp.models.tiny import tiny_config, tiny_model
 from spp.paths import REPO_ROOT
@@ -33,7 +34,7 @@ from spp.planning.hardware import GPU_NODE
 from spp.planning.job import check_job, plan_job
 from spp.planning.reconstruction import HIDDEN_SETS as SETS
 from spp.planning.reconstruction import form_tensors
-from spp.planning.report import replace_between, text
+from spp.planning.report import text
 from spp.preflight.model_files import model_arch
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import form_config

@@ -16,6 +16,7 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -195,3 +196,20 @@ def cuda_time(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def replace_between(doc: str, begin: str, end: str, table: str) -> str:
+    """``doc`` with the text between the markers ``begin`` and ``end`` replaced by ``table`` (the committed plan
+    tables in ``docs/``)."""
+    head, rest = doc.split(begin, 1)
+    _old, tail = rest.split(end, 1)
+    return head + begin + table + end + tail
+
+
+def write_committed(json_path: Path, json_text: str, doc_path: Path, begin: str, end: str, table: str) -> None:
+    """Write a benchmark's raw JSON and its table in ``doc_path``; print the table and name both files."""
+    json_path.write_text(json_text)
+    doc_path.write_text(replace_between(doc_path.read_text(), begin, end, table))
+    print(table, end="")
+    print(f"written: {json_path.relative_to(REPO_ROOT)}, the table in {doc_path.relative_to(REPO_ROOT)}",
+          file=sys.stderr)

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-from spp.paths import REPO_ROOT
 from spp.planning.check import as_dicts, describe, problems
 from spp.planning.hardware import GIB
 from spp.planning.memory import activation_choices
@@ -97,20 +94,3 @@ def _machine(plan: RunPlan, sources: dict[str, str]) -> str:
 def as_json(plan: RunPlan) -> dict[str, Any]:
     """The plan as JSON (every term of every phase) with its problems."""
     return {**plan.to_dict(), "problems": as_dicts(plan, problems(plan))}
-
-
-def replace_between(doc: str, begin: str, end: str, table: str) -> str:
-    """``doc`` with the text between the markers ``begin`` and ``end`` replaced by ``table`` (the committed plan
-    tables in ``docs/``)."""
-    head, rest = doc.split(begin, 1)
-    _old, tail = rest.split(end, 1)
-    return head + begin + table + end + tail
-
-
-def write_committed(json_path: Path, json_text: str, doc_path: Path, begin: str, end: str, table: str) -> None:
-    """Write a benchmark's raw JSON and its table in ``doc_path``; print the table and name both files."""
-    json_path.write_text(json_text)
-    doc_path.write_text(replace_between(doc_path.read_text(), begin, end, table))
-    print(table, end="")
-    print(f"written: {json_path.relative_to(REPO_ROOT)}, the table in {doc_path.relative_to(REPO_ROOT)}",
-          file=sys.stderr)
