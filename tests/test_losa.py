@@ -245,16 +245,20 @@ def test_a_few_steps_lower_the_loss_and_keep_every_zero():
         assert torch.equal(weight == 0, ~masks[name])
 
 
-def test_adapter_files_reload_with_their_ranks(tmp_path):
-    model, masks = pruned("unstructured")
+@pytest.mark.parametrize("errors", [[1.0, 3.0, 0.5, 0.5], [1.0, 3.0]], ids=["4-blocks", "2-blocks"])
+def test_adapter_files_reload_with_their_ranks(tmp_path, errors):
+    """Reload from peft's files; with 2 blocks (14 layers, under peft's 20) ``target_modules`` are saved as full
+    paths, which the loader maps back to in-block names."""
+    model, masks = pruned("unstructured", blocks=len(errors))
     base = copy.deepcopy(model)
-    cfg = make_config("losa", r=4, block_errors=[1.0, 3.0, 0.5, 0.5])
+    cfg = make_config("losa", r=4, block_errors=errors)
     adapted, _ = apply_adapter(model, cfg, masks)
     randomize_b(adapted)
     method = get_method("losa")
     method.save(adapted, tmp_path, {})
     loaded, loaded_cfg = method.load(base, tmp_path, masks)
     assert loaded_cfg.name == "losa" and loaded_cfg.r == 4
+    assert sorted(t.rsplit(".", 1)[-1] for t in loaded_cfg.targets) == sorted(DEFAULT_TARGETS)  # in-block names
     ids = torch.randint(4, 200, (2, 10), generator=torch.Generator().manual_seed(1))
     adapted.eval()
     loaded.eval()

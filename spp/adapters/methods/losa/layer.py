@@ -41,6 +41,16 @@ def inject_losa(model: nn.Module, masks: Mapping[str, torch.Tensor] | None, rank
     return wrap_masked(model, config, masks, dtype, "losa")
 
 
+def block_targets(model: nn.Module, target_modules: Sequence[str]) -> list[str]:
+    """In-block names of peft's saved ``target_modules``: peft keeps full paths (``model.layers.0.mlp.up_proj`` ->
+    ``mlp.up_proj``) when it lists fewer than 20 modules and shortens them to leaf names from 20 on."""
+    try:
+        prefix = re.escape(decoder_layers(model)[0])
+    except ValueError:  # no decoder blocks (a unit test's Sequential): the names as saved
+        return sorted(target_modules)
+    return sorted({re.sub(rf"^{prefix}\.\d+\.", "", t) for t in target_modules})
+
+
 def load_losa(model: nn.Module, directory: str | os.PathLike,
               masks: Mapping[str, torch.Tensor] | None = None) -> tuple[PeftModel, LoraConfig]:
     """The LoSA model :meth:`save` wrote, re-created on the same pruned base ``model``, and its LoRA settings."""
@@ -50,7 +60,8 @@ def load_losa(model: nn.Module, directory: str | os.PathLike,
     if not meta_path.is_file():
         raise FileNotFoundError(f"No {META_NAME} in {path}; expected a directory written by adapter=losa")
     state = load_peft_weights(str(path), device="cpu")
-    names = find_projections(model, sorted(config.target_modules), "target_modules")
+    config.target_modules = block_targets(model, config.target_modules)
+    names = find_projections(model, config.target_modules, "target_modules")
     ranks = {n: int(config.rank_pattern.get(re.escape(n), config.r)) for n in names}
     peft_model = inject_losa(model, masks, ranks, r=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
                              dtype=next(iter(state.values())).dtype)
