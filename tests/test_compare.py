@@ -182,6 +182,9 @@ def test_an_unswept_x_is_one_line(tmp_path):
     proc = compare(tmp_path, "--metric", "trainable_params", "--out", tmp_path / "out")
     assert proc.returncode == 0, proc.stderr
     _check_png(tmp_path / "out" / "compare_trainable_params_vs_adapter.r.png")
+    proc = compare(tmp_path, "--no-figure", "--x", "adapter.r", "--out", tmp_path / "table_only")
+    assert proc.returncode == 0, proc.stderr  # --x has nothing to place without a figure: not an error
+    assert sorted(p.name for p in (tmp_path / "table_only").iterdir()) == ["compare.csv", "compare.md"]
 
 
 def test_sweep_job_names_hold_no_glob_characters():

@@ -97,3 +97,12 @@ def test_zero_shot_mean_stderr_against_numpy():
     assert zero_shot_mean_stderr(metrics) == pytest.approx(float(draws.std()), rel=0.01)
     del metrics["spp_rte"]["acc_stderr"]
     assert zero_shot_mean_stderr(metrics) is None
+
+
+def test_the_model_comes_back_in_its_training_mode(sample_data_dir):
+    """lm-eval's ``HFLM`` calls ``model.eval()`` when built; ``evaluate_tasks`` restores the mode the caller had."""
+    from spp.models.tiny import tiny_llama, tiny_tokenizer
+
+    model = tiny_llama(seed=0).train()
+    evaluate_tasks(model, tiny_tokenizer(), [sorted(PAPER_MEAN_TASKS)[0]], limit=1, data_dir=sample_data_dir)
+    assert model.training

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         keys = swept_keys(runs)
         rows = compare_rows(runs, keys)
         x = None if args.no_figure or not keys else choose_x(rows, keys, args.x)
-        if args.x is not None and x is None:
+        if args.x is not None and x is None and not args.no_figure:
             raise UserError(f"--x {args.x} was given but these runs differ in no key", "drop --x", key="--x")
         out = args.out or args.folder
         table = markdown_table(rows, keys)

@@ -194,9 +194,9 @@ def evaluate_tasks(
     import lm_eval
 
     names = _checked(tasks, model, tokenizer, data_dir, online, doc_seed, limit)
+    was_training = getattr(model, "training", False)  # read first: HFLM's constructor calls model.eval()
     lm, model_args = _make_lm(model, tokenizer, batch_size, replicas)
     run_names = _run_names(names, online)
-    was_training = getattr(model, "training", False)
     try:
         with lm_eval_bars_as_lines():  # outside a terminal: a line per bar, not one huge line of redraws
             out = lm_eval.simple_evaluate(model=lm, tasks=run_names, limit=limit,
