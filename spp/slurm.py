@@ -23,7 +23,7 @@ from spp.planning.hardware import GIB, for_accelerator
 from spp.planning.job import SHAPE_KEYS, job_hardware, model_source, plan_job
 from spp.planning.pruning import Calibration
 from spp.planning.pruning import plan as pruning_plan
-from spp.planning.shapes import shape_from_arch
+from spp.planning.shapes import dtype_bytes, shape_from_arch
 from spp.preflight.model_files import model_arch
 from spp.projections import DEFAULT_TARGETS
 from spp.training.config import TrainJobConfig
@@ -81,8 +81,7 @@ def other_need(cfg: DictConfig, gpus: int, nodes: int) -> int:
     a safetensors shard in flight and one process per GPU)."""
     model = OmegaConf.to_object(cfg.model)
     arch = _arch(model)
-    dtype = {"float32": 4, "float64": 8}.get(str(model.torch_dtype), 2)
-    shape = shape_from_arch(model.name, arch, list(DEFAULT_TARGETS), dtype)
+    shape = shape_from_arch(model.name, arch, list(DEFAULT_TARGETS), dtype_bytes(model.torch_dtype))
     hw = for_accelerator("gpu" if gpus else "cpu")
     if "calibration" in cfg and "pruner" in cfg:
         cal = cfg.calibration

@@ -37,7 +37,6 @@ from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, load_model,
 from spp.models.tiny import TINY_ARCH
 from spp.paths import data_provenance
 from spp.projections import DEFAULT_TARGETS, find_projections, in_blocks
-from spp.pruning import get_or_prune, prune_model
 from spp.pruning.calibration_data import check_calibration_source
 from spp.pruning.reconstruction.phase import get_or_reconstruct
 from spp.pruning.registry import needs_calibration
@@ -157,17 +156,11 @@ def _in_memory(cfg: EvalJobConfig, info: dict[str, Any]) -> tuple[torch.nn.Modul
     masks: dict[str, torch.Tensor] = {}
     if wants_pruning(cfg):
         start = time.perf_counter()
-        if cfg.reconstruct.enabled:
-            result, rebuilt = get_or_reconstruct(model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity,
-                                                 cfg.calibration, cfg.reconstruct,
-                                                 cfg.cache_dir if cfg.use_cache else None, cfg.data_dir, device)
+        result, rebuilt = get_or_reconstruct(model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
+                                             cfg.reconstruct, cfg.cache_dir if cfg.use_cache else None, cfg.data_dir,
+                                             device)
+        if rebuilt is not None:
             info["reconstruction"] = rebuilt.summary()
-        elif cfg.use_cache:
-            result = get_or_prune(model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
-                                  cfg.cache_dir, data_dir=cfg.data_dir, device=device)
-        else:
-            result = prune_model(model, tokenizer, cfg.pruner, cfg.sparsity, cfg.calibration,
-                                 data_dir=cfg.data_dir, device=device)
         info["timings"]["prune"] = round(time.perf_counter() - start, 2)
         info["cache_hit"] = result.cache_hit
         info["prune_overall"] = result.report.overall

@@ -8,7 +8,7 @@ from pathlib import Path
 from spp.planning.hardware import Hardware
 from spp.planning.placement import EvalPlacement, eval_placement
 from spp.planning.run import eval_forward
-from spp.planning.shapes import shape_from_arch
+from spp.planning.shapes import dtype_bytes, shape_from_arch
 from spp.planning.spec import EvalSpec, RunSpec
 from spp.projections import DEFAULT_TARGETS
 
@@ -21,9 +21,9 @@ def placement_of_folder(path: str | Path, seqlen: int, batch: int, lm_eval_batch
     ``spp.eval.evaluate`` runs, so a run places its evaluation as its plan said."""
     folder = Path(path)
     arch = json.loads((folder / "config.json").read_text())
-    dtype_bytes = {"float32": 4, "float64": 8}.get(str(arch.get("dtype") or arch.get("torch_dtype")), 2)
-    shape = shape_from_arch(folder.name, arch, list(DEFAULT_TARGETS), dtype_bytes)
-    spec = RunSpec(shape=shape, act_bytes=dtype_bytes, eval=EvalSpec(seqlen=seqlen, batch=batch,
+    nbytes = dtype_bytes(arch.get("dtype") or arch.get("torch_dtype"))
+    shape = shape_from_arch(folder.name, arch, list(DEFAULT_TARGETS), nbytes)
+    spec = RunSpec(shape=shape, act_bytes=nbytes, eval=EvalSpec(seqlen=seqlen, batch=batch,
                                                                        lm_eval_batch=lm_eval_batch))
     beside = sum(eval_forward(spec).values()) + Hardware().process_device_bytes
     weights = sum(f.stat().st_size for f in folder.glob("*.safetensors"))

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
+from spp.models.config import DTYPES
 from spp.models.conv1d import linearize_conv1d
 from spp.projections import block_projections, resolve_targets
 from spp.pruning.targets import block_linears, decoder_layers
@@ -121,6 +123,11 @@ def skeleton_from_arch(arch: dict[str, Any], blocks: int) -> nn.Module:
     model.tie_weights()  # as loading does: a tied LM head is the embedding, counted once
     linearize_conv1d(model)
     return model
+
+
+def dtype_bytes(name: Any) -> int:
+    """Bytes per weight of a dtype name of :data:`~spp.models.config.DTYPES` (2 for another name, e.g. ``auto``)."""
+    return DTYPES.get(str(name), torch.bfloat16).itemsize
 
 
 def shape_from_arch(name: str, arch: dict[str, Any], targets: list[str], bytes_per_param: int = 2) -> ModelShape:

@@ -88,8 +88,8 @@ def check_shapes(arch: dict[str, Any], *, adapter: Any = None, sparsity: Any = N
     if sparsity is None or pruner is None or not prunes(pruner, sparsity):
         return
     shapes = layers.shapes(list(pruner.targets), "pruner.targets")
-    if sparsity.kind == "nm":
-        m = int(sparsity.m)
+    _n, m = sparsity.nm_pair
+    if m is not None:
         bad = {p: inp for p, (inp, _out) in shapes.items() if inp % m}
         if bad:
             name, inp = next(iter(bad.items()))
