@@ -26,7 +26,7 @@ from spp.planning.pruning import Calibration
 from spp.planning.reconstruction import reconstruct_spec
 from spp.planning.report import as_json, text
 from spp.planning.run import RunPlan, plan_run
-from spp.planning.shapes import shape_from_arch
+from spp.planning.shapes import dtype_bytes, shape_from_arch
 from spp.planning.spec import EvalSpec, RunSpec, TrainSpec
 from spp.projections import DEFAULT_TARGETS
 from spp.pruning.base import Pruner
@@ -157,8 +157,8 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
              nodes: int | None = None, methods: Any = None) -> RunSpec:
     """The :class:`RunSpec` of ``job`` on ``kind``; ``devices`` and ``nodes`` replace ``trainer.devices`` /
     ``trainer.num_nodes`` (the Slurm launcher's request)."""
-    dtype_bytes = {"float32": 4, "float64": 8}.get(str(job.model.torch_dtype), 2)
-    shape = shape_from_arch(job.model.name, arch, list(job.pruner.targets) or list(DEFAULT_TARGETS), dtype_bytes)
+    nbytes = dtype_bytes(job.model.torch_dtype)
+    shape = shape_from_arch(job.model.name, arch, list(job.pruner.targets) or list(DEFAULT_TARGETS), nbytes)
     devices = devices or device_count(job.trainer.devices, kind)
     nodes = nodes or int(job.trainer.num_nodes)
     strategy, stage = _strategy(job, devices * nodes)
