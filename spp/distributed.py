@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -21,6 +22,8 @@ from lightning.fabric.plugins.environments import (
 )
 
 from spp import rank_watch
+
+T = TypeVar("T")
 
 
 def local_world_size(world: int) -> int:
@@ -153,6 +156,24 @@ class DistContext:
         out: list[Any] = [None] * self.world
         dist.all_gather_object(out, obj, group=self._group(long_wait))
         return out
+
+    def on_main(self, work: Callable[[], T], errors: type[Exception] | tuple[type[Exception], ...] = (),
+                meanwhile: Callable[[], object] | None = None, long_wait: bool = False) -> T:
+        """``work()`` on global rank 0 (``meanwhile()`` on the others, for the collectives ``work`` makes); its result,
+        or the ``errors`` it raised, reaches every rank (raised there too; through the wait group with ``long_wait``).
+        """
+        outcome: Any = None
+        if self.is_main:
+            try:
+                outcome = work()
+            except errors as err:
+                outcome = err
+        elif meanwhile is not None:
+            meanwhile()
+        outcome = self.broadcast_object(outcome, long_wait=long_wait)
+        if isinstance(outcome, errors):
+            raise outcome
+        return outcome
 
     def barrier(self) -> None:
         """Wait for every rank."""

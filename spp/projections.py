@@ -45,6 +45,12 @@ def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     )
 
 
+def block_class(model: nn.Module) -> type[nn.Module]:
+    """The class of ``model``'s decoder blocks (what ``_no_split_modules`` names: ``Qwen2DecoderLayer``,
+    ``GPT2Block``)."""
+    return type(decoder_layers(model)[1][0])
+
+
 WRAPPED_NAMES: tuple[str, ...] = ("base", "base_layer")
 """Child names under which an adapter layer keeps the projection it wraps (spp's layers, peft's)."""
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spp.eval.perplexity import in_eval_mode
 from spp.eval.progress_lines import lm_eval_bars_as_lines
 from spp.eval.task_table import (
     MMLU_GROUP,
@@ -194,17 +195,13 @@ def evaluate_tasks(
     import lm_eval
 
     names = _checked(tasks, model, tokenizer, data_dir, online, doc_seed, limit)
-    was_training = getattr(model, "training", False)  # read first: HFLM's constructor calls model.eval()
-    lm, model_args = _make_lm(model, tokenizer, batch_size, replicas)
-    run_names = _run_names(names, online)
-    try:
+    with in_eval_mode(model):  # entered first: HFLM's constructor calls model.eval()
+        lm, model_args = _make_lm(model, tokenizer, batch_size, replicas)
+        run_names = _run_names(names, online)
         with lm_eval_bars_as_lines():  # outside a terminal: a line per bar, not one huge line of redraws
             out = lm_eval.simple_evaluate(model=lm, tasks=run_names, limit=limit,
                                           log_samples=log_samples,
                                           task_manager=task_manager(data_dir, online, doc_seed), **_seeds(seed))
-    finally:
-        if isinstance(model, torch.nn.Module):
-            model.train(was_training)
     result = _shared(out, replicas, model_args, limit, online, doc_seed)
     log.info("lm-eval finished: %s", ", ".join(run_names))
     return result

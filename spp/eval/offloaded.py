@@ -16,7 +16,7 @@ import torch
 
 from spp.atomic import write_json_atomic
 from spp.eval.config import EvalConfig
-from spp.eval.perplexity import PerplexityResult, eval_windows, nll_sums, result_from_sums
+from spp.eval.perplexity import PerplexityResult, eval_windows, in_eval_mode, nll_sums, result_from_sums
 from spp.eval.ppl_cache import ppl_cache_key, ppl_cache_parts, ppl_settings
 from spp.eval.progress_lines import progress
 from spp.models.block_runner import BlockRunner, buffers_on
@@ -37,19 +37,14 @@ def offloaded_perplexity(off: OffloadedModel, tokenizer: Any, source: str = "wik
     mine = ctx.mine(len(batches))
     runner = BlockRunner(off)
     sums = torch.zeros(windows.ids.size(0), dtype=torch.float64, device=ctx.device)
-    was_training = model.training
-    model.eval()
-    try:
-        with buffers_on(model, ctx.device):
-            hidden, calls = runner.head([batches[b] for b in mine])
-            for i in progress(range(len(runner.layers)), f"ppl {windows.label}@{seqlen}: block", "block",
-                              every_s=0, disable=not ctx.is_main):  # outside a terminal: a line per block
-                with runner.block(i) as block:
-                    hidden = runner.run(block, hidden, calls[i])
-            for b, logits in zip(mine, runner.logits(hidden, [batches[b] for b in mine]), strict=True):
-                sums[b * batch_size : b * batch_size + batches[b].size(0)] = nll_sums(logits, batches[b]).double()
-    finally:
-        model.train(was_training)
+    with in_eval_mode(model), buffers_on(model, ctx.device):
+        hidden, calls = runner.head([batches[b] for b in mine])
+        for i in progress(range(len(runner.layers)), f"ppl {windows.label}@{seqlen}: block", "block",
+                          every_s=0, disable=not ctx.is_main):  # outside a terminal: a line per block
+            with runner.block(i) as block:
+                hidden = runner.run(block, hidden, calls[i])
+        for b, logits in zip(mine, runner.logits(hidden, [batches[b] for b in mine]), strict=True):
+            sums[b * batch_size : b * batch_size + batches[b].size(0)] = nll_sums(logits, batches[b]).double()
     ctx.all_reduce_(sums)  # each window has one contributor
     return result_from_sums(sums.cpu(), windows)
 

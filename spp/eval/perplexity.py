@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -285,17 +286,28 @@ def score_windows(model: torch.nn.Module, windows: Windows, batch_size: int, bat
     """Summed next-token NLL (float64, CPU) of every window; windows outside ``batches`` are left 0."""
     sums = torch.zeros(windows.ids.size(0), dtype=torch.float64)
     chunks = windows.batches(batch_size)
-    was_training = model.training
-    model.eval()
-    try:
+    with in_eval_mode(model):
         for b in progress(batches, f"ppl {windows.label}@{windows.seqlen}: batch", "batch",
                           disable=quiet):  # outside a terminal: a log line every 30 s and one at the end
             start = b * batch_size
             logits = model(input_ids=chunks[b].to(device), use_cache=False).logits
             sums[start : start + chunks[b].size(0)] = nll_sums(logits, chunks[b]).double().cpu()
+    return sums
+
+
+@contextmanager
+def in_eval_mode(model: object) -> Iterator[None]:
+    """``model`` in eval mode inside the block, then back in the training mode it had on entry (whatever the block
+    did to it); anything but a module (a saved folder's path) passes through."""
+    if not isinstance(model, torch.nn.Module):
+        yield
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        yield
     finally:
         model.train(was_training)
-    return sums
 
 
 def perplexity(

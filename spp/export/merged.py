@@ -216,26 +216,19 @@ def remove_stale_export(path: Path) -> None:
         path.unlink()
 
 
-def _begin(path: Path, ctx: DistContext, needed: int) -> Path:
-    """Rank 0 removes a stale export at ``path``, checks the free space and makes the temporary folder; every rank gets
-    its name."""
-    outcome: Any = None
-    if ctx.is_main:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_export(path)
-        free = shutil.disk_usage(path.parent).free
-        if free < needed:
-            outcome = UserError(f"not enough disk space to export the merged model to {path}: it needs about "
-                                f"{human_bytes(needed)}, {human_bytes(free)} free there; nothing was written",
-                                "free space there, or give this run another run_dir= on a disk with room, or set "
-                                "export.merged=false", key="export.merged", path=path)
-        else:
-            outcome = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}"
-            outcome.mkdir()
-    outcome = ctx.broadcast_object(outcome)
-    if isinstance(outcome, UserError):
-        raise outcome
-    return Path(outcome)
+def _begin(path: Path, needed: int) -> Path:
+    """Rank 0's start: remove a stale export at ``path``, check the free space and make the temporary folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_export(path)
+    free = shutil.disk_usage(path.parent).free
+    if free < needed:
+        raise UserError(f"not enough disk space to export the merged model to {path}: it needs about "
+                        f"{human_bytes(needed)}, {human_bytes(free)} free there; nothing was written",
+                        "free space there, or give this run another run_dir= on a disk with room, or set "
+                        "export.merged=false", key="export.merged", path=path)
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex[:12]}"
+    tmp.mkdir()
+    return tmp
 
 
 def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistContext, writer: _Writer) -> int:
@@ -313,7 +306,7 @@ def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ct
     start = time.perf_counter()
     path = Path(path)
     inputs.manifest.torch_dtype()  # config.json's dtype must name one before anything is written
-    tmp = _begin(path, ctx, needed_bytes(model))
+    tmp = ctx.on_main(lambda: _begin(path, needed_bytes(model)), UserError)  # every rank gets its name
     writer = _Writer()
     count = _write_blocks(model, inputs, tmp, ctx, writer)
     records = ctx.gather_objects(writer.record(path))

@@ -103,11 +103,10 @@ def device_count(devices: Any, kind: str) -> int:
     return int(devices)
 
 
-def _strategy(job: Any, world: int) -> tuple[str, int]:
+def strategy_name(job: Any, world: int) -> str:
+    """``job.strategy.name`` with ``auto`` resolved for ``world`` processes: ``ddp`` over several, else ``single``."""
     name = str(getattr(job.strategy.name, "value", job.strategy.name))
-    if name == "auto":
-        name = "ddp" if world > 1 else "single"
-    return name, int(job.strategy.stage)
+    return name if name != "auto" else ("ddp" if world > 1 else "single")
 
 
 def _train_spec(job: Any, world: int, bpe: float) -> TrainSpec:
@@ -161,12 +160,12 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
     shape = shape_from_arch(job.model.name, arch, list(job.pruner.targets) or list(DEFAULT_TARGETS), nbytes)
     devices = devices or device_count(job.trainer.devices, kind)
     nodes = nodes or int(job.trainer.num_nodes)
-    strategy, stage = _strategy(job, devices * nodes)
     pruner, method, form = planned_methods(job, methods)
     prunes = pruner is not None  # a pruner and a pattern that is not dense
     per_char = tokens_per_char(shape.vocab)
     cal = job.calibration
-    return RunSpec(shape=shape, kind=kind, devices=devices, nodes=nodes, strategy=strategy, zero_stage=stage,
+    return RunSpec(shape=shape, kind=kind, devices=devices, nodes=nodes, strategy=strategy_name(job, devices * nodes),
+                   zero_stage=int(job.strategy.stage),
                    act_bytes=precision_bytes(str(job.trainer.precision), kind), source=source,
                    adapter=adapter_spec(job.adapter, arch, shape, str(job.model.torch_dtype), method),
                    train=_train_spec(job, devices * nodes, per_char),

@@ -10,10 +10,9 @@ import math
 import shutil
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import nn
@@ -36,7 +35,6 @@ from spp.training.strategies import trained_weights_dtype
 from spp.training.trainer import resolve_precision
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 DIVERGED_DIR = "merged.diverged"
 """Where the export of a run the guards refused is moved (beside the adapter files and checkpoints)."""
@@ -57,20 +55,6 @@ class FinalizeResult:
     status: str = "ok"
     diverged: list[str] = field(default_factory=list)
     export_error: UserError | None = None
-
-
-def on_rank0(ctx: DistContext, work: Callable[[], T]) -> T:
-    """``work()`` on global rank 0; its result, or its :class:`UserError`, reaches every rank (raised there too)."""
-    outcome: Any = None
-    if ctx.is_main:
-        try:
-            outcome = work()
-        except UserError as err:
-            outcome = err
-    outcome = ctx.broadcast_object(outcome, long_wait=True) if ctx.distributed else outcome  # solo work: wait group
-    if isinstance(outcome, UserError):
-        raise outcome
-    return outcome
 
 
 def provenance(run: Run, pruned: PrunedModel | None = None) -> dict[str, Any]:
@@ -179,7 +163,7 @@ def finalize(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext)
     result = FinalizeResult()
     start = time.perf_counter()
     if job.export.adapter and run.methods.trains:
-        result.adapter_dir = on_rank0(ctx, lambda: save_adapter_files(run, pruned, fitted))
+        result.adapter_dir = ctx.on_main(lambda: save_adapter_files(run, pruned, fitted), UserError, long_wait=True)
         result.seconds["save_adapter"] = round(time.perf_counter() - start, 2)
     pruned.home = {}  # the pruned weights rank 0 kept for the adapter files: evaluation loads the export instead
     if ctx.is_main:
@@ -194,7 +178,8 @@ def finalize(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext)
     result.evaluation = evaluation
     result.seconds.update(evaluation.seconds)
     result.diverged = divergence(job, pruned.record, fitted.record, evaluation, run.methods.trains)
-    result.status, result.merged_dir = on_rank0(ctx, lambda: _place(job, run_dir, target, result.diverged))
+    result.status, result.merged_dir = ctx.on_main(lambda: _place(job, run_dir, target, result.diverged), UserError,
+                                                long_wait=True)
     return result
 
 

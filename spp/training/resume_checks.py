@@ -47,14 +47,12 @@ def pruning_groups(job: Any, identity: Any = None) -> dict[str, dict[str, Any]]:
 def world_of(job: Any) -> dict[str, Any]:
     """``{"devices", "num_nodes", "world_size", "strategy"}`` of ``job``: ``trainer.devices`` as a count (``auto``:
     the visible GPUs), and the strategy with ``auto`` resolved (``ddp`` over several processes, else ``single``)."""
-    from spp.planning.job import accelerator_kind, device_count  # start-up time: the planner loads transformers
+    from spp.planning.job import accelerator_kind, device_count, strategy_name  # start-up time: loads transformers
 
     devices = device_count(job.trainer.devices, accelerator_kind(str(job.trainer.accelerator), plan_only=False))
     nodes = int(job.trainer.num_nodes)
-    strategy = str(getattr(job.strategy.name, "value", job.strategy.name))
-    if strategy == "auto":
-        strategy = "ddp" if devices * nodes > 1 else "single"
-    return {"devices": devices, "num_nodes": nodes, "world_size": devices * nodes, "strategy": strategy}
+    return {"devices": devices, "num_nodes": nodes, "world_size": devices * nodes,
+            "strategy": strategy_name(job, devices * nodes)}
 
 
 def settings_of(job: Any, identity: Any = None) -> dict[str, Any]:

@@ -22,17 +22,11 @@ from spp.gathering import deepspeed_master_tensors, register_external_parameters
 from spp.models.config import DTYPES
 from spp.models.conv1d import native_layout
 from spp.models.offload import params_to_meta
-from spp.projections import decoder_layers
+from spp.projections import block_class
 from spp.training.config import StrategyConfig, StrategyName
 
 AUTO = "auto"
 """``model.decoder_layer_cls=auto``: the class of the loaded model's decoder blocks (:func:`block_class`)."""
-
-
-def block_class(model: nn.Module) -> type[nn.Module]:
-    """The class of ``model``'s decoder blocks (what ``_no_split_modules`` names: ``Qwen2DecoderLayer``,
-    ``GPT2Block``)."""
-    return type(decoder_layers(model)[1][0])
 
 
 def decoder_layer_class(name: str | None) -> type[nn.Module] | None:

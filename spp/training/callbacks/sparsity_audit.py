@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -119,19 +120,9 @@ class SparsityAuditCallback(L.Callback):
         masks, reference = self.source.pruned.masks, self.source.pruned.zeros
         if self._names is None:
             self._names = set(ctx.broadcast_object(sorted(masks) if ctx.is_main else None))
-        verdict: Any = None
-        gatherer = gatherer_for(pl_module.model)
-        if ctx.is_main:
-            try:
-                verdict = audit(pl_module.model, masks, reference, when=when, gatherer=gatherer)
-            except SparsityViolation as err:
-                verdict = err
-        else:
-            for _ in effective_weights(pl_module.model, self._names, gatherer):  # the same gathers as rank 0's
-                pass
-        verdict = ctx.broadcast_object(verdict)
-        if isinstance(verdict, SparsityViolation):
-            raise verdict
+        model, gatherer = pl_module.model, gatherer_for(pl_module.model)  # the other ranks make rank 0's gathers
+        verdict = ctx.on_main(lambda: audit(model, masks, reference, when=when, gatherer=gatherer), SparsityViolation,
+                              meanwhile=lambda: deque(effective_weights(model, self._names, gatherer), maxlen=0))
         if not self.reports or self.reports[-1]["step"] != trainer.global_step or self.reports[-1]["when"] != when:
             self.reports.append({"when": when, "step": trainer.global_step, **verdict})
             if ctx.is_main and verdict["kept_weights_zeroed"]:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from spp.errors import UserError
-from spp.projections import decoder_layers
+from spp.projections import block_class
 from spp.registry import Registry
 
 TEACHER_OUTPUTS = ("none", "logits", "block_outputs")
@@ -134,8 +134,7 @@ def block_outputs(model: nn.Module, layer_cls: type[nn.Module] | None) -> Iterat
         if armed[0]:
             out.append(output[0] if isinstance(output, (tuple, list)) else output)
 
-    if layer_cls is None:  # model.decoder_layer_cls=auto: the model's own blocks
-        layer_cls = type(decoder_layers(model)[1][0])
+    layer_cls = layer_cls or block_class(model)  # None: model.decoder_layer_cls=auto, the model's own blocks
     blocks = [m for m in model.modules() if isinstance(m, layer_cls)]
     if not blocks:
         raise ValueError(f"no decoder block of class {getattr(layer_cls, '__name__', layer_cls)} in the model")
