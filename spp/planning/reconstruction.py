@@ -24,15 +24,12 @@ import torch
 from spp.adapters.base import AdapterMethod
 from spp.adapters.registry import apply_adapter
 from spp.planning.hardware import Hardware
-from spp.planning.shapes import skeleton_from_arch
+from spp.planning.shapes import dtype_bytes, skeleton_from_arch
 from spp.planning.spec import ReconstructSpec, RunSpec
 from spp.projections import block_projections
 from spp.pruning.reconstruction.engine import form_config
 from spp.pruning.reconstruction.one_block import OneBlock
 from spp.pruning.targets import decoder_layers
-
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-"""``reconstruct.dtype`` -> bytes per value."""
 
 RECONSTRUCT_HEAP_RETENTION = 0.25
 """On a CPU run glibc keeps freed heap memory resident (its mmap threshold rises to the largest freed block, so the
@@ -80,7 +77,7 @@ def reconstruct_spec(job: Any, arch: dict[str, Any], method: AdapterMethod | Non
     tensors = form_tensors(arch, form_config(cfg, method), str(cfg.dtype))
     kept = method.forward_transient_values(tensors["largest_adapted"])
     return ReconstructSpec(form=str(cfg.form), nsamples=int(cfg.nsamples), seqlen=int(cfg.seqlen),
-                           epochs=int(cfg.epochs), act_bytes=DTYPE_BYTES[str(cfg.dtype)],
+                           epochs=int(cfg.epochs), act_bytes=dtype_bytes(cfg.dtype),
                            sparse_inputs=str(getattr(cfg.inputs, "value", cfg.inputs)) == "sparse",
                            forward_transient_values=kept, **tensors)
 
