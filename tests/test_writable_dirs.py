@@ -38,10 +38,14 @@ def no_weights(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("a model was loaded before the error")
 
-    for module in ("spp.models.loading", "spp.eval.runner"):  # load_for_rank goes through the first
-        monkeypatch.setattr(importlib.import_module(module), "load_model", refuse)
-    for module in ("spp.models.loading", "spp.pruning.job", "spp.training.callbacks.pruning"):
-        monkeypatch.setattr(importlib.import_module(module), "load_for_rank", refuse)
+    # Import every module before patching any: a module first imported while ``spp.models.loading`` is patched
+    # would bind ``refuse`` with ``from ... import``, and monkeypatch would "restore" it to ``refuse``.
+    modules = {name: importlib.import_module(name) for name in
+               ("spp.models.loading", "spp.eval.runner", "spp.pruning.job", "spp.training.callbacks.pruning")}
+    for name in ("spp.models.loading", "spp.eval.runner"):  # load_for_rank goes through the first
+        monkeypatch.setattr(modules[name], "load_model", refuse)
+    for name in ("spp.models.loading", "spp.pruning.job", "spp.training.callbacks.pruning"):
+        monkeypatch.setattr(modules[name], "load_for_rank", refuse)
 
 
 def run_cli(cmd: str, args: list[str], tmp_path: Path, monkeypatch, capsys, cache: Path, out: Path) -> tuple[int, str]:
