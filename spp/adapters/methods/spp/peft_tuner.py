@@ -28,14 +28,7 @@ from spp.adapters.methods.spp.config import LAYER_KEYS
 from spp.adapters.methods.spp.config import SPPAdapterConfig as _PaperDefaults
 from spp.adapters.methods.spp.io import FORMAT, PEFT_TYPE
 from spp.adapters.methods.spp.layer import SPPLinear, _check_settings, _divisors
-from spp.adapters.peft_base import (
-    check_recorded_base,
-    from_folder,
-    peft_type,
-    read_peft_folder,
-    resolve_default_targets,
-)
-from spp.models.conv1d import linearize_conv1d
+from spp.adapters.peft_base import RecordedBaseTunerMixin, RecordedConfigMixin, read_peft_folder
 from spp.projections import DEFAULT_TARGETS
 
 PEFT_FIELDS = ("peft_type", "task_type", "base_model_name_or_path", "revision", "inference_mode")
@@ -54,7 +47,7 @@ def from_spp_format(saved: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class SPPConfig(PeftConfig):
+class SPPConfig(RecordedConfigMixin, PeftConfig):
     """SPP (paper Sec. 3.2, Eq. 6) for ``peft.get_peft_model``, computed by spp's own ``SPPLinear``.
 
     ``target_modules=None`` (or the default list) means every linear projection of the decoder blocks; ``r`` must
@@ -77,7 +70,6 @@ class SPPConfig(PeftConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.peft_type = peft_type(self.spp_name)
         self.alpha_init, self.beta_init, self.impl = str(self.alpha_init), str(self.beta_init), str(self.impl)
         if isinstance(self.target_modules, (set, tuple)):
             self.target_modules = sorted(self.target_modules)
@@ -93,14 +85,6 @@ class SPPConfig(PeftConfig):
     def layer_kwargs(self) -> dict[str, Any]:
         """The :class:`~spp.adapters.methods.spp.layer.SPPLinear` keyword arguments (``spp.inject``'s)."""
         return {key: getattr(self, key) for key in LAYER_KEYS}
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
-                        **kwargs: Any) -> SPPConfig:
-        """peft's ``from_pretrained``, the folder's files checked and its recorded base in ``spp_trained_on``."""
-        return from_folder(lambda: super(SPPConfig, cls).from_pretrained(pretrained_model_name_or_path, subfolder,
-                                                                         **kwargs),
-                           pretrained_model_name_or_path, subfolder)
 
     @classmethod
     def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
@@ -217,7 +201,7 @@ def check_loaded(model: nn.Module, adapter_name: str, state_dict: dict[str, torc
                          "target_modules / r it was trained with")
 
 
-class SPPModel(BaseTuner):
+class SPPModel(RecordedBaseTunerMixin, BaseTuner):
     """Replaces each targeted ``nn.Linear`` by an :class:`SPPLayer`, in ``spp.inject``'s order (same init)."""
 
     prefix: str = "spp_"
@@ -225,16 +209,6 @@ class SPPModel(BaseTuner):
 
     tuner_layer_cls = SPPLayer
     target_module_mapping: dict[str, list[str]] = {}
-
-    def _prepare_adapter_config(self, peft_config: PeftConfig, model_config: dict) -> PeftConfig:
-        """Resolve the default targets (``self.model`` is set by ``BaseTuner.__init__`` before this runs)."""
-        resolve_default_targets(peft_config, self.model)
-        return peft_config
-
-    def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
-        """Hold GPT-2's ``Conv1D`` as ``nn.Linear``; refuse a folder's adapter on another base than it records."""
-        linearize_conv1d(model)
-        check_recorded_base(peft_config, model)
 
     def _create_and_replace(self, peft_config: SPPConfig, adapter_name: str, target: nn.Module, target_name: str,
                             parent: nn.Module, current_key: str, parameter_name: str | None = None,
