@@ -44,6 +44,9 @@ CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 """The tensors file of an adapter folder (peft's name)."""
 
+WRAPPER_PREFIX = "base_model.model."
+"""What peft's ``PeftModel`` puts before the plain model's names: its module paths and its adapter files' keys."""
+
 
 class ParamCounts(NamedTuple):
     """Trainable and frozen parameter counts (each shared tensor counted once)."""

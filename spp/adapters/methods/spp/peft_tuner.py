@@ -23,7 +23,7 @@ from peft.tuners.tuners_utils import (
 )
 from torch import nn
 
-from spp.adapters.base import PeftIntegration
+from spp.adapters.base import WRAPPER_PREFIX, PeftIntegration
 from spp.adapters.methods.spp.config import LAYER_KEYS
 from spp.adapters.methods.spp.config import SPPAdapterConfig as _PaperDefaults
 from spp.adapters.methods.spp.io import FORMAT, PEFT_TYPE
@@ -182,10 +182,6 @@ class SPPLayer(nn.Module, BaseTunerLayer):
         return "spp." + super().__repr__()
 
 
-PEFT_KEY_PREFIX = "base_model.model."
-"""What peft puts before a module path in its adapter files; spp's own files (``save_adapter``) start at the model."""
-
-
 def check_loaded(model: nn.Module, adapter_name: str, state_dict: dict[str, torch.Tensor]) -> None:
     """Raise if ``state_dict`` (keys as in the model) does not hold exactly the model's SPP tensors, shapes included."""
     prefixes = _get_tuner_state_dict_key_prefixes(model, adapter_name=adapter_name)
@@ -228,8 +224,8 @@ class SPPModel(RecordedBaseTunerMixin, BaseTuner):
     def _remap_adapter_state_dict_for_load(cls, model: nn.Module, config: PeftConfig, adapter_name: str,
                                            state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """peft's key mapping, also for spp's own files (no ``base_model.model.``), checked against the model."""
-        if state_dict and not any(k.startswith(PEFT_KEY_PREFIX) for k in state_dict):
-            state_dict = {PEFT_KEY_PREFIX + k: v for k, v in state_dict.items()}
+        if state_dict and not any(k.startswith(WRAPPER_PREFIX) for k in state_dict):
+            state_dict = {WRAPPER_PREFIX + k: v for k, v in state_dict.items()}
         remapped = super()._remap_adapter_state_dict_for_load(model, config, adapter_name, state_dict)
         check_loaded(model, adapter_name, remapped)
         return remapped
