@@ -13,7 +13,6 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from peft import LoraConfig
 from peft.config import PeftConfig
-from peft.tuners.lora.layer import Linear as LoraLinear
 from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import PeftType
 from torch import nn
@@ -21,7 +20,6 @@ from torch import nn
 from spp.adapters.base import CONFIG_NAME, WEIGHTS_NAME, linear_tensors, read_json_file, write_json_file
 from spp.adapters.registry import check_adapter_files, trained_on
 from spp.adapters.trained_on import check_base
-from spp.bitmask import pack_rows, unpack_rows
 from spp.models.conv1d import linearize_conv1d
 from spp.projections import DEFAULT_TARGETS, is_default, model_targets, names_in
 
@@ -192,25 +190,3 @@ class MaskedLoraModelMixin(RecordedBaseTunerMixin):
             raise ValueError(f"{cls.label} adapts nn.Linear layers only, but target {kwargs.get('target_name')} is a "
                              f"{type(base).__name__}; leave it out of the config's target_modules")
         return cls.layer_class(target, adapter_name, config=lora_config, **kwargs)
-
-
-class MaskedUpdateLinear(LoraLinear):
-    """peft ``lora.Linear`` whose update is ``s·(B A) ⊙ M``, ``M`` bit-packed in the buffer :attr:`mask_buffer`
-    (``W~ ≠ 0`` at creation): what its merge adds keeps every pruned zero (LoRA*, SparsePEFT)."""
-
-    mask_buffer: ClassVar[str]
-
-    def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, **kwargs: Any) -> None:
-        super().__init__(base_layer, adapter_name, config=config, **kwargs)
-        weight = self.get_base_layer().weight
-        self.register_buffer(self.mask_buffer, pack_rows(weight.detach() != 0), persistent=False)
-
-    @property
-    def mask(self) -> torch.Tensor:
-        """The mask in use (bool, out x in, True = trained/kept), unpacked (transient)."""
-        return unpack_rows(getattr(self, self.mask_buffer), self.in_features)
-
-    def get_delta_weight(self, adapter: str) -> torch.Tensor:
-        """``s · (B A) ⊙ M`` (peft's LoRA delta, masked)."""
-        delta = super().get_delta_weight(adapter)
-        return delta.masked_fill(~self.mask.to(delta.device), 0.0)

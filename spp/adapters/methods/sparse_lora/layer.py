@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from spp.adapters.base import CONFIG_NAME, check_masks_cover, write_record
 from spp.adapters.chunks import ModulatedLowRankFunction
-from spp.adapters.peft_base import MaskedUpdateLinear, lora_config, read_lora_settings, save_as_peft_type
+from spp.adapters.peft_base import lora_config, read_lora_settings, save_as_peft_type
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS
 
@@ -85,24 +85,34 @@ class SparseLoraVariant(LoraVariant):
         return result + update
 
 
-class SparseLoraLinear(MaskedUpdateLinear):
+class SparseLoraLinear(LoraLinear):
     """peft ``lora.Linear`` with a bit-packed mask buffer (starts as ``W~ ≠ 0``) and :class:`SparseLoraVariant`."""
-
-    mask_buffer = "sparse_mask_packed"
 
     def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, **kwargs: Any) -> None:
         if config.fan_in_fan_out or config.lora_bias:
             raise ValueError("sparse_lora supports nn.Linear layers without fan_in_fan_out and without lora_bias")
         super().__init__(base_layer, adapter_name, config=config, **kwargs)
+        weight = self.get_base_layer().weight
+        self.register_buffer("sparse_mask_packed", pack_rows(weight.detach() != 0), persistent=False)
 
     @property
     def lora_variants(self) -> dict[tuple[str, ...], type[LoraVariant] | None]:
         return {(): SparseLoraVariant}
 
+    @property
+    def mask(self) -> torch.Tensor:
+        """The mask in use (bool, out x in, True = trained/kept), unpacked (transient)."""
+        return unpack_rows(self.sparse_mask_packed, self.in_features)
+
     def set_mask(self, mask: torch.Tensor) -> None:
         """Use ``mask ∧ (W~ ≠ 0)``; ``mask`` must be bool (out x in) with every pruned weight already zero."""
         weight = self.get_base_layer().weight.detach()
         self.sparse_mask_packed = pack_rows(mask.to(weight.device) & (weight != 0))
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor:
+        """``s · (B A) ⊙ M`` (peft's LoRA delta, masked)."""
+        delta = super().get_delta_weight(adapter)
+        return delta.masked_fill(~self.mask.to(delta.device), 0.0)
 
     @torch.no_grad()
     def delta_sq_norm(self) -> float:
