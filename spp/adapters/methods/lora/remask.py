@@ -72,13 +72,6 @@ class RemaskStats:
         total = self.delta_sq_norm
         return self.removed_sq_norm / total if total > 0 else 0.0
 
-    def keys(self) -> list[str]:
-        """Keys of ``to_dict()``, so ``dict(stats)`` gives the same JSON-ready mapping."""
-        return list(self.to_dict())
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (for ``summary.json``): overall numbers and the per-layer list."""
         return {"removed_fraction": self.removed_fraction, **{k: getattr(self, k) for k in SUMMED},
