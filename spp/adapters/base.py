@@ -275,7 +275,7 @@ def wrap_targets(model: nn.Module, targets: Iterable[str], wrapper: type[LinearW
     the rest, in place; ValueError (naming ``merge``, the function that takes them out) when it holds some already."""
     if any(isinstance(m, wrapper) for m in model.modules()):
         raise ValueError(f"{label}: the model already holds {wrapper.__name__} layers; call {merge} first")
-    found = target_linears(model, tuple(targets))
+    found = find_projections(model, targets, "adapter.targets")
     freeze_all(model)
     for name, linear in found.items():
         set_submodule(model, name, wrapper(linear, name=name, **kwargs))

@@ -1,5 +1,5 @@
-"""What spp's peft methods share: their ``PeftType`` members, default targets, recorded-base checks and the
-mixins of the tuners built on peft's ``LoraConfig`` / ``LoraModel`` (SparsePEFT, LoRA*).
+"""What spp's peft methods share: their ``PeftType`` members, the config and tuner mixins (default targets, the
+recorded-base check; SPP, SparsePEFT, LoRA*) and those of the tuners built on ``LoraConfig`` / ``LoraModel``.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class RecordedBaseTunerMixin:
         ``BaseTuner.__init__`` before this runs)."""
         targets = peft_config.target_modules
         if targets is None or (not isinstance(targets, str) and is_default(targets)):
-            peft_config.target_modules = names_in(self.model, DEFAULT_TARGETS, "target_modules")  # type: ignore
+            peft_config.target_modules = names_in(self.model, DEFAULT_TARGETS, "target_modules")  # type: ignore[attr-defined]
         return super()._prepare_adapter_config(peft_config, model_config)  # type: ignore[misc]
 
     def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:

@@ -24,6 +24,7 @@ def inject(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS, **layer_k
     """
     return wrap_targets(model, targets, SPPLinear, "inject", "merge_and_unload", **layer_kwargs)
 
+
 def merge_and_unload(model: nn.Module) -> nn.Module:
     """Merge every SPP layer into its base weight (its dtype, zeros kept); put the plain ``nn.Linear`` back."""
     layers = spp_layers(model)
