@@ -20,10 +20,15 @@ def pack_rows(mask: torch.Tensor) -> torch.Tensor:
     return (bits << _shifts(mask.device)).sum(dim=-1, dtype=torch.uint8)
 
 
+def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """Rows of ``packed`` x ``n`` as 0/1 ``uint8`` (a multiplier: one kernel, no negation)."""
+    bits = (packed.unsqueeze(-1) >> _shifts(packed.device)) & 1
+    return bits.view(packed.shape[0], -1)[:, :n]
+
+
 def unpack_rows(packed: torch.Tensor, n: int) -> torch.Tensor:
     """Inverse of :func:`pack_rows`: the bool mask (rows of ``packed`` x ``n``)."""
-    bits = (packed.unsqueeze(-1) >> _shifts(packed.device)) & 1
-    return bits.view(packed.shape[0], -1)[:, :n].bool()
+    return unpack_bits(packed, n).bool()
 
 
 def checked_mask(name: str, mask: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

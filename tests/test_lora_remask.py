@@ -168,6 +168,6 @@ def test_stats_convert_to_a_json_mapping() -> None:
     peft_model = inject_lora(model)
     randomize_lora(peft_model)
     _, stats = merge_and_remask(peft_model, masks)
-    as_dict = dict(stats)
-    assert as_dict == stats.to_dict() and set(as_dict) >= {"removed_fraction", "pruned_made_nonzero", "layers"}
+    as_dict = stats.to_dict()
+    assert set(as_dict) >= {"removed_fraction", "pruned_made_nonzero", "layers"}
     assert json.loads(json.dumps(as_dict))["pruned_entries"] == stats.pruned_entries

@@ -44,6 +44,9 @@ CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 """The tensors file of an adapter folder (peft's name)."""
 
+WRAPPER_PREFIX = "base_model.model."
+"""What peft's ``PeftModel`` puts before the plain model's names: its module paths and its adapter files' keys."""
+
 
 class ParamCounts(NamedTuple):
     """Trainable and frozen parameter counts (each shared tensor counted once)."""
@@ -264,6 +267,35 @@ def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 def target_linears(model: nn.Module, targets: tuple[str, ...] | list[str]) -> dict[str, nn.Linear]:
     """The decoder-block linear projections ``targets`` names, by path (UserError if one matches nothing)."""
     return find_projections(model, targets, "adapter.targets")
+
+
+def wrap_targets(model: nn.Module, targets: Iterable[str], wrapper: type[LinearWrapper], label: str, merge: str,
+                 **kwargs: Any) -> nn.Module:
+    """Replace every targeted ``nn.Linear`` by ``wrapper(linear, name=<path>, **kwargs)`` in model order and freeze
+    the rest, in place; ValueError (naming ``merge``, the function that takes them out) when it holds some already."""
+    if any(isinstance(m, wrapper) for m in model.modules()):
+        raise ValueError(f"{label}: the model already holds {wrapper.__name__} layers; call {merge} first")
+    found = find_projections(model, targets, "adapter.targets")
+    freeze_all(model)
+    for name, linear in found.items():
+        set_submodule(model, name, wrapper(linear, name=name, **kwargs))
+    return model
+
+
+def copy_tensors(state: dict[str, torch.Tensor], targets: dict[str, torch.Tensor], label: str) -> None:
+    """Copy the file's tensors ``state`` into the model's ``targets`` bit for bit; ValueError, before any copy, when
+    their names or a shape differ."""
+    file_only, model_only = sorted(set(state) - set(targets)), sorted(set(targets) - set(state))
+    if file_only or model_only:
+        raise ValueError(f"{label}: tensor names differ: file-only {file_only[:5]}, model-only {model_only[:5]}; load "
+                         "it on the model (and settings) it was trained with")
+    for key, target in targets.items():
+        if tuple(state[key].shape) != tuple(target.shape):
+            raise ValueError(f"{label}: {key} has shape {tuple(state[key].shape)} in the file but "
+                             f"{tuple(target.shape)} in the model (another architecture or setting)")
+    with torch.no_grad():
+        for key, target in targets.items():
+            target.copy_(state[key])
 
 
 def read_adapter_files(directory: str | Path, meta_name: str, weights_name: str, fmt: str,

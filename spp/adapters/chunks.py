@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from spp.bitmask import unpack_bits
+
 BACKWARD_CHUNK_ELEMENTS = 1 << 24
 """Largest transient buffer (elements) a chunked backward builds per chunk of rows: 2**24 fp32 = 64 MiB."""
 
@@ -29,12 +31,6 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype a product with ``x`` runs in: autocast's when it is on (as ``F.linear`` would use), else ``x``'s."""
     dev = x.device.type
     return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-
-
-def unpack_bits(packed_rows: torch.Tensor, n: int) -> torch.Tensor:
-    """Bit-packed mask rows (:func:`spp.bitmask.pack_rows`) as 0/1 ``uint8`` (a multiplier: one kernel, no negation)."""
-    bits = (packed_rows.unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8, device=packed_rows.device)) & 1
-    return bits.view(packed_rows.shape[0], -1)[:, :n]
 
 
 def _modulate(t: torch.Tensor, modulator: torch.Tensor, lo: int, hi: int, scale: float | None) -> torch.Tensor:

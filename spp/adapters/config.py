@@ -6,7 +6,7 @@ Each method subclasses it with its own keys, stored as Hydra's ``adapter/<name>_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -68,3 +68,9 @@ def check_rank(r: int) -> None:
     """``adapter.r`` >= 1 (raises ``ValueError`` naming the key)."""
     if r < 1:
         raise ValueError(f"adapter.r={r} must be >= 1")
+
+
+def adapter_record(cfg: AdapterConfig) -> dict[str, Any]:
+    """The adapter config as JSON values (enums and other objects as strings): what the adapter folder's
+    ``adapter_method.json`` and the export's ``spp_export.json`` record of it."""
+    return {k: v if isinstance(v, (bool, int, float, list, type(None))) else str(v) for k, v in vars(cfg).items()}

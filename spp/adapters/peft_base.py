@@ -1,5 +1,5 @@
-"""What spp's peft methods share: their ``PeftType`` members, default targets, recorded-base checks and the
-mixins of the tuners built on peft's ``LoraConfig`` / ``LoraModel`` (SparsePEFT, LoRA*).
+"""What spp's peft methods share: their ``PeftType`` members, the config and tuner mixins (default targets, the
+recorded-base check; SPP, SparsePEFT, LoRA*) and those of the tuners built on ``LoraConfig`` / ``LoraModel``.
 """
 
 from __future__ import annotations
@@ -103,13 +103,6 @@ def read_peft_folder(path: Path, directory: str | os.PathLike, what: str) -> dic
     return read_json_file(path / CONFIG_NAME, key="adapter folder")
 
 
-def resolve_default_targets(config: PeftConfig, model: nn.Module) -> None:
-    """Default ``target_modules`` (``None`` or the default list) -> ``model``'s block projections (if any)."""
-    targets = config.target_modules
-    if targets is None or (not isinstance(targets, str) and is_default(targets)):
-        config.target_modules = names_in(model, DEFAULT_TARGETS, "target_modules")
-
-
 def from_folder(load: Callable[[], C], path: str | os.PathLike, subfolder: str | None = None) -> C:
     """``load()`` (peft's ``from_pretrained``) after checking a local folder; its record in ``spp_trained_on``."""
     local = Path(path, subfolder or "").expanduser()
@@ -123,29 +116,15 @@ def from_folder(load: Callable[[], C], path: str | os.PathLike, subfolder: str |
     return config
 
 
-def check_recorded_base(config: PeftConfig, model: nn.Module) -> None:
-    """Refuse ``model`` when it is not the base ``config``'s folder records (warn without a record)."""
-    record: dict[str, Any] | None = getattr(config, "spp_trained_on", None)
-    if record is None:
-        return
-    source = getattr(config, SOURCE_ATTR, None)
-    what = f"the adapter folder {source!r}" if source else "this adapter"
-    check_base(record or None, model, what, key="adapter folder", path=source)
-
-
-class MaskedLoraConfigMixin:
-    """Shared by peft configs built on ``LoraConfig`` (listed first among the bases; sets ``spp_name``, ``masks``)."""
+class RecordedConfigMixin:
+    """Shared by spp's peft configs (listed first among the bases; sets ``spp_name``): the ``PeftType`` member, and
+    ``from_pretrained`` that checks the folder's files and keeps its recorded base in ``spp_trained_on``."""
 
     spp_name: ClassVar[str]
-    masks: ClassVar[str]
 
     def __post_init__(self) -> None:
         super().__post_init__()  # type: ignore[misc]
         self.peft_type = peft_type(self.spp_name)
-        bad = [key for key in UNSUPPORTED if getattr(self, key)]
-        if bad:
-            raise ValueError(f"{type(self).__name__}: {bad[0]}={getattr(self, bad[0])!r} is not supported ("
-                             f"{self.masks}); leave it at its default")
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None, **kwargs: Any) -> Any:
@@ -153,6 +132,41 @@ class MaskedLoraConfigMixin:
         parent = super()
         return from_folder(lambda: parent.from_pretrained(pretrained_model_name_or_path, subfolder, **kwargs),
                            pretrained_model_name_or_path, subfolder)
+
+
+class RecordedBaseTunerMixin:
+    """Shared by spp's peft tuners (listed first among the bases): default targets resolved on the model, GPT-2's
+    ``Conv1D`` held as ``nn.Linear``, and a folder's adapter refused on another base than it records."""
+
+    def _prepare_adapter_config(self, peft_config: Any, model_config: dict) -> Any:
+        """``target_modules`` ``None`` or the default list -> the model's block projections (``self.model`` is set by
+        ``BaseTuner.__init__`` before this runs)."""
+        targets = peft_config.target_modules
+        if targets is None or (not isinstance(targets, str) and is_default(targets)):
+            peft_config.target_modules = names_in(self.model, DEFAULT_TARGETS, "target_modules")  # type: ignore[attr-defined]
+        return super()._prepare_adapter_config(peft_config, model_config)  # type: ignore[misc]
+
+    def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
+        linearize_conv1d(model)  # in place; the state dict keeps Conv1D's layout
+        record: dict[str, Any] | None = getattr(peft_config, "spp_trained_on", None)
+        if record is not None:  # read from a folder: refuse another base (warn without a record)
+            source = getattr(peft_config, SOURCE_ATTR, None)
+            what = f"the adapter folder {source!r}" if source else "this adapter"
+            check_base(record or None, model, what, key="adapter folder", path=source)
+        super()._prepare_model(peft_config, model)  # type: ignore[misc]
+
+
+class MaskedLoraConfigMixin(RecordedConfigMixin):
+    """Shared by peft configs built on ``LoraConfig`` (listed first among the bases; sets ``spp_name``, ``masks``)."""
+
+    masks: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        bad = [key for key in UNSUPPORTED if getattr(self, key)]
+        if bad:
+            raise ValueError(f"{type(self).__name__}: {bad[0]}={getattr(self, bad[0])!r} is not supported ("
+                             f"{self.masks}); leave it at its default")
 
     @classmethod
     def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
@@ -162,20 +176,11 @@ class MaskedLoraConfigMixin:
         return super().check_kwargs(**kwargs)  # type: ignore[misc]
 
 
-class MaskedLoraModelMixin:
+class MaskedLoraModelMixin(RecordedBaseTunerMixin):
     """Shared by tuners built on ``LoraModel`` (listed first among the bases; sets ``layer_class``, ``label``)."""
 
     layer_class: ClassVar[type[nn.Module]]
     label: ClassVar[str]
-
-    def _prepare_adapter_config(self, peft_config: Any, model_config: dict) -> Any:
-        resolve_default_targets(peft_config, self.model)  # type: ignore[attr-defined]
-        return super()._prepare_adapter_config(peft_config, model_config)  # type: ignore[misc]
-
-    def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
-        linearize_conv1d(model)  # in place; the state dict keeps Conv1D's layout
-        check_recorded_base(peft_config, model)
-        super()._prepare_model(peft_config, model)  # type: ignore[misc]
 
     @classmethod
     def _create_new_module(cls, lora_config: Any, adapter_name: str, target: nn.Module, **kwargs: Any) -> nn.Module:

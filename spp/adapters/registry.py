@@ -22,7 +22,7 @@ from spp.adapters.base import (
     read_json_file,
     write_json_file,
 )
-from spp.adapters.config import AdapterConfig
+from spp.adapters.config import AdapterConfig, adapter_record
 from spp.adapters.trained_on import RECORD, check_base
 from spp.errors import UserError
 from spp.models.conv1d import linearize_conv1d
@@ -151,8 +151,7 @@ def save_adapter_dir(method: AdapterMethod, model: nn.Module, directory: Path, e
     """The method's adapter files plus :data:`MARKER` (method, config, the base it was trained on)."""
     record = extra.get(RECORD)
     method.save(model, directory, {k: v for k, v in extra.items() if k != RECORD})
-    config = {k: v if isinstance(v, (bool, int, float, list, type(None))) else str(v)
-              for k, v in vars(cfg).items()} if cfg is not None else {}
+    config = adapter_record(cfg) if cfg is not None else {}
     marker = {"method": method.name, "config": config, "spp_version": __version__, RECORD: record}
     write_json_file(Path(directory) / MARKER, marker)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from spp.adapters.config import adapter_record as adapter_record  # spp_export.json's "adapter"
 from spp.atomic import write_json_atomic
 
 EXPORT_FILE = "spp_export.json"
@@ -66,8 +67,3 @@ class ExportManifest:
         except (OSError, ValueError, TypeError):
             return None
 
-
-def adapter_record(adapter_cfg: Any) -> dict[str, Any]:
-    """The adapter config as JSON values (enums and other objects as strings)."""
-    return {k: v if isinstance(v, (bool, int, float, list, type(None))) else str(v)
-            for k, v in vars(adapter_cfg).items()}

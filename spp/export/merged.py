@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from spp.adapters.base import AdapterMethod
+from spp.adapters.base import WRAPPER_PREFIX, AdapterMethod
 from spp.atomic import follow_umask, human_bytes, is_disk_full, publish
 from spp.bitmask import unpack_rows
 from spp.distributed import DistContext
@@ -34,8 +34,6 @@ from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 AUDIT_COUNTS = 5  # layers, zeros, total, kept zeros filled, kept weights zeroed (see _audit)
-WRAPPER_PREFIX = "base_model.model."
-"""The prefix an adapter wrapper adds to the plain model's names (peft's ``PeftModel``)."""
 EXPORT_SLACK_BYTES = 32 * 2**20
 """Room an export needs beyond its tensors (tokenizer and JSON files), on top of 1 % of the tensors' bytes."""
 

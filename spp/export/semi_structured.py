@@ -25,11 +25,6 @@ def count_2_4_violations(weight: torch.Tensor) -> int:
     return int((nonzero > 2).sum())
 
 
-def is_2_4(weight: torch.Tensor) -> bool:
-    """True when every group of 4 consecutive inputs of every row keeps at most 2 non-zeros."""
-    return weight.dim() == 2 and weight.shape[1] % 4 == 0 and count_2_4_violations(weight) == 0
-
-
 def export_semi_structured(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> list[str]:
     """Convert the target ``nn.Linear`` weights of a merged fp16/bf16 CUDA model to 2:4 sparse tensors; their names.
 

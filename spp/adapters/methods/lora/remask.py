@@ -50,21 +50,21 @@ class LayerRemaskStats:
     pruned_made_nonzero: int
 
 
+SUMMED = ("delta_sq_norm", "removed_sq_norm", "pruned_entries", "pruned_made_nonzero")
+"""The per-layer numbers :class:`RemaskStats` also gives summed over the layers (``stats.pruned_entries``)."""
+
+
 @dataclass
 class RemaskStats:
     """Per-layer and overall effect of LoRA* re-masking (overall fraction = Σ removed / Σ ‖ΔW‖²)."""
 
     layers: list[LayerRemaskStats] = field(default_factory=list)
 
-    @property
-    def delta_sq_norm(self) -> float:
-        """Σ ‖ΔW‖²_F over all layers."""
-        return sum(s.delta_sq_norm for s in self.layers)
-
-    @property
-    def removed_sq_norm(self) -> float:
-        """Σ ‖ΔW ⊙ (1 − M)‖²_F over all layers."""
-        return sum(s.removed_sq_norm for s in self.layers)
+    def __getattr__(self, key: str) -> Any:
+        """A :data:`SUMMED` number summed over all layers (e.g. Σ ‖ΔW ⊙ (1 − M)‖²_F as ``removed_sq_norm``)."""
+        if key not in SUMMED:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
+        return sum(getattr(s, key) for s in self.layers)
 
     @property
     def removed_fraction(self) -> float:
@@ -72,33 +72,10 @@ class RemaskStats:
         total = self.delta_sq_norm
         return self.removed_sq_norm / total if total > 0 else 0.0
 
-    @property
-    def pruned_entries(self) -> int:
-        """Pruned positions over all layers."""
-        return sum(s.pruned_entries for s in self.layers)
-
-    @property
-    def pruned_made_nonzero(self) -> int:
-        """Pruned positions the merge had made non-zero, over all layers."""
-        return sum(s.pruned_made_nonzero for s in self.layers)
-
-    def keys(self) -> list[str]:
-        """Keys of ``to_dict()``, so ``dict(stats)`` gives the same JSON-ready mapping."""
-        return list(self.to_dict())
-
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (for ``summary.json``): overall numbers and the per-layer list."""
-        return {
-            "removed_fraction": self.removed_fraction,
-            "delta_sq_norm": self.delta_sq_norm,
-            "removed_sq_norm": self.removed_sq_norm,
-            "pruned_entries": self.pruned_entries,
-            "pruned_made_nonzero": self.pruned_made_nonzero,
-            "layers": [asdict(s) for s in self.layers],
-        }
+        return {"removed_fraction": self.removed_fraction, **{k: getattr(self, k) for k in SUMMED},
+                "layers": [asdict(s) for s in self.layers]}
 
 
 def layer_remask_stats(name: str, layer: LoraLayer, mask: torch.Tensor) -> LayerRemaskStats:

@@ -12,16 +12,9 @@ from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel
-from peft.utils import load_peft_weights
 from torch import nn
 
-from spp.adapters.methods.sparse_lora.layer import (
-    META_NAME,
-    check_mask_sizes,
-    read_lora_config,
-    set_lora_tensors,
-    wrap_masked,
-)
+from spp.adapters.methods.sparse_lora.layer import META_NAME, load_masked, wrap_masked
 from spp.projections import decoder_layers, find_projections
 
 
@@ -54,17 +47,15 @@ def block_targets(model: nn.Module, target_modules: Sequence[str]) -> list[str]:
 def load_losa(model: nn.Module, directory: str | os.PathLike,
               masks: Mapping[str, torch.Tensor] | None = None) -> tuple[PeftModel, LoraConfig]:
     """The LoSA model :meth:`save` wrote, re-created on the same pruned base ``model``, and its LoRA settings."""
-    path = Path(directory)
-    config, _ = read_lora_config(path)
-    meta_path = path / META_NAME
+    meta_path = Path(directory) / META_NAME
     if not meta_path.is_file():
-        raise FileNotFoundError(f"No {META_NAME} in {path}; expected a directory written by adapter=losa")
-    state = load_peft_weights(str(path), device="cpu")
-    config.target_modules = block_targets(model, config.target_modules)
-    names = find_projections(model, config.target_modules, "target_modules")
-    ranks = {n: int(config.rank_pattern.get(re.escape(n), config.r)) for n in names}
-    peft_model = inject_losa(model, masks, ranks, r=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
-                             dtype=next(iter(state.values())).dtype)
-    check_mask_sizes(peft_model, json.loads(meta_path.read_text()), directory)
-    set_lora_tensors(peft_model, state, "losa")
-    return peft_model, config
+        raise FileNotFoundError(f"No {META_NAME} in {directory}; expected a directory written by adapter=losa")
+
+    def inject(config: LoraConfig, dtype: torch.dtype) -> PeftModel:
+        config.target_modules = block_targets(model, config.target_modules)
+        names = find_projections(model, config.target_modules, "target_modules")
+        ranks = {n: int(config.rank_pattern.get(re.escape(n), config.r)) for n in names}
+        return inject_losa(model, masks, ranks, r=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
+                           dtype=dtype)
+
+    return load_masked(directory, json.loads(meta_path.read_text()), inject, "losa")

@@ -6,13 +6,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from spp.adapters.base import (
     WEIGHTS_NAME,
     AdapterMethod,
     Masks,
+    copy_tensors,
     freeze_all,
     read_adapter_files,
     save_tensor_file,
@@ -61,15 +61,7 @@ def load_norms(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.Modul
     """Copy the tensors :func:`save_norms` wrote into the pruned ``model`` (bit-exact); returns it and the targets."""
     meta, state = read_adapter_files(directory, META_NAME, WEIGHTS_NAME, FORMAT, "norms")
     params = dict(model.named_parameters())
-    missing = sorted(set(state) - set(params))
-    if missing:
-        raise ValueError(f"{directory} holds tensors the model does not have (e.g. {missing[:3]}); load it on the "
-                         "model it was trained on")
-    with torch.no_grad():
-        for name, value in state.items():
-            if tuple(value.shape) != tuple(params[name].shape):
-                raise ValueError(f"{name} is {tuple(value.shape)} in the file but {tuple(params[name].shape)} here")
-            params[name].copy_(value)
+    copy_tensors(state, {n: params[n] for n in state if n in params}, str(directory))
     return model, list(meta["targets"])
 
 

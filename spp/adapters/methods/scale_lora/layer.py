@@ -19,11 +19,12 @@ from torch import nn
 from spp.adapters.base import (
     WEIGHTS_NAME,
     LinearWrapper,
+    copy_tensors,
     freeze_all,
     read_adapter_files,
     save_tensor_file,
     set_submodule,
-    target_linears,
+    wrap_targets,
     write_record,
 )
 from spp.adapters.chunks import ModulatedLowRankFunction
@@ -79,16 +80,15 @@ def scale_lora_layers(model: nn.Module) -> dict[str, ScaleLoRALinear]:
     return {n: m for n, m in model.named_modules() if isinstance(m, ScaleLoRALinear)}
 
 
+def scale_lora_state_dict(layers: dict[str, ScaleLoRALinear]) -> dict[str, torch.Tensor]:
+    """``<layer path>.scale_lora_A`` / ``.scale_lora_B`` of ``layers`` (detached): the adapter file's tensors."""
+    return {f"{n}.{k}": getattr(lay, k).detach() for n, lay in layers.items() for k in ("scale_lora_A", "scale_lora_B")}
+
+
 def inject_scale_lora(model: nn.Module, targets: Sequence[str], r: int = 8,
                       dtype: torch.dtype | None = None) -> nn.Module:
     """Replace every target ``nn.Linear`` by a :class:`ScaleLoRALinear` and freeze everything else."""
-    if scale_lora_layers(model):
-        raise ValueError("inject_scale_lora: the model already holds ScaleLoRA layers; merge them first")
-    found = target_linears(model, tuple(targets))
-    freeze_all(model)
-    for name, linear in found.items():
-        set_submodule(model, name, ScaleLoRALinear(linear, r=r, dtype=dtype, name=name))
-    return model
+    return wrap_targets(model, targets, ScaleLoRALinear, "inject_scale_lora", "merge_scale_lora", r=r, dtype=dtype)
 
 
 @torch.no_grad()
@@ -115,8 +115,7 @@ def save_scale_lora(model: nn.Module, directory: str | os.PathLike, extra: dict[
     if not layers:
         raise ValueError("save_scale_lora: the model holds no ScaleLoRA layer; inject it first")
     out = Path(directory)
-    save_tensor_file(out / WEIGHTS_NAME, {f"{n}.{k}": getattr(lay, k).detach() for n, lay in layers.items()
-                                          for k in ("scale_lora_A", "scale_lora_B")})
+    save_tensor_file(out / WEIGHTS_NAME, scale_lora_state_dict(layers))
     write_record(out / META_NAME, FORMAT, extra, r=next(iter(layers.values())).r, layers=sorted(layers),
                  targets=sorted({n.rsplit(".", 1)[-1] for n in layers}))
     return out
@@ -131,12 +130,5 @@ def load_scale_lora(model: nn.Module, directory: str | os.PathLike) -> tuple[nn.
         raise ValueError(f"load_scale_lora: the model's ScaleLoRA layers differ from {directory}'s (e.g. "
                          f"{sorted(set(layers) ^ set(meta['layers']))[:3]}); load it on the pruned model it was "
                          "trained on")
-    with torch.no_grad():
-        for name, layer in layers.items():
-            for key in ("scale_lora_A", "scale_lora_B"):
-                target, value = getattr(layer, key), state[f"{name}.{key}"]
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(f"load_scale_lora: {name}.{key} is {tuple(value.shape)} in the file but "
-                                     f"{tuple(target.shape)} in the model")
-                target.copy_(value)
+    copy_tensors(state, scale_lora_state_dict(layers), "load_scale_lora")
     return model, meta

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -246,22 +246,24 @@ def load_sparse_lora(model: nn.Module, directory: str | os.PathLike,
 
     ``masks=None`` uses the non-zeros; layers, mask sizes or tensor names that differ raise ``ValueError``.
     """
-    path = Path(directory)
-    meta = _read_meta(path)
-    config, _ = read_lora_config(path)
-    state = load_peft_weights(str(path), device="cpu")
-    dtype = next(iter(state.values())).dtype
-    peft_model = inject_sparse_lora(model, masks, targets=sorted(config.target_modules), r=config.r,
-                                    alpha=config.lora_alpha, dropout=config.lora_dropout, dtype=dtype)
+    def inject(config: LoraConfig, dtype: torch.dtype) -> PeftModel:
+        return inject_sparse_lora(model, masks, targets=sorted(config.target_modules), r=config.r,
+                                  alpha=config.lora_alpha, dropout=config.lora_dropout, dtype=dtype)
+
+    return load_masked(directory, _read_meta(Path(directory)), inject, "load_sparse_lora")[0]
+
+
+def load_masked(directory: str | os.PathLike, meta: dict[str, Any] | None,
+                inject: Callable[[LoraConfig, torch.dtype], PeftModel], label: str) -> tuple[PeftModel, LoraConfig]:
+    """A masked-LoRA folder's model (``inject(settings, dtype)``, SparsePEFT's or LoSA's), its mask sizes checked
+    against ``meta`` and its tensors loaded, and its LoRA settings; ``ValueError`` when the tensor names differ."""
+    config, _ = read_lora_config(directory)
+    state = load_peft_weights(str(directory), device="cpu")
+    peft_model = inject(config, next(iter(state.values())).dtype)
     check_mask_sizes(peft_model, meta, directory)
-    set_lora_tensors(peft_model, state, "load_sparse_lora")
-    return peft_model
-
-
-def set_lora_tensors(peft_model: PeftModel, state: dict[str, torch.Tensor], label: str) -> None:
-    """Load the adapter tensors ``state`` into ``peft_model``; ``ValueError`` when their names differ."""
     result = set_peft_model_state_dict(peft_model, state)
     missing = [k for k in result.missing_keys if "lora_" in k]
     if result.unexpected_keys or missing:
         raise ValueError(f"{label}: tensors differ from the model: unexpected {result.unexpected_keys[:3]}, "
                          f"missing {missing[:3]}")
+    return peft_model, config

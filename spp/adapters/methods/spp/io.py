@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from spp.adapters.base import (
     CONFIG_NAME,
     WEIGHTS_NAME,
+    copy_tensors,
     load_tensor_file,
     read_json_file,
     save_tensor_file,
@@ -75,16 +75,5 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         unexpected = sorted(set(layers) - set(config["layers"]))[:5]
         raise ValueError(f"load_adapter: SPP layers differ from {directory}: missing in model {missing}, "
                          f"not in the file {unexpected}. Use the same model architecture and targets.")
-    state = load_tensor_file(weights)
-    expected = adapter_state_dict(model)
-    if set(state) != set(expected):
-        raise ValueError(f"load_adapter: tensor names differ: file-only {sorted(set(state) - set(expected))[:5]}, "
-                         f"model-only {sorted(set(expected) - set(state))[:5]} (use_beta mismatch?).")
-    for key, target in expected.items():
-        if tuple(state[key].shape) != tuple(target.shape):
-            raise ValueError(f"load_adapter: {key} has shape {tuple(state[key].shape)} in the file but "
-                             f"{tuple(target.shape)} in the model (different r or architecture).")
-    with torch.no_grad():
-        for key, target in expected.items():
-            target.copy_(state[key])
+    copy_tensors(load_tensor_file(weights), adapter_state_dict(model), "load_adapter")
     return model

@@ -7,9 +7,9 @@ from typing import Any
 
 from torch import nn
 
-from spp.adapters.base import freeze_all, set_submodule
+from spp.adapters.base import set_submodule, wrap_targets
 from spp.adapters.methods.spp.layer import IMPLS, SPPLinear
-from spp.projections import DEFAULT_TARGETS, find_projections
+from spp.projections import DEFAULT_TARGETS
 
 
 def spp_layers(model: nn.Module) -> dict[str, SPPLinear]:
@@ -22,13 +22,7 @@ def inject(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS, **layer_k
 
     ``targets`` are module-name suffixes; the default stands for every decoder-block projection of any architecture.
     """
-    if spp_layers(model):
-        raise ValueError("inject: the model already holds SPPLinear layers; call merge_and_unload first.")
-    found = list(find_projections(model, targets, "adapter.targets").items())
-    freeze_all(model)
-    for name, mod in found:
-        set_submodule(model, name, SPPLinear(mod, name=name, **layer_kwargs))
-    return model
+    return wrap_targets(model, targets, SPPLinear, "inject", "merge_and_unload", **layer_kwargs)
 
 
 def merge_and_unload(model: nn.Module) -> nn.Module:

@@ -23,19 +23,12 @@ from peft.tuners.tuners_utils import (
 )
 from torch import nn
 
-from spp.adapters.base import PeftIntegration
+from spp.adapters.base import WRAPPER_PREFIX, PeftIntegration
 from spp.adapters.methods.spp.config import LAYER_KEYS
 from spp.adapters.methods.spp.config import SPPAdapterConfig as _PaperDefaults
 from spp.adapters.methods.spp.io import FORMAT, PEFT_TYPE
 from spp.adapters.methods.spp.layer import SPPLinear, _check_settings, _divisors
-from spp.adapters.peft_base import (
-    check_recorded_base,
-    from_folder,
-    peft_type,
-    read_peft_folder,
-    resolve_default_targets,
-)
-from spp.models.conv1d import linearize_conv1d
+from spp.adapters.peft_base import RecordedBaseTunerMixin, RecordedConfigMixin, read_peft_folder
 from spp.projections import DEFAULT_TARGETS
 
 PEFT_FIELDS = ("peft_type", "task_type", "base_model_name_or_path", "revision", "inference_mode")
@@ -54,7 +47,7 @@ def from_spp_format(saved: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class SPPConfig(PeftConfig):
+class SPPConfig(RecordedConfigMixin, PeftConfig):
     """SPP (paper Sec. 3.2, Eq. 6) for ``peft.get_peft_model``, computed by spp's own ``SPPLinear``.
 
     ``target_modules=None`` (or the default list) means every linear projection of the decoder blocks; ``r`` must
@@ -77,7 +70,6 @@ class SPPConfig(PeftConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.peft_type = peft_type(self.spp_name)
         self.alpha_init, self.beta_init, self.impl = str(self.alpha_init), str(self.beta_init), str(self.impl)
         if isinstance(self.target_modules, (set, tuple)):
             self.target_modules = sorted(self.target_modules)
@@ -93,14 +85,6 @@ class SPPConfig(PeftConfig):
     def layer_kwargs(self) -> dict[str, Any]:
         """The :class:`~spp.adapters.methods.spp.layer.SPPLinear` keyword arguments (``spp.inject``'s)."""
         return {key: getattr(self, key) for key in LAYER_KEYS}
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str, subfolder: str | None = None,
-                        **kwargs: Any) -> SPPConfig:
-        """peft's ``from_pretrained``, the folder's files checked and its recorded base in ``spp_trained_on``."""
-        return from_folder(lambda: super(SPPConfig, cls).from_pretrained(pretrained_model_name_or_path, subfolder,
-                                                                         **kwargs),
-                           pretrained_model_name_or_path, subfolder)
 
     @classmethod
     def check_kwargs(cls, **kwargs: Any) -> dict[str, Any]:
@@ -198,10 +182,6 @@ class SPPLayer(nn.Module, BaseTunerLayer):
         return "spp." + super().__repr__()
 
 
-PEFT_KEY_PREFIX = "base_model.model."
-"""What peft puts before a module path in its adapter files; spp's own files (``save_adapter``) start at the model."""
-
-
 def check_loaded(model: nn.Module, adapter_name: str, state_dict: dict[str, torch.Tensor]) -> None:
     """Raise if ``state_dict`` (keys as in the model) does not hold exactly the model's SPP tensors, shapes included."""
     prefixes = _get_tuner_state_dict_key_prefixes(model, adapter_name=adapter_name)
@@ -217,7 +197,7 @@ def check_loaded(model: nn.Module, adapter_name: str, state_dict: dict[str, torc
                          "target_modules / r it was trained with")
 
 
-class SPPModel(BaseTuner):
+class SPPModel(RecordedBaseTunerMixin, BaseTuner):
     """Replaces each targeted ``nn.Linear`` by an :class:`SPPLayer`, in ``spp.inject``'s order (same init)."""
 
     prefix: str = "spp_"
@@ -225,16 +205,6 @@ class SPPModel(BaseTuner):
 
     tuner_layer_cls = SPPLayer
     target_module_mapping: dict[str, list[str]] = {}
-
-    def _prepare_adapter_config(self, peft_config: PeftConfig, model_config: dict) -> PeftConfig:
-        """Resolve the default targets (``self.model`` is set by ``BaseTuner.__init__`` before this runs)."""
-        resolve_default_targets(peft_config, self.model)
-        return peft_config
-
-    def _prepare_model(self, peft_config: PeftConfig, model: nn.Module) -> None:
-        """Hold GPT-2's ``Conv1D`` as ``nn.Linear``; refuse a folder's adapter on another base than it records."""
-        linearize_conv1d(model)
-        check_recorded_base(peft_config, model)
 
     def _create_and_replace(self, peft_config: SPPConfig, adapter_name: str, target: nn.Module, target_name: str,
                             parent: nn.Module, current_key: str, parameter_name: str | None = None,
@@ -254,8 +224,8 @@ class SPPModel(BaseTuner):
     def _remap_adapter_state_dict_for_load(cls, model: nn.Module, config: PeftConfig, adapter_name: str,
                                            state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """peft's key mapping, also for spp's own files (no ``base_model.model.``), checked against the model."""
-        if state_dict and not any(k.startswith(PEFT_KEY_PREFIX) for k in state_dict):
-            state_dict = {PEFT_KEY_PREFIX + k: v for k, v in state_dict.items()}
+        if state_dict and not any(k.startswith(WRAPPER_PREFIX) for k in state_dict):
+            state_dict = {WRAPPER_PREFIX + k: v for k, v in state_dict.items()}
         remapped = super()._remap_adapter_state_dict_for_load(model, config, adapter_name, state_dict)
         check_loaded(model, adapter_name, remapped)
         return remapped
