@@ -17,7 +17,6 @@ import platform
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 
+from spp.atomic import write_text_atomic
 from spp.paths import REPO_ROOT
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
@@ -163,13 +163,7 @@ def environment(device: torch.device) -> dict[str, Any]:
 def write_json(payload: dict[str, Any], name: str | Path, results_dir: Path = RESULTS_DIR) -> Path:
     """Write ``payload`` to ``results_dir/name`` (or to ``name`` if it is a path) atomically."""
     path = results_dir / name if len(Path(name).parts) == 1 else Path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def markdown(results: dict[str, dict[str, Any]], title: str) -> str:
