@@ -13,12 +13,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import WandbLogger
-
 from spp.atomic import write_json_atomic, write_text_atomic
 from spp.eval.config import EvalConfig
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.task_table import MMLU_GROUP, PAPER_MEAN_TASKS, TASKS
+from spp.loggers import log_table
 from spp.report_text import markdown_lines, ppl_with_interval
 
 PAPER_COLUMNS: tuple[tuple[str, str], ...] = tuple((t, TASKS[t].title) for t in PAPER_MEAN_TASKS)
@@ -235,12 +234,11 @@ def write_results(
 
 def log_to_loggers(loggers: Sequence[Any], records: Sequence[EvalRecord]) -> None:
     """Log each record's metrics (prefixed by its row index) and, on W&B, the Table-2 table as a ``wandb.Table``."""
-    columns = ["model", *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"]
-    rows = [[r.label, *paper_values(r.tasks)] for r in records]
     for logger in loggers:
         for i, r in enumerate(records):
             prefix = f"eval/{i}/" if len(records) > 1 else "eval/"
             logger.log_metrics({prefix + k: v for k, v in r.flat_metrics().items()}, step=0)
-        if isinstance(logger, WandbLogger):
-            logger.log_table(key="eval/table2", columns=columns, data=rows)
+    log_table(loggers, "eval/table2", ["model", *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"],
+              [[r.label, *paper_values(r.tasks)] for r in records])
+    for logger in loggers:
         logger.save()
