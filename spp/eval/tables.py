@@ -17,7 +17,7 @@ from spp.atomic import write_json_atomic, write_text_atomic
 from spp.eval.config import EvalConfig
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.task_table import MMLU_GROUP, PAPER_MEAN_TASKS, TASKS
-from spp.loggers import log_table
+from spp.loggers import log_final_metrics, log_table
 from spp.report_text import markdown_lines, ppl_with_interval
 
 PAPER_COLUMNS: tuple[tuple[str, str], ...] = tuple((t, TASKS[t].title) for t in PAPER_MEAN_TASKS)
@@ -234,11 +234,8 @@ def write_results(
 
 def log_to_loggers(loggers: Sequence[Any], records: Sequence[EvalRecord]) -> None:
     """Log each record's metrics (prefixed by its row index) and, on W&B, the Table-2 table as a ``wandb.Table``."""
-    for logger in loggers:
-        for i, r in enumerate(records):
-            prefix = f"eval/{i}/" if len(records) > 1 else "eval/"
-            logger.log_metrics({prefix + k: v for k, v in r.flat_metrics().items()}, step=0)
+    for i, r in enumerate(records):
+        prefix = f"eval/{i}/" if len(records) > 1 else "eval/"
+        log_final_metrics(loggers, {prefix + k: v for k, v in r.flat_metrics().items()}, step=0)
     log_table(loggers, "eval/table2", ["model", *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"],
               [[r.label, *paper_values(r.tasks)] for r in records])
-    for logger in loggers:
-        logger.save()
