@@ -26,6 +26,7 @@ import torch
 
 from spp.atomic import write_text_atomic
 from spp.paths import REPO_ROOT
+from spp.report_text import markdown_lines
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -168,13 +169,11 @@ def write_json(payload: dict[str, Any], name: str | Path, results_dir: Path = RE
 
 def markdown(results: dict[str, dict[str, Any]], title: str) -> str:
     """A Markdown table of one measurement group: time, peak memory and their ratios to the reference."""
-    lines = [f"**{title}**", "", "| variant | time (s) | x ref | CPU (s) | x ref | peak (MiB) | x ref |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, r in results.items():
-        cpu = f"{r['cpu_s']:.3f} | {r.get('cpu_ratio', float('nan')):.2f}" if "cpu_s" in r else "– | –"
-        lines.append(f"| {name} | {r['time_s']:.3f} | {r['time_ratio']:.2f} | {cpu} | {r['peak_mib']:.0f} | "
-                     f"{r['mem_ratio']:.2f} |")
-    return "\n".join(lines)
+    head = ["variant", "time (s)", "x ref", "CPU (s)", "x ref", "peak (MiB)", "x ref"]
+    rows = [[name, f"{r['time_s']:.3f}", f"{r['time_ratio']:.2f}",
+             *([f"{r['cpu_s']:.3f}", f"{r.get('cpu_ratio', float('nan')):.2f}"] if "cpu_s" in r else ["–", "–"]),
+             f"{r['peak_mib']:.0f}", f"{r['mem_ratio']:.2f}"] for name, r in results.items()]
+    return "\n".join([f"**{title}**", "", *markdown_lines(head, rows)])
 
 
 def cuda_time(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:
