@@ -27,6 +27,7 @@ from spp.atomic import write_text_atomic
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.tables import PAPER_COLUMNS
 from spp.eval.task_table import MMLU_GROUP
+from spp.report_text import markdown_lines as markdown_table
 
 TABLE_IDS = ("table2", "table3", "table4", "table5", "table6")
 
@@ -241,12 +242,6 @@ def _acc(run: Run, task: str) -> float | None:
 
 def _mean(run: Run) -> float | None:
     return zero_shot_mean(run.tasks) if run.tasks else None
-
-
-def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]], left: int) -> list[str]:
-    """Markdown table lines: the first ``left`` columns left-aligned, the rest right-aligned."""
-    align = ["---"] * left + ["---:"] * (len(head) - left)
-    return ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"] + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def _seeds(group: Sequence[Run]) -> str:

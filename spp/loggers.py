@@ -205,7 +205,7 @@ def log_perplexity_table(loggers: Sequence[Logger], key: str, label: str,
 
 
 def log_final_metrics(loggers: list[Logger], metrics: Mapping[str, float], step: int) -> None:
-    """Log ``final/...`` scalars to every logger at ``step`` (and W&B's run summary), then flush each logger.
+    """Log end-of-job scalars to every logger at ``step`` (and W&B's run summary), then flush each logger.
 
     For ``adapter=none`` this creates the W&B run, so pruned-only sweep rows appear beside trained ones."""
     for logger in loggers:

@@ -61,6 +61,28 @@ def test_metrics_reach_the_csv_logger(tmp_path):
     assert float(values["eval/acc/zero_shot_mean"]) == pytest.approx(sum(ACCS.values()) / 7)
 
 
+def test_table2_reaches_an_offline_wandb_run_and_not_the_csv_logger(tmp_path, monkeypatch):
+    import wandb
+    from lightning.pytorch.loggers import CSVLogger, WandbLogger
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    csv_logger = CSVLogger(save_dir=str(tmp_path), name="csv", version="")
+    wandb_logger = WandbLogger(save_dir=str(tmp_path), project="spp-test", offline=True)
+    try:
+        log_to_loggers([csv_logger, wandb_logger], [_record("dense"), _record("half", 0.5)])
+    finally:
+        wandb.finish()
+    tables = list(tmp_path.rglob("table2*.table.json"))
+    assert len(tables) == 1, "one W&B table eval/table2"
+    table = json.loads(tables[0].read_text())
+    assert table["columns"][:3] == ["model", "BoolQ", "RTE"] and table["columns"][-2:] == ["Average", "MMLU"]
+    assert [row[0] for row in table["data"]] == ["dense", "half"]
+    assert table["data"][0][1] == pytest.approx(0.6)
+    assert not list((tmp_path / "csv").rglob("*table*")), "the CSV logger has no tables"
+    assert "eval/1/acc/zero_shot_mean" in (tmp_path / "csv" / "metrics.csv").read_text().splitlines()[0]
+
+
 def test_limit_is_described_as_the_seeded_sample_it_is():
     seeded = EvalRecord(label="s", tasks={"spp_rte": {"acc": 0.5}}, info={"doc_seed": 3})
     (line,) = limit_notes([seeded], ["20"], [])

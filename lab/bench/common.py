@@ -17,7 +17,6 @@ import platform
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,9 @@ from typing import Any
 
 import torch
 
+from spp.atomic import write_text_atomic
 from spp.paths import REPO_ROOT
+from spp.report_text import markdown_lines
 
 RESULTS_DIR = REPO_ROOT / "experiments" / "results"
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
@@ -163,24 +164,16 @@ def environment(device: torch.device) -> dict[str, Any]:
 def write_json(payload: dict[str, Any], name: str | Path, results_dir: Path = RESULTS_DIR) -> Path:
     """Write ``payload`` to ``results_dir/name`` (or to ``name`` if it is a path) atomically."""
     path = results_dir / name if len(Path(name).parts) == 1 else Path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
 def markdown(results: dict[str, dict[str, Any]], title: str) -> str:
     """A Markdown table of one measurement group: time, peak memory and their ratios to the reference."""
-    lines = [f"**{title}**", "", "| variant | time (s) | x ref | CPU (s) | x ref | peak (MiB) | x ref |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, r in results.items():
-        cpu = f"{r['cpu_s']:.3f} | {r.get('cpu_ratio', float('nan')):.2f}" if "cpu_s" in r else "– | –"
-        lines.append(f"| {name} | {r['time_s']:.3f} | {r['time_ratio']:.2f} | {cpu} | {r['peak_mib']:.0f} | "
-                     f"{r['mem_ratio']:.2f} |")
-    return "\n".join(lines)
+    head = ["variant", "time (s)", "x ref", "CPU (s)", "x ref", "peak (MiB)", "x ref"]
+    rows = [[name, f"{r['time_s']:.3f}", f"{r['time_ratio']:.2f}",
+             *([f"{r['cpu_s']:.3f}", f"{r.get('cpu_ratio', float('nan')):.2f}"] if "cpu_s" in r else ["–", "–"]),
+             f"{r['peak_mib']:.0f}", f"{r['mem_ratio']:.2f}"] for name, r in results.items()]
+    return "\n".join([f"**{title}**", "", *markdown_lines(head, rows)])
 
 
 def cuda_time(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> float:

@@ -9,6 +9,7 @@ from typing import Any
 
 from lab.pruned_perplexity.runs import CALIBRATION, EVAL, PATTERNS, PRUNERS, Row, rows
 from spp.eval.perplexity import BOOTSTRAP_RESAMPLES, bootstrap_ppl_interval, paired_difference
+from spp.report_text import interval_text, markdown_lines
 
 REPORT = Path("experiments/results/pruned_perplexity_smollm2_135m.md")
 """The report, relative to the repository root."""
@@ -28,20 +29,17 @@ def cell(record: dict[str, Any] | None) -> str:
         return "not run"
     ppl = record["perplexity"]
     lo, hi = bootstrap_ppl_interval(ppl["window_nll"])
-    return f"{ppl['ppl']:.2f} [{lo:.2f}, {hi:.2f}]"
+    return f"{ppl['ppl']:.2f}{interval_text(lo, hi)}"
 
 
 def main_table(records: dict[str, dict[str, Any]]) -> list[str]:
     """Pruners as rows, (pattern, OWL) as columns."""
     head = ["pruner"] + [f"{p}{' + OWL' if owl else ''}" for p, owl in COLUMNS]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name in PRUNERS:
-        cells = [cell(records.get(Row(name, p, owl).label)) for p, owl in COLUMNS]
-        lines.append(f"| {NAMES[name]} | " + " | ".join(cells) + " |")
+    body = [[NAMES[name], *(cell(records.get(Row(name, p, owl).label)) for p, owl in COLUMNS)] for name in PRUNERS]
     permuted = records.get(Row("ria", "nm2_4", settings=(("permute", True),)).label)
-    lines.append("| RIA + channel reallocation | " + " | ".join(
-        cell(permuted) if (p, owl) == ("nm2_4", False) else "-" for p, owl in COLUMNS) + " |")
-    return lines
+    body.append(["RIA + channel reallocation",
+                 *(cell(permuted) if (p, owl) == ("nm2_4", False) else "-" for p, owl in COLUMNS)])
+    return markdown_lines(head, body, left=len(head))
 
 
 def owl_table(records: dict[str, dict[str, Any]]) -> list[str]:

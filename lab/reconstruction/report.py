@@ -26,13 +26,10 @@ from lab.reconstruction.seeds import seeds_table
 from lab.recovery.labels import rate, setting_label
 from lab.recovery.records import cpu_name
 from spp.eval.perplexity import paired_difference
+from spp.report_text import ppl_with_interval
 
 COMMAND = ("python -m lab.reconstruction report experiments/results/runs/reconstruction "
            "--out experiments/results/reconstruction_smollm2_135m.md")
-
-
-def _ci(entry: dict[str, Any]) -> str:
-    return f"{entry['ppl']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
 
 
 def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
@@ -62,7 +59,7 @@ def test_rows(c: Campaign, drawn: list[Line]) -> list[list[str]]:
     for setting in sorted(settings, key=lambda s: order(s, None)):
         ref = c.reference(setting, TEST_SOURCE)
         for name, entry in zip(("dense", "pruned"), ref or (), strict=False):
-            rows.append([setting_label(setting), name, "–", "–", _ci(entry), "–", "–", "–", "–"])
+            rows.append([setting_label(setting), name, "–", "–", ppl_with_interval(entry), "–", "–", "–", "–"])
         e2e = next((r for r in c.runs if r.kind == "e2e" and r.setting == setting), None)
         for run in sorted((r for r in runs if r.setting == setting),
                           key=lambda r: (r.kind == "e2e", r.kind == "then_e2e", *order(r.setting, r.form))):
@@ -72,7 +69,7 @@ def test_rows(c: Campaign, drawn: list[Line]) -> list[list[str]]:
             if ln is not None and not run.curve:
                 same = against_e2e(c, ln, 0)
             rows.append([setting_label(setting), describe(run), f"{cpu_minutes(run):.1f}",
-                         f"{val_ppl(run):.2f}" if run.val else "–", _ci(run.test),
+                         f"{val_ppl(run):.2f}" if run.val else "–", ppl_with_interval(run.test),
                          f"{100 * g['gap_closed']:.1f} [{100 * g['gap_closed_low']:.1f}, "
                          f"{100 * g['gap_closed_high']:.1f}]" if g else "–",
                          _ratio(run.test, run.pruned_test), same,

@@ -29,6 +29,7 @@ from lab.recovery.seed_selection import seed_selection_table
 from lab.recovery.stats import gap_closed_per_seed
 from lab.recovery.zero_shot import zero_shot_table
 from spp.eval.perplexity import gap_closed
+from spp.report_text import ppl_with_interval
 
 COMMAND = ("python -m lab.recovery report experiments/results/runs/recovery "
            "--out experiments/results/recovery_smollm2_135m.md")
@@ -59,7 +60,7 @@ def _reference_rows(c: Campaign, setting: str) -> list[list[str]]:
         if ev.kind == "reference" and ev.setting in (setting, "dense"):
             test, val = ev.ppl.get(TEST_SOURCE), ev.ppl.get(VAL_SOURCE)
             rows.append([setting_label(setting), ev.method, "–", "–", f"{val['ppl']:.2f}" if val else "–",
-                         _ppl_interval(test) if test else "–", "–", "–", "–", "–"])
+                         ppl_with_interval(test) if test else "–", "–", "–", "–", "–"])
     return sorted(rows, key=lambda r: r[1] != "dense")
 
 
@@ -69,15 +70,11 @@ def _gap_interval(dense: dict, pruned: dict, merged: dict) -> str:
     return f"{100 * g['gap_closed']:.1f} [{100 * g['gap_closed_low']:.1f}, {100 * g['gap_closed_high']:.1f}]"
 
 
-def _ppl_interval(entry: dict) -> str:
-    return f"{entry['ppl']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
-
-
 def _method_row(ch: Choice) -> list[str]:
     """One method at its chosen rate: test PPL and gap closed with their interval (one seed) or spread (several)."""
     runs = ch.runs
     tests = [r.test for r in runs]
-    test = _ppl_interval(tests[0]) if len(runs) == 1 else _spread([t["ppl"] for t in tests], 2)
+    test = ppl_with_interval(tests[0]) if len(runs) == 1 else _spread([t["ppl"] for t in tests], 2)
     dense, pruned = runs[0].dense_test, runs[0].pruned_test
     gap = "–"
     if dense and pruned:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,10 +129,6 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _group_of(key: str, groups: Iterable[str]) -> str | None:
-    return next((g for g in groups if key.startswith(g + ".")), None)
-
-
 def swept_keys(runs: list[SweptRun]) -> list[str]:
     """The keys whose values differ between ``runs``, in the order of the first command line that names them.
 
@@ -151,4 +146,4 @@ def _config_differences(runs: list[SweptRun]) -> list[str]:
     differ = [k for k in all_keys if k.split(".")[0] not in NOT_SWEPT
               and len({_text(f.get(k, MISSING)) for f in flat}) > 1]
     groups = sorted({k.rpartition(".")[0] for k in differ if k.endswith(".name")}, key=len)
-    return list(dict.fromkeys(_group_of(k, groups) or k for k in differ))
+    return list(dict.fromkeys(next((g for g in groups if k.startswith(g + ".")), k) for k in differ))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spp.compare.runs import SweptRun
+from spp.report_text import interval_text, markdown_lines
 
 PPL_STAGES: tuple[str, ...] = ("merged", "reconstructed", "pruned", "dense")
 """Which perplexity is a run's ``ppl``: the first its summary holds (a pruned-only run has no merged model)."""
@@ -85,9 +86,7 @@ def _number(value: Any, digits: int = 2) -> str:
 
 
 def _with_ci(row: dict[str, Any], name: str) -> str:
-    low, high = row.get(f"{name}_low"), row.get(f"{name}_high")
-    interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
-    return _number(row.get(name)) + interval
+    return _number(row.get(name)) + interval_text(row.get(f"{name}_low"), row.get(f"{name}_high"))
 
 
 def markdown_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
@@ -95,13 +94,10 @@ def markdown_table(rows: list[dict[str, Any]], keys: list[str]) -> str:
     over the evaluation windows), pruned perplexity, sparsity after the merge, trainable parameters, time."""
     head = [*keys, "ppl [95 % interval]", "pruned ppl", "sparsity after merge", "trainable params",
             "last train loss", "time (s)", "run"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for row in rows:
-        cells = [*(str(row[k]) for k in keys), _with_ci(row, "ppl"), _with_ci(row, "ppl_pruned"),
-                 _number(row["sparsity_after"], 4), _number(row["trainable_params"]), _number(row["train_loss"], 3),
-                 _number(row["time_s"], 1), f"`{row['run']}`"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    cells = [[*(str(row[k]) for k in keys), _with_ci(row, "ppl"), _with_ci(row, "ppl_pruned"),
+              _number(row["sparsity_after"], 4), _number(row["trainable_params"]), _number(row["train_loss"], 3),
+              _number(row["time_s"], 1), f"`{row['run']}`"] for row in rows]
+    return "\n".join(markdown_lines(head, cells, left=len(head))) + "\n"
 
 
 def csv_table(rows: list[dict[str, Any]]) -> str:

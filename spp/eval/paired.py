@@ -17,6 +17,7 @@ from spp.eval.doc_records import read_doc_records
 LEVEL = 0.95
 POWER = 0.80
 MEAN_ROW = "mean of tasks"
+_Z, _Z_POWER = NormalDist().inv_cdf(0.5 + LEVEL / 2.0), NormalDist().inv_cdf(POWER)  # z_(1-α/2) and z_power
 
 
 @dataclass(frozen=True)
@@ -59,32 +60,30 @@ def _paired_values(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: str
     return out
 
 
-def _row(task: str, pairs: list[tuple[float, float]], z: float, z_power: float) -> PairedAccuracy:
+def _row(task: str, n: int, acc_a: float, acc_b: float, diff: float, se: float, a_only: int,
+         b_only: int) -> PairedAccuracy:
+    """A row with the interval ``diff ± z_(1-α/2) se`` and the MDD ``(z_(1-α/2) + z_power) se``."""
+    return PairedAccuracy(task, n, acc_a, acc_b, diff, se, diff - _Z * se, diff + _Z * se, (_Z + _Z_POWER) * se,
+                          a_only, b_only)
+
+
+def _task_row(task: str, pairs: list[tuple[float, float]]) -> PairedAccuracy:
     """The paired statistics of one task's ``(x_a, x_b)`` pairs."""
     n = len(pairs)
     d = [xa - xb for xa, xb in pairs]
     diff = sum(d) / n
     var = sum((v - diff) ** 2 for v in d) / (n - 1) if n > 1 else math.nan
-    se = math.sqrt(var / n)
-    return PairedAccuracy(task=task, n=n, acc_a=sum(p[0] for p in pairs) / n, acc_b=sum(p[1] for p in pairs) / n,
-                          diff=diff, se=se, low=diff - z * se, high=diff + z * se, mdd=(z + z_power) * se,
-                          a_only=sum(1 for v in d if v > 0), b_only=sum(1 for v in d if v < 0))
+    return _row(task, n, sum(p[0] for p in pairs) / n, sum(p[1] for p in pairs) / n, diff, math.sqrt(var / n),
+                sum(1 for v in d if v > 0), sum(1 for v in d if v < 0))
 
 
-def paired_accuracy(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: str = "acc", level: float = LEVEL,
-                    power: float = POWER) -> list[PairedAccuracy]:
+def paired_accuracy(a: list[dict[str, Any]], b: list[dict[str, Any]], metric: str = "acc") -> list[PairedAccuracy]:
     """One :class:`PairedAccuracy` per task both files scored, then their unweighted mean (:data:`MEAN_ROW`)."""
-    if not (0 < level < 1 and 0 < power < 1):
-        raise ValueError(f"level={level} and power={power} must be in (0, 1)")
-    z, z_power = NormalDist().inv_cdf(0.5 + level / 2.0), NormalDist().inv_cdf(power)  # z_(1-α/2) and z_power
-    rows = [_row(task, pairs, z, z_power) for task, pairs in sorted(_paired_values(a, b, metric).items())]
+    rows = [_task_row(task, pairs) for task, pairs in sorted(_paired_values(a, b, metric).items())]
     t = len(rows)
-    diff = sum(r.diff for r in rows) / t
-    se = math.sqrt(sum(r.se ** 2 for r in rows)) / t
-    rows.append(PairedAccuracy(task=MEAN_ROW, n=sum(r.n for r in rows), acc_a=sum(r.acc_a for r in rows) / t,
-                               acc_b=sum(r.acc_b for r in rows) / t, diff=diff, se=se, low=diff - z * se,
-                               high=diff + z * se, mdd=(z + z_power) * se, a_only=sum(r.a_only for r in rows),
-                               b_only=sum(r.b_only for r in rows)))
+    rows.append(_row(MEAN_ROW, sum(r.n for r in rows), sum(r.acc_a for r in rows) / t, sum(r.acc_b for r in rows) / t,
+                     sum(r.diff for r in rows) / t, math.sqrt(sum(r.se ** 2 for r in rows)) / t,
+                     sum(r.a_only for r in rows), sum(r.b_only for r in rows)))
     return rows
 
 

@@ -13,12 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.loggers import WandbLogger
-
-from spp.atomic import write_text_atomic
+from spp.atomic import write_json_atomic, write_text_atomic
 from spp.eval.config import EvalConfig
 from spp.eval.harness import zero_shot_mean, zero_shot_mean_stderr
 from spp.eval.task_table import MMLU_GROUP, PAPER_MEAN_TASKS, TASKS
+from spp.loggers import log_final_metrics, log_table
+from spp.report_text import markdown_lines, ppl_with_interval
 
 PAPER_COLUMNS: tuple[tuple[str, str], ...] = tuple((t, TASKS[t].title) for t in PAPER_MEAN_TASKS)
 """(task, column title) of the paper's Table 2, in its order (the table's ``in_paper_mean`` rows)."""
@@ -121,12 +121,10 @@ def few_windows_caveat(windows: int | None) -> str:
 
 
 def ppl_text(entry: dict[str, Any]) -> str:
-    """``ppl`` with its 95 % bootstrap interval over windows when recorded: ``136.65 [120.10, 150.30]`` (and
-    :func:`few_windows_caveat` when it comes from fewer than 5 windows)."""
-    if entry.get("ci_low") is not None:
-        return (f"{entry['ppl']:.2f} [{entry['ci_low']:.2f}, {entry['ci_high']:.2f}]"
-                f"{few_windows_caveat(entry.get('windows'))}")
-    return f"{entry['ppl']:.2f}"
+    """:func:`ppl_with_interval` (the 95 % bootstrap interval over windows: ``136.65 [120.10, 150.30]``), with
+    :func:`few_windows_caveat` when the interval comes from fewer than 5 windows."""
+    caveat = few_windows_caveat(entry.get("windows")) if entry.get("ci_low") is not None else ""
+    return ppl_with_interval(entry) + caveat
 
 
 def _mean_text(tasks: dict[str, dict[str, float]]) -> str:
@@ -146,13 +144,10 @@ def paper_table(records: Sequence[EvalRecord]) -> str:
     """Markdown: rows = models; columns = perplexities, the 7 zero-shot ``acc`` (%), Average, MMLU 5-shot (%)."""
     sources = list(dict.fromkeys(src for r in records for src in r.ppl))
     head = ["Model", *(_ppl_header(records, s) for s in sources), *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
-    for r in records:
-        cells = [r.label, *(ppl_text(r.ppl[s]) if s in r.ppl else "–" for s in sources)]
-        cells += [_pct(r.tasks.get(task, {}).get("acc")) for task, _ in PAPER_COLUMNS]
-        cells += [_mean_text(r.tasks), _pct(r.tasks.get(MMLU_GROUP, {}).get("acc"))]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines + _majority_rows(records, len(sources)))
+    rows = [[r.label, *(ppl_text(r.ppl[s]) if s in r.ppl else "–" for s in sources),
+             *(_pct(r.tasks.get(task, {}).get("acc")) for task, _ in PAPER_COLUMNS), _mean_text(r.tasks),
+             _pct(r.tasks.get(MMLU_GROUP, {}).get("acc"))] for r in records]
+    return "\n".join(markdown_lines(head, rows + _majority_rows(records, len(sources))))
 
 
 def paper_values(tasks: dict[str, dict[str, float]]) -> list[float | None]:
@@ -161,26 +156,20 @@ def paper_values(tasks: dict[str, dict[str, float]]) -> list[float | None]:
             tasks.get(MMLU_GROUP, {}).get("acc")]
 
 
-def _majority_rows(records: Sequence[EvalRecord], ppl_columns: int) -> list[str]:
+def _majority_rows(records: Sequence[EvalRecord], ppl_columns: int) -> list[list[str]]:
     """A "majority class" row per distinct set of scored documents (``info["majority_class"]``, written with
     ``eval.log_samples=true``): the accuracy of always giving each task's most frequent correct answer."""
-    rows: list[str] = []
-    for majority in {json.dumps(m, sort_keys=True): m for r in records
-                     if (m := r.info.get("majority_class"))}.values():
-        cells = ["majority class (scored documents)", *["–"] * ppl_columns, *map(_pct, paper_values(majority))]
-        rows.append("| " + " | ".join(cells) + " |")
-    return rows
+    distinct = {json.dumps(m, sort_keys=True): m for r in records if (m := r.info.get("majority_class"))}
+    return [["majority class (scored documents)", *["–"] * ppl_columns, *map(_pct, paper_values(majority))]
+            for majority in distinct.values()]
 
 
 def acc_norm_table(records: Sequence[EvalRecord]) -> str:
     """Markdown of lm-eval's ``acc_norm`` (%) for the four tasks that report it."""
     titles = dict(PAPER_COLUMNS)
     head = ["Model", *(titles[t] + " (acc_norm)" for t in ACC_NORM_TASKS)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * len(ACC_NORM_TASKS)) + "|"]
-    for r in records:
-        cells = [r.label, *(_pct(r.tasks.get(t, {}).get("acc_norm")) for t in ACC_NORM_TASKS)]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [[r.label, *(_pct(r.tasks.get(t, {}).get("acc_norm")) for t in ACC_NORM_TASKS)] for r in records]
+    return "\n".join(markdown_lines(head, rows))
 
 
 def limit_notes(records: Sequence[EvalRecord], limits: list[str], mmlu_limits: list[str]) -> list[str]:
@@ -238,20 +227,15 @@ def write_results(
 ) -> tuple[Path, Path]:
     """Write ``results.json`` and ``results.md`` (atomically) into ``out_dir``; return both paths."""
     out = Path(out_dir)
-    payload = {"meta": meta or {}, "records": [r.to_dict() for r in records]}
-    js = write_text_atomic(out / "results.json", json.dumps(payload, indent=2, default=str) + "\n")
+    js = write_json_atomic(out / "results.json", {"meta": meta or {}, "records": [r.to_dict() for r in records]})
     md = write_text_atomic(out / "results.md", markdown_report(records, title))
     return js, md
 
 
 def log_to_loggers(loggers: Sequence[Any], records: Sequence[EvalRecord]) -> None:
     """Log each record's metrics (prefixed by its row index) and, on W&B, the Table-2 table as a ``wandb.Table``."""
-    columns = ["model", *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"]
-    rows = [[r.label, *paper_values(r.tasks)] for r in records]
-    for logger in loggers:
-        for i, r in enumerate(records):
-            prefix = f"eval/{i}/" if len(records) > 1 else "eval/"
-            logger.log_metrics({prefix + k: v for k, v in r.flat_metrics().items()}, step=0)
-        if isinstance(logger, WandbLogger):
-            logger.log_table(key="eval/table2", columns=columns, data=rows)
-        logger.save()
+    for i, r in enumerate(records):
+        prefix = f"eval/{i}/" if len(records) > 1 else "eval/"
+        log_final_metrics(loggers, {prefix + k: v for k, v in r.flat_metrics().items()}, step=0)
+    log_table(loggers, "eval/table2", ["model", *(t for _, t in PAPER_COLUMNS), "Average", "MMLU"],
+              [[r.label, *paper_values(r.tasks)] for r in records])

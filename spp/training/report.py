@@ -7,14 +7,15 @@ import platform
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import OmegaConf
 from rich.console import Console
 from rich.table import Table
 
 from spp.eval.evaluate import Evaluation
 from spp.eval.perplexity import gap_closed
 from spp.eval.tables import few_windows_caveat
-from spp.training.callbacks.pruning import PrunedModel, ppl_with_interval
+from spp.loggers import config_record
+from spp.report_text import ppl_with_interval
+from spp.training.callbacks.pruning import PrunedModel
 from spp.training.finalize import FinalizeResult
 from spp.training.phases import FitResult
 from spp.training.run import Run
@@ -105,7 +106,7 @@ def build_summary(run: Run, ids: Mapping[str, Any], pruned: PrunedModel, fitted:
                     "export_error": str(final.export_error) if final.export_error is not None else None,
                     "checkpoints": str(run_dir / "checkpoints"), "summary": str(run_dir / "summary.json"),
                     "resolved_config": str(run_dir / "resolved_config.yaml")},
-        "config": OmegaConf.to_container(OmegaConf.structured(job), resolve=True, enum_to_str=True),
+        "config": config_record(job),
         "versions": versions(),
     }
 

@@ -12,8 +12,6 @@ from lightning.pytorch.loggers import Logger
 from spp.loggers import RunIds, config_record, log_folder_artifact, log_perplexity_table, wandb_loggers
 from spp.training.run import Run
 
-PPL_TABLE_KEY = "final/perplexity"
-
 
 def identity_record(run: Run) -> dict[str, Any]:
     """The pruned base's identity: the model's identity and the pruning (and reconstruction) cache keys' digests
@@ -57,4 +55,4 @@ def log_run_outputs(run: Run, loggers: Sequence[Logger], ids: RunIds, adapter_di
 def log_final_table(loggers: Sequence[Logger], summary: Mapping[str, Any]) -> None:
     """The job's perplexities with their intervals as the W&B table ``final/perplexity``, one row per stage (the same
     numbers are the ``final/ppl_<stage>``, ``..._ci_low``, ``..._ci_high`` summary keys)."""
-    log_perplexity_table(loggers, PPL_TABLE_KEY, "stage", summary.get("perplexity") or {})
+    log_perplexity_table(loggers, "final/perplexity", "stage", summary.get("perplexity") or {})

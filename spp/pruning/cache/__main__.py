@@ -12,6 +12,7 @@ from typing import Any
 
 from spp.paths import default_cache_dir
 from spp.pruning.cache.store import CorruptEntryError, entry_size, list_entries, read_manifest, remove_entry
+from spp.report_text import interval_text
 
 
 @dataclass
@@ -93,8 +94,7 @@ def ppl_entries(cache_dir: Path, pruning: list[Entry]) -> list[Entry]:
         except (OSError, ValueError):
             out.append(Entry("ppl", path, path.stat().st_size, "UNREADABLE (measured again when needed)", "unknown"))
             continue
-        interval = (f" [{result['ci_low']:.2f}, {result['ci_high']:.2f}]"
-                    if result.get("ci_low") is not None and result.get("ci_high") is not None else "")
+        interval = interval_text(result.get("ci_low"), result.get("ci_high"))
         status = (f"ppl {result.get('ppl', float('nan')):.2f}{interval} on {result.get('source')}, seqlen "
                   f"{result.get('seqlen')} × {result.get('windows')} windows")
         key = result.get("made_from")

@@ -38,6 +38,7 @@ from spp.pruning.masks import MaskSet, ZeroPattern
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import ReconstructResult
 from spp.pruning.reconstruction.phase import Probe, frozen_copy, probe, reconstruct_phase
+from spp.report_text import ppl_with_interval
 from spp.training.run import pruning_identity
 
 log = logging.getLogger(__name__)
@@ -101,15 +102,6 @@ class PrunedModel:
     record: PruningRecord
     home: dict[str, Any] = field(default_factory=dict)
     dense: nn.Module | None = None
-
-
-def ppl_with_interval(entry: dict[str, Any] | None) -> str:
-    """``30.64``, or ``30.64 [29.80, 31.50]`` when the entry carries an interval (``ci_low`` / ``ci_high``)."""
-    if not entry:
-        return "-"
-    low, high = entry.get("ci_low"), entry.get("ci_high")
-    interval = f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else ""
-    return f"{entry['ppl']:.2f}{interval}"
 
 
 def ppl_log_text(entry: dict[str, Any] | None) -> str:
