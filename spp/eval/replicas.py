@@ -123,11 +123,9 @@ class ReplicaGroup(ReplicaLayout):
     group: Any = None
 
     @classmethod
-    def create(cls, ctx: DistContext | None = None, gpus_per_replica: int = 1, local_world: int | None = None,
-               timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplicaGroup:
-        """The replicas of ``ctx`` (default: the current process group); every rank calls it."""
-        ctx = ctx if ctx is not None else DistContext.current()
-        per_node = 1 if ctx.world == 1 else local_world if local_world is not None else local_world_size(ctx.world)
+    def create(cls, ctx: DistContext, gpus_per_replica: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplicaGroup:
+        """The replicas of ``ctx``; every rank calls it."""
+        per_node = 1 if ctx.world == 1 else local_world_size(ctx.world)
         layout = ReplicaLayout(ctx.rank, ctx.world, per_node, gpus_per_replica)
         if ctx.distributed and layout.local_rank != cluster_environment().local_rank():
             raise UserError(f"rank {ctx.rank} has local rank {cluster_environment().local_rank()}, not "
