@@ -175,11 +175,6 @@ class DistContext:
             raise outcome
         return outcome
 
-    def barrier(self) -> None:
-        """Wait for every rank."""
-        if self.distributed:
-            dist.barrier()
-
 
 def close_process_group() -> None:
     """Destroy the job's process group, if any (after the last collective of the job; the heartbeats stop)."""

@@ -81,16 +81,3 @@ def register_external_parameters(pairs: ExternalParameters, register: Any = None
         register(reader, param)
     return len(pairs)
 
-
-@torch.no_grad()
-def deepspeed_master_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Under DeepSpeed, the trainable parameters' fp32 master values (unrounded under ``bf16-mixed``), whole, on CPU,
-    by name; a collective. A parameter without a master (fp32 ZeRO-2) is its own."""
-    from deepspeed.utils import safe_get_full_fp32_param
-
-    out: dict[str, torch.Tensor] = {}
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            master = safe_get_full_fp32_param(param)
-            out[name] = (master if master is not None else param).detach().cpu().clone()
-    return out

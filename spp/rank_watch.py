@@ -113,7 +113,7 @@ def start(store: Any, rank: int, world: int) -> None:
     _watch = _Watch(store, rank, world, _generation)
     _watch.thread.start()
     if _generation == 1:
-        atexit.register(_at_exit)
+        atexit.register(stop, "left through Python (see its own error line)")
 
 
 def start_for_process_group() -> None:
@@ -127,19 +127,14 @@ def start_for_process_group() -> None:
     start(store, dist.get_rank(), dist.get_world_size())
 
 
-def stop() -> None:
-    """The job's collectives are over (before the process group closes): say so and stop beating."""
+def stop(how: str = "finished") -> None:
+    """The job's collectives are over (before the process group closes; or Python exits, ``how`` it left): say so
+    and stop beating."""
     global _watch
     if _watch is not None:
-        _watch.mark("exit", "finished")
+        _watch.mark("exit", how)
         _watch.stop_event.set()
         _watch = None
-
-
-def _at_exit() -> None:
-    if _watch is not None:
-        _watch.mark("exit", "left through Python (see its own error line)")
-        _watch.stop_event.set()
 
 
 def is_comms_error(exc: BaseException) -> bool:

@@ -23,6 +23,7 @@ from spp.planning.hardware import GIB, for_accelerator
 from spp.planning.job import SHAPE_KEYS, job_hardware, model_source, plan_job
 from spp.planning.pruning import Calibration
 from spp.planning.pruning import plan as pruning_plan
+from spp.planning.run import SHARD_BYTES
 from spp.planning.shapes import dtype_bytes, shape_from_arch
 from spp.preflight.model_files import model_arch
 from spp.projections import DEFAULT_TARGETS
@@ -89,7 +90,7 @@ def other_need(cfg: DictConfig, gpus: int, nodes: int) -> int:
         out = pruning_plan(shape, world, str(cfg.pruner.name), replace(hw, gpus_per_node=max(gpus, 1)),
                            Calibration(int(cal.nsamples), int(cal.seqlen), int(cal.batch_size)))
         return int(out["host_bytes"]["rank0_node"])
-    return shape.weight_bytes + min(shape.weight_bytes, 5 * 10**9) + max(gpus, 1) * hw.process_host_bytes
+    return shape.weight_bytes + min(shape.weight_bytes, SHARD_BYTES) + max(gpus, 1) * hw.process_host_bytes
 
 
 def requested(cfgs: Sequence[DictConfig], params: dict[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from lm_eval.models.huggingface import HFLM
 
 from spp.eval.replicas import ReplicaGroup, max_memory_map, replica_devices
@@ -31,16 +32,27 @@ class DistributedHFLM(HFLM):
         self._rank, self._world_size = replicas.index, replicas.count
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every replica's tensor, concatenated in replica order."""
-        return self.replicas.all_gather(tensor)
+        """Every replica's ``tensor`` concatenated along dim 0 in replica order (a scalar counts as shape ``(1,)``)."""
+        if self.replicas.group is None:
+            return tensor
+        host = tensor.detach().cpu()
+        host = host[None] if host.ndim == 0 else host.contiguous()
+        out = [torch.empty_like(host) for _ in range(self.replicas.count)]
+        dist.all_gather(out, host, group=self.replicas.group)
+        return torch.cat(out).to(tensor.device)
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
-        """Every replica's object on replica ``dst`` (``None`` elsewhere)."""
-        return self.replicas.gather_object(obj, dst)
+        """Every replica's object in replica order on replica ``dst``; ``None`` on the others."""
+        if self.replicas.group is None:
+            return [obj]
+        out: list[Any] | None = [None] * self.replicas.count if self.replicas.index == dst else None
+        dist.gather_object(obj, out, group=self.replicas.group, group_dst=dst)
+        return out
 
     def barrier(self) -> None:
         """Wait for every replica."""
-        self.replicas.barrier()
+        if self.replicas.group is not None:
+            dist.barrier(group=self.replicas.group)
 
 
 def load_replica_model(path: str | os.PathLike[str], devices: list[int], device: str | None = None,
@@ -70,7 +82,7 @@ def replica_lm(model: torch.nn.Module | str | os.PathLike[str], tokenizer: Any, 
     """This leader's :class:`DistributedHFLM` for an in-memory ``model`` or a model directory, and its equivalent
     ``--model_args``; ``tokenizer=None`` reads the directory's."""
     if isinstance(model, (str, Path)):
-        module, args = load_replica_model(model, replica_devices(replicas.layout))
+        module, args = load_replica_model(model, replica_devices(replicas))
         tokenizer = tokenizer if tokenizer is not None else str(model)
     else:  # an in-memory model comes with its tokenizer (evaluate_tasks checked)
         module, args = model, {"pretrained": IN_MEMORY, "device": str(next(model.parameters()).device)}

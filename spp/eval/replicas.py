@@ -113,20 +113,19 @@ def max_memory_map(devices: list[int], per_gpu: int | str | None) -> dict[int, i
     return dict.fromkeys(devices, per_gpu)
 
 
-class ReplicaGroup:
+@dataclass(frozen=True)
+class ReplicaGroup(ReplicaLayout):
     """The replicas of a job and the gloo process group over their leaders (``None`` with one replica).
 
     Creating it is a collective over all ranks; the other collectives are for leaders only, except :meth:`share`."""
 
-    def __init__(self, ctx: DistContext, layout: ReplicaLayout, group: Any = None) -> None:
-        self.ctx, self.layout, self.group = ctx, layout, group
+    ctx: DistContext = field(default_factory=DistContext)
+    group: Any = None
 
     @classmethod
-    def create(cls, ctx: DistContext | None = None, gpus_per_replica: int = 1, local_world: int | None = None,
-               timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplicaGroup:
-        """The replicas of ``ctx`` (default: the current process group); every rank calls it."""
-        ctx = ctx if ctx is not None else DistContext.current()
-        per_node = 1 if ctx.world == 1 else local_world if local_world is not None else local_world_size(ctx.world)
+    def create(cls, ctx: DistContext, gpus_per_replica: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S) -> ReplicaGroup:
+        """The replicas of ``ctx``; every rank calls it."""
+        per_node = 1 if ctx.world == 1 else local_world_size(ctx.world)
         layout = ReplicaLayout(ctx.rank, ctx.world, per_node, gpus_per_replica)
         if ctx.distributed and layout.local_rank != cluster_environment().local_rank():
             raise UserError(f"rank {ctx.rank} has local rank {cluster_environment().local_rank()}, not "
@@ -138,22 +137,7 @@ class ReplicaGroup:
             if layout.count > 1:
                 group = dist.new_group(ranks=layout.leaders, backend="gloo",
                                        timeout=timedelta(seconds=max(1, int(timeout_s))))
-        return cls(ctx, layout, group)
-
-    @property
-    def index(self) -> int:
-        """This process's replica."""
-        return self.layout.index
-
-    @property
-    def count(self) -> int:
-        """Number of replicas."""
-        return self.layout.count
-
-    @property
-    def is_leader(self) -> bool:
-        """Whether this process holds a model and evaluates."""
-        return self.layout.is_leader
+        return cls(ctx.rank, ctx.world, per_node, gpus_per_replica, ctx, group)
 
     def mine(self, count: int) -> list[int]:
         """Items ``0..count-1`` this replica takes in a round-robin split (``b % R == index``)."""
@@ -167,24 +151,6 @@ class ReplicaGroup:
             tensor.copy_(host)
         return tensor
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every replica's ``tensor`` concatenated along dim 0 in replica order (a scalar counts as shape ``(1,)``)."""
-        if self.group is None:
-            return tensor
-        host = tensor.detach().cpu()
-        host = host[None] if host.ndim == 0 else host.contiguous()
-        out = [torch.empty_like(host) for _ in range(self.count)]
-        dist.all_gather(out, host, group=self.group)
-        return torch.cat(out).to(tensor.device)
-
-    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
-        """Every replica's object in replica order on replica ``dst``; ``None`` on the others."""
-        if self.group is None:
-            return [obj]
-        out: list[Any] | None = [None] * self.count if self.index == dst else None
-        dist.gather_object(obj, out, group=self.group, group_dst=dst)
-        return out
-
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Replica ``src``'s object on every replica (leaders only)."""
         if self.group is None:
@@ -193,11 +159,6 @@ class ReplicaGroup:
         dist.broadcast_object_list(box, group=self.group, group_src=src)
         return box[0]
 
-    def barrier(self) -> None:
-        """Wait for every replica (leaders only)."""
-        if self.group is not None:
-            dist.barrier(group=self.group)
-
     def share(self, obj: Any) -> Any:
         """Global rank 0's (replica 0's leader's) object on every process, waiting up to the group's timeout: the
         end of an evaluation, where the non-leaders have waited."""
@@ -205,7 +166,7 @@ class ReplicaGroup:
 
     def placement(self, lm_eval_model_args: dict[str, Any] | None = None) -> ReplicaPlacement:
         """What ran, for ``summary.json``."""
-        return ReplicaPlacement.of(self.layout, lm_eval_model_args)
+        return ReplicaPlacement.of(self, lm_eval_model_args)
 
 
 @dataclass

@@ -18,7 +18,7 @@ from spp.adapters.registry import external_parameters
 from spp.deepspeed_support import check_deepspeed
 from spp.distributed import DistContext
 from spp.errors import UserError
-from spp.gathering import deepspeed_master_tensors, register_external_parameters
+from spp.gathering import register_external_parameters
 from spp.models.config import DTYPES
 from spp.models.conv1d import native_layout
 from spp.models.offload import params_to_meta
@@ -236,10 +236,19 @@ def full_trainable_state(model: nn.Module) -> dict[str, Any]:
     return get_model_state_dict(model, options=options)
 
 
+@torch.no_grad()
 def gather_trainable(strategy: Strategy | str, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The trainable tensors of ``model`` in full, on CPU (a collective under sharded strategies: all ranks)."""
+    """The trainable tensors of ``model`` in full, on CPU (a collective under sharded strategies: all ranks); under
+    DeepSpeed the optimizer's fp32 masters (unrounded under ``bf16-mixed``; ZeRO-3: gathered), a parameter without
+    one (fp32 ZeRO-2) being its own."""
     if isinstance(strategy, ModelParallelStrategy):
         return dict(full_trainable_state(model))
-    if isinstance(strategy, DeepSpeedStrategy):  # the optimizer's fp32 masters (ZeRO-3: gathered)
-        return deepspeed_master_tensors(model)
-    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+    deepspeed = isinstance(strategy, DeepSpeedStrategy)
+    if deepspeed:
+        from deepspeed.utils import safe_get_full_fp32_param
+    out: dict[str, torch.Tensor] = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            master = safe_get_full_fp32_param(param) if deepspeed else None
+            out[name] = (master if master is not None else param).detach().cpu().clone()
+    return out
