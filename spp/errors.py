@@ -170,7 +170,6 @@ def to_job(cfg: DictConfig, schema: type) -> Any:
 def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None:
     """Raise UserError for a key of ``cfg`` no field of ``schema`` declares (``+key=value`` would set a stray
     attribute nothing reads); ``Any`` and ``dict`` fields take any key."""
-    hints = typing.get_type_hints(schema)
     fields = {f.name for f in dataclasses.fields(schema)}
     for key in cfg.keys():
         name = f"{prefix}{key}"
@@ -181,11 +180,17 @@ def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None
             close = difflib.get_close_matches(str(key), sorted(fields), n=1)
             hint = f"did you mean {prefix}{close[0]}=?" if close else f"valid keys: {', '.join(sorted(fields))}"
             raise UserError(f"unknown config key {name} (also when added with +)", f"remove it; {hint}", key=name)
-        sub = hints.get(str(key))
-        if dataclasses.is_dataclass(sub) and isinstance(cfg._get_node(key), DictConfig):
+        sub = field_schema(schema, str(key))
+        if sub is not None and isinstance(cfg._get_node(key), DictConfig):
             node = cfg._get_node(key)
             if not node._is_none() and not node._is_missing():
                 _reject_in_node(node, sub, prefix=f"{name}.")
+
+
+def field_schema(cls: type, name: str) -> type | None:
+    """The dataclass type of field ``name`` of ``cls`` (``None``: no such field, or not a dataclass)."""
+    hint = typing.get_type_hints(cls).get(name)
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
 
 
 def dataclass_subclasses(cls: type) -> list[type]:

@@ -11,7 +11,6 @@ import functools
 import inspect
 import io
 import sys
-import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +18,7 @@ from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import OmegaConf
 
 from spp.atomic import check_writable_dir
-from spp.errors import EXIT_USER_ERROR, RENAMED_KEYS, UserError, reject_unknown_keys, report
+from spp.errors import EXIT_USER_ERROR, RENAMED_KEYS, UserError, field_schema, reject_unknown_keys, report
 from spp.paths import CONF_DIR
 from spp.plugins import load_plugins
 
@@ -63,13 +62,13 @@ def unknown_override(keys: Sequence[str], schema: type, config_name: str | None 
     """The :class:`UserError` for the first key no field of ``schema`` declares, else ``None``; a key under a group
     option with its own schema is judged by :func:`option_key_error`."""
     groups = config_groups()
-    fields = typing.get_type_hints(schema)
+    fields = {f.name for f in dataclasses.fields(schema)}
     for key in keys:
         parts = key.split(".")
         if "/" in key or (parts[0] in groups and len(parts) == 1) or parts[0] == "hydra" or not all(parts):
             continue
         err = _schema_error(parts, schema)  # an untyped key passes when any option's schema declares it
-        nested = len(parts) > 1 and dataclasses.is_dataclass(fields.get(parts[0])) and config_name is not None
+        nested = len(parts) > 1 and field_schema(schema, parts[0]) is not None and config_name is not None
         if nested and (err is not None or group_schemas(parts[0])):  # so a group of typed options asks the chosen one
             err = option_key_error(config_name, parts[0], parts[1:], overrides)
         elif len(parts) == 1 and err is not None and key not in RENAMED_KEYS:  # or a misspelled group (experimnt=x)
