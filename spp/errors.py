@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import json
 import os
 import re
 import struct
@@ -87,21 +86,17 @@ def exception_chain(exc: BaseException, context: bool = True) -> Iterator[BaseEx
         current = current.__cause__ or (current.__context__ if context else None)
 
 
-def library_file_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that libraries raise on a damaged user file (safetensors, JSON, GGUF's struct, text decoding)."""
-    from safetensors import SafetensorError  # a transformers dependency, imported when a file is read
-
-    return json.JSONDecodeError, struct.error, UnicodeDecodeError, EOFError, SafetensorError
-
-
 @contextmanager
 def user_file(path: str | os.PathLike[str], key: str, fix: str | None = None) -> Iterator[None]:
-    """Turn a library's error while reading the user's file ``path`` (set by config ``key``) into a UserError."""
+    """Turn a library's error while reading the user's file ``path`` (set by config ``key``) into a UserError: a
+    damaged safetensors, JSON or GGUF (``struct``) file, bad text, a file cut short, an OS error."""
+    from safetensors import SafetensorError  # a transformers dependency, imported when a file is read
+
     try:
         yield
     except UserError:
         raise
-    except (*library_file_errors(), OSError, ValueError) as err:
+    except (struct.error, EOFError, SafetensorError, OSError, ValueError) as err:  # JSON and text errors: ValueError
         raise UserError(
             f"{key}: cannot read {path}: {type(err).__name__}: {err}",
             fix or f"check that the file is complete and of the right format, or point {key}= at a good copy",
