@@ -15,11 +15,11 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from spp.errors import dataclass_subclasses
+from spp.errors import dataclass_subclasses, field_schema
 from spp.eval.job_config import EvalJobConfig
 from spp.generation import GenerateJobConfig
+from spp.overrides import group_options
 from spp.paths import CONF_DIR
-from spp.plugins import plugin_conf_dirs
 from spp.pruning.config import PruneJobConfig
 from spp.training.config import TrainJobConfig
 
@@ -134,19 +134,12 @@ def first_sentence(text: str, at_least: int = 0) -> str:
     return text
 
 
-def _field_type(cls: type, name: str) -> type | None:
-    """The dataclass type of field ``name`` of ``cls`` (``None`` when it is not a dataclass)."""
-    hints = inspect.get_annotations(cls, eval_str=True)
-    hint = hints.get(name)
-    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
-
-
 def key_doc(job: type, key: str) -> str:
     """The docstring entry of a dotted key (``trainer.lr``) of the job dataclass (``KeyError`` when absent)."""
     cls: type | None = job
     *parents, leaf = key.split(".")
     for part in parents:
-        cls = _field_type(cls, part) if cls is not None else None
+        cls = field_schema(cls, part) if cls is not None else None
     if cls is None or leaf not in {f.name for f in dataclasses.fields(cls)}:
         raise KeyError(f"{key} is not a key of {job.__name__}")
     return attribute_docs(cls).get(leaf, "")
@@ -159,17 +152,12 @@ def groups_of(config: str) -> list[str]:
     return [name for name in names if not name.startswith(("override ", "hydra/"))]
 
 
-def options_of(group: str) -> list[str]:
-    """The option names of a group (its YAML files, a plug-in's of ``SPP_PLUGINS`` included)."""
-    return sorted({p.stem for conf in [CONF_DIR, *plugin_conf_dirs()] for p in (conf / group).glob("*.yaml")})
-
-
 def option_rows(job: type, root: DictConfig | None) -> list[tuple[str, str, str]]:
     """``(key, doc, "")`` for every key a chosen group option adds to its group's schema (``pruner=sparsegpt``:
     ``pruner.blocksize``, ``pruner.percdamp``; a plug-in pruner's own keys), from the composed node's type."""
     rows: list[tuple[str, str, str]] = []
     for f in dataclasses.fields(job) if root is not None else []:
-        declared = _field_type(job, f.name)
+        declared = field_schema(job, f.name)
         node = OmegaConf.select(root, f.name, throw_on_resolution_failure=False) if declared else None
         own = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
         if declared is None or not (isinstance(own, type) and issubclass(own, declared) and own is not declared):
@@ -198,7 +186,7 @@ def key_rows(job: type, curated: tuple[tuple[str, str], ...],
 def _option_key(job: type, key: str) -> bool:
     """Whether ``key`` (``adapter.r``) is a field of a subclass of its group's schema (an option's own key)."""
     group, _, leaf = key.partition(".")
-    declared = _field_type(job, group)
+    declared = field_schema(job, group)
     return declared is not None and any(leaf in {f.name for f in dataclasses.fields(cls)}
                                         for cls in dataclass_subclasses(declared))
 
@@ -264,13 +252,12 @@ def render(name: str, root: DictConfig | None = None) -> str:
     for command, what in examples:
         out += _wrap(f"  {command:<{width}}", what, width + 2) if what else [f"  {command}"]
     out += ["", "== Config groups (group=option; * = the default) =="]
-    fields = {f.name for f in dataclasses.fields(job)}
     for group in groups_of(cmd.config):
-        schema = _field_type(job, group) if group in fields else None
+        schema = field_schema(job, group)
         desc = summary(schema) if schema is not None else PRESETS.get(group, "")
         out += _wrap(f"  {group:<12} ", first_sentence(desc), 15)
         chosen = str(choices.get(group))
-        opts = [("*" if o == chosen else "") + o for o in options_of(group)]
+        opts = [("*" if o == chosen else "") + o for o in group_options(group)]
         if schema is None:
             for o in opts:
                 out += _wrap(f"{'':15}{o:<34} ", option_line(group, o.lstrip("*")), 50)
@@ -278,7 +265,7 @@ def render(name: str, root: DictConfig | None = None) -> str:
             out += _wrap(" " * 15, ", ".join(opts), 15)
     out += ["", "== Keys (key  value now  what it does; e.g.) =="]
     top = attribute_docs(job)
-    rows = [(f.name, top.get(f.name, ""), "") for f in dataclasses.fields(job) if _field_type(job, f.name) is None]
+    rows = [(f.name, top.get(f.name, ""), "") for f in dataclasses.fields(job) if field_schema(job, f.name) is None]
     rows += key_rows(job, cmd.keys, option_rows(job, root))
     for key, doc, example in rows:
         text = first_sentence(doc, at_least=60) + (f" e.g. {key}={example}" if example else "")

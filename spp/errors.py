@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
-import json
 import os
 import re
 import struct
@@ -87,21 +86,17 @@ def exception_chain(exc: BaseException, context: bool = True) -> Iterator[BaseEx
         current = current.__cause__ or (current.__context__ if context else None)
 
 
-def library_file_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that libraries raise on a damaged user file (safetensors, JSON, GGUF's struct, text decoding)."""
-    from safetensors import SafetensorError  # a transformers dependency, imported when a file is read
-
-    return json.JSONDecodeError, struct.error, UnicodeDecodeError, EOFError, SafetensorError
-
-
 @contextmanager
 def user_file(path: str | os.PathLike[str], key: str, fix: str | None = None) -> Iterator[None]:
-    """Turn a library's error while reading the user's file ``path`` (set by config ``key``) into a UserError."""
+    """Turn a library's error while reading the user's file ``path`` (set by config ``key``) into a UserError: a
+    damaged safetensors, JSON or GGUF (``struct``) file, bad text, a file cut short, an OS error."""
+    from safetensors import SafetensorError  # a transformers dependency, imported when a file is read
+
     try:
         yield
     except UserError:
         raise
-    except (*library_file_errors(), OSError, ValueError) as err:
+    except (struct.error, EOFError, SafetensorError, OSError, ValueError) as err:  # JSON and text errors: ValueError
         raise UserError(
             f"{key}: cannot read {path}: {type(err).__name__}: {err}",
             fix or f"check that the file is complete and of the right format, or point {key}= at a good copy",
@@ -170,7 +165,6 @@ def to_job(cfg: DictConfig, schema: type) -> Any:
 def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None:
     """Raise UserError for a key of ``cfg`` no field of ``schema`` declares (``+key=value`` would set a stray
     attribute nothing reads); ``Any`` and ``dict`` fields take any key."""
-    hints = typing.get_type_hints(schema)
     fields = {f.name for f in dataclasses.fields(schema)}
     for key in cfg.keys():
         name = f"{prefix}{key}"
@@ -181,11 +175,17 @@ def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None
             close = difflib.get_close_matches(str(key), sorted(fields), n=1)
             hint = f"did you mean {prefix}{close[0]}=?" if close else f"valid keys: {', '.join(sorted(fields))}"
             raise UserError(f"unknown config key {name} (also when added with +)", f"remove it; {hint}", key=name)
-        sub = hints.get(str(key))
-        if dataclasses.is_dataclass(sub) and isinstance(cfg._get_node(key), DictConfig):
+        sub = field_schema(schema, str(key))
+        if sub is not None and isinstance(cfg._get_node(key), DictConfig):
             node = cfg._get_node(key)
             if not node._is_none() and not node._is_missing():
                 _reject_in_node(node, sub, prefix=f"{name}.")
+
+
+def field_schema(cls: type, name: str) -> type | None:
+    """The dataclass type of field ``name`` of ``cls`` (``None``: no such field, or not a dataclass)."""
+    hint = typing.get_type_hints(cls).get(name)
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
 
 
 def dataclass_subclasses(cls: type) -> list[type]:

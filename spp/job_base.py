@@ -11,6 +11,14 @@ DEFAULT_LOCK_TIMEOUT_S = 7200.0
 """How long a job waits for another job writing the same cache entry before it gives up (``cache_lock_timeout_s``)."""
 
 
+class Validated:
+    """A config dataclass checked when it is built: ``__post_init__`` runs its ``validate()`` (a ``ValueError`` or
+    :class:`~spp.errors.UserError` naming the key)."""
+
+    def __post_init__(self) -> None:
+        self.validate()  # type: ignore[attr-defined]
+
+
 @dataclass
 class JobConfig:
     """The keys every command shares.

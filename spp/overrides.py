@@ -8,10 +8,8 @@ import contextlib
 import dataclasses
 import difflib
 import functools
-import inspect
 import io
 import sys
-import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,7 +17,7 @@ from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import OmegaConf
 
 from spp.atomic import check_writable_dir
-from spp.errors import EXIT_USER_ERROR, RENAMED_KEYS, UserError, reject_unknown_keys, report
+from spp.errors import EXIT_USER_ERROR, RENAMED_KEYS, UserError, field_schema, reject_unknown_keys, report
 from spp.paths import CONF_DIR
 from spp.plugins import load_plugins
 
@@ -58,18 +56,18 @@ def _schema_error(parts: Sequence[str], schema: type, prefix: str = "") -> UserE
     return None
 
 
-def unknown_override(keys: Sequence[str], schema: type, config_name: str | None = None,
-                     overrides: Sequence[Override] = ()) -> UserError | None:
+def unknown_override(keys: Sequence[str], schema: type, config_name: str,
+                     overrides: Sequence[Override]) -> UserError | None:
     """The :class:`UserError` for the first key no field of ``schema`` declares, else ``None``; a key under a group
     option with its own schema is judged by :func:`option_key_error`."""
     groups = config_groups()
-    fields = typing.get_type_hints(schema)
+    fields = {f.name for f in dataclasses.fields(schema)}
     for key in keys:
         parts = key.split(".")
         if "/" in key or (parts[0] in groups and len(parts) == 1) or parts[0] == "hydra" or not all(parts):
             continue
         err = _schema_error(parts, schema)  # an untyped key passes when any option's schema declares it
-        nested = len(parts) > 1 and dataclasses.is_dataclass(fields.get(parts[0])) and config_name is not None
+        nested = len(parts) > 1 and field_schema(schema, parts[0]) is not None
         if nested and (err is not None or group_schemas(parts[0])):  # so a group of typed options asks the chosen one
             err = option_key_error(config_name, parts[0], parts[1:], overrides)
         elif len(parts) == 1 and err is not None and key not in RENAMED_KEYS:  # or a misspelled group (experimnt=x)
@@ -202,13 +200,11 @@ def _first_value(override: Override, value: str | None) -> str:
     return f"{prefix}{override.get_key_element()}={value}"
 
 
-def checked_overrides(cmd: str, schema: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a ``@hydra.main`` function: unknown plain keys of ``sys.argv`` exit 2 with one line (plug-ins loaded
-    first; a ``cfg_passthrough`` call passes unchecked)."""
+def checked_overrides(cmd: str, schema: type, config_name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate the ``@hydra.main`` function of primary config ``config_name``: unknown plain keys of ``sys.argv``
+    exit 2 with one line (plug-ins loaded first; a ``cfg_passthrough`` call passes unchecked)."""
 
     def decorate(hydra_main: Callable[..., Any]) -> Callable[..., Any]:
-        config_name = inspect.getclosurevars(hydra_main).nonlocals.get("config_name")
-
         @functools.wraps(hydra_main)
         def main(*args: Any, **kwargs: Any) -> Any:
             try:  # a user's plug-ins register their methods and schemas before Hydra composes (spp.plugins)

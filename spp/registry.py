@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, ItemsView, ValuesView
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from spp.errors import UserError
@@ -87,17 +87,6 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         """Every registered name, sorted."""
         return sorted(self.entries)
-
-    def values(self) -> ValuesView[T]:
-        """Every entry, in registration order."""
-        return self.entries.values()
-
-    def items(self) -> ItemsView[str, T]:
-        """``(name, entry)`` pairs, in registration order."""
-        return self.entries.items()
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.entries
 
     def _unknown(self, name: str, known: list[str]) -> UserError:
         return UserError(f"{self.key}={name!r} is not a registered {self.kind}", f"use one of {known}, or name "

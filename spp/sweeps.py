@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 
 from spp.atomic import write_json_atomic
 from spp.errors import UserError
+from spp.eval.perplexity import WIKITEXT2_VAL
 
 OBJECTIVE_FILE = "objective.json"
 TRIALS_FILE = "trials.json"
@@ -25,8 +26,6 @@ VALIDATION_OBJECTIVES: tuple[str, ...] = ("val_loss", "ppl_val_merged")
 """Objectives a hyper-parameter search may optimise: ``val_loss`` = the Alpaca held-out loss (last ``val/loss``);
 ``ppl_val_merged`` = the merged model's WikiText-2 *validation* perplexity (``eval.ppl_source`` or
 ``eval.extra_ppl_sources`` holding ``wikitext2_val``; measured after the merge, so LoRA* is judged re-masked)."""
-VAL_PPL_SOURCE = "wikitext2_val"
-"""The perplexity source behind ``ppl_val_merged`` (:data:`spp.eval.perplexity.WIKITEXT2_VAL`)."""
 
 
 def objective_value(summary: dict[str, Any], objective: str) -> float | None:
@@ -36,7 +35,7 @@ def objective_value(summary: dict[str, Any], objective: str) -> float | None:
         val = (summary.get("losses") or {}).get("val") or []
         return float(val[-1]) if val else None
     if objective == "ppl_val_merged":
-        entry = (summary.get("merged_ppl_by_source") or {}).get(VAL_PPL_SOURCE)
+        entry = (summary.get("merged_ppl_by_source") or {}).get(WIKITEXT2_VAL)
         return float(entry["ppl"]) if entry else None
     if objective == "ppl_merged":
         merged = (summary.get("perplexity") or {}).get("merged")

@@ -10,19 +10,12 @@ import pytest
 import torch
 from transformers import DataCollatorForSeq2Seq
 
-from spp.data import (
-    IGNORE_INDEX,
-    AlpacaDataModule,
-    AlpacaRecord,
-    DataConfig,
-    PadCollator,
-    full_prompt,
-    load_alpaca_records,
-    read_json_records,
-    tokenize_records,
-    user_prompt,
-    validation_split_size,
-)
+from spp.data.alpaca import AlpacaDataModule
+from spp.data.collate import PadCollator
+from spp.data.config import DataConfig, validation_split_size
+from spp.data.prompts import full_prompt, user_prompt
+from spp.data.records import AlpacaRecord, load_alpaca_records, read_json_records
+from spp.data.tokenization import IGNORE_INDEX, tokenize_records
 from spp.paths import CONF_DIR
 
 SAMPLE = "alpaca/cleaned_partial/alpaca_data_cleaned_0.json"

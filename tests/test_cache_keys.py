@@ -34,7 +34,8 @@ from spp.pruning.config import CACHE_KEY, CalibrationConfig, PrunerConfig, Spars
 from spp.pruning.engine import prune_model
 from spp.pruning.pruners.dsnot import INITIAL_METHODS
 from spp.pruning.pruners.ria.pruner import SCOPES
-from spp.pruning.registry import needs_calibration, pruner_config, pruner_names
+from spp.pruning.registry import PRUNERS as REGISTERED_PRUNERS
+from spp.pruning.registry import needs_calibration, pruner_config
 
 TINY = ModelConfig(name="tiny", path="tiny")
 U50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)
@@ -43,7 +44,7 @@ CAL = CalibrationConfig(source="c4", nsamples=4, seqlen=32, seed=0, batch_size=2
 ROOT = Path("/cache-root")
 
 PRUNERS: dict[str, PrunerConfig] = {
-    **{name: pruner_config(name) for name in pruner_names()},  # every registered pruner at its defaults
+    **{name: pruner_config(name) for name in REGISTERED_PRUNERS.names()},  # every registered pruner at its defaults
     "dsnot": pruner_config("dsnot", max_cycles=5),
     "dsnot_sparsegpt": pruner_config("dsnot", initial_method="sparsegpt", max_cycles=5),  # percdamp in the key
 }
@@ -174,7 +175,7 @@ def test_a_pruner_field_misses_unless_its_metadata_leaves_it_out(pruner: str, fi
 def test_every_pruner_has_its_own_key_and_the_base_config_means_the_defaults() -> None:
     digests = {cache_key(TINY, cfg, U50, CAL, str(SAMPLE_DATA_DIR))[1] for cfg in PRUNERS.values()}
     assert len(digests) == len(PRUNERS)
-    for name in pruner_names():  # PrunerConfig(name="wanda"), as code writes it, is pruner=wanda's defaults
+    for name in REGISTERED_PRUNERS.names():  # PrunerConfig(name="wanda"), as code writes it, is pruner=wanda's defaults
         assert _hits(Setting(TINY, PrunerConfig(name=name), U50, CAL), Setting(TINY, pruner_config(name), U50, CAL))
 
 

@@ -118,6 +118,7 @@ TINY = ["model=tiny", "debug=fast", f"data_dir={SAMPLE_DATA_DIR}"]
     (["adapter.scale=-1"], "adapter.scale"),
     (["trainer.lr=nan"], "trainer.lr"),
     (["guards.max_ppl_ratio=0.5"], "guards.max_ppl_ratio"),
+    (["sample.max_new_tokens=0"], "sample.max_new_tokens"),
 ])
 def test_config_value_errors_are_one_line(args, key, tmp_path, monkeypatch, capsys, no_weights):
     refused_fast(args=[*TINY, *args], key=key, tmp_path=tmp_path, monkeypatch=monkeypatch, capsys=capsys)

@@ -17,8 +17,11 @@ import pytest
 import torch
 from train_helpers import tiny_job
 
-from spp.data import IGNORE_INDEX, AlpacaDataModule, DataConfig, PadCollator, user_prompt
-from spp.data.tokenization import carries_loss
+from spp.data.alpaca import AlpacaDataModule
+from spp.data.collate import PadCollator
+from spp.data.config import DataConfig
+from spp.data.prompts import user_prompt
+from spp.data.tokenization import IGNORE_INDEX, carries_loss
 from spp.errors import UserError
 from spp.models.tiny import tiny_llama
 from train import run_job

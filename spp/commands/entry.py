@@ -77,5 +77,5 @@ def hydra_entry(command: Command) -> Callable[..., Any]:
     main.__module__ = Path(command.script).stem
     main.__doc__ = f"Hydra's task for {command.script}: convert the composed config once, then run the job."
     task = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name=command.config_name)(main)
-    return checked_overrides(command.script, command.schema)(task)
+    return checked_overrides(command.script, command.schema, command.config_name)(task)
 

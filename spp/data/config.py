@@ -5,12 +5,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from spp.job_base import Validated
+
 HUB_PREFIX = "hub:"
 """``source`` values starting with this prefix name a Hugging Face hub dataset (needs the hub)."""
 
 
 @dataclass
-class DataConfig:
+class DataConfig(Validated):
     """Instruction-tuning data settings (defaults follow the authors' alpaca-lora based ``finetune.py``).
 
     Attributes:
@@ -55,9 +57,6 @@ class DataConfig:
     pad_to_multiple_of: int | None = None
     padding_side: str = "right"
     shuffle: bool = True
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> DataConfig:
         """Check value ranges and return ``self``; a ``ValueError`` names the offending ``data.*`` key."""

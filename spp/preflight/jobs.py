@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +23,6 @@ from spp.training.run import Methods, resolve_methods
 CACHE_DIR_FIX = "point cache_dir= (or the SPP_CACHE_DIR environment variable) at a directory you can write to"
 
 
-def check_positive(key: str, value: float | None) -> None:
-    """``value`` finite and > 0 (a learning rate)."""
-    if value is None or not math.isfinite(float(value)) or float(value) <= 0:
-        raise UserError(f"{key}={value} must be a finite number > 0", f"set {key} to a positive number", key=key)
-
-
 def preflight_train(job: Any, resume: str | None = None, methods: Methods | None = None) -> dict[str, Any]:
     """Everything ``train.py`` can check before loading a weight; returns the model's arch fields. ``methods``: the
     job's resolved methods (:func:`~spp.training.run.resolve_methods`, called here when not given)."""
@@ -39,7 +32,6 @@ def preflight_train(job: Any, resume: str | None = None, methods: Methods | None
     check_pruner(methods.pruner, job.sparsity)
     prunes = methods.pruner is not None  # a pruner and a pattern that is not dense
     arch = model_arch(job.model)
-    check_positive("trainer.lr", job.trainer.lr)
     seqlens = {"data.max_length": job.data.max_length}
     if prunes:
         seqlens["calibration.seqlen"] = job.calibration.seqlen

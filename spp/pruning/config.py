@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
 
-from spp.job_base import CacheLockJobConfig, FabricJobConfig
+from spp.job_base import CacheLockJobConfig, FabricJobConfig, Validated
 from spp.models.config import ModelConfig
 from spp.projections import DEFAULT_TARGETS
 from spp.pruning.reconstruction.config import ReconstructConfig
@@ -25,7 +25,7 @@ CALIBRATION_SOURCES: dict[str, str] = {
 
 
 @dataclass
-class SparsityConfig:
+class SparsityConfig(Validated):
     """Which zero pattern to produce (``conf/sparsity/*.yaml``).
 
     Attributes:
@@ -52,9 +52,6 @@ class SparsityConfig:
     owl_lambda: float = 0.08
     owl_m: float = 5.0
     rmi_delta: float | None = None
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> SparsityConfig:
         """Raise ``ValueError`` naming the config key when the pattern is ill-formed; return ``self``."""
@@ -146,7 +143,7 @@ UNORDERED = "unordered"
 
 
 @dataclass
-class PrunerConfig:
+class PrunerConfig(Validated):
     """How to choose the zeros (``conf/pruner/*.yaml``): what every pruner shares. Each pruner extends it with its
     own fields (``spp/pruning/pruners/<name>/``, registered as the Hydra schema ``pruner/<name>_schema``).
 
@@ -163,9 +160,6 @@ class PrunerConfig:
     targets: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS), metadata={UNORDERED: True})
     true_sequential: bool = False
 
-    def __post_init__(self) -> None:
-        self.validate()
-
     def validate(self) -> PrunerConfig:
         """Raise ``ValueError`` naming the config key when a setting is invalid; return ``self``."""
         own = type(self).__dataclass_fields__["name"].default
@@ -178,7 +172,7 @@ class PrunerConfig:
 
 
 @dataclass
-class CalibrationConfig:
+class CalibrationConfig(Validated):
     """Calibration data for activation-aware pruners (``conf/calibration/*.yaml``).
 
     Attributes:
@@ -203,9 +197,6 @@ class CalibrationConfig:
     sampling: str | None = None
     text_field: str = "text"
     batch_size: int = 8
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> CalibrationConfig:
         """Raise ``ValueError`` naming the config key when a setting is invalid; return ``self``."""

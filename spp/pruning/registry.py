@@ -44,11 +44,6 @@ def register_pruner(name: str, config_cls: type[PrunerConfig], pruner_cls: type[
         pruner_cls.name, pruner_cls.config_class = name, config_cls
 
 
-def pruner_names() -> list[str]:
-    """Every registered pruner's name, sorted (``none`` not included)."""
-    return PRUNERS.names()
-
-
 def resolve_config(cfg: PrunerConfig) -> PrunerConfig:
     """``cfg`` as its pruner's own config class (shared fields copied, the rest default); ``none`` stays as is.
     Raises ``ValueError`` for an unknown name or a value the pruner's config refuses."""

@@ -249,6 +249,11 @@ class SampleConfig:
     prompt: str = FIXED_PROMPT
     max_new_tokens: int = 24
 
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sample.max_new_tokens={self.max_new_tokens} must be >= 1; set it >= 1, or "
+                             "sample.enabled=false")
+
 
 @dataclass
 class GuardsConfig:

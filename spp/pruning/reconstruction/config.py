@@ -8,6 +8,7 @@ from enum import Enum
 from typing import Any
 
 from spp.errors import UserError
+from spp.job_base import Validated
 
 
 class ReconstructLoss(str, Enum):
@@ -47,7 +48,7 @@ RECONSTRUCTIONS = ("none", "blockwise")
 
 
 @dataclass
-class ReconstructConfig:
+class ReconstructConfig(Validated):
     """Block-wise reconstruction (``reconstruct=none`` is off, the default; ``reconstruct=blockwise`` on).
 
     Attributes:
@@ -93,9 +94,6 @@ class ReconstructConfig:
     schedule: ReconstructSchedule = ReconstructSchedule.linear
     warmup_steps: int = 0
     dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     @property
     def enabled(self) -> bool:
