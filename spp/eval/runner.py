@@ -158,7 +158,7 @@ def _in_memory(cfg: EvalJobConfig, info: dict[str, Any]) -> tuple[torch.nn.Modul
         start = time.perf_counter()
         result, rebuilt = get_or_reconstruct(model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
                                              cfg.reconstruct, cfg.cache_dir if cfg.use_cache else None, cfg.data_dir,
-                                             device)
+                                             device, lock_timeout_s=cfg.cache_lock_timeout_s)
         if rebuilt is not None:
             info["reconstruction"] = rebuilt.summary()
         info["timings"]["prune"] = round(time.perf_counter() - start, 2)
@@ -193,8 +193,6 @@ def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord | Non
     else:
         source, tokenizer = _in_memory(cfg, info)
     info["timings"]["load"] = round(time.perf_counter() - start, 2)
-    if cfg.eval.tasks:
-        task_data_files(list(cfg.eval.tasks), cfg.data_dir)  # recorded for data_files (the harness resolves them too)
     label = cfg.label or default_label(cfg)
     ev = evaluate(source, cfg.eval, ctx, tokenizer=tokenizer, data_dir=cfg.data_dir, label=label,
                   on_perplexity=lambda part: _write(cfg, output_dir, label, info, part, partial=True))
