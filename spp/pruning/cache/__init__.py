@@ -37,7 +37,7 @@ from spp.pruning.cache.store import (
 )
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
 from spp.pruning.config import CACHE_KEY, UNORDERED, CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.pruning.engine import PruneResult, local_context, prune_offloaded, validate_for_model
+from spp.pruning.engine import PruneResult, prune_offloaded, validate_for_model
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import sparsity_summary
 from spp.pruning.registry import needs_calibration, resolve_config
@@ -59,7 +59,6 @@ __all__ = [
     "cache_entry_dir",
     "cache_key",
     "entry_lock",
-    "get_or_prune",
     "prune_cached",
     "pruner_key",
     "remove_entry",
@@ -296,24 +295,3 @@ def _finish(off: OffloadedModel, writer: EntryWriter | None, result: PruneResult
     if error is not None:
         raise error
 
-
-def get_or_prune(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase | None,
-    model_cfg: ModelConfig,
-    pruner: PrunerConfig,
-    sparsity: SparsityConfig,
-    calibration: CalibrationConfig,
-    cache_dir: str | Path,
-    data_dir: str | None = None,
-    device: str | torch.device | None = None,
-    method: Pruner | None = None,
-) -> PruneResult:
-    """Prune a whole in-memory ``model`` in place in this process, through the cache (:func:`prune_cached`).
-    A partial entry or one failing its checksum counts as a miss and is rewritten atomically."""
-    off = OffloadedModel(model, local_context(device))
-    try:
-        return prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir,
-                            method=method)
-    finally:
-        off.restore()
