@@ -160,9 +160,7 @@ def test_a_held_cache_lock_ends_after_the_jobs_cache_lock_timeout(tmp_path):
 
 def test_online_tasks_neither_need_nor_record_the_local_task_files(tmp_path, monkeypatch):
     from spp.eval.evaluate import Evaluation
-    from spp.paths import forget_data_reads
 
-    forget_data_reads()
     monkeypatch.setattr("spp.eval.runner.evaluate", lambda *args, **kwargs: Evaluation(  # lm-eval's hub tasks need
         zero_shot={"metrics": {"spp_rte": {"acc": 0.5}}, "num_fewshot": {}}))  # the network: its result stands in
     (tmp_path / "data").mkdir()  # a data root without the local copies of the tasks
@@ -172,3 +170,11 @@ def test_online_tasks_neither_need_nor_record_the_local_task_files(tmp_path, mon
     offline = _compose("eval.tasks=[spp_rte]", "eval.ppl=false", f"data_dir={tmp_path / 'data'}")
     with pytest.raises(FileNotFoundError, match="eval task spp_rte"):  # the control: offline they are needed
         run_eval_job(offline, tmp_path / "offline")
+
+
+def test_each_job_of_a_process_records_only_its_own_data_files(tmp_path):
+    files = []
+    for source in ("wikitext2", "c4"):  # eval.py -m eval.ppl_source=wikitext2,c4 runs both jobs in one process
+        record = run_eval_job(_compose(f"eval.ppl_source={source}"), tmp_path / source)
+        files.append({row["path"] for row in record.info["data_files"]})
+    assert files == [{"data/wikitext2/test.json"}, {"data/c4/c4_sample.jsonl"}]

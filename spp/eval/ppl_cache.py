@@ -5,14 +5,12 @@ The key holds the sha256 of the resolved data file, not the source's name; non-f
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from typing import Any
 
 from spp.eval.config import EvalConfig
 from spp.eval.perplexity import HUB_WIKITEXT2, source_file
-from spp.paths import file_sha256
+from spp.paths import file_sha256, json_sha256
 
 PPL_CACHE_VERSION = "3"
 """Bump when a change to the perplexity code changes its results (version 1 keyed on the source name; version 2
@@ -48,5 +46,4 @@ def ppl_cache_parts(weights: str, eval_cfg: EvalConfig, data_dir: str | os.PathL
 
 def ppl_cache_key(weights: str, eval_cfg: EvalConfig, data_dir: str | os.PathLike[str] | None = None) -> str:
     """The entry name (first 20 hex digits of a sha256) for ``weights`` measured with ``eval_cfg``."""
-    parts = ppl_cache_parts(weights, eval_cfg, data_dir)
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+    return json_sha256(ppl_cache_parts(weights, eval_cfg, data_dir))[:20]

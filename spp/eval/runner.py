@@ -35,7 +35,7 @@ from spp.loggers import (
 from spp.models.config import ModelConfig
 from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, load_model, resolve_source
 from spp.models.tiny import TINY_ARCH
-from spp.paths import data_provenance
+from spp.paths import data_provenance, forget_data_reads
 from spp.projections import DEFAULT_TARGETS, find_projections, in_blocks
 from spp.pruning.calibration_data import check_calibration_source
 from spp.pruning.reconstruction.phase import get_or_reconstruct
@@ -177,6 +177,7 @@ def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord | Non
 
     A saved folder is evaluated by every process of the job; a model pruned or adapted here in this process. Returns
     the record (one table row) on global rank 0, ``None`` elsewhere."""
+    forget_data_reads()  # a multirun's jobs share the process: each records the files it reads
     preflight(cfg)
     ctx = launch_processes(cfg.accelerator, cfg.devices, cfg.num_nodes, cfg.eval.device)
     folder = is_folder(cfg)

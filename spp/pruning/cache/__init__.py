@@ -5,8 +5,6 @@ training process group. ``python -m spp.pruning.cache list|clear`` lists or dele
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +23,7 @@ from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
 from spp.models.loading import model_identity
 from spp.models.offload import OffloadedModel
-from spp.paths import file_sha256
+from spp.paths import file_sha256, json_sha256
 from spp.pruning.base import Pruner
 from spp.pruning.cache.lock import check_locks_span_nodes, entry_lock
 from spp.pruning.cache.store import (
@@ -115,8 +113,7 @@ def cache_key(
         calib["sampling"] = sampling_of(calibration)  # null is the source's default: the same draw, the same key
         calib["file_sha256"] = file_sha256(resolve_calibration_file(calibration, data_dir))
         key["calibration"] = calib
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-    return key, digest
+    return key, json_sha256(key)
 
 
 def pattern_label(pattern: dict[str, Any]) -> str:
@@ -270,7 +267,6 @@ def _prune_writing(off: OffloadedModel, tokenizer: PreTrainedTokenizerBase | Non
     except BaseException:
         if writer is not None:
             writer.abort()
-            remove_entry(writer.entry)
         raise
 
 
@@ -280,12 +276,10 @@ def _finish(off: OffloadedModel, writer: EntryWriter | None, result: PruneResult
     error: Exception | None = None
     if writer is not None:
         try:
-            writer.finish(result.masks, {
-                "key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "timings": result.timings,
-                "overall": {k: v for k, v in result.report.overall.items() if k != "timings"}})
+            writer.finish(result.masks, key, {"timings": result.timings, "overall": {
+                k: v for k, v in result.report.overall.items() if k != "timings"}})
         except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
             writer.abort()
-            remove_entry(writer.entry)
             error = (UserError(f"the disk filled up while writing the pruning cache entry {writer.entry} ({err}); "
                                "nothing half-written was kept", "free space under cache_dir, or point cache_dir= "
                                "at a disk with room", key="cache_dir")
