@@ -38,6 +38,7 @@ from spp.models.tiny import TINY_ARCH
 from spp.paths import data_provenance, forget_data_reads
 from spp.projections import DEFAULT_TARGETS, find_projections, in_blocks
 from spp.pruning.calibration_data import check_calibration_source
+from spp.pruning.patterns import sparsity_summary
 from spp.pruning.reconstruction.phase import get_or_reconstruct
 from spp.pruning.registry import needs_calibration
 
@@ -116,9 +117,8 @@ def default_label(cfg: EvalJobConfig) -> str:
 
 def linear_sparsity(model: torch.nn.Module) -> float:
     """Fraction of exact zeros over the weights of every linear projection inside the decoder blocks."""
-    weights = [module.weight for module in find_projections(model, DEFAULT_TARGETS).values()]
-    total = sum(weight.numel() for weight in weights)
-    return sum(int((weight == 0).sum()) for weight in weights) / total if total else 0.0
+    weights = {name: module.weight for name, module in find_projections(model, DEFAULT_TARGETS).items()}
+    return sparsity_summary(weights)["overall"]["sparsity"]
 
 
 def is_folder(cfg: EvalJobConfig) -> bool:
