@@ -4,6 +4,7 @@ one relative path (``wikitext2/test.json``) addresses a data set in all three.""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,11 @@ def file_sha256(path: str | os.PathLike[str], *, memo: bool = False) -> str:
             digest.update(block)
     _SHA256[key] = digest.hexdigest()
     return _SHA256[key]
+
+
+def json_sha256(value: Any) -> str:
+    """Hex sha256 of ``value`` as sorted-key JSON (non-JSON values via ``str``): the digest of a cache key."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def forget_data_reads() -> None:

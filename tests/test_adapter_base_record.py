@@ -30,9 +30,11 @@ from spp.eval.runner import run_eval_job
 from spp.models.loading import model_identity
 from spp.models.tiny import tiny_llama, tiny_tokenizer
 from spp.peft import LoraStarConfig, from_lora_star_adapter
-from spp.pruning import get_or_prune, prune_model
+from spp.pruning import prune_model
 from spp.pruning.cache import cache_key
 from spp.pruning.config import PrunerConfig, SparsityConfig
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.phase import get_or_reconstruct
 
 IDS = torch.randint(0, 260, (2, 12), generator=torch.Generator().manual_seed(5))
 
@@ -52,8 +54,8 @@ def lora_run(tmp_path_factory):
 def same_base(job) -> torch.nn.Module:
     """The run's pruned base, built again (the pruning cache's entry applied to a fresh model)."""
     model = tiny_llama(seed=0)
-    get_or_prune(model, tiny_tokenizer(), job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
-                 data_dir=job.data_dir, device="cpu")
+    get_or_reconstruct(model, tiny_tokenizer(), job.model, job.pruner, job.sparsity, job.calibration,
+                       ReconstructConfig(), job.cache_dir, data_dir=job.data_dir, device="cpu")
     return model
 
 

@@ -208,11 +208,12 @@ def _peft_loads_the_run_adapter(job, run: Path) -> None:
 
     import spp.peft  # noqa: F401 - registers SPP with peft
     from spp.models.loading import load_model
-    from spp.pruning.cache import get_or_prune
+    from spp.pruning.reconstruction.config import ReconstructConfig
+    from spp.pruning.reconstruction.phase import get_or_reconstruct
 
     base, tok = load_model(job.model)
-    result = get_or_prune(base, tok, job.model, job.pruner, job.sparsity, job.calibration, job.cache_dir,
-                          job.data_dir, "cpu")
+    result, _ = get_or_reconstruct(base, tok, job.model, job.pruner, job.sparsity, job.calibration, ReconstructConfig(),
+                                   job.cache_dir, job.data_dir, "cpu")
     assert result.cache_hit  # the run's own pruning
     zeros = {n: p == 0 for n, p in base.named_parameters() if p.dim() == 2}
     merged = PeftModel.from_pretrained(base, str(run / "adapter")).merge_and_unload()

@@ -17,6 +17,7 @@ import shutil
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import pytest
@@ -25,7 +26,7 @@ import torch
 import spp.eval.ppl_cache as ppl_cache
 import spp.pruning.cache as pruning_cache
 from spp.eval.config import EvalConfig
-from spp.eval.ppl_cache import ppl_cache_key, ppl_settings, weights_key
+from spp.eval.ppl_cache import ppl_cache_key, ppl_settings
 from spp.models.config import ModelConfig
 from spp.models.tiny import tiny_llama, tiny_tokenizer
 from spp.paths import SAMPLE_DATA_DIR
@@ -34,8 +35,10 @@ from spp.pruning.config import CACHE_KEY, CalibrationConfig, PrunerConfig, Spars
 from spp.pruning.engine import prune_model
 from spp.pruning.pruners.dsnot import INITIAL_METHODS
 from spp.pruning.pruners.ria.pruner import SCOPES
+from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.registry import PRUNERS as REGISTERED_PRUNERS
 from spp.pruning.registry import needs_calibration, pruner_config
+from spp.training.run import pruning_identity
 
 TINY = ModelConfig(name="tiny", path="tiny")
 U50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)
@@ -128,6 +131,16 @@ EVAL_CASES: dict[str, tuple[Any, bool]] = {
     "max_memory_per_gpu": ("20GiB", False),  # ... and where a replica's weights sit
     "log_samples": (True, False),  # lm-eval's per-document records written beside the results (the recovery study)
 }
+
+
+def weights_key(model: ModelConfig, pruner: PrunerConfig | None = None, sparsity: SparsityConfig | None = None,
+                calibration: CalibrationConfig | None = None, data_dir: str | None = None) -> str:
+    """What the perplexity cache keys the measured weights on: the job's ``pruning_identity(...).pruned_weights``
+    (the model identity when dense, else the pruning cache key's digest)."""
+    job = SimpleNamespace(model=model, pruner=pruner or PrunerConfig(), sparsity=sparsity or SparsityConfig(),
+                          calibration=calibration or CalibrationConfig(), data_dir=data_dir,
+                          reconstruct=ReconstructConfig())
+    return pruning_identity(job).pruned_weights
 
 
 class Setting(NamedTuple):

@@ -30,9 +30,10 @@ from spp.models.offload import OffloadedModel
 from spp.models.tiny import tiny_llama
 from spp.paths import CONF_DIR, SAMPLE_DATA_DIR, data_provenance, find_data, forget_data_reads
 from spp.preflight.data_files import check_data_source
-from spp.pruning import cache as cache_mod
-from spp.pruning.cache import get_or_prune, store
+from spp.pruning.cache import store
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.phase import get_or_reconstruct
 from spp.training import finalize as finalize_module
 from spp.training.callbacks.guards import GuardsCallback
 from spp.training.finalize import divergence
@@ -413,9 +414,10 @@ def test_nan_calibration_activations_are_refused_and_not_cached(tmp_path, tiny_t
     with torch.no_grad():
         model.model.layers[0].input_layernorm.weight[0] = float("nan")
     with pytest.raises(UserError, match="not finite"):
-        get_or_prune(model, tiny_tok, ModelConfig(name="tiny", path="tiny"), PrunerConfig(name="wanda"),
-                     SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
-                     CalibrationConfig(nsamples=2, seqlen=32), tmp_path / "cache", str(SAMPLE_DATA_DIR))
+        get_or_reconstruct(model, tiny_tok, ModelConfig(name="tiny", path="tiny"), PrunerConfig(name="wanda"),
+                           SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
+                           CalibrationConfig(nsamples=2, seqlen=32), ReconstructConfig(), tmp_path / "cache",
+                           str(SAMPLE_DATA_DIR))
     assert not list((tmp_path / "cache").rglob("manifest.json"))
 
 
@@ -456,7 +458,7 @@ def test_stale_temporaries_are_removed_with_a_log_line(tmp_path, caplog):
 def test_killed_prune_write_leaves_no_loadable_entry(tmp_path, tiny_tok, monkeypatch):
     args = (ModelConfig(name="tiny", path="tiny"), PrunerConfig(name="magnitude"),
             SparsityConfig(name="nm2_4", kind="nm", n=2, m=4), CalibrationConfig(nsamples=2, seqlen=32),
-            tmp_path / "cache", str(SAMPLE_DATA_DIR))
+            ReconstructConfig(), tmp_path / "cache", str(SAMPLE_DATA_DIR))
 
     def killed(path, data):  # the process dies half-way through writing a cache file
         Path(path).write_bytes(data[: len(data) // 2])
@@ -464,9 +466,9 @@ def test_killed_prune_write_leaves_no_loadable_entry(tmp_path, tiny_tok, monkeyp
 
     monkeypatch.setattr(store, "_atomic_write_bytes", killed)
     with pytest.raises(KeyboardInterrupt):
-        cache_mod.get_or_prune(tiny_llama(seed=0), tiny_tok, *args)
+        get_or_reconstruct(tiny_llama(seed=0), tiny_tok, *args)
     monkeypatch.undo()
-    again = cache_mod.get_or_prune(tiny_llama(seed=0), tiny_tok, *args)
+    again, _ = get_or_reconstruct(tiny_llama(seed=0), tiny_tok, *args)
     assert not again.cache_hit
 
 

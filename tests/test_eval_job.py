@@ -133,3 +133,48 @@ def test_eval_py_reports_one_error_line():
     assert proc.stderr.strip().splitlines() == [
         "eval.py: error: eval.seqlen=4096 exceeds the model's max_position_embeddings=512 — set eval.seqlen<=512"
     ]
+
+
+def test_a_held_cache_lock_ends_after_the_jobs_cache_lock_timeout(tmp_path):
+    import fcntl
+    import time
+
+    from spp.pruning.cache import cache_entry_dir, cache_key
+
+    cfg = _compose("pruner=magnitude", "sparsity=unstructured50", f"cache_dir={tmp_path / 'cache'}",
+                   "cache_lock_timeout_s=1")
+    assert cfg.cache_lock_timeout_s == 1  # eval.py takes the key prune.py and train.py take
+    entry = cache_entry_dir(cfg.cache_dir, *cache_key(cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
+                                                      cfg.data_dir))
+    entry.parent.mkdir(parents=True)
+    fd = os.open(f"{entry}.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another job is writing this entry
+    start = time.perf_counter()
+    try:
+        with pytest.raises(UserError, match="for more than 1 s") as err:
+            run_eval_job(cfg, tmp_path / "out")
+    finally:
+        os.close(fd)
+    assert err.value.key == "cache_lock_timeout_s" and time.perf_counter() - start < 60  # not the 7200 s default
+
+
+def test_online_tasks_neither_need_nor_record_the_local_task_files(tmp_path, monkeypatch):
+    from spp.eval.evaluate import Evaluation
+
+    monkeypatch.setattr("spp.eval.runner.evaluate", lambda *args, **kwargs: Evaluation(  # lm-eval's hub tasks need
+        zero_shot={"metrics": {"spp_rte": {"acc": 0.5}}, "num_fewshot": {}}))  # the network: its result stands in
+    (tmp_path / "data").mkdir()  # a data root without the local copies of the tasks
+    cfg = _compose("eval.tasks=[spp_rte]", "eval.online=true", "eval.ppl=false", f"data_dir={tmp_path / 'data'}")
+    record = run_eval_job(cfg, tmp_path / "out")
+    assert record.tasks == {"spp_rte": {"acc": 0.5}} and record.info["data_files"] == []
+    offline = _compose("eval.tasks=[spp_rte]", "eval.ppl=false", f"data_dir={tmp_path / 'data'}")
+    with pytest.raises(FileNotFoundError, match="eval task spp_rte"):  # the control: offline they are needed
+        run_eval_job(offline, tmp_path / "offline")
+
+
+def test_each_job_of_a_process_records_only_its_own_data_files(tmp_path):
+    files = []
+    for source in ("wikitext2", "c4"):  # eval.py -m eval.ppl_source=wikitext2,c4 runs both jobs in one process
+        record = run_eval_job(_compose(f"eval.ppl_source={source}"), tmp_path / source)
+        files.append({row["path"] for row in record.info["data_files"]})
+    assert files == [{"data/wikitext2/test.json"}, {"data/c4/c4_sample.jsonl"}]

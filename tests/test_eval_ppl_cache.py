@@ -12,10 +12,11 @@ from spp.distributed import DistContext
 from spp.eval.config import EvalConfig
 from spp.eval.offloaded import cached_offloaded_perplexity
 from spp.eval.perplexity import perplexity
-from spp.eval.ppl_cache import ppl_cache_key, weights_key
+from spp.eval.ppl_cache import ppl_cache_key
 from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from tests.test_cache_keys import weights_key
 
 EVAL = EvalConfig(seqlen=64, max_windows=2)
 TINY = ModelConfig(name="tiny", path="tiny")

@@ -22,9 +22,10 @@ from spp.models.tiny import TINY_FAMILIES, tiny_config, tiny_model
 from spp.planning.adapter import adapter_spec
 from spp.planning.shapes import shape_from_arch
 from spp.projections import DEFAULT_TARGETS, find_projections
-from spp.pruning import get_or_prune
 from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.patterns import check_nm, keep_top_n_of_m
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.phase import get_or_reconstruct
 
 BLOCKS = 4
 
@@ -299,8 +300,9 @@ def test_train_py_measures_the_block_errors_after_pruning(tmp_path):
     windows = draw_calibration(load_tokenizer(job.model), job.calibration, job.data_dir).windows[:2]
     dense = load_model(job.model, with_tokenizer=False)[0]
     sparse = copy.deepcopy(dense)
-    get_or_prune(sparse, load_tokenizer(job.model), job.model, job.pruner, job.sparsity, job.calibration,
-                 cache_dir=job.cache_dir, data_dir=job.data_dir)  # in place, from the run's cache entry
+    get_or_reconstruct(sparse, load_tokenizer(job.model), job.model, job.pruner, job.sparsity, job.calibration,
+                       ReconstructConfig(), cache_dir=job.cache_dir,
+                       data_dir=job.data_dir)  # in place, from the run's cache entry
     expected = block_errors(dense, sparse, list(windows.split(job.calibration.batch_size)))
     assert errors == pytest.approx(expected, rel=1e-6)
     marker = json.loads((tmp_path / "run" / "adapter" / "adapter_method.json").read_text())

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 import spp.models.loading as loading
-from spp.eval.ppl_cache import weights_key
 from spp.models import ModelConfig, load_model, model_identity, tiny_llama
-from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig, get_or_prune
+from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.phase import get_or_reconstruct
+from tests.test_cache_keys import weights_key
 
 MAGNITUDE = PrunerConfig(name="magnitude")
 U50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)
@@ -37,7 +39,8 @@ def _replace_keeping_size_and_mtime(target: Path, source: Path) -> None:
 
 def _prune(cfg: ModelConfig, cache: Path):
     model, tok = load_model(cfg)
-    return get_or_prune(model, tok, cfg, MAGNITUDE, U50, CalibrationConfig(), cache, None, "cpu")
+    return get_or_reconstruct(model, tok, cfg, MAGNITUDE, U50, CalibrationConfig(), ReconstructConfig(), cache, None,
+                              "cpu")[0]
 
 
 @pytest.mark.parametrize("whole_file_bytes", [loading.WHOLE_FILE_BYTES, 0], ids=["hashed-whole", "sampled"])

@@ -11,10 +11,12 @@ import torch
 import spp.models.block_runner as sequential
 from spp.models import ModelConfig, tiny_llama
 from spp.paths import SAMPLE_DATA_DIR
-from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig, get_or_prune
+from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.cache import cache_key
 from spp.pruning.cache.__main__ import main as cache_cli
 from spp.pruning.cache.store import MANIFEST_FILE, STATE_FILE, list_entries
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.phase import get_or_reconstruct
 
 CAL = CalibrationConfig(nsamples=4, seqlen=64, batch_size=2)
 U50 = SparsityConfig(name="unstructured50", kind="unstructured", ratio=0.5)
@@ -23,7 +25,8 @@ TINY = ModelConfig(name="tiny", path="tiny")
 
 def _get(tmp_path: Path, tok, pruner: str = "sparsegpt", cal: CalibrationConfig = CAL, model=None):
     model = model if model is not None else tiny_llama(seed=0)
-    result = get_or_prune(model, tok, TINY, PrunerConfig(name=pruner), U50, cal, tmp_path, SAMPLE_DATA_DIR, "cpu")
+    result, _ = get_or_reconstruct(model, tok, TINY, PrunerConfig(name=pruner), U50, cal, ReconstructConfig(), tmp_path,
+                                   SAMPLE_DATA_DIR, "cpu")
     return model, result
 
 
@@ -87,7 +90,8 @@ def test_damaged_entry_is_rebuilt_not_used(tmp_path, tiny_tok, damage: str) -> N
 
 def test_noop_settings_write_no_entry(tmp_path, tiny_tok) -> None:
     model = tiny_llama(seed=0)
-    result = get_or_prune(model, tiny_tok, TINY, PrunerConfig(name="none"), U50, CAL, tmp_path, SAMPLE_DATA_DIR, "cpu")
+    result, _ = get_or_reconstruct(model, tiny_tok, TINY, PrunerConfig(name="none"), U50, CAL, ReconstructConfig(),
+                                   tmp_path, SAMPLE_DATA_DIR, "cpu")
     assert result.cache_path is None and list_entries(tmp_path) == []
     assert all(bool(m.all()) for m in result.masks.values())
 

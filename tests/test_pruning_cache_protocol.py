@@ -31,7 +31,9 @@ from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
 from spp.models.tiny import tiny_llama, tiny_tokenizer
 from spp.paths import SAMPLE_DATA_DIR
-from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig, get_or_prune
+from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.phase import get_or_reconstruct
 from tests.test_pruning_distributed import torchrun
 
 ARCH = {"num_hidden_layers": 3}
@@ -43,7 +45,8 @@ SPARSEGPT = PrunerConfig(name="sparsegpt")
 
 def _prune(cache: Path) -> tuple[torch.nn.Module, object]:
     model = tiny_llama(seed=0, **ARCH)
-    result = get_or_prune(model, tiny_tokenizer(), CFG, SPARSEGPT, NM24, CAL, cache, SAMPLE_DATA_DIR, "cpu")
+    result, _ = get_or_reconstruct(model, tiny_tokenizer(), CFG, SPARSEGPT, NM24, CAL, ReconstructConfig(), cache,
+                                   SAMPLE_DATA_DIR, "cpu")
     return model, result
 
 

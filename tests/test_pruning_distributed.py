@@ -38,8 +38,10 @@ from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
 from spp.models.tiny import tiny_llama, tiny_tokenizer
 from spp.paths import REPO_ROOT, SAMPLE_DATA_DIR
-from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig, get_or_prune
+from spp.pruning import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_offloaded
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.phase import get_or_reconstruct
 from spp.training.callbacks.pruning import PrunedModel, PruningSettings, prune_phase
 
 ARCH = {"num_hidden_layers": 3, "tie_word_embeddings": True}
@@ -405,8 +407,9 @@ def test_a_filesystem_without_locks_is_refused_in_one_line(tmp_path, monkeypatch
     monkeypatch.setattr(lock_module.fcntl, "flock", lambda *_a: (_ for _ in ()).throw(OSError(errno.ENOSYS, "no")))
     monkeypatch.setattr(lock_module, "_probed", set())
     with pytest.raises(UserError, match="does not support file locks"):
-        get_or_prune(tiny_llama(seed=0), tiny_tokenizer(), ModelConfig(name="tiny", path="tiny"),
-                     PrunerConfig(name="wanda"), PATTERNS["nm2_4"], CAL, tmp_path / "c2", SAMPLE_DATA_DIR, "cpu")
+        get_or_reconstruct(tiny_llama(seed=0), tiny_tokenizer(), ModelConfig(name="tiny", path="tiny"),
+                           PrunerConfig(name="wanda"), PATTERNS["nm2_4"], CAL, ReconstructConfig(), tmp_path / "c2",
+                           SAMPLE_DATA_DIR, "cpu")
 
 
 SLOW_READ = f"""
@@ -451,8 +454,9 @@ def test_three_ranks_survive_a_cache_read_slower_than_half_their_timeout(tmp_pat
     the lock, so a read longer than half the process-group timeout (the old per-rank serial reads took 3x)
     finishes."""
     cfg = ModelConfig(name="tiny", path="tiny", arch=ARCH)
-    get_or_prune(tiny_llama(seed=0, **ARCH), tiny_tokenizer(), cfg, PrunerConfig(name="wanda"), PATTERNS["nm2_4"],
-                 CAL, tmp_path / "cache", SAMPLE_DATA_DIR, "cpu")  # the entry exists
+    get_or_reconstruct(tiny_llama(seed=0, **ARCH), tiny_tokenizer(), cfg, PrunerConfig(name="wanda"),
+                       PATTERNS["nm2_4"], CAL, ReconstructConfig(), tmp_path / "cache", SAMPLE_DATA_DIR,
+                       "cpu")  # the entry exists
     script = tmp_path / "slow.py"
     script.write_text(textwrap.dedent(SLOW_READ))
     read_s, timeout_s = 8.0, 12.0

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM
 
 import spp
 from spp.models import load_model
-from spp.pruning import get_or_prune
+from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.reconstruction.phase import get_or_reconstruct
 from spp.training.trainer import THROUGHPUT_KEY
 from train import run_job
 
@@ -29,8 +30,8 @@ def tiny_run(tmp_path_factory):
 
 def _pruned_tiny(cfg, cache):
     model, tok = load_model(cfg.model)
-    result = get_or_prune(model, tok, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
-                          cache_dir=cache, data_dir=cfg.data_dir)
+    result, _ = get_or_reconstruct(model, tok, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
+                                   ReconstructConfig(), cache_dir=cache, data_dir=cfg.data_dir)
     return model, tok, result
 
 

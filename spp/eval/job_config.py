@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from hydra.core.config_store import ConfigStore
 
 from spp.eval.config import EvalConfig
-from spp.job_base import FabricJobConfig
+from spp.job_base import CacheLockJobConfig, FabricJobConfig
 from spp.loggers import LoggersConfig
 from spp.models.config import ModelConfig
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
@@ -15,7 +15,7 @@ from spp.pruning.reconstruction.config import ReconstructConfig
 
 
 @dataclass
-class EvalJobConfig(FabricJobConfig):
+class EvalJobConfig(CacheLockJobConfig, FabricJobConfig):
     """What ``eval.py`` evaluates: ``model.path=<dir>``, or model + pruner + sparsity (through the pruning cache) +
     optional ``adapter_dir``.
 

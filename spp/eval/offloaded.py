@@ -49,24 +49,25 @@ def offloaded_perplexity(off: OffloadedModel, tokenizer: Any, source: str = "wik
     return result_from_sums(sums.cpu(), windows)
 
 
+def _read_entry(path: Path | None) -> dict[str, Any] | None:
+    """A perplexity cache entry without its ``made_from``; ``None`` when there is none (or it is unreadable)."""
+    try:
+        return {k: v for k, v in json.loads(path.read_text()).items() if k != "made_from"} if path else None
+    except (OSError, json.JSONDecodeError) as err:
+        if not isinstance(err, FileNotFoundError):
+            log.warning("perplexity cache: unreadable entry %s (%s); measuring again", path, err)
+        return None
+
+
 def cached_offloaded_perplexity(off: OffloadedModel, tokenizer: Any, eval_cfg: EvalConfig, weights: str,
                                 cache_dir: str | None, data_dir: str | None = None) -> dict[str, Any]:
     """:func:`offloaded_perplexity` through the perplexity cache (``cache_dir=None``: no cache): rank 0 reads and
     writes the entry, every rank gets the same result (measured by all of them on a miss). Returns the entry plus
     ``seconds``, ``cache_hit``."""
     ctx = off.ctx
-    path = None
-    cached = None
-    if ctx.is_main and cache_dir is not None:
-        path = Path(cache_dir).expanduser() / "ppl" / f"{ppl_cache_key(weights, eval_cfg, data_dir)}.json"
-        try:
-            cached = json.loads(path.read_text())
-            cached.pop("made_from", None)
-        except FileNotFoundError:
-            pass
-        except (OSError, json.JSONDecodeError) as err:
-            log.warning("perplexity cache: unreadable entry %s (%s); measuring again", path, err)
-    cached = ctx.broadcast_object(cached)
+    path = (Path(cache_dir).expanduser() / "ppl" / f"{ppl_cache_key(weights, eval_cfg, data_dir)}.json"
+            if ctx.is_main and cache_dir is not None else None)
+    cached = ctx.on_main(lambda: _read_entry(path))
     if cached is not None:
         return {**cached, "cache_hit": True}
     start = time.perf_counter()

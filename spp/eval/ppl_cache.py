@@ -5,18 +5,12 @@ The key holds the sha256 of the resolved data file, not the source's name; non-f
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from typing import Any
 
 from spp.eval.config import EvalConfig
 from spp.eval.perplexity import HUB_WIKITEXT2, source_file
-from spp.models.config import ModelConfig
-from spp.models.loading import model_identity
-from spp.paths import file_sha256
-from spp.pruning.cache import cache_key as pruning_cache_key
-from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.paths import file_sha256, json_sha256
 
 PPL_CACHE_VERSION = "3"
 """Bump when a change to the perplexity code changes its results (version 1 keyed on the source name; version 2
@@ -32,20 +26,6 @@ def ppl_settings(eval_cfg: EvalConfig) -> dict[str, Any]:
         "batch_size": int(eval_cfg.batch_size),
         "sampling": eval_cfg.window_sampling,
     }
-
-
-def weights_key(
-    model_cfg: ModelConfig,
-    pruner: PrunerConfig | None = None,
-    sparsity: SparsityConfig | None = None,
-    calibration: CalibrationConfig | None = None,
-    data_dir: str | None = None,
-) -> str:
-    """What identifies the measured weights: the model identity when dense, else the pruning cache's key digest
-    (model identity, pruner settings, pattern, calibration settings and calibration file sha256, code version)."""
-    if pruner is None or sparsity is None or pruner.name == "none" or sparsity.is_dense:
-        return model_identity(model_cfg)
-    return pruning_cache_key(model_cfg, pruner, sparsity, calibration or CalibrationConfig(), data_dir)[1]
 
 
 def data_key(source: str, data_dir: str | os.PathLike[str] | None = None) -> dict[str, str]:
@@ -66,5 +46,4 @@ def ppl_cache_parts(weights: str, eval_cfg: EvalConfig, data_dir: str | os.PathL
 
 def ppl_cache_key(weights: str, eval_cfg: EvalConfig, data_dir: str | os.PathLike[str] | None = None) -> str:
     """The entry name (first 20 hex digits of a sha256) for ``weights`` measured with ``eval_cfg``."""
-    parts = ppl_cache_parts(weights, eval_cfg, data_dir)
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
+    return json_sha256(ppl_cache_parts(weights, eval_cfg, data_dir))[:20]

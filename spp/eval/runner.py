@@ -35,9 +35,10 @@ from spp.loggers import (
 from spp.models.config import ModelConfig
 from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, load_model, resolve_source
 from spp.models.tiny import TINY_ARCH
-from spp.paths import data_provenance
+from spp.paths import data_provenance, forget_data_reads
 from spp.projections import DEFAULT_TARGETS, find_projections, in_blocks
 from spp.pruning.calibration_data import check_calibration_source
+from spp.pruning.patterns import sparsity_summary
 from spp.pruning.reconstruction.phase import get_or_reconstruct
 from spp.pruning.registry import needs_calibration
 
@@ -116,9 +117,8 @@ def default_label(cfg: EvalJobConfig) -> str:
 
 def linear_sparsity(model: torch.nn.Module) -> float:
     """Fraction of exact zeros over the weights of every linear projection inside the decoder blocks."""
-    weights = [module.weight for module in find_projections(model, DEFAULT_TARGETS).values()]
-    total = sum(weight.numel() for weight in weights)
-    return sum(int((weight == 0).sum()) for weight in weights) / total if total else 0.0
+    weights = {name: module.weight for name, module in find_projections(model, DEFAULT_TARGETS).items()}
+    return sparsity_summary(weights)["overall"]["sparsity"]
 
 
 def is_folder(cfg: EvalJobConfig) -> bool:
@@ -158,7 +158,7 @@ def _in_memory(cfg: EvalJobConfig, info: dict[str, Any]) -> tuple[torch.nn.Modul
         start = time.perf_counter()
         result, rebuilt = get_or_reconstruct(model, tokenizer, cfg.model, cfg.pruner, cfg.sparsity, cfg.calibration,
                                              cfg.reconstruct, cfg.cache_dir if cfg.use_cache else None, cfg.data_dir,
-                                             device)
+                                             device, lock_timeout_s=cfg.cache_lock_timeout_s)
         if rebuilt is not None:
             info["reconstruction"] = rebuilt.summary()
         info["timings"]["prune"] = round(time.perf_counter() - start, 2)
@@ -177,6 +177,7 @@ def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord | Non
 
     A saved folder is evaluated by every process of the job; a model pruned or adapted here in this process. Returns
     the record (one table row) on global rank 0, ``None`` elsewhere."""
+    forget_data_reads()  # a multirun's jobs share the process: each records the files it reads
     preflight(cfg)
     ctx = launch_processes(cfg.accelerator, cfg.devices, cfg.num_nodes, cfg.eval.device)
     folder = is_folder(cfg)
@@ -193,8 +194,6 @@ def run_eval_job(cfg: EvalJobConfig, output_dir: str | Path) -> EvalRecord | Non
     else:
         source, tokenizer = _in_memory(cfg, info)
     info["timings"]["load"] = round(time.perf_counter() - start, 2)
-    if cfg.eval.tasks:
-        task_data_files(list(cfg.eval.tasks), cfg.data_dir)  # recorded for data_files (the harness resolves them too)
     label = cfg.label or default_label(cfg)
     ev = evaluate(source, cfg.eval, ctx, tokenizer=tokenizer, data_dir=cfg.data_dir, label=label,
                   on_perplexity=lambda part: _write(cfg, output_dir, label, info, part, partial=True))

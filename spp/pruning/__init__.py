@@ -4,7 +4,6 @@ kept, keyed by qualified module name. Importing this registers every pruner in `
 
 from spp.pruning import pruners as _pruners  # noqa: F401 - registers the project's pruners
 from spp.pruning.base import MatrixOutcome, Pruner
-from spp.pruning.cache import get_or_prune
 from spp.pruning.config import CACHE_KEY, KEY_REASON, UNORDERED, CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult, prune_model
 from spp.pruning.patterns import check_nm, sparsity_summary
@@ -23,7 +22,6 @@ __all__ = [
     "UNORDERED",
     "check_nm",
     "current_masks",
-    "get_or_prune",
     "prune_model",
     "pruner_config",
     "register_pruner",

@@ -5,8 +5,6 @@ training process group. ``python -m spp.pruning.cache list|clear`` lists or dele
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -25,7 +23,7 @@ from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
 from spp.models.loading import model_identity
 from spp.models.offload import OffloadedModel
-from spp.paths import file_sha256
+from spp.paths import file_sha256, json_sha256
 from spp.pruning.base import Pruner
 from spp.pruning.cache.lock import check_locks_span_nodes, entry_lock
 from spp.pruning.cache.store import (
@@ -37,7 +35,7 @@ from spp.pruning.cache.store import (
 )
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
 from spp.pruning.config import CACHE_KEY, UNORDERED, CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.pruning.engine import PruneResult, local_context, prune_offloaded, validate_for_model
+from spp.pruning.engine import PruneResult, prune_offloaded, validate_for_model
 from spp.pruning.masks import MaskSet, ZeroPattern, kept_zero_indices
 from spp.pruning.patterns import sparsity_summary
 from spp.pruning.registry import needs_calibration, resolve_config
@@ -59,7 +57,6 @@ __all__ = [
     "cache_entry_dir",
     "cache_key",
     "entry_lock",
-    "get_or_prune",
     "prune_cached",
     "pruner_key",
     "remove_entry",
@@ -116,8 +113,7 @@ def cache_key(
         calib["sampling"] = sampling_of(calibration)  # null is the source's default: the same draw, the same key
         calib["file_sha256"] = file_sha256(resolve_calibration_file(calibration, data_dir))
         key["calibration"] = calib
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
-    return key, digest
+    return key, json_sha256(key)
 
 
 def pattern_label(pattern: dict[str, Any]) -> str:
@@ -271,7 +267,6 @@ def _prune_writing(off: OffloadedModel, tokenizer: PreTrainedTokenizerBase | Non
     except BaseException:
         if writer is not None:
             writer.abort()
-            remove_entry(writer.entry)
         raise
 
 
@@ -281,12 +276,10 @@ def _finish(off: OffloadedModel, writer: EntryWriter | None, result: PruneResult
     error: Exception | None = None
     if writer is not None:
         try:
-            writer.finish(result.masks, {
-                "key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "timings": result.timings,
-                "overall": {k: v for k, v in result.report.overall.items() if k != "timings"}})
+            writer.finish(result.masks, key, {"timings": result.timings, "overall": {
+                k: v for k, v in result.report.overall.items() if k != "timings"}})
         except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
             writer.abort()
-            remove_entry(writer.entry)
             error = (UserError(f"the disk filled up while writing the pruning cache entry {writer.entry} ({err}); "
                                "nothing half-written was kept", "free space under cache_dir, or point cache_dir= "
                                "at a disk with room", key="cache_dir")
@@ -296,24 +289,3 @@ def _finish(off: OffloadedModel, writer: EntryWriter | None, result: PruneResult
     if error is not None:
         raise error
 
-
-def get_or_prune(
-    model: nn.Module,
-    tokenizer: PreTrainedTokenizerBase | None,
-    model_cfg: ModelConfig,
-    pruner: PrunerConfig,
-    sparsity: SparsityConfig,
-    calibration: CalibrationConfig,
-    cache_dir: str | Path,
-    data_dir: str | None = None,
-    device: str | torch.device | None = None,
-    method: Pruner | None = None,
-) -> PruneResult:
-    """Prune a whole in-memory ``model`` in place in this process, through the cache (:func:`prune_cached`).
-    A partial entry or one failing its checksum counts as a miss and is rewritten atomically."""
-    off = OffloadedModel(model, local_context(device))
-    try:
-        return prune_cached(off, tokenizer, model_cfg, pruner, sparsity, calibration, cache_dir, data_dir,
-                            method=method)
-    finally:
-        off.restore()

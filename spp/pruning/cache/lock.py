@@ -96,7 +96,7 @@ def check_locks_span_nodes(ctx: DistContext, directory: Path) -> None:
 
 
 @contextmanager
-def entry_lock(entry: Path, timeout_s: float = 7200.0) -> Iterator[None]:
+def entry_lock(entry: Path, timeout_s: float) -> Iterator[None]:
     """Hold the exclusive writer's lock ``<entry>.lock``, logging while waiting; ``UserError`` after ``timeout_s``."""
     check_locks_work(Path(f"{entry}.lock"))
     lock = FileLock(f"{entry}.lock")

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -78,8 +79,9 @@ class EntryWriter:
         _atomic_write_bytes(self.entry / name, data)
         self.files[name] = hashlib.sha256(data).hexdigest()
 
-    def finish(self, masks: Mapping[str, torch.Tensor], manifest: dict[str, Any]) -> None:
-        """Wait for the weights files, write the packed masks, then the manifest; on a failed write no manifest."""
+    def finish(self, masks: Mapping[str, torch.Tensor], key: dict[str, Any], record: dict[str, Any]) -> None:
+        """Wait for the weights files, write the packed masks, then the manifest (``key``, the time, ``record``); on a
+        failed write no manifest."""
         try:
             for future in self._pending:
                 future.result()
@@ -87,13 +89,15 @@ class EntryWriter:
             self._pool.shutdown(wait=True, cancel_futures=True)
         shapes = {n: list(masks[n].shape) for n in masks}
         self._write(STATE_FILE, {MASK_PREFIX + n: pack_mask(masks[n]) for n in masks}, {"shapes": json.dumps(shapes)})
-        manifest = {**manifest, "state_sha256": self.files[STATE_FILE], "files": self.files,
-                    "weight_files": self.weight_files, "shapes": shapes}
+        manifest = {"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **record,
+                    "state_sha256": self.files[STATE_FILE], "files": self.files, "weight_files": self.weight_files,
+                    "shapes": shapes}
         _atomic_write_bytes(self.entry / MANIFEST_FILE, json.dumps(manifest, indent=2, default=str).encode())
 
     def abort(self) -> None:
-        """Stop the background writes (the caller removes the unfinished entry)."""
+        """Stop the background writes and remove the unfinished entry."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+        remove_entry(self.entry)
 
 
 def read_manifest(entry: Path) -> dict[str, Any]:

@@ -4,8 +4,6 @@ Entries sit beside the pruning entries (``...-blockwise-<key hash>/``) in the sa
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import time
 from pathlib import Path
@@ -15,9 +13,9 @@ import torch
 
 from spp.adapters.base import AdapterMethod
 from spp.models.offload import OffloadedModel
-from spp.paths import file_sha256
+from spp.paths import file_sha256, json_sha256
 from spp.pruning.cache import cache_entry_dir, json_ready
-from spp.pruning.cache.store import CorruptEntryError, EntryWriter, open_for_key, remove_entry
+from spp.pruning.cache.store import CorruptEntryError, EntryWriter, open_for_key
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
 from spp.pruning.masks import MaskSet
 from spp.pruning.reconstruction.config import ReconstructConfig
@@ -46,7 +44,7 @@ def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: Recon
         "form": json_ready(dataclasses.asdict(form_config(cfg, form))),
         "file_sha256": file_sha256(resolve_calibration_file(calibration, data_dir)),
     }
-    return key, hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()
+    return key, json_sha256(key)
 
 
 def entry_dir(cache_dir: str | Path, pruning_key: dict[str, Any], digest: str) -> Path:
@@ -95,11 +93,9 @@ class EntryWrite:
 
     def finish(self, masks: MaskSet, key: dict[str, Any], result: ReconstructResult) -> None:
         """The masks, then the manifest (the entry is finished)."""
-        self.writer.finish(masks, {"key": key, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                   "blocks": result.blocks, "timings": result.timings,
-                                   "calibration": result.calibration})
+        self.writer.finish(masks, key, {"blocks": result.blocks, "timings": result.timings,
+                                        "calibration": result.calibration})
 
     def abort(self) -> None:
         """Stop writing and remove the unfinished entry."""
         self.writer.abort()
-        remove_entry(self.entry)
