@@ -38,7 +38,7 @@ from spp.models.tiny import tiny_llama
 from spp.paths import REPO_ROOT
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
-from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, original_name, zero_patterns
+from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, original_name
 
 Position = tuple[int, int]
 CASES = {
@@ -58,9 +58,9 @@ FSDP_CASES = ("spp", "sparse_lora", "masked_full", "lora", "scale_lora")
 def _pruned() -> tuple[nn.Module, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The tiny model pruned 2:4 by magnitude, its masks (True = kept) and its exact-zero pattern."""
     model = tiny_llama(seed=0)
-    masks = prune_model(model, None, PrunerConfig(name="magnitude"), SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
-                        device="cpu").masks
-    return model, masks, zero_patterns(model, set(masks))
+    result = prune_model(model, None, PrunerConfig(name="magnitude"), SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
+                         device="cpu")
+    return model, result.masks, result.zeros  # the zero pattern pruning records (masks and kept zeros)
 
 
 def _layer(model: nn.Module, name: str) -> nn.Module:

@@ -38,7 +38,7 @@ from spp.planning.report import text
 from spp.preflight.model_files import model_arch
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import form_config
-from spp.pruning.reconstruction.one_block import FormedBlock, block_masks
+from spp.pruning.reconstruction.one_block import BLOCK_PATH, FormedBlock
 from spp.training.config import load_job
 
 GIB = 2**30
@@ -91,7 +91,9 @@ def test_the_meta_count_is_what_a_real_formed_block_trains(form):
     counted = form_tensors(tiny_config().to_dict(), cfg, "float32")
     model = tiny_model()
     masks = {n: ~z for n, z in prune_2_4_(model).items()}
-    params = FormedBlock(model.model.layers[0], cfg, block_masks(masks, "model.layers.0")).attach()
+    block = {f"{BLOCK_PATH}.{n.removeprefix('model.layers.0.')}": m for n, m in masks.items()
+             if n.startswith("model.layers.0.")}  # named inside the one-block model, as the engine names them
+    params = FormedBlock(model.model.layers[0], cfg, block).attach()
     assert counted["trainable_params"] == sum(p.numel() for p in params) > 0
     assert counted["trainable_bytes"] == sum(p.numel() * p.element_size() for p in params)
 

@@ -76,6 +76,13 @@ class _Replay(_StandIn):
         return (self._hidden[0],) if self._as_tuple else self._hidden[0]
 
 
+def call_block(block: nn.Module, x: torch.Tensor, call: Call) -> torch.Tensor:
+    """``block``'s output hidden states on ``x`` with the arguments the model passes it (a tuple's first item)."""
+    args, kw = call
+    out = block(x, *args, **kw)
+    return out[0] if isinstance(out, tuple) else out
+
+
 def _to(obj: Any, device: torch.device, memo: dict[int, Any]) -> Any:
     """``obj`` with every tensor on ``device``; a tensor shared by many blocks (a mask) is moved once."""
     if isinstance(obj, torch.Tensor):

@@ -133,11 +133,13 @@ def _train_spec(job: Any, world: int, bpe: float) -> TrainSpec:
 def _eval_spec(job: Any, prunes: bool, per_char: float) -> EvalSpec:
     """What :class:`EvalSpec` needs of ``eval.*``, ``dense_ppl`` and ``pruned_ppl``."""
     ev = job.eval
-    text_tokens = int(TEXT_CHARS.get(str(ev.ppl_source).removeprefix("hf:"), TEXT_CHARS["wikitext2"]) * per_char)
-    windows = (ev.max_windows or text_tokens // ev.seqlen) if ev.ppl else 0
+    sources = [ev.ppl_source, *ev.extra_ppl_sources] if ev.ppl else []  # each measured with the same settings
+    tokens = [int(TEXT_CHARS.get(str(s).removeprefix("hf:"), TEXT_CHARS["wikitext2"]) * per_char) for s in sources]
+    windows = [ev.max_windows or t // ev.seqlen for t in tokens]
     before = (int(job.dense_ppl) + int(job.pruned_ppl and prunes)) if ev.ppl else 0
-    return EvalSpec(ppl_windows=windows, seqlen=ev.seqlen, batch=ev.batch_size, before=before,
-                    text_tokens=text_tokens if ev.ppl else 0,
+    return EvalSpec(ppl_windows=sum(windows[:1]), seqlen=ev.seqlen, batch=ev.batch_size, before=before,
+                    text_tokens=sum(tokens[:1]), extra_ppl_windows=sum(windows[1:]),
+                    extra_text_tokens=max(tokens[1:], default=0),
                     lm_eval_tokens=lm_eval_tokens(list(ev.tasks), ev.limit, ev.mmlu_limit),
                     lm_eval_batch=ev.lm_eval_batch_size)
 

@@ -17,6 +17,7 @@ On CPU rank 0's onloaded block is its home tensor when ``reconstruct.dtype`` is 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ import torch
 from spp.adapters.base import AdapterMethod
 from spp.adapters.registry import apply_adapter
 from spp.planning.hardware import Hardware
+from spp.planning.memory import forward_bytes
 from spp.planning.shapes import dtype_bytes, skeleton_from_arch
 from spp.planning.spec import ReconstructSpec, RunSpec
 from spp.projections import block_projections
@@ -94,7 +96,7 @@ def _per_window(spec: RunSpec, rc: ReconstructSpec) -> dict[str, int]:
             + rc.dropout_inputs * (a + 1))
     kept_for_backward = rc.forward_transient_values * a  # the form's own (SPP: its merged weight)
     return {"call_arguments": 2 * s * head_dim * shape.bytes_per_param + 8 * s,
-            "forward": s * ((2 * h + 2 * q + 3 * i) * a + shape.score_bytes(s, a)) + loss,
+            "forward": forward_bytes(replace(spec, act_bytes=a), 1, s)["block"] + loss,  # one window, no grad
             "train_window": s * kept + loss + kept_for_backward}
 
 

@@ -240,8 +240,9 @@ def evaluate_phase(spec: RunSpec, hw: Hardware, placement: EvalPlacement) -> Pha
     shape, ev = spec.shape, spec.eval
     forward = eval_forward(spec)
     kept_device, kept = kept_through_evaluation(spec)
+    text = max(ev.text_tokens, ev.extra_text_tokens) if ev.ppl_windows else 0  # the sources tokenized in turn
     proc = {**_process(hw), "lm_eval": hw.lm_eval_host_bytes if ev.lm_eval_tokens else 0,
-            "tokenize": ev.text_tokens * hw.tokenize_bytes_per_token if ev.ppl_windows else 0}
+            "tokenize": text * hw.tokenize_bytes_per_token}
     if placement.how == "cpu":
         proc.update(weights=shape.weight_bytes, forward=sum(forward.values()))
         proc = {k: v for k, v in proc.items() if v}
@@ -265,7 +266,7 @@ def _eval_seconds(spec: RunSpec, hw: Hardware, placement: EvalPlacement) -> dict
     """Loading the export, then every window and request split over the replicas (a ``parallelize`` replica
     computes on one GPU at a time)."""
     shape, ev = spec.shape, spec.eval
-    tokens = ev.ppl_windows * ev.seqlen + ev.lm_eval_tokens
+    tokens = (ev.ppl_windows + ev.extra_ppl_windows) * ev.seqlen + ev.lm_eval_tokens
     rate = CPU_HOST.eval_tflops if placement.how == "cpu" else hw.eval_tflops  # a GPU job's fallback too
     return {"load": shape.weight_bytes / (hw.disk_gbps * 1e9),
             "forward": tokens * forward_flops(shape, ev.seqlen) / placement.replicas / (rate * 1e12)}

@@ -80,6 +80,8 @@ class EvalSpec:
         ppl_windows: Perplexity windows of one measurement (per source).
         before: Measurements before training (dense and/or pruned, main source only).
         text_tokens: Tokens of the main perplexity text, tokenized whole by every rank that measures.
+        extra_ppl_windows: Windows of ``eval.extra_ppl_sources`` together (measured after training only).
+        extra_text_tokens: Tokens of the largest of their texts (each is tokenized in turn).
         lm_eval_tokens: Tokens lm-eval feeds the model (0: no task).
     """
 
@@ -88,6 +90,8 @@ class EvalSpec:
     batch: int = 1
     before: int = 0
     text_tokens: int = 0
+    extra_ppl_windows: int = 0
+    extra_text_tokens: int = 0
     lm_eval_tokens: int = 0
     lm_eval_batch: int = 1
 

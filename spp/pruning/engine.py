@@ -21,7 +21,7 @@ from spp.errors import UserError
 from spp.models.block_runner import BlockCalls, BlockRunner, Call, buffers_on
 from spp.models.conv1d import linearize_conv1d
 from spp.models.offload import OffloadedModel
-from spp.projections import matches, model_targets
+from spp.projections import find_projections, matches, model_targets
 from spp.pruning.base import MatrixOutcome, Pruner
 from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
@@ -31,7 +31,7 @@ from spp.pruning.patterns import check_layer_fits, sparsity_summary
 from spp.pruning.report import PruneReport, report_from_layers
 from spp.pruning.resolve import prunes, resolve_pruner
 from spp.pruning.statistics import InputStatistics, observe_inputs
-from spp.pruning.targets import block_linears, prunable_linears
+from spp.pruning.targets import block_linears
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def validate_for_model(
     prunable linears and the pruner (``method``, else resolved; ``None`` when nothing is pruned).
     Raises ``ValueError`` naming the config key or layer (bad ratio / N:M / targets / seqlen, :meth:`Pruner.check`)."""
     pruner, sparsity, calibration = pruner.validate(), sparsity.validate(), calibration.validate()
-    linears = prunable_linears(model, pruner.targets)
+    linears = find_projections(model, pruner.targets, "pruner.targets")  # in decoder order; none matched: UserError
     method = (method or resolve_pruner(pruner)) if prunes(pruner, sparsity) else None
     if method is not None:
         for name, linear in linears.items():

@@ -14,11 +14,11 @@ from omegaconf import OmegaConf
 from spp.atomic import write_dir_atomic, write_json_atomic, write_text_atomic
 from spp.distributed import launch_processes
 from spp.models.loading import load_for_rank, load_tokenizer
+from spp.projections import find_projections
 from spp.pruning.cache import READ_MARGIN_S
 from spp.pruning.config import PruneJobConfig
 from spp.pruning.patterns import sparsity_summary
 from spp.pruning.reconstruction.phase import get_or_reconstruct
-from spp.pruning.targets import prunable_linears
 
 
 def prune_job(job: PruneJobConfig, output_dir: Path, methods: Any = None) -> dict[str, Any] | None:
@@ -41,8 +41,8 @@ def prune_job(job: PruneJobConfig, output_dir: Path, methods: Any = None) -> dic
     if reconstruction is not None:
         timing["reconstruct"] = reconstruction.timings
         write_json_atomic(output_dir / "reconstruction.json", reconstruction.summary())
-    summary = sparsity_summary({n: m.weight for n, m in prunable_linears(model, job.pruner.targets).items()},
-                               *job.sparsity.nm_pair)
+    linears = find_projections(model, job.pruner.targets, "pruner.targets")
+    summary = sparsity_summary({n: m.weight for n, m in linears.items()}, *job.sparsity.nm_pair)
     summary.update(
         model=job.model.name, pruner=job.pruner.name, sparsity=job.sparsity.name,
         target_ratio=job.sparsity.target_ratio,

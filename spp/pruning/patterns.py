@@ -57,7 +57,7 @@ def mask_from_scores(scores: torch.Tensor, sparsity: SparsityConfig, scope: str 
     if sparsity.kind == "dense":
         return torch.ones_like(scores, dtype=torch.bool)
     if sparsity.kind == "nm":
-        return keep_top_n_of_m(scores, int(sparsity.n), int(sparsity.m))
+        return keep_top_n_of_m(scores, *sparsity.nm_pair)
     if scope == "row":
         return prune_lowest_per_row(scores, sparsity.target_ratio)
     return prune_lowest_global(scores, sparsity.target_ratio)  # "matrix"; RIAConfig refuses any other pruner.scope

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import nn
 
 from spp.distributed import DistContext
+from spp.models.block_runner import Call, call_block
 
 FRACTION_BITS = 42
 """Bits of a batch's Hessian kept below its bucket's power of two: with at most :data:`MAX_BATCHES` batches the
@@ -189,18 +189,18 @@ class InputStatistics:
 
 
 def observe_inputs(block: nn.Module, linears: Mapping[str, nn.Linear], stats: dict[str, InputStatistics],
-                   batches: list[int], hidden: list[torch.Tensor], calls: list[Any],
+                   batches: list[int], hidden: list[torch.Tensor], calls: list[Call],
                    outputs: list[torch.Tensor] | None = None) -> None:
     """Run ``block`` on this rank's batches (global indices ``batches``) with each linear's inputs added to
     ``stats[name]``; with ``outputs``, the block's outputs are appended to it."""
     handles = [linears[n].register_forward_hook(lambda _m, inp, _o, s=s: s.add(inp[0])) for n, s in stats.items()]
     try:
-        for b, x, (args, kw) in zip(batches, hidden, calls, strict=True):
+        for b, x, call in zip(batches, hidden, calls, strict=True):
             for s in stats.values():
                 s.at_batch(b)
-            out = block(x, *args, **kw)
+            out = call_block(block, x, call)
             if outputs is not None:
-                outputs.append(out[0] if isinstance(out, tuple) else out)
+                outputs.append(out)
     finally:
         for h in handles:
             h.remove()

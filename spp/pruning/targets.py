@@ -7,9 +7,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from spp.projections import DEFAULT_TARGETS, block_projections, decoder_layers, find_projections, matches, names_in
+from spp.projections import DEFAULT_TARGETS, block_projections, decoder_layers, matches, names_in
 
-__all__ = ["block_linears", "current_masks", "decoder_layers", "prunable_linears"]
+__all__ = ["block_linears", "current_masks", "decoder_layers"]
 
 
 def block_linears(block: nn.Module, targets: Iterable[str]) -> dict[str, nn.Linear]:
@@ -17,11 +17,6 @@ def block_linears(block: nn.Module, targets: Iterable[str]) -> dict[str, nn.Line
     keyed by their name inside the block."""
     targets = list(targets)
     return {name: module for name, module in block_projections(block).items() if matches(name, targets)}
-
-
-def prunable_linears(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, nn.Linear]:
-    """All prunable linears in decoder order, by qualified name; a target matching none raises ``UserError``."""
-    return find_projections(model, targets, "pruner.targets")
 
 
 def current_masks(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ from spp.adapters.base import AdapterMethod
 from spp.adapters.config import AdapterConfig
 from spp.adapters.registry import before_optimizer_step, option_config
 from spp.errors import UserError
-from spp.models.block_runner import BlockRunner, Call, buffers_on
+from spp.models.block_runner import BlockRunner, Call, buffers_on, call_block
 from spp.models.config import DTYPES
 from spp.models.offload import OffloadedModel
 from spp.projections import model_targets
@@ -163,17 +163,17 @@ class _Pass:
         with self.runner.block(i, write_back=True) as block:
             block.to(self.dtype)
             formed = FormedBlock(block, self.form, self.block_masks(block, prefix))
-            start = mean_loss(lambda j: _call(block, inputs[j], calls[j]), targets, self.cfg, self.ctx)
+            start = mean_loss(lambda j: call_block(block, inputs[j], calls[j]), targets, self.cfg, self.ctx)
             params = self.attach(formed, i)
             with torch.enable_grad():
-                steps = train_form(params, lambda j: _call(formed.block, inputs[j], calls[j]), targets, self.cfg,
+                steps = train_form(params, lambda j: call_block(formed.block, inputs[j], calls[j]), targets, self.cfg,
                                    self.ctx, i, before_step=lambda: before_optimizer_step(formed.wrapper))
             formed.merge()
             _check_zeros(block, formed.masks, prefix)
             for param in block.parameters():  # rank 0's block on every rank: bit-identical from here on
                 self.ctx.broadcast_(param.data, src=0)
             outputs: list[torch.Tensor] = []
-            end = mean_loss(lambda j: _call(block, inputs[j], calls[j]), targets, self.cfg, self.ctx, keep=outputs)
+            end = mean_loss(lambda j: call_block(block, inputs[j], calls[j]), targets, self.cfg, self.ctx, keep=outputs)
         seconds = time.perf_counter() - t0
         self.timings["train"] += seconds
         self.blocks.append({"block": i, "loss_start": start, "loss_end": end, "steps": steps,
@@ -184,12 +184,6 @@ class _Pass:
                      len(self.runner.layers), prefix, ReconstructLoss(self.cfg.loss).value, start, end, change, steps,
                      seconds)
         return outputs
-
-
-def _call(block: nn.Module, x: torch.Tensor, call: Call) -> torch.Tensor:
-    args, kw = call
-    out = block(x, *args, **kw)
-    return out[0] if isinstance(out, tuple) else out
 
 
 def _check_zeros(block: nn.Module, masks: dict[str, torch.Tensor], prefix: str) -> None:

@@ -11,7 +11,6 @@ from torch import nn
 from spp.adapters.base import set_submodule
 from spp.adapters.config import AdapterConfig
 from spp.adapters.registry import apply_adapter, merge_adapter
-from spp.pruning.masks import MaskSet
 
 BLOCK_PATH = "layers.0"
 
@@ -26,12 +25,6 @@ class OneBlock(nn.Module):
     def prepare_inputs_for_generation(self, *args: Any, **kwargs: Any) -> Any:
         """Asked for by peft's causal-LM wrapper (``adapter=sparse_lora``); one block generates nothing."""
         raise TypeError("a single decoder block does not generate text")
-
-
-def block_masks(masks: MaskSet, block_prefix: str) -> dict[str, torch.Tensor]:
-    """The masks of the linears under ``block_prefix`` (``model.layers.3``), named as inside :class:`OneBlock`."""
-    start = block_prefix + "."
-    return {f"{BLOCK_PATH}.{name[len(start):]}": masks[name] for name in masks if name.startswith(start)}
 
 
 class FormedBlock:

@@ -52,11 +52,6 @@ def effective_weights(model: nn.Module, names: set[str],
             yield key, weight
 
 
-def zero_patterns(model: nn.Module, names: set[str], gatherer: Gatherer | None = None) -> dict[str, torch.Tensor]:
-    """Exact-zero masks (True = zero) of the effective weights of ``names``."""
-    return {k: (w == 0).cpu() for k, w in effective_weights(model, names, gatherer)}
-
-
 def audit(
     model: nn.Module,
     masks: Mapping[str, torch.Tensor],

@@ -45,25 +45,6 @@ def _best_state(
     return keep
 
 
-def dsnot_refine(
-    weight: torch.Tensor,
-    initial_metric: torch.Tensor,
-    wanda_metric: torch.Tensor,
-    sequence_sum: torch.Tensor,
-    var: torch.Tensor,
-    sparsity: SparsityConfig,
-    max_cycles: int = 50,
-    update_threshold: float = 0.1,
-    pow_of_var_regrowing: float = 1.0,
-    same_sign_check: bool = False,
-) -> DSnoTOutcome:
-    """Build the initial mask from ``initial_metric`` (per row, or per N:M group) and refine it with DS⊘T.
-    Regrowth ranks c_ij / σ²_j^``pow_of_var_regrowing``. Reference defaults: 50 cycles, threshold 0.1, pow 1."""
-    with torch.no_grad(), one_cpu_thread(weight.device):
-        return _refine(weight, initial_metric, wanda_metric, sequence_sum, var, sparsity, max_cycles,
-                       update_threshold, pow_of_var_regrowing, same_sign_check)
-
-
 def _prune_order(c: torch.Tensor, keep: torch.Tensor, wanda_metric: torch.Tensor, n_kept: int) -> torch.Tensor:
     """Unstructured DS⊘T: each row's kept weights in the order they are offered for pruning (reference order):
     sorted by Wanda metric, negative contributions first, zero ones next, positive ones last (reversed)."""
@@ -118,70 +99,70 @@ def _prune_pointers(c: torch.Tensor, keep: torch.Tensor, wanda_metric: torch.Ten
     return prune_list, pr_lo, pr_hi
 
 
-def _group_state(metric: torch.Tensor, keep: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """N:M: the kept weights' metric (pruned positions at infinity, never chosen) and the offsets of a group."""
-    prunable = metric.clone()
-    prunable[~keep] = float("inf")
-    return prunable, torch.arange(m, device=metric.device)
+def _group_lowest(prunable: torch.Tensor, r_idx: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """N:M: the least important kept weight of each regrown weight's own group of m, and whether the group has one."""
+    start = r_idx - r_idx % m
+    low_val, low_off = prunable.gather(1, start.unsqueeze(1) + torch.arange(m, device=r_idx.device)).min(1)
+    return start + low_off, torch.isfinite(low_val)
 
 
-def _refine(
+@torch.no_grad()
+def dsnot_refine(
     weight: torch.Tensor,
     initial_metric: torch.Tensor,
     wanda_metric: torch.Tensor,
     sequence_sum: torch.Tensor,
     var: torch.Tensor,
     sparsity: SparsityConfig,
-    max_cycles: int,
-    update_threshold: float,
-    pow_of_var_regrowing: float,
-    same_sign_check: bool,
+    max_cycles: int = 50,
+    update_threshold: float = 0.1,
+    pow_of_var_regrowing: float = 1.0,
+    same_sign_check: bool = False,
 ) -> DSnoTOutcome:
-    metric = initial_metric.detach().float()
-    c = weight.detach().float() * sequence_sum.float().reshape(1, -1)
-    rows, cols = c.shape
-    nm = sparsity.kind == "nm"
-    keep = keep_top_n_of_m(metric, int(sparsity.n), int(sparsity.m)) if nm else prune_lowest_per_row(metric,
-                                                                                                     sparsity.target_ratio)
-    initial = keep.clone()
-    e0 = (c * ~keep).sum(1)
-    n_pruned = cols - int(keep[0].sum()) if rows else 0
-    if n_pruned in (0, cols) or max_cycles == 0:
-        return DSnoTOutcome(keep, e0, e0.clone(), 0)
+    """Build the initial mask from ``initial_metric`` (per row, or per N:M group) and refine it with DS⊘T.
+    Regrowth ranks c_ij / σ²_j^``pow_of_var_regrowing``. Reference defaults: 50 cycles, threshold 0.1, pow 1."""
+    with one_cpu_thread(weight.device):
+        metric = initial_metric.detach().float()
+        c = weight.detach().float() * sequence_sum.float().reshape(1, -1)
+        rows, cols = c.shape
+        n, m = sparsity.nm_pair
+        nm = m is not None
+        keep = keep_top_n_of_m(metric, n, m) if nm else prune_lowest_per_row(metric, sparsity.target_ratio)
+        initial = keep.clone()
+        e0 = (c * ~keep).sum(1)
+        n_pruned = cols - int(keep[0].sum()) if rows else 0
+        if n_pruned in (0, cols) or max_cycles == 0:
+            return DSnoTOutcome(keep, e0, e0.clone(), 0)
 
-    regrow_list = _regrow_order(c, keep, var, n_pruned, pow_of_var_regrowing)
-    if not nm:
-        prune_list, pr_lo, pr_hi = _prune_pointers(c, keep, wanda_metric, cols - n_pruned)
-    else:
-        prunable, offsets = _group_state(metric, keep, m := int(sparsity.m))
-
-    rg_lo = torch.zeros(rows, dtype=torch.long, device=c.device)
-    rg_hi = torch.full((rows,), n_pruned - 1, dtype=torch.long, device=c.device)
-    sign0 = torch.sign(e0)
-    e = e0.clone()
-    active = torch.ones(rows, dtype=torch.bool, device=c.device)
-    errors, swaps = [e0.clone()], []
-    cycles = 0
-    for _ in range(max_cycles):
-        active &= (e.abs() > update_threshold) & (rg_lo <= rg_hi)
+        regrow_list = _regrow_order(c, keep, var, n_pruned, pow_of_var_regrowing)
         if not nm:
-            active &= pr_lo <= pr_hi
-        if not bool(active.any()):
-            break
-        cycles += 1
-        up = e > 0
-        r_idx = regrow_list.gather(1, torch.where(up, rg_hi, rg_lo).clamp(0, n_pruned - 1).unsqueeze(1)).squeeze(1)
-        if nm:  # the least important kept weight of the regrown weight's own group of m
-            start = r_idx - r_idx % m
-            low_val, low_off = prunable.gather(1, start.unsqueeze(1) + offsets).min(1)
-            p_idx, ok = start + low_off, torch.isfinite(low_val)
-        else:
-            p_idx, ok = _next_to_prune(prune_list, pr_lo, pr_hi, e < 0), torch.ones_like(active)
-        e, apply = _swap(keep, prunable if nm else None, c, e, sign0, active, ok, r_idx, p_idx,
-                         nm or same_sign_check)
-        rg_hi -= up.long()
-        rg_lo += (~up).long()
-        errors.append(e.clone())
-        swaps.append((r_idx, p_idx, apply))
-    final = _best_state(initial, errors, swaps) if swaps else keep
-    return DSnoTOutcome(final, e0, (c * ~final).sum(1), cycles)
+            prune_list, pr_lo, pr_hi = _prune_pointers(c, keep, wanda_metric, cols - n_pruned)
+        else:  # the kept weights' metric, pruned positions at infinity (never chosen)
+            prunable = metric.masked_fill(~keep, float("inf"))
+
+        rg_lo = torch.zeros(rows, dtype=torch.long, device=c.device)
+        rg_hi = torch.full((rows,), n_pruned - 1, dtype=torch.long, device=c.device)
+        sign0 = torch.sign(e0)
+        e = e0.clone()
+        active = torch.ones(rows, dtype=torch.bool, device=c.device)
+        errors, swaps = [e0.clone()], []
+        for _ in range(max_cycles):
+            active &= (e.abs() > update_threshold) & (rg_lo <= rg_hi)
+            if not nm:
+                active &= pr_lo <= pr_hi
+            if not bool(active.any()):
+                break
+            up = e > 0
+            r_idx = regrow_list.gather(1, torch.where(up, rg_hi, rg_lo).clamp(0, n_pruned - 1).unsqueeze(1)).squeeze(1)
+            if nm:
+                p_idx, ok = _group_lowest(prunable, r_idx, m)
+            else:
+                p_idx, ok = _next_to_prune(prune_list, pr_lo, pr_hi, e < 0), torch.ones_like(active)
+            e, apply = _swap(keep, prunable if nm else None, c, e, sign0, active, ok, r_idx, p_idx,
+                             nm or same_sign_check)
+            rg_hi -= up.long()
+            rg_lo += (~up).long()
+            errors.append(e.clone())
+            swaps.append((r_idx, p_idx, apply))
+        final = _best_state(initial, errors, swaps) if swaps else keep
+        return DSnoTOutcome(final, e0, (c * ~final).sum(1), len(swaps))  # one swap step per cycle

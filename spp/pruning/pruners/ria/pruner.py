@@ -60,5 +60,5 @@ class RIA(Pruner):
         mask, order = ria_mask(scores, sparsity, self.cfg.scope, self.cfg.permute)
         if order is None:
             return MatrixOutcome(mask)
-        valid = bool(check_nm(mask[:, order], int(sparsity.n), int(sparsity.m)))
+        valid = bool(check_nm(mask[:, order], *sparsity.nm_pair))
         return MatrixOutcome(mask, None, {"ria_permuted_nm_valid": valid})

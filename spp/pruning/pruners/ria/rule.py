@@ -42,9 +42,9 @@ def ria_mask(scores: torch.Tensor, sparsity: SparsityConfig, scope: str = "matri
              permute: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Keep-mask from RIA scores and, with ``permute`` (N:M only), the column order under which it is N:M.
     The mask is then N:M in ``mask[:, order]``: the deployment permutes each matrix's input channels by ``order``."""
-    if not permute or sparsity.kind != "nm":
+    n, m = sparsity.nm_pair
+    if not permute or m is None:
         return mask_from_scores(scores, sparsity, scope=scope), None
-    n, m = int(sparsity.n), int(sparsity.m)
     order = reallocation_order(scores, m)
     keep = torch.empty_like(scores, dtype=torch.bool)
     keep[:, order] = keep_top_n_of_m(scores[:, order], n, m)

@@ -69,7 +69,8 @@ def sparsegpt_prune(
 ) -> SparseGPTOutcome:
     """Prune one (out, in) matrix with SparseGPT; the updated weight in the input dtype (fp32 arithmetic, TF32 off).
     N:M selects at every M-th column, per row, the M - N smallest w²/U_jj² of the next M columns."""
-    if sparsity.kind == "nm" and blocksize % int(sparsity.m):
+    n, m = sparsity.nm_pair
+    if m is not None and blocksize % m:
         raise ValueError(f"pruner.blocksize={blocksize} must be a multiple of sparsity.m={sparsity.m} for N:M")
     with _no_tf32(), one_cpu_thread(weight.device):
         W = weight.detach().clone().to(_compute_dtype(weight.dtype))
@@ -92,8 +93,7 @@ def sparsegpt_prune(
                 mask1 = torch.zeros_like(W1, dtype=torch.bool)
             for i in range(count):
                 w = W1[:, i]
-                if sparsity.kind == "nm" and i % int(sparsity.m) == 0:
-                    m, n = int(sparsity.m), int(sparsity.n)
+                if m is not None and i % m == 0:
                     score = W1[:, i : i + m] ** 2 / d[i : i + m].reshape(1, -1) ** 2
                     low = torch.sort(score, dim=1, stable=True).indices[:, : m - n]
                     mask1.scatter_(1, i + low, True)
