@@ -58,7 +58,7 @@ from spp.models.tiny import tiny_llama, tiny_tokenizer
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
 from spp.training.callbacks.pruning import PrunedModel, PruningRecord
-from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, original_name, zero_patterns
+from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, effective_weights, original_name
 from spp.training.finalize import FinalizeResult
 from spp.training.phases import FitResult, TrainingRecord
 from spp.training.run import build_run
@@ -216,7 +216,7 @@ def _pruned() -> tuple[nn.Module, dict[str, torch.Tensor], dict[str, torch.Tenso
     model = tiny_llama(seed=0, dtype=torch.float64)
     masks = prune_model(model, None, PrunerConfig(name="magnitude"), SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
                         device="cpu").masks
-    return model, masks, zero_patterns(model, set(masks))
+    return model, masks, {k: (w == 0).cpu() for k, w in effective_weights(model, set(masks))}
 
 
 def _adapted(case: str) -> nn.Module:
