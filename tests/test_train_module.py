@@ -12,7 +12,7 @@ from spp.adapters import apply_adapter, make_config
 from spp.loggers import build_loggers, run_tags
 from spp.models import tiny_llama
 from spp.pruning import current_masks
-from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, zero_patterns
+from spp.training.callbacks.sparsity_audit import SparsityViolation, audit, effective_weights
 from spp.training.config import Scheduler, TrainerConfig, load_job
 from spp.training.module import SPPModule
 from spp.training.trainer import accumulation, resolve_precision
@@ -95,7 +95,7 @@ def test_audit_accepts_trained_spp_and_names_a_revived_weight():
     module = _module()
     model = module.model
     masks = current_masks(model, ADAPTER["targets"])
-    reference = zero_patterns(model, set(masks))
+    reference = {k: (w == 0).cpu() for k, w in effective_weights(model, set(masks))}
     with torch.no_grad():
         for p in module.parameters():
             if p.requires_grad:
@@ -117,7 +117,7 @@ def test_audit_counts_filled_kept_zeros_only_when_allowed():
     row, col = (masks[name]).nonzero()[0].tolist()
     with torch.no_grad():
         weight[row, col] = 0.0  # a kept weight that is exactly zero (as in quantized checkpoints)
-    reference = zero_patterns(model, set(masks))
+    reference = {k: (w == 0).cpu() for k, w in effective_weights(model, set(masks))}
     with torch.no_grad():
         weight[row, col] = 0.5  # LoRA* fills it; pruned positions stay zero
     with pytest.raises(SparsityViolation, match="differs from the pruning-time pattern at 1 position"):
