@@ -45,6 +45,10 @@ class GenerationResult:
         """JSON-ready record (what ``generate.py`` writes to ``generation.json``)."""
         return asdict(self)
 
+    def summary(self) -> dict[str, Any]:
+        """The record a run's summary keeps: :meth:`to_dict` without the prompt, the full text and the token ids."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("token_ids", "text", "prompt")}
+
 
 def format_prompt(prompt: str, template: str = "alpaca", input: str = "") -> str:
     """Apply the prompt ``template``: ``alpaca`` (the training template up to ``### Response:\\n``) or ``none``."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+import torch
 from torch import nn
 
 from spp.errors import UserError
@@ -150,12 +151,8 @@ def find_projections(model: nn.Module, targets: Iterable[str], key: str = "adapt
     except ValueError:  # a module without decoder blocks (a unit test's Sequential): explicit names anywhere
         return _anywhere(model, targets, key)
     names = resolve_targets(layers[0], targets, key)
-    found: dict[str, nn.Module] = {}
-    for i, block in enumerate(layers):
-        for name, module in block_projections(block).items():
-            if matches(name, names):
-                found[f"{prefix}.{i}.{name}"] = module
-    return found
+    return {f"{prefix}.{i}.{name}": module for i, block in enumerate(layers)
+            for name, module in block_linears(block, names).items()}
 
 
 def _anywhere(model: nn.Module, targets: Iterable[str], key: str) -> dict[str, nn.Module]:
@@ -166,3 +163,30 @@ def _anywhere(model: nn.Module, targets: Iterable[str], key: str) -> dict[str, n
         raise UserError(f"{key}={targets} matches no linear projection of {type(model).__name__}",
                         f"set {key} to names among {names}", key=key)
     return found
+
+
+def block_linears(block: nn.Module, targets: Iterable[str]) -> dict[str, nn.Linear]:
+    """Linear projections of one block named by ``targets`` (already resolved: leaf names or in-block paths),
+    keyed by their name inside the block."""
+    targets = list(targets)
+    return {name: module for name, module in block_projections(block).items() if matches(name, targets)}
+
+
+def current_masks(model: nn.Module, targets: Iterable[str] = DEFAULT_TARGETS) -> dict[str, torch.Tensor]:
+    """Nonzero pattern (True = nonzero) of every target linear by qualified name; after SPP injection a pruned
+    ``<name>.base.weight`` is reported as ``<name>``."""
+    targets = names_in(model, targets, "pruner.targets")
+    masks: dict[str, torch.Tensor] = {}
+    from_base: set[str] = set()
+    for module_name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            continue
+        is_base = module_name.endswith(".base")
+        name = module_name[: -len(".base")] if is_base else module_name
+        if not matches(name, targets) or (name in from_base and not is_base):
+            continue
+        masks[name] = weight.detach() != 0
+        if is_base:
+            from_base.add(name)
+    return masks

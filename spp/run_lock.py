@@ -23,6 +23,10 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no lock (the project runs on Linux)
     fcntl = None  # type: ignore[assignment]
 
+UNSUPPORTED_ERRNOS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
+"""``flock`` errors that mean the filesystem does not support locks (not that the lock is held)."""
+HELD_ERRNOS = {errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES}
+"""``flock`` errors that mean another process holds the lock."""
 LOCK_FILE = ".spp-run.lock"
 """The lock's file name inside the run directory (it stays there; only a held ``flock`` on it counts)."""
 
@@ -71,12 +75,12 @@ def hold_run_dir(run_dir: str | os.PathLike[str], key: str = "run_dir",
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
-            if err.errno in (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            if err.errno in UNSUPPORTED_ERRNOS:
                 raise UserError(f"the filesystem of {key}={str(run_dir)!r} does not support file locks (flock: "
                                 f"{os.strerror(err.errno)}), so two jobs could write into it at once",
                                 f"give {key}= a directory on a filesystem with flock (a local disk, or Lustre/NFS "
                                 "mounted with flock)", key=key, path=run_dir) from None
-            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            if err.errno not in HELD_ERRNOS:
                 raise
             raise UserError(f"{key}={str(run_dir)!r} is in use by another job ({_holder(fd)}; lock {path}); two "
                             "jobs in one run directory would mix their outputs",

@@ -14,8 +14,8 @@ from spp.adapters.methods.lora.remask import (
     lora_layers,
     merge_and_remask,
 )
-from spp.adapters.registry import masks_from_weights
 from spp.models import tiny_llama
+from spp.projections import current_masks
 
 Q0 = "model.layers.0.self_attn.q_proj"
 
@@ -130,7 +130,7 @@ def test_hand_computed_removed_fraction() -> None:
 
 def test_lora_training_then_remask_keeps_the_pattern() -> None:
     model, masks = pruned_tiny()
-    assert all(torch.equal(masks_from_weights(model)[n], m) for n, m in masks.items())
+    assert all(torch.equal(current_masks(model)[n], m) for n, m in masks.items())
     peft_model = inject_lora(model, dropout=0.0)
     peft_model.train()
     optimizer = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
@@ -144,7 +144,7 @@ def test_lora_training_then_remask_keeps_the_pattern() -> None:
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.05
     plain, stats = merge_and_remask(peft_model, masks)
-    after = masks_from_weights(plain)
+    after = current_masks(plain)
     assert all(torch.equal(after[n], m) for n, m in masks.items())
     assert 0.0 < stats.removed_fraction < 1.0 and stats.pruned_made_nonzero > 0
 

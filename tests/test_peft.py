@@ -28,7 +28,7 @@ from spp.adapters.methods.sparse_lora.layer import (
 )
 from spp.adapters.methods.spp.config import SPPAdapterConfig as PaperSPPConfig
 from spp.adapters.methods.spp.model import inject, merge_and_unload, spp_layers
-from spp.adapters.registry import get_method, load_adapter_dir, masks_from_weights, save_adapter_dir
+from spp.adapters.registry import get_method, load_adapter_dir, save_adapter_dir
 from spp.models.conv1d import Conv1DAsLinear
 from spp.models.tiny import tiny_llama, tiny_model
 from spp.paths import REPO_ROOT
@@ -42,7 +42,7 @@ from spp.peft import (
     from_spp_adapter,
 )
 from spp.peft.registration import register_with_peft
-from spp.projections import DEFAULT_TARGETS, find_projections, matches
+from spp.projections import DEFAULT_TARGETS, current_masks, find_projections, matches
 from spp.pruning.config import PrunerConfig, SparsityConfig
 from spp.pruning.engine import prune_model
 
@@ -205,7 +205,7 @@ def test_from_pretrained_reads_a_train_py_adapter_dir(tmp_path):
     save_adapter_dir(get_method("spp"), model, run, {"pruning": {"pruner": "magnitude"}}, PaperSPPConfig())
     assert json.loads((run / "adapter_config.json").read_text())["peft_type"] == "SPP"
 
-    own, _ = load_adapter_dir(pruned(), run, masks_from_weights(pruned()))
+    own, _ = load_adapter_dir(pruned(), run, current_masks(pruned()))
     expected = own.eval()(IDS).logits
     loaded = PeftModel.from_pretrained(pruned(), str(run)).eval()
     assert isinstance(loaded.peft_config["default"], SPPConfig) and loaded.peft_config["default"].r == 16

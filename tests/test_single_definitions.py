@@ -28,8 +28,6 @@ ALLOWED: dict[str, str] = {
     "FORMAT": f"an adapter method's own format tag in its files ({CONVENTION})",
     "META_NAME": f"an adapter method's own metadata file name ({CONVENTION})",
     "PEFT_TYPE": f"an adapter method's own peft type in adapter_config.json ({CONVENTION})",
-    "external_parameters": "each adapter method's implementation; spp/adapters/registry.py (not edited here) "
-                           "gathers them over the methods",
     "seconds": f"a phase's time in a planning module, read as pruning.seconds / reconstruction.seconds ({CONVENTION})",
     "prune_phase": "the plan of the pruning phase (spp/planning/run.py, beside load_phase, fit_phase, ...) and the "
                    "phase itself (spp/training/callbacks/pruning.py)",

@@ -47,7 +47,7 @@ from transformers import AutoModelForCausalLM
 import spp.export.merged as merged
 import spp.training.finalize as finalize
 from spp.adapters import apply_adapter, get_method, make_config
-from spp.adapters.base import ExternalParameters, count_parameters
+from spp.adapters.base import AdapterMethod, ExternalParameters, count_parameters
 from spp.adapters.registry import method_names
 from spp.distributed import DistContext
 from spp.export.manifest import ExportManifest
@@ -252,14 +252,15 @@ def _emulated_step(model: nn.Module, externals: ExternalParameters,
 
 
 class _Holder(L.LightningModule):
-    """What the strategy is given: a LightningModule holding the adapted model."""
+    """What the strategy is given: a LightningModule holding the adapted model and its adapter method."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, method: AdapterMethod) -> None:
         super().__init__()
         self.model = model
+        self.method = method
 
 
-def _strategy_step(model: nn.Module, stage: int = 3) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def _strategy_step(model: nn.Module, case: str, stage: int = 3) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One step of ``model`` under the real :class:`AdapterDeepSpeedStrategy`: Lightning's ``setup`` runs (the
     strategy registers the external parameters through ``deepspeed.zero.register_external_parameter``), except
     ``deepspeed.initialize``, whose partitioning the emulation plays (ZeRO-2 partitions no parameter)."""
@@ -270,7 +271,7 @@ def _strategy_step(model: nn.Module, stage: int = 3) -> tuple[torch.Tensor, dict
 
     strategy = EmulatedEngine(stage=stage, logging_batch_size_per_gpu=1)
     strategy.accelerator = CPUAccelerator()
-    holder = _Holder(model)
+    holder = _Holder(model, get_method(CASES[case].name))
     trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     holder.trainer = trainer
@@ -314,7 +315,7 @@ def test_under_the_deepspeed_strategy_every_method_trains_as_without_zero3(case:
     (``AdapterDeepSpeedStrategy.setup``) SPP, SparsePEFT and ScaleLoRA read empty partitions and fail."""
     reference, emulated = _adapted(case), _adapted(case)
     loss, grads = _step(reference, lambda loss: loss.backward())
-    emu_loss, emu_grads = _strategy_step(emulated)
+    emu_loss, emu_grads = _strategy_step(emulated, case)
     torch.testing.assert_close(emu_loss, loss, rtol=1e-12, atol=0)
     assert grads.keys() == emu_grads.keys() and grads
     for name, grad in grads.items():
@@ -326,7 +327,7 @@ def test_under_the_deepspeed_strategy_every_method_trains_as_without_zero3(case:
 @needs_deepspeed
 def test_under_zero2_the_strategy_registers_nothing() -> None:
     model = _adapted("spp_fused")
-    _strategy_step(model, stage=2)
+    _strategy_step(model, "spp_fused", stage=2)
     assert not any(hasattr(m, "ds_external_parameters") for m in model.modules())
 
 

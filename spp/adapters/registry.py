@@ -15,7 +15,6 @@ from torch import nn
 
 from spp.adapters.base import (
     AdapterMethod,
-    ExternalParameters,
     Masks,
     check_tensor_file,
     count_parameters,
@@ -27,7 +26,7 @@ from spp.adapters.trained_on import RECORD, check_base
 from spp.errors import UserError
 from spp.models.conv1d import linearize_conv1d
 from spp.paths import CONF_DIR
-from spp.projections import DEFAULT_TARGETS, find_projections
+from spp.projections import current_masks
 from spp.registry import Registry, defined_in
 from spp.version import __version__
 
@@ -124,25 +123,6 @@ def merge_adapter(model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[n
     return get_method(cfg.name).merge(model, cfg, masks)
 
 
-def external_parameters(model: nn.Module) -> ExternalParameters:
-    """The ``(reader, parameter)`` pairs of every registered method, without duplicates."""
-    pairs = {(id(reader), id(param)): (reader, param) for method in registered_methods()
-             for reader, param in method.external_parameters(model)}
-    return list(pairs.values())
-
-
-def after_placement(model: nn.Module) -> None:
-    """Every registered method's :meth:`AdapterMethod.after_placement` (each acts on its own layers only)."""
-    for method in registered_methods():
-        method.after_placement(model)
-
-
-def before_optimizer_step(model: nn.Module) -> None:
-    """Every registered method's :meth:`AdapterMethod.before_optimizer_step` (each acts on its own layers only)."""
-    for method in registered_methods():
-        method.before_optimizer_step(model)
-
-
 # ------------------------------------------------------------------------------------------------ adapter files
 
 
@@ -205,17 +185,12 @@ def load_adapter_dir(model: nn.Module, directory: str | Path, masks: Masks) -> t
     """
     method = describe_dir(directory)[0]
     check_base(trained_on(directory), model, f"adapter_dir={str(directory)!r}", path=directory)
-    masks = masks or masks_from_weights(model)
+    masks = masks or current_masks(model)
     adapted, cfg = method.load(model, Path(directory).expanduser(), masks)
     merged, stats = method.merge(adapted, cfg, masks)
     return merged, {"method": method.name, "r": method.rank(cfg), "merge": stats}
 
 
-def masks_from_weights(model: nn.Module) -> Masks:
-    """``{name: weight != 0}`` of every decoder-block projection (a kept exact zero counts as pruned)."""
-    return {n: m.weight.detach() != 0 for n, m in find_projections(model, DEFAULT_TARGETS).items()}
-
-
-__all__ = ["AdapterMethod", "apply_adapter", "count_parameters", "describe_dir", "external_parameters", "get_method",
+__all__ = ["AdapterMethod", "apply_adapter", "count_parameters", "describe_dir", "get_method",
            "check_adapter_files", "load_adapter_dir", "make_config", "merge_adapter", "method_names",
            "option_config", "register", "save_adapter_dir", "trained_on"]

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from spp.errors import UserError
+from spp.report_text import dotted_keys
 
 SUMMARY = "summary.json"
 NOT_SWEPT: frozenset[str] = frozenset({
@@ -117,18 +118,6 @@ def _natural(path: Path) -> tuple[tuple[int, str], ...]:
                  for part in path.parts)
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (lists kept as values)."""
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, name + "."))
-        else:
-            out[name] = value
-    return out
-
-
 def swept_keys(runs: list[SweptRun]) -> list[str]:
     """The keys whose values differ between ``runs``, in the order of the first command line that names them.
 
@@ -141,7 +130,7 @@ def swept_keys(runs: list[SweptRun]) -> list[str]:
 
 def _config_differences(runs: list[SweptRun]) -> list[str]:
     """The recorded config keys that differ between ``runs``; a group whose ``name`` differs stands for its keys."""
-    flat = [_flatten(run.config) for run in runs]
+    flat = [dotted_keys(run.config) for run in runs]
     all_keys = list(dict.fromkeys(k for f in flat for k in f))
     differ = [k for k in all_keys if k.split(".")[0] not in NOT_SWEPT
               and len({_text(f.get(k, MISSING)) for f in flat}) > 1]

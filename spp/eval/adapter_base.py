@@ -13,19 +13,12 @@ from spp.eval.job_config import EvalJobConfig
 from spp.models.loading import model_identity, resolve_source
 from spp.pruning.cache import cache_key
 from spp.pruning.reconstruction.cache import reconstruct_key
+from spp.report_text import dotted_keys
 
 IGNORED = ("code_version", "model")
 """Cache-key fields not compared here: the code version (the zero pattern decides) and the model (compared apart)."""
 ORDER = ("pruner", "sparsity", "calibration")
 """The order differences are named in."""
-
-
-def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"calibration.nsamples": 128, ...}`` of a nested key."""
-    if not isinstance(value, dict):
-        return {prefix: value}
-    return {key: leaf for k, v in value.items()
-            for key, leaf in _flat(v, f"{prefix}.{k}" if prefix else str(k)).items()}
 
 
 def key_differences(trained: dict[str, Any], here: dict[str, Any]) -> list[str]:
@@ -37,7 +30,7 @@ def key_differences(trained: dict[str, Any], here: dict[str, Any]) -> list[str]:
         if (section in trained) != (section in here):
             out.append(f"{section} {'recorded when trained, none here' if section in trained else 'none when trained'}")
             continue
-        a, b = _flat(trained[section], section), _flat(here[section], section)
+        a, b = dotted_keys(trained[section], section), dotted_keys(here[section], section)
         out += [f"{k}={a.get(k)!r} when trained, {b.get(k)!r} here" for k in sorted(set(a) | set(b))
                 if a.get(k) != b.get(k)]
     return out

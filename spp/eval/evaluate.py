@@ -131,8 +131,7 @@ def _measure(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGr
         _tasks(model, tokenizer, eval_cfg, replicas, data_dir, seed, out, label)
     if sample is not None and main:
         t0 = time.perf_counter()
-        text = generate_text(model, tokenizer, sample[0], max_new_tokens=sample[1]).to_dict()
-        out.sample = {k: v for k, v in text.items() if k not in ("token_ids", "text", "prompt")}
+        out.sample = generate_text(model, tokenizer, sample[0], max_new_tokens=sample[1]).summary()
         out.seconds["sample"] = round(time.perf_counter() - t0, 2)
         log.info("%s completion: %r", label, out.sample.get("completion"))
     return out

@@ -29,7 +29,7 @@ from spp.gathering import gatherer_for
 from spp.models.conv1d import conv1d_layout, conv1d_weights
 from spp.pruning.masks import ZeroPattern
 from spp.pruning.targets import decoder_layers
-from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
+from spp.pruning.zero_audit import SparsityViolation, audit_summary, check_layer_zeros
 
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
@@ -271,9 +271,7 @@ def _finish(model: nn.Module, inputs: ExportInputs, tmp: Path, path: Path, recor
             count: int) -> dict[str, Any]:
     """Rank 0: the index, config, generation config, tokenizer and ``spp_export.json``; then publish ``tmp``."""
     weight_map = {k: v for rec in records for k, v in rec["weight_map"].items()}
-    layers, zeros, total, filled, zeroed = (sum(rec["audit"][k] for rec in records) for k in range(AUDIT_COUNTS))
-    audit = {"layers": layers, "zeros": zeros, "total": total, "sparsity": zeros / max(total, 1),
-             "kept_zeros_changed": filled + zeroed, "kept_zeros_filled": filled, "kept_weights_zeroed": zeroed}
+    audit = audit_summary(*(sum(rec["audit"][k] for rec in records) for k in range(AUDIT_COUNTS)))
     index = {"metadata": {"total_parameters": sum(r["params"] for r in records),
                           "total_size": sum(r["bytes"] for r in records)},
              "weight_map": dict(sorted(weight_map.items()))}

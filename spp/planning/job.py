@@ -105,7 +105,7 @@ def device_count(devices: Any, kind: str) -> int:
 
 def strategy_name(job: Any, world: int) -> str:
     """``job.strategy.name`` with ``auto`` resolved for ``world`` processes: ``ddp`` over several, else ``single``."""
-    name = str(getattr(job.strategy.name, "value", job.strategy.name))
+    name = str(job.strategy.name)  # a StrategyName prints as its value
     return name if name != "auto" else ("ddp" if world > 1 else "single")
 
 

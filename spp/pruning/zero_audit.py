@@ -4,7 +4,7 @@ a kept weight rounded to exactly zero is only counted."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -44,3 +44,9 @@ def check_layer_zeros(name: str, w: torch.Tensor, mask: torch.Tensor, expected: 
             "kept weights that were exactly zero are non-zero now (stopping the run)"
         )
     return LayerZeros(int(zero.sum()), zero.numel(), filled, zeroed)
+
+
+def audit_summary(layers: int, zeros: int, total: int, filled: int, zeroed: int) -> dict[str, Any]:
+    """The audit's record over ``layers`` matrices (the training audit's and ``spp_export.json``'s ``audit``)."""
+    return {"layers": layers, "zeros": zeros, "total": total, "sparsity": zeros / max(total, 1),
+            "kept_zeros_changed": filled + zeroed, "kept_zeros_filled": filled, "kept_weights_zeroed": zeroed}

@@ -14,7 +14,7 @@ from transformers import get_scheduler
 
 from spp.adapters.base import AdapterMethod, Masks, ParamCounts, count_parameters
 from spp.adapters.config import AdapterConfig
-from spp.adapters.registry import after_placement, apply_adapter, before_optimizer_step
+from spp.adapters.registry import apply_adapter
 from spp.distributed import DistContext
 from spp.training.config import StrategyConfig, TrainerConfig
 from spp.training.objectives import Objective, build_objective
@@ -182,11 +182,13 @@ class SPPModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """Each method's hook before clipping and the step (masked full fine-tuning zeroes the pruned entries of the
         possibly sharded gradients: :meth:`~spp.adapters.base.AdapterMethod.before_optimizer_step`)."""
-        (self.method.before_optimizer_step if self.method is not None else before_optimizer_step)(self.model)
+        if self.method is not None:
+            self.method.before_optimizer_step(self.model)
 
     def _after_placement(self) -> None:
-        """The adapter method's hook once the model is placed (every registered method's without ``method``)."""
-        (self.method.after_placement if self.method is not None else after_placement)(self.model)
+        """The adapter method's hook once the model is placed (none for a caller-built model without ``method``)."""
+        if self.method is not None:
+            self.method.after_placement(self.model)
 
     # ----------------------------------------------------------------- optimisation
     def configure_optimizers(self) -> dict[str, Any]:

@@ -14,7 +14,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import PreTrainedModel
 
-from spp.adapters.registry import external_parameters
 from spp.deepspeed_support import check_deepspeed
 from spp.distributed import DistContext
 from spp.errors import UserError
@@ -90,7 +89,8 @@ class AdapterDeepSpeedStrategy(DeepSpeedStrategy):
         """Register the adapter's external parameters (ZeRO-3), then Lightning's setup (``deepspeed.initialize``)."""
         self._init_config_if_needed()
         if self.zero_stage_3:
-            register_external_parameters(external_parameters(self.lightning_module))
+            module = self.lightning_module
+            register_external_parameters(module.method.external_parameters(module))
         super().setup(trainer)
 
 

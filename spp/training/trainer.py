@@ -16,11 +16,11 @@ from lightning.pytorch.callbacks import (
 )
 from lightning.pytorch.loggers import Logger
 
-from spp.planning.job import accelerator_kind, device_count
 from spp.training.callbacks.adapter_checkpoint import AdapterCheckpoint
 from spp.training.callbacks.progress import LogProgress, StepBoundedRichBar, StepBoundedTQDMBar
 from spp.training.callbacks.rng_state import RngState
 from spp.training.config import ProgressBar, TrainerConfig, TrainJobConfig
+from spp.training.resume_checks import world_of
 from spp.training.strategies import build_strategy
 
 THROUGHPUT_KEY = "train/device/items_per_sec"
@@ -35,11 +35,6 @@ def resolve_precision(precision: str, accelerator: str) -> str:
     return "bf16-mixed" if on_gpu and torch.cuda.is_bf16_supported() else "32-true"
 
 
-def world_size(cfg: TrainerConfig) -> int:
-    """Processes Lightning will start for ``trainer.devices`` × ``trainer.num_nodes`` (``auto``: the visible GPUs)."""
-    return device_count(cfg.devices, accelerator_kind(str(cfg.accelerator), plan_only=False)) * cfg.num_nodes
-
-
 def accumulation(job: TrainJobConfig) -> int:
     """Gradient-accumulation steps: ``global_batch_size / (per-device batch × world size)``.
 
@@ -49,7 +44,7 @@ def accumulation(job: TrainJobConfig) -> int:
     tcfg = job.trainer
     if tcfg.global_batch_size is None:
         return tcfg.accumulate_grad_batches
-    per_step = job.data.train_batch_size * world_size(tcfg)
+    per_step = job.data.train_batch_size * world_of(job)["world_size"]
     if tcfg.global_batch_size % per_step:
         raise ValueError(
             f"trainer.global_batch_size={tcfg.global_batch_size} is not a multiple of data.train_batch_size "
@@ -100,7 +95,7 @@ def build_trainer(job: TrainJobConfig, run_dir: Path, loggers: list[Logger], cal
         accelerator=tcfg.accelerator,
         devices=tcfg.devices,
         num_nodes=tcfg.num_nodes,
-        strategy=build_strategy(job.strategy, tcfg.accelerator, world_size(tcfg)),
+        strategy=build_strategy(job.strategy, tcfg.accelerator, world_of(job)["world_size"]),
         precision=resolve_precision(tcfg.precision, tcfg.accelerator),
         max_epochs=tcfg.max_epochs,
         max_steps=tcfg.max_steps,

@@ -12,7 +12,8 @@ from spp.data.config import HUB_PREFIX, validation_split_size
 from spp.data.records import load_alpaca_records
 from spp.pruning.resolve import resolve_adapter
 from spp.training.config import TrainJobConfig
-from spp.training.trainer import accumulation, world_size
+from spp.training.resume_checks import world_of
+from spp.training.trainer import accumulation
 
 
 def first_validation_batch(val_check_interval: Any, batches_per_epoch: int) -> int | None:
@@ -41,7 +42,7 @@ def training_batches_per_epoch(job: TrainJobConfig) -> int | None:
         return None
     n = min(n, data.max_examples) if data.max_examples is not None else n
     n_train = n - validation_split_size(n, data.val_size, data.max_val_fraction)
-    per_rank = math.ceil(n_train / world_size(job.trainer))
+    per_rank = math.ceil(n_train / world_of(job)["world_size"])
     return math.ceil(per_rank / data.train_batch_size)
 
 

@@ -3,7 +3,6 @@ Node-local ``flock`` (Lustre ``localflock``) would let two nodes write one entry
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import logging
 import os
@@ -17,11 +16,9 @@ from filelock import FileLock, Timeout
 
 from spp.distributed import DistContext
 from spp.errors import UserError
+from spp.run_lock import HELD_ERRNOS, UNSUPPORTED_ERRNOS
 
 log = logging.getLogger(__name__)
-
-UNSUPPORTED_ERRNOS = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL}
-"""``flock`` errors that mean the filesystem does not support locks (not that the lock is held)."""
 
 _probed: set[str] = set()
 _spanned: set[str] = set()
@@ -57,7 +54,7 @@ def _try_lock(path: Path, create: bool = False) -> bool | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as err:
-        if err.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+        if err.errno in HELD_ERRNOS:
             return False
         raise
     finally:

@@ -17,7 +17,7 @@ from transformers import PreTrainedTokenizerBase
 
 from spp.adapters.base import AdapterMethod
 from spp.adapters.config import AdapterConfig
-from spp.adapters.registry import before_optimizer_step, option_config
+from spp.adapters.registry import option_config
 from spp.errors import UserError
 from spp.models.block_runner import BlockRunner, Call, buffers_on, call_block
 from spp.models.config import DTYPES
@@ -167,7 +167,7 @@ class _Pass:
             params = self.attach(formed, i)
             with torch.enable_grad():
                 steps = train_form(params, lambda j: call_block(formed.block, inputs[j], calls[j]), targets, self.cfg,
-                                   self.ctx, i, before_step=lambda: before_optimizer_step(formed.wrapper))
+                                   self.ctx, i, before_step=lambda: self.method.before_optimizer_step(formed.wrapper))
             formed.merge()
             _check_zeros(block, formed.masks, prefix)
             for param in block.parameters():  # rank 0's block on every rank: bit-identical from here on

@@ -115,8 +115,7 @@ def ppl_log_text(entry: dict[str, Any] | None) -> str:
 
 def sample(prompt: str, max_new_tokens: int, model: nn.Module, tokenizer: Any) -> dict[str, Any]:
     """A greedy completion of ``prompt`` (Alpaca template), logged as it is made."""
-    out = {k: v for k, v in generate_text(model, tokenizer, prompt, max_new_tokens=max_new_tokens).to_dict().items()
-           if k not in ("token_ids", "text", "prompt")}
+    out = generate_text(model, tokenizer, prompt, max_new_tokens=max_new_tokens).summary()
     log.info("completion: %r", out["completion"])
     return out
 

@@ -15,7 +15,7 @@ from spp.adapters.registry import registered_methods
 from spp.distributed import DistContext
 from spp.export.merged import plain_name
 from spp.gathering import Gatherer, gatherer_for
-from spp.pruning.zero_audit import SparsityViolation, check_layer_zeros
+from spp.pruning.zero_audit import SparsityViolation, audit_summary, check_layer_zeros
 
 log = logging.getLogger(__name__)
 
@@ -88,15 +88,7 @@ def audit(
     missing = sorted(set(masks) - seen)
     if missing:
         raise SparsityViolation(f"[{when}] {len(missing)} pruned layer(s) not found in the model, e.g. {missing[:3]}")
-    return {
-        "layers": len(seen),
-        "zeros": zeros_total,
-        "total": total,
-        "sparsity": zeros_total / max(total, 1),
-        "kept_zeros_changed": filled + zeroed,
-        "kept_zeros_filled": filled,
-        "kept_weights_zeroed": zeroed,
-    }
+    return audit_summary(len(seen), zeros_total, total, filled, zeroed)
 
 
 class SparsityAuditCallback(L.Callback):
