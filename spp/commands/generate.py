@@ -22,7 +22,7 @@ from spp.generation import (
 )
 from spp.models import load_model
 from spp.models.config import DTYPES
-from spp.preflight.model_files import check_tokenizer_files
+from spp.models.loading import check_tokenizer_files
 
 
 def run(job: GenerateJobConfig) -> float:
