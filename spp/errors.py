@@ -151,15 +151,25 @@ def cli_errors(cmd: str) -> Iterator[None]:
         raise SystemExit(EXIT_USER_ERROR) from None
 
 
+@contextmanager
+def user_errors(*kinds: type[BaseException], prefix: str = "") -> Iterator[None]:
+    """Inside: a ``kinds`` error becomes one :class:`UserError` line (:meth:`UserError.from_message` of ``prefix`` and
+    its message; an OmegaConf error's first line); a :class:`UserError` passes as it is, never wrapped twice."""
+    try:
+        yield
+    except UserError:
+        raise
+    except kinds as err:
+        message = str(err).split("\n")[0] if isinstance(err, OmegaConfBaseException) else str(err)
+        raise UserError.from_message(prefix + message) from err
+
+
 def to_job(cfg: DictConfig, schema: type) -> Any:
     """Convert a composed config once into its typed job; an unknown key, a ``__post_init__`` ``ValueError`` or an
     OmegaConf validation error becomes a :class:`UserError` naming the key."""
     reject_unknown_keys(cfg, schema)
-    try:
+    with user_errors(ValueError, OmegaConfBaseException):
         return OmegaConf.to_object(cfg)
-    except (ValueError, OmegaConfBaseException) as err:
-        raise UserError.from_message(str(err).split("\n")[0] if isinstance(err, OmegaConfBaseException)
-                                     else str(err)) from err
 
 
 def reject_unknown_keys(cfg: DictConfig, schema: type, prefix: str = "") -> None:

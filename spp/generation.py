@@ -73,13 +73,8 @@ def generate_text(
     seed: int = 0,
 ) -> GenerationResult:
     """One completion for ``prompt`` on the model's device and dtype; greedy, or nucleus sampling under ``seed``
-    (global RNG restored). The model's ``generation_config`` sampling defaults are ignored; BOS as in training."""
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    if do_sample and not temperature > 0:
-        raise ValueError(f"temperature={temperature} must be > 0 when sampling (or set do_sample=false)")
-    if do_sample and not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p} must be in (0, 1]")
+    (global RNG restored). The model's ``generation_config`` sampling defaults are ignored; BOS as in training.
+    The settings come checked: :class:`GenerateJobConfig` and ``train.py``'s ``sample.*`` refuse bad ones."""
     text = format_prompt(prompt, template, input)
     device = next(model.parameters()).device
     enc = tokenizer(text, return_tensors="pt").to(device)

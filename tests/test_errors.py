@@ -22,7 +22,7 @@ from train_helpers import tiny_job
 
 from spp.atomic import remove_stale_temporaries
 from spp.distributed import DistContext
-from spp.errors import DivergedError, UserError, as_user_error
+from spp.errors import DivergedError, UserError, as_user_error, user_errors
 from spp.eval.config import EvalConfig
 from spp.eval.offloaded import cached_offloaded_perplexity
 from spp.models.config import ModelConfig
@@ -129,6 +129,28 @@ def test_prune_py_config_error_is_one_line(tmp_path, monkeypatch, capsys, no_wei
     code, err, _ = cli("prune", ["model=tiny", "calibration.nsamples=0"], tmp_path, monkeypatch, capsys)
     assert code == 2
     one_line(err, "prune", "calibration.nsamples")
+
+
+def test_a_config_user_error_is_printed_once_not_wrapped_again(tmp_path, monkeypatch, capsys, no_weights):
+    """``ReconstructConfig`` raises a UserError of its own while the job is built: its line keeps its one fix (it was
+    wrapped again, ``... — set it >= 1 — change reconstruct.nsamples (see docs/errors.md)``)."""
+    code, err, _ = cli("prune", ["model=tiny", "reconstruct=blockwise", "reconstruct.nsamples=0"], tmp_path,
+                       monkeypatch, capsys)
+    line = one_line(err, "prune", "reconstruct.nsamples")
+    assert code == 2 and line.endswith("reconstruct.nsamples=0 is not valid — set it >= 1"), line
+    assert line.count(" — ") == 1 and "docs/errors.md" not in line, line
+
+
+def test_user_errors_wraps_a_value_error_once_and_passes_a_user_error() -> None:
+    own = UserError("model.path='x' holds nothing", "point model.path= at a model; now 'x'", key="model.path")
+    with pytest.raises(UserError) as caught, user_errors(ValueError, FileNotFoundError):
+        raise own
+    assert caught.value is own  # not wrapped (the wrapper split its fix at '; ' and lost key and path)
+    with pytest.raises(UserError) as caught, user_errors(ValueError, prefix="sparse24=true: "):
+        raise ValueError("layer x is not 2:4; prune it with sparsity=nm2_4")
+    assert str(caught.value) == "sparse24=true: layer x is not 2:4 — prune it with sparsity=nm2_4"
+    with pytest.raises(KeyError), user_errors(ValueError):  # negative control: other kinds pass untouched
+        raise KeyError("x")
 
 
 # ------------------------------------------------------------------ unknown keys, also with +

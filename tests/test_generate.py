@@ -15,7 +15,7 @@ import torch
 
 from spp.data.prompts import user_prompt
 from spp.export.semi_structured import count_2_4_violations
-from spp.generation import format_prompt, generate_text, to_sparse24
+from spp.generation import GenerateJobConfig, format_prompt, generate_text, to_sparse24
 from spp.models import tiny_llama, tiny_tokenizer
 from spp.paths import REPO_ROOT
 from spp.projections import DEFAULT_TARGETS
@@ -97,13 +97,17 @@ def test_generate_text_library_and_sampling(tiny_model, tiny_tok):
     assert a.token_ids != c.token_ids  # 16 draws from ~260 near-uniform tokens: equal only by a ~1e-38 chance
 
 
-def test_bad_settings_name_the_key(tiny_model, tiny_tok):
+def test_bad_settings_name_the_key():
+    """The settings ``generate_text`` is given are checked once, where ``generate.py``'s job is built."""
     with pytest.raises(ValueError, match="template='chatml'"):
         format_prompt(PROMPT, "chatml")
     with pytest.raises(ValueError, match="max_new_tokens=0"):
-        generate_text(tiny_model, tiny_tok, PROMPT, max_new_tokens=0)
+        GenerateJobConfig(max_new_tokens=0)
     with pytest.raises(ValueError, match="top_p=1.5"):
-        generate_text(tiny_model, tiny_tok, PROMPT, do_sample=True, top_p=1.5)
+        GenerateJobConfig(do_sample=True, top_p=1.5)
+    with pytest.raises(ValueError, match="temperature=0"):
+        GenerateJobConfig(do_sample=True, temperature=0.0)
+    GenerateJobConfig(top_p=1.5, temperature=0.0)  # negative control: greedy decoding ignores both
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from spp.atomic import remove_stale_temporaries
 from spp.commands.entry import Command, hydra_output_dir
-from spp.errors import UserError
+from spp.errors import user_errors
 from spp.eval.harness import zero_shot_mean
 from spp.eval.job_config import EvalJobConfig, register_eval_schema
 from spp.eval.run_name import register_eval_resolvers
@@ -22,12 +22,8 @@ from spp.run_lock import hold_run_dir
 
 def run(job: EvalJobConfig) -> float | None:
     """Run one evaluation; returns the 7-task mean accuracy, else the perplexity (the sweep objective)."""
-    try:
+    with user_errors(ValueError, FileNotFoundError):
         preflight(job)
-    except UserError:
-        raise
-    except (ValueError, FileNotFoundError) as err:
-        raise UserError.from_message(str(err)) from err
     out_dir = Path(job.run_dir or hydra_output_dir()).expanduser()
     with hold_run_dir(out_dir, "run_dir"):  # one job per output folder (spp.run_lock)
         remove_stale_temporaries(out_dir, [Path(job.cache_dir).expanduser() / "pruning"])

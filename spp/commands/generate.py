@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from spp.atomic import write_json_atomic
 from spp.commands.entry import Command, hydra_output_dir
-from spp.errors import UserError
+from spp.errors import UserError, user_errors
 from spp.generation import (
     GenerateJobConfig,
     GenerationResult,
@@ -22,7 +22,7 @@ from spp.generation import (
 )
 from spp.models import load_model
 from spp.models.config import DTYPES
-from spp.preflight.model_files import check_tokenizer_files
+from spp.models.loading import check_tokenizer_files
 
 
 def run(job: GenerateJobConfig) -> float:
@@ -51,12 +51,10 @@ def generate_one(job: GenerateJobConfig, output_file: Path) -> GenerationResult:
     converted = _to_device(job, model, dtype_name, device)
     kwargs = dict(max_new_tokens=job.max_new_tokens, template=job.template, input=job.input,
                   do_sample=job.do_sample, temperature=job.temperature, top_p=job.top_p, seed=job.seed)
-    try:
+    with user_errors(ValueError):
         for _ in range(job.warmup):
             generate_text(model, tokenizer, job.prompt, **kwargs)
         result = generate_text(model, tokenizer, job.prompt, **kwargs)
-    except ValueError as err:
-        raise UserError.from_message(str(err)) from err
     result.sparse24 = bool(converted)
     how = "sampled" if job.do_sample else "greedy"
     kernels = f", 2:4 semi-structured ({len(converted)} layers)" if converted else ""
@@ -71,7 +69,7 @@ def generate_one(job: GenerateJobConfig, output_file: Path) -> GenerationResult:
 def _load(job: GenerateJobConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
     """The model (on the CPU), its tokenizer (``tokenizer=`` when given) and the dtype's name; a bad prompt
     template, dtype, model or tokenizer raises a :class:`UserError`."""
-    try:
+    with user_errors(ValueError, FileNotFoundError):
         format_prompt(job.prompt, job.template, job.input)
         dtype_name = job.dtype or job.model.torch_dtype
         if dtype_name not in DTYPES:
@@ -81,8 +79,6 @@ def _load(job: GenerateJobConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerB
         model, tokenizer = load_model(job.model, dtype=dtype_name, with_tokenizer=not job.tokenizer)
         if job.tokenizer:
             tokenizer = load_tokenizer_from(job.tokenizer)
-    except (ValueError, FileNotFoundError) as err:
-        raise UserError.from_message(str(err)) from err
     return model, tokenizer, dtype_name
 
 
@@ -95,10 +91,8 @@ def _to_device(job: GenerateJobConfig, model: PreTrainedModel, dtype_name: str, 
     if job.device is not None and not job.device.startswith("cuda"):
         raise UserError(f"sparse24=true runs on CUDA only, device={job.device}", "drop device= or sparse24=true",
                         key="sparse24")
-    try:
+    with user_errors(ValueError, RuntimeError, prefix="sparse24=true: "):
         return to_sparse24(model, DTYPES[dtype_name], device)
-    except (ValueError, RuntimeError) as err:
-        raise UserError.from_message(f"sparse24=true: {err}") from err
 
 
 COMMAND = Command("generate.py", "generate", GenerateJobConfig, run, register_generate_schema)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spp.eval.harness import resolve_tasks
+from spp.job_base import Validated
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Validated):
     """What to evaluate and how (docs/design.md §3).
 
     Attributes:
@@ -65,9 +66,6 @@ class EvalConfig:
     gpus_per_replica: int | None = None
     max_memory_per_gpu: str | None = None
     log_samples: bool = False
-
-    def __post_init__(self) -> None:
-        self.validate()
 
     def validate(self) -> EvalConfig:
         """Raise ``ValueError`` naming the key when a setting is out of range or a task is unknown."""

@@ -9,23 +9,15 @@ from hydra.core.config_store import ConfigStore
 from spp.eval.config import EvalConfig
 from spp.job_base import CacheLockJobConfig, FabricJobConfig
 from spp.loggers import LoggersConfig
-from spp.models.config import ModelConfig
-from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.config import PrunedModelGroups
 
 
 @dataclass
-class EvalJobConfig(CacheLockJobConfig, FabricJobConfig):
+class EvalJobConfig(PrunedModelGroups, CacheLockJobConfig, FabricJobConfig):
     """What ``eval.py`` evaluates: ``model.path=<dir>``, or model + pruner + sparsity (through the pruning cache) +
-    optional ``adapter_dir``.
+    optional ``adapter_dir`` (the groups are :class:`~spp.pruning.config.PrunedModelGroups`').
 
     Attributes:
-        model: The model to load (a merged export is ``model.path=<run_dir>/merged``).
-        pruner: Pruner applied before evaluation (``none`` = evaluate the weights as loaded).
-        sparsity: Target pattern (``dense`` = no pruning).
-        calibration: Calibration data of the pruner (part of the cache key).
-        reconstruct: Block-wise reconstruction after pruning (``reconstruct=blockwise``: the base of an adapter a
-            reconstructed run trained; its cache entry is reused).
         eval: What to measure (``conf/eval/*.yaml``).
         logger: Lightning loggers that receive the metrics and, on W&B, the table.
         adapter_dir: SPP adapter directory (``adapter_config.json`` + ``adapter_model.safetensors``) loaded
@@ -35,11 +27,6 @@ class EvalJobConfig(CacheLockJobConfig, FabricJobConfig):
             ``<run_dir>/resolved_config.yaml``).
     """
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    pruner: PrunerConfig = field(default_factory=PrunerConfig)
-    sparsity: SparsityConfig = field(default_factory=SparsityConfig)
-    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
-    reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     logger: LoggersConfig = field(default_factory=LoggersConfig)
     adapter_dir: str | None = None

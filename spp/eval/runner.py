@@ -33,7 +33,7 @@ from spp.loggers import (
     run_tags,
 )
 from spp.models.config import ModelConfig
-from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, load_model, resolve_source
+from spp.models.loading import check_tokenizer_files, load_model, resolve_source
 from spp.models.tiny import TINY_ARCH
 from spp.paths import data_provenance, forget_data_reads
 from spp.projections import DEFAULT_TARGETS, find_projections, in_blocks
@@ -70,7 +70,7 @@ def preflight(cfg: EvalJobConfig) -> None:
     """Check what needs the file system before any model is loaded (context length, data files, adapter directory);
     value ranges are the config dataclasses' job."""
     wants_pruning(cfg)
-    check_model_tokenizer(cfg.model)
+    check_tokenizer_files(cfg.model, takes_tokenizer=False)
     max_pos = context_length(cfg.model)
     if cfg.eval.ppl:
         check_seqlen(int(cfg.eval.seqlen), max_pos)
@@ -90,19 +90,6 @@ def preflight(cfg: EvalJobConfig) -> None:
         check_writable_dir(Path(cfg.cache_dir).expanduser() / "pruning", "cache_dir",
                            "point cache_dir= (or SPP_CACHE_DIR) at a directory you can write to, or use_cache=false",
                            value=cfg.cache_dir)
-
-
-def check_model_tokenizer(model: ModelConfig) -> None:
-    """A model folder (``model.path=<dir>``, e.g. a merged export copied without them) holds tokenizer files:
-    ``eval.py`` reads the tokenizer from there. GGUF files, ``tiny`` and hub ids are not checked."""
-    try:
-        kind, location, _ = resolve_source(model)
-    except FileNotFoundError:
-        return  # the model's own check names a missing model.path
-    if kind == "dir" and not has_tokenizer_files(location):
-        raise UserError(f"model.path={location!r} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)})",
-                        f"copy the tokenizer files of the model it was trained from into {location} (e.g. cp "
-                        "<base model>/tokenizer* <folder>/)", key="model.path", path=location)
 
 
 def default_label(cfg: EvalJobConfig) -> str:

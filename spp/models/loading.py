@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from spp.errors import UserError
 from spp.models.buffer_dtypes import cast_like_pretrained
 from spp.models.config import DTYPES, ModelConfig
 from spp.models.conv1d import linearize_conv1d
@@ -99,6 +100,37 @@ def resolve_source(cfg: ModelConfig) -> tuple[str, str, str | None]:
 def has_tokenizer_files(folder: str | os.PathLike[str]) -> bool:
     """Whether ``folder`` holds one of :data:`TOKENIZER_FILES`."""
     return any(any(Path(folder).glob(pattern)) for pattern in TOKENIZER_FILES)
+
+
+def check_tokenizer_files(cfg: ModelConfig, tokenizer: str | None = None, *, takes_tokenizer: bool = True) -> None:
+    """The folder the tokenizer comes from (``generate.py``'s ``tokenizer=``, else ``model.path``) holds tokenizer
+    files, checked before the weights load (a merged model copied without them would otherwise fail after
+    loading, in words about sentencepiece and tiktoken); ``takes_tokenizer=False``: the command has no
+    ``tokenizer=`` to suggest (``eval.py``). GGUF files (the tokenizer is inside), ``tiny`` and hub ids are not
+    checked."""
+    if tokenizer:
+        key, where = "tokenizer", Path(tokenizer).expanduser()
+        if not where.is_dir():
+            if where.exists() or str(tokenizer).startswith((".", "/", "~")):
+                raise UserError(f"tokenizer={tokenizer!r} is not a folder", "point tokenizer= at the folder of the "
+                                "model's tokenizer files, or at a hub id", key=key)
+            return  # a hub id
+    else:
+        try:
+            kind, location, _ = resolve_source(cfg)
+        except FileNotFoundError:
+            return  # the model check names a missing model.path
+        if kind != "dir":
+            return
+        key, where = "model.path", Path(location)
+    if not has_tokenizer_files(where):
+        fix = "point tokenizer= at the folder of the model's tokenizer files (the base model's folder)"
+        if key == "model.path":
+            other = ", or pass tokenizer=<the base model's folder>" if takes_tokenizer else ""
+            fix = (f"copy the tokenizer files of the model it was trained from into {where} (e.g. cp <base model>/"
+                   f"tokenizer* <folder>/){other}")
+        raise UserError(f"{key}={str(where)!r} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)})",
+                        fix, key=key, path=where)
 
 
 def load_tokenizer(cfg: ModelConfig | Mapping[str, Any] | str) -> PreTrainedTokenizerBase:

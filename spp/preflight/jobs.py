@@ -7,7 +7,7 @@ from typing import Any
 
 from spp.atomic import check_writable_dir
 from spp.deepspeed_support import check_deepspeed
-from spp.errors import UserError
+from spp.errors import user_errors
 from spp.planning.job import check_job
 from spp.preflight.data_files import check_data_source, check_ppl_sources
 from spp.preflight.model_files import model_arch
@@ -76,10 +76,8 @@ def check_pruner(pruner: Pruner | None, sparsity: Any) -> None:
     the pattern (:meth:`spp.pruning.base.Pruner.check`: SparseGPT's ``blocksize`` vs ``sparsity.m``)."""
     if pruner is None:
         return
-    try:
+    with user_errors(ValueError):
         pruner.check(sparsity)
-    except ValueError as err:
-        raise UserError.from_message(str(err)) from err
 
 
 def check_cache_dirs(cache_dir: str, subdirs: list[str]) -> None:

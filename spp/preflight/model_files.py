@@ -1,5 +1,5 @@
-"""The model's files, checked before any weight is loaded: the GGUF header, the safetensors headers, ``config.json``
-and the tokenizer files; :func:`model_arch` reads the architecture fields from them."""
+"""The model's files, checked before any weight is loaded: the GGUF header, the safetensors headers and
+``config.json``; :func:`model_arch` reads the architecture fields from them."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from safetensors import SafetensorError, safe_open
 
 from spp.errors import UserError, user_file
 from spp.models.config import ModelConfig
-from spp.models.loading import TOKENIZER_FILES, has_tokenizer_files, resolve_source
+from spp.models.loading import resolve_source
 from spp.models.tiny import TINY_ARCH, tiny_config
 
 _GGUF_SCALARS = {GGUFValueType.UINT8: "<B", GGUFValueType.INT8: "<b", GGUFValueType.UINT16: "<H",
@@ -133,31 +133,3 @@ def model_arch(cfg: ModelConfig) -> dict[str, Any]:
             except SafetensorError as err:
                 raise EOFError(f"truncated or damaged safetensors file ({file.stat().st_size} bytes): {err}") from err
     return arch
-
-
-def check_tokenizer_files(cfg: ModelConfig, tokenizer: str | None = None) -> None:
-    """``generate.py``: the folder the tokenizer comes from (``tokenizer=``, else ``model.path``) holds tokenizer
-    files, checked before the weights load (a merged model copied without them would otherwise fail after
-    loading, in words about sentencepiece and tiktoken). GGUF files (the tokenizer is inside), ``tiny`` and hub
-    ids are not checked."""
-    if tokenizer:
-        key, where = "tokenizer", Path(tokenizer).expanduser()
-        if not where.is_dir():
-            if where.exists() or str(tokenizer).startswith((".", "/", "~")):
-                raise UserError(f"tokenizer={tokenizer!r} is not a folder", "point tokenizer= at the folder of the "
-                                "model's tokenizer files, or at a hub id", key=key)
-            return  # a hub id
-    else:
-        try:
-            kind, location, _ = resolve_source(cfg)
-        except FileNotFoundError:
-            return  # the model check names a missing model.path
-        if kind != "dir":
-            return
-        key, where = "model.path", Path(location)
-    if not has_tokenizer_files(where):
-        fix = (f"copy the tokenizer files of the model it was trained from into {where} (e.g. cp <base model>/"
-               "tokenizer* <folder>/), or pass tokenizer=<the base model's folder>") if key == "model.path" else \
-            "point tokenizer= at the folder of the model's tokenizer files (the base model's folder)"
-        raise UserError(f"{key}={str(where)!r} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)})",
-                        fix, key=key)

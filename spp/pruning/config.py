@@ -212,26 +212,39 @@ class CalibrationConfig(Validated):
 
 
 @dataclass
-class PruneJobConfig(CacheLockJobConfig, FabricJobConfig):
-    """Top-level config of ``prune.py`` (``conf/prune.yaml``): the pruned model and its records go to
-    ``run_dir``; the shared keys are :class:`~spp.job_base.CacheLockJobConfig`'s and
-    :class:`~spp.job_base.FabricJobConfig`'s.
+class PrunedModelGroups:
+    """The config groups that say which model is pruned and how, shared by ``train.py``, ``prune.py`` and ``eval.py``
+    (first in a job's bases, so they follow the shared keys in every job's field order).
 
     Attributes:
-        model: Which model to prune.
-        pruner: How to prune.
-        sparsity: Which pattern.
-        calibration: Calibration data.
-        reconstruct: Block-wise reconstruction against the dense model after pruning (``reconstruct=blockwise``).
+        model: The model to load (``eval.py``: a merged export is ``model.path=<run_dir>/merged``).
+        pruner: How to prune (``none`` = the weights as loaded).
+        sparsity: Which pattern (``dense`` = no pruning).
+        calibration: Calibration data of the pruner (part of the cache key).
+        reconstruct: Block-wise reconstruction against the dense model after pruning (``reconstruct=blockwise``;
+            :class:`~spp.pruning.reconstruction.config.ReconstructConfig`, ``docs/reconstruction.md``): the base
+            of an adapter a reconstructed run trained reuses its cache entry.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pruner: PrunerConfig = field(default_factory=PrunerConfig)
+    sparsity: SparsityConfig = field(default_factory=SparsityConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
+
+
+@dataclass
+class PruneJobConfig(PrunedModelGroups, CacheLockJobConfig, FabricJobConfig):
+    """Top-level config of ``prune.py`` (``conf/prune.yaml``): the pruned model and its records go to
+    ``run_dir``; the shared keys are :class:`~spp.job_base.CacheLockJobConfig`'s and
+    :class:`~spp.job_base.FabricJobConfig`'s, the groups :class:`PrunedModelGroups`'.
+
+    Attributes:
         device: Where each block is processed (``cuda``, ``cpu``, ``cuda:1``); null = cuda when available.
         save_model: Write the pruned model with ``save_pretrained`` (and the tokenizer) to the run directory.
     """
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    pruner: PrunerConfig = field(default_factory=PrunerConfig)  # conf/prune.yaml chooses wanda
     sparsity: SparsityConfig = field(default_factory=lambda: SparsityConfig(name="nm2_4", kind="nm", n=2, m=4))
-    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
-    reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
     device: str | None = None
     save_model: bool = True
 

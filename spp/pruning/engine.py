@@ -77,8 +77,7 @@ def validate_for_model(
 ) -> tuple[dict[str, nn.Linear], Pruner | None]:
     """Check every setting against the model before any work (shapes only: a ``meta`` skeleton will do); the
     prunable linears and the pruner (``method``, else resolved; ``None`` when nothing is pruned).
-    Raises ``ValueError`` naming the config key or layer (bad ratio / N:M / targets / seqlen, :meth:`Pruner.check`)."""
-    pruner, sparsity, calibration = pruner.validate(), sparsity.validate(), calibration.validate()
+    Raises ``ValueError`` naming the key or layer (targets, shapes, seqlen, :meth:`Pruner.check`; ranges: at build)."""
     linears = find_projections(model, pruner.targets, "pruner.targets")  # in decoder order; none matched: UserError
     method = (method or resolve_pruner(pruner)) if prunes(pruner, sparsity) else None
     if method is not None:

@@ -19,9 +19,7 @@ from spp.eval.config import EvalConfig
 from spp.generation import FIXED_PROMPT
 from spp.job_base import CacheLockJobConfig
 from spp.loggers import LoggersConfig
-from spp.models.config import ModelConfig
-from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
-from spp.pruning.reconstruction.config import ReconstructConfig
+from spp.pruning.config import PrunedModelGroups
 from spp.training.objectives import ObjectiveConfig
 
 
@@ -295,13 +293,12 @@ class GuardsConfig:
 
 
 @dataclass
-class TrainJobConfig(CacheLockJobConfig):
+class TrainJobConfig(PrunedModelGroups, CacheLockJobConfig):
     """The typed top-level config of ``train.py`` (``conf/train.yaml``); the shared keys are
-    :class:`~spp.job_base.CacheLockJobConfig`'s.
+    :class:`~spp.job_base.CacheLockJobConfig`'s, the model and pruning groups
+    :class:`~spp.pruning.config.PrunedModelGroups`' (reconstruction runs after pruning, before training).
 
     Attributes:
-        reconstruct: Block-wise reconstruction after pruning, before training (``reconstruct=blockwise``;
-            :class:`~spp.pruning.reconstruction.config.ReconstructConfig`, ``docs/reconstruction.md``).
         dense_ppl: Measure the dense model's perplexity before pruning (cached).
         pruned_ppl: Measure the pruned model's perplexity before training (cached).
         print_config: Print the resolved config as a Rich tree (it is always saved as
@@ -319,11 +316,6 @@ class TrainJobConfig(CacheLockJobConfig):
             table).
     """
 
-    model: ModelConfig = field(default_factory=ModelConfig)
-    pruner: PrunerConfig = field(default_factory=PrunerConfig)
-    sparsity: SparsityConfig = field(default_factory=SparsityConfig)
-    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
-    reconstruct: ReconstructConfig = field(default_factory=ReconstructConfig)
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
