@@ -5,7 +5,6 @@ Not lm-eval's ``wikitext`` (rolling word perplexity): never compare the two."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable
@@ -19,7 +18,7 @@ import torch.nn.functional as F
 
 from spp.eval.progress_lines import progress
 from spp.models.block_runner import in_eval_mode
-from spp.paths import find_data
+from spp.paths import find_data, read_json_records
 
 WIKITEXT2_TEST = "wikitext2/test.json"
 WIKITEXT2_VALIDATION = "wikitext2/validation.json"
@@ -68,11 +67,7 @@ class PerplexityResult:
 
 def _read_rows(path: Path) -> list[str]:
     """Read the ``text`` field of every line of a JSON-lines file, or the elements of a JSON array."""
-    raw = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and raw.lstrip().startswith("["):
-        records = json.loads(raw)
-    else:
-        records = [json.loads(line) for line in raw.splitlines() if line.strip()]
+    records = read_json_records(path, "point eval.ppl_source at a valid JSON array / JSON-lines file")
     try:
         return [str(r["text"]) for r in records]
     except (KeyError, TypeError) as err:
