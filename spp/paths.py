@@ -135,6 +135,37 @@ def json_sha256(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def read_json_records(path: str | os.PathLike[str],
+                      fix: str = "point data.source at a valid JSON array / JSON-lines file") -> list[Any]:
+    """Parse a JSON array or JSON-lines file (by its first non-blank character); errors name file, line and column
+    (``fix``: what to do about an invalid array, after "Fix the file or ")."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}: invalid JSON at line {err.lineno}, column {err.colno} (char {err.pos}): {err.msg}. "
+                f"Fix the file or {fix}."
+            ) from err
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON array of records, got {type(data).__name__}")
+        return data
+    rows: list[Any] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}: invalid JSON at line {lineno}, column {err.colno}: {err.msg}. The file is read as "
+                "JSON lines (one object per line) because it does not start with '['; fix that line."
+            ) from err
+    return rows
+
+
 def forget_data_reads() -> None:
     """Start a new job's record of the data files it reads."""
     _READ.clear()

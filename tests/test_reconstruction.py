@@ -277,6 +277,28 @@ def test_cache_hit_is_bit_identical_without_a_dense_copy(tmp_path, spy):
     assert any(not torch.equal(w2[n], p) for n, p in pruned_only.named_parameters())  # the hit is not the pruning's
 
 
+def test_a_full_disk_while_writing_the_entry_is_one_line_and_leaves_no_entry(tmp_path, spy, monkeypatch):
+    """The reconstruction cache on a full disk ends the job as the pruning cache does: one ``UserError`` line, the
+    unfinished entry removed (not a bare ``RuntimeError``)."""
+    import errno
+
+    import spp.pruning.cache.store as store
+    from spp.errors import UserError
+    write = store._atomic_write_bytes
+
+    def full(path, data):
+        if "blockwise" in path.parent.name and path.name.startswith("weights-"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(path, data)
+
+    monkeypatch.setattr(store, "_atomic_write_bytes", full)
+    with pytest.raises(UserError) as caught:
+        cached_run(tmp_path, recon_cfg("spp"), spy)
+    line = str(caught.value)
+    assert "disk filled up while writing the reconstruction cache entry" in line and "\n" not in line
+    assert spy["reconstructions"] == 1 and entries(tmp_path) == []
+
+
 CHANGES = {"lr": 3e-2, "epochs": 1, "form": "norms", "form_options": {"r": 4}, "nsamples": 3,
            "loss": ReconstructLoss.nmse, "inputs": ReconstructInputs.dense, "targets": ReconstructTargets.same_inputs}
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from spp.data.config import HUB_PREFIX
-from spp.paths import find_data
+from spp.paths import find_data, read_json_records
 
 log = logging.getLogger(__name__)
 
@@ -61,35 +60,6 @@ def list_split_files(directory: Path) -> list[Path]:
             "point data.source at a file or at a directory of split files"
         )
     return sorted(files, key=natural_key)
-
-
-def read_json_records(path: str | os.PathLike[str]) -> list[Any]:
-    """Parse a JSON array or JSON-lines file (by its first non-blank character); errors name file, line and column."""
-    path = Path(path)
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"{path}: invalid JSON at line {err.lineno}, column {err.colno} (char {err.pos}): {err.msg}. "
-                "Fix the file or point data.source at a valid JSON array / JSON-lines file."
-            ) from err
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON array of records, got {type(data).__name__}")
-        return data
-    rows: list[Any] = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            raise ValueError(
-                f"{path}: invalid JSON at line {lineno}, column {err.colno}: {err.msg}. The file is read as "
-                "JSON lines (one object per line) because it does not start with '['; fix that line."
-            ) from err
-    return rows
 
 
 def validate_record(raw: Any) -> AlpacaRecord | str:

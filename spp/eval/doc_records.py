@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from spp.atomic import write_text_atomic
+from spp.paths import read_json_records
 
 DOC_RECORDS_FILE = "zero_shot_docs.jsonl"
 """Name of the per-document file written beside ``results.json`` / ``summary.json``."""
@@ -74,4 +75,4 @@ def read_doc_records(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     file = path / DOC_RECORDS_FILE if path.is_dir() else path
     if not file.is_file():
         raise FileNotFoundError(f"{file} does not exist: evaluate with eval.log_samples=true to write it")
-    return [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_json_records(file, "evaluate again with eval.log_samples=true to rewrite it")

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spp.eval.perplexity import in_eval_mode
 from spp.eval.progress_lines import lm_eval_bars_as_lines
 from spp.eval.task_table import (
     MMLU_GROUP,
@@ -30,6 +29,7 @@ from spp.eval.task_table import (
     online_names,
     unknown_task,
 )
+from spp.models.block_runner import in_eval_mode
 from spp.paths import SAMPLE_DATA_DIR, find_data
 
 if TYPE_CHECKING:

@@ -16,10 +16,10 @@ import torch
 
 from spp.atomic import write_json_atomic
 from spp.eval.config import EvalConfig
-from spp.eval.perplexity import PerplexityResult, eval_windows, in_eval_mode, nll_sums, result_from_sums
+from spp.eval.perplexity import PerplexityResult, eval_windows, nll_sums, result_from_sums
 from spp.eval.ppl_cache import ppl_cache_key, ppl_cache_parts, ppl_settings
 from spp.eval.progress_lines import progress
-from spp.models.block_runner import BlockRunner, buffers_on
+from spp.models.block_runner import BlockRunner, buffers_on, in_eval_mode
 from spp.models.offload import OffloadedModel
 
 log = logging.getLogger(__name__)
@@ -31,8 +31,7 @@ def offloaded_perplexity(off: OffloadedModel, tokenizer: Any, source: str = "wik
                          sampling: str = "first") -> PerplexityResult:
     """Perplexity of ``off``'s model over every rank of ``off.ctx`` (arguments as ``perplexity``)."""
     ctx, model = off.ctx, off.model
-    windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
-                           getattr(model.config, "max_position_embeddings", None))
+    windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling, model)
     batches = windows.batches(batch_size)
     mine = ctx.mine(len(batches))
     runner = BlockRunner(off)

@@ -5,11 +5,9 @@ Not lm-eval's ``wikitext`` (rolling word perplexity): never compare the two."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from spp.eval.progress_lines import progress
-from spp.paths import find_data
+from spp.models.block_runner import in_eval_mode
+from spp.paths import find_data, read_json_records
 
 WIKITEXT2_TEST = "wikitext2/test.json"
 WIKITEXT2_VALIDATION = "wikitext2/validation.json"
@@ -68,11 +67,7 @@ class PerplexityResult:
 
 def _read_rows(path: Path) -> list[str]:
     """Read the ``text`` field of every line of a JSON-lines file, or the elements of a JSON array."""
-    raw = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and raw.lstrip().startswith("["):
-        records = json.loads(raw)
-    else:
-        records = [json.loads(line) for line in raw.splitlines() if line.strip()]
+    records = read_json_records(path, "point eval.ppl_source at a valid JSON array / JSON-lines file")
     try:
         return [str(r["text"]) for r in records]
     except (KeyError, TypeError) as err:
@@ -250,9 +245,10 @@ class Windows:
 
 def eval_windows(tokenizer: Any, source: str = "wikitext2", seqlen: int = 2048, max_windows: int | None = None,
                  batch_size: int = 1, data_dir: str | os.PathLike[str] | None = None, sampling: str = "first",
-                 max_positions: int | None = None) -> Windows:
-    """Check the settings, read and tokenize ``source`` and pick the windows to score."""
-    check_seqlen(seqlen, max_positions)
+                 model: object = None) -> Windows:
+    """Check the settings (``seqlen`` within ``model``'s ``max_position_embeddings``, if any), read and tokenize
+    ``source`` and pick the windows to score."""
+    check_seqlen(seqlen, getattr(getattr(model, "config", None), "max_position_embeddings", None))
     if batch_size < 1:
         raise ValueError(f"eval.batch_size={batch_size} must be >= 1")
     if max_windows is not None and max_windows < 1:
@@ -295,21 +291,6 @@ def score_windows(model: torch.nn.Module, windows: Windows, batch_size: int, bat
     return sums
 
 
-@contextmanager
-def in_eval_mode(model: object) -> Iterator[None]:
-    """``model`` in eval mode inside the block, then back in the training mode it had on entry (whatever the block
-    did to it); anything but a module (a saved folder's path) passes through."""
-    if not isinstance(model, torch.nn.Module):
-        yield
-        return
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
-
-
 def perplexity(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -326,8 +307,7 @@ def perplexity(
     ``PPL = exp( (1 / (W (L-1))) * sum_w sum_{t=1}^{L-1} -log p(x_{w,t} | x_{w,<t}) )`` with ``W`` windows
     of ``L = seqlen`` tokens. ``max_windows=None`` takes all windows (for ``c4`` the first 256, as SparseGPT);
     ``device`` defaults to the model's first parameter's."""
-    windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
-                           getattr(getattr(model, "config", None), "max_position_embeddings", None))
+    windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling, model)
     if device is None:
         device = next(model.parameters()).device
     return result_from_sums(score_windows(model, windows, batch_size, range(len(windows.batches(batch_size))),

@@ -200,8 +200,7 @@ def replica_perplexity(model: torch.nn.Module, tokenizer: Any, replicas: Replica
     added in float64 (the same numbers); every leader calls it and gets the result."""
     if not replicas.is_leader:
         raise RuntimeError("replica_perplexity runs on replica leaders only (the others hold no model)")
-    windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling,
-                           getattr(getattr(model, "config", None), "max_position_embeddings", None))
+    windows = eval_windows(tokenizer, source, seqlen, max_windows, batch_size, data_dir, sampling, model)
     mine = replicas.mine(len(windows.batches(batch_size)))
     sums = score_windows(model, windows, batch_size, mine, next(model.parameters()).device, quiet=replicas.index != 0)
     return result_from_sums(replicas.all_reduce_(sums), windows)

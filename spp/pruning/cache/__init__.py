@@ -18,6 +18,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from spp.atomic import is_disk_full
+from spp.distributed import DistContext
 from spp.errors import UserError
 from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
@@ -60,6 +61,7 @@ __all__ = [
     "prune_cached",
     "pruner_key",
     "remove_entry",
+    "write_entry",
 ]
 
 
@@ -243,8 +245,7 @@ def prune_cached(
             return hit or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
         writer = EntryWriter(entry) if ctx.is_main else None
         result = _prune_writing(off, tokenizer, (pruner, method), sparsity, calibration, data_dir, keep_masks, writer,
-                                linears)
-        _finish(off, writer, result, key if ctx.is_main else {})
+                                linears, key if ctx.is_main else {})
         result.cache_path = str(entry) if ctx.is_main else None
     return result
 
@@ -252,40 +253,46 @@ def prune_cached(
 def _prune_writing(off: OffloadedModel, tokenizer: PreTrainedTokenizerBase | None,
                    pruning: tuple[PrunerConfig, Pruner], sparsity: SparsityConfig, calibration: CalibrationConfig,
                    data_dir: str | None, keep_masks: bool, writer: EntryWriter | None,
-                   linears: dict[str, nn.Linear]) -> PruneResult:
-    """:func:`prune_offloaded` with ``pruning`` (the config and its resolved pruner), rank 0 handing each finished
-    block's weights to ``writer`` (pruners that update weights); on an error the unfinished entry is removed."""
+                   linears: dict[str, nn.Linear], key: dict[str, Any]) -> PruneResult:
+    """:func:`prune_offloaded` with ``pruning`` (the config and its resolved pruner) through :func:`write_entry`,
+    rank 0 handing each finished block's weights to ``writer`` (pruners that update weights)."""
     pruner, method = pruning
     on_block = None
     if writer is not None and method.updates_weights:
         def on_block(prefix: str) -> None:
             writer.add_weights({n: off.home[off.canonical(f"{n}.weight")] for n in linears
                                 if n.startswith(prefix + ".")})
+    return write_entry(off.ctx, writer, "pruning",
+                       lambda: prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks,
+                                               on_block=on_block, method=method),
+                       lambda result: (result.masks, key, {"timings": result.timings, "overall": {
+                           k: v for k, v in result.report.overall.items() if k != "timings"}}))
+
+
+def write_entry(ctx: DistContext, writer: EntryWriter | None, what: str, compute: Callable[[], T],
+                record: Callable[[T], tuple[MaskSet, dict[str, Any], dict[str, Any]]]) -> T:
+    """Run ``compute()`` on every rank (rank 0 streaming blocks to ``writer``), then rank 0 finishes the entry with
+    ``record(result)`` (masks, key, manifest fields); every rank learns the outcome over the wait group. The
+    unfinished entry is removed on any error; a full disk raises ``UserError``, another write error ``RuntimeError``,
+    on all ranks (``what``: the cache, ``pruning`` or ``reconstruction``)."""
     try:
-        return prune_offloaded(off, tokenizer, pruner, sparsity, calibration, data_dir, keep_masks, on_block=on_block,
-                               method=method)
+        result = compute()
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
-
-
-def _finish(off: OffloadedModel, writer: EntryWriter | None, result: PruneResult, key: dict[str, Any]) -> None:
-    """Rank 0 finishes the entry (masks, manifest); every rank learns the outcome over the wait group.
-    Raises ``UserError`` when the disk filled up (the unfinished entry removed), else ``RuntimeError``, on all ranks."""
     error: Exception | None = None
     if writer is not None:
         try:
-            writer.finish(result.masks, key, {"timings": result.timings, "overall": {
-                k: v for k, v in result.report.overall.items() if k != "timings"}})
+            writer.finish(*record(result))
         except Exception as err:  # noqa: BLE001 - every rank must learn of it, not wait at the next collective
             writer.abort()
-            error = (UserError(f"the disk filled up while writing the pruning cache entry {writer.entry} ({err}); "
+            error = (UserError(f"the disk filled up while writing the {what} cache entry {writer.entry} ({err}); "
                                "nothing half-written was kept", "free space under cache_dir, or point cache_dir= "
                                "at a disk with room", key="cache_dir")
-                     if is_disk_full(err) else RuntimeError(f"writing the pruning cache entry {writer.entry} "
+                     if is_disk_full(err) else RuntimeError(f"writing the {what} cache entry {writer.entry} "
                                                             f"failed: {type(err).__name__}: {err}"))
-    error = off.ctx.broadcast_object(error, long_wait=True)
+    error = ctx.broadcast_object(error, long_wait=True)
     if error is not None:
         raise error
-
+    return result

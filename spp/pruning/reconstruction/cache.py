@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,9 @@ import torch
 from spp.adapters.base import AdapterMethod
 from spp.models.offload import OffloadedModel
 from spp.paths import file_sha256, json_sha256
-from spp.pruning.cache import cache_entry_dir, json_ready
+from spp.pruning.cache import json_ready
 from spp.pruning.cache.store import CorruptEntryError, EntryWriter, open_for_key
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
-from spp.pruning.masks import MaskSet
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import ReconstructResult, calibration_of, form_config, learning_rate
 
@@ -45,11 +45,6 @@ def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: Recon
         "file_sha256": file_sha256(resolve_calibration_file(calibration, data_dir)),
     }
     return key, json_sha256(key)
-
-
-def entry_dir(cache_dir: str | Path, pruning_key: dict[str, Any], digest: str) -> Path:
-    """``<cache_dir>/pruning/<model>/<pruner>-<pattern>-blockwise-<digest[:16]>``."""
-    return cache_entry_dir(cache_dir, pruning_key, digest, form="blockwise")
 
 
 def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructResult | None:
@@ -80,22 +75,14 @@ def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructRe
                              cache_path=str(entry), lr=(key.get("reconstruct") or {}).get("lr"))
 
 
-class EntryWrite:
-    """Rank 0's writer of one entry: each finished block's parameters in the background, then masks and manifest."""
+def block_writer(off: OffloadedModel, writer: EntryWriter | None) -> Callable[[str], None] | None:
+    """Rank 0's ``on_block``: hands the home parameters of block ``prefix`` (``model.layers.3``) to ``writer`` (none
+    without a writer)."""
+    if writer is None:
+        return None
+    return lambda prefix: writer.add_weights({n: off.home[n] for n in off.names_under(prefix)})
 
-    def __init__(self, off: OffloadedModel, entry: Path) -> None:
-        self.off, self.entry = off, entry
-        self.writer = EntryWriter(entry)
 
-    def block(self, prefix: str) -> None:
-        """Hand the home parameters of block ``prefix`` (``model.layers.3``) to the writer."""
-        self.writer.add_weights({n: self.off.home[n] for n in self.off.names_under(prefix)})
-
-    def finish(self, masks: MaskSet, key: dict[str, Any], result: ReconstructResult) -> None:
-        """The masks, then the manifest (the entry is finished)."""
-        self.writer.finish(masks, key, {"blocks": result.blocks, "timings": result.timings,
-                                        "calibration": result.calibration})
-
-    def abort(self) -> None:
-        """Stop writing and remove the unfinished entry."""
-        self.writer.abort()
+def manifest_record(result: ReconstructResult) -> dict[str, Any]:
+    """The manifest's fields beside the key, read back by :func:`load`."""
+    return {"blocks": result.blocks, "timings": result.timings, "calibration": result.calibration}

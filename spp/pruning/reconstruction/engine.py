@@ -19,7 +19,7 @@ from spp.adapters.base import AdapterMethod
 from spp.adapters.config import AdapterConfig
 from spp.adapters.registry import option_config
 from spp.errors import UserError
-from spp.models.block_runner import BlockRunner, Call, buffers_on, call_block
+from spp.models.block_runner import BlockRunner, Call, buffers_on, call_block, in_eval_mode
 from spp.models.config import DTYPES
 from spp.models.offload import OffloadedModel
 from spp.projections import model_targets
@@ -204,24 +204,19 @@ def reconstruct_offloaded(off: OffloadedModel, dense: OffloadedModel, tokenizer:
     t_start, cpu_start = time.perf_counter(), time.process_time()
     targets = model_targets(off.model, pruner_targets, "pruner.targets")
     run = _Pass(off, dense, masks, targets, cfg, form if form is not None else form_method(cfg.form))
-    was_training = (off.model.training, dense.model.training)
-    off.model.eval(), dense.model.eval()
-    try:
-        with buffers_on(off.model, off.ctx.device), buffers_on(dense.model, off.ctx.device):
-            dense_in, calls = run.capture(tokenizer, data_dir)
-            use_sparse = ReconstructInputs(cfg.inputs) is ReconstructInputs.sparse
-            same = use_sparse and ReconstructTargets(cfg.targets) is ReconstructTargets.same_inputs
-            sparse_in = dense_in
-            for i in range(len(run.runner.layers)):
-                targets_i = run.dense_block(i, sparse_in if same else dense_in, calls[i])
-                out = run.sparse_block(i, sparse_in if use_sparse else dense_in, targets_i, calls[i])
-                sparse_in = out if use_sparse else sparse_in
-                dense_in = [] if same else targets_i  # same_inputs: no dense trajectory is needed
-                if on_block is not None:
-                    on_block(f"{run.runner.prefix}.{i}")
-    finally:
-        off.model.train(was_training[0])
-        dense.model.train(was_training[1])
+    with (in_eval_mode(off.model), in_eval_mode(dense.model), buffers_on(off.model, off.ctx.device),
+          buffers_on(dense.model, off.ctx.device)):
+        dense_in, calls = run.capture(tokenizer, data_dir)
+        use_sparse = ReconstructInputs(cfg.inputs) is ReconstructInputs.sparse
+        same = use_sparse and ReconstructTargets(cfg.targets) is ReconstructTargets.same_inputs
+        sparse_in = dense_in
+        for i in range(len(run.runner.layers)):
+            targets_i = run.dense_block(i, sparse_in if same else dense_in, calls[i])
+            out = run.sparse_block(i, sparse_in if use_sparse else dense_in, targets_i, calls[i])
+            sparse_in = out if use_sparse else sparse_in
+            dense_in = [] if same else targets_i  # same_inputs: no dense trajectory is needed
+            if on_block is not None:
+                on_block(f"{run.runner.prefix}.{i}")
     run.timings["total"] = time.perf_counter() - t_start
     run.timings["cpu_seconds"] = time.process_time() - cpu_start  # this process's CPU time (all its threads)
     return ReconstructResult(run.blocks, {k: round(v, 3) for k, v in run.timings.items()}, run.calibration,

@@ -20,8 +20,8 @@ from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
 from spp.pruning.base import Pruner
-from spp.pruning.cache import READ_MARGIN_S, cache_key, prune_cached, read_or_lock
-from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, read_manifest
+from spp.pruning.cache import READ_MARGIN_S, cache_entry_dir, cache_key, prune_cached, read_or_lock, write_entry
+from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, EntryWriter, read_manifest
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult, local_context, prune_offloaded
 from spp.pruning.masks import MaskSet
@@ -73,7 +73,7 @@ def probe(cfg: ReconstructConfig, model_cfg: ModelConfig, pruner: PrunerConfig, 
             pkey, pdigest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
             keys = ((pkey, pdigest), cache.reconstruct_key(pkey, pdigest, cfg, data_dir, form))
         (pkey, _), (found.key, found.digest) = keys
-        found.entry = cache.entry_dir(cache_dir, pkey, found.digest)
+        found.entry = cache_entry_dir(cache_dir, pkey, found.digest, form="blockwise")
         try:
             found.hit = (found.entry / MANIFEST_FILE).is_file() and read_manifest(found.entry).get("key") == found.key
         except CorruptEntryError:
@@ -116,24 +116,12 @@ def _run(off: OffloadedModel, dense: OffloadedModel, tokenizer: PreTrainedTokeni
                if ctx.is_main else None)
         if ctx.broadcast_object(hit is not None, long_wait=True):  # another job wrote it meanwhile
             return _hit(hit, ctx)
-        writer = cache.EntryWrite(off, found.entry) if ctx.is_main else None
-        try:
-            result = reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg, data_dir,
-                                           on_block=writer.block if writer is not None else None, form=form)
-            error = None
-            if writer is not None:
-                try:
-                    writer.finish(masks, found.key, result)
-                except Exception as err:  # noqa: BLE001 - every rank must learn of it
-                    writer.abort()
-                    error = RuntimeError(f"writing the reconstruction cache entry {found.entry} failed: {err}")
-        except BaseException:
-            if writer is not None:
-                writer.abort()
-            raise
-        error = ctx.broadcast_object(error, long_wait=True)
-        if error is not None:
-            raise error
+        writer = EntryWriter(found.entry) if ctx.is_main else None
+        result = write_entry(ctx, writer, "reconstruction",
+                             lambda: reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg,
+                                                           data_dir, on_block=cache.block_writer(off, writer),
+                                                           form=form),
+                             lambda result: (masks, found.key, cache.manifest_record(result)))
     result.cache_path = str(found.entry) if ctx.is_main else None
     return result
 

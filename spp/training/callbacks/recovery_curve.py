@@ -157,8 +157,7 @@ class RecoveryCurve(Callback):
         cfg = self.eval_cfg
         if self._windows is None:
             self._windows = eval_windows(self.tokenizer, WIKITEXT2_VAL, int(cfg.seqlen), cfg.max_windows,
-                                         int(cfg.batch_size), self.data_dir, cfg.window_sampling,
-                                         getattr(getattr(model, "config", None), "max_position_embeddings", None))
+                                         int(cfg.batch_size), self.data_dir, cfg.window_sampling, model)
         batches = range(len(self._windows.batches(int(cfg.batch_size))))
         device = next(model.parameters()).device
         sums = score_windows(model, self._windows, int(cfg.batch_size), batches, device, quiet=True)
