@@ -16,7 +16,7 @@ from spp.planning.shapes import per_layer_fields, shape_from_arch, skeleton_from
 from spp.preflight.jobs import preflight_train
 from spp.preflight.model_files import model_arch
 from spp.preflight.shapes import arch_layers
-from spp.pruning.targets import decoder_layers
+from spp.projections import decoder_layers
 
 FAMILIES = ["tiny_qwen2", "tiny_qwen3", "tiny_gemma2"]
 

@@ -18,8 +18,7 @@ from spp.planning.job import plan_output
 from spp.planning.shapes import shape_from_arch
 from spp.preflight.jobs import preflight_train
 from spp.preflight.shapes import arch_layers
-from spp.projections import DEFAULT_TARGETS
-from spp.pruning.targets import decoder_layers
+from spp.projections import DEFAULT_TARGETS, decoder_layers
 from spp.training.config import load_job
 from spp.training.strategies import decoder_layer_class
 

@@ -27,8 +27,8 @@ from spp.errors import UserError
 from spp.export.manifest import ExportManifest
 from spp.gathering import gatherer_for
 from spp.models.conv1d import conv1d_layout, conv1d_weights
+from spp.projections import decoder_layers
 from spp.pruning.masks import ZeroPattern
-from spp.pruning.targets import decoder_layers
 from spp.pruning.zero_audit import SparsityViolation, audit_summary, check_layer_zeros
 
 SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"

@@ -28,10 +28,9 @@ from spp.planning.hardware import Hardware
 from spp.planning.memory import forward_bytes
 from spp.planning.shapes import dtype_bytes, skeleton_from_arch
 from spp.planning.spec import ReconstructSpec, RunSpec
-from spp.projections import block_projections
+from spp.projections import block_projections, decoder_layers
 from spp.pruning.reconstruction.engine import form_config
 from spp.pruning.reconstruction.one_block import OneBlock
-from spp.pruning.targets import decoder_layers
 
 RECONSTRUCT_HEAP_RETENTION = 0.25
 """On a CPU run glibc keeps freed heap memory resident (its mmap threshold rises to the largest freed block, so the

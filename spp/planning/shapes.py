@@ -10,8 +10,7 @@ from torch import nn
 
 from spp.models.config import DTYPES
 from spp.models.conv1d import linearize_conv1d
-from spp.projections import block_projections, resolve_targets
-from spp.pruning.targets import block_linears, decoder_layers
+from spp.projections import block_linears, block_projections, decoder_layers, resolve_targets
 
 
 @dataclass

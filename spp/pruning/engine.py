@@ -21,7 +21,7 @@ from spp.errors import UserError
 from spp.models.block_runner import BlockCalls, BlockRunner, Call, buffers_on, in_eval_mode
 from spp.models.conv1d import linearize_conv1d
 from spp.models.offload import OffloadedModel
-from spp.projections import find_projections, matches, model_targets
+from spp.projections import block_linears, find_projections, matches, model_targets
 from spp.pruning.base import MatrixOutcome, Pruner
 from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
@@ -31,7 +31,6 @@ from spp.pruning.patterns import check_layer_fits, sparsity_summary
 from spp.pruning.report import PruneReport, report_from_layers
 from spp.pruning.resolve import prunes, resolve_pruner
 from spp.pruning.statistics import InputStatistics, observe_inputs
-from spp.pruning.targets import block_linears
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from torch import nn
 
 from spp.distributed import DistContext
 from spp.models.block_runner import BlockCalls, BlockRunner
+from spp.projections import block_linears
 from spp.pruning.config import SparsityConfig
 from spp.pruning.statistics import InputStatistics, observe_inputs
-from spp.pruning.targets import block_linears
 
 
 @dataclass

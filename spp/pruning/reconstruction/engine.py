@@ -22,7 +22,7 @@ from spp.errors import UserError
 from spp.models.block_runner import BlockRunner, Call, buffers_on, call_block, in_eval_mode
 from spp.models.config import DTYPES
 from spp.models.offload import OffloadedModel
-from spp.projections import model_targets
+from spp.projections import block_linears, model_targets
 from spp.pruning.calibration_data import draw_calibration
 from spp.pruning.config import CalibrationConfig
 from spp.pruning.masks import MaskSet
@@ -35,7 +35,6 @@ from spp.pruning.reconstruction.config import (
 from spp.pruning.reconstruction.one_block import BLOCK_PATH, FormedBlock
 from spp.pruning.reconstruction.train_block import mean_loss, train_form
 from spp.pruning.resolve import form_method
-from spp.pruning.targets import block_linears
 
 log = logging.getLogger(__name__)
 
