@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lightning.fabric.utilities.rank_zero import _get_rank
-
 from spp.atomic import check_writable_dir
 from spp.errors import UserError
 
@@ -30,12 +28,15 @@ HELD_ERRNOS = {errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES}
 LOCK_FILE = ".spp-run.lock"
 """The lock's file name inside the run directory (it stays there; only a held ``flock`` on it counts)."""
 
+_RANK_KEYS = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+"""Where a launcher puts a process's rank (the order Lightning's ``rank_zero_only`` reads them in)."""
+
 
 def is_job_leader() -> bool:
-    """Whether this process speaks for its job: global rank 0 on node 0 (also a plain single-process run); the rank
-    is read as Lightning's ``rank_zero_only`` reads it."""
+    """Whether this process speaks for its job: global rank 0 on node 0 (also a plain single-process run)."""
+    rank = next((os.environ[key] for key in _RANK_KEYS if os.environ.get(key)), "0")
     node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
-    return not _get_rank() and int(node) == 0
+    return int(rank) == 0 and int(node) == 0
 
 
 def _holder(fd: int) -> str:
