@@ -225,9 +225,9 @@ def doc_files() -> dict[str, str]:
     return out
 
 
-def _plan(args: list[str], env: dict[str, str]) -> dict:
-    """``train.py <args> plan=true plan_json=-``'s plan."""
-    out = _run(["train.py", *args, "plan=true", "plan_json=-"], env).stdout
+def _plan(args: list[str], env: dict[str, str], hydra_dir: Path) -> dict:
+    """``train.py <args> plan=true plan_json=-``'s plan (Hydra's log folder under ``hydra_dir``)."""
+    out = _run(["train.py", *args, "plan=true", "plan_json=-", f"hydra.run.dir={hydra_dir}"], env).stdout
     return json.loads(out[out.index("{"):])
 
 
@@ -257,6 +257,6 @@ def test_the_documented_adapter_trains_keeps_zeros_and_is_planned_as_it_trains(t
     for name in projections:  # 2:4: every group of 4 weights of a row keeps at least its 2 pruned zeros
         groups = merged[name].reshape(merged[name].shape[0], -1, 4)
         assert bool(((groups == 0).sum(-1) >= 2).all()), name
-    plan = _plan(args, env)
+    plan = _plan(args, env, tmp_path / 'plan')
     assert plan["adapter"] == "row_scale" and plan["trainable_params"] == summary["params"]["trainable"]
 

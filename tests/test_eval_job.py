@@ -123,10 +123,10 @@ def test_bad_inputs_fail_before_loading(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow  # an eval.py process (21 s loaded); the checks themselves are tested in-process above; CI runs it
-def test_eval_py_reports_one_error_line():
+def test_eval_py_reports_one_error_line(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "eval.py", "model=tiny", "eval.seqlen=4096", "print_config=false"],
+        [sys.executable, "eval.py", "model=tiny", "eval.seqlen=4096", "print_config=false", f"run_dir={tmp_path}"],
         cwd=REPO_ROOT, capture_output=True, text=True, env=env, timeout=120,
     )
     assert proc.returncode == 2  # spp.errors.EXIT_USER_ERROR

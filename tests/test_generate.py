@@ -118,7 +118,7 @@ def test_sparse24_refused_on_cpu(tmp_path):
     with pytest.raises(ValueError, match="layers.0.self_attn.q_proj: .* not 2:4"):
         to_sparse24(tiny_llama(seed=0))  # dense: the pattern is checked before the device
     model_dir = _save(_prune_2_4(tiny_llama(seed=0)), tmp_path / "tiny24")
-    proc = _generate_cli(f"model.path={model_dir}", "sparse24=true", "max_new_tokens=4")
+    proc = _generate_cli(f"model.path={model_dir}", "sparse24=true", "max_new_tokens=4", f"run_dir={tmp_path / 'run'}")
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("generate.py: error: sparse24=true: ") and "CUDA" in last, proc.stderr[-2000:]

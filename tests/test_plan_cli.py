@@ -69,9 +69,12 @@ def _cases(tmp: Path) -> dict[str, list[str]]:
     refused = ["model=llama2_70b", "trainer.devices=1", "strategy=ddp", "trainer.accelerator=gpu",
                "trainer.device_memory_gib=80", "trainer.host_memory_gib=2048"]
     return {
-        "plan70": ["train.py", "model=llama2_70b", "plan=true", "trainer.devices=8", "strategy=fsdp"],
-        "deepspeed": ["train.py", "experiment=llama30b_deepspeed", "plan=true", "trainer.devices=8"],
-        "json": ["train.py", "model=llama7b", "plan=true", "plan_json=-", "trainer=gpu", "data=alpaca_cleaned"],
+        "plan70": ["train.py", "model=llama2_70b", "plan=true", "trainer.devices=8", "strategy=fsdp",
+                   f"hydra.run.dir={tmp / 'plan70'}"],
+        "deepspeed": ["train.py", "experiment=llama30b_deepspeed", "plan=true", "trainer.devices=8",
+                      f"hydra.run.dir={tmp / 'deepspeed'}"],
+        "json": ["train.py", "model=llama7b", "plan=true", "plan_json=-", "trainer=gpu", "data=alpaca_cleaned",
+                 f"hydra.run.dir={tmp / 'json'}"],
         "refused": ["train.py", *refused, f"run_dir={tmp / 'run'}", f"cache_dir={tmp / 'cache'}",
                     f"data_dir={SAMPLE_DATA_DIR}"],
         "slurm_mem": ["train.py", "-m", "hydra/launcher=slurm", "hydra.launcher.gpus_per_node=8",

@@ -530,7 +530,8 @@ def test_the_documented_user_script_prunes_then_trains(tmp_path):
              "assert check_nm(w, 2, 4).valid and float((w == 0).float().mean()) == 0.5\n"
              "assert trainer.global_step == 4\nprint('ok')\n")
     script = tmp_path / "user.py"
-    script.write_text(block.replace('"outputs/example-cache"', repr(str(tmp_path / "cache"))) + check)
-    proc = subprocess.run([sys.executable, str(script)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    block = block.replace('"outputs/example-cache"', repr(str(tmp_path / "cache")))
+    script.write_text(block.replace('data_dir="data"', f"data_dir={str(REPO_ROOT / 'data')!r}") + check)
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO_ROOT)})
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
