@@ -170,15 +170,14 @@ def _interval(samples: np.ndarray, level: float) -> tuple[float, float]:
     return lo, hi
 
 
-def _windows_nll(result: dict[str, Any] | PerplexityResult) -> tuple[np.ndarray, tuple[Any, ...]]:
-    r = result.to_dict() if isinstance(result, PerplexityResult) else result
+def _windows_nll(r: dict[str, Any]) -> tuple[np.ndarray, tuple[Any, ...]]:
     if not r.get("window_nll"):
         raise ValueError("perplexity result has no per-window NLL (an older record; measure it again)")
     return np.asarray(r["window_nll"], dtype=np.float64), (r.get("source"), r.get("seqlen"),
                                                            tuple(r.get("window_starts") or ()))
 
 
-def window_nll_matrix(*results: dict[str, Any] | PerplexityResult) -> np.ndarray:
+def window_nll_matrix(*results: dict[str, Any]) -> np.ndarray:
     """The per-window NLLs of results measured on the same windows, shape ``(len(results), windows)``."""
     arrays, keys = zip(*(_windows_nll(r) for r in results), strict=True)
     if any(k != keys[0] for k in keys[1:]):
@@ -186,7 +185,7 @@ def window_nll_matrix(*results: dict[str, Any] | PerplexityResult) -> np.ndarray
     return np.stack(arrays)
 
 
-def paired_difference(a: dict[str, Any] | PerplexityResult, b: dict[str, Any] | PerplexityResult,
+def paired_difference(a: dict[str, Any], b: dict[str, Any],
                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED,
                       level: float = CI_LEVEL) -> dict[str, float]:
     """Paired comparison of ``a`` against ``b`` on the same windows, with percentile-bootstrap intervals (windows
@@ -200,8 +199,8 @@ def paired_difference(a: dict[str, Any] | PerplexityResult, b: dict[str, Any] | 
             "windows": int(d.size), "resamples": resamples}
 
 
-def gap_closed(dense: dict[str, Any] | PerplexityResult, pruned: dict[str, Any] | PerplexityResult,
-               merged: dict[str, Any] | PerplexityResult, resamples: int = BOOTSTRAP_RESAMPLES,
+def gap_closed(dense: dict[str, Any], pruned: dict[str, Any],
+               merged: dict[str, Any], resamples: int = BOOTSTRAP_RESAMPLES,
                seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL) -> dict[str, float]:
     """Fraction of the log-perplexity gap closed, ``(log ppl_pruned - log ppl_merged) / (log ppl_pruned -
     log ppl_dense)``, with a paired percentile-bootstrap interval (the same resampled windows for all three)."""
