@@ -16,7 +16,6 @@ from typing import Any
 import psutil
 import torch
 
-from spp.adapters.base import AdapterMethod
 from spp.errors import UserError
 from spp.models.loading import resolve_source
 from spp.planning.adapter import adapter_spec
@@ -29,7 +28,6 @@ from spp.planning.run import RunPlan, plan_run
 from spp.planning.shapes import dtype_bytes, shape_from_arch
 from spp.planning.spec import EvalSpec, RunSpec, TrainSpec
 from spp.projections import DEFAULT_TARGETS
-from spp.pruning.base import Pruner
 from spp.pruning.resolve import resolve_adapter, resolve_form, resolve_pruner
 
 RECORDS = {"alpaca/cleaned_partial/alpaca_data_cleaned_0.json": 1551, "alpaca/cleaned_partial": 50921,
@@ -63,11 +61,6 @@ log = logging.getLogger(__name__)
 
 ZERO_SHOT = ("boolq", "rte", "hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa")
 MMLU_SUBJECT_COUNT = 57
-
-
-def tokens_per_char(vocab: int) -> float:
-    """Tokens per character: 1 for a byte-level vocabulary (at most 512 entries), else :data:`BPE_TOKENS_PER_CHAR`."""
-    return 1.0 if vocab <= 512 else BPE_TOKENS_PER_CHAR
 
 
 def lm_eval_tokens(tasks: list[str], limit: int | None, mmlu_limit: int | None) -> int:
@@ -144,16 +137,6 @@ def _eval_spec(job: Any, prunes: bool, per_char: float) -> EvalSpec:
                     lm_eval_batch=ev.lm_eval_batch_size)
 
 
-def planned_methods(job: Any, methods: Any = None) -> tuple[Pruner | None, AdapterMethod, AdapterMethod | None]:
-    """``(pruner, adapter method, reconstruction form)`` of ``job``: those of ``methods`` (the job's resolved
-    ``spp.training.run.Methods``, read duck-typed) or, when not given, the resolver's (``spp.pruning.resolve``)."""
-    if methods is not None:
-        return methods.pruner, methods.adapter, methods.form
-    cfg = getattr(job, "reconstruct", None)
-    form = resolve_form(cfg) if cfg is not None else None
-    return resolve_pruner(job.pruner, job.sparsity), resolve_adapter(job.adapter.name), form
-
-
 def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: int | None = None,
              nodes: int | None = None, methods: Any = None) -> RunSpec:
     """The :class:`RunSpec` of ``job`` on ``kind``; ``devices`` and ``nodes`` replace ``trainer.devices`` /
@@ -162,9 +145,14 @@ def job_spec(job: Any, arch: dict[str, Any], kind: str, source: str, devices: in
     shape = shape_from_arch(job.model.name, arch, list(job.pruner.targets) or list(DEFAULT_TARGETS), nbytes)
     devices = devices or device_count(job.trainer.devices, kind)
     nodes = nodes or int(job.trainer.num_nodes)
-    pruner, method, form = planned_methods(job, methods)
+    if methods is not None:  # the job's resolved spp.training.run.Methods, read duck-typed
+        pruner, method, form = methods.pruner, methods.adapter, methods.form
+    else:  # the resolver's (spp.pruning.resolve)
+        cfg = getattr(job, "reconstruct", None)
+        form = resolve_form(cfg) if cfg is not None else None
+        pruner, method = resolve_pruner(job.pruner, job.sparsity), resolve_adapter(job.adapter.name)
     prunes = pruner is not None  # a pruner and a pattern that is not dense
-    per_char = tokens_per_char(shape.vocab)
+    per_char = 1.0 if shape.vocab <= 512 else BPE_TOKENS_PER_CHAR  # a byte-level vocabulary: a token per character
     cal = job.calibration
     return RunSpec(shape=shape, kind=kind, devices=devices, nodes=nodes, strategy=strategy_name(job, devices * nodes),
                    zero_stage=int(job.strategy.stage),

@@ -138,11 +138,6 @@ def prune_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
                      seconds)
 
 
-def _dataset_bytes(spec: RunSpec) -> int:
-    train = spec.train
-    return train.examples * (train.tokens_per_example * DATASET_BYTES_PER_TOKEN + RECORD_BYTES)
-
-
 def _checkpoint_bytes(spec: RunSpec) -> int:
     """One adapter-only checkpoint: the trainable tensors and AdamW's state (DeepSpeed: its fp32 master and
     moments)."""
@@ -154,9 +149,10 @@ def fit_phase(spec: RunSpec, hw: Hardware) -> PhasePlan:
     """Placement from rank 0, then training; rank 0's host also holds the packed masks, under sharding (or
     DeepSpeed) the pruned weights it keeps for the adapter files and, at a checkpoint, the gathered trainable
     tensors and optimizer state."""
-    shape = spec.shape
+    shape, train = spec.shape, spec.train
     device, on_host = _on_host(spec, fit_device_bytes(spec, hw))
-    base = {**_process(hw), "dataset": _dataset_bytes(spec)}
+    dataset = train.examples * (train.tokens_per_example * DATASET_BYTES_PER_TOKEN + RECORD_BYTES)
+    base = {**_process(hw), "dataset": dataset}
     gather = _checkpoint_bytes(spec)
     if spec.sharded or spec.strategy == "deepspeed":
         # rank 0 keeps the pruned weights through training: the adapter files are written from the model rebuilt
