@@ -32,6 +32,8 @@ class Pruner(ABC):
     config_class: ClassVar[type[PrunerConfig]] = PrunerConfig
     needs_calibration: ClassVar[bool] = True
     updates_weights: ClassVar[bool] = False
+    needs_moments: ClassVar[bool] = False
+    """The rule needs the per-feature input sums (mean, variance, per-sequence sums: DS⊘T)."""
 
     def __init__(self, cfg: PrunerConfig) -> None:
         self.cfg = cfg
@@ -39,11 +41,6 @@ class Pruner(ABC):
     @property
     def uses_hessian(self) -> bool:
         """The rule needs X Xᵀ: it is accumulated, and one owner rank per matrix solves and broadcasts."""
-        return False
-
-    @property
-    def needs_moments(self) -> bool:
-        """The rule needs the per-feature input sums (mean, variance, per-sequence sums: DS⊘T)."""
         return False
 
     def statistics(self, in_features: int, device: torch.device | str) -> InputStatistics | None:

@@ -34,12 +34,7 @@ def prune_lowest_per_row(scores: torch.Tensor, ratio: float) -> torch.Tensor:
 
 def prune_lowest_global(scores: torch.Tensor, ratio: float) -> torch.Tensor:
     """Keep-mask that zeros the ``int(numel * ratio)`` lowest scores of the whole matrix (one threshold)."""
-    k = int(scores.numel() * ratio)
-    keep = torch.ones(scores.numel(), dtype=torch.bool, device=scores.device)
-    if k > 0:
-        idx = torch.sort(scores.reshape(-1), stable=True).indices[:k]
-        keep[idx] = False
-    return keep.view_as(scores)
+    return prune_lowest_per_row(scores.reshape(1, -1), ratio).view_as(scores)
 
 
 def keep_top_n_of_m(scores: torch.Tensor, n: int, m: int) -> torch.Tensor:

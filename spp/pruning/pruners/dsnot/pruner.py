@@ -65,15 +65,12 @@ class DSnoTConfig(PrunerConfig):
 class DSnoT(Pruner):
     """Training-free mask refinement from an initial mask (Zhang et al., 2024)."""
 
+    needs_moments = True
     cfg: DSnoTConfig
 
     @property
     def uses_hessian(self) -> bool:
         return self.cfg.initial_method == "sparsegpt"
-
-    @property
-    def needs_moments(self) -> bool:
-        return True
 
     def _initial_metric(self, weight: torch.Tensor, stats: InputStatistics) -> torch.Tensor:
         if self.cfg.initial_method == "wanda":

@@ -39,11 +39,8 @@ class SparseGPT(Pruner):
     """OBS pruning with weight reconstruction from the Hessian (Frantar & Alistarh, 2023)."""
 
     updates_weights = True
+    uses_hessian = True  # always: a constant in place of the base's property
     cfg: SparseGPTConfig
-
-    @property
-    def uses_hessian(self) -> bool:
-        return True
 
     def check(self, sparsity: SparsityConfig) -> None:
         if sparsity.kind == "nm" and self.cfg.blocksize % int(sparsity.m):
