@@ -152,11 +152,11 @@ def groups_of(config: str) -> list[str]:
     return [name for name in names if not name.startswith(("override ", "hydra/"))]
 
 
-def option_rows(job: type, root: DictConfig | None) -> list[tuple[str, str, str]]:
+def option_rows(job: type, root: DictConfig) -> list[tuple[str, str, str]]:
     """``(key, doc, "")`` for every key a chosen group option adds to its group's schema (``pruner=sparsegpt``:
     ``pruner.blocksize``, ``pruner.percdamp``; a plug-in pruner's own keys), from the composed node's type."""
     rows: list[tuple[str, str, str]] = []
-    for f in dataclasses.fields(job) if root is not None else []:
+    for f in dataclasses.fields(job):
         declared = field_schema(job, f.name)
         node = OmegaConf.select(root, f.name, throw_on_resolution_failure=False) if declared else None
         own = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
@@ -222,9 +222,7 @@ def use_lines(config: str) -> list[str]:
     return out
 
 
-def _value(root: DictConfig | None, key: str) -> str:
-    if root is None:
-        return "?"
+def _value(root: DictConfig, key: str) -> str:
     try:
         value = OmegaConf.select(root, key, throw_on_missing=False)
     except Exception:  # an interpolation that needs the run (``${now:...}``): show it unresolved
@@ -238,11 +236,11 @@ def _wrap(head: str, text: str, indent: int) -> list[str]:
     return textwrap.wrap(text, WIDTH, initial_indent=head, subsequent_indent=" " * indent) or [head.rstrip()]
 
 
-def render(name: str, root: DictConfig | None = None) -> str:
+def render(name: str, root: DictConfig) -> str:
     """The help text of command ``name`` (``train``, ``evaluate``, ``prune``, ``generate``)."""
     cmd = COMMANDS[name]
     job = cmd.job
-    found = None if root is None else OmegaConf.select(root, "hydra.runtime.choices", throw_on_resolution_failure=False)
+    found = OmegaConf.select(root, "hydra.runtime.choices", throw_on_resolution_failure=False)
     choices: dict[str, Any] = OmegaConf.to_container(found) if found is not None else {}
     out = [f"{cmd.script}: {purpose(cmd.config)}", "",
            f"Usage: python {cmd.script} [group=option ...] [key=value ...]   (-m / --multirun: a sweep over "
@@ -276,11 +274,7 @@ def render(name: str, root: DictConfig | None = None) -> str:
     return "\n".join(out).replace("$", "$$") + "\n"
 
 
-def _resolve(name: str, _root_: DictConfig) -> str:
-    return render(name, _root_)
-
-
 def register_help() -> None:
     """Register the ``spp_help`` resolver that ``hydra.help.template`` uses (idempotent)."""
     if not OmegaConf.has_resolver("spp_help"):
-        OmegaConf.register_new_resolver("spp_help", _resolve)
+        OmegaConf.register_new_resolver("spp_help", lambda name, _root_: render(name, _root_))
