@@ -102,7 +102,6 @@ def prune_model(
     calibration: CalibrationConfig | None = None,
     data_dir: str | None = None,
     device: str | torch.device | None = None,
-    method: Pruner | None = None,
 ) -> PruneResult:
     """Prune the target linears of a whole in-memory ``model`` in place, in this process.
     The model is offloaded meanwhile and put back on its own device; GPT-2's ``Conv1D`` become ``nn.Linear`` in place.
@@ -110,8 +109,7 @@ def prune_model(
     linearize_conv1d(model)  # a GPT-2 model built by the caller: its Conv1D projections as nn.Linear (a no-op else)
     off = OffloadedModel(model, local_context(device))
     try:
-        return prune_offloaded(off, tokenizer, pruner, sparsity, calibration or CalibrationConfig(), data_dir,
-                               method=method)
+        return prune_offloaded(off, tokenizer, pruner, sparsity, calibration or CalibrationConfig(), data_dir)
     finally:
         off.restore()
 
