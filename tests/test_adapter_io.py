@@ -84,3 +84,15 @@ def test_adapter_errors(tmp_path):
     next(iter(spp_layers(merged).values())).merge()
     with pytest.raises(ValueError, match="are merged"):
         save_adapter(merged, tmp_path / "m")
+
+
+def test_load_into_model_injected_with_other_scale_is_refused(tmp_path):
+    """The file's ``scale``/``residual`` set the outputs: a model injected with others would load silently wrong."""
+    save_adapter(trained(r=8, scale=1.0), tmp_path)
+    same = tiny_llama(seed=0)
+    inject(same, r=8, scale=1.0, impl="naive", dropout=0.0)  # impl and dropout do not change the adapted weight
+    load_adapter(same, tmp_path)
+    other = tiny_llama(seed=0)
+    inject(other, r=8, scale=2.0)
+    with pytest.raises(ValueError, match=r"scale=2.0 but .* records scale=1.0"):
+        load_adapter(other, tmp_path)

@@ -24,6 +24,9 @@ FORMAT = "spp"
 PEFT_TYPE = "SPP"
 """``adapter_config.json``'s ``peft_type`` (peft reads it once ``spp.peft`` is imported)."""
 
+OUTPUT_KEYS = ("scale", "residual")
+"""The recorded settings besides the tensors' shapes that change what a loaded adapter computes."""
+
 
 def save_adapter(model: nn.Module, directory: str | os.PathLike, extra_config: dict[str, Any] | None = None) -> Path:
     """Write ``model``'s SPP parameters and settings (``adapter_config.json``, ``adapter_model.safetensors``).
@@ -75,5 +78,12 @@ def load_adapter(model: nn.Module, directory: str | os.PathLike) -> nn.Module:
         unexpected = sorted(set(layers) - set(config["layers"]))[:5]
         raise ValueError(f"load_adapter: SPP layers differ from {directory}: missing in model {missing}, "
                          f"not in the file {unexpected}. Use the same model architecture and targets.")
+    for name, layer in layers.items():
+        bad = [k for k in OUTPUT_KEYS if getattr(layer, k) != config["layer_kwargs"][k]]
+        if bad:
+            key = bad[0]
+            raise ValueError(f"load_adapter: layer {name} has {key}={getattr(layer, key)} but {directory} records "
+                             f"{key}={config['layer_kwargs'][key]}; inject with the file's settings or load into a "
+                             "model without SPP layers.")
     copy_tensors(load_tensor_file(weights), adapter_state_dict(model), "load_adapter")
     return model
