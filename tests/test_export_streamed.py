@@ -60,7 +60,7 @@ def inputs(cfg: AdapterConfig, result, tokenizer=None) -> ExportInputs:
     method = get_method(cfg.name)
     manifest = ExportManifest(adapter=adapter_record(cfg), dtype="torch.float32",
                               pruning={"model": "tiny", "pruner": "magnitude", "sparsity": "nm2_4"})
-    return ExportInputs(method, result.zeros, tokenizer, manifest, method.kept_zeros_may_change)
+    return ExportInputs(method, result.zeros, tokenizer, manifest)
 
 
 def close(a, b) -> bool:

@@ -49,7 +49,6 @@ class ExportInputs:
     zeros: ZeroPattern | None
     tokenizer: Any
     manifest: ExportManifest
-    kept_zeros_may_change: bool = False
     overrides: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -243,7 +242,7 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
             try:
                 masks = {k: m for k, (m, _e) in refs.items()}
                 tensors, stats = merged_block_tensors(block, f"{prefix}.{i}", inputs.method, masks, inputs.overrides)
-                counts = _audit(tensors, refs, inputs.kept_zeros_may_change)
+                counts = _audit(tensors, refs, inputs.method.kept_zeros_may_change)
                 writer.add(_write_shard(tmp, i + 1, count, conv1d_layout(tensors, transposed)), counts)
                 writer.merge.update(stats)
                 del tensors

@@ -122,7 +122,7 @@ def export(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext, r
     job, method = run.job, run.methods.adapter
     target = run.run_dir / ("merged" if job.export.merged else ".merged.evaluate")
     inputs = ExportInputs(method, pruned.zeros if ctx.is_main else None, pruned.tokenizer, _manifest(run),
-                          method.kept_zeros_may_change, fitted.state if fitted.deepspeed else {})
+                          fitted.state if fitted.deepspeed else {})
     try:
         exported = export_streamed(fitted.model, inputs, target, ctx)
     except UserError as err:
