@@ -94,7 +94,7 @@ def test_streamed_export_equals_save_pretrained_of_the_merged_model(case, tie, t
     assert sorted(ours) == sorted(theirs)  # the same names, tied weights once
     differ = [k for k in theirs if not torch.equal(ours[k], theirs[k])]
     assert not differ, differ
-    assert out.shards == reference.config.num_hidden_layers + 1
+    assert out.layout["shards"] == reference.config.num_hidden_layers + 1
     manifest = ExportManifest.read(tmp_path / "merged")
     assert manifest.status == "ok" and manifest.audit["layers"] == len(result.masks)
     assert manifest.audit["sparsity"] == pytest.approx(0.5, abs=0.01)

@@ -54,15 +54,14 @@ class ExportInputs:
 
 @dataclass
 class ExportResult:
-    """The published folder, the zero audit of its weights, its shards, the seconds it took, how it was written and
-    what the merge reports (the method's :meth:`~spp.adapters.base.AdapterMethod.merge_summary`)."""
+    """The published folder, the zero audit of its weights, the seconds it took, how it was written (its shards and
+    writers) and what the merge reports (the method's :meth:`~spp.adapters.base.AdapterMethod.merge_summary`)."""
 
     path: Path
     audit: dict[str, Any]
-    shards: int
     seconds: float
-    layout: dict[str, Any] = field(default_factory=dict)
-    merge: dict[str, Any] = field(default_factory=dict)
+    layout: dict[str, Any]
+    merge: dict[str, Any]
 
 
 def hf_model(model: nn.Module) -> nn.Module:
@@ -317,7 +316,7 @@ def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ct
     outcome = ctx.broadcast_object(outcome)
     if isinstance(outcome, Exception):
         raise outcome
-    return ExportResult(path, outcome["audit"], count, round(time.perf_counter() - start, 2), outcome["layout"],
+    return ExportResult(path, outcome["audit"], round(time.perf_counter() - start, 2), outcome["layout"],
                         outcome["merge"])
 
 

@@ -134,7 +134,7 @@ def export(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext, r
     if ctx.is_main:
         log.info("merged model exported to %s in %.1f s (%d shards, %d writer ranks); audit: sparsity %.4f, %d zeros "
                  "of %d, every pruned weight still zero (%d kept weights rounded to 0)", target, exported.seconds,
-                 exported.shards, exported.layout.get("writers", 1), exported.audit["sparsity"],
+                 exported.layout["shards"], exported.layout["writers"], exported.audit["sparsity"],
                  exported.audit["zeros"], exported.audit["total"], exported.audit["kept_weights_zeroed"])
     return target
 
