@@ -138,7 +138,7 @@ def run_cell(family: str, pruner: str, pattern: str, adapter: str, out: Path, da
     method = get_method(adapter)
     manifest = ExportManifest(adapter=adapter_record(cfg), dtype="torch.float32",
                               pruning={"model": f"tiny_{family}", "pruner": pruner, "sparsity": pattern})
-    inputs = ExportInputs(method, result.zeros, tiny_tokenizer(), manifest, method.kept_zeros_may_change)
+    inputs = ExportInputs(method, result.zeros, tiny_tokenizer(), manifest)
     export_streamed(adapted, inputs, out, DistContext(device=torch.device("cpu")))
     merged, _ = method.merge(copy.deepcopy(adapted), cfg, result.masks)
     layers = _zeros_in_files(out, result.masks, transposed=family == "gpt2")

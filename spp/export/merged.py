@@ -49,21 +49,19 @@ class ExportInputs:
     zeros: ZeroPattern | None
     tokenizer: Any
     manifest: ExportManifest
-    kept_zeros_may_change: bool = False
     overrides: Mapping[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
 class ExportResult:
-    """The published folder, the zero audit of its weights, its shards, the seconds it took, how it was written and
-    what the merge reports (the method's :meth:`~spp.adapters.base.AdapterMethod.merge_summary`)."""
+    """The published folder, the zero audit of its weights, the seconds it took, how it was written (its shards and
+    writers) and what the merge reports (the method's :meth:`~spp.adapters.base.AdapterMethod.merge_summary`)."""
 
     path: Path
     audit: dict[str, Any]
-    shards: int
     seconds: float
-    layout: dict[str, Any] = field(default_factory=dict)
-    merge: dict[str, Any] = field(default_factory=dict)
+    layout: dict[str, Any]
+    merge: dict[str, Any]
 
 
 def hf_model(model: nn.Module) -> nn.Module:
@@ -243,7 +241,7 @@ def _write_blocks(model: nn.Module, inputs: ExportInputs, tmp: Path, ctx: DistCo
             try:
                 masks = {k: m for k, (m, _e) in refs.items()}
                 tensors, stats = merged_block_tensors(block, f"{prefix}.{i}", inputs.method, masks, inputs.overrides)
-                counts = _audit(tensors, refs, inputs.kept_zeros_may_change)
+                counts = _audit(tensors, refs, inputs.method.kept_zeros_may_change)
                 writer.add(_write_shard(tmp, i + 1, count, conv1d_layout(tensors, transposed)), counts)
                 writer.merge.update(stats)
                 del tensors
@@ -318,7 +316,7 @@ def export_streamed(model: nn.Module, inputs: ExportInputs, path: str | Path, ct
     outcome = ctx.broadcast_object(outcome)
     if isinstance(outcome, Exception):
         raise outcome
-    return ExportResult(path, outcome["audit"], count, round(time.perf_counter() - start, 2), outcome["layout"],
+    return ExportResult(path, outcome["audit"], round(time.perf_counter() - start, 2), outcome["layout"],
                         outcome["merge"])
 
 

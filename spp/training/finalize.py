@@ -122,7 +122,7 @@ def export(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext, r
     job, method = run.job, run.methods.adapter
     target = run.run_dir / ("merged" if job.export.merged else ".merged.evaluate")
     inputs = ExportInputs(method, pruned.zeros if ctx.is_main else None, pruned.tokenizer, _manifest(run),
-                          method.kept_zeros_may_change, fitted.state if fitted.deepspeed else {})
+                          fitted.state if fitted.deepspeed else {})
     try:
         exported = export_streamed(fitted.model, inputs, target, ctx)
     except UserError as err:
@@ -134,7 +134,7 @@ def export(run: Run, pruned: PrunedModel, fitted: FitResult, ctx: DistContext, r
     if ctx.is_main:
         log.info("merged model exported to %s in %.1f s (%d shards, %d writer ranks); audit: sparsity %.4f, %d zeros "
                  "of %d, every pruned weight still zero (%d kept weights rounded to 0)", target, exported.seconds,
-                 exported.shards, exported.layout.get("writers", 1), exported.audit["sparsity"],
+                 exported.layout["shards"], exported.layout["writers"], exported.audit["sparsity"],
                  exported.audit["zeros"], exported.audit["total"], exported.audit["kept_weights_zeroed"])
     return target
 
