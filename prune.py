@@ -3,7 +3,7 @@
 Writes to the run directory: ``model/`` (pruned model via ``save_pretrained`` + tokenizer), ``mask_summary.json``
 (per-layer and overall exact-zero sparsity, N:M audit), ``report.md`` and ``timing.json``. The pruning itself goes
 through the cache (``use_cache=false`` to bypass it); two jobs with the same key prune once (file lock). The job
-is :func:`spp.pruning.job.run`, run by ``spp/commands/prune.py`` (the entry point: ``spp/commands/entry.py``).
+is :func:`spp.pruning.job.prune_job`, run by ``spp/commands/prune.py`` (the entry point: ``spp/commands/entry.py``).
 """
 
 from spp.commands.entry import hydra_entry

@@ -4,7 +4,9 @@ repository, and every ``#anchor`` at a heading of its target; the README's first
 
 from __future__ import annotations
 
+import importlib
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,39 @@ def test_the_readme_first_screen_keeps_the_ci_commands_and_the_table_markers():
     table = text.split("<!-- supported-models:begin -->")[1].split("<!-- supported-models:end -->")[0]
     assert table.strip().startswith("| family | stands for | pruners | adapters")
     assert "## Supported models" in text.split("<!-- supported-models:begin -->")[0]
+
+
+DOTTED = re.compile(r"`+:?(?:func:|class:|mod:|meth:|attr:)?`*(spp(?:\.[A-Za-z_]\w*)+)(?![\w.-])")
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module of spp or an attribute reached from one (``spp.a.b.name``)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as err:
+            if err.name and ".".join(parts[:cut]).startswith(err.name):
+                continue
+            raise
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_every_spp_name_quoted_in_docs_and_code_exists():
+    """A module or function quoted as ``spp.x.y`` in a Markdown file, a docstring or a comment still exists there
+    (names go stale when code moves: ``spp.adapters.lora_star.merge_and_remask`` did)."""
+    files = subprocess.run(["git", "ls-files", "*.md", "*.py", "*.yaml"], cwd=REPO_ROOT, capture_output=True,
+                           text=True, check=True).stdout.split()
+    quoted: dict[str, str] = {}
+    for rel in (f for f in files if f != "tests/test_doc_links.py"):  # this file quotes made-up names
+        for name in DOTTED.findall((REPO_ROOT / rel).read_text(encoding="utf-8")):
+            quoted.setdefault(name, rel)
+    assert len(quoted) > 100
+    assert not resolves("spp.adapters.lora_star.merge_and_remask") and resolves("spp.pruning.job.prune_job")
+    stale = {name: rel for name, rel in quoted.items() if not resolves(name)}
+    assert not stale, f"names that no longer exist (where first quoted): {stale}"
