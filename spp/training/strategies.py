@@ -94,11 +94,6 @@ class AdapterDeepSpeedStrategy(DeepSpeedStrategy):
         super().setup(trainer)
 
 
-def _backend(cfg: StrategyConfig, accelerator: str) -> str | None:
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    return cfg.process_group_backend or ("gloo" if on_cpu else None)
-
-
 def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: int = 1) -> Strategy | str:
     """Instantiate the Lightning strategy named by ``cfg.name`` (``fsdp``: FSDP2 over one data-parallel mesh).
 
@@ -106,7 +101,8 @@ def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: i
         UserError: DeepSpeed requested but not installed, or without CUDA (the preflight checks first).
     """
     timeout = timedelta(seconds=cfg.timeout_s)
-    backend = _backend(cfg, accelerator)
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    backend = cfg.process_group_backend or ("gloo" if on_cpu else None)
     if cfg.name is StrategyName.auto:
         return "auto"
     if cfg.name is StrategyName.ddp:
