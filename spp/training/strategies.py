@@ -218,12 +218,6 @@ def has_meta_parameters(model: nn.Module) -> bool:
     return any(p.is_meta for p in model.parameters())
 
 
-def is_sharded(strategy: Strategy | str) -> bool:
-    """Whether parameters are sharded across ranks (FSDP2, DeepSpeed ZeRO-3)."""
-    return isinstance(strategy, ModelParallelStrategy) or (isinstance(strategy, DeepSpeedStrategy)
-                                                            and getattr(strategy, "zero_stage_3", False))
-
-
 def full_trainable_state(model: nn.Module) -> dict[str, Any]:
     """FSDP2: the trainable tensors in full, on CPU (``get_model_state_dict``; a collective: every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
