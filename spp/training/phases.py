@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.strategies import DeepSpeedStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy
 from torch import nn
 
 from spp.adapters.base import ParamCounts, count_parameters
@@ -29,7 +29,7 @@ from spp.training.callbacks.sparsity_audit import SparsityAuditCallback, audit
 from spp.training.module import SPPModule
 from spp.training.resume_checks import settings_of
 from spp.training.run import Run
-from spp.training.strategies import decoder_layer_class, gather_trainable, is_sharded
+from spp.training.strategies import decoder_layer_class, gather_trainable
 from spp.training.trainer import build_trainer, peak_memory, shows_bar, train_seconds
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class TrainingRecord:
 
 @dataclass
 class FitResult:
-    """The fit phase's result: what finalize reads — the adapted model as this rank holds it (whole, or its shards
+    """The fit phase's result: what finalize reads — the adapted model as this rank holds it (whole, its FSDP2 shards
     when ``sharded``; DeepSpeed's module when ``deepspeed``) and the gathered trainable tensors (rank 0) — and the
     :class:`TrainingRecord` the report reads."""
 
@@ -78,7 +78,7 @@ class KeepPrunedWeights(Callback):
         """Keep the references once (sharding drops the module's own)."""
         pruned = self.pruning.pruned
         if (trainer.is_global_zero and pruned is not None and not pruned.home and pruned.model is not None
-                and (is_sharded(trainer.strategy) or isinstance(trainer.strategy, DeepSpeedStrategy))):
+                and isinstance(trainer.strategy, (ModelParallelStrategy, DeepSpeedStrategy))):
             pruned.home = dict(pruned.model.state_dict())
 
 
@@ -130,7 +130,8 @@ def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None
     record = TrainingRecord(module.params, trainer.global_step, losses, module.val_losses, module.train_parts,
                             auditor.reports, datamodule.summary(), round(train_seconds(trainer), 2), memory,
                             curve[0].points if curve else None)
-    return pruning.pruned, FitResult(module.model, state, record, trainer.is_global_zero, is_sharded(trainer.strategy),
+    return pruning.pruned, FitResult(module.model, state, record, trainer.is_global_zero,
+                                     isinstance(trainer.strategy, ModelParallelStrategy),
                                      isinstance(trainer.strategy, DeepSpeedStrategy))
 
 

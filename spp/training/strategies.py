@@ -94,11 +94,6 @@ class AdapterDeepSpeedStrategy(DeepSpeedStrategy):
         super().setup(trainer)
 
 
-def _backend(cfg: StrategyConfig, accelerator: str) -> str | None:
-    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    return cfg.process_group_backend or ("gloo" if on_cpu else None)
-
-
 def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: int = 1) -> Strategy | str:
     """Instantiate the Lightning strategy named by ``cfg.name`` (``fsdp``: FSDP2 over one data-parallel mesh).
 
@@ -106,7 +101,8 @@ def build_strategy(cfg: StrategyConfig, accelerator: str = "auto", world_size: i
         UserError: DeepSpeed requested but not installed, or without CUDA (the preflight checks first).
     """
     timeout = timedelta(seconds=cfg.timeout_s)
-    backend = _backend(cfg, accelerator)
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    backend = cfg.process_group_backend or ("gloo" if on_cpu else None)
     if cfg.name is StrategyName.auto:
         return "auto"
     if cfg.name is StrategyName.ddp:
@@ -220,12 +216,6 @@ def broadcast_state(model: nn.Module, ctx: DistContext, parameters: bool = True)
 def has_meta_parameters(model: nn.Module) -> bool:
     """Whether any parameter of ``model`` is on the ``meta`` device (a skeleton waiting for rank 0's weights)."""
     return any(p.is_meta for p in model.parameters())
-
-
-def is_sharded(strategy: Strategy | str) -> bool:
-    """Whether parameters are sharded across ranks (FSDP2, DeepSpeed ZeRO-3)."""
-    return isinstance(strategy, ModelParallelStrategy) or (isinstance(strategy, DeepSpeedStrategy)
-                                                            and getattr(strategy, "zero_stage_3", False))
 
 
 def full_trainable_state(model: nn.Module) -> dict[str, Any]:
