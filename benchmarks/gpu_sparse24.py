@@ -7,12 +7,12 @@ exported SPP model holds). Two parts:
 1. per linear layer (4096x4096, 11008x4096, 4096x11008): ``F.linear`` with the dense merged weight vs the same
    weight converted by ``torch.sparse.to_sparse_semi_structured`` with cuSPARSELt (PyTorch's default backend)
    and with CUTLASS, for decode-sized (1-16 tokens) and prefill-sized (2048, 8192 tokens) inputs;
-2. end to end on the model with ``--blocks`` decoder blocks (default all 32): ``spp.export.semi_structured.export_semi_structured``
-   converts every adapted projection; prefill (2048 tokens, batch 1 and 4, forward with the last position's
-   logits) and greedy decode (``generate``, batch 1, 32 new tokens) tokens/s against the dense merged model, the
-   GPU kernel time of each (``torch.profiler``), the max abs difference of the logits (and of each against the
-   same weights in fp32), and how many greedy tokens agree. ``--contiguous`` first wraps the converted layers so
-   that they take 2-D inputs and return contiguous outputs (see ``flatten_inputs``).
+2. end to end on the model with ``--blocks`` decoder blocks (default all 32):
+   ``spp.export.semi_structured.export_semi_structured`` converts every adapted projection; prefill (2048 tokens, batch
+   1 and 4, forward with the last position's logits) and greedy decode (``generate``, batch 1, 32 new tokens) tokens/s
+   against the dense merged model, the GPU kernel time of each (``torch.profiler``), the max abs difference of the
+   logits (and of each against the same weights in fp32), and how many greedy tokens agree. ``--contiguous`` first wraps
+   the converted layers so that they take 2-D inputs and return contiguous outputs (see ``flatten_inputs``).
 
 Per-call wall time and kernel time are both reported: in PyTorch 2.11 every cuSPARSELt product rebuilds its
 descriptors and plan on the host (about 0.5-1 ms; pytorch/pytorch#153825, plan caching in later releases), so
