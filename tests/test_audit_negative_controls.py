@@ -83,11 +83,11 @@ def _revive(case: str, model: nn.Module, name: str, pos: Position) -> Callable[[
     layer = _layer(model, name)
     with torch.no_grad():
         if case in ("sparse_lora", "losa"):  # SparsePEFT's layer (LoSA's too): a revived mask bit
-            packed = layer.sparse_mask_packed.clone()
+            packed = layer.mask_packed.clone()
             mask = layer.mask
             mask[pos] = True
-            layer.sparse_mask_packed = pack_rows(mask)
-            return lambda: setattr(layer, "sparse_mask_packed", packed)
+            layer.mask_packed = pack_rows(mask)
+            return lambda: setattr(layer, "mask_packed", packed)
         weight = _audited_weight(model, name)
         weight[pos] = 0.5
     return lambda: weight.data.__setitem__(pos, 0.0)

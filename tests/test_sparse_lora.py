@@ -154,7 +154,7 @@ def test_only_the_packed_mask_is_saved_for_backward():
     assert any(t.dtype == torch.uint8 and t.numel() == m * n // 8 for t in big)  # the packed mask, 1 bit/weight
     for t in big:  # nothing else of size m x n but the frozen weight itself (F.linear of the base layer)
         assert t.dtype == torch.uint8 or t.numel() != m * n or t.data_ptr() == w.data_ptr(), (t.dtype, t.shape)
-    assert layer.sparse_mask_packed.numel() == m * n // 8
+    assert layer.mask_packed.numel() == m * n // 8
     assert not [k for k in layer.state_dict() if "mask" in k]  # not a state-dict entry (derived from W~)
 
 
@@ -243,7 +243,7 @@ def test_adapter_files_round_trip(tmp_path):
     for name, layer in sparse_lora_layers(peft_model):
         for key in ("lora_A", "lora_B"):
             assert torch.equal(getattr(got[name], key)["default"].weight, getattr(layer, key)["default"].weight)
-        assert torch.equal(got[name].sparse_mask_packed, layer.sparse_mask_packed)
+        assert torch.equal(got[name].mask_packed, layer.mask_packed)
         assert got[name].scaling["default"] == layer.scaling["default"] == 2.0
     ids = torch.randint(4, 200, (2, 10), generator=torch.Generator().manual_seed(0))
     peft_model.eval()

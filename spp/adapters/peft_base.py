@@ -13,6 +13,7 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from peft import LoraConfig
 from peft.config import PeftConfig
+from peft.tuners.lora.layer import Linear as LoraLinear
 from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import PeftType
 from torch import nn
@@ -20,6 +21,7 @@ from torch import nn
 from spp.adapters.base import CONFIG_NAME, WEIGHTS_NAME, linear_tensors, read_json_file, write_json_file
 from spp.adapters.registry import check_adapter_files, trained_on
 from spp.adapters.trained_on import check_base
+from spp.bitmask import pack_rows, unpack_rows
 from spp.models.conv1d import linearize_conv1d
 from spp.projections import DEFAULT_TARGETS, is_default, model_targets, names_in
 
@@ -174,6 +176,26 @@ class MaskedLoraConfigMixin(RecordedConfigMixin):
         if kwargs.get("peft_type") == "LORA":
             kwargs["peft_type"] = str(peft_type(cls.spp_name).value)
         return super().check_kwargs(**kwargs)  # type: ignore[misc]
+
+
+class MaskedLoraLinear(LoraLinear):
+    """peft ``lora.Linear`` with a bit-packed mask buffer ``mask_packed`` (``M = W~ ≠ 0`` at creation) whose delta is
+    ``s·(B A) ⊙ M`` (what merge and unmerge add): the layer of SparsePEFT and LoRA*, kept as two classes."""
+
+    def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, **kwargs: Any) -> None:
+        super().__init__(base_layer, adapter_name, config=config, **kwargs)
+        weight = self.get_base_layer().weight
+        self.register_buffer("mask_packed", pack_rows(weight.detach() != 0), persistent=False)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """The mask in use (bool, out x in, True = trained/kept), unpacked (transient)."""
+        return unpack_rows(self.mask_packed, self.in_features)
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor:
+        """``s · (B A) ⊙ M`` (peft's LoRA delta, masked): pruned positions keep their zeros."""
+        delta = super().get_delta_weight(adapter)
+        return delta.masked_fill(~self.mask.to(delta.device), 0.0)
 
 
 class MaskedLoraModelMixin(RecordedBaseTunerMixin):

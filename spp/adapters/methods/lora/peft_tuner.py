@@ -11,15 +11,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import torch
 from peft import LoraConfig, LoraModel, PeftModel
-from peft.tuners.lora.layer import Linear as LoraLinear
 from torch import nn
 
 from spp.adapters.base import PeftIntegration
-from spp.adapters.peft_base import MaskedLoraConfigMixin, MaskedLoraModelMixin, from_folder, read_lora_settings
+from spp.adapters.peft_base import (
+    MaskedLoraConfigMixin,
+    MaskedLoraLinear,
+    MaskedLoraModelMixin,
+    from_folder,
+    read_lora_settings,
+)
 from spp.adapters.registry import describe_dir
-from spp.bitmask import pack_rows, unpack_rows
 
 PEFT_TYPE = "LORA_STAR"
 """``adapter_config.json``'s ``peft_type`` of a LoRA* folder (:class:`LoraStarConfig`); ``LORA`` before."""
@@ -40,19 +43,8 @@ class LoraStarConfig(MaskedLoraConfigMixin, LoraConfig):
     spp_trained_on: dict[str, Any] | None = None
 
 
-class LoraStarLinear(LoraLinear):
+class LoraStarLinear(MaskedLoraLinear):
     """peft ``lora.Linear`` whose (un)merge uses ``s·(B A) ⊙ M`` (``M = W~ ≠ 0`` at creation); forward is plain LoRA."""
-
-    def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, **kwargs: Any) -> None:
-        super().__init__(base_layer, adapter_name, config=config, **kwargs)
-        weight = self.get_base_layer().weight
-        self.register_buffer("lora_star_mask_packed", pack_rows(weight.detach() != 0), persistent=False)
-
-    def get_delta_weight(self, adapter: str) -> torch.Tensor:
-        """``s · (B A) ⊙ M``: what peft's merge adds, so the pruned positions keep their zeros."""
-        delta = super().get_delta_weight(adapter)
-        mask = unpack_rows(self.lora_star_mask_packed, self.in_features).to(delta.device)
-        return delta.masked_fill(~mask, 0.0)
 
     def __repr__(self) -> str:
         return "lora_star_" + super().__repr__()

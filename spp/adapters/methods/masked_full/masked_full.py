@@ -24,8 +24,9 @@ from spp.projections import DEFAULT_TARGETS
 MASK_BUFFER = "masked_full_mask"
 """Name of the bit-packed mask buffer put on every adapted ``nn.Linear``."""
 
-MASK_BUFFERS = (MASK_BUFFER, "sparse_mask_packed")
-"""Suffixes of the packed-mask buffers counted by :func:`estimate_training_memory` (masked full, SparsePEFT)."""
+MASK_BUFFERS = (MASK_BUFFER, "mask_packed")
+"""Suffixes of the packed-mask buffers counted by :func:`estimate_training_memory` (masked full's, and those of
+:class:`~spp.adapters.peft_base.MaskedLoraLinear`)."""
 
 HOOK_ATTR = "_masked_full_hook"
 HOOKED_ATTR = "_masked_full_hooked"
@@ -87,7 +88,7 @@ def estimate_training_memory(model: nn.Module, trainable: Iterable[torch.Tensor]
     """Weights + gradients + AdamW states of the trainable parameters of ``model`` (any adapter method).
 
     ``trainable`` defaults to ``requires_grad`` parameters, ``kept_params`` to all their entries, ``mask_bytes`` to the
-    packed mask buffers of masked full and SparsePEFT; ``available_bytes`` overrides the measured free memory (tests).
+    packed mask buffers (:data:`MASK_BUFFERS`); ``available_bytes`` overrides the measured free memory (tests).
     """
     params = _unique(model.parameters())
     train = _unique(trainable) if trainable is not None else [p for p in params if p.requires_grad]

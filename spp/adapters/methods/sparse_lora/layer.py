@@ -18,11 +18,10 @@ from peft.tuners.lora.layer import Linear as LoraLinear
 from peft.tuners.lora.layer import LoraVariant
 from peft.utils import load_peft_weights, set_peft_model_state_dict
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-from spp.adapters.base import CONFIG_NAME, check_masks_cover, write_record
+from spp.adapters.base import CONFIG_NAME, Full, check_masks_cover, write_record
 from spp.adapters.chunks import ModulatedLowRankFunction
-from spp.adapters.peft_base import lora_config, read_lora_settings, save_as_peft_type
+from spp.adapters.peft_base import MaskedLoraLinear, lora_config, read_lora_settings, save_as_peft_type
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
 from spp.projections import DEFAULT_TARGETS
 
@@ -37,12 +36,6 @@ def masked_lora(xd: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, pa
     """The SparsePEFT branch ``s · xd · ((B A) ⊙ M)ᵀ`` (``packed_mask``: :func:`~spp.bitmask.pack_rows`), with
     hand-written gradients: with ``G = s (gᵀ xd) ⊙ M``, ``dB = G Aᵀ``, ``dA = Bᵀ G``, ``dxd = s g ((B A) ⊙ M)``."""
     return ModulatedLowRankFunction.apply(xd, lora_a, lora_b, None, packed_mask, float(scale))
-
-
-def _whole(t: torch.Tensor) -> torch.Tensor:
-    """``t`` detached, gathered whole when it is an FSDP2 shard (``DTensor``; a collective)."""
-    t = t.detach()
-    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def _merged_weight(module: SparseLoraLinear, adapter: str, weight: torch.Tensor, sign: float = 1.0) -> torch.Tensor:
@@ -81,38 +74,26 @@ class SparseLoraVariant(LoraVariant):
                 **kwargs: Any) -> torch.Tensor:
         xd = module.lora_dropout[active_adapter](x)
         update = masked_lora(xd, module.lora_A[active_adapter].weight, module.lora_B[active_adapter].weight,
-                             module.sparse_mask_packed, module.scaling[active_adapter])
+                             module.mask_packed, module.scaling[active_adapter])
         return result + update
 
 
-class SparseLoraLinear(LoraLinear):
+class SparseLoraLinear(MaskedLoraLinear):
     """peft ``lora.Linear`` with a bit-packed mask buffer (starts as ``W~ ≠ 0``) and :class:`SparseLoraVariant`."""
 
     def __init__(self, base_layer: nn.Module, adapter_name: str, config: LoraConfig, **kwargs: Any) -> None:
         if config.fan_in_fan_out or config.lora_bias:
             raise ValueError("sparse_lora supports nn.Linear layers without fan_in_fan_out and without lora_bias")
         super().__init__(base_layer, adapter_name, config=config, **kwargs)
-        weight = self.get_base_layer().weight
-        self.register_buffer("sparse_mask_packed", pack_rows(weight.detach() != 0), persistent=False)
 
     @property
     def lora_variants(self) -> dict[tuple[str, ...], type[LoraVariant] | None]:
         return {(): SparseLoraVariant}
 
-    @property
-    def mask(self) -> torch.Tensor:
-        """The mask in use (bool, out x in, True = trained/kept), unpacked (transient)."""
-        return unpack_rows(self.sparse_mask_packed, self.in_features)
-
     def set_mask(self, mask: torch.Tensor) -> None:
         """Use ``mask ∧ (W~ ≠ 0)``; ``mask`` must be bool (out x in) with every pruned weight already zero."""
         weight = self.get_base_layer().weight.detach()
-        self.sparse_mask_packed = pack_rows(mask.to(weight.device) & (weight != 0))
-
-    def get_delta_weight(self, adapter: str) -> torch.Tensor:
-        """``s · (B A) ⊙ M`` (peft's LoRA delta, masked)."""
-        delta = super().get_delta_weight(adapter)
-        return delta.masked_fill(~self.mask.to(delta.device), 0.0)
+        self.mask_packed = pack_rows(mask.to(weight.device) & (weight != 0))
 
     @torch.no_grad()
     def delta_sq_norm(self) -> float:
@@ -121,16 +102,16 @@ class SparseLoraLinear(LoraLinear):
                    if a in self.lora_A)
 
     @torch.no_grad()
-    def effective_weight(self) -> torch.Tensor:
-        """The applied weight ``W~ + s·(B A) ⊙ M`` (fp32 or wider); gathers FSDP2 shards, so every rank calls it."""
-        weight = _whole(self.get_base_layer().weight)
+    def effective_weight(self, full: Full = lambda t: t) -> torch.Tensor:
+        """The applied weight ``W~ + s·(B A) ⊙ M`` (fp32 or wider); ``full`` unshards (a collective: every rank)."""
+        weight = full(self.get_base_layer().weight.detach())
         cdt = torch.promote_types(weight.dtype, torch.float32)
         if self.merged or self.disable_adapters:
             return weight.to(cdt)
         delta = torch.zeros(weight.shape, dtype=cdt, device=weight.device)
         for adapter in self.active_adapters:
             if adapter in self.lora_A:
-                lora_a, lora_b = _whole(self.lora_A[adapter].weight), _whole(self.lora_B[adapter].weight)
+                lora_a, lora_b = full(self.lora_A[adapter].weight.detach()), full(self.lora_B[adapter].weight.detach())
                 delta += (lora_b.to(cdt) @ lora_a.to(cdt)) * self.scaling[adapter]
         return torch.where(self.mask.to(weight.device), weight.to(cdt) + delta, weight.to(cdt))
 
@@ -142,12 +123,6 @@ def sparse_lora_layers(model: nn.Module) -> Iterator[tuple[str, SparseLoraLinear
     """The ``(original module name, layer)`` pairs (``model.layers.0.self_attn.q_proj``) of a SparsePEFT model."""
     root = model.base_model.model if isinstance(model, PeftModel) else model
     return ((name, module) for name, module in root.named_modules() if isinstance(module, SparseLoraLinear))
-
-
-def external_parameters(model: nn.Module) -> list[tuple[nn.Module, nn.Parameter]]:
-    """``(layer, lora_A/B weight)`` pairs: the masked branch reads them without calling ``lora_A`` / ``lora_B``."""
-    return [(layer, factors[adapter].weight) for _, layer in sparse_lora_layers(model) for adapter in layer.lora_A
-            for factors in (layer.lora_A, layer.lora_B)]
 
 
 def inject_sparse_lora(
@@ -190,7 +165,7 @@ def merge_sparse_lora(model: PeftModel) -> tuple[nn.Module, dict[str, Any]]:
     layers = dict(sparse_lora_layers(model))
     if not layers:
         raise ValueError("merge_sparse_lora: the model holds no SparsePEFT layer (nothing to merge)")
-    packed = {name: (layer.sparse_mask_packed, layer.in_features) for name, layer in layers.items()}
+    packed = {name: (layer.mask_packed, layer.in_features) for name, layer in layers.items()}
     delta_sq = sum(layer.delta_sq_norm() for layer in layers.values())
     plain = model.merge_and_unload()
     modules = dict(plain.named_modules())

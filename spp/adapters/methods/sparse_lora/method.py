@@ -20,12 +20,12 @@ from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.sparse_lora.config import SparseLoRAConfig
 from spp.adapters.methods.sparse_lora.layer import (
     SparseLoraLinear,
-    external_parameters,
     inject_sparse_lora,
     load_sparse_lora,
     merge_sparse_lora,
     read_lora_config,
     save_sparse_lora,
+    sparse_lora_layers,
 )
 from spp.adapters.methods.sparse_lora.peft_tuner import SPARSE_LORA_PEFT
 from spp.adapters.peft_base import lora_keys, merged_copy
@@ -56,8 +56,8 @@ class SparseLoRA(AdapterMethod):
         return model, SparseLoRAConfig(**lora_keys(peft_cfg))
 
     def effective_weight(self, module: nn.Module, full: Full) -> torch.Tensor | None:
-        """A SparsePEFT layer's ``W~ + s·(B A) ⊙ M`` (its own ``effective_weight``, gathered)."""
-        return full(module.effective_weight()) if isinstance(module, SparseLoraLinear) else None
+        """A SparsePEFT layer's ``W~ + s·(B A) ⊙ M`` (its own ``effective_weight``, from the gathered tensors)."""
+        return module.effective_weight(full) if isinstance(module, SparseLoraLinear) else None
 
     def resident_terms(self, adapted_weights: int) -> dict[str, int]:
         """Each adapted layer's packed mask (a bit per weight) on every device."""
@@ -65,7 +65,8 @@ class SparseLoRA(AdapterMethod):
 
     def external_parameters(self, model: nn.Module) -> ExternalParameters:
         """The masked branch reads ``lora_A`` / ``lora_B`` weights without calling those modules."""
-        return external_parameters(model)
+        return [(layer, factors[adapter].weight) for _, layer in sparse_lora_layers(model) for adapter in layer.lora_A
+                for factors in (layer.lora_A, layer.lora_B)]
 
     @torch.no_grad()
     def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:
