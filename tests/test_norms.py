@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
 from lab.table1_params import count_method_parameters, model_arch
 from spp.adapters import apply_adapter, get_method, make_config
@@ -70,6 +70,18 @@ def test_target_biases_train_too():
     assert biases == ["model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.v_proj.bias"]
     assert all(is_norm(model.get_submodule(n.rsplit(".", 1)[0])) for n in trainable if n.endswith("weight"))
     assert set(norm_parameters(model, ["q_proj", "v_proj"])) == set(trainable)
+
+
+def test_recorded_targets_name_the_linears_not_the_layer_norms(tmp_path):
+    """OPT's LayerNorms have biases too: ``norms.json``'s ``targets`` names only the linears whose biases train."""
+    config = OPTConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2,
+                       max_position_embeddings=32, word_embed_proj_dim=16)
+    model, _ = apply_adapter(OPTForCausalLM(config), make_config("norms"), {})
+    assert any(n.endswith("layer_norm.bias") for n, p in model.named_parameters() if p.requires_grad)
+    get_method("norms").save(model, tmp_path, {})
+    targets = json.loads((tmp_path / "norms.json").read_text())["targets"]
+    assert targets == ["fc1", "fc2", "k_proj", "out_proj", "q_proj", "v_proj"]
+    assert load_norms(OPTForCausalLM(config), tmp_path)[1] == targets
 
 
 def test_files_round_trip_and_the_loader_gives_the_trained_model(tmp_path):

@@ -52,7 +52,8 @@ def save_norms(model: nn.Module, directory: str | os.PathLike, extra: dict[str, 
         raise ValueError("save_norms: nothing of the model is trainable; inject adapter=norms first")
     out = Path(directory)
     save_tensor_file(out / WEIGHTS_NAME, tensors)
-    biases = sorted({n.rsplit(".", 2)[-2] for n in tensors if n.endswith(".bias")})
+    biases = sorted({n.rsplit(".", 2)[-2] for n in tensors if n.endswith(".bias")
+                     and isinstance(model.get_submodule(n.rsplit(".", 1)[0]), nn.Linear)})  # not a LayerNorm's
     write_record(out / META_NAME, FORMAT, extra, targets=biases or list(DEFAULT_TARGETS), tensors=sorted(tensors))
     return out
 
