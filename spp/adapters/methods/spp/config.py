@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from enum import StrEnum
 from typing import ClassVar
 
 from spp.adapters.config import AdapterConfig, check_dropout, check_rank
-from spp.choices import Choice
 
 
-class Init(Choice):
+class Init(StrEnum):
     """Initialisation of an SPP tensor (``kaiming`` = ``nn.Linear``'s default, as the authors' alpha)."""
 
     kaiming = "kaiming"
@@ -18,7 +18,7 @@ class Init(Choice):
     ones = "ones"
 
 
-class Impl(Choice):
+class Impl(StrEnum):
     """Exact SPP forward implementations (``spp.adapters.methods.spp.layer.IMPLS``)."""
 
     fused = "fused"
