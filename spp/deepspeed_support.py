@@ -22,7 +22,7 @@ then ZeRO-3's rank-0 file."""
 
 def is_deepspeed(strategy: Any) -> bool:
     """Whether the ``strategy`` group (``StrategyConfig``) selects DeepSpeed."""
-    return strategy.name == "deepspeed"  # a StrategyName (a StrEnum: equal to its value) or a plain str
+    return strategy.name == "deepspeed"  # a StrategyName (a Choice: equal to its value) or a plain str
 
 
 def check_deepspeed(strategy: Any, accelerator: str, adapter: Any = None) -> None:

@@ -118,14 +118,17 @@ def is_truncated_sample(path: str | os.PathLike[str]) -> bool:
 
 
 def file_sha256(path: str | os.PathLike[str], *, memo: bool = False) -> str:
-    """Hex sha256 of a file (``hashlib.file_digest``); ``memo=True`` remembers it by path, size and modification time
+    """Hex sha256 of a file, read in 16 MiB chunks; ``memo=True`` remembers it by path, size and modification time
     (the data files hashed again for each record; checksums that must catch an altered file are never memoised)."""
     stat = Path(path).stat()
     key = (str(path), stat.st_size, stat.st_mtime)
     if memo and key in _SHA256:
         return _SHA256[key]
+    digest = hashlib.sha256()
     with Path(path).open("rb") as fh:
-        _SHA256[key] = hashlib.file_digest(fh, "sha256").hexdigest()
+        while block := fh.read(1 << 24):
+            digest.update(block)
+    _SHA256[key] = digest.hexdigest()
     return _SHA256[key]
 
 

@@ -6,16 +6,16 @@ Each method subclasses it with its own keys, stored as Hydra's ``adapter/<name>_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, ClassVar
 
 import torch
 
+from spp.choices import Choice
 from spp.models.config import DTYPES
 from spp.projections import DEFAULT_TARGETS
 
 
-class ParamDtype(StrEnum):
+class ParamDtype(Choice):
     """dtype of the trainable adapter tensors (fp32 by default whatever the base weights are, as peft's LoRA)."""
 
     float32 = "float32"

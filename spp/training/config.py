@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
 from spp.adapters.config import AdapterConfig
+from spp.choices import Choice
 from spp.data.config import DataConfig
 from spp.errors import to_job
 from spp.eval.config import EvalConfig
@@ -23,7 +23,7 @@ from spp.pruning.config import PrunedModelGroups
 from spp.training.objectives import ObjectiveConfig
 
 
-class Scheduler(StrEnum):
+class Scheduler(Choice):
     """Learning-rate decay after the linear warm-up (``transformers.get_scheduler`` names in ``hf_name``)."""
 
     linear = "linear"
@@ -37,7 +37,7 @@ class Scheduler(StrEnum):
         return "constant_with_warmup" if self is Scheduler.constant else self.value
 
 
-class ProgressBar(StrEnum):
+class ProgressBar(Choice):
     """Training progress display: a Rich or tqdm bar on a terminal, or periodic log lines (``log``).
 
     ``rich`` and ``tqdm`` fall back to ``log`` when stdout is not a TTY (``tee``, a batch job's log file).
@@ -50,7 +50,7 @@ class ProgressBar(StrEnum):
 
 
 
-class SweepObjective(StrEnum):
+class SweepObjective(Choice):
     """What ``train.py`` returns to a Hydra sweeper (``sweep_objective``): a validation metric, never a test one by
     default. Not the training loss, which is the ``objective`` group."""
 
@@ -169,7 +169,7 @@ class TrainerConfig:
                 raise ValueError(message)
 
 
-class StrategyName(StrEnum):
+class StrategyName(Choice):
     """Distributed strategies: Lightning's DDP, FSDP2 (``ModelParallelStrategy``) and DeepSpeed ZeRO."""
 
     auto = "auto"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from enum import StrEnum
 from typing import ClassVar
 
 from spp.adapters.config import AdapterConfig, check_dropout, check_rank
+from spp.choices import Choice
 
 
-class Init(StrEnum):
+class Init(Choice):
     """Initialisation of an SPP tensor (``kaiming`` = ``nn.Linear``'s default, as the authors' alpha)."""
 
     kaiming = "kaiming"
@@ -18,7 +18,7 @@ class Init(StrEnum):
     ones = "ones"
 
 
-class Impl(StrEnum):
+class Impl(Choice):
     """Exact SPP forward implementations (``spp.adapters.methods.spp.layer.IMPLS``)."""
 
     fused = "fused"

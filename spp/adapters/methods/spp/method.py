@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,14 @@ from spp.adapters.methods.spp.functional import BACKWARD_CHUNK_ELEMENTS, adapted
 from spp.adapters.methods.spp.io import load_adapter, read_adapter_config, save_adapter
 from spp.adapters.methods.spp.layer import SPPLinear
 from spp.adapters.methods.spp.model import inject, merge_and_unload, spp_layers
+from spp.choices import Choice
 from spp.errors import UserError
 
 
 def layer_kwargs(cfg: SPPAdapterConfig) -> dict[str, Any]:
     """The ``SPPLinear`` keyword arguments an ``adapter=spp`` config holds (a choice as its bare value)."""
     values = {key: getattr(cfg, key) for key in LAYER_KEYS}
-    return {**{k: str(v) if isinstance(v, StrEnum) else v for k, v in values.items()}, "dtype": cfg.torch_dtype}
+    return {**{k: str(v) if isinstance(v, Choice) else v for k, v in values.items()}, "dtype": cfg.torch_dtype}
 
 
 def check_rank_divides(r: int, outs: dict[str, int]) -> None:
