@@ -68,23 +68,26 @@ def write_json_atomic(path: str | os.PathLike[str], data: Any) -> Path:
 def write_dir_atomic(path: str | os.PathLike[str], writer: Callable[[Path], Any]) -> Path:
     """Fill a temporary folder beside ``path`` with ``writer(tmp_dir)`` and move it into place (umask permissions).
 
-    An existing ``path`` is moved aside first and deleted only after the new folder is in place."""
+    An existing ``path`` is moved aside first and deleted once the new one is in place (put back on failure)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    old: Path | None = None
     try:
         writer(tmp)
         follow_umask(tmp)
-        old = None
         if path.exists():
             old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
             os.replace(path, old / path.name)
         publish(tmp, path, directory=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not path.exists() and (old / path.name).exists():
+            os.replace(old / path.name, path)  # the previous folder goes back
         raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     return path
 
 

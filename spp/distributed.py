@@ -55,7 +55,7 @@ def local_device(accelerator: str = "auto") -> torch.device:
 
 _WAIT_GROUP: tuple[Any, float, Any] | None = None
 """This process's wait group: ``(the default group it belongs to, its timeout, the group)``
-(:meth:`DistContext.allow_long_waits`)."""
+(:meth:`DistContext.allow_long_waits`); every context of that default group uses it."""
 
 
 def _shared_wait_group() -> tuple[float | None, Any]:
@@ -67,15 +67,11 @@ def _shared_wait_group() -> tuple[float | None, Any]:
 
 @dataclass
 class DistContext:
-    """Rank, world size and device of this process, with sum/broadcast collectives that vanish when alone.
-
-    ``wait_s`` is the wait group's timeout once made."""
+    """Rank, world size and device of this process, with sum/broadcast collectives that vanish when alone."""
 
     rank: int = 0
     world: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    wait_s: float | None = None
-    _wait_group: Any = field(default=None, repr=False)
 
     @classmethod
     def current(cls, device: torch.device | str | None = None) -> DistContext:
@@ -84,8 +80,7 @@ class DistContext:
         dev = torch.device(device) if device is not None else torch.device("cpu")
         if dist.is_available() and dist.is_initialized():
             rank_watch.start_for_process_group()
-            wait_s, group = _shared_wait_group()
-            return cls(dist.get_rank(), dist.get_world_size(), dev, wait_s=wait_s, _wait_group=group)
+            return cls(dist.get_rank(), dist.get_world_size(), dev)
         return cls(0, 1, dev)
 
     @property
@@ -128,16 +123,14 @@ class DistContext:
         """Make the gloo *wait group* with timeout ``timeout_s`` for ``long_wait=True`` collectives (rank 0 working
         alone). Every rank calls it at the same point: creating a group is itself a collective."""
         global _WAIT_GROUP
-        if self._wait_group is None:
-            self.wait_s, self._wait_group = _shared_wait_group()
-        if not self.distributed or (self.wait_s is not None and self.wait_s >= timeout_s):
+        wait_s, _ = _shared_wait_group()
+        if not self.distributed or (wait_s is not None and wait_s >= timeout_s):
             return
-        self._wait_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(1, int(timeout_s))))
-        self.wait_s = float(timeout_s)
-        _WAIT_GROUP = (dist.group.WORLD, self.wait_s, self._wait_group)
+        group = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(1, int(timeout_s))))
+        _WAIT_GROUP = (dist.group.WORLD, float(timeout_s), group)
 
     def _group(self, long_wait: bool) -> Any:
-        return self._wait_group if long_wait and self._wait_group is not None else None
+        return _shared_wait_group()[1] if long_wait else None
 
     def broadcast_object(self, obj: Any, src: int = 0, long_wait: bool = False) -> Any:
         """``src``'s picklable object on every rank (through the wait group with ``long_wait``)."""

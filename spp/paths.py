@@ -48,7 +48,9 @@ def data_roots(data_dir: str | os.PathLike[str] | None = None) -> list[Path]:
     if chosen:
         path = Path(chosen).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(f"data_dir={chosen!r} is not a directory; fix the config key data_dir=...")
+            key = "data_dir" if data_dir else "SPP_DATA_DIR"
+            where = "config key data_dir=..." if data_dir else "environment variable SPP_DATA_DIR"
+            raise FileNotFoundError(f"{key}={str(chosen)!r} is not a directory; fix the {where}")
         roots.append(path.resolve())
         if data_dir:
             return roots

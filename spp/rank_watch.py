@@ -58,11 +58,7 @@ class _Watch:
         count = 0
         while not self.stop_event.is_set() and not self.lost:
             count += 1
-            try:
-                self.store.set(f"{self.prefix}beat/{self.rank}", f"{count} {self.where()}")
-            except Exception:  # noqa: BLE001 - the store's host is gone: the failing collective will say so
-                self.lost = True
-                return
+            self.mark("beat", f"{count} {self.where()}")
             self.stop_event.wait(HEARTBEAT_S)
 
     def where(self) -> str:
@@ -77,12 +73,12 @@ class _Watch:
         return f"{Path(inner.f_code.co_filename).name}:{inner.f_lineno} {inner.f_code.co_name}" if inner else "?"
 
     def mark(self, what: str, text: str) -> None:
-        """Record ``<what>/<rank>`` (``exit``, ``failed``) for the other ranks; ignore a lost store."""
+        """Record ``<what>/<rank>`` (``beat``, ``exit``, ``failed``) for the other ranks; ignore a lost store."""
         if self.lost:
             return
         try:
             self.store.set(f"{self.prefix}{what}/{self.rank}", text)
-        except Exception:  # noqa: BLE001 - best effort at exit
+        except Exception:  # noqa: BLE001 - the store's host is gone: the failing collective will say so
             self.lost = True
 
     def read(self, what: str, rank: int) -> str | None:
@@ -103,28 +99,24 @@ def _spp_path(filename: str) -> str | None:
     return f"spp/{path.relative_to(_SPP_DIR).as_posix()}" if path.is_relative_to(_SPP_DIR) else None
 
 
-def start(store: Any, rank: int, world: int) -> None:
-    """Start this process's heartbeat (once; every rank of a job with ``world > 1``)."""
-    global _watch, _generation
-    if world < 2 or (_watch is not None and _watch.store is store):
-        return
-    stop()  # a new process group (its own store): the old heartbeat ends
-    _generation += 1
-    _watch = _Watch(store, rank, world, _generation)
-    _watch.thread.start()
-    if _generation == 1:
-        atexit.register(stop, "left through Python (see its own error line)")
-
-
 def start_for_process_group() -> None:
-    """:func:`start` with the initialised default process group's store, rank and size (nothing without one)."""
+    """Start this process's heartbeat in the initialised default process group's store (once per group; every rank
+    of a job with more than one process; nothing without a group)."""
     import torch.distributed as dist
 
+    global _watch, _generation
     try:
         store = dist.distributed_c10d._get_default_store()
     except (RuntimeError, ValueError, AttributeError):  # no default group, or a torch without this helper
         return
-    start(store, dist.get_rank(), dist.get_world_size())
+    if dist.get_world_size() < 2 or (_watch is not None and _watch.store is store):
+        return
+    stop()  # a new process group (its own store): the old heartbeat ends
+    _generation += 1
+    _watch = _Watch(store, dist.get_rank(), dist.get_world_size(), _generation)
+    _watch.thread.start()
+    if _generation == 1:
+        atexit.register(stop, "left through Python (see its own error line)")
 
 
 def stop(how: str = "finished") -> None:

@@ -59,12 +59,11 @@ def _claim(fd: int) -> None:
 
 
 @contextmanager
-def hold_run_dir(run_dir: str | os.PathLike[str], key: str = "run_dir",
-                 leader: bool | None = None) -> Iterator[Path]:
-    """Create ``run_dir`` (writable) and, in the leader, hold its lock until the block ends (``UserError`` naming the
-    holder's pid and host when held)."""
+def hold_run_dir(run_dir: str | os.PathLike[str], key: str = "run_dir") -> Iterator[Path]:
+    """Create ``run_dir`` (writable) and, in the job's leader (:func:`is_job_leader`), hold its lock until the block
+    ends (``UserError`` naming the holder's pid and host when held)."""
     run_dir = check_writable_dir(run_dir, key)
-    if not (is_job_leader() if leader is None else leader) or fcntl is None:
+    if not is_job_leader() or fcntl is None:
         yield run_dir
         return
     path = run_dir / LOCK_FILE

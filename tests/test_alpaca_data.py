@@ -222,6 +222,19 @@ def test_bad_config_and_missing_source_fail_early(tiny_tok, sample_data_dir: Pat
         dm.setup("fit")
 
 
+def test_a_missing_data_root_names_where_it_came_from(tmp_path: Path, monkeypatch) -> None:
+    from spp.paths import data_roots
+
+    missing = tmp_path / "nowhere"
+    monkeypatch.setenv("SPP_DATA_DIR", str(missing))
+    with pytest.raises(FileNotFoundError, match=r"^SPP_DATA_DIR='.*nowhere' is not a directory; fix the environment"):
+        data_roots()
+    with pytest.raises(FileNotFoundError, match=r"^data_dir='.*nowhere' is not a directory; fix the config key"):
+        data_roots(missing)  # the config key wins over the environment, and is the one named
+    monkeypatch.delenv("SPP_DATA_DIR")
+    assert data_roots(tmp_path) == [tmp_path.resolve()]  # negative control: an existing root is taken
+
+
 def test_data_group_yamls_compose_against_the_schema() -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf

@@ -476,6 +476,26 @@ def test_stale_temporaries_are_removed_with_a_log_line(tmp_path, caplog):
     assert "removed a temporary left by a killed run" in caplog.text
 
 
+def test_a_folder_write_that_fails_at_the_rename_puts_the_previous_folder_back(tmp_path, monkeypatch):
+    import spp.atomic as atomic
+
+    target = tmp_path / "merged"
+    target.mkdir()
+    (target / "model.safetensors").write_text("the previous export")
+
+    def refused(tmp, path, directory=False):  # the rename into place fails (or the job is interrupted there)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(atomic, "publish", refused)
+    with pytest.raises(OSError, match="No space left"):
+        atomic.write_dir_atomic(target, lambda tmp: (tmp / "model.safetensors").write_text("new"))
+    assert (target / "model.safetensors").read_text() == "the previous export"
+    assert [p.name for p in tmp_path.iterdir()] == ["merged"]  # no temporary folder left beside it
+    monkeypatch.undo()  # negative control: the same write, allowed to finish, replaces the folder
+    atomic.write_dir_atomic(target, lambda tmp: (tmp / "model.safetensors").write_text("new"))
+    assert (target / "model.safetensors").read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["merged"]
+
+
 # ------------------------------------------------------------------ what worked keeps working
 def test_killed_prune_write_leaves_no_loadable_entry(tmp_path, tiny_tok, monkeypatch):
     args = (ModelConfig(name="tiny", path="tiny"), PrunerConfig(name="magnitude"),

@@ -35,12 +35,7 @@ METHODS_DIR = Path(__file__).resolve().parent / "methods"
 MARKER = "adapter_method.json"
 """Written beside every method's adapter files: which method wrote them (what ``eval.py adapter_dir=`` loads)."""
 
-def _unknown(name: str, known: list[str]) -> UserError:
-    return UserError(f"adapter.name={name!r} is not a registered adapter method",
-                     f"use one of {known}, or name its plug-in folder in SPP_PLUGINS", key="adapter.name")
-
-
-METHODS: Registry[AdapterMethod] = Registry("adapter method", "adapter.name", group="adapter", unknown=_unknown)
+METHODS: Registry[AdapterMethod] = Registry("adapter method", "adapter.name", group="adapter")
 """Every adapter method by name (:func:`register`; the built-in ones are imported on first use)."""
 _builtin_loaded = False
 
