@@ -163,3 +163,28 @@ def test_the_hessian_sum_has_no_order():
     ref = 2 / 20 * x64.T @ x64
     scale = ref.diagonal().sqrt()  # |H_ij| ≤ √(H_ii H_jj): errors relative to that (fp32 per batch, then exact)
     assert float(((hessians[0].double() - ref).abs() / scale.outer(scale)).max()) < 1e-5
+
+
+def test_too_many_calibration_batches_are_refused_in_one_process_too():
+    """The int64 Hessian sum's batch bound is checked at ``reduce`` in one process as on N ranks (it returned early
+    in one process, so more than MAX_BATCHES batches could overflow unchecked); the bound itself passes."""
+    from spp.distributed import DistContext
+    from spp.pruning.statistics import MAX_BATCHES, InputStatistics
+
+    stats = InputStatistics(4, "cpu", hessian=True)
+    stats.at_batch(0).add(torch.ones(1, 3, 4))
+    ctx = DistContext(device=torch.device("cpu"))
+    assert not ctx.distributed
+    stats.reduce(ctx, MAX_BATCHES)  # at the bound: accepted
+    with pytest.raises(ValueError, match=f"{MAX_BATCHES + 1} calibration batches exceed {MAX_BATCHES}"):
+        stats.reduce(ctx, MAX_BATCHES + 1)
+
+
+def test_a_tiny_positive_diagonal_is_not_taken_for_dead_after_scaling_down():
+    """A feature whose X Xᵀ diagonal is positive but underflows when a large bucket scales the batch down stays ≥ 1
+    (SparseGPT would otherwise treat the input as dead); a zero diagonal stays 0 (the control)."""
+    from spp.pruning.statistics import fixed_point
+
+    gram = torch.diag(torch.tensor([2.0**60, 1e-40, 0.0]))
+    scaled = fixed_point(gram.clone(), 64)  # scaled by 2**-22: the 1e-40 entry underflows to 0 in fp32
+    assert scaled.diagonal().tolist() == [2.0**38, 1.0, 0.0]

@@ -299,6 +299,29 @@ def test_a_full_disk_while_writing_the_entry_is_one_line_and_leaves_no_entry(tmp
     assert spy["reconstructions"] == 1 and entries(tmp_path) == []
 
 
+def test_a_corrupt_weights_file_in_a_finished_entry_is_one_line_and_the_rerun_reconstructs(tmp_path, spy):
+    """A finished entry whose weights file fails its checksum when a hit reads it ends the job in the phase's one
+    ``UserError`` line (not a bare ``CorruptEntryError``), and the entry goes, so running again reconstructs as the
+    line says; the control: the first run wrote an entry and the rerun writes a good one again."""
+    from spp.errors import UserError
+
+    cfg = recon_cfg("spp")
+    first, w1 = cached_run(tmp_path, cfg, spy)
+    (entry,) = [p for p in tmp_path.glob("pruning/*/*-blockwise-*") if p.is_dir()]
+    weights_file = sorted(entry.glob("weights-*.safetensors"))[-1]
+    data = bytearray(weights_file.read_bytes())
+    data[-8:] = bytes(8 - b % 2 for b in data[-8:])  # the tail (a weight's bytes) changed: the sha256 fails
+    weights_file.write_bytes(bytes(data))
+    with pytest.raises(UserError) as caught:
+        cached_run(tmp_path, cfg, spy)
+    line = str(caught.value)
+    assert "failed its checks while it was read" in line and "\n" not in line
+    assert entries(tmp_path) == [] and spy["reconstructions"] == 1
+    again, w3 = cached_run(tmp_path, cfg, spy)
+    assert not again.cache_hit and spy["reconstructions"] == 2 and len(entries(tmp_path)) == 1
+    assert all(torch.equal(bits(w1[n]), bits(w3[n])) for n in w1)
+
+
 CHANGES = {"lr": 3e-2, "epochs": 1, "form": "norms", "form_options": {"r": 4}, "nsamples": 3,
            "loss": ReconstructLoss.nmse, "inputs": ReconstructInputs.dense, "targets": ReconstructTargets.same_inputs}
 

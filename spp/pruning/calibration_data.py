@@ -93,10 +93,6 @@ def _longer_documents(texts: list[str], tokenizer: PreTrainedTokenizerBase, seql
     return found
 
 
-def _refuse(what: str, fix: str, where: str, key: str = "calibration.nsamples") -> UserError:
-    return UserError(what, fix, key=key, path=where)
-
-
 def check_supply(texts: list[str], tokenizer: PreTrainedTokenizerBase, calibration: CalibrationConfig,
                  where: str) -> Supply:
     """Refuse (:class:`UserError`) a source that cannot supply ``nsamples`` windows of ``seqlen`` tokens (fewer
@@ -109,27 +105,28 @@ def check_supply(texts: list[str], tokenizer: PreTrainedTokenizerBase, calibrati
         supply.stream = _ids(tokenizer, "\n\n".join(texts))
         tokens = len(supply.stream)
         if tokens <= seqlen:
-            raise _refuse(f"the text of {where} has only {tokens} tokens, not more than calibration.seqlen={seqlen} "
-                          "(one calibration window)", f"lower calibration.seqlen below {tokens} or {larger}",
-                          where, "calibration.seqlen")
+            raise UserError(f"the text of {where} has only {tokens} tokens, not more than calibration.seqlen={seqlen} "
+                            "(one calibration window)", f"lower calibration.seqlen below {tokens} or {larger}",
+                            key="calibration.seqlen", path=where)
         if tokens < nsamples * seqlen:
-            raise _refuse(f"calibration.nsamples={nsamples} windows of calibration.seqlen={seqlen} tokens ask for "
-                          f"{nsamples * seqlen} tokens; the text of {where} has {tokens}",
-                          f"lower calibration.nsamples to <= {tokens // seqlen} (or calibration.seqlen) or {larger}",
-                          where)
+            raise UserError(f"calibration.nsamples={nsamples} windows of calibration.seqlen={seqlen} tokens ask for "
+                            f"{nsamples * seqlen} tokens; the text of {where} has {tokens}",
+                            f"lower calibration.nsamples to <= {tokens // seqlen} (or calibration.seqlen) or {larger}",
+                            key="calibration.nsamples", path=where)
         return supply
     found = _longer_documents(texts, tokenizer, seqlen, nsamples, supply)
     if found < nsamples:
         lengths = sorted((len(ids) for ids in supply.documents.values()), reverse=True)
         if found == 0:
-            raise _refuse(f"no document in {where} is longer than calibration.seqlen={seqlen} tokens (one "
-                          f"calibration window; the longest has {lengths[0] if lengths else 0})",
-                          f"lower calibration.seqlen, set calibration.sampling=stream or {larger}", where,
-                          "calibration.seqlen")
+            raise UserError(f"no document in {where} is longer than calibration.seqlen={seqlen} tokens (one "
+                            f"calibration window; the longest has {lengths[0] if lengths else 0})",
+                            f"lower calibration.seqlen, set calibration.sampling=stream or {larger}",
+                            key="calibration.seqlen", path=where)
         shorter = f" or calibration.seqlen to <= {lengths[nsamples - 1] - 1}" if len(lengths) >= nsamples else ""
-        raise _refuse(f"calibration.nsamples={nsamples} windows of calibration.seqlen={seqlen} tokens need "
-                      f"{nsamples} documents longer than {seqlen} tokens; {where} holds {found} of {len(texts)}",
-                      f"lower calibration.nsamples to <= {found}{shorter}, or {larger}", where)
+        raise UserError(f"calibration.nsamples={nsamples} windows of calibration.seqlen={seqlen} tokens need "
+                        f"{nsamples} documents longer than {seqlen} tokens; {where} holds {found} of {len(texts)}",
+                        f"lower calibration.nsamples to <= {found}{shorter}, or {larger}",
+                        key="calibration.nsamples", path=where)
     return supply
 
 

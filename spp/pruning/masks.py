@@ -43,11 +43,6 @@ class MaskSet(Mapping[str, torch.Tensor]):
     def __len__(self) -> int:
         return len(self._packed)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the packed masks."""
-        return sum(p.numel() for p in self._packed.values())
-
 
 class ZeroPattern(Mapping[str, torch.Tensor]):
     """The exact-zero pattern (True = zero) of pruned weights: every pruned position plus the kept zeros."""

@@ -36,11 +36,11 @@ def fixed_point(gram: torch.Tensor, exponent: int) -> torch.Tensor:
     """``gram`` (fp32, overwritten) scaled to multiples of 2**(exponent - FRACTION_BITS) and rounded (exact in fp32);
     a positive diagonal stays ≥ 1, so a feature that is ever non-zero is never taken for dead."""
     shift = FRACTION_BITS - exponent
+    positive = gram.diagonal() > 0  # before scaling: a tiny entry scaled down underflows to 0
     while shift:  # in steps whose factor fp32 holds (a bucket far below 1 needs a factor above 2**127)
         step = max(-126, min(126, shift))
         gram.mul_(2.0**step)
         shift -= step
-    positive = gram.diagonal() > 0
     gram.round_()
     diag = gram.diagonal()
     diag.copy_(torch.where(positive, diag.clamp_min(1.0), diag))
@@ -115,7 +115,9 @@ class InputStatistics:
 
     def reduce(self, ctx: DistContext, batches: int, owner: int | None = None) -> None:
         """Combine every rank's batches (``batches`` in all): vectors on every rank, X Xᵀ onto ``owner``
-        (``None``: onto every rank). A no-op in one process."""
+        (``None``: onto every rank). A no-op in one process, but for the bound on ``batches``."""
+        if batches > MAX_BATCHES:
+            raise ValueError(f"{batches} calibration batches exceed {MAX_BATCHES}; raise calibration.batch_size")
         if not ctx.distributed:
             return
         width = self.in_features * (2 if self.sum is not None else 1) + 2
@@ -133,8 +135,6 @@ class InputStatistics:
             if self.sum is not None:
                 self.sum += row[self.in_features : 2 * self.in_features]
         self.nsamples, self.ntokens = int(table[:, -2].sum()), int(table[:, -1].sum())
-        if batches > MAX_BATCHES:
-            raise ValueError(f"{batches} calibration batches exceed {MAX_BATCHES}; raise calibration.batch_size")
         if self.hessian_enabled:
             self._reduce_xtx(ctx, owner)
 

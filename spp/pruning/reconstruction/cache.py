@@ -13,10 +13,11 @@ from typing import Any
 import torch
 
 from spp.adapters.base import AdapterMethod
+from spp.errors import UserError
 from spp.models.offload import OffloadedModel
 from spp.paths import file_sha256, json_sha256
 from spp.pruning.cache import json_ready
-from spp.pruning.cache.store import CorruptEntryError, EntryWriter, open_for_key
+from spp.pruning.cache.store import CorruptEntryError, EntryWriter, open_for_key, remove_entry
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import ReconstructResult, calibration_of, form_config, learning_rate
@@ -62,17 +63,27 @@ def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructRe
     except (CorruptEntryError, KeyError) as err:
         log.warning("reconstruction cache: %s; reconstructing again", err)
         return None
-    with torch.no_grad():
-        for name in names:
-            home = off.home[off.canonical(name)]
-            stored = reader.weight(name)
-            if tuple(stored.shape) != tuple(home.shape):
-                raise CorruptEntryError(f"reconstruction cache entry {entry}: {name} has another shape")
-            home.copy_(stored.to(home.dtype))
+    try:  # a weights file is checked when first read: some weights are applied by then, so no reconstructing again
+        with torch.no_grad():
+            for name in names:
+                home = off.home[off.canonical(name)]
+                stored = reader.weight(name)
+                if tuple(stored.shape) != tuple(home.shape):
+                    raise CorruptEntryError(f"reconstruction cache entry {entry}: {name} has another shape")
+                home.copy_(stored.to(home.dtype))
+    except CorruptEntryError as err:
+        remove_entry(entry)
+        raise failed_entry(entry, f" ({err})") from err
     manifest = reader.manifest
     timings = {"cache_load": round(time.perf_counter() - t0, 3), "original": manifest.get("timings", {})}
     return ReconstructResult(manifest.get("blocks", []), timings, manifest.get("calibration"), cache_hit=True,
                              cache_path=str(entry), lr=(key.get("reconstruct") or {}).get("lr"))
+
+
+def failed_entry(entry: Path, detail: str = "") -> UserError:
+    """The one line that ends a job whose finished entry failed its checks once read (the entry is removed)."""
+    return UserError(f"the reconstruction cache entry {entry} failed its checks while it was read{detail}",
+                     "run the job again: it reconstructs afresh and rewrites the entry", key="cache_dir")
 
 
 def block_writer(off: OffloadedModel, writer: EntryWriter | None) -> Callable[[str], None] | None:

@@ -15,13 +15,12 @@ from transformers import PreTrainedTokenizerBase
 
 from spp.adapters.base import AdapterMethod
 from spp.distributed import DistContext
-from spp.errors import UserError
 from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
 from spp.pruning.base import Pruner
 from spp.pruning.cache import READ_MARGIN_S, cache_entry_dir, cache_key, prune_cached, read_or_lock, write_entry
-from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, EntryWriter, read_manifest
+from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, EntryWriter, read_manifest, remove_entry
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult, local_context, prune_offloaded
 from spp.pruning.masks import MaskSet
@@ -92,8 +91,9 @@ def reconstruct_phase(off: OffloadedModel, dense: nn.Module | None, tokenizer: P
         hit = cache.load(off, found.entry, found.key) if ctx.is_main else None
         failed = ctx.broadcast_object(ctx.is_main and hit is None, long_wait=True)
         if failed:
-            raise UserError(f"the reconstruction cache entry {found.entry} failed its checks while it was read",
-                            "run the job again: it reconstructs afresh and rewrites the entry", key="cache_dir")
+            if ctx.is_main:  # so that the run the line asks for reconstructs
+                remove_entry(found.entry)
+            raise cache.failed_entry(found.entry)
         return _hit(hit, ctx)
     if dense is None:
         raise ValueError("reconstruct_phase: the dense model is needed (the probe found no finished entry)")
