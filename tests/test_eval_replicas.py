@@ -248,3 +248,26 @@ def test_an_in_memory_model_on_a_single_replica_scores_as_plain_lm_eval(tiny_tok
                                     "lm_eval_model_args": {"pretrained": "<in-memory model>", "device": "cpu",
                                                            "batch_size": 1}}
     assert "placement" not in ref.raw
+
+
+def test_one_process_loads_the_folder_on_the_gpu_eval_device_names(monkeypatch, tmp_path):
+    """``eval.device=cuda:1`` on one process: the folder is loaded on cuda:1, the GPU whose memory placed it, not on
+    cuda:0; processes of a torchrun job keep their local rank's GPU whatever the device names."""
+    import torch
+
+    import spp.eval.evaluate as evaluate_module
+    from spp.eval.config import EvalConfig
+
+    loaded = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+    def load_replica_model(path, gpus, device, max_memory_per_gpu):
+        loaded.append(gpus)
+        return torch.nn.Linear(1, 1), {}
+
+    monkeypatch.setattr(evaluate_module, "load_replica_model", load_replica_model)
+    for ctx_device, eval_device in ((torch.device("cuda", 0), "cuda:1"), (torch.device("cuda", 1), None)):
+        replicas = ReplicaGroup.create(DistContext(device=ctx_device))
+        evaluate_module._load(tmp_path, EvalConfig(device=eval_device), replicas, tokenizer="tokenizer")
+    assert loaded == [[1], [1]]
+    assert replica_devices(ReplicaLayout(9, 16, 8, 1), device_count=8, device=torch.device("cuda", 5)) == [1]

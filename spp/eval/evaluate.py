@@ -98,7 +98,7 @@ def _load(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGroup
     from transformers import AutoTokenizer
 
     device = eval_cfg.device or str(replicas.ctx.device)
-    gpus = [] if torch.device(device).type != "cuda" else replica_devices(replicas)
+    gpus = [] if torch.device(device).type != "cuda" else replica_devices(replicas, device=torch.device(device))
     model, args = load_replica_model(source, gpus, device if not gpus else None,
                                      max_memory_per_gpu=eval_cfg.max_memory_per_gpu)
     return model, tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(source), args

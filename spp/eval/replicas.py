@@ -88,14 +88,17 @@ class ReplicaLayout:
         return list(range(first, first + self.gpus_per_replica))
 
 
-def replica_devices(layout: ReplicaLayout, device_count: int | None = None) -> list[int]:
+def replica_devices(layout: ReplicaLayout, device_count: int | None = None,
+                    device: torch.device | None = None) -> list[int]:
     """CUDA device indices of this replica's ``device_map`` (``[]`` without CUDA); a one-GPU replica takes the
-    process's own GPU. Fewer visible GPUs than the replica spans (srun ``--gpus-per-task=1``) raise ``UserError``."""
+    process's own GPU (alone, the one ``device`` names: ``eval.device=cuda:1``). Fewer visible GPUs than the replica
+    spans (srun ``--gpus-per-task=1``) raise ``UserError``."""
     count = torch.cuda.device_count() if device_count is None else device_count
     if count == 0:
         return []
     if layout.gpus_per_replica == 1:
-        return [layout.local_rank % count]
+        alone = layout.world == 1 and device is not None and device.index is not None
+        return [device.index if alone else layout.local_rank % count]
     gpus = layout.local_gpus
     if gpus[-1] >= count:
         raise UserError(f"eval.gpus_per_replica={layout.gpus_per_replica} needs GPUs {gpus} on the node, but this "
