@@ -25,7 +25,6 @@ from spp.eval.perplexity import load_eval_text, perplexity
 from spp.eval.replicas import (
     ReplicaGroup,
     ReplicaLayout,
-    ReplicaPlacement,
     replica_devices,
     replica_perplexity,
 )
@@ -72,7 +71,7 @@ result["harness"] = {{"metrics": res.metrics, "samples": res.raw["samples"], "pl
 one = ReplicaGroup.create(ctx, gpus_per_replica=2, timeout_s=300)
 ppl = replica_perplexity(model, tok, one, source=sys.argv[3], **{PPL!r}).to_dict() if one.is_leader else None
 result["shared_ppl"] = one.share(ppl)
-result["one_replica"] = {{"leader": one.is_leader, "count": one.count, "how": one.placement().how}}
+result["one_replica"] = {{"leader": one.is_leader, "count": one.count, "how": one.placement()["how"]}}
 with open(f"{{out}}.rank{{ctx.rank}}.json", "w") as fh:
     json.dump(result, fh, default=str)
 dist.destroy_process_group()
@@ -196,7 +195,7 @@ def test_one_process_group_is_a_single_replica(tiny_tok, text):
     got = replica_perplexity(model, tiny_tok, replicas, source=text, **PPL)
     ref = perplexity(model, tiny_tok, source=text, **PPL)
     assert got.window_nll == ref.window_nll and got.ppl == ref.ppl
-    assert replicas.placement({"batch_size": 1}).to_dict() == {
+    assert replicas.placement({"batch_size": 1}) == {
         "replicas": 1, "gpus_per_replica": 1, "how": "single", "world": 1, "lm_eval_model_args": {"batch_size": 1}}
 
 
@@ -220,7 +219,7 @@ def test_replica_layout_on_two_nodes_of_eight_gpus():
         ReplicaLayout(0, 8, 8, 3)
     with pytest.raises(UserError, match=">= 1"):
         ReplicaLayout(0, 8, 8, 0)
-    how = [ReplicaPlacement.of(ReplicaLayout(0, w, w, k)).how for w, k in ((1, 1), (8, 1), (2, 2), (8, 2))]
+    how = [ReplicaLayout(0, w, w, k).placement()["how"] for w, k in ((1, 1), (8, 1), (2, 2), (8, 2))]
     assert how == ["single", "data_parallel", "parallelize", "data_parallel+parallelize"]
 
 

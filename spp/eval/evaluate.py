@@ -111,7 +111,7 @@ def _measure(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGr
     start = time.perf_counter()
     model, tokenizer, args = _load(source, eval_cfg, replicas, tokenizer)
     out = Evaluation(seconds={"load": round(time.perf_counter() - start, 2)},
-                     placement=replicas.placement({**args, "batch_size": eval_cfg.lm_eval_batch_size}).to_dict())
+                     placement=replicas.placement({**args, "batch_size": eval_cfg.lm_eval_batch_size}))
     main = replicas.ctx.is_main
     if eval_cfg.ppl:
         for src in [eval_cfg.ppl_source, *eval_cfg.extra_ppl_sources]:

@@ -240,7 +240,7 @@ def _shared(out: dict[str, Any] | None, replicas: ReplicaGroup | None, model_arg
                                raw={**raw, "doc_seed": doc_seed})
     if replicas is not None:
         result = replicas.broadcast_object(result, src=0)
-        result.raw["placement"] = replicas.placement(model_args).to_dict()
+        result.raw["placement"] = replicas.placement(model_args)
     return result
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -86,6 +86,14 @@ class ReplicaLayout:
         """Local GPU indices of this replica: the GPUs of its processes (``cuda:<local rank>`` each)."""
         first = self.leader % self.local_world
         return list(range(first, first + self.gpus_per_replica))
+
+    def placement(self, lm_eval_model_args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """How an evaluation was spread (``summary.json``): ``replicas`` R, ``gpus_per_replica`` k, ``how``
+        (``single``, ``data_parallel``, ``parallelize`` or both), ``world`` and lm-eval's equivalent
+        ``--model_args``."""
+        modes = [m for m, on in (("data_parallel", self.count > 1), ("parallelize", self.gpus_per_replica > 1)) if on]
+        return {"replicas": self.count, "gpus_per_replica": self.gpus_per_replica, "how": "+".join(modes) or "single",
+                "world": self.world, "lm_eval_model_args": dict(lm_eval_model_args or {})}
 
 
 def replica_devices(layout: ReplicaLayout, device_count: int | None = None,
@@ -166,34 +174,6 @@ class ReplicaGroup(ReplicaLayout):
         """Global rank 0's (replica 0's leader's) object on every process, waiting up to the group's timeout: the
         end of an evaluation, where the non-leaders have waited."""
         return self.ctx.broadcast_object(obj, src=0, long_wait=True)
-
-    def placement(self, lm_eval_model_args: dict[str, Any] | None = None) -> ReplicaPlacement:
-        """What ran, for ``summary.json``."""
-        return ReplicaPlacement.of(self, lm_eval_model_args)
-
-
-@dataclass
-class ReplicaPlacement:
-    """How an evaluation was spread (``summary.json``): ``replicas`` R, ``gpus_per_replica`` k, ``how`` (``single``,
-    ``data_parallel``, ``parallelize`` or both), and lm-eval's equivalent ``--model_args``."""
-
-    replicas: int = 1
-    gpus_per_replica: int = 1
-    how: str = "single"
-    world: int = 1
-    lm_eval_model_args: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, layout: ReplicaLayout, lm_eval_model_args: dict[str, Any] | None = None) -> ReplicaPlacement:
-        """The placement of ``layout``."""
-        modes = [m for m, on in (("data_parallel", layout.count > 1), ("parallelize", layout.gpus_per_replica > 1))
-                 if on]
-        return cls(layout.count, layout.gpus_per_replica, "+".join(modes) or "single", layout.world,
-                   dict(lm_eval_model_args or {}))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-serialisable)."""
-        return asdict(self)
 
 
 def replica_perplexity(model: torch.nn.Module, tokenizer: Any, replicas: ReplicaGroup, source: str = "wikitext2",
