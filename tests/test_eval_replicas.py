@@ -204,10 +204,10 @@ def test_replica_layout_on_two_nodes_of_eight_gpus():
     assert layouts[0].leaders == [0, 2, 4, 6, 8, 10, 12, 14] and layouts[0].count == 8
     assert [lay.index for lay in layouts] == [r // 2 for r in range(16)]
     assert [lay.is_leader for lay in layouts[:4]] == [True, False, True, False]
-    assert layouts[11].leader == 10 and layouts[11].members == [10, 11] and layouts[11].local_gpus == [2, 3]
+    assert [lay.leader for lay in layouts[9:13]] == [8, 10, 10, 12] and layouts[11].local_gpus == [2, 3]
     four = ReplicaLayout(13, 16, 8, 4)
-    assert (four.index, four.leader, four.members, four.local_gpus, four.count) == (3, 12, [12, 13, 14, 15],
-                                                                                    [4, 5, 6, 7], 4)
+    assert (four.index, four.leader, four.local_gpus, four.count) == (3, 12, [4, 5, 6, 7], 4)
+    assert [ReplicaLayout(r, 16, 8, 4).leader for r in range(11, 16)] == [8, 12, 12, 12, 12]  # 12..15: one replica
     assert ReplicaLayout(5, 8, 8, 8).local_gpus == list(range(8)) and ReplicaLayout(5, 8, 8, 8).leaders == [0]
     assert replica_devices(ReplicaLayout(9, 16, 8, 2), device_count=8) == [0, 1]
     assert replica_devices(ReplicaLayout(9, 16, 8, 2), device_count=0) == []

@@ -77,11 +77,6 @@ class ReplicaLayout:
         return list(range(0, self.world, self.gpus_per_replica))
 
     @property
-    def members(self) -> list[int]:
-        """Global ranks of this replica's processes (its leader first)."""
-        return list(range(self.leader, self.leader + self.gpus_per_replica))
-
-    @property
     def local_gpus(self) -> list[int]:
         """Local GPU indices of this replica: the GPUs of its processes (``cuda:<local rank>`` each)."""
         first = self.leader % self.local_world
