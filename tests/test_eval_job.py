@@ -122,6 +122,21 @@ def test_bad_inputs_fail_before_loading(tmp_path, monkeypatch):
         preflight(cfg)
 
 
+def test_seqlen_is_checked_against_the_context_gpt2_calls_n_positions(tmp_path):
+    """GPT-2's config names its context ``n_positions``: a tiny GPT-2 (built here or saved) of 64 positions refuses
+    eval.seqlen=128 before any weight is read; 64 passes."""
+    from spp.models.tiny import tiny_model, tiny_tokenizer
+
+    gpt2 = ["+model.arch.model_type=gpt2", "+model.arch.n_positions=64"]
+    with pytest.raises(ValueError, match="eval.seqlen=128 exceeds the model's max_position_embeddings=64"):
+        preflight(_compose(*gpt2, "eval.seqlen=128"))
+    preflight(_compose(*gpt2, "eval.seqlen=64"))
+    tiny_model(model_type="gpt2", n_positions=64).save_pretrained(tmp_path / "gpt2")
+    tiny_tokenizer().save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="eval.seqlen=128 exceeds the model's max_position_embeddings=64"):
+        preflight(_compose(f"model.path={tmp_path / 'gpt2'}", "eval.seqlen=128"))
+
+
 @pytest.mark.slow  # an eval.py process (21 s loaded); the checks themselves are tested in-process above; CI runs it
 def test_eval_py_reports_one_error_line(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -25,7 +25,6 @@ from spp.eval.perplexity import load_eval_text, perplexity
 from spp.eval.replicas import (
     ReplicaGroup,
     ReplicaLayout,
-    ReplicaPlacement,
     replica_devices,
     replica_perplexity,
 )
@@ -72,7 +71,7 @@ result["harness"] = {{"metrics": res.metrics, "samples": res.raw["samples"], "pl
 one = ReplicaGroup.create(ctx, gpus_per_replica=2, timeout_s=300)
 ppl = replica_perplexity(model, tok, one, source=sys.argv[3], **{PPL!r}).to_dict() if one.is_leader else None
 result["shared_ppl"] = one.share(ppl)
-result["one_replica"] = {{"leader": one.is_leader, "count": one.count, "how": one.placement().how}}
+result["one_replica"] = {{"leader": one.is_leader, "count": one.count, "how": one.placement()["how"]}}
 with open(f"{{out}}.rank{{ctx.rank}}.json", "w") as fh:
     json.dump(result, fh, default=str)
 dist.destroy_process_group()
@@ -196,7 +195,7 @@ def test_one_process_group_is_a_single_replica(tiny_tok, text):
     got = replica_perplexity(model, tiny_tok, replicas, source=text, **PPL)
     ref = perplexity(model, tiny_tok, source=text, **PPL)
     assert got.window_nll == ref.window_nll and got.ppl == ref.ppl
-    assert replicas.placement({"batch_size": 1}).to_dict() == {
+    assert replicas.placement({"batch_size": 1}) == {
         "replicas": 1, "gpus_per_replica": 1, "how": "single", "world": 1, "lm_eval_model_args": {"batch_size": 1}}
 
 
@@ -205,10 +204,10 @@ def test_replica_layout_on_two_nodes_of_eight_gpus():
     assert layouts[0].leaders == [0, 2, 4, 6, 8, 10, 12, 14] and layouts[0].count == 8
     assert [lay.index for lay in layouts] == [r // 2 for r in range(16)]
     assert [lay.is_leader for lay in layouts[:4]] == [True, False, True, False]
-    assert layouts[11].leader == 10 and layouts[11].members == [10, 11] and layouts[11].local_gpus == [2, 3]
+    assert [lay.leader for lay in layouts[9:13]] == [8, 10, 10, 12] and layouts[11].local_gpus == [2, 3]
     four = ReplicaLayout(13, 16, 8, 4)
-    assert (four.index, four.leader, four.members, four.local_gpus, four.count) == (3, 12, [12, 13, 14, 15],
-                                                                                    [4, 5, 6, 7], 4)
+    assert (four.index, four.leader, four.local_gpus, four.count) == (3, 12, [4, 5, 6, 7], 4)
+    assert [ReplicaLayout(r, 16, 8, 4).leader for r in range(11, 16)] == [8, 12, 12, 12, 12]  # 12..15: one replica
     assert ReplicaLayout(5, 8, 8, 8).local_gpus == list(range(8)) and ReplicaLayout(5, 8, 8, 8).leaders == [0]
     assert replica_devices(ReplicaLayout(9, 16, 8, 2), device_count=8) == [0, 1]
     assert replica_devices(ReplicaLayout(9, 16, 8, 2), device_count=0) == []
@@ -220,7 +219,7 @@ def test_replica_layout_on_two_nodes_of_eight_gpus():
         ReplicaLayout(0, 8, 8, 3)
     with pytest.raises(UserError, match=">= 1"):
         ReplicaLayout(0, 8, 8, 0)
-    how = [ReplicaPlacement.of(ReplicaLayout(0, w, w, k)).how for w, k in ((1, 1), (8, 1), (2, 2), (8, 2))]
+    how = [ReplicaLayout(0, w, w, k).placement()["how"] for w, k in ((1, 1), (8, 1), (2, 2), (8, 2))]
     assert how == ["single", "data_parallel", "parallelize", "data_parallel+parallelize"]
 
 
@@ -248,3 +247,26 @@ def test_an_in_memory_model_on_a_single_replica_scores_as_plain_lm_eval(tiny_tok
                                     "lm_eval_model_args": {"pretrained": "<in-memory model>", "device": "cpu",
                                                            "batch_size": 1}}
     assert "placement" not in ref.raw
+
+
+def test_one_process_loads_the_folder_on_the_gpu_eval_device_names(monkeypatch, tmp_path):
+    """``eval.device=cuda:1`` on one process: the folder is loaded on cuda:1, the GPU whose memory placed it, not on
+    cuda:0; processes of a torchrun job keep their local rank's GPU whatever the device names."""
+    import torch
+
+    import spp.eval.evaluate as evaluate_module
+    from spp.eval.config import EvalConfig
+
+    loaded = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+    def load_replica_model(path, gpus, device, max_memory_per_gpu):
+        loaded.append(gpus)
+        return torch.nn.Linear(1, 1), {}
+
+    monkeypatch.setattr(evaluate_module, "load_replica_model", load_replica_model)
+    for ctx_device, eval_device in ((torch.device("cuda", 0), "cuda:1"), (torch.device("cuda", 1), None)):
+        replicas = ReplicaGroup.create(DistContext(device=ctx_device))
+        evaluate_module._load(tmp_path, EvalConfig(device=eval_device), replicas, tokenizer="tokenizer")
+    assert loaded == [[1], [1]]
+    assert replica_devices(ReplicaLayout(9, 16, 8, 1), device_count=8, device=torch.device("cuda", 5)) == [1]

@@ -194,3 +194,14 @@ def test_shipped_samples_are_seeded_random_records_of_the_full_files(sample_data
             full = readers[make.SAMPLES[rel][0]]((SHARED_DATA_DIR / rel).read_bytes().decode("utf-8"))
             picked, _ = make.sample(full, 200, rel)
             assert "".join(picked).encode() == (sample_data_dir / rel).read_bytes(), rel
+
+
+def test_a_task_file_is_found_where_the_preflight_found_it(tmp_path, monkeypatch):
+    """With ``$SPP_DATA_DIR`` lacking a task's file, the check before loading finds the shipped sample: lm-eval's
+    loader reads that same file (it searched ``$SPP_DATA_DIR`` alone, failing after the model was loaded)."""
+    monkeypatch.setenv("SPP_DATA_DIR", str(tmp_path))
+    checked = task_data_files(["spp_boolq"])["spp_boolq"]
+    assert checked[0].is_relative_to(SAMPLE_DATA_DIR)
+    assert [local_data.task_file("spp_boolq", {})] == checked
+    with pytest.raises(FileNotFoundError):  # an explicit data_dir is searched alone, by both
+        local_data.task_file("spp_boolq", {"data_dir": str(tmp_path)})

@@ -73,7 +73,7 @@ def gpus_per_replica(eval_cfg: EvalConfig, source: str | Path | nn.Module, ctx: 
 
 def evaluate(source: str | os.PathLike[str] | nn.Module, eval_cfg: EvalConfig, ctx: DistContext | None = None, *,
              tokenizer: Any = None, data_dir: str | os.PathLike[str] | None = None,
-             sample: tuple[str, int] | None = None, label: str = "model", seed: int | None = None,
+             sample: tuple[str, int] | None = None, label: str = "model",
              on_perplexity: Callable[[Evaluation], None] | None = None) -> Evaluation:
     """Perplexity and lm-eval tasks of ``source`` (a saved model folder, or an in-memory model in one process).
 
@@ -86,7 +86,7 @@ def evaluate(source: str | os.PathLike[str] | nn.Module, eval_cfg: EvalConfig, c
     replicas = ReplicaGroup.create(ctx, gpus_per_replica(eval_cfg, source, ctx))
     result = None
     if replicas.is_leader:
-        result = _measure(source, eval_cfg, replicas, tokenizer, data_dir, sample, label, seed, on_perplexity)
+        result = _measure(source, eval_cfg, replicas, tokenizer, data_dir, sample, label, on_perplexity)
     return replicas.share(result)
 
 
@@ -98,20 +98,20 @@ def _load(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGroup
     from transformers import AutoTokenizer
 
     device = eval_cfg.device or str(replicas.ctx.device)
-    gpus = [] if torch.device(device).type != "cuda" else replica_devices(replicas)
+    gpus = [] if torch.device(device).type != "cuda" else replica_devices(replicas, device=torch.device(device))
     model, args = load_replica_model(source, gpus, device if not gpus else None,
                                      max_memory_per_gpu=eval_cfg.max_memory_per_gpu)
     return model, tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(source), args
 
 
 def _measure(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGroup, tokenizer: Any,
-             data_dir: Any, sample: tuple[str, int] | None, label: str, seed: int | None,
+             data_dir: Any, sample: tuple[str, int] | None, label: str,
              on_perplexity: Callable[[Evaluation], None] | None = None) -> Evaluation:
     """A leader's share of the evaluation (replica 0's result is the one every process gets)."""
     start = time.perf_counter()
     model, tokenizer, args = _load(source, eval_cfg, replicas, tokenizer)
     out = Evaluation(seconds={"load": round(time.perf_counter() - start, 2)},
-                     placement=replicas.placement({**args, "batch_size": eval_cfg.lm_eval_batch_size}).to_dict())
+                     placement=replicas.placement({**args, "batch_size": eval_cfg.lm_eval_batch_size}))
     main = replicas.ctx.is_main
     if eval_cfg.ppl:
         for src in [eval_cfg.ppl_source, *eval_cfg.extra_ppl_sources]:
@@ -128,7 +128,7 @@ def _measure(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGr
         if eval_cfg.tasks and main and on_perplexity is not None:
             on_perplexity(out)
     if eval_cfg.tasks:
-        _tasks(model, tokenizer, eval_cfg, replicas, data_dir, seed, out, label)
+        _tasks(model, tokenizer, eval_cfg, replicas, data_dir, out, label)
     if sample is not None and main:
         t0 = time.perf_counter()
         out.sample = generate_text(model, tokenizer, sample[0], max_new_tokens=sample[1]).summary()
@@ -138,10 +138,10 @@ def _measure(source: Path | nn.Module, eval_cfg: EvalConfig, replicas: ReplicaGr
 
 
 def _tasks(model: nn.Module, tokenizer: Any, eval_cfg: EvalConfig, replicas: ReplicaGroup, data_dir: Any,
-           seed: int | None, out: Evaluation, label: str) -> None:
+           out: Evaluation, label: str) -> None:
     """``eval.tasks`` through lm-eval, documents split over the replicas; fills ``out.zero_shot``."""
     t0 = time.perf_counter()
-    harness = run_eval_tasks(model, tokenizer, eval_cfg, data_dir, seed=seed, replicas=replicas)
+    harness = run_eval_tasks(model, tokenizer, eval_cfg, data_dir, replicas=replicas)
     out.zero_shot = {"metrics": harness.metrics, "zero_shot_mean": harness.zero_shot_mean,
                      "mmlu_acc": harness.mmlu_acc, "limit": harness.limit, "mmlu_limit": eval_cfg.mmlu_limit,
                      "num_fewshot": harness.num_fewshot}

@@ -180,7 +180,6 @@ def evaluate_tasks(
     batch_size: int | str = 1,
     data_dir: str | os.PathLike[str] | None = None,
     online: bool = False,
-    seed: int | None = None,
     log_samples: bool = False,
     doc_seed: int | None = None,
     replicas: ReplicaGroup | None = None,
@@ -201,7 +200,7 @@ def evaluate_tasks(
         with lm_eval_bars_as_lines():  # outside a terminal: a line per bar, not one huge line of redraws
             out = lm_eval.simple_evaluate(model=lm, tasks=run_names, limit=limit,
                                           log_samples=log_samples,
-                                          task_manager=task_manager(data_dir, online, doc_seed), **_seeds(seed))
+                                          task_manager=task_manager(data_dir, online, doc_seed))
     result = _shared(out, replicas, model_args, limit, online, doc_seed)
     log.info("lm-eval finished: %s", ", ".join(run_names))
     return result
@@ -220,12 +219,6 @@ def _checked(tasks: str | Sequence[str], model: Any, tokenizer: Any, data_dir: A
     return names
 
 
-def _seeds(seed: int | None) -> dict[str, int]:
-    """lm-eval's four seeds set to ``seed`` (``None``: its own defaults)."""
-    keys = ("random_seed", "numpy_random_seed", "torch_random_seed", "fewshot_random_seed")
-    return {} if seed is None else dict.fromkeys(keys, seed)
-
-
 def _shared(out: dict[str, Any] | None, replicas: ReplicaGroup | None, model_args: dict[str, Any],
             limit: int | float | None, online: bool, doc_seed: int | None) -> HarnessResult:
     """lm-eval's output as a :class:`HarnessResult`; with ``replicas``, replica 0's on every leader, with how it
@@ -240,7 +233,7 @@ def _shared(out: dict[str, Any] | None, replicas: ReplicaGroup | None, model_arg
                                raw={**raw, "doc_seed": doc_seed})
     if replicas is not None:
         result = replicas.broadcast_object(result, src=0)
-        result.raw["placement"] = replicas.placement(model_args).to_dict()
+        result.raw["placement"] = replicas.placement(model_args)
     return result
 
 
@@ -261,7 +254,6 @@ def _make_lm(model: torch.nn.Module | str | Path, tokenizer: Any, batch_size: in
 def run_eval_tasks(
     model: torch.nn.Module | str | Path, tokenizer: Any, eval_cfg: Any,
     data_dir: str | os.PathLike[str] | None = None,
-    seed: int | None = None,
     replicas: ReplicaGroup | None = None,
 ) -> HarnessResult:
     """Run ``eval_cfg.tasks`` (the ``eval`` group) on an in-memory model (or a model directory).
@@ -278,7 +270,7 @@ def run_eval_tasks(
             ([t for t in names if is_mmlu(t)], mmlu_limit),
         ]
     results = [evaluate_tasks(model, tokenizer, tasks=tasks, limit=limit, batch_size=int(eval_cfg.lm_eval_batch_size),
-                              data_dir=data_dir, online=bool(eval_cfg.online), seed=seed, replicas=replicas,
+                              data_dir=data_dir, online=bool(eval_cfg.online), replicas=replicas,
                               log_samples=bool(eval_cfg.log_samples),
                               doc_seed=eval_cfg.doc_seed if limit is not None else None)
                for tasks, limit in batches if tasks]

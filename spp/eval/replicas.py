@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -77,25 +77,31 @@ class ReplicaLayout:
         return list(range(0, self.world, self.gpus_per_replica))
 
     @property
-    def members(self) -> list[int]:
-        """Global ranks of this replica's processes (its leader first)."""
-        return list(range(self.leader, self.leader + self.gpus_per_replica))
-
-    @property
     def local_gpus(self) -> list[int]:
         """Local GPU indices of this replica: the GPUs of its processes (``cuda:<local rank>`` each)."""
         first = self.leader % self.local_world
         return list(range(first, first + self.gpus_per_replica))
 
+    def placement(self, lm_eval_model_args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """How an evaluation was spread (``summary.json``): ``replicas`` R, ``gpus_per_replica`` k, ``how``
+        (``single``, ``data_parallel``, ``parallelize`` or both), ``world`` and lm-eval's equivalent
+        ``--model_args``."""
+        modes = [m for m, on in (("data_parallel", self.count > 1), ("parallelize", self.gpus_per_replica > 1)) if on]
+        return {"replicas": self.count, "gpus_per_replica": self.gpus_per_replica, "how": "+".join(modes) or "single",
+                "world": self.world, "lm_eval_model_args": dict(lm_eval_model_args or {})}
 
-def replica_devices(layout: ReplicaLayout, device_count: int | None = None) -> list[int]:
+
+def replica_devices(layout: ReplicaLayout, device_count: int | None = None,
+                    device: torch.device | None = None) -> list[int]:
     """CUDA device indices of this replica's ``device_map`` (``[]`` without CUDA); a one-GPU replica takes the
-    process's own GPU. Fewer visible GPUs than the replica spans (srun ``--gpus-per-task=1``) raise ``UserError``."""
+    process's own GPU (alone, the one ``device`` names: ``eval.device=cuda:1``). Fewer visible GPUs than the replica
+    spans (srun ``--gpus-per-task=1``) raise ``UserError``."""
     count = torch.cuda.device_count() if device_count is None else device_count
     if count == 0:
         return []
     if layout.gpus_per_replica == 1:
-        return [layout.local_rank % count]
+        alone = layout.world == 1 and device is not None and device.index is not None
+        return [device.index if alone else layout.local_rank % count]
     gpus = layout.local_gpus
     if gpus[-1] >= count:
         raise UserError(f"eval.gpus_per_replica={layout.gpus_per_replica} needs GPUs {gpus} on the node, but this "
@@ -163,34 +169,6 @@ class ReplicaGroup(ReplicaLayout):
         """Global rank 0's (replica 0's leader's) object on every process, waiting up to the group's timeout: the
         end of an evaluation, where the non-leaders have waited."""
         return self.ctx.broadcast_object(obj, src=0, long_wait=True)
-
-    def placement(self, lm_eval_model_args: dict[str, Any] | None = None) -> ReplicaPlacement:
-        """What ran, for ``summary.json``."""
-        return ReplicaPlacement.of(self, lm_eval_model_args)
-
-
-@dataclass
-class ReplicaPlacement:
-    """How an evaluation was spread (``summary.json``): ``replicas`` R, ``gpus_per_replica`` k, ``how`` (``single``,
-    ``data_parallel``, ``parallelize`` or both), and lm-eval's equivalent ``--model_args``."""
-
-    replicas: int = 1
-    gpus_per_replica: int = 1
-    how: str = "single"
-    world: int = 1
-    lm_eval_model_args: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, layout: ReplicaLayout, lm_eval_model_args: dict[str, Any] | None = None) -> ReplicaPlacement:
-        """The placement of ``layout``."""
-        modes = [m for m, on in (("data_parallel", layout.count > 1), ("parallelize", layout.gpus_per_replica > 1))
-                 if on]
-        return cls(layout.count, layout.gpus_per_replica, "+".join(modes) or "single", layout.world,
-                   dict(lm_eval_model_args or {}))
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain dict (JSON-serialisable)."""
-        return asdict(self)
 
 
 def replica_perplexity(model: torch.nn.Module, tokenizer: Any, replicas: ReplicaGroup, source: str = "wikitext2",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
@@ -33,8 +32,7 @@ from spp.loggers import (
     run_tags,
 )
 from spp.models.config import ModelConfig
-from spp.models.loading import check_tokenizer_files, load_model, resolve_source
-from spp.models.tiny import TINY_ARCH
+from spp.models.loading import check_tokenizer_files, load_config, load_model, resolve_source
 from spp.paths import data_provenance, forget_data_reads
 from spp.projections import DEFAULT_TARGETS, find_projections, in_blocks
 from spp.pruning.calibration_data import check_calibration_source
@@ -47,12 +45,10 @@ log = logging.getLogger(__name__)
 
 def context_length(model_cfg: ModelConfig) -> int | None:
     """The model's ``max_position_embeddings`` read without loading weights (``None`` when unknown)."""
-    kind, where, gguf_file = resolve_source(model_cfg)
-    if kind == "tiny":
-        return int({**TINY_ARCH, **dict(model_cfg.arch)}["max_position_embeddings"])
-    config = json.loads((Path(where) / "config.json").read_text()) if kind == "dir" and not gguf_file else dict(
-        model_cfg.arch or {})
-    value = config.get("max_position_embeddings")
+    if resolve_source(model_cfg)[0] in ("tiny", "dir"):  # transformers' config: GPT-2 names it n_positions
+        value = getattr(load_config(model_cfg), "max_position_embeddings", None)
+    else:
+        value = dict(model_cfg.arch or {}).get("max_position_embeddings")
     return int(value) if value is not None else None
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import functools
-import os
 import random
 import re
 from pathlib import Path
@@ -24,8 +23,7 @@ MMLU_ANSWERS = "ABCD"
 def task_file(task: str, kwargs: dict[str, Any], index: int = 0) -> Path:
     """File ``index`` of ``task``'s ``data_files`` (:mod:`spp.eval.task_table`) under the data root of lm-eval's
     ``kwargs`` (``data_dir``, else ``$SPP_DATA_DIR``, ...); a plug-in task's loader reads its file with this too."""
-    rel = get_task(task).data_files[index]
-    return find_data(rel, kwargs.get("data_dir") or os.environ.get("SPP_DATA_DIR"))
+    return find_data(get_task(task).data_files[index], kwargs.get("data_dir"))
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
