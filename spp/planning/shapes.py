@@ -19,8 +19,9 @@ class ModelShape:
 
     Attributes:
         outside_params: Parameters outside the blocks (embeddings, final norm, LM head; a tied head once).
-        linears: ``(out_features, in_features)`` of each prunable linear of one block, by leaf name.
-        block_linears: The same for every ``nn.Linear`` of one block, by name inside it (``self_attn.q_proj``).
+        linears: ``(out_features, in_features)`` of each prunable linear of one block, by name inside it
+            (``self_attn.q_proj``; GPT-2's attention and MLP each have a ``c_proj``).
+        block_linears: The same for every ``nn.Linear`` of one block.
         attn_width: Heads x head dimension; 0 means ``hidden`` (Gemma-2-9B: 16 x 256 = 4096 against 3584).
         norms_per_block: Normalisation layers in one block (LLaMA 2; Gemma-2 4: pre- and post-norms).
         eager_attention: ``transformers`` materialises the ``heads x s x s`` scores (Gemma-2: SDPA has no softcap).
@@ -155,7 +156,7 @@ def shape_from_arch(name: str, arch: dict[str, Any], targets: list[str], bytes_p
         name=name, blocks=blocks, block_params=block_params,
         outside_params=total - len(layers) * block_params,
         embedding_params=sum(p.numel() for p in model.get_input_embeddings().parameters()),
-        linears={n.rsplit(".", 1)[-1]: (m.out_features, m.in_features) for n, m in chosen.items()},
+        linears={n: (m.out_features, m.in_features) for n, m in chosen.items()},
         hidden=int(config.hidden_size), intermediate=int(getattr(config, "intermediate_size", 0) or 0),
         vocab=int(config.vocab_size), bytes_per_param=bytes_per_param,
         block_linears={n: (m.out_features, m.in_features) for n, m in block_projections(block).items()},
