@@ -65,4 +65,25 @@ def test_a_saved_qwen2_folder_with_layer_types_builds_and_plans(tmp_path):
     assert len(blocks) == 2
     assert arch_layers(arch) is not None
     shape = shape_from_arch("qwen2-28", arch, ["q_proj"])
-    assert shape.blocks == 28 and shape.linears["q_proj"] == (64, 64)
+    assert shape.blocks == 28 and shape.linears["self_attn.q_proj"] == (64, 64)
+
+
+def test_a_saved_gpt2_folder_plans_its_n_layer_blocks(tmp_path):
+    """GPT-2's ``config.json`` names its depth ``n_layer`` (transformers maps ``num_hidden_layers`` to it): the plan
+    counts its 12 blocks, not the 32 of a LLaMA default."""
+    config = transformers.GPT2Config(n_embd=64, n_inner=128, n_layer=12, n_head=4, vocab_size=260, bos_token_id=0,
+                                     eos_token_id=0)
+    config.save_pretrained(tmp_path)
+    arch = json.loads((tmp_path / "config.json").read_text())
+    assert "num_hidden_layers" not in arch and arch["n_layer"] == 12
+    shape = shape_from_arch("gpt2-12", arch, ["c_attn"])
+    assert shape.blocks == 12 and shape.params == transformers.GPT2LMHeadModel(config).num_parameters()
+
+
+def test_gpt2_prunable_linears_are_all_counted():
+    """GPT-2's attention and MLP each hold a ``c_proj``: the plan counts both (keyed by their names in the block),
+    so the pruned weights are every projection of every block."""
+    arch = spp.models.tiny.tiny_config(model_type="gpt2").to_dict()
+    shape = shape_from_arch("tiny-gpt2", arch, ["c_attn", "c_proj", "c_fc"])
+    assert shape.pruned_params == shape.blocks * (192 * 64 + 64 * 64 + 128 * 64 + 64 * 128)
+    assert shape.linears == shape.block_linears and len(shape.linears) == 4

@@ -74,8 +74,9 @@ def test_preflight_and_plan_read_no_weight_and_give_the_published_sizes(group, t
     assert shapes["self_attn.q_proj"] == Q_PROJ[group][::-1]
     assert shapes["self_attn.k_proj"] == (Q_PROJ[group][1], KV_OUT[group])
     shape = shape_from_arch(group, arch, list(DEFAULT_TARGETS))  # the plan's (out, in)
-    assert shape.linears["q_proj"] == Q_PROJ[group] and shape.linears["v_proj"] == (KV_OUT[group], Q_PROJ[group][1])
-    assert shape.linears["o_proj"] == Q_PROJ[group][::-1]
+    assert shape.linears["self_attn.q_proj"] == Q_PROJ[group]
+    assert shape.linears["self_attn.v_proj"] == (KV_OUT[group], Q_PROJ[group][1])
+    assert shape.linears["self_attn.o_proj"] == Q_PROJ[group][::-1]
     # SPP trains r x in + out per adapted linear (r = 16, the seven projections)
     assert plan["trainable_params"] == shape.blocks * sum(16 * i + o for o, i in shape.linears.values())
 

@@ -61,3 +61,18 @@ def test_the_plan_agrees_with_independent_formulas(rows):
             for r in (one, eight):  # another node holds no weight: the same for every model size
                 assert r["host_bytes"]["other_nodes"] == by["llama7b", pruner, r["world"]]["host_bytes"]["other_nodes"]
     assert by["llama2_70b", "wanda", 8]["host_bytes"]["masks"] == 68_451_041_280 // 8  # 80 x 855,638,016 weights
+
+
+def test_true_sequential_holds_the_largest_group_of_any_family():
+    """``true_sequential`` holds one sublayer group's Hessians at a time, grouped as the engine groups them
+    (``spp.pruning.engine.sublayer_groups``): for GPT-2 the MLP's ``c_proj`` alone, not nothing (its projections
+    have none of LLaMA's names)."""
+    from spp.models.tiny import tiny_config
+    from spp.planning.pruning import Calibration, gpu_bytes
+    from spp.planning.shapes import shape_from_arch
+
+    arch = tiny_config(model_type="gpt2", n_embd=512, n_inner=2048, n_head=8).to_dict()  # the block is the peak
+    shape = shape_from_arch("gpt2-512", arch, ["c_attn", "c_proj", "c_fc"])
+    held = {name: i * i * 8 for name, (_o, i) in shape.linears.items()}  # int64 X Xᵀ sums
+    together, grouped = (gpu_bytes(shape, 1, Calibration(), True, ts) for ts in (False, True))
+    assert together - grouped == sum(held.values()) - held["mlp.c_proj"] > 0

@@ -2,7 +2,7 @@
 
 from spp.models.config import ModelConfig
 from spp.models.loading import embedded_gguf_path, load_model, load_tokenizer, model_identity
-from spp.models.tiny import tiny_llama, tiny_llama_config, tiny_tokenizer
+from spp.models.tiny import tiny_llama, tiny_tokenizer
 
 __all__ = [
     "ModelConfig",
@@ -11,6 +11,5 @@ __all__ = [
     "load_tokenizer",
     "model_identity",
     "tiny_llama",
-    "tiny_llama_config",
     "tiny_tokenizer",
 ]

@@ -27,11 +27,8 @@ class _Caught(Exception):
     """Raised by the last block's recorder to stop the forward pass once every block's inputs are stored."""
 
 
-class BlockCalls(list):
-    """Per block, per batch: the :data:`Call` the model made (``calls[block][batch]``)."""
-
-    def __init__(self, blocks: int) -> None:
-        super().__init__([] for _ in range(blocks))
+BlockCalls = list[list[Call]]
+"""Per block, per batch: the :data:`Call` the model made (``calls[block][batch]``)."""
 
 
 class _StandIn(nn.Module):
@@ -153,7 +150,7 @@ class BlockRunner:
     def head(self, batches: list[torch.Tensor]) -> tuple[list[torch.Tensor], BlockCalls]:
         """Hidden states entering block 0 per batch, and what the model passes each block (``calls[i][batch]``)."""
         hidden: list[torch.Tensor] = []
-        calls = BlockCalls(len(self.layers))
+        calls: BlockCalls = [[] for _ in self.layers]
         originals = list(self.layers)
         for i, real in enumerate(originals):
             self.layers[i] = _Recorder(real, i, i == len(originals) - 1, calls, hidden)

@@ -128,16 +128,12 @@ class OffloadedModel:
         for name, meta in self._meta.items():
             if self.ctx.is_main:
                 tensor = self.home[name]
-            elif everywhere:
-                tensor = self._received(meta)
+            elif everywhere:  # rank 0's tensor, received through this rank's device, kept on the CPU
+                received = torch.empty(meta.shape, dtype=meta.dtype, device=self.ctx.device)
+                tensor = self.ctx.broadcast_(received, src=0).cpu()
             else:
                 continue
             if self.ctx.is_main and everywhere and self.ctx.distributed:
                 self.ctx.broadcast_(tensor.to(self.ctx.device), src=0)
             self._place(name, nn.Parameter(tensor, requires_grad=self._grad[name]))
         return self.model
-
-    def _received(self, meta: torch.Tensor) -> torch.Tensor:
-        """Rank 0's tensor of ``meta``'s shape, broadcast to this rank (through its device), on the CPU."""
-        buffer = torch.empty(meta.shape, dtype=meta.dtype, device=self.ctx.device)
-        return self.ctx.broadcast_(buffer, src=0).cpu()

@@ -73,8 +73,6 @@ def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: A
     return model.to(dtype).eval()
 
 
-tiny_llama_config = tiny_config
-"""The tiny config (LLaMA unless ``model_type`` says otherwise: 64 hidden, 2 layers, GQA 4/2 heads)."""
 tiny_llama = tiny_model
 """A randomly initialised tiny ``LlamaForCausalLM`` (or the ``model_type`` family's) from ``seed``."""
 

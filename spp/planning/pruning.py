@@ -12,6 +12,7 @@ from typing import Any
 
 from spp.planning.hardware import GIB, Hardware
 from spp.planning.shapes import ModelShape
+from spp.pruning.engine import sublayer_groups
 from spp.pruning.registry import pruner_config
 from spp.pruning.resolve import resolve_pruner
 
@@ -26,16 +27,13 @@ class Calibration:
 
 
 def _hessian_bytes(shape: ModelShape, true_sequential: bool) -> int:
-    """The X Xᵀ sums held at once (the group calibrated together: all linears, or the largest sublayer group), as
+    """The X Xᵀ sums held at once (all linears, or the largest group of ``spp.pruning.engine.sublayer_groups``), as
     ``spp.pruning.statistics`` keeps them: exact int64 fixed-point sums (8 bytes an entry, one bucket per matrix in
     practice), plus one batch's fp32 Gram of the largest of them (scaled to integers in place, added a block of rows
     at a time)."""
-    held = {leaf: i * i * 8 for leaf, (_o, i) in shape.linears.items()}
+    held = {name: i * i * 8 for name, (_o, i) in shape.linears.items()}
     batch = max(i * i * 4 for _o, i in shape.linears.values())
-    if not true_sequential:
-        return sum(held.values()) + batch
-    groups = (("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",))
-    return max(sum(held.get(leaf, 0) for leaf in group) for group in groups) + batch
+    return max(sum(held[name] for name in group) for group in sublayer_groups(held, true_sequential)) + batch
 
 
 def _solve_bytes(shape: ModelShape) -> int:

@@ -19,8 +19,9 @@ class ModelShape:
 
     Attributes:
         outside_params: Parameters outside the blocks (embeddings, final norm, LM head; a tied head once).
-        linears: ``(out_features, in_features)`` of each prunable linear of one block, by leaf name.
-        block_linears: The same for every ``nn.Linear`` of one block, by name inside it (``self_attn.q_proj``).
+        linears: ``(out_features, in_features)`` of each prunable linear of one block, by name inside it
+            (``self_attn.q_proj``; GPT-2's attention and MLP each have a ``c_proj``).
+        block_linears: The same for every ``nn.Linear`` of one block.
         attn_width: Heads x head dimension; 0 means ``hidden`` (Gemma-2-9B: 16 x 256 = 4096 against 3584).
         norms_per_block: Normalisation layers in one block (LLaMA 2; Gemma-2 4: pre- and post-norms).
         eager_attention: ``transformers`` materialises the ``heads x s x s`` scores (Gemma-2: SDPA has no softcap).
@@ -108,17 +109,25 @@ def per_layer_fields(fields: dict[str, Any], blocks: int) -> dict[str, Any]:
     return {**out, "num_hidden_layers": blocks}
 
 
+def arch_config(arch: dict[str, Any], blocks: int | None = None) -> Any:
+    """The ``transformers`` config of ``arch`` (``model_type`` defaults to ``llama``), cut to ``blocks`` decoder
+    blocks when given (:func:`per_layer_fields`)."""
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in arch.items() if k not in ("model_type", "architectures", "transformers_version")}
+    return AutoConfig.for_model(str(arch.get("model_type") or "llama"),
+                                **(fields if blocks is None else per_layer_fields(fields, blocks)))
+
+
 def skeleton_from_arch(arch: dict[str, Any], blocks: int) -> nn.Module:
     """The causal LM described by ``arch`` (a model group's ``arch`` block, ``config.json``'s fields or a GGUF
     header's; ``model_type`` defaults to ``llama``) with ``blocks`` decoder blocks, its parameters on ``meta``
     (buffers real), a tied LM head tied as loading ties it, GPT-2's ``Conv1D`` held as ``nn.Linear``."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    fields = {k: v for k, v in arch.items() if k not in ("model_type", "architectures", "transformers_version")}
-    config = AutoConfig.for_model(str(arch.get("model_type") or "llama"), **per_layer_fields(fields, blocks))
     with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(arch_config(arch, blocks))
     model.tie_weights()  # as loading does: a tied LM head is the embedding, counted once
     linearize_conv1d(model)
     return model
@@ -133,7 +142,7 @@ def shape_from_arch(name: str, arch: dict[str, Any], targets: list[str], bytes_p
     """The :class:`ModelShape` of the causal LM described by ``arch``, built on ``meta`` with :data:`BUILT_BLOCKS`
     blocks (:func:`skeleton_from_arch`): every block of a LLaMA-style stack has the same parameters, so one built
     block stands for all ``num_hidden_layers`` of them."""
-    blocks = int(arch.get("num_hidden_layers", 32))
+    blocks = int(arch_config(arch).num_hidden_layers)  # GPT-2's config names it n_layer
     model = skeleton_from_arch(arch, min(blocks, BUILT_BLOCKS))
     _prefix, layers = decoder_layers(model)
     sizes = {sum(p.numel() for p in block.parameters()) for block in layers}
@@ -147,7 +156,7 @@ def shape_from_arch(name: str, arch: dict[str, Any], targets: list[str], bytes_p
         name=name, blocks=blocks, block_params=block_params,
         outside_params=total - len(layers) * block_params,
         embedding_params=sum(p.numel() for p in model.get_input_embeddings().parameters()),
-        linears={n.rsplit(".", 1)[-1]: (m.out_features, m.in_features) for n, m in chosen.items()},
+        linears={n: (m.out_features, m.in_features) for n, m in chosen.items()},
         hidden=int(config.hidden_size), intermediate=int(getattr(config, "intermediate_size", 0) or 0),
         vocab=int(config.vocab_size), bytes_per_param=bytes_per_param,
         block_linears={n: (m.out_features, m.in_features) for n, m in block_projections(block).items()},

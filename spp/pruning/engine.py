@@ -207,7 +207,7 @@ class _Run:
         self.nbatches = 0
         owl = self.sparsity.layerwise != "none"
         if not (self.pruner.needs_calibration or owl):
-            return [], BlockCalls(len(self.runner.layers))
+            return [], [[] for _ in self.runner.layers]
         if tokenizer is None:
             raise ValueError(f"pruner={self.pruner.name} sparsity.layerwise={self.sparsity.layerwise} needs "
                              "calibration data, so a tokenizer must be given")
@@ -226,7 +226,7 @@ class _Run:
                                               self.nbatches)
             self.timings["layerwise"] = time.perf_counter() - t0
             if not self.pruner.needs_calibration:  # magnitude with OWL: the activations served the ratios only
-                return [], BlockCalls(len(self.runner.layers))
+                return [], [[] for _ in self.runner.layers]
             hidden, calls = self.runner.head([batches[b] for b in self.batches])
         return hidden, calls
 
