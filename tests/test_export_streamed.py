@@ -164,7 +164,7 @@ if sharded:
     merged_module.merged_block_tensors = spy
 res = export_streamed(model, inputs(cfg, result), out, ctx)
 with open(f"{out}.rank{ctx.rank}.json", "w") as fh:
-    json.dump({"whole_blocks": whole_blocks, "shards": res.shards, "writers": res.layout["writers"]}, fh)
+    json.dump({"whole_blocks": whole_blocks, "shards": res.layout["shards"], "writers": res.layout["writers"]}, fh)
 dist.destroy_process_group()
 """
 
