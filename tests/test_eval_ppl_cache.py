@@ -16,6 +16,7 @@ from spp.eval.ppl_cache import ppl_cache_key
 from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
+from spp.training.callbacks.pruning import ppl_log_text
 from tests.test_cache_keys import weights_key
 
 EVAL = EvalConfig(seqlen=64, max_windows=2)
@@ -36,6 +37,22 @@ def test_second_call_hits_and_returns_the_measured_number(tiny_model, tiny_tok, 
     other = cached_offloaded_perplexity(off, tiny_tok, EvalConfig(seqlen=64, max_windows=3), "w", tmp_path,
                                         sample_data_dir)
     assert other["cache_hit"] is False and other["windows"] == 3 and len(_entries(tmp_path)) == 2
+
+
+def test_a_hit_reports_this_runs_seconds_and_keeps_the_measured_ones_apart(tiny_model, tiny_tok, sample_data_dir,
+                                                                           tmp_path):
+    off = OffloadedModel(tiny_model, DistContext())
+    miss = cached_offloaded_perplexity(off, tiny_tok, EVAL, "w", tmp_path, sample_data_dir)
+    assert miss["cache_hit"] is False and "cached_seconds" not in miss and miss["seconds"] >= 0
+    entry = _entries(tmp_path)[0]
+    stored = json.loads(entry.read_text())
+    assert stored["seconds"] == miss["seconds"]  # the entry keeps the time of the computation it holds
+    entry.write_text(json.dumps({**stored, "seconds": 987.65}))  # a computation that took long
+    hit = cached_offloaded_perplexity(off, tiny_tok, EVAL, "w", tmp_path, sample_data_dir)
+    assert hit["cache_hit"] is True and hit["ppl"] == miss["ppl"]
+    assert hit["seconds"] < 60 and hit["cached_seconds"] == 987.65  # this run read it; the measurement is kept
+    line = ppl_log_text(hit)
+    assert "987.6" not in line.split("cached")[0] and "cached" in line, line
 
 
 def test_key_follows_the_file_content_not_the_source_name_or_directory(sample_data_dir, tmp_path):

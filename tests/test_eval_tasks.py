@@ -85,6 +85,27 @@ def test_boolq_labels_follow_the_local_strings(sample_data_dir):
     assert labels == [1 if x == "true" else 0 for x in raw] and 0 < sum(labels) < len(labels)
 
 
+@pytest.mark.parametrize("task, loader, bad, accepted", [
+    ("rte/val.jsonl", local_data.rte, "not entailment", "entailment, not_entailment"),
+    ("rte/val.jsonl", local_data.rte, "contradiction", "entailment, not_entailment"),
+    ("boolq/val.jsonl", local_data.boolq, "maybe", "false, true"),
+])
+def test_a_label_outside_the_task_labels_is_one_line_naming_file_row_and_labels(sample_data_dir, tmp_path, task,
+                                                                                  loader, bad, accepted):
+    lines = (sample_data_dir / task).read_text().splitlines()
+    (tmp_path / task).parent.mkdir(parents=True)
+    (tmp_path / task).write_text("\n".join(lines) + "\n")
+    good = loader(data_dir=str(tmp_path))["validation"]  # negative control: the shipped rows pass
+    assert len(good) == len(lines) and set(good["label"]) == {0, 1}
+    row = json.loads(lines[3])
+    (tmp_path / task).write_text("\n".join([*lines[:3], json.dumps({**row, "label": bad}), *lines[4:]]) + "\n")
+    with pytest.raises(ValueError) as err:
+        loader(data_dir=str(tmp_path))
+    message = str(err.value)
+    assert "\n" not in message and str(tmp_path / task) in message and "row 4 " in message, message  # line 4
+    assert repr(bad) in message and message.endswith(f"use one of: {accepted}"), message
+
+
 def test_hellaswag_text_form_and_capitalisation(sample_data_dir):
     docs = local_data.hellaswag(data_dir=str(sample_data_dir))["validation"]
     assert docs[0]["query"] == "High jump: A boy is running down a track. The boy"  # task 3 of the full file

@@ -62,14 +62,15 @@ def cached_offloaded_perplexity(off: OffloadedModel, tokenizer: Any, eval_cfg: E
                                 cache_dir: str | None, data_dir: str | None = None) -> dict[str, Any]:
     """:func:`offloaded_perplexity` through the perplexity cache (``cache_dir=None``: no cache): rank 0 reads and
     writes the entry, every rank gets the same result (measured by all of them on a miss). Returns the entry plus
-    ``seconds``, ``cache_hit``."""
-    ctx = off.ctx
+    ``cache_hit`` and ``seconds``: this run's (on a hit, reading the entry; the measurement's own are
+    ``cached_seconds``)."""
+    ctx, start = off.ctx, time.perf_counter()
     path = (Path(cache_dir).expanduser() / "ppl" / f"{ppl_cache_key(weights, eval_cfg, data_dir)}.json"
             if ctx.is_main and cache_dir is not None else None)
     cached = ctx.on_main(lambda: _read_entry(path))
     if cached is not None:
-        return {**cached, "cache_hit": True}
-    start = time.perf_counter()
+        return {**cached, "seconds": round(time.perf_counter() - start, 2), "cached_seconds": cached.get("seconds"),
+                "cache_hit": True}
     res = offloaded_perplexity(off, tokenizer, data_dir=data_dir, **ppl_settings(eval_cfg))
     result = {**res.to_dict(), "seconds": round(time.perf_counter() - start, 2), "cache_hit": False,
               "ranks": ctx.world}

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from spp.export.manifest import ExportManifest
+from spp.export.manifest import EXPORT_FILE, ExportManifest
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -20,24 +20,32 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def eval_run_name(model_path: str | None, model_name: str, pruner: str, sparsity: str,
-                  adapter_dir: str | None = None) -> str:
-    """``<model>/<pruner>-<sparsity>[/<adapter>-r<r>]`` for what ``eval.py`` evaluates: an export's recorded names
-    (its ``spp_export.json``, :class:`spp.export.manifest.ExportManifest`), else the command line's."""
+def run_origin(model_path: str | None, model_name: str, pruner: str, sparsity: str,
+               adapter_dir: str | None = None) -> dict[str, Any]:
+    """What is evaluated, by origin, for the output folder (:func:`eval_run_name`) and the W&B run
+    (:func:`spp.eval.runner.job_loggers`) alike: an export's recorded run (``spp_export.json``,
+    :class:`spp.export.manifest.ExportManifest`: model, pruner, sparsity, adapter and rank), each name it does not
+    record taken from the command line; else the command line's names with the ``adapter_dir``'s method and rank."""
     manifest = ExportManifest.read(model_path)
     if manifest is not None:
-        pruning = manifest.pruning or {}
-        adapter = manifest.adapter or {}
-        name = f"{pruning.get('model', model_name)}/{pruning.get('pruner', pruner)}-{pruning.get('sparsity', sparsity)}"
-        method = adapter.get("name")
-        if method and method != "none":
-            return f"{name}/{method}" + (f"-r{adapter['r']}" if adapter.get("r") is not None else "")
-        return f"{name}/{method or 'export'}"
-    name = f"{model_name}/{pruner}-{sparsity}"
-    if adapter_dir:
-        method, rank = adapter_dir_label(Path(str(adapter_dir)).expanduser())
-        return f"{name}/{method}" + (f"-r{rank}" if rank is not None else "")
-    return name
+        pruning, adapter = manifest.pruning, manifest.adapter
+        return {"model": pruning.get("model", model_name), "pruner": pruning.get("pruner", pruner),
+                "sparsity": pruning.get("sparsity", sparsity), "adapter": adapter.get("name") or "none",
+                "r": adapter.get("r"), "pruning_cache_key": pruning.get("cache_key"), "recorded_in": EXPORT_FILE}
+    method, r = adapter_dir_label(Path(str(adapter_dir)).expanduser()) if adapter_dir else ("none", None)
+    return {"model": model_name, "pruner": pruner, "sparsity": sparsity, "adapter": method, "r": r,
+            "pruning_cache_key": None, "recorded_in": "command line"}
+
+
+def eval_run_name(model_path: str | None, model_name: str, pruner: str, sparsity: str,
+                  adapter_dir: str | None = None) -> str:
+    """``<model>/<pruner>-<sparsity>[/<adapter>-r<r>]`` (``/export`` for an export without an adapter) of
+    :func:`run_origin`."""
+    origin = run_origin(model_path, model_name, pruner, sparsity, adapter_dir)
+    name = f"{origin['model']}/{origin['pruner']}-{origin['sparsity']}"
+    if origin["adapter"] != "none":
+        return f"{name}/{origin['adapter']}" + (f"-r{origin['r']}" if origin["r"] is not None else "")
+    return f"{name}/export" if origin["recorded_in"] == EXPORT_FILE else name
 
 
 def adapter_dir_label(path: Path) -> tuple[str, Any]:

@@ -21,8 +21,9 @@ from spp.eval.evaluate import Evaluation, evaluate
 from spp.eval.harness import task_data_files
 from spp.eval.job_config import EvalJobConfig
 from spp.eval.perplexity import check_seqlen, source_file
+from spp.eval.run_name import run_origin
 from spp.eval.tables import EvalRecord, log_to_loggers, write_results
-from spp.export.manifest import EXPORT_FILE, ExportManifest
+from spp.export.manifest import ExportManifest
 from spp.loggers import (
     build_loggers,
     config_record,
@@ -219,29 +220,11 @@ def _write(cfg: EvalJobConfig, output_dir: str | Path, label: str, info: dict[st
     return record
 
 
-def run_origin(cfg: EvalJobConfig) -> dict[str, Any]:
-    """What is evaluated, by origin: an export folder's recorded one (``spp_export.json``: model, pruner, sparsity,
-    adapter and rank of the run that wrote it; the folder name of :func:`spp.eval.run_name.eval_run_name` uses the
-    same record), else the command line's names with the ``adapter_dir``'s method and rank."""
-    manifest = ExportManifest.read(cfg.model.path)
-    if manifest is not None:
-        pruning, adapter = manifest.pruning, manifest.adapter
-        return {"model": pruning.get("model", cfg.model.name), "pruner": pruning.get("pruner", "none"),
-                "sparsity": pruning.get("sparsity", "dense"), "adapter": adapter.get("name") or "none",
-                "r": adapter.get("r"), "pruning_cache_key": pruning.get("cache_key"), "recorded_in": EXPORT_FILE}
-    adapter, r = "none", None
-    if cfg.adapter_dir:
-        method, recorded = describe_dir(cfg.adapter_dir)
-        adapter, r = method.name, recorded.get("r")
-    return {"model": cfg.model.name, "pruner": cfg.pruner.name, "sparsity": cfg.sparsity.name, "adapter": adapter,
-            "r": r, "pruning_cache_key": None, "recorded_in": "command line"}
-
-
 def job_loggers(cfg: EvalJobConfig, output_dir: str | Path) -> list[Logger]:
-    """The job's loggers; the run is named and tagged by :func:`run_origin` like the training run it evaluates
-    (``<model>-<pruner>-<sparsity>-<adapter>-r<r>``, plus the tag ``eval``); its W&B config is the resolved job
-    config with ``origin``."""
-    origin = run_origin(cfg)
+    """The job's loggers; the run is named and tagged by :func:`spp.eval.run_name.run_origin` (as the output folder
+    is) like the training run it evaluates (``<model>-<pruner>-<sparsity>-<adapter>-r<r>``, plus the tag ``eval``);
+    its W&B config is the resolved job config with ``origin``."""
+    origin = run_origin(cfg.model.path, cfg.model.name, cfg.pruner.name, cfg.sparsity.name, cfg.adapter_dir)
     ids = run_tags(origin["model"], origin["pruner"], origin["sparsity"], origin["adapter"], origin["r"],
                    cfg.logger.wandb)
     ids["tags"] = list(dict.fromkeys([*ids["tags"], "eval"]))

@@ -46,28 +46,36 @@ def _split(name: str, rows: list[dict[str, Any]], kwargs: dict[str, Any]) -> dat
 BOOL_LABELS: dict[Any, int] = {False: 0, True: 1, "false": 0, "true": 1}  # 0 == False and 1 == True as keys
 
 
+def _label(path: Path, row: int, value: Any, labels: dict[Any, int]) -> int:
+    """``labels[value]`` (a string lower-cased), else one line naming the file, the row (counted from 1, as MMLU's)
+    and the accepted labels."""
+    key = value.lower() if isinstance(value, str) else value
+    if key not in labels:
+        accepted = ", ".join(k for k in labels if isinstance(k, str))
+        raise ValueError(f"{path}: row {row + 1} has label {value!r}; use one of: {accepted}")
+    return labels[key]
+
+
 def boolq(**kwargs: Any) -> datasets.DatasetDict:
     """SuperGLUE BoolQ validation; ``label`` (``"false"``/``"true"`` strings or bools) -> 0 = no, 1 = yes."""
-    rows = []
-    for i, r in enumerate(_jsonl(task_file("spp_boolq", kwargs))):
-        key = r["label"].lower() if isinstance(r["label"], str) else r["label"]
-        if key not in BOOL_LABELS:
-            raise ValueError(f"BoolQ row {i}: label {r['label']!r} is not true/false")
-        rows.append({"question": r["question"], "passage": r["passage"], "label": BOOL_LABELS[key], "idx": i})
+    path, rows = task_file("spp_boolq", kwargs), []
+    for i, r in enumerate(_jsonl(path)):
+        label = _label(path, i, r["label"], BOOL_LABELS)
+        rows.append({"question": r["question"], "passage": r["passage"], "label": label, "idx": i})
     return _split("validation", rows, kwargs)
 
 
 def rte(**kwargs: Any) -> datasets.DatasetDict:
     """RTE validation in GLUE's shape (``sentence1``, ``sentence2``, label 0 = entailment); the same 277 pairs as
     SuperGLUE's."""
-    rows = []
-    for i, r in enumerate(_jsonl(task_file("spp_rte", kwargs))):
+    path, rows = task_file("spp_rte", kwargs), []
+    for i, r in enumerate(_jsonl(path)):
         label = r["label"]
         rows.append(
             {
                 "sentence1": r["premise"],
                 "sentence2": r["hypothesis"],
-                "label": RTE_LABELS[label] if isinstance(label, str) else int(label),
+                "label": _label(path, i, label, RTE_LABELS) if isinstance(label, str) else int(label),
                 "idx": r.get("idx", i),
             }
         )
