@@ -45,9 +45,11 @@ def _names(model_path: Path, out: Path, *overrides: str) -> tuple[str, str]:
     # no spp_export.json, an adapter_dir: its adapter_method.json's method and rank for both names
     (None, ["pruner=magnitude", "sparsity=nm2_4", "adapter_dir=ADAPTER"], "tiny/magnitude-nm2_4/spp-r8",
      "tiny-magnitude-nm2_4-spp-r8"),
-    # a folder whose spp_export.json records no run: the command line's pruner and sparsity for both names
-    ({}, ["pruner=magnitude", "sparsity=nm2_4"], "tiny/magnitude-nm2_4/export", "tiny-magnitude-nm2_4-none"),
-    ({}, [], "tiny/none-dense/export", "tiny-none-dense-none"),
+    # a folder whose spp_export.json records no run: the command line's pruner and sparsity, adapter "export"
+    ({}, ["pruner=magnitude", "sparsity=nm2_4"], "tiny/magnitude-nm2_4/export", "tiny-magnitude-nm2_4-export"),
+    ({}, [], "tiny/none-dense/export", "tiny-none-dense-export"),
+    # an export of an adapter=none run names it
+    ({**RECORDED, "adapter": {"name": "none"}}, [], "tiny/wanda-nm2_4/none", "tiny-wanda-nm2_4-none"),
     # the recorded run wins over the command line for both names
     (RECORDED, ["pruner=magnitude", "sparsity=nm2_4"], "tiny/wanda-nm2_4/spp-r16", "tiny-wanda-nm2_4-spp-r16"),
     # no spp_export.json: the command line's names

@@ -25,12 +25,13 @@ def run_origin(model_path: str | None, model_name: str, pruner: str, sparsity: s
     """What is evaluated, by origin, for the output folder (:func:`eval_run_name`) and the W&B run
     (:func:`spp.eval.runner.job_loggers`) alike: an export's recorded run (``spp_export.json``,
     :class:`spp.export.manifest.ExportManifest`: model, pruner, sparsity, adapter and rank), each name it does not
-    record taken from the command line; else the command line's names with the ``adapter_dir``'s method and rank."""
+    record taken from the command line (an adapter it does not record is ``export``); else the command line's names
+    with the ``adapter_dir``'s method and rank."""
     manifest = ExportManifest.read(model_path)
     if manifest is not None:
         pruning, adapter = manifest.pruning, manifest.adapter
         return {"model": pruning.get("model", model_name), "pruner": pruning.get("pruner", pruner),
-                "sparsity": pruning.get("sparsity", sparsity), "adapter": adapter.get("name") or "none",
+                "sparsity": pruning.get("sparsity", sparsity), "adapter": adapter.get("name") or "export",
                 "r": adapter.get("r"), "pruning_cache_key": pruning.get("cache_key"), "recorded_in": EXPORT_FILE}
     method, r = adapter_dir_label(Path(str(adapter_dir)).expanduser()) if adapter_dir else ("none", None)
     return {"model": model_name, "pruner": pruner, "sparsity": sparsity, "adapter": method, "r": r,
@@ -39,13 +40,14 @@ def run_origin(model_path: str | None, model_name: str, pruner: str, sparsity: s
 
 def eval_run_name(model_path: str | None, model_name: str, pruner: str, sparsity: str,
                   adapter_dir: str | None = None) -> str:
-    """``<model>/<pruner>-<sparsity>[/<adapter>-r<r>]`` (``/export`` for an export without an adapter) of
-    :func:`run_origin`."""
+    """``<model>/<pruner>-<sparsity>[/<adapter>[-r<r>]]`` of :func:`run_origin` (an export always names its adapter,
+    ``none`` included)."""
     origin = run_origin(model_path, model_name, pruner, sparsity, adapter_dir)
     name = f"{origin['model']}/{origin['pruner']}-{origin['sparsity']}"
-    if origin["adapter"] != "none":
-        return f"{name}/{origin['adapter']}" + (f"-r{origin['r']}" if origin["r"] is not None else "")
-    return f"{name}/export" if origin["recorded_in"] == EXPORT_FILE else name
+    if origin["adapter"] == "none" and origin["recorded_in"] != EXPORT_FILE:
+        return name
+    r = origin["r"] if origin["adapter"] != "none" else None
+    return f"{name}/{origin['adapter']}" + (f"-r{r}" if r is not None else "")
 
 
 def adapter_dir_label(path: Path) -> tuple[str, Any]:
