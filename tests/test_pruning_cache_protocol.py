@@ -10,6 +10,8 @@ left waiting on the training process group while rank 0 works alone.
   that fails on the rank owning the matrix ends every rank with its message.
 * Rank 0 loading the weights and finishing the entry for longer than the process-group timeout: the other ranks
   wait on the job's wait group and the job finishes (negative control: without the wait group it times out).
+* A finished pruning or reconstruction entry that rank 0 finds corrupt mid-apply ends every rank at once, in rank 0's
+  line (the waiting ranks hear of it over the wait group, not from its timeout).
 * A job spanning nodes whose file locks are node-local (Lustre ``localflock``) is refused in one line on every
   rank; coherent locks pass.
 """
@@ -290,6 +292,7 @@ def test_a_full_disk_a_failed_owner_solve_and_node_local_locks_end_every_rank(tm
                 if p.is_dir() and "sparsegpt" in p.name]
 
 
+@pytest.mark.slow  # one two-process run writing and reading both entries (25 s); CI runs it
 def test_a_corrupt_entry_met_by_rank_zero_ends_every_rank_at_once_in_its_line(tmp_path):
     """Rank 0 finds a weights file of a finished pruning entry, then of a reconstruction entry, corrupt after part of
     it was applied: every rank ends with rank 0's one line within seconds, not after the wait group's timeout
