@@ -10,6 +10,8 @@ left waiting on the training process group while rank 0 works alone.
   that fails on the rank owning the matrix ends every rank with its message.
 * Rank 0 loading the weights and finishing the entry for longer than the process-group timeout: the other ranks
   wait on the job's wait group and the job finishes (negative control: without the wait group it times out).
+* A finished pruning or reconstruction entry that rank 0 finds corrupt mid-apply ends every rank at once, in rank 0's
+  line (the waiting ranks hear of it over the wait group, not from its timeout).
 * A job spanning nodes whose file locks are node-local (Lustre ``localflock``) is refused in one line on every
   rank; coherent locks pass.
 """
@@ -221,6 +223,31 @@ elif mode == "disk-and-locks":
         row["owner"] = "finished"
     except ValueError as err:
         row["owner"] = str(err)
+elif mode == "corrupt":  # a finished entry found corrupt mid-apply by rank 0: every rank ends at once, in its line
+    import pathlib
+    import spp.pruning.cache as cache_module
+    import spp.pruning.reconstruction.phase as recon_phase
+    from spp.pruning.reconstruction.config import ReconstructConfig
+    for module in (phase, cache_module, recon_phase):  # the wait group times out after a quarter of timeout_s
+        module.READ_MARGIN_S = 0.0
+    settings.lock_timeout_s = timeout_s / 4
+    settings.reconstruct = ReconstructConfig(name="blockwise", form="spp", nsamples=4, seqlen=64, epochs=1,
+                                             batch_size=2)
+    phase.prune_phase(settings, None, tiny_tokenizer(), ctx)  # writes both entries
+    for which in ("sparsegpt-nm2_4-" + "?" * 16, "*-blockwise-*"):  # the pruning entry, then the reconstruction's
+        if ctx.is_main:
+            (entry,) = [p for p in pathlib.Path(cache).glob(f"pruning/*/{which}") if p.is_dir()]
+            bad = sorted(entry.glob("weights-*.safetensors"))[-1]
+            data = bad.read_bytes()
+            bad.write_bytes(data[:-8] + bytes(b ^ 0xFF for b in data[-8:]))  # decodable, fails its sha256
+        dist.barrier()
+        start = time.perf_counter()
+        try:
+            phase.prune_phase(settings, None, tiny_tokenizer(), ctx)
+            row[which] = "finished"
+        except Exception as err:  # noqa: BLE001 - the unfixed rank 1 ends in the wait group's timeout
+            row[which] = f"{type(err).__name__}: {err}"
+        row[which + " seconds"] = time.perf_counter() - start
 dist.barrier()
 with open(f"{out}.rank{ctx.rank}.json", "w") as fh:
     json.dump(row, fh)
@@ -263,3 +290,20 @@ def test_a_full_disk_a_failed_owner_solve_and_node_local_locks_end_every_rank(tm
         assert "not positive definite" in row["owner"], row  # rank 1 owns the failing matrix; rank 0 learns of it
     assert not [p for p in (tmp_path / "cache-disk-and-locks" / "pruning").rglob("*")
                 if p.is_dir() and "sparsegpt" in p.name]
+
+
+@pytest.mark.slow  # one two-process run writing and reading both entries (25 s); CI runs it
+def test_a_corrupt_entry_met_by_rank_zero_ends_every_rank_at_once_in_its_line(tmp_path):
+    """Rank 0 finds a weights file of a finished pruning entry, then of a reconstruction entry, corrupt after part of
+    it was applied: every rank ends with rank 0's one line within seconds, not after the wait group's timeout
+    (``timeout_s / 4``, the negative control: a rank left waiting for rank 0's decision takes that long)."""
+    timeout_s = 60.0
+    proc, rows = _ranks(tmp_path, "corrupt", timeout_s=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert len(rows) == 2
+    for which, line in (("sparsegpt-nm2_4-" + "?" * 16, "found after part of the entry was applied"),
+                        ("*-blockwise-*", "failed its checks while it was read")):
+        assert rows[0][which].startswith("UserError: ") and line in rows[0][which], rows[0]
+        assert "\n" not in rows[0][which]
+        assert rows[1][which] == rows[0][which], rows  # the same line on the waiting rank
+        assert rows[1][which + " seconds"] < timeout_s / 6, rows  # not the wait group's timeout (timeout_s / 4)

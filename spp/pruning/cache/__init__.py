@@ -58,6 +58,7 @@ __all__ = [
     "cache_entry_dir",
     "cache_key",
     "entry_lock",
+    "main_decides",
     "prune_cached",
     "pruner_key",
     "remove_entry",
@@ -202,6 +203,18 @@ def read_or_lock(read: Callable[[], T | None], entry: Path, stack: ExitStack, ti
     return None
 
 
+def main_decides(ctx: DistContext, work: Callable[[], T | None]) -> tuple[bool, T | None]:
+    """``work()`` on rank 0, its result kept there (``None`` elsewhere): every rank learns whether it returned one, or
+    raises the ``UserError`` it raised (:meth:`DistContext.on_main`, over the wait group: no rank waits it out)."""
+    kept: list[T | None] = [None]
+
+    def run() -> bool:
+        kept[0] = work()
+        return kept[0] is not None
+
+    return ctx.on_main(run, UserError, long_wait=True), kept[0]
+
+
 def prune_cached(
     off: OffloadedModel,
     tokenizer: PreTrainedTokenizerBase | None,
@@ -227,20 +240,12 @@ def prune_cached(
     ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
     check_locks_span_nodes(ctx, Path(cache_dir).expanduser() / "pruning")
     with ExitStack() as stack:
-        hit: PruneResult | None = None
-        error: UserError | None = None
         if ctx.is_main:
             key, digest = entry_key or cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
             entry = cache_entry_dir(cache_dir, key, digest)
-            try:
-                hit = read_or_lock(lambda: _load_entry(off, entry, key, sparsity, linears), entry, stack,
-                                   lock_timeout_s)
-            except UserError as err:
-                error = err
-        decision = ctx.broadcast_object(error or ("hit" if hit is not None else "prune"), long_wait=True)
-        if isinstance(decision, UserError):
-            raise decision
-        if decision == "hit":  # rank 0 holds the result; the others an empty one (rank 0's masks with keep_masks)
+        found, hit = main_decides(ctx, lambda: read_or_lock(lambda: _load_entry(off, entry, key, sparsity, linears),
+                                                            entry, stack, lock_timeout_s))
+        if found:  # rank 0 holds the result; the others an empty one (rank 0's masks with keep_masks)
             masks = off.ctx.broadcast_object(hit and hit.masks, long_wait=True) if keep_masks else MaskSet()
             return hit or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
         writer = EntryWriter(entry) if ctx.is_main else None

@@ -80,6 +80,16 @@ def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructRe
                              cache_path=str(entry), lr=(key.get("reconstruct") or {}).get("lr"))
 
 
+def load_finished(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructResult:
+    """Rank 0: :func:`load` of an entry the probe found finished; one line when it fails its checks (the entry
+    removed, so that the run the line asks for reconstructs)."""
+    hit = load(off, entry, key)
+    if hit is None:
+        remove_entry(entry)
+        raise failed_entry(entry)
+    return hit
+
+
 def failed_entry(entry: Path, detail: str = "") -> UserError:
     """The one line that ends a job whose finished entry failed its checks once read (the entry is removed)."""
     return UserError(f"the reconstruction cache entry {entry} failed its checks while it was read{detail}",

@@ -19,8 +19,16 @@ from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
 from spp.pruning.base import Pruner
-from spp.pruning.cache import READ_MARGIN_S, cache_entry_dir, cache_key, prune_cached, read_or_lock, write_entry
-from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, EntryWriter, read_manifest, remove_entry
+from spp.pruning.cache import (
+    READ_MARGIN_S,
+    cache_entry_dir,
+    cache_key,
+    main_decides,
+    prune_cached,
+    read_or_lock,
+    write_entry,
+)
+from spp.pruning.cache.store import MANIFEST_FILE, CorruptEntryError, EntryWriter, read_manifest
 from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.engine import PruneResult, local_context, prune_offloaded
 from spp.pruning.masks import MaskSet
@@ -88,13 +96,7 @@ def reconstruct_phase(off: OffloadedModel, dense: nn.Module | None, tokenizer: P
     ctx = off.ctx
     ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
     if found.hit:
-        hit = cache.load(off, found.entry, found.key) if ctx.is_main else None
-        failed = ctx.broadcast_object(ctx.is_main and hit is None, long_wait=True)
-        if failed:
-            if ctx.is_main:  # so that the run the line asks for reconstructs
-                remove_entry(found.entry)
-            raise cache.failed_entry(found.entry)
-        return _hit(hit, ctx)
+        return _hit(main_decides(ctx, lambda: cache.load_finished(off, found.entry, found.key))[1], ctx)
     if dense is None:
         raise ValueError("reconstruct_phase: the dense model is needed (the probe found no finished entry)")
     dense_off = OffloadedModel(dense, ctx)
@@ -112,9 +114,9 @@ def _run(off: OffloadedModel, dense: OffloadedModel, tokenizer: PreTrainedTokeni
     if found.entry is None:
         return reconstruct_offloaded(off, dense, tokenizer, masks, pruner.targets, found.cfg, data_dir, form=form)
     with ExitStack() as stack:
-        hit = (read_or_lock(lambda: cache.load(off, found.entry, found.key), found.entry, stack, lock_timeout_s)
-               if ctx.is_main else None)
-        if ctx.broadcast_object(hit is not None, long_wait=True):  # another job wrote it meanwhile
+        hit_found, hit = main_decides(ctx, lambda: read_or_lock(lambda: cache.load(off, found.entry, found.key),
+                                                                found.entry, stack, lock_timeout_s))
+        if hit_found:  # another job wrote it meanwhile
             return _hit(hit, ctx)
         writer = EntryWriter(found.entry) if ctx.is_main else None
         result = write_entry(ctx, writer, "reconstruction",
