@@ -173,6 +173,29 @@ def test_a_run_whose_model_cannot_be_planned_is_not_refused(tmp_path):
     assert check_job(job, arch) is None  # transformers cannot build it: logged, not checked
 
 
+@pytest.mark.parametrize("family", [[], ["+model.arch.model_type=gpt2"]], ids=["llama", "gpt2"])
+def test_a_job_that_cannot_fit_is_refused_in_one_line_in_every_family(tmp_path, family):
+    """GPT-2's config.json names its shape n_layer / n_embd / n_head: the check reads them as transformers does."""
+    from train_helpers import tiny_job
+
+    from spp.errors import UserError
+    from spp.planning.job import check_job, missing_shape
+    from spp.preflight.model_files import model_arch
+
+    job = tiny_job(tmp_path, *family)
+    arch = model_arch(job.model)
+    assert ("n_layer" in arch) == bool(family) and missing_shape(arch) == []
+    assert check_job(job, arch) is not None  # negative control: the tiny run fits this machine
+    small = tiny_job(tmp_path, *family, "trainer.host_memory_gib=0.001")
+    with pytest.raises(UserError, match="trainer.host_memory_gib=0.001") as err:
+        check_job(small, arch)
+    assert "\n" not in str(err.value)
+    assert missing_shape({"model_type": "gpt2", "n_embd": 64}) == ["num_attention_heads", "num_hidden_layers",
+                                                                     "vocab_size"]
+    assert missing_shape({}) == ["hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+                                 "vocab_size"]
+
+
 def test_a_dense_teacher_adds_its_weights_outputs_forward_and_host_copy(shape7):
     """``objective=distill``: the teacher's weights (1/N under FSDP2, a replica otherwise, ZeRO-3 included), its
     logits, the KL's fp32 terms and, with the feature term, every block's output; one more forward per token;
