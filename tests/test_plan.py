@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from spp.adapters.registry import make_config
+from spp.errors import UserError
 from spp.planning.adapter import adapter_spec
 from spp.planning.check import fix, problems
 from spp.planning.flops import matmul_params, train_flops
@@ -178,7 +179,6 @@ def test_a_job_that_cannot_fit_is_refused_in_one_line_in_every_family(tmp_path, 
     """GPT-2's config.json names its shape n_layer / n_embd / n_head: the check reads them as transformers does."""
     from train_helpers import tiny_job
 
-    from spp.errors import UserError
     from spp.planning.job import check_job, missing_shape
     from spp.preflight.model_files import model_arch
 
@@ -194,6 +194,34 @@ def test_a_job_that_cannot_fit_is_refused_in_one_line_in_every_family(tmp_path, 
                                                                      "vocab_size"]
     assert missing_shape({}) == ["hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
                                  "vocab_size"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_gguf_header_gives_the_shape_and_context_over_the_model_group(kind, tmp_path):
+    """A GGUF file's header (written here, no tensors) is read under config.json's names, its vocabulary included,
+    over the model group's ``arch`` (here another model's): the plan and the context check see the file's model."""
+    from gguf import GGUFWriter
+
+    from spp.models.config import ModelConfig
+    from spp.planning.job import missing_shape
+    from spp.planning.shapes import arch_config
+    from spp.preflight.model_files import model_arch
+    from spp.preflight.shapes import check_shapes
+
+    writer = GGUFWriter(str(tmp_path / "model.gguf"), kind)
+    for add, value in ((writer.add_context_length, 64), (writer.add_embedding_length, 64), (writer.add_block_count, 2),
+                       (writer.add_head_count, 4), (writer.add_feed_forward_length, 128), (writer.add_vocab_size, 260)):
+        add(value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    arch = model_arch(ModelConfig(path=str(tmp_path / "model.gguf"), arch={"vocab_size": 49152}))
+    assert missing_shape(arch) == [] and arch["vocab_size"] == 260
+    config = arch_config(arch)
+    assert (config.max_position_embeddings, config.num_hidden_layers, config.hidden_size) == (64, 2, 64)
+    check_shapes(arch, seqlens={"eval.seqlen": 64})  # negative control: the context itself passes
+    with pytest.raises(UserError, match="eval.seqlen=65 exceeds the model's max_position_embeddings=64"):
+        check_shapes(arch, seqlens={"eval.seqlen": 65})
 
 
 def test_a_dense_teacher_adds_its_weights_outputs_forward_and_host_copy(shape7):
