@@ -224,6 +224,19 @@ def test_a_gguf_header_gives_the_shape_and_context_over_the_model_group(kind, tm
         check_shapes(arch, seqlens={"eval.seqlen": 65})
 
 
+@pytest.mark.parametrize(("family", "width"), [({}, 128), ({"model_type": "gpt2", "n_inner": 96}, 96),
+                                               ({"model_type": "gpt2", "n_inner": None}, 4 * 64),
+                                               ({"model_type": "opt", "ffn_dim": 160}, 160)],
+                         ids=["llama", "gpt2", "gpt2-default", "opt"])
+def test_the_mlp_width_is_read_under_every_familys_name(family, width):
+    """GPT-2 calls the MLP width ``n_inner`` (``None``: 4 x ``n_embd``), OPT ``ffn_dim``: the plan's activations
+    count it as LLaMA's ``intermediate_size``, not as 0."""
+    from spp.models.tiny import tiny_config
+
+    arch = {k: v for k, v in tiny_config(**family).to_dict().items() if family == {} or k != "intermediate_size"}
+    assert shape_from_arch("tiny", arch, list(DEFAULT_TARGETS)).intermediate == width
+
+
 def test_a_dense_teacher_adds_its_weights_outputs_forward_and_host_copy(shape7):
     """``objective=distill``: the teacher's weights (1/N under FSDP2, a replica otherwise, ZeRO-3 included), its
     logits, the KL's fp32 terms and, with the feature term, every block's output; one more forward per token;

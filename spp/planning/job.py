@@ -210,7 +210,7 @@ def missing_shape(arch: dict[str, Any]) -> list[str]:
     and OPT's MLP width, ``n_inner`` / ``ffn_dim``) is not asked for."""
     try:
         config = arch_config(arch) if arch else None
-    except (ValueError, KeyError):  # a model_type transformers does not know: the fields as written
+    except (ValueError, KeyError, TypeError):  # a config transformers cannot make: the fields as written
         config = None
     given = set(arch) | {std for std, own in getattr(config, "attribute_map", {}).items() if own in arch}
     return [k for k in SHAPE_KEYS if k not in given and (config is None or hasattr(config, k))]
