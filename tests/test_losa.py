@@ -268,7 +268,7 @@ def test_adapter_files_reload_with_their_ranks(tmp_path, errors):
 
 
 @pytest.mark.parametrize("name", ["losa", "sparse_lora"])
-def test_a_damaged_settings_file_is_one_line_naming_it(tmp_path, name):
+def test_a_damaged_or_missing_settings_file_is_one_line_naming_it(tmp_path, name):
     """Both methods read ``sparse_lora.json`` through the adapters' one JSON reader; an intact folder loads."""
     from spp.adapters.base import DAMAGED_FIX
     from spp.adapters.methods.sparse_lora.layer import META_NAME
@@ -284,6 +284,12 @@ def test_a_damaged_settings_file_is_one_line_naming_it(tmp_path, name):
     with pytest.raises(UserError, match=f"{meta} is damaged \\(not valid JSON") as err:
         method.load(copy.deepcopy(model), tmp_path, masks)
     assert DAMAGED_FIX in str(err.value) and "\n" not in str(err.value)
+    meta.unlink()  # missing: LoSA refuses in one line; SparsePEFT loads peft's own SPARSE_LORA folder unchecked
+    if name == "losa":
+        with pytest.raises(UserError, match=f"No {META_NAME} in .*adapter=losa"):
+            method.load(copy.deepcopy(model), tmp_path, masks)
+    else:
+        assert method.load(copy.deepcopy(model), tmp_path, masks)[1].name == name
 
 
 # ------------------------------------------------------------------------------------------------ plan, train.py
