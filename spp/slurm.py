@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from spp.errors import EXIT_USER_ERROR, UserError, report, to_job
 from spp.planning.check import problems
 from spp.planning.hardware import GIB, for_accelerator
-from spp.planning.job import SHAPE_KEYS, job_hardware, model_source, plan_job
+from spp.planning.job import job_hardware, missing_shape, model_source, plan_job
 from spp.planning.pruning import Calibration
 from spp.planning.pruning import plan as pruning_plan
 from spp.planning.run import SHARD_BYTES
@@ -46,7 +46,7 @@ def task_config(cfg: DictConfig) -> DictConfig:
 
 def _arch(model: Any) -> dict[str, Any]:
     arch = model_arch(model)
-    if not set(SHAPE_KEYS) <= set(arch):
+    if missing_shape(arch):
         raise UserError(f"hydra.launcher.mem_gb=null asks the plan for the memory, but model.path={model.path!r} gives "
                         "no shape without loading it", "set hydra.launcher.mem_gb=<GB per node>, or the model's "
                         "fields under model.arch", key="hydra.launcher.mem_gb")

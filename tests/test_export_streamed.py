@@ -105,6 +105,27 @@ def test_streamed_export_equals_save_pretrained_of_the_merged_model(case, tie, t
     assert not list(tmp_path.glob(".merged.*"))  # no temporary left beside it
 
 
+@pytest.mark.parametrize("family", [{"max_position_embeddings": 64}, {"model_type": "gpt2", "n_positions": 64}],
+                         ids=["llama", "gpt2"])
+def test_the_export_keeps_the_context_length_under_the_familys_own_name(family, tmp_path):
+    """GPT-2's ``config.json`` names its context ``n_positions``: the export writes the model's own config, so the
+    exported folder's context (as the preflight reads it) is the model's 64, not a family default (GPT-2's 1024)."""
+    from spp.models.tiny import tiny_model
+    from spp.preflight.shapes import check_shapes
+
+    model = tiny_model(**family)
+    result = prune_model(model, None, PrunerConfig(name="magnitude"), SparsityConfig(name="nm2_4", kind="nm", n=2, m=4),
+                         device="cpu")
+    cfg = make_config("none")
+    model, _ = apply_adapter(model, cfg, result.masks)
+    export_streamed(model, inputs(cfg, result), tmp_path / "merged", DistContext())
+    written = json.loads((tmp_path / "merged" / "config.json").read_text())
+    assert {k: written[k] for k in family} == family
+    check_shapes(written, seqlens={"eval.seqlen": 64})  # negative control: the context itself passes
+    with pytest.raises(ValueError, match="eval.seqlen=65 exceeds the model's max_position_embeddings=64"):
+        check_shapes(written, seqlens={"eval.seqlen": 65})
+
+
 def test_at_most_one_block_is_materialised_while_exporting(tmp_path, monkeypatch):
     model, cfg, result = trained("spp")
     alive: list[weakref.ref] = []

@@ -267,6 +267,31 @@ def test_adapter_files_reload_with_their_ranks(tmp_path, errors):
         assert torch.equal(loaded(input_ids=ids).logits, adapted(input_ids=ids).logits)
 
 
+@pytest.mark.parametrize("name", ["losa", "sparse_lora"])
+def test_a_damaged_or_missing_settings_file_is_one_line_naming_it(tmp_path, name):
+    """Both methods read ``sparse_lora.json`` through the adapters' one JSON reader; an intact folder loads."""
+    from spp.adapters.base import DAMAGED_FIX
+    from spp.adapters.methods.sparse_lora.layer import META_NAME
+    from spp.errors import UserError
+
+    model, masks = pruned("unstructured", blocks=2)
+    method = get_method(name)
+    method.save(apply_adapter(copy.deepcopy(model), make_config(name, r=4, block_errors=[1.0, 2.0])
+                              if name == "losa" else make_config(name, r=4), masks)[0], tmp_path, {})
+    assert method.load(copy.deepcopy(model), tmp_path, masks)[1].name == name  # negative control
+    meta = tmp_path / META_NAME
+    meta.write_text(meta.read_text()[:40])  # cut short, as an interrupted copy leaves it
+    with pytest.raises(UserError, match=f"{meta} is damaged \\(not valid JSON") as err:
+        method.load(copy.deepcopy(model), tmp_path, masks)
+    assert DAMAGED_FIX in str(err.value) and "\n" not in str(err.value)
+    meta.unlink()  # missing: LoSA refuses in one line; SparsePEFT loads peft's own SPARSE_LORA folder unchecked
+    if name == "losa":
+        with pytest.raises(UserError, match=f"No {META_NAME} in .*adapter=losa"):
+            method.load(copy.deepcopy(model), tmp_path, masks)
+    else:
+        assert method.load(copy.deepcopy(model), tmp_path, masks)[1].name == name
+
+
 # ------------------------------------------------------------------------------------------------ plan, train.py
 
 

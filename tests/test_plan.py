@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from spp.adapters.registry import make_config
+from spp.errors import UserError
 from spp.planning.adapter import adapter_spec
 from spp.planning.check import fix, problems
 from spp.planning.flops import matmul_params, train_flops
@@ -171,6 +172,69 @@ def test_a_run_whose_model_cannot_be_planned_is_not_refused(tmp_path):
     assert check_job(job, model_arch(job.model)) is not None  # the tiny CPU run is planned and fits
     arch = {**model_arch(job.model), "model_type": "no_such_model"}
     assert check_job(job, arch) is None  # transformers cannot build it: logged, not checked
+
+
+@pytest.mark.parametrize("family", [[], ["+model.arch.model_type=gpt2"]], ids=["llama", "gpt2"])
+def test_a_job_that_cannot_fit_is_refused_in_one_line_in_every_family(tmp_path, family):
+    """GPT-2's config.json names its shape n_layer / n_embd / n_head: the check reads them as transformers does."""
+    from train_helpers import tiny_job
+
+    from spp.planning.job import check_job, missing_shape
+    from spp.preflight.model_files import model_arch
+
+    job = tiny_job(tmp_path, *family)
+    arch = model_arch(job.model)
+    assert ("n_layer" in arch) == bool(family) and missing_shape(arch) == []
+    assert check_job(job, arch) is not None  # negative control: the tiny run fits this machine
+    small = tiny_job(tmp_path, *family, "trainer.host_memory_gib=0.001")
+    with pytest.raises(UserError, match="trainer.host_memory_gib=0.001") as err:
+        check_job(small, arch)
+    assert "\n" not in str(err.value)
+    assert missing_shape({"model_type": "gpt2", "n_embd": 64}) == ["num_attention_heads", "num_hidden_layers",
+                                                                     "vocab_size"]
+    assert missing_shape({}) == ["hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+                                 "vocab_size"]
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_a_gguf_header_gives_the_shape_and_context_over_the_model_group(kind, tmp_path):
+    """A GGUF file's header (written here, no tensors) is read under config.json's names, its vocabulary included,
+    over the model group's ``arch`` (here another model's): the plan and the context check see the file's model."""
+    from gguf import GGUFWriter
+
+    from spp.models.config import ModelConfig
+    from spp.planning.job import missing_shape
+    from spp.planning.shapes import arch_config
+    from spp.preflight.model_files import model_arch
+    from spp.preflight.shapes import check_shapes
+
+    writer = GGUFWriter(str(tmp_path / "model.gguf"), kind)
+    for add, value in ((writer.add_context_length, 64), (writer.add_embedding_length, 64), (writer.add_block_count, 2),
+                       (writer.add_head_count, 4), (writer.add_feed_forward_length, 128), (writer.add_vocab_size, 260)):
+        add(value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    arch = model_arch(ModelConfig(path=str(tmp_path / "model.gguf"), arch={"vocab_size": 49152}))
+    assert missing_shape(arch) == [] and arch["vocab_size"] == 260
+    config = arch_config(arch)
+    assert (config.max_position_embeddings, config.num_hidden_layers, config.hidden_size) == (64, 2, 64)
+    check_shapes(arch, seqlens={"eval.seqlen": 64})  # negative control: the context itself passes
+    with pytest.raises(UserError, match="eval.seqlen=65 exceeds the model's max_position_embeddings=64"):
+        check_shapes(arch, seqlens={"eval.seqlen": 65})
+
+
+@pytest.mark.parametrize(("family", "width"), [({}, 128), ({"model_type": "gpt2", "n_inner": 96}, 96),
+                                               ({"model_type": "gpt2", "n_inner": None}, 4 * 64),
+                                               ({"model_type": "opt", "ffn_dim": 160}, 160)],
+                         ids=["llama", "gpt2", "gpt2-default", "opt"])
+def test_the_mlp_width_is_read_under_every_familys_name(family, width):
+    """GPT-2 calls the MLP width ``n_inner`` (``None``: 4 x ``n_embd``), OPT ``ffn_dim``: the plan's activations
+    count it as LLaMA's ``intermediate_size``, not as 0."""
+    from spp.models.tiny import tiny_config
+
+    arch = {k: v for k, v in tiny_config(**family).to_dict().items() if family == {} or k != "intermediate_size"}
+    assert shape_from_arch("tiny", arch, list(DEFAULT_TARGETS)).intermediate == width
 
 
 def test_a_dense_teacher_adds_its_weights_outputs_forward_and_host_copy(shape7):

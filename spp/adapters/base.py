@@ -157,6 +157,8 @@ class AdapterMethod(ABC):
         """Turn ``errors`` of reading ``directory`` into :meth:`load`'s one-line refusal (``what``: what it is not)."""
         try:
             yield
+        except UserError:  # already one line naming the file and its fix (a damaged file: read_json_file)
+            raise
         except errors as err:
             fix = f"point adapter_dir= at the adapter folder of an adapter={self.name} run on this pruned model"
             raise UserError(f"adapter_dir={str(directory)!r}{what}: {err}", fix, key="adapter_dir",

@@ -25,7 +25,7 @@ from spp.planning.pruning import Calibration
 from spp.planning.reconstruction import reconstruct_spec
 from spp.planning.report import as_json, text
 from spp.planning.run import RunPlan, plan_run
-from spp.planning.shapes import dtype_bytes, shape_from_arch
+from spp.planning.shapes import arch_config, dtype_bytes, shape_from_arch
 from spp.planning.spec import EvalSpec, RunSpec, TrainSpec
 from spp.projections import DEFAULT_TARGETS
 from spp.pruning.resolve import resolve_adapter, resolve_form, resolve_pruner
@@ -204,6 +204,18 @@ SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hi
 """Arch fields a plan needs (a hub id without ``model.arch`` has none: no plan, no check)."""
 
 
+def missing_shape(arch: dict[str, Any]) -> list[str]:
+    """The :data:`SHAPE_KEYS` that ``arch`` does not give, named as ``transformers``' config of its family names them
+    (``attribute_map``: GPT-2's ``n_layer`` is ``num_hidden_layers``); a field the family's config lacks (GPT-2's
+    and OPT's MLP width, ``n_inner`` / ``ffn_dim``) is not asked for."""
+    try:
+        config = arch_config(arch) if arch else None
+    except (ValueError, KeyError, TypeError):  # a config transformers cannot make: the fields as written
+        config = None
+    given = set(arch) | {std for std, own in getattr(config, "attribute_map", {}).items() if own in arch}
+    return [k for k in SHAPE_KEYS if k not in given and (config is None or hasattr(config, k))]
+
+
 def accelerator_kind(accelerator: str, plan_only: bool) -> str:
     """``gpu`` or ``cpu``. ``auto`` is what Lightning picks here (a GPU when CUDA is available); for ``plan=true``
     it is a GPU: a plan is made for the machine the job will run on, usually not the one planning it."""
@@ -233,7 +245,7 @@ def _sources(job: Any) -> dict[str, str]:
 def check_job(job: Any, arch: dict[str, Any], methods: Any = None) -> RunPlan | None:
     """Plan the job on this machine and raise the one-line :class:`~spp.errors.UserError` of the first phase that
     does not fit; ``None`` when the arch is unknown (a hub id without ``model.arch``)."""
-    if not set(SHAPE_KEYS) <= set(arch):
+    if missing_shape(arch):
         return None
     kind = accelerator_kind(str(job.trainer.accelerator), plan_only=False)
     try:
@@ -269,7 +281,7 @@ def plan_hardware(job: Any, kind: str) -> tuple[Hardware, dict[str, str]]:
 
 def plan_output(job: Any, arch: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """``plan=true``: the plan's text and JSON, on :func:`plan_hardware`'s machine."""
-    missing = [k for k in SHAPE_KEYS if k not in arch]
+    missing = missing_shape(arch)
     if missing:
         raise UserError(f"plan=true needs the model's shape, but model.path={job.model.path!r} gives no "
                         f"{', '.join(missing)} without loading it", "add the fields under model.arch (see "

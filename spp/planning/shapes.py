@@ -152,12 +152,14 @@ def shape_from_arch(name: str, arch: dict[str, Any], targets: list[str], bytes_p
     total = sum(p.numel() for p in model.parameters())  # ``parameters()`` counts a tied head once
     config = model.config
     chosen = block_linears(block, resolve_targets(block, targets, "pruner.targets"))
+    every = {n: (m.out_features, m.in_features) for n, m in block_projections(block).items()}
     return ModelShape(
         name=name, blocks=blocks, block_params=block_params,
         outside_params=total - len(layers) * block_params,
         embedding_params=sum(p.numel() for p in model.get_input_embeddings().parameters()),
         linears={n: (m.out_features, m.in_features) for n, m in chosen.items()},
-        hidden=int(config.hidden_size), intermediate=int(getattr(config, "intermediate_size", 0) or 0),
+        hidden=int(config.hidden_size), intermediate=max(i for _o, i in every.values()),  # the MLP's down projection
+        # reads the widest input (GPT-2's n_inner, OPT's ffn_dim: the family's name of intermediate_size)
         vocab=int(config.vocab_size), bytes_per_param=bytes_per_param,
-        block_linears={n: (m.out_features, m.in_features) for n, m in block_projections(block).items()},
+        block_linears=every,
         **attention_fields(config, block))

@@ -29,8 +29,11 @@ GGUF_ARCH_KEYS = {
     Keys.Attention.HEAD_COUNT_KV: "num_key_value_heads",
     Keys.LLM.CONTEXT_LENGTH: "max_position_embeddings",
     Keys.Attention.KEY_LENGTH: "head_dim",
+    Keys.LLM.VOCAB_SIZE: "vocab_size",
 }
-"""GGUF metadata keys (``{arch}`` = ``general.architecture``) → ``config.json`` names."""
+"""GGUF metadata keys (``{arch}`` = ``general.architecture``) → ``config.json``'s standard names (a family that
+names them otherwise, GPT-2's ``n_positions``, takes them through its config's ``attribute_map``:
+:func:`spp.planning.shapes.arch_config`)."""
 
 
 def _fix_model_path(cfg: ModelConfig) -> str:

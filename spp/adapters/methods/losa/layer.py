@@ -4,7 +4,6 @@ scaling ``s = lora_alpha / r`` for all (peft's ``alpha_pattern``).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -14,6 +13,7 @@ import torch
 from peft import LoraConfig, PeftModel
 from torch import nn
 
+from spp.adapters.base import read_json_file
 from spp.adapters.methods.sparse_lora.layer import META_NAME, load_masked, wrap_masked
 from spp.projections import decoder_layers, find_projections
 
@@ -58,4 +58,4 @@ def load_losa(model: nn.Module, directory: str | os.PathLike,
         return inject_losa(model, masks, ranks, r=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
                            dtype=dtype)
 
-    return load_masked(directory, json.loads(meta_path.read_text()), inject, "losa")
+    return load_masked(directory, read_json_file(meta_path), inject, "losa")

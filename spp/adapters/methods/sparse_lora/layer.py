@@ -6,7 +6,6 @@ Training ``y = x W~ᵀ + s · dropout(x) · ((B A) ⊙ M)ᵀ``; merge ``W = W~ +
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from peft.tuners.lora.layer import LoraVariant
 from peft.utils import load_peft_weights, set_peft_model_state_dict
 from torch import nn
 
-from spp.adapters.base import CONFIG_NAME, Full, check_masks_cover, write_record
+from spp.adapters.base import CONFIG_NAME, Full, check_masks_cover, read_json_file, write_record
 from spp.adapters.chunks import ModulatedLowRankFunction
 from spp.adapters.peft_base import MaskedLoraLinear, lora_config, read_lora_settings, save_as_peft_type
 from spp.bitmask import checked_mask, pack_rows, unpack_rows
@@ -198,7 +197,7 @@ def _read_meta(path: Path) -> dict[str, Any] | None:
         if (path / CONFIG_NAME).is_file() and read_lora_config(path)[1]:
             return None
         raise FileNotFoundError(f"No {META_NAME} in {path}; expected a directory written by save_sparse_lora")
-    meta = json.loads(meta_path.read_text())
+    meta = read_json_file(meta_path)
     if meta.get("format") != FORMAT:
         raise ValueError(f"{meta_path} is not a SparsePEFT adapter (format={meta.get('format')!r})")
     return meta
