@@ -31,6 +31,7 @@ from spp.training.resume_checks import settings_of
 from spp.training.run import Run
 from spp.training.strategies import decoder_layer_class, gather_trainable
 from spp.training.trainer import build_trainer, peak_memory, shows_bar, train_seconds
+from spp.training.val_schedule import check_validation_interval
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None
     datamodule = AlpacaDataModule(tokenizer, job.data, data_dir=job.data_dir,
                                   progress=shows_bar(job.trainer.progress_bar))
     datamodule.setup("fit")  # bad data (e.g. every prompt longer than data.max_length) fails before the Trainer
+    check_validation_interval(job, len(datamodule.train_dataset))
     module = SPPModule(None, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls),
                        adapter=job.adapter, seed=job.seed, objective=run.methods.objective,
                        method=run.methods.adapter)
