@@ -202,5 +202,7 @@ def test_resume_from_an_epoch_end_checkpoint_is_exact(tmp_path):
     assert full["losses"]["val"] and 0 < int(re.search(r"step(\d+)", first.name).group(1)) < steps
     resumed = run_job(tiny_job(tmp_path, *args, f"trainer.resume_from={first}", run="B"))
     assert resumed["losses"]["optimizer_steps"] == steps
+    for key in ("train", "val", "train_first", "train_last"):  # the losses before the resume travel in the checkpoint
+        assert resumed["losses"][key] == full["losses"][key], key
     a, b = _adapter(tmp_path / "A"), _adapter(tmp_path / "B")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
