@@ -206,3 +206,27 @@ def test_resume_from_an_epoch_end_checkpoint_is_exact(tmp_path):
         assert resumed["losses"][key] == full["losses"][key], key
     a, b = _adapter(tmp_path / "A"), _adapter(tmp_path / "B")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_in_the_same_run_dir_keeps_the_metrics_logged_before_it(tmp_path):
+    """Lightning's CSV writer deletes an existing ``metrics.csv`` when it starts; a resume in the interrupted run's
+    ``run_dir`` keeps the rows of the steps before it (a fresh run's file is the negative control: steps 0-3 only)."""
+    import csv
+
+    from train_helpers import tiny_job
+
+    from train import run_job
+
+    args = ["experiment=tiny_smoke", "guards.loss_must_fall=false", "trainer.max_epochs=10", "eval=none",
+            "dense_ppl=false", "pruned_ppl=false", "sample.enabled=false", "export.merged=false",
+            "trainer.checkpoint_every_n_steps=2", f"cache_dir={tmp_path / 'cache'}"]
+    metrics = tmp_path / "run" / "csv" / "metrics.csv"
+
+    def loss_steps() -> list[int]:
+        with metrics.open(newline="") as f:
+            return sorted(int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss"))
+
+    run_job(tiny_job(tmp_path, *args, "trainer.max_steps=4"))
+    assert loss_steps() == [0, 1, 2, 3]
+    run_job(tiny_job(tmp_path, *args, "trainer.max_steps=8", "trainer.resume_from=last"))
+    assert loss_steps() == list(range(8))

@@ -19,6 +19,7 @@ from spp.adapters.base import ParamCounts, count_parameters
 from spp.adapters.registry import apply_adapter
 from spp.data.alpaca import AlpacaDataModule
 from spp.distributed import local_device
+from spp.loggers import continue_csv_metrics
 from spp.models.loading import load_tokenizer
 from spp.quiet import quiet_lightning
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
@@ -119,6 +120,8 @@ def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None
     trainer = build_trainer(job, run_dir, loggers, [*curve, pruning, KeepPrunedWeights(pruning), auditor, guards,
                                                     *(callbacks or [])])
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
+    if resume is not None:
+        continue_csv_metrics(loggers)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     losses = module.train_losses
     if trainer.is_global_zero:
