@@ -350,6 +350,12 @@ def test_validation_interval_beyond_the_epoch_is_refused_before_pruning(tmp_path
     code, err, _ = cli("train", [*TINY, "trainer.val_check_interval=100000"], tmp_path, monkeypatch, capsys)
     assert code == 2
     one_line(err, "train", "trainer.val_check_interval=100000", "training batches")
+    from spp.training.val_schedule import check_validation_interval
+
+    check_validation_interval(tiny_job(tmp_path, "trainer.val_check_interval=8"), 29)  # 29 examples, 4 a batch: 8
+    check_validation_interval(tiny_job(tmp_path, "trainer.val_check_interval=9", "trainer.limit_val_batches=0"), 29)
+    with pytest.raises(UserError, match="at most 8"):
+        check_validation_interval(tiny_job(tmp_path, "trainer.val_check_interval=9"), 29)
 
 
 def test_resume_from_a_checkpoint_older_than_the_settings_warns(tmp_path, caplog):

@@ -53,9 +53,11 @@ def batches_per_rank(job: TrainJobConfig, n_train: int) -> int:
 
 def check_validation_interval(job: TrainJobConfig, n_train: int) -> None:
     """Refuse an int ``trainer.val_check_interval`` above the epoch's training batches on each rank (Lightning
-    refuses it only once the model is pruned), in one line naming the largest value that works."""
+    refuses it only once the model is pruned, and not with ``trainer.limit_val_batches=0``), in one line naming the
+    largest value that works."""
     interval, batches = job.trainer.val_check_interval, batches_per_rank(job, n_train)
-    if isinstance(interval, int) and not isinstance(interval, bool) and interval > batches:
+    validates = float(job.trainer.limit_val_batches) > 0
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval > batches and validates:
         raise UserError(f"trainer.val_check_interval={interval} is more than the {batches} training batches of an "
                         f"epoch on each of the {world_of(job)['world_size']} rank(s) ({n_train} examples, "
                         f"data.train_batch_size={job.data.train_batch_size}), so validation never runs",
