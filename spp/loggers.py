@@ -3,6 +3,8 @@ tags, end-of-job metrics and tables, the resolved config (W&B's ``run.config``) 
 
 from __future__ import annotations
 
+import csv
+import io
 import netrc
 import os
 import re
@@ -13,7 +15,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from hydra.utils import instantiate
-from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.tree import Tree
@@ -157,6 +160,21 @@ def build_loggers(loggers_cfg: LoggersConfig, run_dir: str | Path, ids: RunIds,
             wandb_logger.log_hyperparams(dict(config))  # W&B's run.config (starts the run: rank 0 only)
         loggers.append(wandb_logger)
     return loggers
+
+
+def continue_csv_metrics(loggers: Sequence[Logger]) -> None:
+    """Rank 0, on a resume: keep the rows of the interrupted run's ``metrics.csv`` (Lightning's CSV writer deletes
+    the file when it starts) and append the resumed run's rows to them."""
+    for logger in loggers:
+        if not isinstance(logger, CSVLogger) or rank_zero_only.rank != 0:
+            continue
+        path = Path(logger.log_dir) / "metrics.csv"
+        rows = path.read_text(encoding="utf-8") if path.is_file() else ""
+        writer = logger.experiment
+        if rows:
+            write_text_atomic(path, rows)
+            header = next(csv.reader(io.StringIO(rows)), [])
+            writer.metrics_keys = sorted({*writer.metrics_keys, *header})
 
 
 def wandb_loggers(loggers: Sequence[Logger]) -> list[WandbLogger]:

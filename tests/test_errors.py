@@ -317,6 +317,9 @@ def test_resume_with_other_adapter_r_names_the_key(tmp_path, monkeypatch, capsys
     ("pruner=sparsegpt", "pruner=wanda", ["pruner.name='wanda'", "pruner.percdamp=None"]),
     ("data.max_length=128", "data.max_length=96", ["data.max_length=96"]),
     ("trainer.lr=0.01", "trainer.lr=0.02", ["trainer.lr=0.02", "(checkpoint: 0.01)"]),
+    ("objective=distill", "objective=ce", ["objective.name='ce'", "(checkpoint: 'distill')"]),
+    ("objective=distill", "objective=distill objective.temperature=2", ["objective.temperature=2.0"]),
+    ("reconstruct=blockwise", "reconstruct=none", ["reconstruction.cache_key=None"]),
 ])
 def test_resume_after_other_pruning_data_or_training_names_every_key(then, now, named, tmp_path, monkeypatch, capsys,
                                                                     no_weights):
@@ -326,6 +329,33 @@ def test_resume_after_other_pruning_data_or_training_names_every_key(then, now, 
     code, err, _ = cli("train", [*TINY, *now.split(), f"trainer.resume_from={ckpt}"], tmp_path, monkeypatch, capsys)
     assert code == 2
     one_line(err, "train", *named, "trainer.resume_from")
+
+
+def test_resume_with_the_same_reconstruction_passes(tmp_path):
+    """Negative control of the reconstruction row above: the checkpoint's own reconstruction is accepted (the
+    preflight's key is the one the run stamps, the form's resolved options included)."""
+    from spp.training.resume_checks import check_resume
+    from spp.training.run import build_run
+
+    job = tiny_job(tmp_path, "reconstruct=blockwise")
+    ckpt = tmp_path / "old.ckpt"
+    run = build_run(job, tmp_path / "run")
+    torch.save({"state_dict": {}, "spp_settings": settings_of(job, run.identity)}, ckpt)
+    check_resume(job, ckpt)
+
+
+def test_validation_interval_beyond_the_epoch_is_refused_before_pruning(tmp_path, monkeypatch, capsys, no_weights):
+    """An int ``trainer.val_check_interval`` above the epoch's training batches on each rank (Lightning refuses it
+    once the model is pruned) is one line naming the key and the largest value that works."""
+    code, err, _ = cli("train", [*TINY, "trainer.val_check_interval=100000"], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    one_line(err, "train", "trainer.val_check_interval=100000", "training batches")
+    from spp.training.val_schedule import check_validation_interval
+
+    check_validation_interval(tiny_job(tmp_path, "trainer.val_check_interval=8"), 29)  # 29 examples, 4 a batch: 8
+    check_validation_interval(tiny_job(tmp_path, "trainer.val_check_interval=9", "trainer.limit_val_batches=0"), 29)
+    with pytest.raises(UserError, match="at most 8"):
+        check_validation_interval(tiny_job(tmp_path, "trainer.val_check_interval=9"), 29)
 
 
 def test_resume_from_a_checkpoint_older_than_the_settings_warns(tmp_path, caplog):

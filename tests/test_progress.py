@@ -172,3 +172,18 @@ def test_eval_stopped_during_its_tasks_keeps_the_perplexity(tmp_path, monkeypatc
     run_eval_job(done, tmp_path / "done")
     record = json.loads((tmp_path / "done" / "results.json").read_text())["records"][0]
     assert "status" not in record["info"] and record["ppl"]["wikitext2"]["ppl"] > 1
+
+
+def test_log_progress_eta_after_a_resume_counts_only_the_steps_since_it():
+    """Resumed at step 900 of 1000, 10 steps in 10 s: 90 steps are left at 1 s each (not 90 x 10 s / 910 steps)."""
+    import time
+    from types import SimpleNamespace
+
+    from spp.training.callbacks.progress import LogProgress
+
+    progress = LogProgress(every_s=0)
+    progress.on_train_start(SimpleNamespace(global_step=900, estimated_stepping_batches=1000, max_epochs=1), None)
+    now = time.perf_counter()
+    progress._start = now - 10.0
+    progress._line(910, 1000, now)
+    assert progress.lines[-1].startswith("step 910/1000 (91%)") and "ETA 1m30s" in progress.lines[-1], progress.lines

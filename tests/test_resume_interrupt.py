@@ -202,5 +202,71 @@ def test_resume_from_an_epoch_end_checkpoint_is_exact(tmp_path):
     assert full["losses"]["val"] and 0 < int(re.search(r"step(\d+)", first.name).group(1)) < steps
     resumed = run_job(tiny_job(tmp_path, *args, f"trainer.resume_from={first}", run="B"))
     assert resumed["losses"]["optimizer_steps"] == steps
+    for key in ("train", "val", "train_first", "train_last"):  # the losses before the resume travel in the checkpoint
+        assert resumed["losses"][key] == full["losses"][key], key
     a, b = _adapter(tmp_path / "A"), _adapter(tmp_path / "B")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_in_the_same_run_dir_keeps_the_metrics_logged_before_it(tmp_path):
+    """Lightning's CSV writer deletes an existing ``metrics.csv`` when it starts; a resume in the interrupted run's
+    ``run_dir`` keeps the rows of the steps before it (a fresh run's file is the negative control: steps 0-3 only)."""
+    import csv
+
+    from train_helpers import tiny_job
+
+    from train import run_job
+
+    args = ["experiment=tiny_smoke", "guards.loss_must_fall=false", "trainer.max_epochs=10", "eval=none",
+            "dense_ppl=false", "pruned_ppl=false", "sample.enabled=false", "export.merged=false",
+            "trainer.checkpoint_every_n_steps=2", f"cache_dir={tmp_path / 'cache'}"]
+    metrics = tmp_path / "run" / "csv" / "metrics.csv"
+
+    def loss_steps() -> list[int]:
+        with metrics.open(newline="") as f:
+            return sorted(int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss"))
+
+    run_job(tiny_job(tmp_path, *args, "trainer.max_steps=4"))
+    assert loss_steps() == [0, 1, 2, 3]
+    run_job(tiny_job(tmp_path, *args, "trainer.max_steps=8", "trainer.resume_from=last"))
+    assert loss_steps() == list(range(8))
+
+
+class _CtrlCAtBatch(L.Callback):
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.fit_loop.total_batch_idx == self.at:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.mark.parametrize("at", [
+    4,  # negative control: step 5's checkpoint, no validation due after it
+    pytest.param(5, marks=pytest.mark.xfail(strict=True, reason=(
+        "step 6's checkpoint is written at on_train_batch_end, before the validation due after batch 6; Lightning's "
+        "restart fast-forwards past that validation, so the resumed run never logs it (known, not fixed)"))),
+])
+def test_ctrl_c_then_resume_keeps_every_validation(at, tmp_path):
+    """Ctrl-C at micro-batch ``at`` (0-based), resume: the adapter and training losses equal the uninterrupted run's,
+    and so do the validation losses (``trainer.val_check_interval=3``: after batches 3, 6, ...)."""
+    from train_helpers import tiny_job
+
+    from train import run_job
+
+    args = ["experiment=tiny_smoke", "guards.loss_must_fall=false", "trainer.max_steps=14", "trainer.max_epochs=10",
+            "adapter.dropout=0.05", "eval=none", "dense_ppl=false", "pruned_ppl=false", "sample.enabled=false",
+            "export.merged=false", "trainer.checkpoint_every_n_steps=1", "trainer.val_check_interval=3",
+            f"cache_dir={tmp_path / 'cache'}"]
+    full = run_job(tiny_job(tmp_path, *args, run="A"))
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises((SystemExit, KeyboardInterrupt)):
+            run_job(tiny_job(tmp_path, *args, run="B"), callbacks=[_CtrlCAtBatch(at)])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    resumed = run_job(tiny_job(tmp_path, *args, "trainer.resume_from=last", run="B"))
+    a, b = _adapter(tmp_path / "A"), _adapter(tmp_path / "B")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed["losses"]["train"] == full["losses"]["train"]
+    assert resumed["losses"]["val"] == full["losses"]["val"]

@@ -24,6 +24,9 @@ from spp.training.teacher import match_dtype, place_teacher
 log = logging.getLogger(__name__)
 
 VAL_PPL_KEY = "val/ppl"
+LOSSES_KEY = "spp_losses"
+"""Checkpoint key of the losses so far (training per micro-batch, its parts, validation), for the report of a
+resumed run."""
 
 
 class SPPModule(L.LightningModule):
@@ -64,6 +67,7 @@ class SPPModule(L.LightningModule):
         self._configured = False
         self._losses: list[torch.Tensor] = []
         self._parts: dict[str, list[torch.Tensor]] = {}
+        self._resumed: dict[str, Any] = {"train": [], "parts": {}}  # the losses before a resume (its checkpoint's)
         self.val_losses: list[float] = []
         self.strict_loading = False
 
@@ -171,13 +175,14 @@ class SPPModule(L.LightningModule):
 
     @property
     def train_losses(self) -> list[float]:
-        """Per-micro-batch training losses (one host transfer, at the end)."""
-        return torch.stack(self._losses).float().cpu().tolist() if self._losses else []
+        """Per-micro-batch training losses of the whole run, those before a resume included (one host transfer)."""
+        return self._resumed["train"] + (torch.stack(self._losses).float().cpu().tolist() if self._losses else [])
 
     @property
     def train_parts(self) -> dict[str, list[float]]:
         """Per-micro-batch parts of the objective's loss (``ce``, ``kl``, ...; empty under ``objective=ce``)."""
-        return {k: torch.stack(v).float().cpu().tolist() for k, v in self._parts.items()}
+        return {k: self._resumed["parts"].get(k, []) + torch.stack(v).float().cpu().tolist()
+                for k, v in self._parts.items()}
 
     def on_before_optimizer_step(self, optimizer: Any) -> None:
         """Each method's hook before clipping and the step (masked full fine-tuning zeroes the pruned entries of the
@@ -209,12 +214,16 @@ class SPPModule(L.LightningModule):
         keep = {f"model.{n}" for n in self.trainable_names}
         checkpoint["state_dict"] = {k: v for k, v in checkpoint.get("state_dict", {}).items() if k in keep}
         checkpoint["adapter_keys"] = sorted(keep)
+        checkpoint[LOSSES_KEY] = {"train": self.train_losses, "parts": self.train_parts, "val": list(self.val_losses)}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Check that an adapter checkpoint holds every adapter tensor of this model (names the missing); a
         DeepSpeed checkpoint has no ``state_dict``, so its recorded ``adapter_keys`` say what it holds."""
         saved = checkpoint.get("state_dict")
         keys = set(saved if saved is not None else checkpoint.get("adapter_keys", []))
+        losses = checkpoint.get(LOSSES_KEY, {})  # a checkpoint older than the record: the report starts at the resume
+        self._resumed = {"train": list(losses.get("train", [])), "parts": dict(losses.get("parts", {}))}
+        self.val_losses[:] = list(losses.get("val", []))
         missing = sorted({f"model.{n}" for n in self.trainable_names} - keys)
         if self.trainable_names and missing:
             raise ValueError(

@@ -19,6 +19,7 @@ from spp.adapters.base import ParamCounts, count_parameters
 from spp.adapters.registry import apply_adapter
 from spp.data.alpaca import AlpacaDataModule
 from spp.distributed import local_device
+from spp.loggers import continue_csv_metrics
 from spp.models.loading import load_tokenizer
 from spp.quiet import quiet_lightning
 from spp.training.callbacks.adapter_checkpoint import resolve_resume
@@ -31,6 +32,7 @@ from spp.training.resume_checks import settings_of
 from spp.training.run import Run
 from spp.training.strategies import decoder_layer_class, gather_trainable
 from spp.training.trainer import build_trainer, peak_memory, shows_bar, train_seconds
+from spp.training.val_schedule import check_validation_interval
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None
     datamodule = AlpacaDataModule(tokenizer, job.data, data_dir=job.data_dir,
                                   progress=shows_bar(job.trainer.progress_bar))
     datamodule.setup("fit")  # bad data (e.g. every prompt longer than data.max_length) fails before the Trainer
+    check_validation_interval(job, len(datamodule.train_dataset))
     module = SPPModule(None, job.trainer, job.strategy, decoder_layer_class(job.model.decoder_layer_cls),
                        adapter=job.adapter, seed=job.seed, objective=run.methods.objective,
                        method=run.methods.adapter)
@@ -117,6 +120,8 @@ def fit(run: Run, loggers: list[Logger], callbacks: list[Callback] | None = None
     trainer = build_trainer(job, run_dir, loggers, [*curve, pruning, KeepPrunedWeights(pruning), auditor, guards,
                                                     *(callbacks or [])])
     resume = resolve_resume(job.trainer.resume_from, run_dir / "checkpoints")
+    if resume is not None:
+        continue_csv_metrics(loggers)
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume)
     losses = module.train_losses
     if trainer.is_global_zero:

@@ -30,18 +30,21 @@ def _plain(obj: Any, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
 
 
 def pruning_groups(job: Any, identity: Any = None) -> dict[str, dict[str, Any]]:
-    """What decides the pruned weights, as ``settings_of`` groups: the model's content identity and the pruning
-    cache key's fields, code version and digest (``identity``: computed here when not given)."""
+    """What decides the frozen weights, as ``settings_of`` groups: the model's content identity, the pruning
+    cache key's fields, code version and digest, and the reconstruction key's digest (``None`` without one)
+    (``identity``: computed here when not given, with the job's resolved reconstruction form)."""
     if identity is None:
+        from spp.pruning.resolve import resolve_form  # start-up time, as below
         from spp.training.run import pruning_identity  # start-up time: a preflight refusal never loads transformers
 
-        identity = pruning_identity(job)
+        identity = pruning_identity(job, resolve_form(job.reconstruct))
     if identity.key is None:
         return {"model": {"weights": identity.model}}
-    key = identity.key
+    key, rebuilt = identity.key, identity.reconstruction
     return {"model": {"weights": key["model"]}, "pruner": dict(key["pruner"]),
             "pruning": {"code_version": key["code_version"], "cache_key": identity.digest[:16]},
-            **({"calibration": dict(key["calibration"])} if "calibration" in key else {})}
+            **({"calibration": dict(key["calibration"])} if "calibration" in key else {}),
+            "reconstruction": {"cache_key": rebuilt[1][:16] if rebuilt is not None else None}}
 
 
 def world_of(job: Any) -> dict[str, Any]:
@@ -57,12 +60,13 @@ def world_of(job: Any) -> dict[str, Any]:
 
 def settings_of(job: Any, identity: Any = None) -> dict[str, Any]:
     """The settings a checkpoint must match to be resumed (stored as ``spp_settings``): adapter, model,
-    :func:`pruning_groups`, data and optimisation keys, and the processes (:func:`world_of`)."""
+    :func:`pruning_groups`, training objective, data and optimisation keys, and the processes (:func:`world_of`)."""
     pruning = pruning_groups(job, identity)
     return {"world": world_of(job), "adapter": _plain(job.adapter),
             "model": {"name": job.model.name, "path": job.model.path, **pruning.pop("model")},
             "pruner": {"name": job.pruner.name, **pruning.pop("pruner", {})}, "sparsity": _plain(job.sparsity),
-            **pruning, "data": _plain(job.data, RESUME_DATA_KEYS), "trainer": _plain(job.trainer, RESUME_TRAINER_KEYS)}
+            **pruning, "objective": _plain(job.objective), "data": _plain(job.data, RESUME_DATA_KEYS),
+            "trainer": _plain(job.trainer, RESUME_TRAINER_KEYS)}
 
 
 def compare_settings(saved: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str]]:

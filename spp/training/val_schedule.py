@@ -10,6 +10,7 @@ from typing import Any
 from spp.adapters.base import AdapterMethod
 from spp.data.config import HUB_PREFIX, validation_split_size
 from spp.data.records import load_alpaca_records
+from spp.errors import UserError
 from spp.pruning.resolve import resolve_adapter
 from spp.training.config import TrainJobConfig
 from spp.training.resume_checks import world_of
@@ -41,9 +42,27 @@ def training_batches_per_epoch(job: TrainJobConfig) -> int | None:
     except (OSError, ValueError):
         return None
     n = min(n, data.max_examples) if data.max_examples is not None else n
-    n_train = n - validation_split_size(n, data.val_size, data.max_val_fraction)
-    per_rank = math.ceil(n_train / world_of(job)["world_size"])
-    return math.ceil(per_rank / data.train_batch_size)
+    return batches_per_rank(job, n - validation_split_size(n, data.val_size, data.max_val_fraction))
+
+
+def batches_per_rank(job: TrainJobConfig, n_train: int) -> int:
+    """Training batches per epoch on each rank for ``n_train`` training examples (``DistributedSampler`` pads the
+    shards to ``ceil(n_train / world size)``)."""
+    return math.ceil(math.ceil(n_train / world_of(job)["world_size"]) / job.data.train_batch_size)
+
+
+def check_validation_interval(job: TrainJobConfig, n_train: int) -> None:
+    """Refuse an int ``trainer.val_check_interval`` above the epoch's training batches on each rank (Lightning
+    refuses it only once the model is pruned, and not with ``trainer.limit_val_batches=0``), in one line naming the
+    largest value that works."""
+    interval, batches = job.trainer.val_check_interval, batches_per_rank(job, n_train)
+    validates = float(job.trainer.limit_val_batches) > 0
+    if isinstance(interval, int) and not isinstance(interval, bool) and interval > batches and validates:
+        raise UserError(f"trainer.val_check_interval={interval} is more than the {batches} training batches of an "
+                        f"epoch on each of the {world_of(job)['world_size']} rank(s) ({n_train} examples, "
+                        f"data.train_batch_size={job.data.train_batch_size}), so validation never runs",
+                        f"set trainer.val_check_interval to at most {batches} (an int counts batches), or a float "
+                        "share of the epoch such as 1.0", key="trainer.val_check_interval")
 
 
 def no_validation_reason(job: TrainJobConfig, method: AdapterMethod | None = None) -> str | None:

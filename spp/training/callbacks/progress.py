@@ -37,9 +37,11 @@ class LogProgress(Callback):
         self._tokens = 0
         self._losses: list[float] = []
         self._logged_step = -1
+        self._start_step = 0  # the step training (re)started at: a resume's ETA counts only the steps since
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._start = self._last = time.perf_counter()
+        self._start_step = trainer.global_step
         self._tokens = 0
         self._losses = []
         total = trainer.estimated_stepping_batches
@@ -70,7 +72,8 @@ class LogProgress(Callback):
         elapsed = now - self._start
         rate = self._tokens / elapsed if elapsed > 0 else 0.0
         loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
-        eta = (total - step) * elapsed / step if math.isfinite(total) and step else float("inf")
+        done = step - self._start_step
+        eta = (total - step) * elapsed / done if math.isfinite(total) and done > 0 else float("inf")
         of = f"/{int(total)}" if math.isfinite(total) else ""
         pct = f" ({step / total:.0%})" if math.isfinite(total) and total else ""
         self._emit(f"step {step}{of}{pct}  loss {loss:.4f}  {rate:,.0f} tokens/s  elapsed {_clock(elapsed)}  "
