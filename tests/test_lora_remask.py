@@ -171,3 +171,17 @@ def test_stats_convert_to_a_json_mapping() -> None:
     as_dict = stats.to_dict()
     assert set(as_dict) >= {"removed_fraction", "pruned_made_nonzero", "layers"}
     assert json.loads(json.dumps(as_dict))["pruned_entries"] == stats.pruned_entries
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_adapter_dtype_sets_the_lora_factors_dtype_as_for_every_lora_shaped_method(dtype):
+    """``adapter.dtype`` is the trained tensors' dtype for LoRA* as for SparsePEFT (peft alone keeps LoRA in fp32)."""
+    from spp.adapters.registry import apply_adapter, option_config
+
+    factors = {}
+    for name in ("lora", "sparse_lora"):
+        model, masks = pruned_tiny()
+        model, trainable = apply_adapter(model, option_config(name, dtype=dtype, r=4), masks)
+        params = dict(model.named_parameters())
+        factors[name] = {str(params[n].dtype) for n in trainable}
+    assert factors == {"lora": {f"torch.{dtype}"}, "sparse_lora": {f"torch.{dtype}"}}

@@ -33,7 +33,8 @@ class LoRAStar(AdapterMethod):
     kept_zeros_may_change = True
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
-        return inject_lora(model, tuple(cfg.targets), r=cfg.r, alpha=cfg.lora_alpha, dropout=cfg.dropout)
+        return inject_lora(model, tuple(cfg.targets), r=cfg.r, alpha=cfg.lora_alpha, dropout=cfg.dropout,
+                           dtype=cfg.torch_dtype)
 
     def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
         """``(W~ + s·B A) ⊙ M`` with the masks of the adapted layers (``masks`` may hold more layers)."""
