@@ -140,14 +140,23 @@ def check_adapter_files(directory: str | Path, key: str = "adapter_dir") -> None
         check_tensor_file(file, key)
 
 
+def _peft_folder_method(peft_type: Any) -> str | None:
+    """The method whose peft form writes ``peft_type`` (the one named like the form where several share it)."""
+    found = [(m.name, form.name) for m in registered_methods()
+             if (form := m.peft_integration()) is not None and form.name.upper() == peft_type]
+    return min(found, key=lambda pair: pair[0] != pair[1])[0] if found else None
+
+
 def _read_marker(path: Path) -> dict[str, Any]:
-    """The :data:`MARKER` of an adapter directory; a marker-less SPP folder is read from ``adapter_config.json``."""
+    """The :data:`MARKER` of an adapter directory; a marker-less SPP folder, or peft's ``save_pretrained`` of a
+    method's peft form, is read from ``adapter_config.json`` (its recorded base in ``spp_trained_on``)."""
     if (path / MARKER).is_file():
         return read_json_file(path / MARKER)
     if (path / "adapter_config.json").is_file():
-        legacy = read_json_file(path / "adapter_config.json")
-        if legacy.get("format") == "spp":
-            return {"method": "spp", "config": dict(legacy.get("layer_kwargs") or {})}
+        saved = read_json_file(path / "adapter_config.json")
+        if saved.get("format") == "spp":
+            return {"method": "spp", "config": dict(saved.get("layer_kwargs") or {})}
+        return {"method": _peft_folder_method(saved.get("peft_type")), RECORD: saved.get("spp_trained_on")}
     return {}
 
 
