@@ -43,7 +43,8 @@ _builtin_loaded = False
 def register(method: AdapterMethod) -> AdapterMethod:
     """Register ``method`` under ``method.name`` and its config class as Hydra's ``adapter/<name>_schema``.
 
-    Built-ins register first, so a plug-in taking one of their names is refused (UserError naming both files).
+    Built-ins register first, so a plug-in taking one of their names is refused (UserError naming both files), as is
+    one that audits adapted layers it cannot merge (``effective_weight`` without ``merged_layer``).
     """
     if not isinstance(method, AdapterMethod):
         raise TypeError(f"register: expected an AdapterMethod instance, got {type(method).__name__}")
@@ -53,6 +54,11 @@ def register(method: AdapterMethod) -> AdapterMethod:
     if not method.name or not method.name.isidentifier():
         raise UserError(f"adapter method {type(method).__name__} ({defined_in(method)}): name {method.name!r} is "
                         "not an identifier", f"set {type(method).__name__}.name to the option's name")
+    own = type(method)
+    if own.effective_weight is not AdapterMethod.effective_weight and own.merged_layer is AdapterMethod.merged_layer:
+        raise UserError(f"adapter method {own.__name__} ({defined_in(method)}) says what its adapted layers apply "
+                        "(effective_weight) but not how they merge: the export would fail after training",
+                        f"define {own.__name__}.merged_layer (docs/architecture.md, 'How to add an adapter method')")
     load_builtin()
     METHODS.register(method.name, method, cls)
     return method
