@@ -32,11 +32,15 @@ def inject_lora(
 
     Paper LoRA* settings: r = 8, lora_alpha = 16 (s = 2), dropout 0.05, the 7 projections.
     """
-    peft_model = get_peft_model(model, lora_config(model, targets, r, alpha, dropout))
-    for _name, layer in lora_layers(peft_model):
+    return cast_factors(get_peft_model(model, lora_config(model, targets, r, alpha, dropout)), dtype)
+
+
+def cast_factors(model: PeftModel, dtype: torch.dtype) -> PeftModel:
+    """Every LoRA layer's ``A`` and ``B`` in ``dtype`` (peft keeps them fp32 or in the base layer's dtype), in place."""
+    for _name, layer in lora_layers(model):
         for factor in (*layer.lora_A.values(), *layer.lora_B.values()):
             factor.to(dtype=dtype)
-    return peft_model
+    return model
 
 
 def lora_layers(model: PeftModel) -> Iterator[tuple[str, LoraLayer]]:
