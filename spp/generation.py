@@ -162,6 +162,21 @@ class GenerateJobConfig(JobConfig):
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        problem = device_problem(self.device)
+        if problem:
+            raise ValueError(problem)
+
+
+def device_problem(device: str | None) -> str | None:
+    """Why ``device`` cannot run here (not a device name, or a CUDA device this machine does not have), else None."""
+    try:
+        where = torch.device(device) if device is not None else None
+    except RuntimeError:
+        return f"device={device!r} is not a device; use cpu, cuda or cuda:<index> (or leave it unset)"
+    if where is not None and where.type == "cuda" and (where.index or 0) >= torch.cuda.device_count():
+        return (f"device={device!r} but this machine has {torch.cuda.device_count()} CUDA device(s); use device=cpu "
+                "or leave device unset (CUDA when available)")
+    return None
 
 
 def register_generate_schema() -> None:

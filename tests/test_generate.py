@@ -110,6 +110,16 @@ def test_bad_settings_name_the_key():
     GenerateJobConfig(top_p=1.5, temperature=0.0)  # negative control: greedy decoding ignores both
 
 
+def test_a_device_that_is_not_one_or_not_here_is_refused_before_the_weights_load():
+    """``device=gpu`` (a typo) and a CUDA device the machine lacks name the key when the job is built, not in a
+    traceback after the model has loaded; ``cpu`` and unset are accepted (controls)."""
+    with pytest.raises(ValueError, match=r"device='gpu' is not a device; use cpu, cuda"):
+        GenerateJobConfig(device="gpu")
+    with pytest.raises(ValueError, match=rf"device='cuda:{torch.cuda.device_count()}' but this machine has"):
+        GenerateJobConfig(device=f"cuda:{torch.cuda.device_count()}")
+    assert GenerateJobConfig(device="cpu").device == "cpu" and GenerateJobConfig().device is None
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 @pytest.mark.slow  # a long subprocess check (the default suite stays under 10 minutes); CI runs it
 def test_sparse24_refused_on_cpu(tmp_path):

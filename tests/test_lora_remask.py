@@ -171,3 +171,33 @@ def test_stats_convert_to_a_json_mapping() -> None:
     as_dict = stats.to_dict()
     assert set(as_dict) >= {"removed_fraction", "pruned_made_nonzero", "layers"}
     assert json.loads(json.dumps(as_dict))["pruned_entries"] == stats.pruned_entries
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_adapter_dtype_sets_the_lora_factors_dtype_as_for_every_lora_shaped_method(dtype):
+    """``adapter.dtype`` is the trained tensors' dtype for LoRA* as for SparsePEFT (peft alone keeps LoRA in fp32)."""
+    from spp.adapters.registry import apply_adapter, option_config
+
+    factors = {}
+    for name in ("lora", "sparse_lora"):
+        model, masks = pruned_tiny()
+        model, trainable = apply_adapter(model, option_config(name, dtype=dtype, r=4), masks)
+        params = dict(model.named_parameters())
+        factors[name] = {str(params[n].dtype) for n in trainable}
+    assert factors == {"lora": {f"torch.{dtype}"}, "sparse_lora": {f"torch.{dtype}"}}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_adapter_dir_of_a_lora_run_in_another_dtype_loads_to_the_runs_own_merge(dtype, tmp_path):
+    """``eval.py adapter_dir=`` (``load_adapter_dir``) of an ``adapter.dtype=bfloat16|float64`` LoRA* folder merges to
+    the weights the run's export merged, bit for bit: the factors keep the file's dtype (peft would load them fp32)."""
+    from spp.adapters.registry import apply_adapter, get_method, load_adapter_dir, option_config, save_adapter_dir
+
+    cfg = option_config("lora", dtype=dtype, r=4)
+    model, masks = pruned_tiny()
+    model, _ = apply_adapter(model, cfg, masks)
+    randomize_lora(model)
+    save_adapter_dir(get_method("lora"), model, tmp_path, {}, cfg)
+    expected = get_method("lora").merge(model, cfg, masks)[0].state_dict()
+    loaded = load_adapter_dir(pruned_tiny()[0], tmp_path, masks)[0].state_dict()
+    assert [n for n, t in loaded.items() if not torch.equal(t, expected[n])] == []

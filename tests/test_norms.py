@@ -72,6 +72,17 @@ def test_target_biases_train_too():
     assert set(norm_parameters(model, ["q_proj", "v_proj"])) == set(trainable)
 
 
+
+def test_a_target_naming_no_projection_is_refused_as_by_every_method():
+    """A misspelt ``adapter.targets`` entry is one line naming the key, not a run without those biases (Qwen2's q/k/v
+    biases); the right name trains them (control)."""
+    model = tiny_llama(model_type="qwen2")
+    with pytest.raises(UserError, match=r"adapter.targets: 'q_prj' matches no module"):
+        apply_adapter(model, make_config("norms", targets=["q_prj"]), {})
+    _, trainable = apply_adapter(tiny_llama(model_type="qwen2"), make_config("norms", targets=["q_proj"]), {})
+    assert sorted(n for n in trainable if n.endswith("proj.bias")) == [f"model.layers.{i}.self_attn.q_proj.bias"
+                                                                       for i in range(2)]
+
 def test_recorded_targets_name_the_linears_not_the_layer_norms(tmp_path):
     """OPT's LayerNorms have biases too: ``norms.json``'s ``targets`` names only the linears whose biases train."""
     config = OPTConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, ffn_dim=32, num_attention_heads=2,

@@ -29,6 +29,7 @@ from spp.adapters.methods.sparse_lora.layer import (
 from spp.adapters.methods.spp.config import SPPAdapterConfig as PaperSPPConfig
 from spp.adapters.methods.spp.model import inject, merge_and_unload, spp_layers
 from spp.adapters.registry import get_method, load_adapter_dir, save_adapter_dir
+from spp.errors import UserError
 from spp.models.conv1d import Conv1DAsLinear
 from spp.models.tiny import tiny_llama, tiny_model
 from spp.paths import REPO_ROOT
@@ -445,3 +446,25 @@ def test_docs_example_trains_with_the_hf_trainer(tmp_path, monkeypatch):
     assert not any(isinstance(m, SPPLayer) for m in merged.modules())
     for name, zeros in namespace["zeros"].items():
         assert torch.equal(merged.get_parameter(name) == 0, zeros), name
+
+
+def test_eval_adapter_dir_reads_peft_save_pretrained_folders_of_masked_lora_methods(sparse_pair, tmp_path):
+    """``eval.py adapter_dir=`` (``load_adapter_dir``) reads peft's own ``save_pretrained`` of a SparsePEFT and of a
+    LoRA* model (no ``adapter_method.json``) as docs/peft.md says, merged as peft's ``merge_and_unload`` merges them;
+    a plain peft LoRA folder is still refused (its merge would fill the zeros)."""
+    peft_model, *_ = sparse_pair
+    star = get_peft_model(pruned(), spp.peft.LoraStarConfig(r=4))
+    with torch.no_grad():
+        for name, p in star.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1, generator=torch.Generator().manual_seed(2))
+    for label, model in (("sparse", peft_model), ("star", star)):
+        model.save_pretrained(str(tmp_path / label))
+        loaded, info = load_adapter_dir(pruned(), tmp_path / label, {})
+        expected = copy.deepcopy(model).merge_and_unload()
+        assert info["method"] == {"sparse": "sparse_lora", "star": "lora"}[label]
+        assert all(torch.equal(p, expected.state_dict()[n]) for n, p in loaded.state_dict().items()), label
+    plain = get_peft_model(pruned(), LoraConfig(r=4, target_modules=["q_proj"]))
+    plain.save_pretrained(str(tmp_path / "plain"))
+    with pytest.raises(UserError, match=r"is not an adapter directory \(no adapter_method.json\)"):
+        load_adapter_dir(pruned(), tmp_path / "plain", {})

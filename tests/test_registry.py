@@ -72,3 +72,51 @@ def test_the_project_registries_share_the_shape():
         assert isinstance(reg, Registry) and name in reg.names()
         with pytest.raises(UserError):
             reg.get("no_such_name")
+
+
+def test_an_adapter_method_that_audits_layers_it_cannot_merge_is_refused_when_it_registers():
+    """``effective_weight`` without ``merged_layer``: the sparsity audit passes and the export fails only after
+    training, so ``register`` refuses it in one line; with ``merged_layer`` it registers (control)."""
+    from torch import nn
+
+    from spp.adapters.base import AdapterMethod, MergedLayer
+    from spp.adapters.config import AdapterConfig
+    from spp.adapters.registry import register
+
+    @dataclass
+    class HalfConfig(AdapterConfig):
+        name: str = "half_adapter"
+
+    class Half(AdapterMethod):
+        name = "half_adapter"
+        config_class = HalfConfig
+
+        def inject(self, model, cfg, masks):
+            return model
+
+        def merge(self, model, cfg, masks):
+            return model, {}
+
+        def save(self, model, directory, extra):
+            pass
+
+        def load(self, model, directory, masks):
+            return model, HalfConfig()
+
+        def effective_weight(self, module, full):
+            return full(module.weight) if isinstance(module, nn.Linear) else None
+
+    with pytest.raises(UserError, match=r"adapter method Half \(.*test_registry.py\) says what its adapted layers "
+                                        r"apply \(effective_weight\) but not how they merge.*define Half.merged_layer"):
+        register(Half())
+    assert "half_adapter" not in METHODS.names()
+
+    class Whole(Half):
+        def merged_layer(self, module, mask):
+            return MergedLayer({"weight": module.weight}) if isinstance(module, nn.Linear) else None
+
+    try:
+        register(Whole())
+        assert "half_adapter" in METHODS.names()
+    finally:
+        METHODS.entries.pop("half_adapter", None), METHODS.sources.pop("half_adapter", None)

@@ -43,7 +43,8 @@ _builtin_loaded = False
 def register(method: AdapterMethod) -> AdapterMethod:
     """Register ``method`` under ``method.name`` and its config class as Hydra's ``adapter/<name>_schema``.
 
-    Built-ins register first, so a plug-in taking one of their names is refused (UserError naming both files).
+    Built-ins register first, so a plug-in taking one of their names is refused (UserError naming both files), as is
+    one that audits adapted layers it cannot merge (``effective_weight`` without ``merged_layer``).
     """
     if not isinstance(method, AdapterMethod):
         raise TypeError(f"register: expected an AdapterMethod instance, got {type(method).__name__}")
@@ -53,6 +54,11 @@ def register(method: AdapterMethod) -> AdapterMethod:
     if not method.name or not method.name.isidentifier():
         raise UserError(f"adapter method {type(method).__name__} ({defined_in(method)}): name {method.name!r} is "
                         "not an identifier", f"set {type(method).__name__}.name to the option's name")
+    own = type(method)
+    if own.effective_weight is not AdapterMethod.effective_weight and own.merged_layer is AdapterMethod.merged_layer:
+        raise UserError(f"adapter method {own.__name__} ({defined_in(method)}) says what its adapted layers apply "
+                        "(effective_weight) but not how they merge: the export would fail after training",
+                        f"define {own.__name__}.merged_layer (docs/architecture.md, 'How to add an adapter method')")
     load_builtin()
     METHODS.register(method.name, method, cls)
     return method
@@ -140,14 +146,23 @@ def check_adapter_files(directory: str | Path, key: str = "adapter_dir") -> None
         check_tensor_file(file, key)
 
 
+def _peft_folder_method(peft_type: Any) -> str | None:
+    """The method whose peft form writes ``peft_type`` (the one named like the form where several share it)."""
+    found = [(m.name, form.name) for m in registered_methods()
+             if (form := m.peft_integration()) is not None and form.name.upper() == peft_type]
+    return min(found, key=lambda pair: pair[0] != pair[1])[0] if found else None
+
+
 def _read_marker(path: Path) -> dict[str, Any]:
-    """The :data:`MARKER` of an adapter directory; a marker-less SPP folder is read from ``adapter_config.json``."""
+    """The :data:`MARKER` of an adapter directory; a marker-less SPP folder, or peft's ``save_pretrained`` of a
+    method's peft form, is read from ``adapter_config.json`` (its recorded base in ``spp_trained_on``)."""
     if (path / MARKER).is_file():
         return read_json_file(path / MARKER)
     if (path / "adapter_config.json").is_file():
-        legacy = read_json_file(path / "adapter_config.json")
-        if legacy.get("format") == "spp":
-            return {"method": "spp", "config": dict(legacy.get("layer_kwargs") or {})}
+        saved = read_json_file(path / "adapter_config.json")
+        if saved.get("format") == "spp":
+            return {"method": "spp", "config": dict(saved.get("layer_kwargs") or {})}
+        return {"method": _peft_folder_method(saved.get("peft_type")), RECORD: saved.get("spp_trained_on")}
     return {}
 
 

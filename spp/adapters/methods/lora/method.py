@@ -17,6 +17,7 @@ from spp.adapters.methods.lora.peft_tuner import LORA_STAR_PEFT, PEFT_TYPE, read
 from spp.adapters.methods.lora.remask import (
     LayerRemaskStats,
     RemaskStats,
+    cast_factors,
     inject_lora,
     layer_remask_stats,
     lora_layers,
@@ -33,7 +34,8 @@ class LoRAStar(AdapterMethod):
     kept_zeros_may_change = True
 
     def inject(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> nn.Module:
-        return inject_lora(model, tuple(cfg.targets), r=cfg.r, alpha=cfg.lora_alpha, dropout=cfg.dropout)
+        return inject_lora(model, tuple(cfg.targets), r=cfg.r, alpha=cfg.lora_alpha, dropout=cfg.dropout,
+                           dtype=cfg.torch_dtype)
 
     def merge(self, model: nn.Module, cfg: AdapterConfig, masks: Masks) -> tuple[nn.Module, dict[str, Any]]:
         """``(W~ + s·B A) ⊙ M`` with the masks of the adapted layers (``masks`` may hold more layers)."""
@@ -46,14 +48,19 @@ class LoRAStar(AdapterMethod):
         save_as_peft_type(model, directory, PEFT_TYPE)
 
     def load(self, model: nn.Module, directory: Path, masks: Masks) -> tuple[nn.Module, AdapterConfig]:
-        """peft's own files (``LORA_STAR`` or older ``LORA``), settings read as plain LoRA: the merge re-masks."""
+        """peft's own files (``LORA_STAR`` or older ``LORA``), settings read as plain LoRA: the merge re-masks. The
+        factors keep the file's dtype (``adapter.dtype``), so the merge is the run's own."""
         from peft import PeftModel
+        from peft.utils import load_peft_weights, set_peft_model_state_dict
 
         with self.refusing_other_files(directory, " is not a LoRA adapter of this model",
                                        (OSError, ValueError, KeyError, RuntimeError)):
             peft_cfg = read_lora_star_config(directory)
             model = PeftModel.from_pretrained(model, str(directory), config=peft_cfg)
-        return model, LoRAConfig(**lora_keys(peft_cfg))
+            state = load_peft_weights(str(directory), device="cpu")
+            dtype = next(iter(state.values())).dtype
+            set_peft_model_state_dict(cast_factors(model, dtype), state)
+        return model, LoRAConfig(**lora_keys(peft_cfg), dtype=str(dtype).removeprefix("torch."))
 
     @torch.no_grad()
     def merged_layer(self, module: nn.Module, mask: torch.Tensor | None) -> MergedLayer | None:

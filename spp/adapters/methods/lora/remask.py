@@ -25,12 +25,22 @@ def inject_lora(
     r: int = 8,
     alpha: float = 16,
     dropout: float = 0.05,
+    dtype: torch.dtype = torch.float32,
 ) -> PeftModel:
-    """Wrap ``model`` with peft LoRA adapters on ``targets`` (``B = 0``: output unchanged); only ``A``/``B`` train.
+    """Wrap ``model`` with peft LoRA adapters on ``targets`` (``B = 0``: output unchanged); only ``A``/``B`` train,
+    in ``dtype`` (``adapter.dtype``).
 
     Paper LoRA* settings: r = 8, lora_alpha = 16 (s = 2), dropout 0.05, the 7 projections.
     """
-    return get_peft_model(model, lora_config(model, targets, r, alpha, dropout))
+    return cast_factors(get_peft_model(model, lora_config(model, targets, r, alpha, dropout)), dtype)
+
+
+def cast_factors(model: PeftModel, dtype: torch.dtype) -> PeftModel:
+    """Every LoRA layer's ``A`` and ``B`` in ``dtype`` (peft keeps them fp32 or in the base layer's dtype), in place."""
+    for _name, layer in lora_layers(model):
+        for factor in (*layer.lora_A.values(), *layer.lora_B.values()):
+            factor.to(dtype=dtype)
+    return model
 
 
 def lora_layers(model: PeftModel) -> Iterator[tuple[str, LoraLayer]]:

@@ -20,7 +20,7 @@ from spp.adapters.base import (
 )
 from spp.adapters.config import AdapterConfig
 from spp.adapters.methods.norms.config import NormsConfig
-from spp.projections import DEFAULT_TARGETS, matches, names_in
+from spp.projections import DEFAULT_TARGETS, find_projections
 
 FORMAT = "norms"
 META_NAME = "norms.json"
@@ -35,14 +35,11 @@ def is_norm(module: nn.Module) -> bool:
 def norm_parameters(model: nn.Module, targets: list[str] | tuple[str, ...]) -> dict[str, nn.Parameter]:
     """What ``adapter=norms`` trains: every normalisation parameter and the bias of each ``targets`` linear."""
     out: dict[str, nn.Parameter] = {}
-    targets = names_in(model, targets)  # the default: every block projection (OPT's fc1/fc2, Qwen2's q/k/v biases)
     for name, module in model.named_modules():
-        prefix = f"{name}." if name else ""
         if is_norm(module):
-            out.update({prefix + n: p for n, p in module.named_parameters(recurse=False)})
-        elif isinstance(module, nn.Linear) and module.bias is not None and matches(name, targets):
-            out[prefix + "bias"] = module.bias
-    return out
+            out.update({f"{name}.{n}" if name else n: p for n, p in module.named_parameters(recurse=False)})
+    linears = find_projections(model, targets)  # checked as every method's; the default: every block projection
+    return {**out, **{f"{n}.bias": lin.bias for n, lin in linears.items() if lin.bias is not None}}
 
 
 def save_norms(model: nn.Module, directory: str | os.PathLike, extra: dict[str, Any]) -> Path:
