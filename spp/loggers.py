@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import netrc
 import os
 import re
@@ -21,9 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.tree import Tree
 
-from spp.atomic import write_text_atomic
+from spp.atomic import write_json_atomic, write_text_atomic
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+WANDB_RUN_FILE = "wandb_run.json"
+"""``<run_dir>/wandb_run.json``: the id of the job's W&B run, written when the run starts (a resume continues it)."""
 
 
 @dataclass
@@ -143,21 +146,46 @@ def config_record(job: Any, **extra: Mapping[str, Any]) -> dict[str, Any]:
     return {**tree, **{key: dict(value) for key, value in extra.items()}}
 
 
+def recorded_wandb_run(checkpoint: str | Path | None) -> str | None:
+    """The W&B run id the job that wrote ``checkpoint`` recorded in its run folder (``<run_dir>/checkpoints/<ckpt>``
+    → ``<run_dir>/wandb_run.json``); ``None`` without a checkpoint or a record (a run from before the record)."""
+    if checkpoint is None:
+        return None
+    path = Path(checkpoint).parent.parent / WANDB_RUN_FILE
+    try:
+        run_id = json.loads(path.read_text(encoding="utf-8")).get("id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def _record_wandb_run(logger: WandbLogger, run_dir: Path) -> None:
+    """Rank 0: write the started W&B run's id to ``<run_dir>/wandb_run.json`` (atomically), for a later resume."""
+    if rank_zero_only.rank == 0 and logger.version:
+        write_json_atomic(run_dir / WANDB_RUN_FILE, {"id": logger.version, "project": logger.name})
+
+
 def build_loggers(loggers_cfg: LoggersConfig, run_dir: str | Path, ids: RunIds,
-                  config: Mapping[str, Any] | None = None) -> list[Logger]:
+                  config: Mapping[str, Any] | None = None, resume: str | Path | None = None) -> list[Logger]:
     """Instantiate the chosen loggers (CSV always, then TensorBoard, then W&B), all writing under ``run_dir``.
 
-    ``config`` (:func:`config_record`) is logged as soon as W&B's logger exists, so the run holds it from the start."""
+    ``config`` (:func:`config_record`) is logged as soon as W&B's logger exists, so the run holds it from the start.
+    ``resume`` (the checkpoint a training job resumes) continues the W&B run its job recorded (same run id, W&B's
+    ``resume="allow"``) instead of starting a second run of the same name."""
     save_dir = str(Path(run_dir))
     loggers: list[Logger] = [instantiate(loggers_cfg.csv or CSVLoggerConfig(), save_dir=save_dir, version="")]
     if loggers_cfg.tensorboard is not None:
         loggers.append(instantiate(loggers_cfg.tensorboard, save_dir=save_dir, version=""))
     if loggers_cfg.wandb is not None:
         wb = loggers_cfg.wandb
+        run_id = recorded_wandb_run(resume)
+        continued = {"id": run_id, "resume": "allow"} if run_id else {}
         wandb_logger = instantiate(wb, save_dir=save_dir, mode=wandb_mode(wb.mode), name=ids["name"],
-                                   group=ids["group"], tags=ids["tags"], log_model=False, _convert_="all")
+                                   group=ids["group"], tags=ids["tags"], log_model=False, _convert_="all",
+                                   **continued)
         if config:
             wandb_logger.log_hyperparams(dict(config))  # W&B's run.config (starts the run: rank 0 only)
+            _record_wandb_run(wandb_logger, Path(run_dir))
         loggers.append(wandb_logger)
     return loggers
 

@@ -77,7 +77,8 @@ def _run_locked(run: Run, callbacks: list[Callback] | None, start: float) -> dic
     rank = getattr(job.adapter, "r", None)  # the methods with a rank (spp, lora, ...) name it in the run
     ids = run_tags(job.model.name, job.pruner.name, job.sparsity.name, job.adapter.name, rank, job.logger.wandb,
                    objective=job.objective.name)
-    loggers = build_loggers(job.logger, run_dir, ids, logged_config(run))
+    loggers = build_loggers(job.logger, run_dir, ids, logged_config(run),
+                            resume=resolve_resume(job.trainer.resume_from, run_dir / "checkpoints"))
     try:
         pruned, fitted = fit(run, loggers, callbacks)
         final = finalize(run, pruned, fitted, DistContext.current(local_device(job.trainer.accelerator)))
