@@ -63,11 +63,12 @@ def train_need(cfg: DictConfig, gpus: int, nodes: int) -> tuple[int, list[str]]:
     """``(host bytes per node, problems)`` of a ``train.py`` job on ``gpus`` GPUs (0: CPU) x ``nodes``."""
     job = to_job(task_config(cfg), TrainJobConfig)
     kind = "gpu" if gpus else "cpu"
-    if not follows_slurm(cfg) and str(job.trainer.devices).isdigit() and int(job.trainer.devices) != max(gpus, 1):
-        raise UserError(f"trainer.devices={job.trainer.devices} but the Slurm job asks hydra.launcher.gpus_per_node="
-                        f"{gpus}: Lightning runs one process per device and per Slurm task",
-                        f"use trainer=slurm (devices from Slurm) or hydra.launcher.gpus_per_node="
-                        f"{job.trainer.devices}", key="hydra.launcher.gpus_per_node")
+    for key, mine, asked, slurm in (("devices", job.trainer.devices, gpus, "gpus_per_node"),
+                                    ("num_nodes", job.trainer.num_nodes, nodes, "nodes")):
+        if not follows_slurm(cfg) and str(mine).isdigit() and int(mine) != max(asked, 1):  # Lightning refuses it late
+            raise UserError(f"trainer.{key}={mine} but the Slurm job asks hydra.launcher.{slurm}={asked}: Lightning "
+                            "runs one process per device and per Slurm task", f"use trainer=slurm (devices and nodes "
+                            f"from Slurm) or hydra.launcher.{slurm}={mine}", key=f"hydra.launcher.{slurm}")
     hw = job_hardware(job, kind, detect=False)
     if not job.trainer.device_memory_gib:
         hw = replace(hw, device_gib=None)  # the node's GPU, unknown here: the job's preflight checks it
@@ -96,9 +97,10 @@ def other_need(cfg: DictConfig, gpus: int, nodes: int) -> int:
 def requested(cfgs: Sequence[DictConfig], params: dict[str, Any]) -> dict[str, Any]:
     """The launcher parameters to set for the jobs ``cfgs`` (module docstring), or a :class:`UserError`."""
     gpus, nodes, tasks = int(params.get("gpus_per_node") or 0), int(params.get("nodes") or 1), params["tasks_per_node"]
-    if gpus and int(tasks) != gpus:
+    if int(tasks) != max(gpus, 1):
         raise UserError(f"hydra.launcher.tasks_per_node={tasks} but gpus_per_node={gpus}: Lightning's SLURM "
-                        "environment runs one task per GPU", f"set hydra.launcher.tasks_per_node={gpus}",
+                        "environment runs one task per GPU (one on a CPU job)",
+                        f"set hydra.launcher.tasks_per_node={max(gpus, 1)}",
                         key="hydra.launcher.tasks_per_node")
     need, found = 0, []
     for cfg in cfgs:
