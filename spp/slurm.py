@@ -7,7 +7,6 @@ step and page cache count in the cgroup), a given ``mem_gb`` / ``device_memory_g
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import sys
@@ -15,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
-from spp.errors import EXIT_USER_ERROR, UserError, report, to_job
+from spp.errors import EXIT_USER_ERROR, UserError, report, task_config, to_job
 from spp.planning.check import problems
 from spp.planning.hardware import GIB, for_accelerator
 from spp.planning.job import SHAPE_KEYS, job_hardware, model_source, plan_job
@@ -34,14 +33,6 @@ MARGIN = 1.10
 
 SLACK_GIB = 2
 """GiB added to every request (the Slurm step's own processes)."""
-
-
-def task_config(cfg: DictConfig) -> DictConfig:
-    """``cfg`` without its ``hydra`` node, as Hydra hands it to the task function."""
-    task = copy.deepcopy(cfg)
-    with read_write(task), open_dict(task):
-        task.pop("hydra", None)
-    return task
 
 
 def _arch(model: Any) -> dict[str, Any]:
