@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import functools
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 EXIT_USER_ERROR = 2
@@ -162,6 +163,14 @@ def user_errors(*kinds: type[BaseException], prefix: str = "") -> Iterator[None]
     except kinds as err:
         message = str(err).split("\n")[0] if isinstance(err, OmegaConfBaseException) else str(err)
         raise UserError.from_message(prefix + message) from err
+
+
+def task_config(cfg: DictConfig) -> DictConfig:
+    """``cfg`` without its ``hydra`` node, as Hydra hands it to the task function."""
+    task = copy.deepcopy(cfg)
+    with read_write(task), open_dict(task):
+        task.pop("hydra", None)
+    return task
 
 
 def to_job(cfg: DictConfig, schema: type) -> Any:

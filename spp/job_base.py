@@ -25,8 +25,8 @@ class JobConfig:
 
     Attributes:
         data_dir: Data root (else ``$SPP_DATA_DIR`` or ``../shared/data`` when it exists, then the repo's ``data/``).
-        seed: Global seed (the tiny model's random init, dropout, shuffling, sampled generation; calibration
-            sampling has its own ``calibration.seed``).
+        seed: Global seed of the adapter's random init, dropout and sampled generation (the data split and
+            shuffling follow ``data.seed``, the tiny model's weights ``model.seed``, calibration ``calibration.seed``).
         cache_dir: Root of the pruning and perplexity caches (a sweep over adapter settings prunes once;
             default ``$SPP_CACHE_DIR``, else ``~/.cache/spp``).
         run_dir: The folder the job's files go to (every command; its ``<script>.log`` and ``.hydra/`` too on a

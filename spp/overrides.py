@@ -17,7 +17,16 @@ from hydra.core.override_parser.types import Override, OverrideType
 from omegaconf import OmegaConf
 
 from spp.atomic import check_writable_dir
-from spp.errors import EXIT_USER_ERROR, RENAMED_KEYS, UserError, field_schema, reject_unknown_keys, report
+from spp.errors import (
+    EXIT_USER_ERROR,
+    RENAMED_KEYS,
+    UserError,
+    field_schema,
+    reject_unknown_keys,
+    report,
+    task_config,
+    to_job,
+)
 from spp.paths import CONF_DIR
 from spp.plugins import load_plugins
 
@@ -132,6 +141,33 @@ def run_dir_error(argv: Sequence[str], overrides: Sequence[Override]) -> UserErr
     return None
 
 
+def sweep_job_error(argv: Sequence[str], overrides: Sequence[Override], schema: type,
+                    config_name: str) -> UserError | None:
+    """In a multirun under Hydra's basic sweeper and launcher, the first job whose typed config is refused (a
+    ``__post_init__`` check), before any job runs: that launcher runs the jobs one after another and each converts
+    its config only when it starts, so job N would fail after jobs 0..N-1 trained. What does not compose is Hydra's."""
+    if "-m" not in argv and "--multirun" not in argv:
+        return None
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.types import RunMode
+
+    try:
+        jobs, loader = BasicSweeper.split_arguments(list(overrides), None)[0], _loader()
+        for num, job in enumerate(jobs):
+            with contextlib.redirect_stderr(io.StringIO()):
+                cfg = loader.load_configuration(config_name, job, run_mode=RunMode.MULTIRUN)
+            if not all(".core_plugins.basic_" in str(cfg.hydra[k]._target_) for k in ("sweeper", "launcher")):
+                return None  # Optuna asks for its trials as it goes; submitit starts every job at once
+            try:
+                to_job(task_config(cfg), schema)
+            except UserError as err:
+                named = " ".join(o for o in job if not o.startswith("hydra"))
+                return UserError(f"sweep job {num} ({named}): {err.what}", err.fix, key=err.key)
+    except Exception:  # noqa: BLE001 - a sweep that does not compose is Hydra's to report, in its own words
+        return None
+    return None
+
+
 def option_key_error(config_name: str, group: str, rest: Sequence[str],
                      overrides: Sequence[Override] = ()) -> UserError | None:
     """The error for the first chosen option of ``group`` whose schema lacks ``<group>.<rest>``, else ``None``."""
@@ -216,7 +252,8 @@ def checked_overrides(cmd: str, schema: type, config_name: str) -> Callable[[Cal
                 overrides = parsed_overrides(sys.argv[1:])
                 other_conf = any(a.startswith(("--config-dir", "-cd")) for a in sys.argv[1:])  # more options
                 err = (None if other_conf else unknown_option(overrides)) or unknown_override(
-                    plain_keys(overrides), schema, config_name, overrides) or run_dir_error(sys.argv[1:], overrides)
+                    plain_keys(overrides), schema, config_name, overrides) or run_dir_error(sys.argv[1:], overrides) \
+                    or (None if other_conf else sweep_job_error(sys.argv[1:], overrides, schema, config_name))
                 if err is not None:
                     report(cmd, err)
                     raise SystemExit(EXIT_USER_ERROR)

@@ -1,14 +1,18 @@
 """Plug-ins: pruners, adapter methods and objectives found by name, the project's own and a user's.
 
-``SPP_PLUGINS=/a:/b`` names a user's method folders; each is imported as ``spp_plugins.<folder>`` by
-:func:`load_plugins` before Hydra composes, and ``hydra_plugins/spp_plugins`` adds its ``conf/`` to the search path."""
+``SPP_PLUGINS=/a:/b`` names a user's method folders; each is imported as ``spp.plugins.<folder>`` by
+:func:`load_plugins` before Hydra composes, and ``hydra_plugins/spp_plugins`` adds its ``conf/`` to the search path.
+Any process with ``SPP_PLUGINS`` set imports ``spp.plugins.<folder>`` on demand, so a submitit job (which unpickles
+the plug-in's classes before anything calls :func:`load_plugins`) finds them."""
 
 from __future__ import annotations
 
+import importlib.abc
 import importlib.util
 import logging
 import os
 import sys
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
 
@@ -17,9 +21,10 @@ from spp.errors import UserError
 PLUGINS_ENV = "SPP_PLUGINS"
 """Environment variable naming plug-in folders, separated by ``os.pathsep`` (``:`` on Linux)."""
 
-NAMESPACE = "spp_plugins"
-"""The package the plug-in folders are imported under (``spp_plugins.<folder name>``): no installed module's name,
+NAMESPACE = __name__
+"""The package the plug-in folders are imported under (``spp.plugins.<folder name>``): no installed module's name,
 so a folder named like one (``random``) is imported and registers."""
+__path__: list[str] = []  # a package for the import system: its submodules are the plug-in folders (_FolderFinder)
 
 log = logging.getLogger(__name__)
 _loaded: dict[str, str] = {}
@@ -57,26 +62,29 @@ def load_plugins() -> list[str]:
     return names
 
 
+class _FolderFinder(importlib.abc.MetaPathFinder):
+    """Finds ``spp.plugins.<name>`` in the ``SPP_PLUGINS`` folder called ``<name>``."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> ModuleSpec | None:
+        parent, _, name = fullname.rpartition(".")
+        folder = next((p for p in _named() if p.name == name), None) if parent == NAMESPACE else None
+        if folder is None or not (folder / "__init__.py").is_file():
+            return None
+        return importlib.util.spec_from_file_location(fullname, folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+
+
+if not any(isinstance(finder, _FolderFinder) for finder in sys.meta_path):
+    sys.meta_path.append(_FolderFinder())
+
+
 def _import_folder(name: str, path: Path) -> ModuleType:
-    """Import ``path`` as ``spp_plugins.<name>`` (so a folder named like ``random`` still imports), and as ``<name>``
+    """Import ``path`` as ``spp.plugins.<name>`` (so a folder named like ``random`` still imports), and as ``<name>``
     where no installed module has it (lm-eval YAML ``!function <name>.loader.load``)."""
-    parent = sys.modules.get(NAMESPACE)
-    if parent is None:
-        parent = ModuleType(NAMESPACE, "The plug-in folders of SPP_PLUGINS (spp.plugins).")
-        parent.__path__ = []
-        sys.modules[NAMESPACE] = parent
     qualified = f"{NAMESPACE}.{name}"
-    spec = importlib.util.spec_from_file_location(qualified, path / "__init__.py",
-                                                  submodule_search_locations=[str(path)])
-    assert spec is not None and spec.loader is not None  # a file location always gives a source loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[qualified] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(qualified, None)
-        raise
-    setattr(parent, name, module)
+    if getattr(sys.modules.get(qualified), "__file__", None) not in (None, str(path / "__init__.py")):
+        del sys.modules[qualified]  # a folder of that name from another SPP_PLUGINS (a test's): import this one
+    module = importlib.import_module(qualified)
     if name.isidentifier() and name not in sys.modules and importlib.util.find_spec(name) is None:
         sys.modules[name] = module
     return module

@@ -7,7 +7,6 @@ step and page cache count in the cgroup), a given ``mem_gb`` / ``device_memory_g
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import sys
@@ -15,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf
 
-from spp.errors import EXIT_USER_ERROR, UserError, report, to_job
+from spp.errors import EXIT_USER_ERROR, UserError, report, task_config, to_job
 from spp.planning.check import problems
 from spp.planning.hardware import GIB, for_accelerator
 from spp.planning.job import job_hardware, missing_shape, model_source, plan_job
@@ -34,14 +33,6 @@ MARGIN = 1.10
 
 SLACK_GIB = 2
 """GiB added to every request (the Slurm step's own processes)."""
-
-
-def task_config(cfg: DictConfig) -> DictConfig:
-    """``cfg`` without its ``hydra`` node, as Hydra hands it to the task function."""
-    task = copy.deepcopy(cfg)
-    with read_write(task), open_dict(task):
-        task.pop("hydra", None)
-    return task
 
 
 def _arch(model: Any) -> dict[str, Any]:
@@ -63,11 +54,12 @@ def train_need(cfg: DictConfig, gpus: int, nodes: int) -> tuple[int, list[str]]:
     """``(host bytes per node, problems)`` of a ``train.py`` job on ``gpus`` GPUs (0: CPU) x ``nodes``."""
     job = to_job(task_config(cfg), TrainJobConfig)
     kind = "gpu" if gpus else "cpu"
-    if not follows_slurm(cfg) and str(job.trainer.devices).isdigit() and int(job.trainer.devices) != max(gpus, 1):
-        raise UserError(f"trainer.devices={job.trainer.devices} but the Slurm job asks hydra.launcher.gpus_per_node="
-                        f"{gpus}: Lightning runs one process per device and per Slurm task",
-                        f"use trainer=slurm (devices from Slurm) or hydra.launcher.gpus_per_node="
-                        f"{job.trainer.devices}", key="hydra.launcher.gpus_per_node")
+    for key, mine, asked, slurm in (("devices", job.trainer.devices, gpus, "gpus_per_node"),
+                                    ("num_nodes", job.trainer.num_nodes, nodes, "nodes")):
+        if not follows_slurm(cfg) and str(mine).isdigit() and int(mine) != max(asked, 1):  # Lightning refuses it late
+            raise UserError(f"trainer.{key}={mine} but the Slurm job asks hydra.launcher.{slurm}={asked}: Lightning "
+                            "runs one process per device and per Slurm task", f"use trainer=slurm (devices and nodes "
+                            f"from Slurm) or hydra.launcher.{slurm}={mine}", key=f"hydra.launcher.{slurm}")
     hw = job_hardware(job, kind, detect=False)
     if not job.trainer.device_memory_gib:
         hw = replace(hw, device_gib=None)  # the node's GPU, unknown here: the job's preflight checks it
@@ -96,9 +88,10 @@ def other_need(cfg: DictConfig, gpus: int, nodes: int) -> int:
 def requested(cfgs: Sequence[DictConfig], params: dict[str, Any]) -> dict[str, Any]:
     """The launcher parameters to set for the jobs ``cfgs`` (module docstring), or a :class:`UserError`."""
     gpus, nodes, tasks = int(params.get("gpus_per_node") or 0), int(params.get("nodes") or 1), params["tasks_per_node"]
-    if gpus and int(tasks) != gpus:
+    if int(tasks) != max(gpus, 1):
         raise UserError(f"hydra.launcher.tasks_per_node={tasks} but gpus_per_node={gpus}: Lightning's SLURM "
-                        "environment runs one task per GPU", f"set hydra.launcher.tasks_per_node={gpus}",
+                        "environment runs one task per GPU (one on a CPU job)",
+                        f"set hydra.launcher.tasks_per_node={max(gpus, 1)}",
                         key="hydra.launcher.tasks_per_node")
     need, found = 0, []
     for cfg in cfgs:

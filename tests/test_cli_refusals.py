@@ -63,6 +63,8 @@ def _cases(tmp: Path) -> dict[str, list[str]]:
         "test_objective": ["train.py", *SWEEP, "sweep_objective=ppl_merged", f"hydra.sweep.dir={tmp / 'sweep9'}",
                            *train],
         "no_validation": ["train.py", *SWEEP, f"hydra.sweep.dir={tmp / 'sweep18'}", *train],
+        "sweep_bad_second_value": ["train.py", "-m", "model=tiny", "plan=true", "data.padding_side=right,middle",
+                                   f"hydra.sweep.dir={tmp / 'sweep_pad'}", *train],
     }
 
 
@@ -216,3 +218,12 @@ def test_a_key_of_another_pruner_names_the_pruner_chosen_and_its_keys(outcomes):
 def test_a_misspelled_group_option_lists_the_user_facing_options(outcomes, case, cmd, bad, close, other):
     line = refusal(outcomes[case], cmd, f"{bad} is not an option of", f"did you mean {close}?", other)
     assert "_schema" not in line  # not Hydra's list with the internal typed entries
+
+
+# ------------------------------------------ a basic sweep whose later job's typed config fails its value check
+def test_a_sweep_value_its_job_would_refuse_is_refused_before_the_first_job(outcomes):
+    """Hydra's basic launcher runs the jobs one after another and each converts its config only when it starts, so
+    ``data.padding_side=right,middle`` would fail job 1 only after job 0 trained; it is one line before job 0."""
+    line = refusal(outcomes["sweep_bad_second_value"], "train.py", "data.padding_side", "'middle'")
+    assert "sweep job 1" in line, line
+    assert not list((outcomes["tmp"] / "sweep_pad").glob("0_*")), "job 0 ran before the refusal"

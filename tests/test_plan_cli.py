@@ -223,3 +223,27 @@ def test_slurm_task_count_must_match_the_gpus(tmp_path, monkeypatch, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "hydra.launcher.tasks_per_node=1 but gpus_per_node=4" in err and len(err.splitlines()) == 1
+
+
+def test_slurm_node_count_must_match_the_trainers(tmp_path, monkeypatch, capsys):
+    """hydra.launcher.nodes=2 with trainer.num_nodes=1 is refused before sbatch (Lightning would refuse it only on the
+    node, after the queue); trainer.num_nodes=2 (or trainer=slurm) passes."""
+    base = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=4", "hydra.launcher.nodes=2", "trainer=gpu",
+            "trainer.devices=4", "strategy=fsdp", "model=llama2_7b"]
+    with pytest.raises(SystemExit) as exc:
+        _launch(base, [[]], tmp_path, monkeypatch)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "trainer.num_nodes=1 but the Slurm job asks hydra.launcher.nodes=2" in err and len(err.splitlines()) == 1
+    assert _launch(base, [["trainer.num_nodes=2"]], tmp_path, monkeypatch)["nodes"] == 2
+
+
+def test_slurm_cpu_jobs_run_one_task(tmp_path, monkeypatch, capsys):
+    """gpus_per_node=0 leaves tasks_per_node at ${.gpus_per_node} = 0 tasks: refused in one line before sbatch."""
+    base = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "trainer=cpu", "model=tiny"]
+    with pytest.raises(SystemExit) as exc:
+        _launch(base, [[]], tmp_path, monkeypatch)
+    assert exc.value.code == 2
+    assert "hydra.launcher.tasks_per_node=0 but gpus_per_node=0" in capsys.readouterr().err
+    seen = _launch([*base, "hydra.launcher.tasks_per_node=1"], [[]], tmp_path, monkeypatch)
+    assert (seen["tasks_per_node"], seen["jobs"]) == (1, 1)

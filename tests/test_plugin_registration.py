@@ -1,7 +1,7 @@
 """What a plug-in folder's registration may and may not do, run as a user runs the commands (``python prune.py`` /
 ``python train.py`` in a fresh process, the folder named by ``SPP_PLUGINS``):
 
-- a folder named like a standard-library module (``random``) is imported under ``spp_plugins.random``, registers,
+- a folder named like a standard-library module (``random``) is imported as a submodule of ``spp.plugins``, registers,
   and its relative imports work: ``prune.py pruner=random`` prunes with it;
 - a plug-in registering a name the project holds (a pruner ``wanda``, an adapter method ``spp``) is refused in one
   line naming both files, even when another pruner or method is chosen;

@@ -59,3 +59,27 @@ def test_a_bad_plugin_folder_is_one_line(tmp_path, clean, make):
     with pytest.raises(UserError, match="is not a plug-in folder") as err:
         plugins.load_plugins()
     assert err.value.key == plugins.PLUGINS_ENV and "\n" not in str(err.value)
+
+
+def test_a_plugin_object_unpickles_in_a_fresh_process(tmp_path, clean):
+    """submitit (hydra/launcher=local|slurm) pickles the job, plug-in classes included, and unpickles it in a fresh
+    process that never ran ``load_plugins``: the plug-in's module must import there from ``SPP_PLUGINS`` alone."""
+    import pickle
+    import subprocess
+
+    folder = tmp_path / "myplug_pickled"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("from dataclasses import dataclass\n\n\n@dataclass\nclass Setting:\n"
+                                        "    keep: int = 3\n")
+    clean.setenv(plugins.PLUGINS_ENV, str(folder))
+    assert plugins.load_plugins() == ["myplug_pickled"]
+    setting = sys.modules[f"{plugins.NAMESPACE}.myplug_pickled"].Setting(keep=5)
+    code = "import pickle, sys; print(pickle.loads(sys.stdin.buffer.read()).keep)"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(setting), capture_output=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.decode().strip() == "5", proc.stderr.decode()[-2000:]
+    env.pop(plugins.PLUGINS_ENV)  # negative control: without SPP_PLUGINS the fresh process cannot find it
+    proc = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(setting), capture_output=True, env=env,
+                          timeout=120)
+    assert proc.returncode != 0 and b"myplug_pickled" in proc.stderr

@@ -202,3 +202,16 @@ def test_the_plugin_is_not_part_of_spp() -> None:
     for path in (REPO_ROOT / "spp").rglob("*.py"):
         assert "MyPruner" not in path.read_text() and "keep_first" not in path.read_text(), path
     assert not list((REPO_ROOT / "conf").rglob("my_pruner*"))
+
+
+@pytest.mark.slow  # one sweep job through submitit's local executor (17 s)
+def test_a_submitit_job_prunes_with_the_plugin(plugin) -> None:
+    """``hydra/launcher=local`` (as ``slurm``) unpickles the job, the plug-in's classes with it, in a fresh process
+    that never ran ``load_plugins``; the job finds the plug-in from ``SPP_PLUGINS`` and prunes with it."""
+    tmp, env = plugin
+    run(["train.py", "-m", "hydra/launcher=local", "experiment=tiny_smoke", "pruner=my_pruner", "sparsity=nm2_4",
+         "adapter=none", "eval=none", "dense_ppl=false", "pruned_ppl=false", f"cache_dir={tmp / 'cache'}",
+         f"data_dir={SAMPLE_DATA_DIR}", f"hydra.sweep.dir={tmp / 'submitit'}"], env)
+    summaries = list((tmp / "submitit").glob("0_*/summary.json"))
+    assert len(summaries) == 1, list((tmp / "submitit").rglob("*"))
+    assert json.loads(summaries[0].read_text())["run"]["pruner"] == "my_pruner"
