@@ -68,3 +68,17 @@ def test_output_folder_and_wandb_run_name_the_same_origin(wandb_offline, tmp_pat
     (adapter / "adapter_method.json").write_text(json.dumps({"method": "spp", "config": {"r": 8}}))
     overrides = [arg.replace("ADAPTER", str(adapter)) for arg in overrides]
     assert _names(model, tmp_path / "eval", *overrides) == (folder, wandb)
+
+
+def test_the_printed_label_names_the_exports_recorded_model(tmp_path):
+    """The label of the log lines and ``eval_report.md`` reads the same origin: an export of a ``tiny_gemma2`` run
+    evaluated with the default ``model=`` is not labelled with the default model's name."""
+    register_eval_schema()
+    model = tmp_path / "merged"
+    model.mkdir()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        job = OmegaConf.to_object(compose("evaluate", overrides=[f"model.path={model}"]))
+    assert runner.default_label(job) == f"{job.model.name}:merged"  # control: no spp_export.json, the command line
+    ExportManifest(adapter={"name": "spp", "r": 8}, dtype="torch.float32",
+                   pruning={**RECORDED["pruning"], "model": "tiny_gemma2"}).write(model)
+    assert runner.default_label(job) == "tiny_gemma2:merged wanda nm2_4"

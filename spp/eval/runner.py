@@ -90,12 +90,14 @@ def preflight(cfg: EvalJobConfig) -> None:
 
 
 def default_label(cfg: EvalJobConfig) -> str:
-    """``<model> <pruner> <sparsity>[ +adapter]``; a local model directory is named by its folder."""
-    name = cfg.model.name
+    """``<model> <pruner> <sparsity>[ +adapter]`` of :func:`~spp.eval.run_name.run_origin` (an export's recorded
+    run first); a local model directory is named by its folder."""
+    origin = run_origin(cfg.model.path, cfg.model.name, cfg.pruner.name, cfg.sparsity.name)
+    name = origin["model"]
     local = Path(cfg.model.path).expanduser()
     if local.is_dir():
         name = f"{name}:{local.name}"
-    label = name if cfg.pruner.name == "none" else f"{name} {cfg.pruner.name} {cfg.sparsity.name}"
+    label = name if origin["pruner"] == "none" else f"{name} {origin['pruner']} {origin['sparsity']}"
     return label + (" +adapter" if cfg.adapter_dir else "")
 
 
