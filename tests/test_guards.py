@@ -221,3 +221,20 @@ def test_tiny_smoke_run_is_not_stopped_or_called_diverged(tmp_path):
                                "eval=none", "dense_ppl=false", "pruned_ppl=false", "sample.enabled=false",
                                "export.merged=false"))
     assert summary["status"] == "ok" and summary["losses"]["optimizer_steps"] == 40
+
+
+@pytest.mark.slow  # two processes under torch.distributed.run (about 20 s loaded)
+def test_a_nan_in_one_ranks_gradient_stops_every_rank_at_that_step(tmp_path):
+    """FSDP2 shards the gradients: a NaN is in one rank's shard only. Every rank stops at that step with the
+    guard's line (one all-reduce of the decision), none goes on to wait at the next collective."""
+    from test_pruning_distributed import torchrun
+
+    script = Path(__file__).with_name("guard_rank_script.py")
+    run = torchrun(script, 2, str(tmp_path / "out"), env={"PYTHONPATH": os.pathsep.join(
+        [str(REPO_ROOT), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}, timeout=300)
+    stopped = [json.loads((tmp_path / f"out.rank{r}.json").read_text()) if (tmp_path / f"out.rank{r}.json").is_file()
+               else "no record" for r in range(2)]
+    assert stopped[1] is not None and stopped[1]["message"].startswith("training stopped: the gradient norm is nan"), \
+        (stopped, run.stderr[-2000:])
+    assert isinstance(stopped[0], dict) and stopped[0]["step"] == 1, (stopped, run.stderr[-2000:])
+    assert stopped[0]["message"].startswith("training stopped: another rank's gradient norm is not finite at step 1")

@@ -39,7 +39,7 @@ class GuardsCallback(Callback):
         self._step_losses: list[torch.Tensor] = []
         self._step_at_batch_start = 0
 
-    def _stop(self, trainer: L.Trainer, what: str, value: float) -> None:
+    def _stop(self, trainer: L.Trainer, what: str, value: float | str) -> None:
         raise DivergedError(
             f"training stopped: {what} is {value} at step {trainer.global_step}{_lr_text(trainer)}",
             "lower trainer.lr (or set trainer.gradient_clip_val); the checkpoints written so far are kept",
@@ -101,11 +101,14 @@ class GuardsCallback(Callback):
             return
         grads = [(g.to_local() if hasattr(g, "to_local") else g).detach().float()  # a DTensor: this rank's shard
                  for g in (p.grad for p in pl_module.parameters()) if g is not None]
-        if not grads:
-            return
-        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-        if not math.isfinite(norm):
-            self._stop(trainer, "the gradient norm", norm)
+        norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) \
+            if grads else 0.0
+        finite = math.isfinite(norm)
+        if trainer.world_size > 1:  # a sharded (FSDP2) gradient's NaN is one rank's: every rank stops at this step
+            finite = trainer.strategy.reduce_boolean_decision(finite, all=True)
+        if not finite:
+            self._stop(trainer, "the gradient norm" if not math.isfinite(norm) else "another rank's gradient norm",
+                       norm if not math.isfinite(norm) else "not finite")
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         if self.settings:
