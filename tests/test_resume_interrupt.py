@@ -242,14 +242,19 @@ class _CtrlCAtBatch(L.Callback):
 
 
 @pytest.mark.parametrize("at", [
-    4,  # negative control: step 5's checkpoint, no validation due after it
-    pytest.param(5, marks=pytest.mark.xfail(strict=True, reason=(
-        "step 6's checkpoint is written at on_train_batch_end, before the validation due after batch 6; Lightning's "
-        "restart fast-forwards past that validation, so the resumed run never logs it (known, not fixed)"))),
+    4,  # control: step 5's checkpoint, no validation due after it
+    5,  # step 6's checkpoint, written at on_train_batch_end before the validation due after batch 6: the resume runs it
 ])
 def test_ctrl_c_then_resume_keeps_every_validation(at, tmp_path):
     """Ctrl-C at micro-batch ``at`` (0-based), resume: the adapter and training losses equal the uninterrupted run's,
-    and so do the validation losses (``trainer.val_check_interval=3``: after batches 3, 6, ...)."""
+    and so do the validation losses (``trainer.val_check_interval=3``: after batches 3, 6, ...), logged at the same
+    steps."""
+    import csv
+
+    def val_rows(run: str) -> list[tuple[int, str]]:
+        with (tmp_path / run / "csv" / "metrics.csv").open(newline="") as f:
+            return [(int(row["step"]), row["val/loss"]) for row in csv.DictReader(f) if row.get("val/loss")]
+
     from train_helpers import tiny_job
 
     from train import run_job
@@ -269,4 +274,5 @@ def test_ctrl_c_then_resume_keeps_every_validation(at, tmp_path):
     a, b = _adapter(tmp_path / "A"), _adapter(tmp_path / "B")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert resumed["losses"]["train"] == full["losses"]["train"]
-    assert resumed["losses"]["val"] == full["losses"]["val"]
+    assert len(full["losses"]["val"]) == 4 and resumed["losses"]["val"] == full["losses"]["val"]
+    assert val_rows("B") == val_rows("A") and len(val_rows("A")) == 4

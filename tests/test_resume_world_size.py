@@ -36,6 +36,7 @@ COMMON = ["model=tiny", "debug=fast", "pruner=wanda", "sparsity=nm2_4", "eval=no
           "guards.loss_must_fall=false", "sample.enabled=false", "export.merged=false", f"data_dir={SAMPLE_DATA_DIR}"]
 TWO = ["trainer.accelerator=cpu", "trainer.devices=2", "data.train_batch_size=2"]
 ONE = ["data.train_batch_size=4"]
+VALIDATE_EVERY_2 = "trainer.val_check_interval=2"
 
 
 def _job(tmp: Path, run: str, *extra: str):
@@ -69,9 +70,10 @@ def one_process(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def two_ddp(tmp_path_factory) -> tuple[Path, Path]:
-    """``(tmp, step-2 checkpoint)`` of two DDP processes trained 4 steps uninterrupted (adapter in ``tmp/ddp``)."""
+    """``(tmp, step-2 checkpoint)`` of two DDP processes trained 4 steps uninterrupted (adapter in ``tmp/ddp``),
+    validating after steps 2 and 4 (the step-2 checkpoint is written before its validation)."""
     tmp = tmp_path_factory.mktemp("two")
-    return tmp, _checkpoint(_train_two(tmp, "ddp", "trainer.max_steps=4"))
+    return tmp, _checkpoint(_train_two(tmp, "ddp", "trainer.max_steps=4", VALIDATE_EVERY_2))
 
 
 def _refused_in_preflight(job, *expected: str) -> str:
@@ -121,14 +123,17 @@ def test_two_ddp_processes_to_one_is_refused_in_one_line(two_ddp):
 
 def test_two_ddp_processes_to_two_resume_exactly(two_ddp):
     """The accepted case: 2 -> 2 DDP processes, resumed from step 2 in another run directory, end with the adapter
-    of the uninterrupted 4-step run bit for bit (dropout 0.05: the per-rank random states and data positions)."""
+    of the uninterrupted 4-step run bit for bit (dropout 0.05: the per-rank random states and data positions), and
+    with its two validation losses (the one due after step 2 runs first on resume, on both ranks)."""
     tmp, ckpt = two_ddp
-    resumed = _train_two(tmp, "ddp", "trainer.max_steps=4", f"trainer.resume_from={ckpt}", run="resumed")
+    resumed = _train_two(tmp, "ddp", "trainer.max_steps=4", VALIDATE_EVERY_2, f"trainer.resume_from={ckpt}",
+                         run="resumed")
     reference = load_file(tmp / "ddp" / "adapter" / "adapter_model.safetensors")
     adapter = load_file(resumed / "adapter" / "adapter_model.safetensors")
     assert adapter.keys() == reference.keys() and len(reference) > 0
-    losses = [json.loads((run / "summary.json").read_text())["losses"]["train"] for run in (tmp / "ddp", resumed)]
-    assert len(losses[0]) == 4 and losses[1] == losses[0], losses  # the checkpoint carries steps 1-2's losses
+    losses = [json.loads((run / "summary.json").read_text())["losses"] for run in (tmp / "ddp", resumed)]
+    assert len(losses[0]["train"]) == 4 and losses[1]["train"] == losses[0]["train"], losses  # steps 1-2's travel
+    assert len(losses[0]["val"]) == 2 and losses[1]["val"] == losses[0]["val"], losses
     with (resumed / "csv" / "metrics.csv").open() as f:  # it resumed: this run logged steps 3 and 4 only
         assert sorted(int(row["step"]) for row in csv.DictReader(f) if row.get("train/loss")) == [2, 3]
     assert any(bool((v != 0).any()) for k, v in reference.items() if k.endswith("spp_beta"))  # it did train

@@ -21,6 +21,10 @@ from spp.deepspeed_support import client_state_file
 log = logging.getLogger(__name__)
 
 
+VALIDATION_DUE_KEY = "spp_validation_due"
+"""Checkpoint key: whether the validation Lightning runs right after the checkpoint's step had not run yet (a step
+checkpoint is written at ``on_train_batch_end``, before it); the resumed run runs it before training continues."""
+
 _HYDRA_PLAIN = re.compile(r"[A-Za-z0-9_/.+@%:-]+")
 """A value Hydra's override grammar reads as written (no quoting needed)."""
 
@@ -68,6 +72,8 @@ class AdapterCheckpoint(ModelCheckpoint):
         self._is_global_zero = True
         self._previous_handler: Any = None
         self._step_at_batch_start = 0
+        self._validation_due = False  # at this batch's end: a validation follows and has not run yet
+        self._validate_first = False  # resumed from a checkpoint written before its step's validation
 
     # ------------------------------------------------------------------ Ctrl-C
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -76,6 +82,9 @@ class AdapterCheckpoint(ModelCheckpoint):
         if threading.current_thread() is threading.main_thread() and not self._handler_installed:
             self._previous_handler = signal.signal(signal.SIGINT, self._on_sigint)
             self._handler_installed = True
+        if self._validate_first:
+            self._validate_first = False
+            run_missed_validation(trainer)
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         """First Ctrl-C: stop after this optimiser step with a checkpoint; the next one interrupts at once."""
@@ -97,9 +106,21 @@ class AdapterCheckpoint(ModelCheckpoint):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        # Lightning's own rule (its training loop asks it right after this hook); no public API answers it
+        self._validation_due = trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         if trainer.global_step != self._step_at_batch_start and self._stop_everywhere(trainer):
             self.save_and_stop(trainer)  # a finished optimiser step, not the middle of a gradient accumulation
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        self._validation_due = False
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint[VALIDATION_DUE_KEY] = self._validation_due
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._validate_first = bool(checkpoint.get(VALIDATION_DUE_KEY, False))
 
     def _stop_everywhere(self, trainer: L.Trainer) -> bool:
         """Whether any rank got Ctrl-C (one small all-reduce with several ranks, so all stop at the same step)."""
@@ -138,6 +159,16 @@ class AdapterCheckpoint(ModelCheckpoint):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().teardown(trainer, pl_module, stage)
         self._restore_handler()
+
+
+def run_missed_validation(trainer: L.Trainer) -> None:
+    """Run the validation due after the resumed checkpoint's step, as Lightning's training loop runs one (its loop
+    state, restored from the checkpoint, says that validation is done: on restart it goes straight to training)."""
+    val_loop = trainer.fit_loop.epoch_loop.val_loop
+    val_loop.restarting = False  # a fresh validation, not the continuation of an interrupted one
+    trainer.validating = True
+    val_loop.run()
+    trainer.training = True
 
 
 def resolve_resume(resume_from: str | None, checkpoint_dir: Path) -> str | None:
