@@ -193,3 +193,23 @@ def test_each_job_of_a_process_records_only_its_own_data_files(tmp_path):
         record = run_eval_job(_compose(f"eval.ppl_source={source}"), tmp_path / source)
         files.append({row["path"] for row in record.info["data_files"]})
     assert files == [{"data/wikitext2/test.json"}, {"data/c4/c4_sample.jsonl"}]
+
+
+@pytest.mark.parametrize(("arch", "limit"), [({"model_type": "gpt2", "n_positions": 64}, 64),
+                                             ({"model_type": "llama", "max_position_embeddings": 64}, 64),
+                                             ({"model_type": "llama"}, None)])
+def test_a_hub_models_context_is_read_under_its_familys_name(arch, limit):
+    """A hub id's ``model.arch`` read as its family's config reads it: GPT-2's ``n_positions=64`` refuses
+    eval.seqlen=128 in one line before any download; LLaMA's ``max_position_embeddings`` is the control, and an arch
+    naming no context gets no check (never the family's default)."""
+    from spp.eval.runner import context_length
+    from spp.models.config import ModelConfig
+
+    cfg = _compose("model.path=openai-community/gpt2", "eval.seqlen=128")
+    cfg.model = ModelConfig(name="hub", path="openai-community/gpt2", arch=arch)
+    assert context_length(cfg.model) == limit
+    if limit is None:
+        return
+    with pytest.raises(ValueError, match=r"^eval.seqlen=128 exceeds the model's max_position_embeddings=64; set "
+                                         r"eval.seqlen<=64$"):
+        preflight(cfg)

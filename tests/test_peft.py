@@ -468,3 +468,36 @@ def test_eval_adapter_dir_reads_peft_save_pretrained_folders_of_masked_lora_meth
     plain.save_pretrained(str(tmp_path / "plain"))
     with pytest.raises(UserError, match=r"is not an adapter directory \(no adapter_method.json\)"):
         load_adapter_dir(pruned(), tmp_path / "plain", {})
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+@pytest.mark.parametrize("name", ["spp", "sparse_lora", "lora"])
+def test_peft_loaders_of_a_folder_in_another_dtype_merge_to_the_runs_export(name, dtype, tmp_path):
+    """``PeftModel.from_pretrained`` and the method's ``from_*_adapter`` of an ``adapter.dtype=bfloat16|float64``
+    folder keep the factors in the file's dtype (peft copied them into fp32, then upcast bf16), so
+    ``merge_and_unload()`` equals the run's export bit for bit; a factor left fp32 is the control that differs."""
+    from spp.adapters.registry import apply_adapter, option_config
+
+    helper = {"spp": from_spp_adapter, "sparse_lora": from_sparse_lora_adapter,
+              "lora": spp.peft.from_lora_star_adapter}[name]
+    cfg = option_config(name, dtype=dtype, r=4)
+    model = pruned()
+    masks = current_masks(model)
+    model, _ = apply_adapter(model, cfg, masks)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in (p for p in model.parameters() if p.requires_grad):
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    save_adapter_dir(get_method(name), model, tmp_path, {}, cfg)
+    expected = get_method(name).merge(model, cfg, masks)[0].state_dict()
+    for load in (lambda m: PeftModel.from_pretrained(m, str(tmp_path)), lambda m: helper(m, tmp_path)):
+        loaded = load(pruned())
+        assert {str(p.dtype) for n, p in loaded.named_parameters() if "lora_" in n or "alpha" in n or "beta" in n} \
+            == {f"torch.{dtype}"}
+        merged = copy.deepcopy(loaded).merge_and_unload().state_dict()
+        assert [k for k, t in merged.items() if not torch.equal(t, expected[k])] == []
+    if name != "spp":  # SPP's merge computes in the weight's dtype: its factors' dtype never showed
+        for p in (p for n, p in loaded.named_parameters() if "lora_" in n):
+            p.data = p.data.float()  # control: factors in fp32, as peft loaded them
+        merged = loaded.merge_and_unload().state_dict()
+        assert any(not torch.equal(t, expected[k]) for k, t in merged.items())

@@ -120,3 +120,64 @@ def test_an_adapter_method_that_audits_layers_it_cannot_merge_is_refused_when_it
         assert "half_adapter" in METHODS.names()
     finally:
         METHODS.entries.pop("half_adapter", None), METHODS.sources.pop("half_adapter", None)
+
+
+def test_a_plug_in_that_merges_layers_it_does_not_say_the_weight_of_is_refused_when_it_registers():
+    """``merged_layer`` without ``effective_weight`` in a plug-in: its wrapped layers are invisible to the sparsity
+    audit, which fails at fit start with "pruned layer(s) not found"; ``register`` refuses it in one line naming the
+    file and the method to write. With ``effective_weight`` it registers and the audit finds the layer (control); the
+    built-in LoRA* (peft's ``base_layer``, audited as is) stays registered."""
+    import torch
+    from torch import nn
+
+    from spp.adapters.base import AdapterMethod, MergedLayer
+    from spp.adapters.config import AdapterConfig
+    from spp.adapters.registry import register
+    from spp.training.callbacks.sparsity_audit import audit
+
+    @dataclass
+    class WrapConfig(AdapterConfig):
+        name: str = "wrap_adapter"
+
+    class Wrapped(nn.Module):
+        def __init__(self, base: nn.Linear) -> None:
+            super().__init__()
+            self.base = base
+
+    class Wrap(AdapterMethod):
+        name = "wrap_adapter"
+        config_class = WrapConfig
+
+        def inject(self, model, cfg, masks):
+            return model
+
+        def merge(self, model, cfg, masks):
+            return model, {}
+
+        def save(self, model, directory, extra):
+            pass
+
+        def load(self, model, directory, masks):
+            return model, WrapConfig()
+
+        def merged_layer(self, module, mask):
+            return MergedLayer({"weight": module.base.weight}) if isinstance(module, Wrapped) else None
+
+    with pytest.raises(UserError, match=r"^adapter method Wrap \(.*test_registry.py\) says how its adapted layers "
+                                        r"merge \(merged_layer\) but not what they apply.* Wrap.effective_weight"):
+        register(Wrap())
+    assert "wrap_adapter" not in METHODS.names() and "lora" in METHODS.names()
+    model = nn.Sequential(Wrapped(nn.Linear(4, 4)))
+    masks = {"0": torch.ones(4, 4, dtype=torch.bool)}
+    with pytest.raises(Exception, match=r"pruned layer\(s\) not found"):  # what it would meet at fit start
+        audit(model, masks)
+
+    class Seen(Wrap):
+        def effective_weight(self, module, full):
+            return full(module.base.weight) if isinstance(module, Wrapped) else None
+
+    try:
+        register(Seen())
+        assert "wrap_adapter" in METHODS.names() and audit(model, masks)["layers"] == 1
+    finally:
+        METHODS.entries.pop("wrap_adapter", None), METHODS.sources.pop("wrap_adapter", None)

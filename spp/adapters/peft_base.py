@@ -30,6 +30,9 @@ C = TypeVar("C", bound=PeftConfig)
 SOURCE_ATTR = "_spp_source"
 """Where a config was read from (not a dataclass field: never saved), for the refusal's wording."""
 
+FILE_DTYPE_ATTR = "_spp_file_dtype_adapters"
+"""A tuner's adapters loaded in their file's dtype (peft's load then leaves them so, not upcast to fp32)."""
+
 UNSUPPORTED = ("use_dora", "fan_in_fan_out", "lora_bias")
 """``LoraConfig`` options spp's LoRA-shaped methods have no masked form of."""
 
@@ -156,6 +159,25 @@ class RecordedBaseTunerMixin:
             what = f"the adapter folder {source!r}" if source else "this adapter"
             check_base(record or None, model, what, key="adapter folder", path=source)
         super()._prepare_model(peft_config, model)  # type: ignore[misc]
+
+    @classmethod
+    def _remap_adapter_state_dict_for_load(cls, model: nn.Module, config: PeftConfig, adapter_name: str,
+                                           state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """peft's mapping; each adapter tensor then takes the file's dtype (``adapter.dtype``; peft would copy it into
+        fp32), so ``merge_and_unload()`` computes the run's own export."""
+        remapped = super()._remap_adapter_state_dict_for_load(model, config, adapter_name, state_dict)  # type: ignore[misc]
+        params = dict(model.named_parameters())
+        for key, tensor in remapped.items():
+            param = params.get(key, params.get(key.removeprefix("base_model.model.")))
+            if param is not None and tensor.is_floating_point() and param.dtype != tensor.dtype:
+                param.data = param.data.to(tensor.dtype)
+                getattr(model, "base_model", model).__dict__.setdefault(FILE_DTYPE_ATTR, set()).add(adapter_name)
+        return remapped
+
+    def _cast_adapter_dtype(self, adapter_name: str, autocast_adapter_dtype: bool = True) -> None:
+        """peft's upcast of bf16/fp16 adapters to fp32, except for one loaded from a file (kept in its dtype)."""
+        from_file = adapter_name in self.__dict__.get(FILE_DTYPE_ATTR, ())
+        super()._cast_adapter_dtype(adapter_name, autocast_adapter_dtype and not from_file)  # type: ignore[misc]
 
 
 class MaskedLoraConfigMixin(RecordedConfigMixin):

@@ -44,7 +44,9 @@ def register(method: AdapterMethod) -> AdapterMethod:
     """Register ``method`` under ``method.name`` and its config class as Hydra's ``adapter/<name>_schema``.
 
     Built-ins register first, so a plug-in taking one of their names is refused (UserError naming both files), as is
-    one that audits adapted layers it cannot merge (``effective_weight`` without ``merged_layer``).
+    one that audits adapted layers it cannot merge (``effective_weight`` without ``merged_layer``), and a plug-in
+    that merges layers the audit cannot see (``merged_layer`` without ``effective_weight``; LoRA* audits peft's
+    ``base_layer`` and re-masks only at the merge).
     """
     if not isinstance(method, AdapterMethod):
         raise TypeError(f"register: expected an AdapterMethod instance, got {type(method).__name__}")
@@ -59,6 +61,11 @@ def register(method: AdapterMethod) -> AdapterMethod:
         raise UserError(f"adapter method {own.__name__} ({defined_in(method)}) says what its adapted layers apply "
                         "(effective_weight) but not how they merge: the export would fail after training",
                         f"define {own.__name__}.merged_layer (docs/architecture.md, 'How to add an adapter method')")
+    if own.merged_layer is not AdapterMethod.merged_layer and own.effective_weight is AdapterMethod.effective_weight \
+            and not Path(defined_in(method)).resolve().is_relative_to(METHODS_DIR):  # a plug-in's wrapped layers
+        raise UserError(f"adapter method {own.__name__} ({defined_in(method)}) says how its adapted layers merge "
+                        "(merged_layer) but not what they apply: the sparsity audit would not find them at fit start",
+                        f"define {own.__name__}.effective_weight (docs/architecture.md: How to add an adapter method)")
     load_builtin()
     METHODS.register(method.name, method, cls)
     return method

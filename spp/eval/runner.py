@@ -35,6 +35,7 @@ from spp.loggers import (
 from spp.models.config import ModelConfig
 from spp.models.loading import check_tokenizer_files, load_config, load_model, resolve_source
 from spp.paths import data_provenance, forget_data_reads
+from spp.planning.shapes import arch_config
 from spp.projections import DEFAULT_TARGETS, find_projections, in_blocks
 from spp.pruning.calibration_data import check_calibration_source
 from spp.pruning.patterns import sparsity_summary
@@ -48,8 +49,10 @@ def context_length(model_cfg: ModelConfig) -> int | None:
     """The model's ``max_position_embeddings`` read without loading weights (``None`` when unknown)."""
     if resolve_source(model_cfg)[0] in ("tiny", "dir"):  # transformers' config: GPT-2 names it n_positions
         value = getattr(load_config(model_cfg), "max_position_embeddings", None)
-    else:
-        value = dict(model_cfg.arch or {}).get("max_position_embeddings")
+    else:  # a hub id's arch, named as its family's config names it (GPT-2: n_positions); no family default
+        arch = dict(model_cfg.arch or {})
+        own = getattr(arch_config(arch), "attribute_map", {}).get("max_position_embeddings") if arch else None
+        value = arch.get(own, arch.get("max_position_embeddings"))
     return int(value) if value is not None else None
 
 
