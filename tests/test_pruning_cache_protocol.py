@@ -267,6 +267,20 @@ elif mode == "missing-calibration":  # rank 0 alone hashes the calibration file 
         except Exception as err:  # noqa: BLE001 - the unfixed rank 1 ends in the wait group's timeout
             row[which] = f"{type(err).__name__}: {err}"
         row[which + " seconds"] = time.perf_counter() - start
+    blocked = __import__("pathlib").Path(cache) / "blocked"  # a file where rank 0 makes the lock probe's folder
+    if ctx.is_main:
+        blocked.parent.mkdir(parents=True, exist_ok=True)
+        blocked.write_text("not a folder")
+    dist.barrier()
+    if ctx.rank == 1:  # another node: rank 0 takes the probe's lock alone
+        socket.gethostname = lambda: "node-b"
+    start = time.perf_counter()
+    try:
+        lock.check_locks_span_nodes(ctx, blocked / "pruning")
+        row["spanning"] = "passed"
+    except Exception as err:  # noqa: BLE001 - the unfixed rank 1 ends in the wait group's timeout
+        row["spanning"] = f"{type(err).__name__}: {err}"
+    row["spanning seconds"] = time.perf_counter() - start
 dist.barrier()
 with open(f"{out}.rank{ctx.rank}.json", "w") as fh:
     json.dump(row, fh)
@@ -332,12 +346,14 @@ def test_a_corrupt_entry_met_by_rank_zero_ends_every_rank_at_once_in_its_line(tm
 def test_a_key_rank_zero_cannot_compute_ends_every_rank_at_once_in_its_line(tmp_path):
     """Rank 0 alone computes the pruning cache key (``prune_cached``) and the reconstruction's (``probe``), hashing
     the calibration file: a missing file ends every rank at once with rank 0's error, not the waiting ranks in the
-    wait group's timeout (``timeout_s / 4``, the negative control)."""
+    wait group's timeout (``timeout_s / 4``, the negative control). The same for the lock probe rank 0 makes alone in
+    a job spanning nodes (``check_locks_span_nodes``) under a cache_dir it cannot write."""
     timeout_s = 60.0
     proc, rows = _ranks(tmp_path, "missing-calibration", timeout_s=timeout_s)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert len(rows) == 2
-    for which in ("prune", "probe"):
-        assert rows[0][which].startswith("FileNotFoundError: ") and "no-such-calibration" in rows[0][which], rows
+    for which in ("prune", "probe", "spanning"):
+        assert rows[0][which].startswith(("FileNotFoundError: ", "FileExistsError: ", "NotADirectoryError: ")), rows
+        assert ("no-such-calibration" if which != "spanning" else "blocked") in rows[0][which], rows
         assert rows[1][which] == rows[0][which], rows  # the same error on the waiting rank
         assert rows[1][which + " seconds"] < timeout_s / 6, rows  # not the wait group's timeout (timeout_s / 4)
