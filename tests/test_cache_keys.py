@@ -341,3 +341,25 @@ def test_calibration_batch_size_changes_only_the_rounding(pruner: str) -> None:
     assert all(torch.equal(masks[k], other_masks[k]) for k in masks)
     for k in weights:
         torch.testing.assert_close(other_weights[k], weights[k], rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("form_options", [{}, {"r": 4}])
+def test_a_jobs_run_and_the_reconstruction_probe_compute_the_same_keys(tmp_path, form_options):
+    """``pruning_identity`` (a job's ``Run``, with the resolved form) and ``probe`` without keys (``prune.py``,
+    ``eval.py``, with or without the resolved form) compute the pruning and reconstruction keys in one place: the
+    same digests and the same entry, for a form at its defaults (``lr`` null: the form's own rate) and with options;
+    negative control: another ``reconstruct.lr`` is another reconstruction key (the pruning key unchanged)."""
+    from spp.distributed import DistContext
+    from spp.pruning.reconstruction.phase import probe
+    from spp.pruning.resolve import resolve_form
+
+    recon = ReconstructConfig(name="blockwise", form="spp", nsamples=4, seqlen=32, form_options=form_options)
+    job = SimpleNamespace(model=TINY, pruner=PRUNERS["sparsegpt"], sparsity=NM24, calibration=CAL,
+                          data_dir=str(SAMPLE_DATA_DIR), reconstruct=recon)
+    identity = pruning_identity(job, resolve_form(recon))
+    for form in (resolve_form(recon), None):
+        found = probe(recon, TINY, job.pruner, NM24, CAL, str(tmp_path), job.data_dir, DistContext(), form=form)
+        assert (found.key, found.digest) == identity.reconstruction
+        assert found.entry == cache_entry_dir(tmp_path, identity.key, identity.reconstruction[1], form="blockwise")
+    other = pruning_identity(SimpleNamespace(**{**vars(job), "reconstruct": replace(recon, lr=1e-2)}))
+    assert other.digest == identity.digest and other.reconstruction[1] != identity.reconstruction[1]

@@ -248,6 +248,39 @@ elif mode == "corrupt":  # a finished entry found corrupt mid-apply by rank 0: e
         except Exception as err:  # noqa: BLE001 - the unfixed rank 1 ends in the wait group's timeout
             row[which] = f"{type(err).__name__}: {err}"
         row[which + " seconds"] = time.perf_counter() - start
+elif mode == "missing-calibration":  # rank 0 alone hashes the calibration file for the key: every rank learns
+    import dataclasses
+    import spp.pruning.cache as cache_module
+    from spp.models.tiny import tiny_llama
+    from spp.pruning.reconstruction.config import ReconstructConfig
+    from spp.pruning.reconstruction.phase import get_or_reconstruct
+    cache_module.READ_MARGIN_S = 0.0  # the wait group times out after a quarter of timeout_s
+    missing = dataclasses.replace(settings.calibration, path="no-such-calibration.jsonl")
+    for which, recon in (("prune", ReconstructConfig()),  # prune_cached's key, then the reconstruction probe's
+                         ("probe", ReconstructConfig(name="blockwise", form="spp", nsamples=4, seqlen=64))):
+        start = time.perf_counter()
+        try:
+            get_or_reconstruct(tiny_llama(seed=0, num_hidden_layers=3), tiny_tokenizer(), settings.model,
+                               settings.pruner, settings.sparsity, missing, recon, cache, settings.data_dir,
+                               ctx=ctx, lock_timeout_s=timeout_s / 4)
+            row[which] = "finished"
+        except Exception as err:  # noqa: BLE001 - the unfixed rank 1 ends in the wait group's timeout
+            row[which] = f"{type(err).__name__}: {err}"
+        row[which + " seconds"] = time.perf_counter() - start
+    blocked = __import__("pathlib").Path(cache) / "blocked"  # a file where rank 0 makes the lock probe's folder
+    if ctx.is_main:
+        blocked.parent.mkdir(parents=True, exist_ok=True)
+        blocked.write_text("not a folder")
+    dist.barrier()
+    if ctx.rank == 1:  # another node: rank 0 takes the probe's lock alone
+        socket.gethostname = lambda: "node-b"
+    start = time.perf_counter()
+    try:
+        lock.check_locks_span_nodes(ctx, blocked / "pruning")
+        row["spanning"] = "passed"
+    except Exception as err:  # noqa: BLE001 - the unfixed rank 1 ends in the wait group's timeout
+        row["spanning"] = f"{type(err).__name__}: {err}"
+    row["spanning seconds"] = time.perf_counter() - start
 dist.barrier()
 with open(f"{out}.rank{ctx.rank}.json", "w") as fh:
     json.dump(row, fh)
@@ -306,4 +339,21 @@ def test_a_corrupt_entry_met_by_rank_zero_ends_every_rank_at_once_in_its_line(tm
         assert rows[0][which].startswith("UserError: ") and line in rows[0][which], rows[0]
         assert "\n" not in rows[0][which]
         assert rows[1][which] == rows[0][which], rows  # the same line on the waiting rank
+        assert rows[1][which + " seconds"] < timeout_s / 6, rows  # not the wait group's timeout (timeout_s / 4)
+
+
+@pytest.mark.slow  # one two-process run (about 10 s fixed; the unfixed code waits out two timeouts)
+def test_a_key_rank_zero_cannot_compute_ends_every_rank_at_once_in_its_line(tmp_path):
+    """Rank 0 alone computes the pruning cache key (``prune_cached``) and the reconstruction's (``probe``), hashing
+    the calibration file: a missing file ends every rank at once with rank 0's error, not the waiting ranks in the
+    wait group's timeout (``timeout_s / 4``, the negative control). The same for the lock probe rank 0 makes alone in
+    a job spanning nodes (``check_locks_span_nodes``) under a cache_dir it cannot write."""
+    timeout_s = 60.0
+    proc, rows = _ranks(tmp_path, "missing-calibration", timeout_s=timeout_s)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert len(rows) == 2
+    for which in ("prune", "probe", "spanning"):
+        assert rows[0][which].startswith(("FileNotFoundError: ", "FileExistsError: ", "NotADirectoryError: ")), rows
+        assert ("no-such-calibration" if which != "spanning" else "blocked") in rows[0][which], rows
+        assert rows[1][which] == rows[0][which], rows  # the same error on the waiting rank
         assert rows[1][which + " seconds"] < timeout_s / 6, rows  # not the wait group's timeout (timeout_s / 4)

@@ -76,14 +76,13 @@ def pruning_identity(job: Any, form: AdapterMethod | None = None) -> PruningIden
     """The model identity and cache keys of ``job`` (reads the calibration file's sha256 when the pruner needs one;
     ``form``: the resolved reconstruction form, or None)."""
     from spp.models.loading import model_identity  # start-up time: a preflight refusal never loads transformers
-    from spp.pruning.cache import cache_key
-    from spp.pruning.reconstruction.cache import reconstruct_key
+    from spp.pruning.reconstruction.cache import pruning_keys
     from spp.pruning.resolve import prunes
 
     if not prunes(job.pruner, job.sparsity):
         return PruningIdentity(model_identity(job.model))
-    key, digest = cache_key(job.model, job.pruner, job.sparsity, job.calibration, job.data_dir)
-    rebuilt = reconstruct_key(key, digest, job.reconstruct, job.data_dir, form) if job.reconstruct.enabled else None
+    (key, digest), rebuilt = pruning_keys(job.model, job.pruner, job.sparsity, job.calibration, job.reconstruct,
+                                          job.data_dir, form)
     return PruningIdentity(key["model"], key, digest, rebuilt)
 
 

@@ -205,14 +205,15 @@ def read_or_lock(read: Callable[[], T | None], entry: Path, stack: ExitStack, ti
 
 def main_decides(ctx: DistContext, work: Callable[[], T | None]) -> tuple[bool, T | None]:
     """``work()`` on rank 0, its result kept there (``None`` elsewhere): every rank learns whether it returned one, or
-    raises the ``UserError`` it raised (:meth:`DistContext.on_main`, over the wait group: no rank waits it out)."""
+    raises the ``UserError`` or ``OSError`` (a missing calibration file hashed for a key) it raised
+    (:meth:`DistContext.on_main`, over the wait group: no rank waits it out)."""
     kept: list[T | None] = [None]
 
     def run() -> bool:
         kept[0] = work()
         return kept[0] is not None
 
-    return ctx.on_main(run, UserError, long_wait=True), kept[0]
+    return ctx.on_main(run, (UserError, OSError), long_wait=True), kept[0]
 
 
 def prune_cached(
@@ -240,18 +241,22 @@ def prune_cached(
     ctx.allow_long_waits(lock_timeout_s + READ_MARGIN_S)
     check_locks_span_nodes(ctx, Path(cache_dir).expanduser() / "pruning")
     with ExitStack() as stack:
-        if ctx.is_main:
+        where: list[tuple[dict[str, Any], Path]] = []  # rank 0's key and entry, found inside its decision
+
+        def decide() -> PruneResult | None:
             key, digest = entry_key or cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
-            entry = cache_entry_dir(cache_dir, key, digest)
-        found, hit = main_decides(ctx, lambda: read_or_lock(lambda: _load_entry(off, entry, key, sparsity, linears),
-                                                            entry, stack, lock_timeout_s))
+            where.append((key, cache_entry_dir(cache_dir, key, digest)))
+            return read_or_lock(lambda: _load_entry(off, where[0][1], key, sparsity, linears), where[0][1], stack,
+                                lock_timeout_s)
+        found, hit = main_decides(ctx, decide)
+        key, entry = where[0] if where else ({}, None)
         if found:  # rank 0 holds the result; the others an empty one (rank 0's masks with keep_masks)
             masks = off.ctx.broadcast_object(hit and hit.masks, long_wait=True) if keep_masks else MaskSet()
             return hit or PruneResult(masks, report_from_layers({}, sparsity), cache_hit=True)
         writer = EntryWriter(entry) if ctx.is_main else None
         result = _prune_writing(off, tokenizer, (pruner, method), sparsity, calibration, data_dir, keep_masks, writer,
-                                linears, key if ctx.is_main else {})
-        result.cache_path = str(entry) if ctx.is_main else None
+                                linears, key)
+        result.cache_path = str(entry) if entry is not None else None
     return result
 
 

@@ -72,11 +72,14 @@ def check_locks_span_nodes(ctx: DistContext, directory: Path) -> None:
         _spanned.add(str(directory))
         return
     probe, fd = directory / f".spp-lock-probe-{hosts[0]}-{os.getpid()}", None
-    if ctx.is_main:
+
+    def hold() -> str:  # rank 0; an unwritable cache_dir reaches every rank at once
+        nonlocal fd
         directory.mkdir(parents=True, exist_ok=True)
         fd = os.open(probe, os.O_RDWR | os.O_CREAT, 0o666)
         fcntl.flock(fd, fcntl.LOCK_EX)
-    probe = Path(ctx.broadcast_object(str(probe), long_wait=True))
+        return str(probe)
+    probe = Path(ctx.on_main(hold, OSError, long_wait=True))
     granted = _try_lock(probe) if hosts.index(hosts[ctx.rank]) == ctx.rank and ctx.rank != 0 else None
     results = ctx.gather_objects(granted, long_wait=True)
     if fd is not None:

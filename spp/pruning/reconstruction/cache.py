@@ -14,11 +14,13 @@ import torch
 
 from spp.adapters.base import AdapterMethod
 from spp.errors import UserError
+from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
 from spp.paths import file_sha256, json_sha256
-from spp.pruning.cache import json_ready
+from spp.pruning.cache import cache_key, json_ready
 from spp.pruning.cache.store import CorruptEntryError, EntryWriter, open_for_key, remove_entry
 from spp.pruning.calibration_data import resolve_calibration_file, sampling_of
+from spp.pruning.config import CalibrationConfig, PrunerConfig, SparsityConfig
 from spp.pruning.reconstruction.config import ReconstructConfig
 from spp.pruning.reconstruction.engine import ReconstructResult, calibration_of, form_config, learning_rate
 
@@ -26,6 +28,9 @@ RECONSTRUCT_CODE_VERSION = "1"
 """Bump when a change to the reconstruction code changes its results: old entries then stop matching."""
 
 log = logging.getLogger(__name__)
+
+KeyDigest = tuple[dict[str, Any], str]
+"""A cache key and its sha256 (hex)."""
 
 
 def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: ReconstructConfig,
@@ -46,6 +51,15 @@ def reconstruct_key(pruning_key: dict[str, Any], pruning_digest: str, cfg: Recon
         "file_sha256": file_sha256(resolve_calibration_file(calibration, data_dir)),
     }
     return key, json_sha256(key)
+
+
+def pruning_keys(model_cfg: ModelConfig, pruner: PrunerConfig, sparsity: SparsityConfig,
+                 calibration: CalibrationConfig, cfg: ReconstructConfig, data_dir: str | None,
+                 form: AdapterMethod | None = None) -> tuple[KeyDigest, KeyDigest | None]:
+    """The pruning cache key and the reconstruction's (``None`` unless ``cfg`` is enabled), each ``(key, digest)``:
+    the one place a job's ``Run`` and :func:`~spp.pruning.reconstruction.phase.probe` compute them."""
+    key, digest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
+    return (key, digest), (reconstruct_key(key, digest, cfg, data_dir, form) if cfg.enabled else None)
 
 
 def load(off: OffloadedModel, entry: Path, key: dict[str, Any]) -> ReconstructResult | None:

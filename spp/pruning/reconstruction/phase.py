@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase
 
 from spp.adapters.base import AdapterMethod
 from spp.distributed import DistContext
+from spp.errors import UserError
 from spp.job_base import DEFAULT_LOCK_TIMEOUT_S
 from spp.models.config import ModelConfig
 from spp.models.offload import OffloadedModel
@@ -22,7 +23,6 @@ from spp.pruning.base import Pruner
 from spp.pruning.cache import (
     READ_MARGIN_S,
     cache_entry_dir,
-    cache_key,
     main_decides,
     prune_cached,
     read_or_lock,
@@ -75,17 +75,17 @@ def probe(cfg: ReconstructConfig, model_cfg: ModelConfig, pruner: PrunerConfig, 
     found = Probe(cfg)
     if not cfg.enabled or cache_dir is None or not prunes(pruner, sparsity):
         return found
-    if ctx.is_main:
-        if keys is None:
-            pkey, pdigest = cache_key(model_cfg, pruner, sparsity, calibration, data_dir)
-            keys = ((pkey, pdigest), cache.reconstruct_key(pkey, pdigest, cfg, data_dir, form))
-        (pkey, _), (found.key, found.digest) = keys
+
+    def decide() -> Probe:  # rank 0; an error computing the keys reaches every rank at once
+        (pkey, _), (found.key, found.digest) = keys or cache.pruning_keys(model_cfg, pruner, sparsity, calibration,
+                                                                           cfg, data_dir, form)
         found.entry = cache_entry_dir(cache_dir, pkey, found.digest, form="blockwise")
         try:
             found.hit = (found.entry / MANIFEST_FILE).is_file() and read_manifest(found.entry).get("key") == found.key
         except CorruptEntryError:
             found.hit = False
-    return ctx.broadcast_object(found, long_wait=True)
+        return found
+    return ctx.on_main(decide, (UserError, OSError), long_wait=True)
 
 
 def reconstruct_phase(off: OffloadedModel, dense: nn.Module | None, tokenizer: PreTrainedTokenizerBase,
