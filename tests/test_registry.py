@@ -74,22 +74,18 @@ def test_the_project_registries_share_the_shape():
             reg.get("no_such_name")
 
 
-def test_an_adapter_method_that_audits_layers_it_cannot_merge_is_refused_when_it_registers():
-    """``effective_weight`` without ``merged_layer``: the sparsity audit passes and the export fails only after
-    training, so ``register`` refuses it in one line; with ``merged_layer`` it registers (control)."""
-    from torch import nn
-
-    from spp.adapters.base import AdapterMethod, MergedLayer
+def _plugin_method(method_name: str) -> type:
+    """A plug-in adapter method (defined in this file) that changes nothing: only the registration checks act on it."""
+    from spp.adapters.base import AdapterMethod
     from spp.adapters.config import AdapterConfig
-    from spp.adapters.registry import register
 
     @dataclass
-    class HalfConfig(AdapterConfig):
-        name: str = "half_adapter"
+    class PluginConfig(AdapterConfig):
+        name: str = method_name
 
-    class Half(AdapterMethod):
-        name = "half_adapter"
-        config_class = HalfConfig
+    class Plugin(AdapterMethod):
+        name = method_name
+        config_class = PluginConfig
 
         def inject(self, model, cfg, masks):
             return model
@@ -101,8 +97,20 @@ def test_an_adapter_method_that_audits_layers_it_cannot_merge_is_refused_when_it
             pass
 
         def load(self, model, directory, masks):
-            return model, HalfConfig()
+            return model, PluginConfig()
 
+    return Plugin
+
+
+def test_an_adapter_method_that_audits_layers_it_cannot_merge_is_refused_when_it_registers():
+    """``effective_weight`` without ``merged_layer``: the sparsity audit passes and the export fails only after
+    training, so ``register`` refuses it in one line; with ``merged_layer`` it registers (control)."""
+    from torch import nn
+
+    from spp.adapters.base import MergedLayer
+    from spp.adapters.registry import register
+
+    class Half(_plugin_method("half_adapter")):
         def effective_weight(self, module, full):
             return full(module.weight) if isinstance(module, nn.Linear) else None
 
@@ -130,36 +138,16 @@ def test_a_plug_in_that_merges_layers_it_does_not_say_the_weight_of_is_refused_w
     import torch
     from torch import nn
 
-    from spp.adapters.base import AdapterMethod, MergedLayer
-    from spp.adapters.config import AdapterConfig
+    from spp.adapters.base import MergedLayer
     from spp.adapters.registry import register
     from spp.training.callbacks.sparsity_audit import audit
-
-    @dataclass
-    class WrapConfig(AdapterConfig):
-        name: str = "wrap_adapter"
 
     class Wrapped(nn.Module):
         def __init__(self, base: nn.Linear) -> None:
             super().__init__()
             self.base = base
 
-    class Wrap(AdapterMethod):
-        name = "wrap_adapter"
-        config_class = WrapConfig
-
-        def inject(self, model, cfg, masks):
-            return model
-
-        def merge(self, model, cfg, masks):
-            return model, {}
-
-        def save(self, model, directory, extra):
-            pass
-
-        def load(self, model, directory, masks):
-            return model, WrapConfig()
-
+    class Wrap(_plugin_method("wrap_adapter")):
         def merged_layer(self, module, mask):
             return MergedLayer({"weight": module.base.weight}) if isinstance(module, Wrapped) else None
 
